@@ -1,0 +1,186 @@
+//! Hosts, their GPUs and the pools they belong to, as the store keeps them and the API and
+//! console show them.
+
+use crate::ids::{GpuUuid, HostId, PoolName};
+use crate::units::{MiB, MilliCpu};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+/// A stored or typed word that is not one of an enum's values.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{what} {value:?} is not one of: {allowed}")]
+pub struct ParseEnumError {
+    pub what: &'static str,
+    pub value: String,
+    pub allowed: &'static str,
+}
+
+/// Enums that are stored as text and typed by operators, with one spelling each way.
+macro_rules! text_enum {
+    ($(#[$doc:meta])* $name:ident, $what:literal { $($(#[$vdoc:meta])* $variant:ident => $text:literal),+ $(,)? }) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+        #[serde(rename_all = "snake_case")]
+        pub enum $name {
+            $($(#[$vdoc])* $variant),+
+        }
+
+        impl $name {
+            pub const ALL: &'static [$name] = &[$($name::$variant),+];
+
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text),+
+                }
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = ParseEnumError;
+            fn from_str(s: &str) -> Result<Self, ParseEnumError> {
+                match s {
+                    $($text => Ok($name::$variant),)+
+                    _ => Err(ParseEnumError {
+                        what: $what,
+                        value: s.to_owned(),
+                        allowed: concat!($($text, " "),+),
+                    }),
+                }
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+text_enum!(
+    /// Where a host stands in its lifecycle.
+    HostStatus, "host status" {
+        /// Healthy and accepting tasks.
+        Active => "active",
+        /// Set by an operator: no new tasks; running ones are moved off.
+        Draining => "draining",
+        /// The agent reports its MPS control daemon or a GPU unhealthy.
+        Impaired => "impaired",
+        /// The agent has not synced within the timeout.
+        Lost => "lost",
+    }
+);
+
+text_enum!(
+    /// How a GPU is being shared right now.
+    SharingMode, "sharing mode" {
+        /// Nothing runs on it.
+        Idle => "idle",
+        /// Only MPS sharing tasks run on it, each within its memory and compute budget.
+        Mps => "mps",
+        /// One task holds the whole GPU.
+        Dedicated => "dedicated",
+    }
+);
+
+text_enum!(
+    /// A GPU's health as its host's agent last reported it.
+    GpuHealth, "GPU health" {
+        Healthy => "healthy",
+        /// For example an uncorrectable ECC error or an Xid that needs a reset.
+        Unhealthy => "unhealthy",
+    }
+);
+
+text_enum!(
+    /// How a pool chooses among GPUs that have room.
+    PlacementPolicy, "placement policy" {
+        /// Fragmentation-aware packing: keeps free capacity in shapes the workload can use.
+        Fragmentation => "fragmentation",
+        /// Best fit: the GPU (and host) with the least room left that still fits.
+        Binpack => "binpack",
+        /// Spread tasks over hosts.
+        SpreadHost => "spread_host",
+        /// Spread tasks over GPUs.
+        SpreadGpu => "spread_gpu",
+    }
+);
+
+impl Default for PlacementPolicy {
+    /// Sharing pools pack with the fragmentation-aware policy unless told otherwise.
+    fn default() -> Self {
+        PlacementPolicy::Fragmentation
+    }
+}
+
+/// A named group of hosts with its packing policy and limits.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PoolInfo {
+    pub name: PoolName,
+    pub policy: PlacementPolicy,
+    /// 1.0: compute caps are reserved (they add up to at most 100 % per GPU); above 1.0
+    /// they may add up to that many times a GPU.
+    pub compute_overcommit: f64,
+    /// Overrides the MPS client limit of every GPU in the pool when set.
+    pub mps_client_limit: Option<u32>,
+}
+
+/// One GPU as its host's agent reported it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuInfo {
+    pub uuid: GpuUuid,
+    /// The device index on its host (`nvidia-smi` order).
+    pub index: u32,
+    /// Marketing name, e.g. `NVIDIA H100 80GB HBM3`.
+    pub model: String,
+    pub memory: MiB,
+    /// How many MPS clients the GPU accepts at once (48 on Volta and later by default).
+    pub mps_client_limit: u32,
+    pub health: GpuHealth,
+    pub sharing_mode: SharingMode,
+}
+
+/// A GPU host and its devices.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostInfo {
+    pub id: HostId,
+    pub pool: PoolName,
+    pub status: HostStatus,
+    /// True for hosts whose GPUs are simulated (the demo fleet); the console labels them.
+    pub simulated: bool,
+    pub cpu: MilliCpu,
+    pub memory: MiB,
+    pub labels: BTreeMap<String, String>,
+    pub gpus: Vec<GpuInfo>,
+}
+
+impl HostInfo {
+    pub fn gpu_memory_total(&self) -> MiB {
+        self.gpus.iter().map(|g| g.memory).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn enums_round_trip_through_text() {
+        for s in HostStatus::ALL {
+            assert_eq!(s.as_str().parse::<HostStatus>(), Ok(*s));
+        }
+        for p in PlacementPolicy::ALL {
+            assert_eq!(p.as_str().parse::<PlacementPolicy>(), Ok(*p));
+        }
+        let err = "sleeping".parse::<HostStatus>().expect_err("not a status");
+        assert!(err.to_string().contains("active draining impaired lost"), "{err}");
+    }
+
+    #[test]
+    fn serde_uses_the_same_spelling_as_the_store() {
+        let json = serde_json::to_string(&PlacementPolicy::SpreadHost).expect("serializes");
+        assert_eq!(json, "\"spread_host\"");
+    }
+}

@@ -1,0 +1,23 @@
+//! The shared vocabulary of Tessera: the words every other crate uses to talk about GPU
+//! hosts, their devices and what runs on them.
+//!
+//! Nothing here does I/O, so the same types are used by the control plane, the agents and
+//! the browser side of the console (this crate compiles to WASM).
+//!
+//! # Layout
+//! - [`units`]: quantities with their unit in the type (`MiB`, `Percent`, `MilliCpu`, `ComputeMilli`).
+//! - [`ids`]: identifiers (`HostId`, `GpuUuid`, `PoolName`) and their validation.
+//! - [`inventory`]: hosts, GPUs, pools and their statuses, as the store and the API see them.
+
+#![forbid(unsafe_code)]
+
+pub mod ids;
+pub mod inventory;
+pub mod units;
+
+pub use ids::{GpuUuid, HostId, IdError, PoolName};
+pub use inventory::{
+    GpuHealth, GpuInfo, HostInfo, HostStatus, ParseEnumError, PlacementPolicy, PoolInfo,
+    SharingMode,
+};
+pub use units::{ComputeMilli, MiB, MilliCpu, Percent};

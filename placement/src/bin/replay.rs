@@ -1,0 +1,270 @@
+//! `replay`: the placement benchmark over the Alibaba openb trace, following the FGD paper's
+//! protocol (Weng et al., "Beware of Fragmentation: Scheduling GPU-Sharing Workloads with
+//! Fragmentation Gradient Descent", USENIX ATC 2023).
+//!
+//! For each seed: shuffle the tasks, add tasks sampled with replacement until the GPU
+//! requests reach 1.3× the cluster's GPUs, place them one at a time (never deleting,
+//! skipping what does not fit), and read the unallocated GPU share when the arrived
+//! requests reach 100 % and 130 % of capacity. Several policies run side by side.
+//!
+//! ```text
+//! replay --nodes FILE --tasks FILE [--policy NAME[,NAME...]] [--seeds 42..51] [--scale N]
+//!        [--placements FILE] [--json]
+//! ```
+
+use std::fmt::Write as _;
+use std::process::ExitCode;
+use std::time::Instant;
+use tessera_placement::openb::{self, TraceTask};
+use tessera_placement::rng::Rng;
+use tessera_placement::{DemandProfile, Engine, HostSpec, Policy, PoolLimits, Snapshot};
+use tessera_model::{GpuUuid, HostId};
+
+const USAGE: &str = "usage: replay --nodes FILE --tasks FILE [--policy NAME[,NAME...]] [--seeds 42..51] [--scale N] [--placements FILE] [--json]
+policies: default (= fragmentation), fgd-sim, bestfit-sim, binpack, spread_host, spread_gpu";
+
+struct Args {
+    nodes: String,
+    tasks: String,
+    policies: Vec<(String, Policy)>,
+    seeds: Vec<u64>,
+    scale: usize,
+    placements: Option<String>,
+    json: bool,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args {
+        nodes: String::new(),
+        tasks: String::new(),
+        policies: vec![("default".into(), Policy::Fragmentation)],
+        seeds: (42..=51).collect(),
+        scale: 1,
+        placements: None,
+        json: false,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = |name: &str| it.next().ok_or_else(|| format!("{name} needs a value"));
+        match flag.as_str() {
+            "--nodes" => args.nodes = value("--nodes")?,
+            "--tasks" => args.tasks = value("--tasks")?,
+            "--policy" => {
+                args.policies = value("--policy")?
+                    .split(',')
+                    .map(|name| {
+                        Policy::parse(name)
+                            .map(|p| (name.to_owned(), p))
+                            .ok_or_else(|| format!("--policy: unknown policy {name:?}"))
+                    })
+                    .collect::<Result<_, _>>()?
+            }
+            "--seeds" => args.seeds = parse_seeds(&value("--seeds")?)?,
+            "--scale" => {
+                args.scale = value("--scale")?
+                    .parse()
+                    .ok()
+                    .filter(|&n| n >= 1)
+                    .ok_or("--scale: a whole number of at least 1")?
+            }
+            "--placements" => args.placements = Some(value("--placements")?),
+            "--json" => args.json = true,
+            "-h" | "--help" => return Err(String::new()),
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    if args.nodes.is_empty() || args.tasks.is_empty() {
+        return Err("--nodes and --tasks are required".into());
+    }
+    Ok(args)
+}
+
+/// `42..51` (inclusive) or `42,43,50`.
+fn parse_seeds(s: &str) -> Result<Vec<u64>, String> {
+    let bad = || format!("--seeds: {s:?} is not A..B (inclusive) or a comma-separated list");
+    if let Some((a, b)) = s.split_once("..") {
+        let (a, b): (u64, u64) = (a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?);
+        if a > b {
+            return Err(bad());
+        }
+        Ok((a..=b).collect())
+    } else {
+        s.split(',').map(|x| x.parse().map_err(|_| bad())).collect()
+    }
+}
+
+/// The node list replicated `scale` times (copies renamed `-r1`, `-r2`, ...).
+fn scaled(hosts: &[HostSpec], scale: usize) -> Vec<HostSpec> {
+    let mut out = Vec::with_capacity(hosts.len() * scale);
+    for r in 0..scale {
+        for h in hosts {
+            let mut h = h.clone();
+            if r > 0 {
+                let name = format!("{}-r{r}", h.id);
+                for g in &mut h.gpus {
+                    let idx = g.uuid.as_str().rsplit('/').next().unwrap_or("0").to_owned();
+                    g.uuid = GpuUuid::new(format!("{name}/{idx}")).expect("non-empty");
+                }
+                h.id = HostId::new(name).expect("suffix keeps the name valid");
+            }
+            out.push(h);
+        }
+    }
+    out
+}
+
+struct SeedResult {
+    unalloc_100: f64,
+    unalloc_130: f64,
+    latencies_ns: Vec<u64>,
+    placements_csv: Option<String>,
+}
+
+fn run_seed(hosts: &[HostSpec], tasks: &[TraceTask], profile: &DemandProfile, policy: Policy, seed: u64, record: bool) -> SeedResult {
+    let capacity_milli: u64 = hosts.iter().map(|h| h.gpus.len() as u64 * 1000).sum();
+    let mut rng = Rng::new(seed);
+    let mut order: Vec<usize> = (0..tasks.len()).collect();
+    rng.shuffle(&mut order);
+    let target = capacity_milli * 13 / 10;
+    let mut total: u64 = order.iter().map(|&i| tasks[i].gpu_request_milli()).sum();
+    while total < target {
+        let i = rng.below(tasks.len());
+        order.push(i);
+        total += tasks[i].gpu_request_milli();
+    }
+    let mut engine = Engine::new(Snapshot::new(hosts.to_vec(), PoolLimits::default()), policy, profile, seed);
+    let (mut arrived, mut allocated) = (0u64, 0u64);
+    let (mut at_100, mut at_130) = (None, None);
+    let mut latencies_ns = Vec::with_capacity(order.len());
+    let mut csv = record.then(|| String::from("seq,task_row,node,gpus,gpu_milli\n"));
+    let mut seq = 0;
+    for &i in &order {
+        let task = &tasks[i];
+        arrived += task.gpu_request_milli();
+        let start = Instant::now();
+        let placed = engine.try_place(&task.request);
+        if let Some(p) = &placed {
+            engine.assign(p).expect("the engine's own placement fits its snapshot");
+        }
+        latencies_ns.push(start.elapsed().as_nanos() as u64);
+        if let Some(p) = placed {
+            allocated += task.gpu_request_milli();
+            if let Some(csv) = csv.as_mut() {
+                let gpus: Vec<String> = p.gpus.iter().map(|s| s.index.to_string()).collect();
+                let node = hosts[p.host as usize].id.as_str();
+                let _ = writeln!(csv, "{seq},{},{node},{},{}", task.row, gpus.join(";"), task.gpu_milli);
+                seq += 1;
+            }
+        }
+        let unalloc = 100.0 - 100.0 * allocated as f64 / capacity_milli as f64;
+        if at_100.is_none() && arrived >= capacity_milli {
+            at_100 = Some(unalloc);
+        }
+        if at_130.is_none() && arrived >= target {
+            at_130 = Some(unalloc);
+        }
+    }
+    let last = 100.0 - 100.0 * allocated as f64 / capacity_milli as f64;
+    SeedResult {
+        unalloc_100: at_100.unwrap_or(last),
+        unalloc_130: at_130.unwrap_or(last),
+        latencies_ns,
+        placements_csv: csv,
+    }
+}
+
+fn mean_sd(xs: &[f64]) -> (f64, f64) {
+    let n = xs.len() as f64;
+    let mean = xs.iter().sum::<f64>() / n;
+    let var = if xs.len() > 1 {
+        xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0)
+    } else {
+        0.0
+    };
+    (mean, var.sqrt())
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(msg) => {
+            if !msg.is_empty() {
+                eprintln!("replay: {msg}");
+            }
+            eprintln!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let read = |path: &str| std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"));
+    let loaded = read(&args.nodes).and_then(|nodes| {
+        let tasks = read(&args.tasks)?;
+        let hosts = openb::parse_nodes(&args.nodes, &nodes).map_err(|e| e.to_string())?;
+        let tasks = openb::parse_tasks(&args.tasks, &tasks).map_err(|e| e.to_string())?;
+        Ok((hosts, tasks))
+    });
+    let (hosts, tasks) = match loaded {
+        Ok(x) => x,
+        Err(msg) => {
+            eprintln!("replay: {msg}");
+            return ExitCode::from(1);
+        }
+    };
+    let hosts = scaled(&hosts, args.scale);
+    let gpus: usize = hosts.iter().map(|h| h.gpus.len()).sum();
+    // The workload's shape, as FGD defines it: the trace's distinct task types by frequency.
+    let profile = DemandProfile::from_requests(tasks.iter().map(|t| &t.request));
+    if !args.json {
+        println!(
+            "replay: {} nodes, {gpus} GPUs, {} tasks ({} shapes), seeds {:?}",
+            hosts.len(),
+            tasks.len(),
+            profile.entries.len(),
+            args.seeds
+        );
+        println!(
+            "{:<14} {:>20} {:>20} {:>12} {:>9} {:>9}",
+            "policy", "unalloc@100% (sd)", "unalloc@130% (sd)", "decisions/s", "p50 µs", "p99 µs"
+        );
+    }
+    let mut json_rows = Vec::new();
+    for (i, (name, policy)) in args.policies.iter().enumerate() {
+        let mut u100 = Vec::new();
+        let mut u130 = Vec::new();
+        let mut lat: Vec<u64> = Vec::new();
+        for (k, &seed) in args.seeds.iter().enumerate() {
+            let record = i == 0 && k == 0 && args.placements.is_some();
+            let r = run_seed(&hosts, &tasks, &profile, *policy, seed, record);
+            if let (Some(path), Some(csv)) = (&args.placements, &r.placements_csv) {
+                if let Err(e) = std::fs::write(path, csv) {
+                    eprintln!("replay: cannot write {path}: {e}");
+                    return ExitCode::from(1);
+                }
+            }
+            u100.push(r.unalloc_100);
+            u130.push(r.unalloc_130);
+            lat.extend(r.latencies_ns);
+        }
+        let total_s = lat.iter().sum::<u64>() as f64 / 1e9;
+        let per_sec = lat.len() as f64 / total_s.max(1e-12);
+        lat.sort_unstable();
+        let pct = |p: f64| lat[((lat.len() - 1) as f64 * p) as usize] as f64 / 1000.0;
+        let (m100, s100) = mean_sd(&u100);
+        let (m130, s130) = mean_sd(&u130);
+        let (p50, p99) = (pct(0.50), pct(0.99));
+        if args.json {
+            json_rows.push(format!(
+                "{{\"policy\":\"{name}\",\"seeds\":{},\"unallocated_pct_100\":{{\"mean\":{m100:.4},\"sd\":{s100:.4}}},\"unallocated_pct_130\":{{\"mean\":{m130:.4},\"sd\":{s130:.4}}},\"decisions_per_sec\":{per_sec:.0},\"p50_us\":{p50:.2},\"p99_us\":{p99:.2}}}",
+                args.seeds.len()
+            ));
+        } else {
+            println!(
+                "{:<14} {:>12.2} ({:>4.2}) {:>12.2} ({:>4.2}) {:>12.0} {:>9.1} {:>9.1}",
+                name, m100, s100, m130, s130, per_sec, p50, p99
+            );
+        }
+    }
+    if args.json {
+        println!("{{\"results\":[{}]}}", json_rows.join(","));
+    }
+    ExitCode::SUCCESS
+}

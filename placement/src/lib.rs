@@ -1,0 +1,33 @@
+//! Tessera's placement engine: which GPU each task runs on.
+//!
+//! Pure: it reads a snapshot of a pool's capacity and task requests and returns placements
+//! or explained rejections. No I/O, no clock, no async; the seed for random tie-breaks is a
+//! parameter, so the same input and seed always give the same result. The control plane
+//! keeps an engine in step with its store and re-checks capacity when it commits.
+//!
+//! # Layout
+//! - [`snapshot`]: hosts, GPUs, allocations; `assign` / `release` and the capacity checks.
+//! - [`request`]: what a task asks for (CPU, memory, whole GPUs or an MPS slot) and its constraints.
+//! - [`engine`]: filter, score, choose; the policies; batches and dry runs.
+//! - [`profile`]: the workload's shape and the fragmentation measure built on it.
+//! - `classes`: hosts grouped by identical state, so each state is scored once.
+//! - [`reject`]: rejection reports with counts by reason and the operator's sentence.
+//! - [`openb`]: reading the Alibaba openb trace format, for the `replay` benchmark.
+//! - [`rng`]: the seeded generator behind tie-breaks and shuffles.
+
+#![forbid(unsafe_code)]
+
+mod classes;
+pub mod engine;
+pub mod openb;
+pub mod profile;
+pub mod reject;
+pub mod request;
+pub mod rng;
+pub mod snapshot;
+
+pub use engine::{describe_request, BatchOutcome, Engine, Policy};
+pub use profile::{DemandProfile, ProfileEntry};
+pub use reject::{FilterReason, LargestFree, Rejection};
+pub use request::{Constraints, GpuDemand, LabelRule, TaskRequest};
+pub use snapshot::{CapacityError, GpuSlot, GpuSpec, GpuUsage, HostSpec, Placement, PoolLimits, Snapshot};

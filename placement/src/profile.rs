@@ -1,0 +1,339 @@
+//! The workload's shape, and how fragmented a host's free capacity is for it.
+//!
+//! Fragmentation follows FGD (Weng et al., USENIX ATC 2023): for each typical task shape,
+//! free GPU share that the shape could not use counts as fragmented; a host's
+//! fragmentation is the sum over shapes, weighted by how common each shape is. Placing a
+//! task where it raises fragmentation least keeps free capacity in usable shapes.
+
+use crate::request::{GpuDemand, TaskRequest};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use tessera_model::{MiB, MilliCpu};
+
+/// One typical task shape and its share of the workload.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProfileEntry {
+    pub cpu: MilliCpu,
+    pub gpu: GpuDemand,
+    /// Allowed GPU models; empty means any.
+    pub gpu_models: Vec<String>,
+    /// Fraction of the workload, summing to 1 over the profile.
+    pub weight: f64,
+}
+
+/// The distribution of task shapes a pool expects.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct DemandProfile {
+    pub entries: Vec<ProfileEntry>,
+}
+
+impl DemandProfile {
+    /// Distinct shapes of `requests`, each weighted by its share of them.
+    pub fn from_requests<'a>(requests: impl IntoIterator<Item = &'a TaskRequest>) -> Self {
+        let mut counts: HashMap<(MilliCpu, GpuDemand, Vec<String>), usize> = HashMap::new();
+        let mut order = Vec::new();
+        let mut total = 0usize;
+        for r in requests {
+            let key = (r.cpu, r.gpu, r.constraints.gpu_models.clone());
+            let n = counts.entry(key.clone()).or_insert(0);
+            if *n == 0 {
+                order.push(key);
+            }
+            *n += 1;
+            total += 1;
+        }
+        let entries = order
+            .into_iter()
+            .map(|key| {
+                let n = counts[&key];
+                ProfileEntry {
+                    cpu: key.0,
+                    gpu: key.1,
+                    gpu_models: key.2,
+                    weight: n as f64 / total as f64,
+                }
+            })
+            .collect();
+        DemandProfile { entries }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+/// A profile entry prepared for one snapshot's GPU kinds.
+#[derive(Debug, Clone)]
+pub(crate) struct CompiledEntry {
+    /// GPUs it needs; 0 for CPU-only shapes.
+    pub gpus: u32,
+    /// Share of one GPU it needs, per interned GPU kind; `u16::MAX` where the kind is not
+    /// allowed or too small. 1000 means an idle GPU.
+    pub need: Vec<u16>,
+    pub cpu: MilliCpu,
+    pub weight: f64,
+}
+
+/// Share (thousandths of a GPU) that `demand` needs on a GPU kind of `kind_memory`,
+/// rounded down like free shares are, so a GPU with exactly enough memory still fits; the
+/// final choice always passes the exact checks of the snapshot.
+pub(crate) fn share_needed(demand: GpuDemand, kind_memory: MiB) -> u16 {
+    match demand {
+        GpuDemand::None => 0,
+        GpuDemand::Whole { .. } => 1000,
+        GpuDemand::Shared { memory, compute } => {
+            let mem = memory.0.saturating_mul(1000) / kind_memory.0.max(1);
+            let share = mem.max(u64::from(compute.map_or(0, |c| c.0)));
+            if share > 1000 { u16::MAX } else { share.max(1) as u16 }
+        }
+    }
+}
+
+pub(crate) fn compile(profile: &DemandProfile, kinds: &[(String, MiB)]) -> Vec<CompiledEntry> {
+    profile
+        .entries
+        .iter()
+        .map(|e| CompiledEntry {
+            gpus: match e.gpu {
+                GpuDemand::None => 0,
+                GpuDemand::Whole { count } => count,
+                GpuDemand::Shared { .. } => 1,
+            },
+            need: kinds
+                .iter()
+                .map(|(name, mem)| {
+                    if e.gpu_models.is_empty() || e.gpu_models.iter().any(|m| m == name) {
+                        share_needed(e.gpu, *mem)
+                    } else {
+                        u16::MAX
+                    }
+                })
+                .collect(),
+            cpu: e.cpu,
+            weight: e.weight,
+        })
+        .collect()
+}
+
+/// Fragmentation of a host with `cpu_free` and GPUs `(kind, free share)`, for `profile`.
+pub(crate) fn fragmentation(profile: &[CompiledEntry], cpu_free: MilliCpu, gpus: &[(u16, u16)]) -> f64 {
+    let total: u32 = gpus.iter().map(|&(_, f)| u32::from(f)).sum();
+    if total == 0 {
+        return 0.0;
+    }
+    let mut acc = 0.0;
+    for e in profile {
+        let unusable = if e.gpus == 0 || cpu_free < e.cpu {
+            total
+        } else {
+            let mut fits = 0;
+            let mut stranded = 0;
+            for &(kind, free) in gpus {
+                if free >= e.need[kind as usize] {
+                    fits += 1;
+                } else {
+                    stranded += u32::from(free);
+                }
+            }
+            if fits >= e.gpus { stranded } else { total }
+        };
+        acc += e.weight * f64::from(unusable);
+    }
+    acc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_model::ComputeMilli;
+
+    fn kinds() -> Vec<(String, MiB)> {
+        vec![("T4".into(), MiB(1000))]
+    }
+
+    #[test]
+    fn share_needed_rounds_up_and_takes_the_larger_dimension() {
+        let demand = GpuDemand::Shared {
+            memory: MiB(8 * 1024),
+            compute: Some(ComputeMilli(250)),
+        };
+        assert_eq!(share_needed(demand, MiB(80 * 1024)), 250);
+        assert_eq!(share_needed(demand, MiB(24 * 1024)), 333);
+        assert_eq!(share_needed(demand, MiB(4 * 1024)), u16::MAX);
+    }
+
+    #[test]
+    fn free_share_too_small_for_the_workload_is_fragmented() {
+        // Every task wants 600: a GPU with 500 free is all fragment, a fresh one is not.
+        let profile = DemandProfile {
+            entries: vec![ProfileEntry {
+                cpu: MilliCpu(1000),
+                gpu: GpuDemand::Shared {
+                    memory: MiB(600),
+                    compute: None,
+                },
+                gpu_models: vec![],
+                weight: 1.0,
+            }],
+        };
+        let compiled = compile(&profile, &kinds());
+        assert_eq!(fragmentation(&compiled, MilliCpu(4000), &[(0, 500), (0, 1000)]), 500.0);
+        assert_eq!(fragmentation(&compiled, MilliCpu(4000), &[(0, 1000)]), 0.0);
+        // Without CPU for the shape, everything free is stranded.
+        assert_eq!(fragmentation(&compiled, MilliCpu(500), &[(0, 500), (0, 1000)]), 1500.0);
+    }
+
+    #[test]
+    fn profile_weights_follow_request_counts() {
+        let a = TaskRequest::whole(MilliCpu(1000), MiB(1), 1);
+        let b = TaskRequest::cpu_only(MilliCpu(1000), MiB(1));
+        let p = DemandProfile::from_requests([&a, &a, &a, &b]);
+        assert_eq!(p.entries.len(), 2);
+        assert_eq!(p.entries[0].weight, 0.75);
+        assert_eq!(p.entries[1].weight, 0.25);
+    }
+}
+
+/// Precomputed cumulative weights that make a host's fragmentation cost O(its GPUs)
+/// instead of O(profile × GPUs): the inner loop of every fragmentation-aware decision.
+#[derive(Debug, Clone)]
+pub(crate) struct FragTables {
+    entries: Vec<CompiledEntry>,
+    /// Distinct CPU requests of the profile, ascending. A host's level is how many of them
+    /// its free CPU covers; an entry fits the host's CPU when the level passes its own.
+    cpu_levels: Vec<MilliCpu>,
+    /// Per GPU kind, `(levels + 1) × 1001`: weight of one-GPU entries with CPU level ≤ c
+    /// and share need ≤ n.
+    one_gpu: Vec<Vec<f64>>,
+    /// Per GPU kind, `(levels + 1) × (max_gpus + 1)`: weight of multi-GPU entries with CPU
+    /// level ≤ c needing at most k idle GPUs.
+    multi_gpu: Vec<Vec<f64>>,
+    max_gpus: usize,
+    total_weight: f64,
+}
+
+const SHARES: usize = 1001;
+
+impl FragTables {
+    pub fn new(profile: &DemandProfile, kinds: &[(String, MiB)], max_gpus: usize) -> FragTables {
+        let entries = compile(profile, kinds);
+        let mut cpu_levels: Vec<MilliCpu> = entries.iter().map(|e| e.cpu).collect();
+        cpu_levels.sort_unstable();
+        cpu_levels.dedup();
+        let rows = cpu_levels.len() + 1;
+        let level_of = |cpu: MilliCpu| cpu_levels.partition_point(|&t| t < cpu) + 1;
+        let mut one_gpu = Vec::with_capacity(kinds.len());
+        let mut multi_gpu = Vec::with_capacity(kinds.len());
+        for kind in 0..kinds.len() {
+            let mut one = vec![0.0; rows * SHARES];
+            let mut multi = vec![0.0; rows * (max_gpus + 1)];
+            for e in &entries {
+                let need = e.need[kind];
+                if e.gpus == 0 || need > 1000 {
+                    continue;
+                }
+                let level = level_of(e.cpu);
+                if e.gpus == 1 {
+                    one[level * SHARES + need as usize] += e.weight;
+                } else if (e.gpus as usize) <= max_gpus {
+                    multi[level * (max_gpus + 1) + e.gpus as usize] += e.weight;
+                }
+            }
+            prefix_2d(&mut one, rows, SHARES);
+            prefix_2d(&mut multi, rows, max_gpus + 1);
+            one_gpu.push(one);
+            multi_gpu.push(multi);
+        }
+        let total_weight = entries.iter().map(|e| e.weight).sum();
+        FragTables {
+            entries,
+            cpu_levels,
+            one_gpu,
+            multi_gpu,
+            max_gpus,
+            total_weight,
+        }
+    }
+
+    /// Fragmentation of a host state; `gpus` sorted by (kind, free share).
+    pub fn fragmentation(&self, cpu_free: MilliCpu, gpus: &[(u16, u16)]) -> f64 {
+        let Some(&(kind, max_free)) = gpus.last() else {
+            return 0.0;
+        };
+        if gpus[0].0 != kind {
+            return fragmentation(&self.entries, cpu_free, gpus);
+        }
+        let level = self.cpu_levels.partition_point(|&t| t <= cpu_free);
+        let one = &self.one_gpu[kind as usize][level * SHARES..(level + 1) * SHARES];
+        let fit_one = one[max_free as usize];
+        let mut total = 0u32;
+        let mut partial = 0u32;
+        let mut idle = 0usize;
+        let mut stranded_one = 0.0;
+        for &(_, free) in gpus {
+            total += u32::from(free);
+            if free == 1000 {
+                idle += 1;
+            } else {
+                partial += u32::from(free);
+            }
+            stranded_one += f64::from(free) * (fit_one - one[free as usize]);
+        }
+        let fit_multi = self.multi_gpu[kind as usize][level * (self.max_gpus + 1) + idle.min(self.max_gpus)];
+        stranded_one
+            + fit_multi * f64::from(partial)
+            + f64::from(total) * (self.total_weight - fit_one - fit_multi).max(0.0)
+    }
+}
+
+/// In-place 2-D prefix sum over a `rows × cols` grid.
+fn prefix_2d(grid: &mut [f64], rows: usize, cols: usize) {
+    for r in 0..rows {
+        for c in 1..cols {
+            grid[r * cols + c] += grid[r * cols + c - 1];
+        }
+    }
+    for r in 1..rows {
+        for c in 0..cols {
+            grid[r * cols + c] += grid[(r - 1) * cols + c];
+        }
+    }
+}
+
+#[cfg(test)]
+mod table_tests {
+    use super::*;
+    use crate::rng::Rng;
+    use tessera_model::ComputeMilli;
+
+    #[test]
+    fn tables_agree_with_the_direct_sum() {
+        let mut rng = Rng::new(3);
+        let mut requests = Vec::new();
+        for _ in 0..60 {
+            let cpu = MilliCpu(1000 * (1 + rng.below(16) as u64));
+            let r = match rng.below(4) {
+                0 => TaskRequest::cpu_only(cpu, MiB(1)),
+                1 => TaskRequest::whole(cpu, MiB(1), 1 + rng.below(4) as u32),
+                _ => TaskRequest::shared(cpu, MiB(1), MiB(1 + rng.below(999) as u64), Some(ComputeMilli(rng.below(500) as u32))),
+            };
+            requests.push(r);
+        }
+        let profile = DemandProfile::from_requests(&requests);
+        let kinds = vec![("A".to_owned(), MiB(1000)), ("B".to_owned(), MiB(2000))];
+        let tables = FragTables::new(&profile, &kinds, 8);
+        let compiled = compile(&profile, &kinds);
+        for _ in 0..500 {
+            let kind = rng.below(2) as u16;
+            let n = 1 + rng.below(8);
+            let mut gpus: Vec<(u16, u16)> = (0..n)
+                .map(|_| (kind, if rng.below(3) == 0 { 1000 } else { rng.below(1000) as u16 }))
+                .collect();
+            gpus.sort_unstable();
+            let cpu = MilliCpu(rng.below(20_000) as u64);
+            let fast = tables.fragmentation(cpu, &gpus);
+            let slow = fragmentation(&compiled, cpu, &gpus);
+            assert!((fast - slow).abs() < 1e-6, "fast {fast} slow {slow} for {gpus:?} cpu {cpu:?}");
+        }
+    }
+}
