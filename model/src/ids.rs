@@ -15,7 +15,8 @@ pub struct IdError {
 
 /// The naming rule shared by pools and hosts: what fits in a DNS label, so names can be
 /// used in URLs and logs without quoting.
-const NAME_RULE: &str = "use 1 to 63 lowercase letters, digits or '-', starting with a letter or digit";
+const NAME_RULE: &str =
+    "use 1 to 63 lowercase letters, digits or '-', starting with a letter or digit";
 
 fn check_name(what: &'static str, value: &str) -> Result<(), IdError> {
     let ok = !value.is_empty()

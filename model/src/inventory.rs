@@ -175,7 +175,10 @@ mod tests {
             assert_eq!(p.as_str().parse::<PlacementPolicy>(), Ok(*p));
         }
         let err = "sleeping".parse::<HostStatus>().expect_err("not a status");
-        assert!(err.to_string().contains("active draining impaired lost"), "{err}");
+        assert!(
+            err.to_string().contains("active draining impaired lost"),
+            "{err}"
+        );
     }
 
     #[test]

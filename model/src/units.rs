@@ -180,7 +180,10 @@ mod tests {
 
     #[test]
     fn percent_converts_to_compute_milli() {
-        assert_eq!(Percent::new(25).map(Percent::to_compute_milli), Ok(ComputeMilli(250)));
+        assert_eq!(
+            Percent::new(25).map(Percent::to_compute_milli),
+            Ok(ComputeMilli(250))
+        );
         assert_eq!(ComputeMilli(460).to_string(), "46%");
         assert_eq!(ComputeMilli(455).to_string(), "45.5%");
     }

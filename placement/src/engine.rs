@@ -7,7 +7,7 @@
 //! capacity checks of [`Snapshot`], and a task that fits nowhere gets a [`Rejection`].
 
 use crate::classes::{ClassKey, Classes};
-use crate::profile::{share_needed, DemandProfile, FragTables};
+use crate::profile::{DemandProfile, FragTables, share_needed};
 use crate::reject::{FilterReason, LargestFree, Rejection};
 use crate::request::{GpuDemand, TaskRequest};
 use crate::rng::Rng;
@@ -58,7 +58,10 @@ impl Policy {
     }
 
     fn random_ties(self) -> bool {
-        matches!(self, Policy::FgdSim | Policy::BestFitSim | Policy::Fragmentation)
+        matches!(
+            self,
+            Policy::FgdSim | Policy::BestFitSim | Policy::Fragmentation
+        )
     }
 }
 
@@ -156,7 +159,9 @@ impl BestFitIndex {
         if active {
             let range = snap.host_gpus(h);
             let kind = range.clone().next().map_or(0, |g| snap.gpus[g].model);
-            let idle_count = range.filter(|&g| snap.gpus[g].is_idle() && snap.gpus[g].healthy).count() as u32;
+            let idle_count = range
+                .filter(|&g| snap.gpus[g].is_idle() && snap.gpus[g].healthy)
+                .count() as u32;
             let idle = (kind, idle_count, h);
             let cpu = (snap.hosts[h as usize].cpu_free, h);
             self.idle.insert(idle);
@@ -185,8 +190,14 @@ impl Engine {
     /// fragmentation is measured against); without one the fragmentation policies fall back
     /// to best fit. `seed` drives every random tie-break.
     pub fn new(snapshot: Snapshot, policy: Policy, profile: &DemandProfile, seed: u64) -> Engine {
-        let max_gpus = snapshot.hosts.iter().map(|h| h.gpu_count as usize).max().unwrap_or(0);
-        let frag = (!profile.is_empty()).then(|| FragTables::new(profile, &snapshot.models, max_gpus));
+        let max_gpus = snapshot
+            .hosts
+            .iter()
+            .map(|h| h.gpu_count as usize)
+            .max()
+            .unwrap_or(0);
+        let frag =
+            (!profile.is_empty()).then(|| FragTables::new(profile, &snapshot.models, max_gpus));
         let classes = Classes::build(&snapshot);
         let index = BestFitIndex::build(&snapshot);
         Engine {
@@ -221,7 +232,9 @@ impl Engine {
         let found = match self.policy {
             Policy::BestFitSim => self.place_bestfit_sim(req),
             Policy::Binpack => self.place_binpack(req),
-            Policy::Fragmentation | Policy::FgdSim if self.frag.is_none() => self.place_binpack(req),
+            Policy::Fragmentation | Policy::FgdSim if self.frag.is_none() => {
+                self.place_binpack(req)
+            }
             _ => self.place_by_class(req),
         };
         // Host states carry a GPU's free share as the smaller of memory and reserved
@@ -257,7 +270,9 @@ impl Engine {
             .map(|req| {
                 let mut req = req.clone();
                 if req.constraints.distinct_hosts {
-                    req.constraints.avoid_hosts.extend(used_hosts.iter().cloned());
+                    req.constraints
+                        .avoid_hosts
+                        .extend(used_hosts.iter().cloned());
                 }
                 let placed = self.place(&req)?;
                 self.assign(&placed)
@@ -303,7 +318,8 @@ impl Engine {
             let cached = if cached.generation == class.generation {
                 cached
             } else {
-                let (score, pick) = score_state(self.policy, &self.snap, self.frag.as_ref(), &class.key, req);
+                let (score, pick) =
+                    score_state(self.policy, &self.snap, self.frag.as_ref(), &class.key, req);
                 let fresh = Cached {
                     generation: class.generation,
                     score,
@@ -321,12 +337,21 @@ impl Engine {
         let mut start = 0;
         while start < scored.len() {
             let best = scored[start].0;
-            let end = start + scored[start..].iter().take_while(|(s, _)| *s == best).count();
+            let end = start
+                + scored[start..]
+                    .iter()
+                    .take_while(|(s, _)| *s == best)
+                    .count();
             let group: Vec<u32> = scored[start..end].iter().map(|&(_, slot)| slot).collect();
             if let Some(h) = self.choose_host(&group, req) {
                 let pick = group
                     .iter()
-                    .find(|&&s| self.classes.slots[s as usize].members.binary_search(&h).is_ok())
+                    .find(|&&s| {
+                        self.classes.slots[s as usize]
+                            .members
+                            .binary_search(&h)
+                            .is_ok()
+                    })
                     .map(|&s| self.scores[shape][s as usize].pick)
                     .unwrap_or((0, 0));
                 if let Some(p) = self.gpus_on_host(h, req, Some(pick)) {
@@ -343,7 +368,10 @@ impl Engine {
     fn choose_host(&mut self, group: &[u32], req: &TaskRequest) -> Option<HostIdx> {
         let ok = |snap: &Snapshot, h: HostIdx| snap.check_host(h, req).is_ok();
         if self.policy.random_ties() {
-            let total: usize = group.iter().map(|&s| self.classes.slots[s as usize].members.len()).sum();
+            let total: usize = group
+                .iter()
+                .map(|&s| self.classes.slots[s as usize].members.len())
+                .sum();
             // A few random probes find a host almost always; a reservoir over all is the fallback.
             for _ in 0..8 {
                 let mut r = self.rng.below(total);
@@ -387,11 +415,19 @@ impl Engine {
 
     /// The GPUs `req` takes on host `h`: for a shared task the GPU matching `pick` (or the
     /// best fit if none does), for whole GPUs the first idle ones.
-    fn gpus_on_host(&self, h: HostIdx, req: &TaskRequest, pick: Option<(u16, u16)>) -> Option<Placement> {
+    fn gpus_on_host(
+        &self,
+        h: HostIdx,
+        req: &TaskRequest,
+        pick: Option<(u16, u16)>,
+    ) -> Option<Placement> {
         if self.snap.check_host(h, req).is_err() {
             return None;
         }
-        let fitting = self.snap.host_gpus(h).filter(|&g| self.snap.check_gpu(g, req).is_ok());
+        let fitting = self
+            .snap
+            .host_gpus(h)
+            .filter(|&g| self.snap.check_gpu(g, req).is_ok());
         let gpus: Vec<usize> = match req.gpu {
             GpuDemand::None => Vec::new(),
             GpuDemand::Whole { count } => {
@@ -406,9 +442,13 @@ impl Engine {
                     self.snap
                         .host_gpus(h)
                         .filter(|&g| self.snap.check_gpu(g, req).is_ok())
-                        .find(|&g| self.snap.gpus[g].model == kind && self.snap.gpus[g].free_share() == free)
+                        .find(|&g| {
+                            self.snap.gpus[g].model == kind
+                                && self.snap.gpus[g].free_share() == free
+                        })
                 });
-                let g = picked.or_else(|| fitting.min_by_key(|&g| (self.snap.gpus[g].mem_free, g)))?;
+                let g =
+                    picked.or_else(|| fitting.min_by_key(|&g| (self.snap.gpus[g].mem_free, g)))?;
                 vec![g]
             }
         };
@@ -449,10 +489,15 @@ impl Engine {
             GpuDemand::Shared { memory, .. } => {
                 let mut best: Option<(MiB, u32)> = None;
                 for kind in kinds {
-                    let found = self.index.shared.range((kind, memory, 0)..(kind + 1, MiB::ZERO, 0)).find(|&&(_, _, g)| {
-                        let h = self.snap.gpus[g as usize].host;
-                        self.snap.check_gpu(g as usize, req).is_ok() && self.snap.check_host(h, req).is_ok()
-                    });
+                    let found = self
+                        .index
+                        .shared
+                        .range((kind, memory, 0)..(kind + 1, MiB::ZERO, 0))
+                        .find(|&&(_, _, g)| {
+                            let h = self.snap.gpus[g as usize].host;
+                            self.snap.check_gpu(g as usize, req).is_ok()
+                                && self.snap.check_host(h, req).is_ok()
+                        });
                     if let Some(&(_, free, g)) = found {
                         if best.is_none_or(|b| (free, g) < b) {
                             best = Some((free, g));
@@ -482,11 +527,16 @@ impl Engine {
                 continue;
             };
             let host = &self.snap.hosts[h as usize];
-            let gpu_left: u64 = self.snap.host_gpus(h).map(|g| u64::from(self.snap.gpus[g].free_share())).sum();
+            let gpu_left: u64 = self
+                .snap
+                .host_gpus(h)
+                .map(|g| u64::from(self.snap.gpus[g].free_share()))
+                .sum();
             let take = match req.gpu {
-                GpuDemand::Shared { .. } => {
-                    u64::from(share_needed(req.gpu, self.snap.models[self.snap.gpus[p.gpus[0].gpu as usize].model as usize].1))
-                }
+                GpuDemand::Shared { .. } => u64::from(share_needed(
+                    req.gpu,
+                    self.snap.models[self.snap.gpus[p.gpus[0].gpu as usize].model as usize].1,
+                )),
                 _ => u64::from(num) * milli,
             };
             let s = 0.5 * (host.cpu_free.0 - req.cpu.0) as f64 / 128_000.0
@@ -511,7 +561,11 @@ impl Engine {
         (0..self.snap.hosts.len() as HostIdx)
             .filter_map(|h| self.gpus_on_host(h, req, None))
             .min_by_key(|p| {
-                let free: u64 = p.gpus.iter().map(|s| self.snap.gpus[s.gpu as usize].mem_free.0).sum();
+                let free: u64 = p
+                    .gpus
+                    .iter()
+                    .map(|s| self.snap.gpus[s.gpu as usize].mem_free.0)
+                    .sum();
                 (free, p.host)
             })
     }
@@ -545,10 +599,18 @@ impl Engine {
                 let gpu = &self.snap.gpus[g];
                 if gpu.healthy && !gpu.dedicated {
                     let lf = &mut rejection.largest_free;
-                    if lf.gpu_memory.as_ref().is_none_or(|(m, _)| gpu.mem_free > *m) {
-                        lf.gpu_memory = Some((gpu.mem_free, format!("{}/GPU {}", host.id, gpu.index)));
+                    if lf
+                        .gpu_memory
+                        .as_ref()
+                        .is_none_or(|(m, _)| gpu.mem_free > *m)
+                    {
+                        lf.gpu_memory =
+                            Some((gpu.mem_free, format!("{}/GPU {}", host.id, gpu.index)));
                     }
-                    lf.gpu_compute = Some(lf.gpu_compute.map_or(ComputeMilli(gpu.compute_free), |c| c.max(ComputeMilli(gpu.compute_free))));
+                    lf.gpu_compute =
+                        Some(lf.gpu_compute.map_or(ComputeMilli(gpu.compute_free), |c| {
+                            c.max(ComputeMilli(gpu.compute_free))
+                        }));
                     if gpu.is_idle() {
                         idle += 1;
                     }
@@ -558,7 +620,8 @@ impl Engine {
                     Err(reason) => *rejection.gpus_filtered.entry(reason).or_default() += 1,
                 }
             }
-            rejection.largest_free.idle_gpus_on_one_host = rejection.largest_free.idle_gpus_on_one_host.max(idle);
+            rejection.largest_free.idle_gpus_on_one_host =
+                rejection.largest_free.idle_gpus_on_one_host.max(idle);
             let needed = match req.gpu {
                 GpuDemand::None => 0,
                 GpuDemand::Whole { count } => count,
@@ -596,12 +659,21 @@ pub fn describe_request(req: &TaskRequest) -> String {
         GpuDemand::None => "no GPU".to_owned(),
         GpuDemand::Whole { count: 1 } => "1 whole GPU".to_owned(),
         GpuDemand::Whole { count } => format!("{count} whole GPUs"),
-        GpuDemand::Shared { memory, compute: Some(c) } => format!("1 GPU slot with {memory} and {c} compute"),
-        GpuDemand::Shared { memory, compute: None } => format!("1 GPU slot with {memory}"),
+        GpuDemand::Shared {
+            memory,
+            compute: Some(c),
+        } => format!("1 GPU slot with {memory} and {c} compute"),
+        GpuDemand::Shared {
+            memory,
+            compute: None,
+        } => format!("1 GPU slot with {memory}"),
     };
     let mut s = format!("{gpu}, {}, {} host memory", req.cpu, req.memory);
     if !req.constraints.gpu_models.is_empty() {
-        s.push_str(&format!(", GPU model {}", req.constraints.gpu_models.join(" or ")));
+        s.push_str(&format!(
+            ", GPU model {}",
+            req.constraints.gpu_models.join(" or ")
+        ));
     }
     s
 }
@@ -709,7 +781,12 @@ mod tests {
     }
 
     fn engine(policy: Policy, hosts: Vec<HostSpec>) -> Engine {
-        Engine::new(Snapshot::new(hosts, PoolLimits::default()), policy, &DemandProfile::default(), 1)
+        Engine::new(
+            Snapshot::new(hosts, PoolLimits::default()),
+            policy,
+            &DemandProfile::default(),
+            1,
+        )
     }
 
     #[test]
@@ -720,7 +797,10 @@ mod tests {
         e.assign(&first).expect("assign");
         let small = TaskRequest::shared(MilliCpu(1000), MiB(1024), MiB(8 * 1024), None);
         let second = e.place(&small).expect("fits");
-        assert_eq!(second.gpus[0].gpu, first.gpus[0].gpu, "8 GiB fits next to 16 GiB");
+        assert_eq!(
+            second.gpus[0].gpu, first.gpus[0].gpu,
+            "8 GiB fits next to 16 GiB"
+        );
     }
 
     #[test]
@@ -741,7 +821,10 @@ mod tests {
         assert_eq!(err.hosts_filtered.get(&FilterReason::GpuMemory), Some(&1));
         assert_eq!(err.gpus_filtered.get(&FilterReason::GpuMemory), Some(&2));
         let text = err.to_string();
-        assert!(text.contains("largest free GPU memory 16 GiB on host-3/GPU 0"), "{text}");
+        assert!(
+            text.contains("largest free GPU memory 16 GiB on host-3/GPU 0"),
+            "{text}"
+        );
     }
 
     #[test]
@@ -752,7 +835,10 @@ mod tests {
         e.assign(&p).expect("assign");
         let two = TaskRequest::whole(MilliCpu(1000), MiB(1024), 2);
         let err = e.place(&two).expect_err("one GPU is shared");
-        assert_eq!(err.hosts_filtered.get(&FilterReason::NotEnoughIdleGpus), Some(&1));
+        assert_eq!(
+            err.hosts_filtered.get(&FilterReason::NotEnoughIdleGpus),
+            Some(&1)
+        );
         let one = TaskRequest::whole(MilliCpu(1000), MiB(1024), 1);
         let p = e.place(&one).expect("one idle GPU left");
         assert!(p.gpus[0].dedicated);
@@ -760,7 +846,10 @@ mod tests {
 
     #[test]
     fn distinct_hosts_batch_uses_each_host_once() {
-        let mut e = engine(Policy::Binpack, vec![host("a", 4, 1000), host("b", 4, 1000)]);
+        let mut e = engine(
+            Policy::Binpack,
+            vec![host("a", 4, 1000), host("b", 4, 1000)],
+        );
         let mut req = TaskRequest::shared(MilliCpu(1000), MiB(1024), MiB(100), None);
         req.constraints.distinct_hosts = true;
         let out = e.place_batch(&[req.clone(), req.clone(), req]);
@@ -774,7 +863,9 @@ mod tests {
         let mut h = host("a", 1, 1000);
         h.active = false;
         let mut e = engine(Policy::SpreadHost, vec![h]);
-        let err = e.place(&TaskRequest::whole(MilliCpu(1), MiB(1), 1)).expect_err("inactive");
+        let err = e
+            .place(&TaskRequest::whole(MilliCpu(1), MiB(1), 1))
+            .expect_err("inactive");
         assert_eq!(err.dominant_reason(), Some(FilterReason::HostNotActive));
     }
 }

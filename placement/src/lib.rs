@@ -26,8 +26,10 @@ pub mod request;
 pub mod rng;
 pub mod snapshot;
 
-pub use engine::{describe_request, BatchOutcome, Engine, Policy};
+pub use engine::{BatchOutcome, Engine, Policy, describe_request};
 pub use profile::{DemandProfile, ProfileEntry};
 pub use reject::{FilterReason, LargestFree, Rejection};
 pub use request::{Constraints, GpuDemand, LabelRule, TaskRequest};
-pub use snapshot::{CapacityError, GpuSlot, GpuSpec, GpuUsage, HostSpec, Placement, PoolLimits, Snapshot};
+pub use snapshot::{
+    CapacityError, GpuSlot, GpuSpec, GpuUsage, HostSpec, Placement, PoolLimits, Snapshot,
+};

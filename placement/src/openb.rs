@@ -50,15 +50,23 @@ impl<'a> Csv<'a> {
     fn new(file: &'a str, header_line: &'a str) -> Self {
         Csv {
             file,
-            header: header_line.trim().split(',').enumerate().map(|(i, c)| (c, i)).collect(),
+            header: header_line
+                .trim()
+                .split(',')
+                .enumerate()
+                .map(|(i, c)| (c, i))
+                .collect(),
         }
     }
 
     fn col(&self, column: &'static str) -> Result<usize, TraceError> {
-        self.header.get(column).copied().ok_or(TraceError::MissingColumn {
-            file: self.file.to_owned(),
-            column,
-        })
+        self.header
+            .get(column)
+            .copied()
+            .ok_or(TraceError::MissingColumn {
+                file: self.file.to_owned(),
+                column,
+            })
     }
 
     fn num(&self, fields: &[&str], line: usize, column: &'static str) -> Result<u64, TraceError> {
@@ -129,7 +137,9 @@ pub fn parse_tasks(file: &str, text: &str) -> Result<Vec<TraceTask>, TraceError>
                 file: file.to_owned(),
                 line: line_no,
                 column: "gpu_milli",
-                message: format!("{gpu_milli} with num_gpu {num_gpu}: a share below 1000 needs num_gpu 1"),
+                message: format!(
+                    "{gpu_milli} with num_gpu {num_gpu}: a share below 1000 needs num_gpu 1"
+                ),
             });
         }
         let gpu = match (num_gpu, gpu_milli) {
@@ -142,7 +152,12 @@ pub fn parse_tasks(file: &str, text: &str) -> Result<Vec<TraceTask>, TraceError>
         };
         let gpu_models = spec
             .and_then(|i| fields.get(i))
-            .map(|s| s.split('|').filter(|m| !m.is_empty()).map(str::to_owned).collect())
+            .map(|s| {
+                s.split('|')
+                    .filter(|m| !m.is_empty())
+                    .map(str::to_owned)
+                    .collect()
+            })
             .unwrap_or_default();
         tasks.push(TraceTask {
             row,
@@ -168,8 +183,11 @@ mod tests {
 
     #[test]
     fn parses_nodes_and_tasks_with_and_without_gpu_spec() {
-        let nodes = parse_nodes("n.csv", "sn,cpu_milli,memory_mib,gpu,model\nnode-1,64000,262144,2,T4\n")
-            .expect("valid");
+        let nodes = parse_nodes(
+            "n.csv",
+            "sn,cpu_milli,memory_mib,gpu,model\nnode-1,64000,262144,2,T4\n",
+        )
+        .expect("valid");
         assert_eq!(nodes[0].gpus.len(), 2);
         assert_eq!(nodes[0].gpus[1].model, "T4");
         let tasks = parse_tasks(
@@ -178,7 +196,13 @@ mod tests {
         )
         .expect("valid");
         assert_eq!(tasks[0].request.constraints.gpu_models, vec!["T4", "P100"]);
-        assert!(matches!(tasks[0].request.gpu, GpuDemand::Shared { memory: MiB(460), .. }));
+        assert!(matches!(
+            tasks[0].request.gpu,
+            GpuDemand::Shared {
+                memory: MiB(460),
+                ..
+            }
+        ));
         assert_eq!(tasks[1].request.gpu, GpuDemand::Whole { count: 2 });
         assert_eq!(tasks[2].request.gpu, GpuDemand::None);
         assert_eq!(tasks[1].gpu_request_milli(), 2000);
@@ -186,7 +210,14 @@ mod tests {
 
     #[test]
     fn bad_rows_name_line_and_column() {
-        let err = parse_tasks("t.csv", "cpu_milli,memory_mib,num_gpu,gpu_milli\n1000,10,x,5\n").expect_err("bad");
-        assert_eq!(err.to_string(), "t.csv:2: column \"num_gpu\": \"x\" is not a whole number");
+        let err = parse_tasks(
+            "t.csv",
+            "cpu_milli,memory_mib,num_gpu,gpu_milli\n1000,10,x,5\n",
+        )
+        .expect_err("bad");
+        assert_eq!(
+            err.to_string(),
+            "t.csv:2: column \"num_gpu\": \"x\" is not a whole number"
+        );
     }
 }

@@ -84,7 +84,11 @@ pub(crate) fn share_needed(demand: GpuDemand, kind_memory: MiB) -> u16 {
         GpuDemand::Shared { memory, compute } => {
             let mem = memory.0.saturating_mul(1000) / kind_memory.0.max(1);
             let share = mem.max(u64::from(compute.map_or(0, |c| c.0)));
-            if share > 1000 { u16::MAX } else { share.max(1) as u16 }
+            if share > 1000 {
+                u16::MAX
+            } else {
+                share.max(1) as u16
+            }
         }
     }
 }
@@ -116,7 +120,11 @@ pub(crate) fn compile(profile: &DemandProfile, kinds: &[(String, MiB)]) -> Vec<C
 }
 
 /// Fragmentation of a host with `cpu_free` and GPUs `(kind, free share)`, for `profile`.
-pub(crate) fn fragmentation(profile: &[CompiledEntry], cpu_free: MilliCpu, gpus: &[(u16, u16)]) -> f64 {
+pub(crate) fn fragmentation(
+    profile: &[CompiledEntry],
+    cpu_free: MilliCpu,
+    gpus: &[(u16, u16)],
+) -> f64 {
     let total: u32 = gpus.iter().map(|&(_, f)| u32::from(f)).sum();
     if total == 0 {
         return 0.0;
@@ -177,10 +185,16 @@ mod tests {
             }],
         };
         let compiled = compile(&profile, &kinds());
-        assert_eq!(fragmentation(&compiled, MilliCpu(4000), &[(0, 500), (0, 1000)]), 500.0);
+        assert_eq!(
+            fragmentation(&compiled, MilliCpu(4000), &[(0, 500), (0, 1000)]),
+            500.0
+        );
         assert_eq!(fragmentation(&compiled, MilliCpu(4000), &[(0, 1000)]), 0.0);
         // Without CPU for the shape, everything free is stranded.
-        assert_eq!(fragmentation(&compiled, MilliCpu(500), &[(0, 500), (0, 1000)]), 1500.0);
+        assert_eq!(
+            fragmentation(&compiled, MilliCpu(500), &[(0, 500), (0, 1000)]),
+            1500.0
+        );
     }
 
     #[test]
@@ -279,7 +293,8 @@ impl FragTables {
             }
             stranded_one += f64::from(free) * (fit_one - one[free as usize]);
         }
-        let fit_multi = self.multi_gpu[kind as usize][level * (self.max_gpus + 1) + idle.min(self.max_gpus)];
+        let fit_multi =
+            self.multi_gpu[kind as usize][level * (self.max_gpus + 1) + idle.min(self.max_gpus)];
         stranded_one
             + fit_multi * f64::from(partial)
             + f64::from(total) * (self.total_weight - fit_one - fit_multi).max(0.0)
@@ -315,7 +330,12 @@ mod table_tests {
             let r = match rng.below(4) {
                 0 => TaskRequest::cpu_only(cpu, MiB(1)),
                 1 => TaskRequest::whole(cpu, MiB(1), 1 + rng.below(4) as u32),
-                _ => TaskRequest::shared(cpu, MiB(1), MiB(1 + rng.below(999) as u64), Some(ComputeMilli(rng.below(500) as u32))),
+                _ => TaskRequest::shared(
+                    cpu,
+                    MiB(1),
+                    MiB(1 + rng.below(999) as u64),
+                    Some(ComputeMilli(rng.below(500) as u32)),
+                ),
             };
             requests.push(r);
         }
@@ -327,13 +347,25 @@ mod table_tests {
             let kind = rng.below(2) as u16;
             let n = 1 + rng.below(8);
             let mut gpus: Vec<(u16, u16)> = (0..n)
-                .map(|_| (kind, if rng.below(3) == 0 { 1000 } else { rng.below(1000) as u16 }))
+                .map(|_| {
+                    (
+                        kind,
+                        if rng.below(3) == 0 {
+                            1000
+                        } else {
+                            rng.below(1000) as u16
+                        },
+                    )
+                })
                 .collect();
             gpus.sort_unstable();
             let cpu = MilliCpu(rng.below(20_000) as u64);
             let fast = tables.fragmentation(cpu, &gpus);
             let slow = fragmentation(&compiled, cpu, &gpus);
-            assert!((fast - slow).abs() < 1e-6, "fast {fast} slow {slow} for {gpus:?} cpu {cpu:?}");
+            assert!(
+                (fast - slow).abs() < 1e-6,
+                "fast {fast} slow {slow} for {gpus:?} cpu {cpu:?}"
+            );
         }
     }
 }

@@ -96,13 +96,19 @@ impl Rejection {
 impl fmt::Display for Rejection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.hosts_evaluated == 0 {
-            return write!(f, "unable to place task ({}): the pool has no hosts", self.request);
+            return write!(
+                f,
+                "unable to place task ({}): the pool has no hosts",
+                self.request
+            );
         }
         write!(f, "unable to place task ({}): ", self.request)?;
         match self.dominant_reason() {
             Some(FilterReason::GpuMemory) | Some(FilterReason::NotEnoughIdleGpus) | None => {
                 match &self.largest_free.gpu_memory {
-                    Some((mib, at)) => write!(f, "no GPU has room; largest free GPU memory {mib} on {at}")?,
+                    Some((mib, at)) => {
+                        write!(f, "no GPU has room; largest free GPU memory {mib} on {at}")?
+                    }
                     None => write!(f, "no usable GPU")?,
                 }
             }
@@ -110,15 +116,23 @@ impl fmt::Display for Rejection {
                 Some(c) => write!(f, "no GPU has enough free compute; largest free {c}")?,
                 None => write!(f, "no GPU has enough free compute")?,
             },
-            Some(FilterReason::HostCpu) => {
-                write!(f, "no host has enough CPU; largest free {}", self.largest_free.host_cpu)?
-            }
-            Some(FilterReason::HostMemory) => {
-                write!(f, "no host has enough memory; largest free {}", self.largest_free.host_memory)?
-            }
+            Some(FilterReason::HostCpu) => write!(
+                f,
+                "no host has enough CPU; largest free {}",
+                self.largest_free.host_cpu
+            )?,
+            Some(FilterReason::HostMemory) => write!(
+                f,
+                "no host has enough memory; largest free {}",
+                self.largest_free.host_memory
+            )?,
             Some(other) => write!(f, "{}", other.describe())?,
         }
-        write!(f, ". Evaluated {} hosts and {} GPUs", self.hosts_evaluated, self.gpus_evaluated)?;
+        write!(
+            f,
+            ". Evaluated {} hosts and {} GPUs",
+            self.hosts_evaluated, self.gpus_evaluated
+        )?;
         let mut parts: Vec<String> = self
             .hosts_filtered
             .iter()

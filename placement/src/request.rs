@@ -83,7 +83,12 @@ impl TaskRequest {
         }
     }
 
-    pub fn shared(cpu: MilliCpu, memory: MiB, gpu_memory: MiB, compute: Option<ComputeMilli>) -> Self {
+    pub fn shared(
+        cpu: MilliCpu,
+        memory: MiB,
+        gpu_memory: MiB,
+        compute: Option<ComputeMilli>,
+    ) -> Self {
         TaskRequest {
             gpu: GpuDemand::Shared {
                 memory: gpu_memory,
@@ -99,6 +104,7 @@ impl TaskRequest {
     }
 
     pub(crate) fn allows_model(&self, model: &str) -> bool {
-        self.constraints.gpu_models.is_empty() || self.constraints.gpu_models.iter().any(|m| m == model)
+        self.constraints.gpu_models.is_empty()
+            || self.constraints.gpu_models.iter().any(|m| m == model)
     }
 }

@@ -228,7 +228,11 @@ impl Snapshot {
     }
 
     fn intern_model(&mut self, name: &str, memory: MiB) -> u16 {
-        if let Some(i) = self.models.iter().position(|(n, m)| n == name && *m == memory) {
+        if let Some(i) = self
+            .models
+            .iter()
+            .position(|(n, m)| n == name && *m == memory)
+        {
             return i as u16;
         }
         self.models.push((name.to_owned(), memory));
@@ -253,7 +257,10 @@ impl Snapshot {
     }
 
     pub fn host_index(&self, id: &HostId) -> Option<HostIdx> {
-        self.hosts.iter().position(|h| &h.id == id).map(|i| i as HostIdx)
+        self.hosts
+            .iter()
+            .position(|h| &h.id == id)
+            .map(|i| i as HostIdx)
     }
 
     /// Free memory, free reserved compute and client count of a GPU.
@@ -283,14 +290,18 @@ impl Snapshot {
             return Err(FilterReason::HostNotActive);
         }
         let c = &req.constraints;
-        if c.labels.iter().any(|rule| !rule.allows(host.labels.get(rule.key())))
+        if c.labels
+            .iter()
+            .any(|rule| !rule.allows(host.labels.get(rule.key())))
             || c.avoid_hosts.contains(&host.id)
         {
             return Err(FilterReason::Constraint);
         }
         if !req.constraints.gpu_models.is_empty()
             && req.gpu != GpuDemand::None
-            && !self.host_gpus(h).any(|g| req.allows_model(&self.models[self.gpus[g].model as usize].0))
+            && !self
+                .host_gpus(h)
+                .any(|g| req.allows_model(&self.models[self.gpus[g].model as usize].0))
         {
             return Err(FilterReason::Constraint);
         }
@@ -312,12 +323,19 @@ impl Snapshot {
         match req.gpu {
             GpuDemand::None => Ok(()),
             GpuDemand::Whole { .. } => gpu.check_whole(),
-            GpuDemand::Shared { memory, compute } => gpu.check_shared(memory, compute.unwrap_or_default()),
+            GpuDemand::Shared { memory, compute } => {
+                gpu.check_shared(memory, compute.unwrap_or_default())
+            }
         }
     }
 
     /// Builds the placement of `req` on host `h` using the given GPUs (already checked).
-    pub(crate) fn make_placement(&self, h: HostIdx, req: &TaskRequest, gpus: &[usize]) -> Placement {
+    pub(crate) fn make_placement(
+        &self,
+        h: HostIdx,
+        req: &TaskRequest,
+        gpus: &[usize],
+    ) -> Placement {
         let slots = gpus
             .iter()
             .map(|&g| {
@@ -354,7 +372,10 @@ impl Snapshot {
     /// Takes what `p` holds. Checks every capacity first and changes nothing if one is short,
     /// so a stale plan can never overcommit.
     pub fn assign(&mut self, p: &Placement) -> Result<(), CapacityError> {
-        let host = self.hosts.get(p.host as usize).ok_or(CapacityError::UnknownHost(p.host))?;
+        let host = self
+            .hosts
+            .get(p.host as usize)
+            .ok_or(CapacityError::UnknownHost(p.host))?;
         let fail = |reason| CapacityError::DoesNotFit {
             host: host.id.clone(),
             reason,
@@ -366,7 +387,10 @@ impl Snapshot {
             return Err(fail("host memory"));
         }
         for slot in &p.gpus {
-            let gpu = self.gpus.get(slot.gpu as usize).ok_or(fail("unknown GPU"))?;
+            let gpu = self
+                .gpus
+                .get(slot.gpu as usize)
+                .ok_or(fail("unknown GPU"))?;
             if gpu.host != p.host {
                 return Err(fail("GPU belongs to another host"));
             }
@@ -399,7 +423,10 @@ impl Snapshot {
 
     /// Gives back exactly what `assign(p)` took.
     pub fn release(&mut self, p: &Placement) -> Result<(), CapacityError> {
-        let host = self.hosts.get(p.host as usize).ok_or(CapacityError::UnknownHost(p.host))?;
+        let host = self
+            .hosts
+            .get(p.host as usize)
+            .ok_or(CapacityError::UnknownHost(p.host))?;
         let over = |what| CapacityError::OverRelease {
             host: host.id.clone(),
             what,
@@ -411,7 +438,10 @@ impl Snapshot {
             return Err(over("host memory"));
         }
         for slot in &p.gpus {
-            let gpu = self.gpus.get(slot.gpu as usize).ok_or(over("unknown GPU"))?;
+            let gpu = self
+                .gpus
+                .get(slot.gpu as usize)
+                .ok_or(over("unknown GPU"))?;
             let ok = gpu.host == p.host
                 && if slot.dedicated {
                     gpu.dedicated

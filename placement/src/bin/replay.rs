@@ -15,10 +15,10 @@
 use std::fmt::Write as _;
 use std::process::ExitCode;
 use std::time::Instant;
+use tessera_model::{GpuUuid, HostId};
 use tessera_placement::openb::{self, TraceTask};
 use tessera_placement::rng::Rng;
 use tessera_placement::{DemandProfile, Engine, HostSpec, Policy, PoolLimits, Snapshot};
-use tessera_model::{GpuUuid, HostId};
 
 const USAGE: &str = "usage: replay --nodes FILE --tasks FILE [--policy NAME[,NAME...]] [--seeds 42..51] [--scale N] [--placements FILE] [--json]
 policies: default (= fragmentation), fgd-sim, bestfit-sim, binpack, spread_host, spread_gpu";
@@ -120,7 +120,14 @@ struct SeedResult {
     placements_csv: Option<String>,
 }
 
-fn run_seed(hosts: &[HostSpec], tasks: &[TraceTask], profile: &DemandProfile, policy: Policy, seed: u64, record: bool) -> SeedResult {
+fn run_seed(
+    hosts: &[HostSpec],
+    tasks: &[TraceTask],
+    profile: &DemandProfile,
+    policy: Policy,
+    seed: u64,
+    record: bool,
+) -> SeedResult {
     let capacity_milli: u64 = hosts.iter().map(|h| h.gpus.len() as u64 * 1000).sum();
     let mut rng = Rng::new(seed);
     let mut order: Vec<usize> = (0..tasks.len()).collect();
@@ -132,7 +139,12 @@ fn run_seed(hosts: &[HostSpec], tasks: &[TraceTask], profile: &DemandProfile, po
         order.push(i);
         total += tasks[i].gpu_request_milli();
     }
-    let mut engine = Engine::new(Snapshot::new(hosts.to_vec(), PoolLimits::default()), policy, profile, seed);
+    let mut engine = Engine::new(
+        Snapshot::new(hosts.to_vec(), PoolLimits::default()),
+        policy,
+        profile,
+        seed,
+    );
     let (mut arrived, mut allocated) = (0u64, 0u64);
     let (mut at_100, mut at_130) = (None, None);
     let mut latencies_ns = Vec::with_capacity(order.len());
@@ -144,7 +156,9 @@ fn run_seed(hosts: &[HostSpec], tasks: &[TraceTask], profile: &DemandProfile, po
         let start = Instant::now();
         let placed = engine.try_place(&task.request);
         if let Some(p) = &placed {
-            engine.assign(p).expect("the engine's own placement fits its snapshot");
+            engine
+                .assign(p)
+                .expect("the engine's own placement fits its snapshot");
         }
         latencies_ns.push(start.elapsed().as_nanos() as u64);
         if let Some(p) = placed {
@@ -152,7 +166,13 @@ fn run_seed(hosts: &[HostSpec], tasks: &[TraceTask], profile: &DemandProfile, po
             if let Some(csv) = csv.as_mut() {
                 let gpus: Vec<String> = p.gpus.iter().map(|s| s.index.to_string()).collect();
                 let node = hosts[p.host as usize].id.as_str();
-                let _ = writeln!(csv, "{seq},{},{node},{},{}", task.row, gpus.join(";"), task.gpu_milli);
+                let _ = writeln!(
+                    csv,
+                    "{seq},{},{node},{},{}",
+                    task.row,
+                    gpus.join(";"),
+                    task.gpu_milli
+                );
                 seq += 1;
             }
         }
@@ -195,7 +215,8 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let read = |path: &str| std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"));
+    let read =
+        |path: &str| std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"));
     let loaded = read(&args.nodes).and_then(|nodes| {
         let tasks = read(&args.tasks)?;
         let hosts = openb::parse_nodes(&args.nodes, &nodes).map_err(|e| e.to_string())?;

@@ -1,0 +1,23 @@
+//! Tessera's web console, rendered on the server and hydrated in the browser.
+//!
+//! The crate has no default features: `ssr` switches on the server side (server functions
+//! that call the control plane), `hydrate` the browser side (the WASM entry point).
+//!
+//! # Layout
+//! - [`app`]: the HTML shell, the router and the navigation shared by every page.
+//! - [`pages`]: one route per file (`HostsPage`, ...), each with the server functions it calls.
+//! - [`components`]: small pieces shared by pages (badges, bars, error lists).
+
+pub mod app;
+pub mod components;
+pub mod pages;
+
+pub use app::{App, shell};
+
+/// The browser entry point: takes over the server-rendered page.
+#[cfg(feature = "hydrate")]
+#[wasm_bindgen::prelude::wasm_bindgen]
+pub fn hydrate() {
+    console_error_panic_hook::set_once();
+    leptos::mount::hydrate_body(App);
+}

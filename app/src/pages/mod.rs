@@ -1,0 +1,3 @@
+//! One route per file.
+
+pub mod hosts;

@@ -1,0 +1,99 @@
+//! Command line and environment. Every flag can also come from a `TESSERA_*` variable.
+
+use clap::{Args, Parser, Subcommand};
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "tessera",
+    version,
+    about = "GPU-sharing control plane and web console"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the console, the API and the agent endpoints.
+    Serve(ServeArgs),
+}
+
+#[derive(Clone, Args)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, env = "TESSERA_BIND", default_value = "127.0.0.1:3000")]
+    pub bind: SocketAddr,
+    /// Directory for the embedded database (created if missing).
+    #[arg(long, env = "TESSERA_DATA_DIR", default_value = "data")]
+    pub data_dir: PathBuf,
+    /// Database URL; defaults to `sqlite://<data-dir>/tessera.db`.
+    #[arg(long, env = "TESSERA_DATABASE")]
+    pub database: Option<String>,
+    /// Add a simulated demo fleet (labelled as simulated everywhere).
+    #[arg(long, env = "TESSERA_DEMO")]
+    pub demo: bool,
+}
+
+impl ServeArgs {
+    pub fn database_url(&self) -> String {
+        self.database
+            .clone()
+            .unwrap_or_else(|| format!("sqlite://{}", self.data_dir.join("tessera.db").display()))
+    }
+}
+
+/// A database URL with any password replaced, for logs.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            let userinfo = &url[scheme_end + 3..at];
+            match userinfo.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme_end + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+impl fmt::Debug for ServeArgs {
+    /// Never prints a database password.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ServeArgs")
+            .field("bind", &self.bind)
+            .field("data_dir", &self.data_dir)
+            .field("database", &self.database.as_deref().map(redact_url))
+            .field("demo", &self.demo)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_reach_debug_output() {
+        let args = ServeArgs {
+            bind: "127.0.0.1:3000".parse().expect("valid"),
+            data_dir: "data".into(),
+            database: Some("postgres://tessera:s3cret@db:5432/tessera".into()),
+            demo: false,
+        };
+        let printed = format!("{args:?}");
+        assert!(!printed.contains("s3cret"), "{printed}");
+        assert!(printed.contains("tessera:***@db"), "{printed}");
+    }
+
+    #[test]
+    fn default_database_lives_in_the_data_dir() {
+        let cli = Cli::try_parse_from(["tessera", "serve", "--data-dir", "/var/lib/tessera"])
+            .expect("parses");
+        let Command::Serve(args) = cli.command;
+        assert_eq!(args.database_url(), "sqlite:///var/lib/tessera/tessera.db");
+    }
+}
