@@ -31,13 +31,11 @@ impl SqliteStore {
             .journal_mode(SqliteJournalMode::Wal);
         let path = options.get_filename().to_path_buf();
         let in_memory = url.contains(":memory:");
-        if !in_memory {
-            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::create_dir_all(dir).map_err(|source| StoreError::DataDir {
-                    path: dir.display().to_string(),
-                    source,
-                })?;
-            }
+        if !in_memory && let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|source| StoreError::DataDir {
+                path: dir.display().to_string(),
+                source,
+            })?;
         }
         // An in-memory database lives as long as its one connection.
         let max = if in_memory { 1 } else { 8 };

@@ -125,7 +125,7 @@ impl ComputeMilli {
 impl fmt::Display for MiB {
     /// Whole GiB when exact (`24 GiB`), otherwise MiB (`1536 MiB`).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.0 >= 1024 && self.0 % 1024 == 0 {
+        if self.0 >= 1024 && self.0.is_multiple_of(1024) {
             write!(f, "{} GiB", self.0 / 1024)
         } else {
             write!(f, "{} MiB", self.0)
@@ -135,7 +135,7 @@ impl fmt::Display for MiB {
 
 impl fmt::Display for MilliCpu {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.0 % 1000 == 0 {
+        if self.0.is_multiple_of(1000) {
             write!(f, "{} vCPU", self.0 / 1000)
         } else {
             write!(f, "{:.2} vCPU", self.0 as f64 / 1000.0)
@@ -145,7 +145,7 @@ impl fmt::Display for MilliCpu {
 
 impl fmt::Display for ComputeMilli {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.0 % 10 == 0 {
+        if self.0.is_multiple_of(10) {
             write!(f, "{}%", self.0 / 10)
         } else {
             write!(f, "{:.1}%", f64::from(self.0) / 10.0)

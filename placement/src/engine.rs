@@ -79,7 +79,7 @@ impl From<PlacementPolicy> for Policy {
 /// What a batch placement did with each task, in order.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BatchOutcome {
-    pub results: Vec<Result<Placement, Rejection>>,
+    pub results: Vec<Result<Placement, Box<Rejection>>>,
 }
 
 impl BatchOutcome {
@@ -113,6 +113,9 @@ const UNSCORED: Cached = Cached {
 };
 const INFEASIBLE: i64 = i64::MIN;
 
+/// A host's entries in the idle and CPU indexes.
+type HostEntry = ((u16, u32, u32), (MilliCpu, u32));
+
 /// Ordered indexes for binpack: O(log n) best fit.
 #[derive(Debug, Clone, Default)]
 struct BestFitIndex {
@@ -124,7 +127,7 @@ struct BestFitIndex {
     cpu: BTreeSet<(MilliCpu, u32)>,
     /// What is in the sets now for each GPU and host, to remove it on change.
     gpu_entry: Vec<Option<(u16, MiB, u32)>>,
-    host_entry: Vec<Option<((u16, u32, u32), (MilliCpu, u32))>>,
+    host_entry: Vec<Option<HostEntry>>,
 }
 
 impl BestFitIndex {
@@ -222,8 +225,9 @@ impl Engine {
 
     /// Where `req` would go now. Changes nothing but the engine's caches and random state;
     /// call [`Engine::assign`] to take the capacity.
-    pub fn place(&mut self, req: &TaskRequest) -> Result<Placement, Rejection> {
-        self.try_place(req).ok_or_else(|| self.explain(req))
+    pub fn place(&mut self, req: &TaskRequest) -> Result<Placement, Box<Rejection>> {
+        self.try_place(req)
+            .ok_or_else(|| Box::new(self.explain(req)))
     }
 
     /// Like [`Engine::place`], without building a rejection report when nothing fits
@@ -333,7 +337,7 @@ impl Engine {
             }
         }
         // Best score first; ties are resolved below (by lowest host or at random).
-        scored.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        scored.sort_unstable_by_key(|&(score, _)| std::cmp::Reverse(score));
         let mut start = 0;
         while start < scored.len() {
             let best = scored[start].0;
@@ -455,11 +459,22 @@ impl Engine {
         Some(self.snap.make_placement(h, req, &gpus))
     }
 
+    /// Whether host `h` passes the host filters and has `gpus` GPUs that fit `req`.
+    fn host_fits(&self, h: HostIdx, req: &TaskRequest, gpus: u32) -> bool {
+        self.snap.check_host(h, req).is_ok()
+            && self
+                .snap
+                .host_gpus(h)
+                .filter(|&g| self.snap.check_gpu(g, req).is_ok())
+                .take(gpus as usize)
+                .count()
+                == gpus as usize
+    }
+
     /// Binpack through the ordered indexes.
     fn place_binpack(&mut self, req: &TaskRequest) -> Option<Placement> {
-        let kinds: Vec<u16> = (0..self.snap.models.len() as u16)
-            .filter(|&k| req.allows_model(&self.snap.models[k as usize].0))
-            .collect();
+        let kinds = (0..self.snap.models.len() as u16)
+            .filter(|&k| req.allows_model(&self.snap.models[k as usize].0));
         match req.gpu {
             GpuDemand::None => {
                 let h = self
@@ -477,11 +492,11 @@ impl Engine {
                         .index
                         .idle
                         .range((kind, count, 0)..(kind + 1, 0, 0))
-                        .find(|&&(_, _, h)| self.gpus_on_host(h, req, None).is_some());
-                    if let Some(&(_, idle, h)) = found {
-                        if best.is_none_or(|b| (idle, h) < b) {
-                            best = Some((idle, h));
-                        }
+                        .find(|&&(_, _, h)| self.host_fits(h, req, count));
+                    if let Some(&(_, idle, h)) = found
+                        && best.is_none_or(|b| (idle, h) < b)
+                    {
+                        best = Some((idle, h));
                     }
                 }
                 self.gpus_on_host(best?.1, req, None)
@@ -498,10 +513,10 @@ impl Engine {
                             self.snap.check_gpu(g as usize, req).is_ok()
                                 && self.snap.check_host(h, req).is_ok()
                         });
-                    if let Some(&(_, free, g)) = found {
-                        if best.is_none_or(|b| (free, g) < b) {
-                            best = Some((free, g));
-                        }
+                    if let Some(&(_, free, g)) = found
+                        && best.is_none_or(|b| (free, g) < b)
+                    {
+                        best = Some((free, g));
                     }
                 }
                 let g = best?.1 as usize;
@@ -704,12 +719,23 @@ fn score_state(
                 let (Some(t), Some(before)) = (frag, frag_before) else {
                     return;
                 };
-                let delta = before - t.fragmentation(cpu_after, after);
+                let mut delta = before - t.fragmentation(cpu_after, after);
+                if policy == Policy::Fragmentation {
+                    // Free GPU share that the host's CPU and memory could no longer feed
+                    // is as lost as a fragment: count its growth against the move.
+                    let mem_after = key.mem_free - req.memory;
+                    delta -= t.stranded(cpu_after, mem_after, after)
+                        - t.stranded(key.cpu_free, key.mem_free, &key.gpus);
+                }
+                // FGD's coarse score: a sigmoid of the change cut to 100 levels. The
+                // many ties it makes are broken at random, which spreads load usefully
+                // (an exact score packs worse; see the README's benchmark notes).
+                let level = ((1.0 / (1.0 + (-delta / 1000.0).exp())) * 100.0).floor() as i64;
                 if policy == Policy::FgdSim {
-                    let sig = 1.0 / (1.0 + (-delta / 1000.0).exp());
-                    (sig * 100.0).floor() as i64
+                    level
                 } else {
-                    (delta * 1000.0).round() as i64
+                    // Among equal levels, the tighter GPU fit first.
+                    (level << 20) - gpu_after
                 }
             }
             Policy::SpreadHost => total_after * 2000 + gpu_after,

@@ -14,6 +14,8 @@ use tessera_model::{MiB, MilliCpu};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ProfileEntry {
     pub cpu: MilliCpu,
+    /// Host memory.
+    pub memory: MiB,
     pub gpu: GpuDemand,
     /// Allowed GPU models; empty means any.
     pub gpu_models: Vec<String>,
@@ -30,11 +32,11 @@ pub struct DemandProfile {
 impl DemandProfile {
     /// Distinct shapes of `requests`, each weighted by its share of them.
     pub fn from_requests<'a>(requests: impl IntoIterator<Item = &'a TaskRequest>) -> Self {
-        let mut counts: HashMap<(MilliCpu, GpuDemand, Vec<String>), usize> = HashMap::new();
+        let mut counts: HashMap<(MilliCpu, MiB, GpuDemand, Vec<String>), usize> = HashMap::new();
         let mut order = Vec::new();
         let mut total = 0usize;
         for r in requests {
-            let key = (r.cpu, r.gpu, r.constraints.gpu_models.clone());
+            let key = (r.cpu, r.memory, r.gpu, r.constraints.gpu_models.clone());
             let n = counts.entry(key.clone()).or_insert(0);
             if *n == 0 {
                 order.push(key);
@@ -48,8 +50,9 @@ impl DemandProfile {
                 let n = counts[&key];
                 ProfileEntry {
                     cpu: key.0,
-                    gpu: key.1,
-                    gpu_models: key.2,
+                    memory: key.1,
+                    gpu: key.2,
+                    gpu_models: key.3,
                     weight: n as f64 / total as f64,
                 }
             })
@@ -71,6 +74,7 @@ pub(crate) struct CompiledEntry {
     /// allowed or too small. 1000 means an idle GPU.
     pub need: Vec<u16>,
     pub cpu: MilliCpu,
+    pub memory: MiB,
     pub weight: f64,
 }
 
@@ -114,6 +118,7 @@ pub(crate) fn compile(profile: &DemandProfile, kinds: &[(String, MiB)]) -> Vec<C
                 })
                 .collect(),
             cpu: e.cpu,
+            memory: e.memory,
             weight: e.weight,
         })
         .collect()
@@ -176,6 +181,7 @@ mod tests {
         let profile = DemandProfile {
             entries: vec![ProfileEntry {
                 cpu: MilliCpu(1000),
+                memory: MiB(1024),
                 gpu: GpuDemand::Shared {
                     memory: MiB(600),
                     compute: None,
@@ -224,6 +230,11 @@ pub(crate) struct FragTables {
     multi_gpu: Vec<Vec<f64>>,
     max_gpus: usize,
     total_weight: f64,
+    /// Per GPU kind: host CPU and host memory the workload asks for per thousandth of a
+    /// GPU, so free GPU share beyond what a host's free CPU or memory can feed is known to
+    /// be stranded.
+    cpu_per_share: Vec<f64>,
+    mem_per_share: Vec<f64>,
 }
 
 const SHARES: usize = 1001;
@@ -259,6 +270,21 @@ impl FragTables {
             multi_gpu.push(multi);
         }
         let total_weight = entries.iter().map(|e| e.weight).sum();
+        let (mut cpu_per_share, mut mem_per_share) = (Vec::new(), Vec::new());
+        for kind in 0..kinds.len() {
+            let (mut cpu, mut mem, mut share) = (0.0, 0.0, 0.0);
+            for e in entries
+                .iter()
+                .filter(|e| e.gpus > 0 && e.need[kind] <= 1000)
+            {
+                cpu += e.weight * e.cpu.0 as f64;
+                mem += e.weight * e.memory.0 as f64;
+                share += e.weight * f64::from(e.need[kind]) * f64::from(e.gpus);
+            }
+            let ratio = |x: f64| if share > 0.0 { x / share } else { 0.0 };
+            cpu_per_share.push(ratio(cpu));
+            mem_per_share.push(ratio(mem));
+        }
         FragTables {
             entries,
             cpu_levels,
@@ -266,7 +292,33 @@ impl FragTables {
             multi_gpu,
             max_gpus,
             total_weight,
+            cpu_per_share,
+            mem_per_share,
         }
+    }
+
+    /// Free GPU share (thousandths) that the host's free CPU and memory cannot feed at the
+    /// workload's usual CPU and memory per unit of GPU.
+    pub fn stranded(&self, cpu_free: MilliCpu, mem_free: MiB, gpus: &[(u16, u16)]) -> f64 {
+        let Some(&(kind, _)) = gpus.first() else {
+            return 0.0;
+        };
+        let total: f64 = gpus.iter().map(|&(_, f)| f64::from(f)).sum();
+        let (c, m) = (
+            self.cpu_per_share[kind as usize],
+            self.mem_per_share[kind as usize],
+        );
+        let by_cpu = if c > 0.0 {
+            cpu_free.0 as f64 / c
+        } else {
+            f64::INFINITY
+        };
+        let by_mem = if m > 0.0 {
+            mem_free.0 as f64 / m
+        } else {
+            f64::INFINITY
+        };
+        (total - by_cpu.min(by_mem)).max(0.0)
     }
 
     /// Fragmentation of a host state; `gpus` sorted by (kind, free share).

@@ -252,6 +252,11 @@ impl Snapshot {
         host.first_gpu as usize..(host.first_gpu + host.gpu_count) as usize
     }
 
+    /// The GPUs of host `h`.
+    pub fn gpus_of(&self, h: HostIdx) -> impl Iterator<Item = GpuIdx> + '_ {
+        self.host_gpus(h).map(|g| g as GpuIdx)
+    }
+
     pub fn host_id(&self, h: HostIdx) -> &HostId {
         &self.hosts[h as usize].id
     }

@@ -9,18 +9,19 @@
 //!
 //! ```text
 //! replay --nodes FILE --tasks FILE [--policy NAME[,NAME...]] [--seeds 42..51] [--scale N]
-//!        [--placements FILE] [--json]
+//!        [--placements FILE] [--json] [--diagnose]
 //! ```
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::process::ExitCode;
 use std::time::Instant;
-use tessera_model::{GpuUuid, HostId};
+use tessera_model::{GpuUuid, HostId, SharingMode};
 use tessera_placement::openb::{self, TraceTask};
 use tessera_placement::rng::Rng;
 use tessera_placement::{DemandProfile, Engine, HostSpec, Policy, PoolLimits, Snapshot};
 
-const USAGE: &str = "usage: replay --nodes FILE --tasks FILE [--policy NAME[,NAME...]] [--seeds 42..51] [--scale N] [--placements FILE] [--json]
+const USAGE: &str = "usage: replay --nodes FILE --tasks FILE [--policy NAME[,NAME...]] [--seeds 42..51] [--scale N] [--placements FILE] [--json] [--diagnose]
 policies: default (= fragmentation), fgd-sim, bestfit-sim, binpack, spread_host, spread_gpu";
 
 struct Args {
@@ -31,6 +32,7 @@ struct Args {
     scale: usize,
     placements: Option<String>,
     json: bool,
+    diagnose: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -42,6 +44,7 @@ fn parse_args() -> Result<Args, String> {
         scale: 1,
         placements: None,
         json: false,
+        diagnose: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -69,6 +72,7 @@ fn parse_args() -> Result<Args, String> {
             }
             "--placements" => args.placements = Some(value("--placements")?),
             "--json" => args.json = true,
+            "--diagnose" => args.diagnose = true,
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other:?}")),
         }
@@ -120,14 +124,20 @@ struct SeedResult {
     placements_csv: Option<String>,
 }
 
+struct RunOptions {
+    record: bool,
+    diagnose: bool,
+}
+
 fn run_seed(
     hosts: &[HostSpec],
     tasks: &[TraceTask],
     profile: &DemandProfile,
     policy: Policy,
     seed: u64,
-    record: bool,
+    opts: RunOptions,
 ) -> SeedResult {
+    let RunOptions { record, diagnose } = opts;
     let capacity_milli: u64 = hosts.iter().map(|h| h.gpus.len() as u64 * 1000).sum();
     let mut rng = Rng::new(seed);
     let mut order: Vec<usize> = (0..tasks.len()).collect();
@@ -150,6 +160,7 @@ fn run_seed(
     let mut latencies_ns = Vec::with_capacity(order.len());
     let mut csv = record.then(|| String::from("seq,task_row,node,gpus,gpu_milli\n"));
     let mut seq = 0;
+    let mut failed: BTreeMap<&str, u64> = BTreeMap::new();
     for &i in &order {
         let task = &tasks[i];
         arrived += task.gpu_request_milli();
@@ -161,7 +172,7 @@ fn run_seed(
                 .expect("the engine's own placement fits its snapshot");
         }
         latencies_ns.push(start.elapsed().as_nanos() as u64);
-        if let Some(p) = placed {
+        if let Some(p) = &placed {
             allocated += task.gpu_request_milli();
             if let Some(csv) = csv.as_mut() {
                 let gpus: Vec<String> = p.gpus.iter().map(|s| s.index.to_string()).collect();
@@ -176,8 +187,14 @@ fn run_seed(
                 seq += 1;
             }
         }
+        if diagnose && placed.is_none() && arrived < capacity_milli {
+            *failed.entry(shape_class(task)).or_insert(0) += task.gpu_request_milli();
+        }
         let unalloc = 100.0 - 100.0 * allocated as f64 / capacity_milli as f64;
         if at_100.is_none() && arrived >= capacity_milli {
+            if diagnose {
+                print_diagnosis(policy, seed, &engine, &failed);
+            }
             at_100 = Some(unalloc);
         }
         if at_130.is_none() && arrived >= target {
@@ -253,13 +270,16 @@ fn main() -> ExitCode {
         let mut u130 = Vec::new();
         let mut lat: Vec<u64> = Vec::new();
         for (k, &seed) in args.seeds.iter().enumerate() {
-            let record = i == 0 && k == 0 && args.placements.is_some();
-            let r = run_seed(&hosts, &tasks, &profile, *policy, seed, record);
-            if let (Some(path), Some(csv)) = (&args.placements, &r.placements_csv) {
-                if let Err(e) = std::fs::write(path, csv) {
-                    eprintln!("replay: cannot write {path}: {e}");
-                    return ExitCode::from(1);
-                }
+            let opts = RunOptions {
+                record: i == 0 && k == 0 && args.placements.is_some(),
+                diagnose: args.diagnose,
+            };
+            let r = run_seed(&hosts, &tasks, &profile, *policy, seed, opts);
+            if let (Some(path), Some(csv)) = (&args.placements, &r.placements_csv)
+                && let Err(e) = std::fs::write(path, csv)
+            {
+                eprintln!("replay: cannot write {path}: {e}");
+                return ExitCode::from(1);
             }
             u100.push(r.unalloc_100);
             u130.push(r.unalloc_130);
@@ -288,4 +308,55 @@ fn main() -> ExitCode {
         println!("{{\"results\":[{}]}}", json_rows.join(","));
     }
     ExitCode::SUCCESS
+}
+
+fn shape_class(t: &TraceTask) -> &'static str {
+    match (t.num_gpu, t.gpu_milli) {
+        (0, _) => "cpu-only",
+        (1, m) if m < 1000 => "shared",
+        (1, _) => "one-gpu",
+        _ => "multi-gpu",
+    }
+}
+
+/// Where the unallocated capacity sits when arrivals reach 100 %: on idle GPUs or as
+/// fragments of shared GPUs (by size), on hosts short of CPU, and what failed before.
+fn print_diagnosis(policy: Policy, seed: u64, engine: &Engine, failed: &BTreeMap<&str, u64>) {
+    let snap = engine.snapshot();
+    let (mut idle, mut fragments, mut cpu_short) = (0u64, 0u64, 0u64);
+    let mut by_size: BTreeMap<u64, u64> = BTreeMap::new();
+    for h in 0..snap.host_count() as u32 {
+        let mut host_free = 0;
+        for g in snap.gpus_of(h) {
+            let u = snap.gpu_usage(g);
+            host_free += u.memory_free.0;
+            if u.mode == SharingMode::Idle {
+                idle += u.memory_free.0;
+            } else if u.memory_free.0 > 0 {
+                fragments += u.memory_free.0;
+                *by_size.entry(u.memory_free.0 / 100 * 100).or_insert(0) += u.memory_free.0;
+            }
+        }
+        if snap.host_free(h).0.0 < 2000 {
+            cpu_short += host_free;
+        }
+    }
+    let gpus = |milli: u64| format!("{:.1}", milli as f64 / 1000.0);
+    let sizes: Vec<String> = by_size
+        .iter()
+        .map(|(k, v)| format!("{k}-{}: {}", k + 99, gpus(*v)))
+        .collect();
+    let failed: Vec<String> = failed
+        .iter()
+        .map(|(k, v)| format!("{k} {}", gpus(*v)))
+        .collect();
+    println!(
+        "  {} seed {seed} at 100%: free GPUs-worth {} idle + {} in fragments [{}]; {} on hosts with < 2 vCPU free; failed before 100%: {}",
+        policy.name(),
+        gpus(idle),
+        gpus(fragments),
+        sizes.join(", "),
+        gpus(cpu_short),
+        failed.join(", ")
+    );
 }

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Sets up what is missing, then runs every check: formatting, clippy, the Rust tests
+# (unit, store, HTTP) and the browser tests in headless Chromium against a fresh demo server.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+scripts/setup.sh --test
+source scripts/env.sh
+
+echo "== cargo fmt"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== cargo test"
+cargo test --workspace --locked
+echo "== browser tests"
+cargo leptos build
+data=$(mktemp -d)
+trap 'rm -rf "$data"' EXIT
+TESSERA_BIN="$CARGO_TARGET_DIR/debug/tessera" TESSERA_DATA_DIR="$data" npm --prefix end2end test
