@@ -68,9 +68,8 @@ fn request() -> impl Strategy<Value = TaskRequest> {
     prop_oneof![
         (cpu.clone(), mem.clone()).prop_map(|(c, m)| TaskRequest::cpu_only(c, m)),
         (cpu.clone(), mem.clone(), 1u32..4).prop_map(|(c, m, n)| TaskRequest::whole(c, m, n)),
-        (cpu, mem, 1u64..40_000, prop::option::of(1u32..=1000)).prop_map(|(c, m, g, k)| {
-            TaskRequest::shared(c, m, MiB(g), k.map(ComputeMilli))
-        }),
+        (cpu, mem, 1u64..40_000, prop::option::of(1u32..=1000))
+            .prop_map(|(c, m, g, k)| { TaskRequest::shared(c, m, MiB(g), k.map(ComputeMilli)) }),
     ]
 }
 
@@ -94,7 +93,12 @@ fn run(hosts: &[HostSpec], policy: Policy, seed: u64, ops: &[Op]) -> Vec<Option<
         })
         .collect();
     let profile = DemandProfile::from_requests(&requests);
-    let mut engine = Engine::new(Snapshot::new(hosts.to_vec(), PoolLimits::default()), policy, &profile, seed);
+    let mut engine = Engine::new(
+        Snapshot::new(hosts.to_vec(), PoolLimits::default()),
+        policy,
+        &profile,
+        seed,
+    );
     let initial = usage(&engine);
     let mut live: Vec<Placement> = Vec::new();
     let mut decisions = Vec::new();
@@ -119,7 +123,11 @@ fn run(hosts: &[HostSpec], policy: Policy, seed: u64, ops: &[Op]) -> Vec<Option<
     for p in live.drain(..) {
         engine.release(&p).expect("releasing a live placement");
     }
-    assert_eq!(usage(&engine), initial, "releasing everything restores the empty snapshot");
+    assert_eq!(
+        usage(&engine),
+        initial,
+        "releasing everything restores the empty snapshot"
+    );
     decisions
 }
 
@@ -130,7 +138,11 @@ fn usage(engine: &Engine) -> Usage {
     (0..snap.host_count() as u32)
         .map(|h| {
             let (cpu, mem) = snap.host_free(h);
-            (cpu, mem, snap.gpus_of(h).map(|g| snap.gpu_usage(g)).collect())
+            (
+                cpu,
+                mem,
+                snap.gpus_of(h).map(|g| snap.gpu_usage(g)).collect(),
+            )
         })
         .collect()
 }
@@ -157,15 +169,24 @@ fn check_capacity(engine: &Engine, live: &[Placement], hosts: &[HostSpec]) {
     }
     for (h, spec) in hosts.iter().enumerate() {
         let h = h as u32;
-        assert!(cpu.get(&h).copied().unwrap_or(0) <= spec.cpu.0, "host CPU overcommitted");
+        assert!(
+            cpu.get(&h).copied().unwrap_or(0) <= spec.cpu.0,
+            "host CPU overcommitted"
+        );
         for g in snap.gpus_of(h) {
             let u = snap.gpu_usage(g);
             let d = dedicated.get(&g).copied().unwrap_or(0);
             let c = clients.get(&g).copied().unwrap_or(0);
             assert!(d <= 1, "GPU {g} dedicated twice");
             assert!(d == 0 || c == 0, "dedicated GPU {g} is also shared");
-            assert!(mem.get(&g).copied().unwrap_or(0) <= u.memory_capacity.0, "GPU {g} memory overcommitted");
-            assert!(compute.get(&g).copied().unwrap_or(0) <= u.compute_capacity.0, "GPU {g} compute overcommitted");
+            assert!(
+                mem.get(&g).copied().unwrap_or(0) <= u.memory_capacity.0,
+                "GPU {g} memory overcommitted"
+            );
+            assert!(
+                compute.get(&g).copied().unwrap_or(0) <= u.compute_capacity.0,
+                "GPU {g} compute overcommitted"
+            );
             assert!(c <= u.client_limit, "GPU {g} over its MPS client limit");
             assert_eq!(u.clients, c);
             let expected_mode = if d == 1 {
@@ -177,7 +198,10 @@ fn check_capacity(engine: &Engine, live: &[Placement], hosts: &[HostSpec]) {
             };
             assert_eq!(u.mode, expected_mode);
             if d == 0 {
-                assert_eq!(u.memory_free.0, u.memory_capacity.0 - mem.get(&g).copied().unwrap_or(0));
+                assert_eq!(
+                    u.memory_free.0,
+                    u.memory_capacity.0 - mem.get(&g).copied().unwrap_or(0)
+                );
             }
         }
     }
