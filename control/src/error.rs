@@ -1,4 +1,7 @@
-//! The store's error type: what callers can act on, with the database's detail kept for logs.
+//! Errors at the control plane's boundaries: the store's, and the one callers of
+//! [`crate::Control`] see, which says what was wrong in terms the API can pass on.
+
+use tessera_model::taskdef::ValidationErrors;
 
 /// A store operation that failed.
 #[derive(Debug, thiserror::Error)]
@@ -9,7 +12,7 @@ pub enum StoreError {
     /// The named thing does not exist.
     #[error("{what} {id:?} not found")]
     NotFound { what: &'static str, id: String },
-    /// A write would break a rule of the data (unknown pool, duplicate GPU UUID, ...).
+    /// A write would break a rule of the data (duplicate name, GPU UUID, ...).
     #[error("{0}")]
     Conflict(String),
     /// A stored value that no longer parses: a bug or a hand edit, never user input.
@@ -32,5 +35,45 @@ impl StoreError {
             what,
             message: err.to_string(),
         }
+    }
+}
+
+/// What a control-plane operation can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    /// The input breaks rules; every error names its field.
+    #[error("invalid input: {0}")]
+    Invalid(ValidationErrors),
+    #[error("{0}")]
+    NotFound(String),
+    /// The request conflicts with the current state (name taken, definition inactive, ...).
+    #[error("{0}")]
+    Conflict(String),
+    /// Missing or wrong join token or agent token.
+    #[error("{0}")]
+    Unauthorized(String),
+    #[error(transparent)]
+    Store(StoreError),
+}
+
+impl From<StoreError> for ControlError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::NotFound { .. } => ControlError::NotFound(e.to_string()),
+            StoreError::Conflict(m) => ControlError::Conflict(m),
+            other => ControlError::Store(other),
+        }
+    }
+}
+
+impl ControlError {
+    /// One invalid field.
+    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        ControlError::Invalid(ValidationErrors {
+            errors: vec![tessera_model::taskdef::FieldError {
+                field: field.into(),
+                message: message.into(),
+            }],
+        })
     }
 }

@@ -5,13 +5,27 @@
 //! - [`store`]: the `Store` interface every backend implements, and `open` to pick one from
 //!   a database URL.
 //! - [`sqlite`]: the embedded SQLite backend (the default), with its migrations.
-//! - [`error`]: `StoreError`, the one error type of the store boundary.
+//! - [`control`]: `Control`, the entry point: pools, task definitions, services, hosts, and
+//!   the reconcile loop.
+//! - `reconcile`: one reconcile pass: lost hosts, migrations, services and deployments.
+//! - `scheduler`: placement against the live fleet through `tessera-placement`, commits
+//!   that re-check capacity, and previews.
+//! - [`agents`]: the agent API, server side: join token, registration, sync.
+//! - [`inputs`]: request bodies and computed views, with their validation.
+//! - [`error`]: `StoreError` and `ControlError`.
 
 #![forbid(unsafe_code)]
 
+pub mod agents;
+pub mod control;
 pub mod error;
+pub mod inputs;
+mod reconcile;
+mod scheduler;
 pub mod sqlite;
 pub mod store;
 
-pub use error::StoreError;
+pub use control::{Control, ControlConfig};
+pub use error::{ControlError, StoreError};
+pub use scheduler::density;
 pub use store::{Store, open};

@@ -1,25 +1,33 @@
 //! The embedded SQLite backend: one file, created on first start, migrated at open.
 
 use crate::error::StoreError;
-use crate::store::Store;
+use crate::store::{EventFilter, HostReport, NewTask, PlacementCommit, Store, TaskFilter};
 use async_trait::async_trait;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow};
-use sqlx::{Row, SqlitePool};
-use std::collections::BTreeMap;
+use sqlx::{Acquire, QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool};
+use std::collections::{BTreeMap, HashMap};
 use std::str::FromStr;
+use tessera_model::service::{
+    Deployment, DeploymentConfig, DeploymentStatus, Event, GpuAllocation, Measured, Service,
+    ServiceConstraints, Task, TaskDefRef, TaskDefinition, TaskState,
+};
+use tessera_model::taskdef::TaskDefinitionSpec;
 use tessera_model::{
-    GpuHealth, GpuInfo, GpuUuid, HostId, HostInfo, HostStatus, MiB, MilliCpu, PlacementPolicy,
-    PoolInfo, PoolName, SharingMode,
+    ComputeMilli, GpuHealth, GpuInfo, GpuUuid, HostId, HostInfo, HostStatus, MiB, MilliCpu,
+    PlacementPolicy, PoolInfo, PoolName, SharingMode,
 };
 
 /// The SQLite store. The pool of connections is shared by every request; SQLite in WAL mode
-/// lets readers run beside the one writer.
+/// lets readers run beside the one writer, and writes that re-check capacity take the
+/// write lock up front (`BEGIN IMMEDIATE`) so two of them can never interleave.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     db: SqlitePool,
 }
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
+
+const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
 
 impl SqliteStore {
     /// Opens (creating if needed) the database at `url` (`sqlite://PATH` or `sqlite::memory:`)
@@ -28,10 +36,14 @@ impl SqliteStore {
         let options = SqliteConnectOptions::from_str(url)?
             .create_if_missing(true)
             .foreign_keys(true)
+            .busy_timeout(std::time::Duration::from_secs(10))
             .journal_mode(SqliteJournalMode::Wal);
         let path = options.get_filename().to_path_buf();
         let in_memory = url.contains(":memory:");
-        if !in_memory && let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        if let Some(dir) = path
+            .parent()
+            .filter(|d| !in_memory && !d.as_os_str().is_empty())
+        {
             std::fs::create_dir_all(dir).map_err(|source| StoreError::DataDir {
                 path: dir.display().to_string(),
                 source,
@@ -47,6 +59,117 @@ impl SqliteStore {
         tracing::info!(path = %path.display(), "store opened");
         Ok(SqliteStore { db })
     }
+
+    async fn write_host(
+        &self,
+        host: &HostInfo,
+        token_hash: Option<&str>,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.db.begin().await?;
+        if sqlx::query("SELECT 1 FROM pools WHERE name = ?")
+            .bind(host.pool.as_str())
+            .fetch_optional(&mut *tx)
+            .await?
+            .is_none()
+        {
+            return Err(StoreError::NotFound {
+                what: "pool",
+                id: host.pool.to_string(),
+            });
+        }
+        let labels = serde_json::to_string(&host.labels)
+            .map_err(|e| StoreError::corrupt("host labels", e))?;
+        sqlx::query(
+            "INSERT INTO hosts (id, pool, status, simulated, cpu_milli, memory_mib, labels, agent_token_hash, last_seen_at)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, CASE WHEN ? IS NULL THEN NULL ELSE strftime('%Y-%m-%dT%H:%M:%fZ', 'now') END)
+             ON CONFLICT (id) DO UPDATE SET pool = excluded.pool, status = excluded.status,
+                 simulated = excluded.simulated, cpu_milli = excluded.cpu_milli,
+                 memory_mib = excluded.memory_mib, labels = excluded.labels",
+        )
+        .bind(host.id.as_str())
+        .bind(host.pool.as_str())
+        .bind(host.status.as_str())
+        .bind(i64::from(host.simulated))
+        .bind(host.cpu.0 as i64)
+        .bind(host.memory.0 as i64)
+        .bind(labels)
+        .bind(token_hash)
+        .bind(token_hash)
+        .execute(&mut *tx)
+        .await?;
+        write_gpus(&mut tx, &host.id, &host.gpus).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// A transaction holding SQLite's write lock from its first statement.
+    async fn begin_immediate(&self) -> Result<sqlx::Transaction<'static, Sqlite>, StoreError> {
+        Ok(self.db.begin_with("BEGIN IMMEDIATE").await?)
+    }
+
+    async fn load_allocations(
+        &self,
+        ids: &[String],
+    ) -> Result<HashMap<String, Vec<GpuAllocation>>, StoreError> {
+        let mut out: HashMap<String, Vec<GpuAllocation>> = HashMap::new();
+        for chunk in ids.chunks(500) {
+            let mut q = QueryBuilder::<Sqlite>::new(
+                "SELECT task_id, gpu_uuid, idx, memory_mib, compute_milli, dedicated FROM task_gpus WHERE task_id IN (",
+            );
+            let mut sep = q.separated(", ");
+            for id in chunk {
+                sep.push_bind(id);
+            }
+            q.push(") ORDER BY task_id, idx");
+            for row in q.build().fetch_all(&self.db).await? {
+                out.entry(row.try_get("task_id")?)
+                    .or_default()
+                    .push(GpuAllocation {
+                        gpu: GpuUuid::new(row.try_get::<String, _>("gpu_uuid")?)
+                            .map_err(|e| StoreError::corrupt("GPU UUID", e))?,
+                        index: row.try_get::<i64, _>("idx")? as u32,
+                        memory: MiB(row.try_get::<i64, _>("memory_mib")? as u64),
+                        compute: ComputeMilli(row.try_get::<i64, _>("compute_milli")? as u32),
+                        dedicated: row.try_get::<i64, _>("dedicated")? != 0,
+                    });
+            }
+        }
+        Ok(out)
+    }
+}
+
+async fn write_gpus(
+    conn: &mut SqliteConnection,
+    host: &HostId,
+    gpus: &[GpuInfo],
+) -> Result<(), StoreError> {
+    sqlx::query("DELETE FROM gpus WHERE host_id = ?")
+        .bind(host.as_str())
+        .execute(&mut *conn)
+        .await?;
+    for gpu in gpus {
+        sqlx::query(&format!(
+            "INSERT INTO gpus ({GPU_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+        ))
+        .bind(gpu.uuid.as_str())
+        .bind(host.as_str())
+        .bind(i64::from(gpu.index))
+        .bind(&gpu.model)
+        .bind(gpu.memory.0 as i64)
+        .bind(i64::from(gpu.mps_client_limit))
+        .bind(gpu.health.as_str())
+        .bind(gpu.sharing_mode.as_str())
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| match &e {
+            sqlx::Error::Database(db) if db.is_unique_violation() => StoreError::Conflict(format!(
+                "GPU {} (index {}) is already registered",
+                gpu.uuid, gpu.index
+            )),
+            _ => StoreError::Database(e),
+        })?;
+    }
+    Ok(())
 }
 
 fn parse<T: FromStr>(what: &'static str, raw: &str) -> Result<T, StoreError>
@@ -83,8 +206,7 @@ fn gpu_from_row(row: &SqliteRow) -> Result<GpuInfo, StoreError> {
 fn host_from_row(row: &SqliteRow) -> Result<HostInfo, StoreError> {
     let labels: String = row.try_get("labels")?;
     Ok(HostInfo {
-        id: HostId::new(row.try_get::<String, _>("id")?)
-            .map_err(|e| StoreError::corrupt("host id", e))?,
+        id: host_id(row.try_get::<String, _>("id")?)?,
         pool: PoolName::new(row.try_get::<String, _>("pool")?)
             .map_err(|e| StoreError::corrupt("host pool", e))?,
         status: parse::<HostStatus>("host status", row.try_get("status")?)?,
@@ -97,9 +219,118 @@ fn host_from_row(row: &SqliteRow) -> Result<HostInfo, StoreError> {
     })
 }
 
+fn host_id(s: String) -> Result<HostId, StoreError> {
+    HostId::new(s).map_err(|e| StoreError::corrupt("host id", e))
+}
+
+fn task_def_from_row(row: &SqliteRow) -> Result<TaskDefinition, StoreError> {
+    let spec: String = row.try_get("spec")?;
+    Ok(TaskDefinition {
+        family: row.try_get("family")?,
+        revision: row.try_get::<i64, _>("revision")? as u32,
+        active: row.try_get::<i64, _>("active")? != 0,
+        spec: serde_json::from_str::<TaskDefinitionSpec>(&spec)
+            .map_err(|e| StoreError::corrupt("task definition", e))?,
+        registered_at: row.try_get("registered_at")?,
+    })
+}
+
+fn service_from_row(row: &SqliteRow) -> Result<Service, StoreError> {
+    let strategy: Option<String> = row.try_get("strategy")?;
+    let constraints: String = row.try_get("constraints")?;
+    Ok(Service {
+        name: row.try_get("name")?,
+        task_definition: TaskDefRef {
+            family: row.try_get("family")?,
+            revision: row.try_get::<i64, _>("revision")? as u32,
+        },
+        pool: PoolName::new(row.try_get::<String, _>("pool")?)
+            .map_err(|e| StoreError::corrupt("service pool", e))?,
+        desired_count: row.try_get::<i64, _>("desired_count")? as u32,
+        strategy: strategy
+            .map(|s| parse::<PlacementPolicy>("service strategy", &s))
+            .transpose()?,
+        constraints: serde_json::from_str::<ServiceConstraints>(&constraints)
+            .map_err(|e| StoreError::corrupt("service constraints", e))?,
+        deployment: DeploymentConfig {
+            minimum_healthy_percent: row.try_get::<i64, _>("minimum_healthy_percent")? as u32,
+            maximum_percent: row.try_get::<i64, _>("maximum_percent")? as u32,
+        },
+        stop_timeout_secs: row.try_get::<i64, _>("stop_timeout_secs")? as u32,
+        deleting: row.try_get::<i64, _>("deleting")? != 0,
+        created_at: row.try_get("created_at")?,
+    })
+}
+
+fn task_from_row(row: &SqliteRow) -> Result<Task, StoreError> {
+    let host: Option<String> = row.try_get("host_id")?;
+    let peak: Option<i64> = row.try_get("gpu_memory_peak_mib")?;
+    let sm: Option<i64> = row.try_get("sm_percent")?;
+    let exit: Option<i64> = row.try_get("exit_code")?;
+    Ok(Task {
+        id: row.try_get("id")?,
+        service: row.try_get("service")?,
+        deployment_id: row.try_get("deployment_id")?,
+        task_definition: TaskDefRef {
+            family: row.try_get("family")?,
+            revision: row.try_get::<i64, _>("revision")? as u32,
+        },
+        pool: PoolName::new(row.try_get::<String, _>("pool")?)
+            .map_err(|e| StoreError::corrupt("task pool", e))?,
+        cpu: MilliCpu(row.try_get::<i64, _>("cpu_milli")? as u64),
+        memory: MiB(row.try_get::<i64, _>("memory_mib")? as u64),
+        state: parse::<TaskState>("task state", row.try_get("state")?)?,
+        migrating: row.try_get::<i64, _>("migrating")? != 0,
+        host: host.map(host_id).transpose()?,
+        allocations: Vec::new(),
+        placement_message: row.try_get("placement_message")?,
+        stop_reason: row.try_get("stop_reason")?,
+        exit_code: exit.map(|c| c as i32),
+        measured: Measured {
+            gpu_memory_peak: peak.map(|p| MiB(p as u64)),
+            sm_percent: sm.map(|s| s as u32),
+        },
+        created_at: row.try_get("created_at")?,
+        started_at: row.try_get("started_at")?,
+        stopped_at: row.try_get("stopped_at")?,
+    })
+}
+
+fn event_from_row(row: &SqliteRow) -> Result<Event, StoreError> {
+    let host: Option<String> = row.try_get("host_id")?;
+    Ok(Event {
+        id: row.try_get("id")?,
+        at: row.try_get("at")?,
+        service: row.try_get("service")?,
+        host: host.map(host_id).transpose()?,
+        message: row.try_get("message")?,
+    })
+}
+
+fn not_found(what: &'static str, id: impl ToString) -> StoreError {
+    StoreError::NotFound {
+        what,
+        id: id.to_string(),
+    }
+}
+
 const HOST_COLUMNS: &str = "id, pool, status, simulated, cpu_milli, memory_mib, labels";
 const GPU_COLUMNS: &str =
     "uuid, host_id, idx, model, memory_mib, mps_client_limit, health, sharing_mode";
+const TASK_COLUMNS: &str = "id, service, deployment_id, family, revision, pool, cpu_milli, memory_mib, state, migrating, host_id, placement_message, \
+     stop_reason, exit_code, gpu_memory_peak_mib, sm_percent, created_at, started_at, stopped_at";
+const SERVICE_COLUMNS: &str = "name, family, revision, pool, desired_count, strategy, constraints, \
+     minimum_healthy_percent, maximum_percent, stop_timeout_secs, deleting, created_at";
+
+/// Capacity left on one GPU while a commit is checked.
+struct GpuRoom {
+    host: String,
+    memory_free: i64,
+    compute_free: i64,
+    clients_free: i64,
+    dedicated: bool,
+    idle: bool,
+}
 
 #[async_trait]
 impl Store for SqliteStore {
@@ -129,6 +360,17 @@ impl Store for SqliteStore {
         .collect()
     }
 
+    async fn get_pool(&self, name: &PoolName) -> Result<PoolInfo, StoreError> {
+        let row = sqlx::query(
+            "SELECT name, policy, compute_overcommit, mps_client_limit FROM pools WHERE name = ?",
+        )
+        .bind(name.as_str())
+        .fetch_optional(&self.db)
+        .await?
+        .ok_or_else(|| not_found("pool", name))?;
+        pool_from_row(&row)
+    }
+
     async fn pool_exists(&self, name: &PoolName) -> Result<bool, StoreError> {
         let found = sqlx::query("SELECT 1 FROM pools WHERE name = ?")
             .bind(name.as_str())
@@ -138,65 +380,19 @@ impl Store for SqliteStore {
     }
 
     async fn upsert_host(&self, host: &HostInfo) -> Result<(), StoreError> {
-        let mut tx = self.db.begin().await?;
-        if sqlx::query("SELECT 1 FROM pools WHERE name = ?")
-            .bind(host.pool.as_str())
-            .fetch_optional(&mut *tx)
-            .await?
-            .is_none()
-        {
-            return Err(StoreError::NotFound {
-                what: "pool",
-                id: host.pool.to_string(),
-            });
-        }
-        let labels = serde_json::to_string(&host.labels)
-            .map_err(|e| StoreError::corrupt("host labels", e))?;
-        sqlx::query(
-            "INSERT INTO hosts (id, pool, status, simulated, cpu_milli, memory_mib, labels) VALUES (?, ?, ?, ?, ?, ?, ?)
-             ON CONFLICT (id) DO UPDATE SET pool = excluded.pool, status = excluded.status,
-                 simulated = excluded.simulated, cpu_milli = excluded.cpu_milli,
-                 memory_mib = excluded.memory_mib, labels = excluded.labels",
-        )
-        .bind(host.id.as_str())
-        .bind(host.pool.as_str())
-        .bind(host.status.as_str())
-        .bind(i64::from(host.simulated))
-        .bind(host.cpu.0 as i64)
-        .bind(host.memory.0 as i64)
-        .bind(labels)
-        .execute(&mut *tx)
-        .await?;
-        sqlx::query("DELETE FROM gpus WHERE host_id = ?")
-            .bind(host.id.as_str())
-            .execute(&mut *tx)
+        self.write_host(host, None).await
+    }
+
+    async fn register_host(&self, host: &HostInfo, token_hash: &str) -> Result<(), StoreError> {
+        self.write_host(host, Some(token_hash)).await
+    }
+
+    async fn host_by_token_hash(&self, token_hash: &str) -> Result<Option<HostId>, StoreError> {
+        let row = sqlx::query("SELECT id FROM hosts WHERE agent_token_hash = ?")
+            .bind(token_hash)
+            .fetch_optional(&self.db)
             .await?;
-        for gpu in &host.gpus {
-            sqlx::query(&format!(
-                "INSERT INTO gpus ({GPU_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-            ))
-            .bind(gpu.uuid.as_str())
-            .bind(host.id.as_str())
-            .bind(i64::from(gpu.index))
-            .bind(&gpu.model)
-            .bind(gpu.memory.0 as i64)
-            .bind(i64::from(gpu.mps_client_limit))
-            .bind(gpu.health.as_str())
-            .bind(gpu.sharing_mode.as_str())
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| match &e {
-                sqlx::Error::Database(db) if db.is_unique_violation() => {
-                    StoreError::Conflict(format!(
-                        "GPU {} (index {}) is already registered",
-                        gpu.uuid, gpu.index
-                    ))
-                }
-                _ => StoreError::Database(e),
-            })?;
-        }
-        tx.commit().await?;
-        Ok(())
+        row.map(|r| host_id(r.try_get("id")?)).transpose()
     }
 
     async fn list_hosts(&self) -> Result<Vec<HostInfo>, StoreError> {
@@ -208,7 +404,7 @@ impl Store for SqliteStore {
         .iter()
         .map(host_from_row)
         .collect::<Result<_, _>>()?;
-        let position: std::collections::HashMap<String, usize> = hosts
+        let position: HashMap<String, usize> = hosts
             .iter()
             .enumerate()
             .map(|(i, h)| (h.id.to_string(), i))
@@ -232,10 +428,7 @@ impl Store for SqliteStore {
             .bind(id.as_str())
             .fetch_optional(&self.db)
             .await?
-            .ok_or_else(|| StoreError::NotFound {
-                what: "host",
-                id: id.to_string(),
-            })?;
+            .ok_or_else(|| not_found("host", id))?;
         let mut host = host_from_row(&row)?;
         host.gpus = sqlx::query(&format!(
             "SELECT {GPU_COLUMNS} FROM gpus WHERE host_id = ? ORDER BY idx"
@@ -249,18 +442,706 @@ impl Store for SqliteStore {
         Ok(host)
     }
 
-    async fn set_host_status(&self, id: &HostId, status: HostStatus) -> Result<(), StoreError> {
-        let done = sqlx::query("UPDATE hosts SET status = ? WHERE id = ?")
+    async fn set_host_status(
+        &self,
+        id: &HostId,
+        status: HostStatus,
+        reason: Option<&str>,
+    ) -> Result<(), StoreError> {
+        let done = sqlx::query("UPDATE hosts SET status = ?, status_reason = ? WHERE id = ?")
             .bind(status.as_str())
+            .bind(reason)
             .bind(id.as_str())
             .execute(&self.db)
             .await?;
         if done.rows_affected() == 0 {
-            return Err(StoreError::NotFound {
-                what: "host",
-                id: id.to_string(),
-            });
+            return Err(not_found("host", id));
         }
+        Ok(())
+    }
+
+    async fn record_host_report(&self, id: &HostId, report: &HostReport) -> Result<(), StoreError> {
+        let mut tx = self.db.begin().await?;
+        sqlx::query(&format!(
+            "UPDATE hosts SET last_seen_at = {NOW} WHERE id = ?"
+        ))
+        .bind(id.as_str())
+        .execute(&mut *tx)
+        .await?;
+        for g in &report.gpus {
+            sqlx::query(
+                "INSERT INTO gpus (uuid, host_id, idx, model, memory_mib, mps_client_limit, health) VALUES (?, ?, ?, ?, ?, ?, ?)
+                 ON CONFLICT (uuid) DO UPDATE SET health = excluded.health, model = excluded.model,
+                     mps_client_limit = excluded.mps_client_limit
+                 WHERE gpus.host_id = excluded.host_id",
+            )
+            .bind(g.uuid.as_str())
+            .bind(id.as_str())
+            .bind(i64::from(g.index))
+            .bind(&g.model)
+            .bind(g.memory_mib.0 as i64)
+            .bind(i64::from(g.mps_client_limit))
+            .bind(if g.healthy { "healthy" } else { "unhealthy" })
+            .execute(&mut *tx)
+            .await?;
+        }
+        // Sharing modes follow from what is allocated.
+        sqlx::query(
+            "UPDATE gpus SET sharing_mode = COALESCE(
+                 (SELECT CASE WHEN MAX(tg.dedicated) = 1 THEN 'dedicated' ELSE 'mps' END
+                  FROM task_gpus tg WHERE tg.gpu_uuid = gpus.uuid), 'idle')
+             WHERE host_id = ?",
+        )
+        .bind(id.as_str())
+        .execute(&mut *tx)
+        .await?;
+        let _ = report.mps_healthy;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn hosts_silent_for(&self, seconds: f64) -> Result<Vec<HostId>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT id FROM hosts WHERE status != 'lost' AND last_seen_at IS NOT NULL
+             AND julianday('now') - julianday(last_seen_at) > ? / 86400.0 ORDER BY id",
+        )
+        .bind(seconds)
+        .fetch_all(&self.db)
+        .await?;
+        rows.iter().map(|r| host_id(r.try_get("id")?)).collect()
+    }
+
+    async fn host_status_reason(&self, id: &HostId) -> Result<Option<String>, StoreError> {
+        let row = sqlx::query("SELECT status_reason FROM hosts WHERE id = ?")
+            .bind(id.as_str())
+            .fetch_optional(&self.db)
+            .await?
+            .ok_or_else(|| not_found("host", id))?;
+        Ok(row.try_get("status_reason")?)
+    }
+
+    async fn register_task_definition(
+        &self,
+        spec: &TaskDefinitionSpec,
+    ) -> Result<TaskDefinition, StoreError> {
+        let json =
+            serde_json::to_string(spec).map_err(|e| StoreError::corrupt("task definition", e))?;
+        let mut tx = self.begin_immediate().await?;
+        let next: i64 = sqlx::query(
+            "SELECT COALESCE(MAX(revision), 0) + 1 AS next FROM task_definitions WHERE family = ?",
+        )
+        .bind(&spec.family)
+        .fetch_one(&mut *tx)
+        .await?
+        .try_get("next")?;
+        let row = sqlx::query(
+            "INSERT INTO task_definitions (family, revision, spec) VALUES (?, ?, ?)
+             RETURNING family, revision, active, spec, registered_at",
+        )
+        .bind(&spec.family)
+        .bind(next)
+        .bind(json)
+        .fetch_one(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        task_def_from_row(&row)
+    }
+
+    async fn list_task_definition_families(&self) -> Result<Vec<TaskDefinition>, StoreError> {
+        sqlx::query(
+            "SELECT family, revision, active, spec, registered_at FROM task_definitions t
+             WHERE revision = (SELECT MAX(revision) FROM task_definitions u WHERE u.family = t.family)
+             ORDER BY family",
+        )
+        .fetch_all(&self.db)
+        .await?
+        .iter()
+        .map(task_def_from_row)
+        .collect()
+    }
+
+    async fn list_task_definition_revisions(
+        &self,
+        family: &str,
+    ) -> Result<Vec<TaskDefinition>, StoreError> {
+        let defs: Vec<TaskDefinition> = sqlx::query(
+            "SELECT family, revision, active, spec, registered_at FROM task_definitions WHERE family = ? ORDER BY revision",
+        )
+        .bind(family)
+        .fetch_all(&self.db)
+        .await?
+        .iter()
+        .map(task_def_from_row)
+        .collect::<Result<_, _>>()?;
+        if defs.is_empty() {
+            return Err(not_found("task definition family", family));
+        }
+        Ok(defs)
+    }
+
+    async fn get_task_definition(&self, r: &TaskDefRef) -> Result<TaskDefinition, StoreError> {
+        let row = sqlx::query(
+            "SELECT family, revision, active, spec, registered_at FROM task_definitions WHERE family = ? AND revision = ?",
+        )
+        .bind(&r.family)
+        .bind(i64::from(r.revision))
+        .fetch_optional(&self.db)
+        .await?
+        .ok_or_else(|| not_found("task definition", r))?;
+        task_def_from_row(&row)
+    }
+
+    async fn set_task_definition_active(
+        &self,
+        r: &TaskDefRef,
+        active: bool,
+    ) -> Result<(), StoreError> {
+        let done =
+            sqlx::query("UPDATE task_definitions SET active = ? WHERE family = ? AND revision = ?")
+                .bind(i64::from(active))
+                .bind(&r.family)
+                .bind(i64::from(r.revision))
+                .execute(&self.db)
+                .await?;
+        if done.rows_affected() == 0 {
+            return Err(not_found("task definition", r));
+        }
+        Ok(())
+    }
+
+    async fn create_service(&self, s: &Service) -> Result<(), StoreError> {
+        let constraints = serde_json::to_string(&s.constraints)
+            .map_err(|e| StoreError::corrupt("service constraints", e))?;
+        let mut tx = self.begin_immediate().await?;
+        sqlx::query(
+            "INSERT INTO services (name, family, revision, pool, desired_count, strategy, constraints,
+                 minimum_healthy_percent, maximum_percent, stop_timeout_secs) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(&s.name)
+        .bind(&s.task_definition.family)
+        .bind(i64::from(s.task_definition.revision))
+        .bind(s.pool.as_str())
+        .bind(i64::from(s.desired_count))
+        .bind(s.strategy.map(|p| p.as_str()))
+        .bind(constraints)
+        .bind(i64::from(s.deployment.minimum_healthy_percent))
+        .bind(i64::from(s.deployment.maximum_percent))
+        .bind(i64::from(s.stop_timeout_secs))
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| match &e {
+            sqlx::Error::Database(db) if db.is_unique_violation() => {
+                StoreError::Conflict(format!("a service named {:?} already exists", s.name))
+            }
+            _ => StoreError::Database(e),
+        })?;
+        sqlx::query("INSERT INTO deployments (service, family, revision, status) VALUES (?, ?, ?, 'primary')")
+            .bind(&s.name)
+            .bind(&s.task_definition.family)
+            .bind(i64::from(s.task_definition.revision))
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn list_services(&self) -> Result<Vec<Service>, StoreError> {
+        sqlx::query(&format!(
+            "SELECT {SERVICE_COLUMNS} FROM services ORDER BY name"
+        ))
+        .fetch_all(&self.db)
+        .await?
+        .iter()
+        .map(service_from_row)
+        .collect()
+    }
+
+    async fn get_service(&self, name: &str) -> Result<Service, StoreError> {
+        let row = sqlx::query(&format!(
+            "SELECT {SERVICE_COLUMNS} FROM services WHERE name = ?"
+        ))
+        .bind(name)
+        .fetch_optional(&self.db)
+        .await?
+        .ok_or_else(|| not_found("service", name))?;
+        service_from_row(&row)
+    }
+
+    async fn set_desired_count(&self, name: &str, desired: u32) -> Result<(), StoreError> {
+        let done = sqlx::query("UPDATE services SET desired_count = ? WHERE name = ?")
+            .bind(i64::from(desired))
+            .bind(name)
+            .execute(&self.db)
+            .await?;
+        if done.rows_affected() == 0 {
+            return Err(not_found("service", name));
+        }
+        Ok(())
+    }
+
+    async fn start_deployment(
+        &self,
+        name: &str,
+        r: &TaskDefRef,
+        failed_primary: bool,
+    ) -> Result<i64, StoreError> {
+        let mut tx = self.begin_immediate().await?;
+        let done = sqlx::query("UPDATE services SET family = ?, revision = ? WHERE name = ?")
+            .bind(&r.family)
+            .bind(i64::from(r.revision))
+            .bind(name)
+            .execute(&mut *tx)
+            .await?;
+        if done.rows_affected() == 0 {
+            return Err(not_found("service", name));
+        }
+        let old = if failed_primary {
+            "rolled_back"
+        } else {
+            "active"
+        };
+        sqlx::query("UPDATE deployments SET status = ? WHERE service = ? AND status = 'primary'")
+            .bind(old)
+            .bind(name)
+            .execute(&mut *tx)
+            .await?;
+        let id: i64 = sqlx::query(
+            "INSERT INTO deployments (service, family, revision, status) VALUES (?, ?, ?, 'primary') RETURNING id",
+        )
+        .bind(name)
+        .bind(&r.family)
+        .bind(i64::from(r.revision))
+        .fetch_one(&mut *tx)
+        .await?
+        .try_get("id")?;
+        tx.commit().await?;
+        Ok(id)
+    }
+
+    async fn mark_service_deleting(&self, name: &str) -> Result<(), StoreError> {
+        let done =
+            sqlx::query("UPDATE services SET deleting = 1, desired_count = 0 WHERE name = ?")
+                .bind(name)
+                .execute(&self.db)
+                .await?;
+        if done.rows_affected() == 0 {
+            return Err(not_found("service", name));
+        }
+        Ok(())
+    }
+
+    async fn delete_service(&self, name: &str) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM services WHERE name = ?")
+            .bind(name)
+            .execute(&self.db)
+            .await?;
+        Ok(())
+    }
+
+    async fn list_deployments(&self, service: &str) -> Result<Vec<Deployment>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT d.id, d.service, d.family, d.revision, d.status, d.failed_tasks, d.created_at,
+                 (SELECT COUNT(*) FROM tasks t WHERE t.deployment_id = d.id AND t.state IN ('pending', 'assigned')) AS pending,
+                 (SELECT COUNT(*) FROM tasks t WHERE t.deployment_id = d.id AND t.state = 'running') AS running
+             FROM deployments d WHERE d.service = ? ORDER BY d.id DESC",
+        )
+        .bind(service)
+        .fetch_all(&self.db)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(Deployment {
+                    id: row.try_get("id")?,
+                    service: row.try_get("service")?,
+                    task_definition: TaskDefRef {
+                        family: row.try_get("family")?,
+                        revision: row.try_get::<i64, _>("revision")? as u32,
+                    },
+                    status: parse::<DeploymentStatus>("deployment status", row.try_get("status")?)?,
+                    pending: row.try_get::<i64, _>("pending")? as u32,
+                    running: row.try_get::<i64, _>("running")? as u32,
+                    failed_tasks: row.try_get::<i64, _>("failed_tasks")? as u32,
+                    created_at: row.try_get("created_at")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn set_deployment_status(
+        &self,
+        id: i64,
+        status: DeploymentStatus,
+    ) -> Result<(), StoreError> {
+        sqlx::query("UPDATE deployments SET status = ? WHERE id = ?")
+            .bind(status.as_str())
+            .bind(id)
+            .execute(&self.db)
+            .await?;
+        Ok(())
+    }
+
+    async fn create_tasks(&self, tasks: &[NewTask]) -> Result<(), StoreError> {
+        let mut tx = self.db.begin().await?;
+        for chunk in tasks.chunks(200) {
+            let mut q = QueryBuilder::<Sqlite>::new(
+                "INSERT INTO tasks (id, service, deployment_id, family, revision, pool, cpu_milli, memory_mib, state) ",
+            );
+            q.push_values(chunk, |mut b, t| {
+                b.push_bind(&t.id)
+                    .push_bind(&t.service)
+                    .push_bind(t.deployment_id)
+                    .push_bind(&t.task_definition.family)
+                    .push_bind(i64::from(t.task_definition.revision))
+                    .push_bind(t.pool.as_str())
+                    .push_bind(t.cpu.0 as i64)
+                    .push_bind(t.memory.0 as i64)
+                    .push_bind("pending");
+            });
+            q.build().execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn list_tasks(&self, filter: &TaskFilter) -> Result<Vec<Task>, StoreError> {
+        let mut q =
+            QueryBuilder::<Sqlite>::new(format!("SELECT {TASK_COLUMNS} FROM tasks WHERE 1 = 1"));
+        if let Some(s) = &filter.service {
+            q.push(" AND service = ").push_bind(s.clone());
+        }
+        if let Some(h) = &filter.host {
+            q.push(" AND host_id = ").push_bind(h.to_string());
+        }
+        if let Some(p) = &filter.pool {
+            q.push(" AND pool = ").push_bind(p.to_string());
+        }
+        if !filter.states.is_empty() {
+            q.push(" AND state IN (");
+            let mut sep = q.separated(", ");
+            for s in &filter.states {
+                sep.push_bind(s.as_str());
+            }
+            q.push(")");
+        }
+        q.push(" ORDER BY created_at, id");
+        if let Some(limit) = filter.limit {
+            q.push(" LIMIT ").push_bind(i64::from(limit));
+        }
+        let mut tasks: Vec<Task> = q
+            .build()
+            .fetch_all(&self.db)
+            .await?
+            .iter()
+            .map(task_from_row)
+            .collect::<Result<_, _>>()?;
+        let placed: Vec<String> = tasks
+            .iter()
+            .filter(|t| t.state.holds_capacity())
+            .map(|t| t.id.clone())
+            .collect();
+        let mut allocations = self.load_allocations(&placed).await?;
+        for t in &mut tasks {
+            if let Some(a) = allocations.remove(&t.id) {
+                t.allocations = a;
+            }
+        }
+        Ok(tasks)
+    }
+
+    async fn get_task(&self, id: &str) -> Result<Task, StoreError> {
+        let row = sqlx::query(&format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?"))
+            .bind(id)
+            .fetch_optional(&self.db)
+            .await?
+            .ok_or_else(|| not_found("task", id))?;
+        let mut task = task_from_row(&row)?;
+        task.allocations = self
+            .load_allocations(&[task.id.clone()])
+            .await?
+            .remove(&task.id)
+            .unwrap_or_default();
+        Ok(task)
+    }
+
+    async fn commit_placements(
+        &self,
+        commits: &[PlacementCommit],
+    ) -> Result<Vec<String>, StoreError> {
+        if commits.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut tx = self.begin_immediate().await?;
+        let conn = tx.acquire().await?;
+        // Current use of every GPU and host, read under the write lock.
+        let mut gpus: HashMap<String, GpuRoom> = HashMap::new();
+        for row in sqlx::query(
+            "SELECT g.uuid, g.host_id, g.memory_mib, g.health, p.compute_overcommit,
+                 COALESCE(p.mps_client_limit, g.mps_client_limit) AS client_limit,
+                 COALESCE(SUM(tg.memory_mib), 0) AS mem_used, COALESCE(SUM(tg.compute_milli), 0) AS compute_used,
+                 COUNT(tg.task_id) AS clients, COALESCE(MAX(tg.dedicated), 0) AS dedicated
+             FROM gpus g JOIN hosts h ON h.id = g.host_id JOIN pools p ON p.name = h.pool
+             LEFT JOIN task_gpus tg ON tg.gpu_uuid = g.uuid
+             GROUP BY g.uuid",
+        )
+        .fetch_all(&mut *conn)
+        .await?
+        {
+            let overcommit: f64 = row.try_get("compute_overcommit")?;
+            let clients: i64 = row.try_get("clients")?;
+            let healthy = row.try_get::<String, _>("health")? == "healthy";
+            gpus.insert(
+                row.try_get("uuid")?,
+                GpuRoom {
+                    host: row.try_get("host_id")?,
+                    memory_free: row.try_get::<i64, _>("memory_mib")? - row.try_get::<i64, _>("mem_used")?,
+                    compute_free: (1000.0 * overcommit.max(1.0)).round() as i64 - row.try_get::<i64, _>("compute_used")?,
+                    clients_free: if healthy { row.try_get::<i64, _>("client_limit")? - clients } else { 0 },
+                    dedicated: row.try_get::<i64, _>("dedicated")? != 0 || !healthy,
+                    idle: clients == 0 && healthy,
+                },
+            );
+        }
+        let mut hosts: HashMap<String, (i64, i64)> = HashMap::new();
+        for row in sqlx::query(
+            "SELECT h.id, h.cpu_milli - COALESCE(SUM(t.cpu_milli), 0) AS cpu_free,
+                 h.memory_mib - COALESCE(SUM(t.memory_mib), 0) AS mem_free
+             FROM hosts h LEFT JOIN tasks t ON t.host_id = h.id AND t.state IN ('assigned', 'running', 'stopping')
+             WHERE h.status = 'active' GROUP BY h.id",
+        )
+        .fetch_all(&mut *conn)
+        .await?
+        {
+            hosts.insert(row.try_get("id")?, (row.try_get("cpu_free")?, row.try_get("mem_free")?));
+        }
+        let mut committed = Vec::new();
+        for c in commits {
+            let Some(task) = sqlx::query(
+                "SELECT cpu_milli, memory_mib FROM tasks WHERE id = ? AND state = 'pending'",
+            )
+            .bind(&c.task_id)
+            .fetch_optional(&mut *conn)
+            .await?
+            else {
+                continue;
+            };
+            let (cpu, mem): (i64, i64) = (task.try_get("cpu_milli")?, task.try_get("memory_mib")?);
+            let Some(&(cpu_free, mem_free)) = hosts.get(c.host.as_str()) else {
+                continue;
+            };
+            let fits = cpu <= cpu_free
+                && mem <= mem_free
+                && c.allocations
+                    .iter()
+                    .all(|a| match gpus.get(a.gpu.as_str()) {
+                        Some(room) if room.host == c.host.as_str() => {
+                            if a.dedicated {
+                                room.idle
+                            } else {
+                                !room.dedicated
+                                    && room.clients_free > 0
+                                    && a.memory.0 as i64 <= room.memory_free
+                                    && i64::from(a.compute.0) <= room.compute_free
+                            }
+                        }
+                        _ => false,
+                    });
+            if !fits {
+                continue;
+            }
+            hosts.insert(c.host.to_string(), (cpu_free - cpu, mem_free - mem));
+            for a in &c.allocations {
+                let room = gpus.get_mut(a.gpu.as_str()).expect("checked above");
+                room.idle = false;
+                if a.dedicated {
+                    room.dedicated = true;
+                } else {
+                    room.memory_free -= a.memory.0 as i64;
+                    room.compute_free -= i64::from(a.compute.0);
+                    room.clients_free -= 1;
+                }
+                sqlx::query(
+                    "INSERT INTO task_gpus (task_id, gpu_uuid, idx, memory_mib, compute_milli, dedicated) VALUES (?, ?, ?, ?, ?, ?)",
+                )
+                .bind(&c.task_id)
+                .bind(a.gpu.as_str())
+                .bind(i64::from(a.index))
+                .bind(a.memory.0 as i64)
+                .bind(i64::from(a.compute.0))
+                .bind(i64::from(a.dedicated))
+                .execute(&mut *conn)
+                .await?;
+            }
+            sqlx::query("UPDATE tasks SET state = 'assigned', host_id = ?, placement_message = NULL WHERE id = ?")
+                .bind(c.host.as_str())
+                .bind(&c.task_id)
+                .execute(&mut *conn)
+                .await?;
+            committed.push(c.task_id.clone());
+        }
+        tx.commit().await?;
+        Ok(committed)
+    }
+
+    async fn set_placement_message(
+        &self,
+        task_ids: &[String],
+        message: &str,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.db.begin().await?;
+        for chunk in task_ids.chunks(500) {
+            let mut q = QueryBuilder::<Sqlite>::new("UPDATE tasks SET placement_message = ");
+            q.push_bind(message)
+                .push(" WHERE state = 'pending' AND id IN (");
+            let mut sep = q.separated(", ");
+            for id in chunk {
+                sep.push_bind(id);
+            }
+            q.push(")");
+            q.build().execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn mark_task_running(&self, id: &str) -> Result<(), StoreError> {
+        sqlx::query(&format!(
+            "UPDATE tasks SET state = 'running', started_at = COALESCE(started_at, {NOW}) WHERE id = ? AND state = 'assigned'"
+        ))
+        .bind(id)
+        .execute(&self.db)
+        .await?;
+        Ok(())
+    }
+
+    async fn mark_task_stopped(
+        &self,
+        id: &str,
+        reason: &str,
+        exit_code: Option<i32>,
+        failed: bool,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.db.begin().await?;
+        let done = sqlx::query(&format!(
+            "UPDATE tasks SET state = 'stopped', stopped_at = {NOW}, stop_reason = COALESCE(stop_reason, ?),
+                 exit_code = COALESCE(?, exit_code) WHERE id = ? AND state != 'stopped'"
+        ))
+        .bind(reason)
+        .bind(exit_code)
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+        if done.rows_affected() > 0 {
+            sqlx::query("DELETE FROM task_gpus WHERE task_id = ?")
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+            if failed {
+                sqlx::query(
+                    "UPDATE deployments SET failed_tasks = failed_tasks + 1 WHERE id = (SELECT deployment_id FROM tasks WHERE id = ?)",
+                )
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+            }
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn request_task_stop(&self, id: &str, reason: &str) -> Result<(), StoreError> {
+        let task = self.get_task(id).await?;
+        match task.state {
+            TaskState::Pending => self.mark_task_stopped(id, reason, None, false).await,
+            TaskState::Assigned | TaskState::Running => {
+                sqlx::query("UPDATE tasks SET state = 'stopping', stop_reason = ? WHERE id = ? AND state IN ('assigned', 'running')")
+                    .bind(reason)
+                    .bind(id)
+                    .execute(&self.db)
+                    .await?;
+                Ok(())
+            }
+            TaskState::Stopping | TaskState::Stopped => Ok(()),
+        }
+    }
+
+    async fn set_task_migrating(&self, id: &str) -> Result<(), StoreError> {
+        sqlx::query("UPDATE tasks SET migrating = 1 WHERE id = ?")
+            .bind(id)
+            .execute(&self.db)
+            .await?;
+        Ok(())
+    }
+
+    async fn record_task_usage(
+        &self,
+        id: &str,
+        gpu_memory_peak: Option<MiB>,
+        sm_percent: Option<u32>,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE tasks SET gpu_memory_peak_mib = MAX(COALESCE(gpu_memory_peak_mib, 0), COALESCE(?, 0)),
+                 sm_percent = COALESCE(?, sm_percent) WHERE id = ?",
+        )
+        .bind(gpu_memory_peak.map(|m| m.0 as i64))
+        .bind(sm_percent.map(i64::from))
+        .bind(id)
+        .execute(&self.db)
+        .await?;
+        Ok(())
+    }
+
+    async fn add_event(
+        &self,
+        service: Option<&str>,
+        host: Option<&HostId>,
+        message: &str,
+    ) -> Result<(), StoreError> {
+        sqlx::query("INSERT INTO events (service, host_id, message) VALUES (?, ?, ?)")
+            .bind(service)
+            .bind(host.map(HostId::as_str))
+            .bind(message)
+            .execute(&self.db)
+            .await?;
+        Ok(())
+    }
+
+    async fn list_events(&self, filter: &EventFilter) -> Result<Vec<Event>, StoreError> {
+        let mut q = QueryBuilder::<Sqlite>::new(
+            "SELECT id, at, service, host_id, message FROM events WHERE 1 = 1",
+        );
+        if let Some(s) = &filter.service {
+            q.push(" AND service = ").push_bind(s.clone());
+        }
+        if let Some(h) = &filter.host {
+            q.push(" AND host_id = ").push_bind(h.to_string());
+        }
+        if let Some(after) = filter.after {
+            q.push(" AND id > ").push_bind(after);
+        }
+        q.push(" ORDER BY id DESC LIMIT ")
+            .push_bind(i64::from(filter.limit.max(1)));
+        q.build()
+            .fetch_all(&self.db)
+            .await?
+            .iter()
+            .map(event_from_row)
+            .collect()
+    }
+
+    async fn get_setting(&self, key: &str) -> Result<Option<String>, StoreError> {
+        let row = sqlx::query("SELECT value FROM settings WHERE key = ?")
+            .bind(key)
+            .fetch_optional(&self.db)
+            .await?;
+        Ok(row.map(|r| r.try_get("value")).transpose()?)
+    }
+
+    async fn set_setting(&self, key: &str, value: &str) -> Result<(), StoreError> {
+        sqlx::query("INSERT INTO settings (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value")
+            .bind(key)
+            .bind(value)
+            .execute(&self.db)
+            .await?;
         Ok(())
     }
 }

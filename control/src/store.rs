@@ -6,23 +6,184 @@ use crate::error::StoreError;
 use crate::sqlite::SqliteStore;
 use async_trait::async_trait;
 use std::sync::Arc;
-use tessera_model::{HostId, HostInfo, HostStatus, PoolInfo, PoolName};
+use tessera_model::agent::GpuReport;
+use tessera_model::service::{
+    Deployment, DeploymentStatus, Event, GpuAllocation, Service, Task, TaskDefRef, TaskDefinition,
+    TaskState,
+};
+use tessera_model::taskdef::TaskDefinitionSpec;
+use tessera_model::{HostId, HostInfo, HostStatus, MiB, MilliCpu, PoolInfo, PoolName};
+
+/// A task to create.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewTask {
+    pub id: String,
+    pub service: String,
+    pub deployment_id: i64,
+    pub task_definition: TaskDefRef,
+    pub pool: PoolName,
+    pub cpu: MilliCpu,
+    pub memory: MiB,
+}
+
+/// Which tasks to list; `None` means any.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TaskFilter {
+    pub service: Option<String>,
+    pub host: Option<HostId>,
+    pub states: Vec<TaskState>,
+    pub pool: Option<PoolName>,
+    pub limit: Option<u32>,
+}
+
+/// A placement to commit: the task goes to `host` holding `allocations`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlacementCommit {
+    pub task_id: String,
+    pub host: HostId,
+    pub allocations: Vec<GpuAllocation>,
+}
+
+/// Which events to list.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EventFilter {
+    pub service: Option<String>,
+    pub host: Option<HostId>,
+    /// Only events with a larger id (for live updates).
+    pub after: Option<i64>,
+    pub limit: u32,
+}
+
+/// What an agent's sync says about its host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostReport {
+    pub gpus: Vec<GpuReport>,
+    pub mps_healthy: bool,
+    pub reason: Option<String>,
+}
 
 /// Everything the control plane persists.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
+    // Pools.
     /// Creates the pool, or updates its policy and limits if it exists.
     async fn upsert_pool(&self, pool: &PoolInfo) -> Result<(), StoreError>;
     async fn list_pools(&self) -> Result<Vec<PoolInfo>, StoreError>;
+    async fn get_pool(&self, name: &PoolName) -> Result<PoolInfo, StoreError>;
+    async fn pool_exists(&self, name: &PoolName) -> Result<bool, StoreError>;
+
+    // Hosts.
     /// Creates or replaces a host and its GPUs (GPUs it no longer has are removed).
-    /// The pool must exist.
     async fn upsert_host(&self, host: &HostInfo) -> Result<(), StoreError>;
+    /// A new host registered by an agent, with the hash of its token.
+    async fn register_host(&self, host: &HostInfo, token_hash: &str) -> Result<(), StoreError>;
+    async fn host_by_token_hash(&self, token_hash: &str) -> Result<Option<HostId>, StoreError>;
     /// All hosts with their GPUs, ordered by pool then id.
     async fn list_hosts(&self) -> Result<Vec<HostInfo>, StoreError>;
     async fn get_host(&self, id: &HostId) -> Result<HostInfo, StoreError>;
-    async fn set_host_status(&self, id: &HostId, status: HostStatus) -> Result<(), StoreError>;
-    /// Whether a pool of this name exists.
-    async fn pool_exists(&self, name: &PoolName) -> Result<bool, StoreError>;
+    async fn set_host_status(
+        &self,
+        id: &HostId,
+        status: HostStatus,
+        reason: Option<&str>,
+    ) -> Result<(), StoreError>;
+    /// Records a sync: last seen now, GPU health and inventory, MPS health.
+    async fn record_host_report(&self, id: &HostId, report: &HostReport) -> Result<(), StoreError>;
+    /// Hosts not `lost` whose last sync is older than `seconds`.
+    async fn hosts_silent_for(&self, seconds: f64) -> Result<Vec<HostId>, StoreError>;
+    /// The status reason of a host, if any.
+    async fn host_status_reason(&self, id: &HostId) -> Result<Option<String>, StoreError>;
+
+    // Task definitions.
+    /// Stores `spec` as the next revision of its family.
+    async fn register_task_definition(
+        &self,
+        spec: &TaskDefinitionSpec,
+    ) -> Result<TaskDefinition, StoreError>;
+    /// The latest revision of every family.
+    async fn list_task_definition_families(&self) -> Result<Vec<TaskDefinition>, StoreError>;
+    async fn list_task_definition_revisions(
+        &self,
+        family: &str,
+    ) -> Result<Vec<TaskDefinition>, StoreError>;
+    async fn get_task_definition(&self, r: &TaskDefRef) -> Result<TaskDefinition, StoreError>;
+    async fn set_task_definition_active(
+        &self,
+        r: &TaskDefRef,
+        active: bool,
+    ) -> Result<(), StoreError>;
+
+    // Services and deployments.
+    /// Stores a new service and its first (primary) deployment.
+    async fn create_service(&self, service: &Service) -> Result<(), StoreError>;
+    async fn list_services(&self) -> Result<Vec<Service>, StoreError>;
+    async fn get_service(&self, name: &str) -> Result<Service, StoreError>;
+    async fn set_desired_count(&self, name: &str, desired: u32) -> Result<(), StoreError>;
+    /// Points the service at `r` and makes a new primary deployment for it; the old
+    /// primary becomes `active` (or `rolled_back` when `rollback_from` names it).
+    async fn start_deployment(
+        &self,
+        name: &str,
+        r: &TaskDefRef,
+        failed_primary: bool,
+    ) -> Result<i64, StoreError>;
+    async fn mark_service_deleting(&self, name: &str) -> Result<(), StoreError>;
+    async fn delete_service(&self, name: &str) -> Result<(), StoreError>;
+    /// Deployments of a service, newest first, with their task counts.
+    async fn list_deployments(&self, service: &str) -> Result<Vec<Deployment>, StoreError>;
+    async fn set_deployment_status(
+        &self,
+        id: i64,
+        status: DeploymentStatus,
+    ) -> Result<(), StoreError>;
+
+    // Tasks.
+    async fn create_tasks(&self, tasks: &[NewTask]) -> Result<(), StoreError>;
+    async fn list_tasks(&self, filter: &TaskFilter) -> Result<Vec<Task>, StoreError>;
+    async fn get_task(&self, id: &str) -> Result<Task, StoreError>;
+    /// Commits placements in one transaction that re-checks every GPU's and host's
+    /// capacity against what is committed now; returns the ids committed. Placements that
+    /// no longer fit (or whose task is no longer pending) are skipped.
+    async fn commit_placements(
+        &self,
+        commits: &[PlacementCommit],
+    ) -> Result<Vec<String>, StoreError>;
+    /// Records why pending tasks could not be placed.
+    async fn set_placement_message(
+        &self,
+        task_ids: &[String],
+        message: &str,
+    ) -> Result<(), StoreError>;
+    async fn mark_task_running(&self, id: &str) -> Result<(), StoreError>;
+    /// Stops a task now: state `stopped`, its GPU allocations released. A failure counts
+    /// against its deployment when `failed` is set.
+    async fn mark_task_stopped(
+        &self,
+        id: &str,
+        reason: &str,
+        exit_code: Option<i32>,
+        failed: bool,
+    ) -> Result<(), StoreError>;
+    /// Asks for a task to stop: `stopping` if an agent may be running it, else `stopped`.
+    async fn request_task_stop(&self, id: &str, reason: &str) -> Result<(), StoreError>;
+    async fn set_task_migrating(&self, id: &str) -> Result<(), StoreError>;
+    async fn record_task_usage(
+        &self,
+        id: &str,
+        gpu_memory_peak: Option<MiB>,
+        sm_percent: Option<u32>,
+    ) -> Result<(), StoreError>;
+
+    // Events and settings.
+    async fn add_event(
+        &self,
+        service: Option<&str>,
+        host: Option<&HostId>,
+        message: &str,
+    ) -> Result<(), StoreError>;
+    async fn list_events(&self, filter: &EventFilter) -> Result<Vec<Event>, StoreError>;
+    async fn get_setting(&self, key: &str) -> Result<Option<String>, StoreError>;
+    async fn set_setting(&self, key: &str, value: &str) -> Result<(), StoreError>;
 }
 
 /// Opens the store named by `url`: `sqlite://PATH` (the file and its directory are created

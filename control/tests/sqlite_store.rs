@@ -65,7 +65,11 @@ async fn hosts_round_trip_and_survive_reopening_the_file() {
     assert_eq!(hosts[1].gpus[3].index, 3);
 
     store
-        .set_host_status(&HostId::new("host-1").expect("valid"), HostStatus::Draining)
+        .set_host_status(
+            &HostId::new("host-1").expect("valid"),
+            HostStatus::Draining,
+            Some("test"),
+        )
         .await
         .expect("status");
     let h1 = store

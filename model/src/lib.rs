@@ -8,11 +8,17 @@
 //! - [`units`]: quantities with their unit in the type (`MiB`, `Percent`, `MilliCpu`, `ComputeMilli`).
 //! - [`ids`]: identifiers (`HostId`, `GpuUuid`, `PoolName`) and their validation.
 //! - [`inventory`]: hosts, GPUs, pools and their statuses, as the store and the API see them.
+//! - [`service`]: services, deployments, tasks and their states, events.
+//! - [`agent`]: the agent protocol (register, sync) spoken over `/agent/v1`.
+//! - [`taskdef`]: task definitions, their validation (errors name their field) and the ECS JSON shape.
 
 #![forbid(unsafe_code)]
 
+pub mod agent;
 pub mod ids;
 pub mod inventory;
+pub mod service;
+pub mod taskdef;
 pub mod units;
 
 pub use ids::{GpuUuid, HostId, IdError, PoolName};

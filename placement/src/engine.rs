@@ -223,6 +223,16 @@ impl Engine {
         self.policy
     }
 
+    /// Switches the ranking policy (e.g. for a service that overrides its pool's); cached
+    /// scores of the old policy are dropped.
+    pub fn set_policy(&mut self, policy: Policy) {
+        if policy != self.policy {
+            self.policy = policy;
+            self.scores.clear();
+            self.shapes.clear();
+        }
+    }
+
     /// Where `req` would go now. Changes nothing but the engine's caches and random state;
     /// call [`Engine::assign`] to take the capacity.
     pub fn place(&mut self, req: &TaskRequest) -> Result<Placement, Box<Rejection>> {

@@ -36,6 +36,12 @@ pub struct ServeArgs {
     /// Add a simulated demo fleet (labelled as simulated everywhere).
     #[arg(long, env = "TESSERA_DEMO")]
     pub demo: bool,
+    /// The token agents register with; generated and printed on first start when unset.
+    #[arg(long, env = "TESSERA_JOIN_TOKEN", hide_env_values = true)]
+    pub join_token: Option<String>,
+    /// How often agents sync, in seconds; a host silent for 3 intervals is lost.
+    #[arg(long, env = "TESSERA_SYNC_INTERVAL", default_value_t = 5)]
+    pub sync_interval_secs: u64,
 }
 
 impl ServeArgs {
@@ -68,6 +74,8 @@ impl fmt::Debug for ServeArgs {
             .field("data_dir", &self.data_dir)
             .field("database", &self.database.as_deref().map(redact_url))
             .field("demo", &self.demo)
+            .field("join_token", &self.join_token.as_ref().map(|_| "***"))
+            .field("sync_interval_secs", &self.sync_interval_secs)
             .finish()
     }
 }
@@ -83,9 +91,12 @@ mod tests {
             data_dir: "data".into(),
             database: Some("postgres://tessera:s3cret@db:5432/tessera".into()),
             demo: false,
+            join_token: Some("join-s3cret-token".into()),
+            sync_interval_secs: 5,
         };
         let printed = format!("{args:?}");
         assert!(!printed.contains("s3cret"), "{printed}");
+        assert!(printed.contains("join_token: Some(\"***\")"), "{printed}");
         assert!(printed.contains("tessera:***@db"), "{printed}");
     }
 

@@ -1,45 +1,86 @@
-//! How failures become HTTP responses: a 4xx names what was wrong, a 5xx logs its cause and
-//! tells the client nothing internal.
+//! How failures become HTTP responses: a 4xx names what was wrong (every invalid field with
+//! its rule), a 5xx logs its cause and tells the client nothing internal.
 
 use axum::Json;
+use axum::extract::rejection::JsonRejection;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use tessera_control::StoreError;
+use tessera_control::{ControlError, StoreError};
+use tessera_model::taskdef::FieldError;
 
 /// The API's error.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
+    /// The body is not JSON, or the request line is wrong.
+    #[error("{0}")]
+    BadRequest(String),
+    /// JSON of the wrong shape: a missing, unknown or mistyped field (the message names it).
+    #[error("{0}")]
+    WrongShape(String),
+    #[error("invalid input")]
+    Invalid(Vec<FieldError>),
     #[error("{0}")]
     NotFound(String),
     #[error("{0}")]
     Conflict(String),
+    #[error("{0}")]
+    Unauthorized(String),
     #[error(transparent)]
-    Internal(StoreError),
+    Internal(ControlError),
+}
+
+impl From<ControlError> for ApiError {
+    fn from(e: ControlError) -> Self {
+        match e {
+            ControlError::Invalid(v) => ApiError::Invalid(v.errors),
+            ControlError::NotFound(m) => ApiError::NotFound(m),
+            ControlError::Conflict(m) => ApiError::Conflict(m),
+            ControlError::Unauthorized(m) => ApiError::Unauthorized(m),
+            other => ApiError::Internal(other),
+        }
+    }
 }
 
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
-        match e {
-            StoreError::NotFound { .. } => ApiError::NotFound(e.to_string()),
-            StoreError::Conflict(msg) => ApiError::Conflict(msg),
-            other => ApiError::Internal(other),
+        ApiError::from(ControlError::from(e))
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(r: JsonRejection) -> Self {
+        match r {
+            JsonRejection::JsonDataError(e) => ApiError::WrongShape(e.body_text()),
+            other => ApiError::BadRequest(other.body_text()),
         }
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let (status, message) = match &self {
-            ApiError::NotFound(m) => (StatusCode::NOT_FOUND, m.clone()),
-            ApiError::Conflict(m) => (StatusCode::CONFLICT, m.clone()),
+        let (status, body) = match &self {
+            ApiError::BadRequest(m) => (StatusCode::BAD_REQUEST, serde_json::json!({ "error": m })),
+            ApiError::WrongShape(m) => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                serde_json::json!({ "error": m }),
+            ),
+            ApiError::Invalid(errors) => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                serde_json::json!({ "error": "invalid input", "errors": errors }),
+            ),
+            ApiError::NotFound(m) => (StatusCode::NOT_FOUND, serde_json::json!({ "error": m })),
+            ApiError::Conflict(m) => (StatusCode::CONFLICT, serde_json::json!({ "error": m })),
+            ApiError::Unauthorized(m) => {
+                (StatusCode::UNAUTHORIZED, serde_json::json!({ "error": m }))
+            }
             ApiError::Internal(e) => {
                 tracing::error!(error = %e, "request failed");
                 (
                     StatusCode::INTERNAL_SERVER_ERROR,
-                    "internal error; the server log has the cause".to_owned(),
+                    serde_json::json!({ "error": "internal error; the server log has the cause" }),
                 )
             }
         };
-        (status, Json(serde_json::json!({ "error": message }))).into_response()
+        (status, Json(body)).into_response()
     }
 }

@@ -4,41 +4,44 @@
 //!
 //! # Layout
 //! - [`config`]: command line and environment (`tessera serve --bind --database --demo`).
-//! - [`api`]: the REST API under `/api/v1` and `/healthz`, one `router()` per module.
-//! - [`demo`]: the simulated demo fleet `--demo` adds.
+//! - [`api`]: the REST API under `/api/v1`, the agent API under `/agent/v1`, and `/healthz`.
+//! - [`openapi`]: the OpenAPI document served at `/api/v1/openapi.json`.
+//! - [`demo`]: the simulated demo fleet `--demo` adds, registered through the agent API
+//!   path, with in-process simulated agents that sync it.
 //! - [`error`]: `ApiError`, how store errors become HTTP responses.
 //!
 //! The library exposes [`app`] and [`run`] so tests can build the router and serve it on
 //! port 0.
 
 #![forbid(unsafe_code)]
+#![recursion_limit = "512"]
 
 pub mod api;
 pub mod config;
 pub mod demo;
 pub mod error;
+pub mod openapi;
 
 use axum::Router;
 use axum::extract::FromRef;
 use leptos::prelude::*;
 use leptos_axum::{LeptosRoutes, generate_route_list};
 use std::future::Future;
-use std::sync::Arc;
 use tessera_app::{App, shell};
-use tessera_control::Store;
+use tessera_control::Control;
 use tower_http::trace::TraceLayer;
 
 /// What every handler can reach.
 #[derive(Clone, FromRef)]
 pub struct AppState {
-    pub store: Arc<dyn Store>,
+    pub control: Control,
     pub leptos: LeptosOptions,
 }
 
 /// The whole HTTP surface: console pages, server functions, API, static files.
 pub fn app(state: AppState) -> Router {
     let routes = generate_route_list(App);
-    let store = state.store.clone();
+    let store = state.control.store().clone();
     let leptos = state.leptos.clone();
     Router::new()
         .merge(api::router())

@@ -1,34 +1,78 @@
-//! The HTTP surface through the router, without a socket.
+//! The HTTP surface through the router, without a socket: every endpoint, good and bad input.
 
 use axum::body::Body;
-use axum::http::{Request, StatusCode};
+use axum::http::{Method, Request, StatusCode};
 use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use tessera_control::{Control, ControlConfig};
 use tessera_server::{AppState, app, demo, leptos_options};
 use tower::ServiceExt;
+
+const JOIN: &str = "http-test-join-token-42";
 
 async fn state() -> AppState {
     let store = tessera_control::open("sqlite::memory:")
         .await
         .expect("in-memory store");
+    let control = Control::new(store, ControlConfig::default());
+    control
+        .ensure_join_token(Some(JOIN))
+        .await
+        .expect("join token");
     AppState {
-        store,
+        control,
         leptos: leptos_options("127.0.0.1:0".parse().expect("valid")),
     }
 }
 
-async fn get(state: &AppState, uri: &str) -> (StatusCode, String) {
+async fn call(
+    state: &AppState,
+    method: Method,
+    uri: &str,
+    body: Option<Value>,
+    token: Option<&str>,
+) -> (StatusCode, Value) {
+    let mut req = Request::builder().method(method).uri(uri);
+    if let Some(t) = token {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
+    let req = match body {
+        Some(b) => req
+            .header("content-type", "application/json")
+            .body(Body::from(b.to_string())),
+        None => req.body(Body::empty()),
+    }
+    .expect("request");
     let response = app(state.clone())
-        .oneshot(Request::get(uri).body(Body::empty()).expect("request"))
+        .oneshot(req)
         .await
         .expect("router answers");
     let status = response.status();
-    let body = response
+    let bytes = response
         .into_body()
         .collect()
         .await
         .expect("body")
         .to_bytes();
-    (status, String::from_utf8_lossy(&body).into_owned())
+    let v = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+    (status, v)
+}
+
+async fn get(state: &AppState, uri: &str) -> (StatusCode, Value) {
+    call(state, Method::GET, uri, None, None).await
+}
+
+async fn post(state: &AppState, uri: &str, body: Value) -> (StatusCode, Value) {
+    call(state, Method::POST, uri, Some(body), None).await
+}
+
+fn fields(v: &Value) -> Vec<String> {
+    v["errors"].as_array().map_or(vec![], |a| {
+        a.iter()
+            .map(|e| e["field"].as_str().unwrap_or("").to_owned())
+            .collect()
+    })
 }
 
 #[tokio::test]
@@ -36,16 +80,15 @@ async fn hosts_api_lists_the_demo_fleet_with_gpus() {
     let state = state().await;
     let (status, body) = get(&state, "/api/v1/hosts").await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(body, r#"{"hosts":[]}"#);
+    assert_eq!(body, json!({"hosts": []}));
 
-    demo::seed(state.store.as_ref()).await.expect("seed");
-    demo::seed(state.store.as_ref())
+    demo::seed(&state.control).await.expect("seed");
+    demo::seed(&state.control)
         .await
         .expect("seeding twice changes nothing");
     let (status, body) = get(&state, "/api/v1/hosts").await;
     assert_eq!(status, StatusCode::OK);
-    let json: serde_json::Value = serde_json::from_str(&body).expect("JSON");
-    let hosts = json["hosts"].as_array().expect("array");
+    let hosts = body["hosts"].as_array().expect("array");
     assert_eq!(hosts.len(), 4);
     let h100 = hosts
         .iter()
@@ -55,22 +98,48 @@ async fn hosts_api_lists_the_demo_fleet_with_gpus() {
     assert_eq!(h100["pool"], "training");
     assert_eq!(h100["gpus"].as_array().expect("gpus").len(), 8);
     assert_eq!(h100["gpus"][0]["memory"], 80 * 1024);
+
+    let (status, one) = get(&state, "/api/v1/hosts/sim-l4-1").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(one["gpus"].as_array().expect("gpus").len(), 4);
+    assert!(one["tasks"].is_array());
+    let (status, _) = get(&state, "/api/v1/hosts/nope").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
 }
 
 #[tokio::test]
-async fn healthz_checks_the_store() {
+async fn healthz_and_openapi() {
     let state = state().await;
     let (status, body) = get(&state, "/healthz").await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(body, r#"{"status":"ok"}"#);
+    assert_eq!(body, json!({"status": "ok"}));
+    let (status, doc) = get(&state, "/api/v1/openapi.json").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(doc["openapi"], "3.1.0");
+    for path in [
+        "/api/v1/task-definitions",
+        "/api/v1/task-definitions/{id}",
+        "/api/v1/pools",
+        "/api/v1/services",
+        "/api/v1/services/{name}",
+        "/api/v1/placement-preview",
+        "/api/v1/tasks",
+        "/api/v1/events",
+        "/api/v1/hosts/{id}/drain",
+        "/agent/v1/register",
+        "/agent/v1/sync",
+    ] {
+        assert!(doc["paths"][path].is_object(), "{path} is documented");
+    }
 }
 
 #[tokio::test]
 async fn hosts_page_renders_hosts_on_the_server() {
     let state = state().await;
-    demo::seed(state.store.as_ref()).await.expect("seed");
+    demo::seed(&state.control).await.expect("seed");
     let (status, html) = get(&state, "/hosts").await;
     assert_eq!(status, StatusCode::OK);
+    let html = html.as_str().expect("html");
     assert!(html.contains("sim-l4-2"), "SSR shows the hosts");
     assert!(html.contains("simulated"), "simulated hosts are labelled");
     assert!(html.contains("NVIDIA H100 80GB HBM3"));
@@ -81,4 +150,360 @@ async fn unknown_pages_are_404() {
     let state = state().await;
     let (status, _) = get(&state, "/no-such-page").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn pools_create_list_and_reject_bad_input() {
+    let state = state().await;
+    let (status, pool) = post(
+        &state,
+        "/api/v1/pools",
+        json!({"name": "gpu-a", "policy": "binpack", "compute_overcommit": 1.5}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(pool["policy"], "binpack");
+    let (status, _) = post(&state, "/api/v1/pools", json!({"name": "gpu-a"})).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    let (status, err) = post(
+        &state,
+        "/api/v1/pools",
+        json!({"name": "Bad!", "policy": "fifo", "mps_client_limit": 99}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(fields(&err), ["name", "policy", "mps_client_limit"]);
+    let (status, err) = post(
+        &state,
+        "/api/v1/pools",
+        json!({"name": "x", "colour": "red"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{err}");
+    assert!(
+        err["error"].as_str().expect("message").contains("colour"),
+        "{err}"
+    );
+    let (_, list) = get(&state, "/api/v1/pools").await;
+    assert_eq!(
+        list["pools"].as_array().expect("pools").len(),
+        1,
+        "nothing stored from bad input"
+    );
+}
+
+#[tokio::test]
+async fn task_definitions_register_describe_convert_and_deregister() {
+    let state = state().await;
+    let spec = json!({"family": "llm", "containers": [{"name": "main", "command": ["python", "serve.py"],
+        "cpu_milli": 2000, "memory_mib": 4096, "gpu": {"mps": {"memory_mib": 8192, "max_compute_percent": 25}}}]});
+    let (status, d1) = post(&state, "/api/v1/task-definitions", spec.clone()).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(d1["revision"], 1);
+    let (_, d2) = post(&state, "/api/v1/task-definitions", spec).await;
+    assert_eq!(d2["revision"], 2, "revisions increase per family");
+    let ecs = json!({"family": "emb", "containerDefinitions": [{"name": "w", "command": ["run"], "cpu": 1024, "memory": 512,
+        "resourceRequirements": [{"type": "GPU", "value": "1", "sharingStrategy": {"nvidiaMps": {"memory": 4096}}}]}]});
+    let (status, e1) = post(&state, "/api/v1/task-definitions", ecs.clone()).await;
+    assert_eq!(status, StatusCode::CREATED, "{e1}");
+
+    let (_, families) = get(&state, "/api/v1/task-definitions").await;
+    let list = families["task_definitions"].as_array().expect("list");
+    assert_eq!(list.len(), 2);
+    assert_eq!(
+        list.iter().find(|f| f["family"] == "llm").expect("llm")["revision"],
+        2
+    );
+    let (_, revisions) = get(&state, "/api/v1/task-definitions/llm").await;
+    assert_eq!(
+        revisions["revisions"].as_array().expect("revisions").len(),
+        2
+    );
+    let (status, one) = get(&state, "/api/v1/task-definitions/llm:1").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        one["spec"]["containers"][0]["gpu"]["mps"]["memory_mib"],
+        8192
+    );
+    let (_, as_ecs) = get(&state, "/api/v1/task-definitions/emb:1?format=ecs").await;
+    assert_eq!(
+        as_ecs["containerDefinitions"][0]["resourceRequirements"],
+        ecs["containerDefinitions"][0]["resourceRequirements"]
+    );
+    let (status, _) = get(&state, "/api/v1/task-definitions/llm:1?format=yaml").await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+
+    let (status, gone) = call(
+        &state,
+        Method::DELETE,
+        "/api/v1/task-definitions/llm:1",
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(gone["active"], false);
+    let (_, still) = get(&state, "/api/v1/task-definitions/llm:1").await;
+    assert_eq!(
+        still["active"], false,
+        "deregistered revisions stay describable"
+    );
+    let (status, _) = call(
+        &state,
+        Method::DELETE,
+        "/api/v1/task-definitions/llm",
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let (status, _) = get(&state, "/api/v1/task-definitions/nope:3").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _) = get(&state, "/api/v1/task-definitions/nope").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn invalid_task_definitions_get_every_error_and_store_nothing() {
+    let state = state().await;
+    let (status, err) = post(
+        &state,
+        "/api/v1/task-definitions",
+        json!({"family": "bad name", "containers": [{"name": "a", "command": [""], "cpu_milli": 10, "memory_mib": 1,
+            "env": {"CUDA_VISIBLE_DEVICES": "0"}, "gpu": {"mps": {"memory_mib": 10}}}]}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(
+        fields(&err),
+        [
+            "family",
+            "containers[0].command",
+            "containers[0].env.CUDA_VISIBLE_DEVICES"
+        ]
+    );
+    let (status, err) = call(&state, Method::POST, "/api/v1/task-definitions", None, None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{err}");
+    let (_, families) = get(&state, "/api/v1/task-definitions").await;
+    assert_eq!(families["task_definitions"], json!([]));
+}
+
+async fn fleet(state: &AppState) -> (String, String) {
+    post(state, "/api/v1/pools", json!({"name": "gpu"})).await;
+    let mut tokens = Vec::new();
+    for name in ["a", "b"] {
+        let (status, reg) = post(
+            state,
+            "/agent/v1/register",
+            json!({"join_token": JOIN, "pool": "gpu", "name": name, "cpu_milli": 32000, "memory_mib": 131072,
+                "gpus": [{"uuid": format!("GPU-{name}-0"), "index": 0, "model": "NVIDIA L4", "memory_mib": 24576, "healthy": true},
+                         {"uuid": format!("GPU-{name}-1"), "index": 1, "model": "NVIDIA L4", "memory_mib": 24576, "healthy": true}]}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::CREATED, "{reg}");
+        tokens.push(reg["agent_token"].as_str().expect("token").to_owned());
+    }
+    (tokens[0].clone(), tokens[1].clone())
+}
+
+#[tokio::test]
+async fn agents_register_with_the_join_token_and_sync_only_as_their_host() {
+    let state = state().await;
+    post(&state, "/api/v1/pools", json!({"name": "gpu"})).await;
+    let body = |token: &str| json!({"join_token": token, "pool": "gpu", "cpu_milli": 1000, "memory_mib": 1024, "gpus": []});
+    let (status, _) = post(&state, "/agent/v1/register", body("wrong-token")).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, err) = post(&state, "/agent/v1/register", json!({"join_token": JOIN})).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{err}");
+    let (a, _) = fleet(&state).await;
+    let sync = json!({"gpus": [], "mps": {"healthy": true}, "tasks": []});
+    let (status, _) = call(
+        &state,
+        Method::POST,
+        "/agent/v1/sync",
+        Some(sync.clone()),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, _) = call(
+        &state,
+        Method::POST,
+        "/agent/v1/sync",
+        Some(sync.clone()),
+        Some("forged"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, resp) = call(&state, Method::POST, "/agent/v1/sync", Some(sync), Some(&a)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(resp["host_id"], "a", "the token acts for its own host only");
+}
+
+#[tokio::test]
+async fn services_lifecycle_preview_tasks_events_and_drain() {
+    let state = state().await;
+    let (a, b) = fleet(&state).await;
+    let (_, def) = post(
+        &state,
+        "/api/v1/task-definitions",
+        json!({"family": "web", "containers": [{"name": "m", "command": ["sleep", "1d"], "cpu_milli": 1000, "memory_mib": 1024,
+            "gpu": {"mps": {"memory_mib": 10240, "max_compute_percent": 50}}}]}),
+    )
+    .await;
+    assert_eq!(def["revision"], 1);
+
+    // Preview first: 5 tasks on 4 GPUs with two 10 GiB slots each all fit; 9 do not.
+    let (status, preview) = post(
+        &state,
+        "/api/v1/placement-preview",
+        json!({"task_definition": "web:1", "pool": "gpu", "count": 9}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{preview}");
+    assert_eq!(preview["placed"], 8);
+    assert_eq!(preview["unplaced"], 1);
+    assert!(
+        preview["tasks"][8]["message"]
+            .as_str()
+            .expect("why")
+            .contains("no GPU has room")
+    );
+    assert_eq!(preview["density_before"]["gpus_in_use"], 0);
+    assert_eq!(preview["density_after"]["gpus_in_use"], 4);
+    let (_, tasks) = get(&state, "/api/v1/tasks").await;
+    assert_eq!(tasks["tasks"], json!([]), "a preview commits nothing");
+    let (status, err) = post(
+        &state,
+        "/api/v1/placement-preview",
+        json!({"task_definition": "web", "pool": "gpu", "count": 0}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(fields(&err), ["task_definition", "count"]);
+
+    let (status, err) = post(
+        &state,
+        "/api/v1/services",
+        json!({"name": "web", "task_definition": "web:7", "pool": "gpu"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(fields(&err), ["task_definition"]);
+    let (status, err) = post(
+        &state,
+        "/api/v1/services",
+        json!({"name": "web", "task_definition": "web:1", "pool": "nope"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(fields(&err), ["pool"]);
+    let (status, created) = post(
+        &state,
+        "/api/v1/services",
+        json!({"name": "web", "task_definition": "web:1", "pool": "gpu", "desired_count": 4}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let (status, _) = post(
+        &state,
+        "/api/v1/services",
+        json!({"name": "web", "task_definition": "web:1", "pool": "gpu"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT);
+
+    state.control.reconcile_once().await.expect("pass");
+    let sync = json!({"gpus": [{"uuid": "GPU-a-0", "index": 0, "model": "NVIDIA L4", "memory_mib": 24576, "healthy": true},
+                               {"uuid": "GPU-a-1", "index": 1, "model": "NVIDIA L4", "memory_mib": 24576, "healthy": true}],
+                      "mps": {"healthy": true}, "tasks": []});
+    let (_, wanted) = call(&state, Method::POST, "/agent/v1/sync", Some(sync), Some(&a)).await;
+    let wanted = wanted["tasks"].as_array().expect("tasks").clone();
+    assert!(!wanted.is_empty());
+    let (_, detail) = get(&state, "/api/v1/services/web").await;
+    assert_eq!(detail["desired_count"], 4);
+    assert_eq!(detail["deployments"][0]["status"], "primary");
+    assert_eq!(
+        detail["pending"].as_u64().expect("n") + detail["running"].as_u64().expect("n"),
+        4
+    );
+    let (_, list) = get(&state, "/api/v1/services").await;
+    assert_eq!(list["services"].as_array().expect("services").len(), 1);
+
+    let (_, on_a) = get(&state, "/api/v1/tasks?host=a&state=assigned,running").await;
+    assert_eq!(on_a["tasks"].as_array().expect("tasks").len(), wanted.len());
+    let (status, err) = get(&state, "/api/v1/tasks?state=sleeping").await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(fields(&err), ["state"]);
+
+    let (status, err) = call(
+        &state,
+        Method::PATCH,
+        "/api/v1/services/web",
+        Some(json!({})),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{err}");
+    let (status, err) = call(
+        &state,
+        Method::PATCH,
+        "/api/v1/services/web",
+        Some(json!({"task_definition": "web:9"})),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{err}");
+    let (status, scaled) = call(
+        &state,
+        Method::PATCH,
+        "/api/v1/services/web",
+        Some(json!({"desired_count": 2})),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(scaled["desired_count"], 2);
+    let (status, _) = call(
+        &state,
+        Method::PATCH,
+        "/api/v1/services/nope",
+        Some(json!({"desired_count": 2})),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+
+    // Drain host a: its status changes and the event says so.
+    let (status, drained) = post(&state, "/api/v1/hosts/a/drain", json!({})).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(drained["status"], "draining");
+    let (_, active) = post(&state, "/api/v1/hosts/a/activate", json!({})).await;
+    assert_eq!(active["status"], "active");
+    let (_, events) = get(&state, "/api/v1/events?host=a").await;
+    let messages: Vec<&str> = events["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .map(|e| e["message"].as_str().unwrap_or(""))
+        .collect();
+    assert!(
+        messages.iter().any(|m| m.contains("draining")),
+        "{messages:?}"
+    );
+    let (_, events) = get(&state, "/api/v1/events?service=web&limit=5").await;
+    assert!(
+        events["events"]
+            .as_array()
+            .expect("events")
+            .iter()
+            .any(|e| e["message"].as_str().unwrap_or("").contains("created"))
+    );
+
+    let (status, _) = call(&state, Method::DELETE, "/api/v1/services/web", None, None).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    state.control.reconcile_once().await.expect("pass");
+    let _ = b;
+    let (_, detail) = get(&state, "/api/v1/services/web").await;
+    assert_eq!(detail["deleting"], true);
 }

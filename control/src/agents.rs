@@ -1,0 +1,532 @@
+//! The agent API, server side: registration with the join token, and sync, which records
+//! what an agent reports (GPUs, MPS health, its tasks and their measured use) and answers
+//! with every task its host should run, environment included.
+
+use crate::control::Control;
+use crate::error::ControlError;
+use crate::store::{HostReport, TaskFilter};
+use sha2::{Digest, Sha256};
+use std::collections::{BTreeMap, HashMap};
+use tessera_model::agent::{
+    RegisterRequest, RegisterResponse, SyncRequest, SyncResponse, WantedContainer, WantedTask,
+};
+use tessera_model::service::{Task, TaskState};
+use tessera_model::taskdef::{GpuRequirement, TaskDefinitionSpec};
+use tessera_model::{GpuHealth, GpuInfo, HostId, HostInfo, HostStatus, SharingMode};
+
+const JOIN_TOKEN_SETTING: &str = "join_token_sha256";
+
+/// SHA-256 of a token, hex; only hashes are stored.
+pub fn hash_token(token: &str) -> String {
+    Sha256::digest(token.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// 256 random bits as hex.
+pub fn new_token() -> String {
+    format!(
+        "{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    )
+}
+
+/// Equal strings, compared in time independent of where they differ.
+fn same(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
+}
+
+/// A host id from a name an agent suggests: a DNS label.
+fn host_id_from(name: Option<&str>) -> String {
+    let base: String = name
+        .unwrap_or("host")
+        .to_ascii_lowercase()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let base = base.trim_matches('-');
+    let base = if base.is_empty() { "host" } else { base };
+    base.chars().take(50).collect()
+}
+
+/// The environment of each container of a task placed with `allocations`.
+pub fn container_env(spec: &TaskDefinitionSpec, task: &Task) -> Vec<WantedContainer> {
+    let mut whole_gpus = task.allocations.iter().filter(|a| a.dedicated);
+    let shared = task.allocations.iter().find(|a| !a.dedicated);
+    spec.containers
+        .iter()
+        .map(|c| {
+            let mut env: BTreeMap<String, String> = c.env.clone();
+            match c.gpu {
+                Some(GpuRequirement::Gpus(n)) => {
+                    let ids: Vec<String> = whole_gpus
+                        .by_ref()
+                        .take(n as usize)
+                        .map(|a| a.gpu.to_string())
+                        .collect();
+                    env.insert("CUDA_VISIBLE_DEVICES".into(), ids.join(","));
+                }
+                Some(GpuRequirement::Mps {
+                    memory_mib,
+                    max_compute_percent,
+                }) => {
+                    if let Some(a) = shared {
+                        env.insert("CUDA_VISIBLE_DEVICES".into(), a.gpu.to_string());
+                    }
+                    // Device 0 is the one GPU CUDA_VISIBLE_DEVICES leaves visible.
+                    env.insert(
+                        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".into(),
+                        format!("0={}M", memory_mib.0),
+                    );
+                    if let Some(p) = max_compute_percent {
+                        env.insert(
+                            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(),
+                            p.get().to_string(),
+                        );
+                    }
+                }
+                None => {
+                    // No GPU asked for: none visible.
+                    env.insert("CUDA_VISIBLE_DEVICES".into(), String::new());
+                }
+            }
+            WantedContainer {
+                name: c.name.clone(),
+                command: c.command.clone(),
+                env,
+            }
+        })
+        .collect()
+}
+
+impl Control {
+    /// Makes sure a join token exists. With `given`, that token is the join token from now
+    /// on. Without, one is generated on first start and returned (to print once); later
+    /// starts return `None` (only its hash is stored).
+    pub async fn ensure_join_token(
+        &self,
+        given: Option<&str>,
+    ) -> Result<Option<String>, ControlError> {
+        if let Some(token) = given {
+            if token.len() < 16 {
+                return Err(ControlError::invalid(
+                    "join_token",
+                    "must be at least 16 characters",
+                ));
+            }
+            self.store
+                .set_setting(JOIN_TOKEN_SETTING, &hash_token(token))
+                .await?;
+            return Ok(None);
+        }
+        if self.store.get_setting(JOIN_TOKEN_SETTING).await?.is_some() {
+            return Ok(None);
+        }
+        let token = new_token();
+        self.store
+            .set_setting(JOIN_TOKEN_SETTING, &hash_token(&token))
+            .await?;
+        Ok(Some(token))
+    }
+
+    /// `POST /agent/v1/register`: checks the join token, then admits the host.
+    pub async fn register_agent(
+        &self,
+        req: &RegisterRequest,
+    ) -> Result<RegisterResponse, ControlError> {
+        let stored = self.store.get_setting(JOIN_TOKEN_SETTING).await?;
+        match stored {
+            Some(hash) if same(&hash, &hash_token(&req.join_token)) => self.admit_host(req).await,
+            _ => Err(ControlError::Unauthorized(
+                "the join token is not valid for this server".into(),
+            )),
+        }
+    }
+
+    /// Registers a host and issues its agent token. The one way hosts join, for agents
+    /// (after `register_agent` checked the join token) and the in-process demo fleet.
+    pub async fn admit_host(
+        &self,
+        req: &RegisterRequest,
+    ) -> Result<RegisterResponse, ControlError> {
+        if !self.store.pool_exists(&req.pool).await? {
+            return Err(ControlError::invalid(
+                "pool",
+                format!("no pool named {:?}", req.pool.as_str()),
+            ));
+        }
+        let base = host_id_from(req.name.as_deref());
+        let mut id =
+            HostId::new(base.clone()).map_err(|e| ControlError::invalid("name", e.to_string()))?;
+        while self.store.get_host(&id).await.is_ok() {
+            let suffix = &uuid::Uuid::new_v4().simple().to_string()[..6];
+            id = HostId::new(format!("{base}-{suffix}"))
+                .map_err(|e| ControlError::invalid("name", e.to_string()))?;
+        }
+        let host = HostInfo {
+            id: id.clone(),
+            pool: req.pool.clone(),
+            status: HostStatus::Active,
+            simulated: req.simulated,
+            cpu: req.cpu_milli,
+            memory: req.memory_mib,
+            labels: req.labels.clone(),
+            gpus: req
+                .gpus
+                .iter()
+                .map(|g| GpuInfo {
+                    uuid: g.uuid.clone(),
+                    index: g.index,
+                    model: g.model.clone(),
+                    memory: g.memory_mib,
+                    mps_client_limit: g.mps_client_limit,
+                    health: if g.healthy {
+                        GpuHealth::Healthy
+                    } else {
+                        GpuHealth::Unhealthy
+                    },
+                    sharing_mode: SharingMode::Idle,
+                })
+                .collect(),
+        };
+        let token = new_token();
+        self.store.register_host(&host, &hash_token(&token)).await?;
+        let kind = if req.simulated {
+            "simulated host"
+        } else {
+            "host"
+        };
+        self.event(
+            None,
+            Some(&id),
+            &format!(
+                "{kind} {id} registered in pool {} with {} GPU(s)",
+                req.pool,
+                req.gpus.len()
+            ),
+        )
+        .await;
+        self.wake();
+        Ok(RegisterResponse {
+            host_id: id,
+            agent_token: token,
+            sync_interval_secs: self.config.sync_interval.as_secs().max(1) as u32,
+        })
+    }
+
+    /// The host an agent token belongs to.
+    pub async fn authenticate_agent(&self, token: &str) -> Result<HostId, ControlError> {
+        self.store
+            .host_by_token_hash(&hash_token(token))
+            .await?
+            .ok_or_else(|| ControlError::Unauthorized("unknown agent token".into()))
+    }
+
+    /// `POST /agent/v1/sync` for `host` (already authenticated).
+    pub async fn sync_agent(
+        &self,
+        host_id: &HostId,
+        req: &SyncRequest,
+    ) -> Result<SyncResponse, ControlError> {
+        let host = self.store.get_host(host_id).await?;
+        let mut changed = false;
+        // Health.
+        let sick: Vec<String> = req
+            .gpus
+            .iter()
+            .filter(|g| !g.healthy)
+            .map(|g| format!("GPU {}", g.index))
+            .collect();
+        let problem = if !req.mps.healthy {
+            Some(format!(
+                "MPS control daemon unhealthy: {}",
+                req.mps.reason.as_deref().unwrap_or("no reason given")
+            ))
+        } else if !sick.is_empty() {
+            Some(format!("{} unhealthy", sick.join(", ")))
+        } else {
+            None
+        };
+        self.store
+            .record_host_report(
+                host_id,
+                &HostReport {
+                    gpus: req.gpus.clone(),
+                    mps_healthy: req.mps.healthy,
+                    reason: problem.clone(),
+                },
+            )
+            .await?;
+        let next = match (host.status, &problem) {
+            (HostStatus::Lost, None) => Some((
+                HostStatus::Active,
+                format!("host {host_id} is back after being lost"),
+            )),
+            (HostStatus::Lost, Some(p)) | (HostStatus::Active, Some(p)) => Some((
+                HostStatus::Impaired,
+                format!("host {host_id} impaired: {p}"),
+            )),
+            (HostStatus::Impaired, None) => {
+                Some((HostStatus::Active, format!("host {host_id} recovered")))
+            }
+            (HostStatus::Impaired, Some(p)) => {
+                let old = self.store.host_status_reason(host_id).await?;
+                (old.as_deref() != Some(p.as_str())).then(|| {
+                    (
+                        HostStatus::Impaired,
+                        format!("host {host_id} impaired: {p}"),
+                    )
+                })
+            }
+            _ => None,
+        };
+        if let Some((status, message)) = next {
+            self.store
+                .set_host_status(host_id, status, problem.as_deref())
+                .await?;
+            self.event(None, Some(host_id), &message).await;
+            changed = true;
+        }
+        // Tasks.
+        let mine: HashMap<String, Task> = self
+            .tasks_on(host_id)
+            .await?
+            .into_iter()
+            .map(|t| (t.id.clone(), t))
+            .collect();
+        let mut reported = std::collections::HashSet::new();
+        for r in &req.tasks {
+            reported.insert(r.task_id.as_str());
+            let Some(t) = mine.get(&r.task_id) else {
+                continue;
+            };
+            if r.gpu_memory_peak_mib.is_some() || r.sm_percent.is_some() {
+                self.store
+                    .record_task_usage(&t.id, r.gpu_memory_peak_mib, r.sm_percent)
+                    .await?;
+            }
+            if r.running {
+                if t.state == TaskState::Assigned {
+                    self.store.mark_task_running(&t.id).await?;
+                    changed = true;
+                }
+            } else if t.state == TaskState::Stopping {
+                self.store
+                    .mark_task_stopped(&t.id, "stopped", r.exit_code, false)
+                    .await?;
+                changed = true;
+            } else {
+                let code = r.exit_code.map_or("unknown".to_owned(), |c| c.to_string());
+                let reason = format!("essential container exited with code {code}");
+                let failed = r.exit_code != Some(0);
+                self.store
+                    .mark_task_stopped(&t.id, &reason, r.exit_code, failed)
+                    .await?;
+                self.event(
+                    Some(&t.service),
+                    Some(host_id),
+                    &format!("task {} stopped: {reason}", t.id),
+                )
+                .await;
+                changed = true;
+            }
+        }
+        for t in mine.values().filter(|t| !reported.contains(t.id.as_str())) {
+            match t.state {
+                TaskState::Stopping => {
+                    self.store
+                        .mark_task_stopped(&t.id, "stopped", None, false)
+                        .await?;
+                    changed = true;
+                }
+                TaskState::Running => {
+                    let reason = "task no longer running on its host";
+                    self.store
+                        .mark_task_stopped(&t.id, reason, None, true)
+                        .await?;
+                    self.event(
+                        Some(&t.service),
+                        Some(host_id),
+                        &format!("task {} stopped: {reason}", t.id),
+                    )
+                    .await;
+                    changed = true;
+                }
+                _ => {}
+            }
+        }
+        if changed {
+            self.wake();
+        }
+        // The answer: everything this host should run now.
+        let wanted = self
+            .store
+            .list_tasks(&TaskFilter {
+                host: Some(host_id.clone()),
+                states: vec![TaskState::Assigned, TaskState::Running],
+                ..Default::default()
+            })
+            .await?;
+        let mut specs: HashMap<String, TaskDefinitionSpec> = HashMap::new();
+        let mut stop_timeouts: HashMap<String, u32> = HashMap::new();
+        let mut tasks = Vec::with_capacity(wanted.len());
+        for t in &wanted {
+            let key = t.task_definition.to_string();
+            if !specs.contains_key(&key) {
+                specs.insert(
+                    key.clone(),
+                    self.store
+                        .get_task_definition(&t.task_definition)
+                        .await?
+                        .spec,
+                );
+            }
+            if !stop_timeouts.contains_key(&t.service) {
+                let timeout = self
+                    .store
+                    .get_service(&t.service)
+                    .await
+                    .map_or(30, |s| s.stop_timeout_secs);
+                stop_timeouts.insert(t.service.clone(), timeout);
+            }
+            tasks.push(WantedTask {
+                task_id: t.id.clone(),
+                containers: container_env(&specs[&key], t),
+                mps: t.allocations.iter().any(|a| !a.dedicated),
+                stop_timeout_secs: stop_timeouts[&t.service],
+            });
+        }
+        Ok(SyncResponse {
+            host_id: host_id.clone(),
+            tasks,
+            sync_interval_secs: self.config.sync_interval.as_secs().max(1) as u32,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_model::service::{GpuAllocation, Measured, TaskDefRef};
+    use tessera_model::taskdef::ContainerSpec;
+    use tessera_model::{ComputeMilli, GpuUuid, MiB, MilliCpu, Percent, PoolName};
+
+    fn task(allocations: Vec<GpuAllocation>) -> Task {
+        Task {
+            id: "t".into(),
+            service: "s".into(),
+            deployment_id: 1,
+            task_definition: TaskDefRef {
+                family: "f".into(),
+                revision: 1,
+            },
+            pool: PoolName::new("p").expect("valid"),
+            cpu: MilliCpu(1000),
+            memory: MiB(64),
+            state: TaskState::Assigned,
+            migrating: false,
+            host: None,
+            allocations,
+            placement_message: None,
+            stop_reason: None,
+            exit_code: None,
+            measured: Measured::default(),
+            created_at: String::new(),
+            started_at: None,
+            stopped_at: None,
+        }
+    }
+
+    fn container(name: &str, gpu: Option<GpuRequirement>) -> ContainerSpec {
+        ContainerSpec {
+            name: name.into(),
+            command: vec!["sleep".into(), "60".into()],
+            env: BTreeMap::from([("APP".to_owned(), "1".to_owned())]),
+            cpu_milli: MilliCpu(500),
+            memory_mib: MiB(32),
+            gpu,
+        }
+    }
+
+    #[test]
+    fn mps_containers_get_their_limits_and_the_gpu() {
+        let spec = TaskDefinitionSpec {
+            family: "f".into(),
+            containers: vec![
+                container(
+                    "main",
+                    Some(GpuRequirement::Mps {
+                        memory_mib: MiB(8192),
+                        max_compute_percent: Some(Percent::new(25).expect("valid")),
+                    }),
+                ),
+                container("side", None),
+            ],
+        };
+        let t = task(vec![GpuAllocation {
+            gpu: GpuUuid::new("GPU-a").expect("valid"),
+            index: 3,
+            memory: MiB(8192),
+            compute: ComputeMilli(250),
+            dedicated: false,
+        }]);
+        let env = container_env(&spec, &t);
+        assert_eq!(env[0].env["CUDA_VISIBLE_DEVICES"], "GPU-a");
+        assert_eq!(env[0].env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], "0=8192M");
+        assert_eq!(env[0].env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], "25");
+        assert_eq!(env[0].env["APP"], "1");
+        assert_eq!(
+            env[1].env["CUDA_VISIBLE_DEVICES"], "",
+            "a container without a GPU sees none"
+        );
+    }
+
+    #[test]
+    fn whole_gpus_are_split_among_containers_in_order() {
+        let spec = TaskDefinitionSpec {
+            family: "f".into(),
+            containers: vec![
+                container("a", Some(GpuRequirement::Gpus(1))),
+                container("b", Some(GpuRequirement::Gpus(2))),
+            ],
+        };
+        let alloc = |u: &str, i| GpuAllocation {
+            gpu: GpuUuid::new(u).expect("valid"),
+            index: i,
+            memory: MiB(1),
+            compute: ComputeMilli(1000),
+            dedicated: true,
+        };
+        let t = task(vec![
+            alloc("GPU-0", 0),
+            alloc("GPU-1", 1),
+            alloc("GPU-2", 2),
+        ]);
+        let env = container_env(&spec, &t);
+        assert_eq!(env[0].env["CUDA_VISIBLE_DEVICES"], "GPU-0");
+        assert_eq!(env[1].env["CUDA_VISIBLE_DEVICES"], "GPU-1,GPU-2");
+        assert!(!env[0].env.contains_key("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"));
+    }
+
+    #[test]
+    fn tokens_hash_and_compare() {
+        let t = new_token();
+        assert_eq!(t.len(), 64);
+        assert_ne!(t, new_token());
+        assert!(same(&hash_token(&t), &hash_token(&t)));
+        assert!(!same(&hash_token(&t), &hash_token("other")));
+        assert_eq!(host_id_from(Some("GPU_Node.01")), "gpu-node-01");
+    }
+}

@@ -1,0 +1,352 @@
+//! `Control`: the control plane's entry point. The API, the console and the agents call
+//! its methods; its reconcile loop turns desired state into tasks and placements.
+
+use crate::error::ControlError;
+use crate::inputs::{PoolInput, ServiceDetail, ServiceInput, ServicePatch};
+use crate::store::{EventFilter, Store, TaskFilter};
+use serde_json::Value;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tessera_model::service::{Service, TaskDefRef, TaskDefinition, TaskState};
+use tessera_model::taskdef::parse_task_definition;
+use tessera_model::{HostId, HostStatus, PoolInfo};
+use tokio::sync::{Notify, broadcast};
+
+/// Timings and limits of the control plane.
+#[derive(Debug, Clone)]
+pub struct ControlConfig {
+    /// How often agents sync.
+    pub sync_interval: Duration,
+    /// A host silent for this many sync intervals is lost.
+    pub lost_after_intervals: u32,
+    /// How often the reconcile loop runs when nothing wakes it.
+    pub tick: Duration,
+    /// Share of a pool's hosts whose tasks may be moved at once (drain, impaired).
+    pub migration_share: f64,
+    /// Failed tasks after which a deployment is rolled back.
+    pub failure_threshold: u32,
+}
+
+impl Default for ControlConfig {
+    fn default() -> Self {
+        ControlConfig {
+            sync_interval: Duration::from_secs(5),
+            lost_after_intervals: 3,
+            tick: Duration::from_secs(1),
+            migration_share: 0.2,
+            failure_threshold: 3,
+        }
+    }
+}
+
+/// The control plane. Cheap to clone; clones share everything.
+#[derive(Clone)]
+pub struct Control {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) config: ControlConfig,
+    /// Wakes the reconcile loop when something changed (a scale, a sync with news).
+    wake: Arc<Notify>,
+    /// Tells live views (SSE) that state changed; the payload is a coarse topic.
+    changes: broadcast::Sender<&'static str>,
+    /// Last placement complaint per service, so the same one is not logged every pass.
+    pub(crate) last_complaint: Arc<Mutex<HashMap<String, String>>>,
+    /// Serialises reconcile passes: the loop and tests calling `reconcile_once` directly.
+    pub(crate) pass: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl Control {
+    pub fn new(store: Arc<dyn Store>, config: ControlConfig) -> Control {
+        let (changes, _) = broadcast::channel(64);
+        Control {
+            store,
+            config,
+            wake: Arc::new(Notify::new()),
+            changes,
+            last_complaint: Arc::default(),
+            pass: Arc::default(),
+        }
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    pub fn config(&self) -> &ControlConfig {
+        &self.config
+    }
+
+    /// Asks the reconcile loop to run soon, and tells live views something changed.
+    pub fn wake(&self) {
+        self.wake.notify_one();
+        let _ = self.changes.send("changed");
+    }
+
+    /// Change notifications for live views.
+    pub fn subscribe(&self) -> broadcast::Receiver<&'static str> {
+        self.changes.subscribe()
+    }
+
+    /// Runs reconcile passes until `shutdown` resolves: on every wake-up and every tick.
+    pub async fn run(&self, shutdown: impl std::future::Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        loop {
+            if let Err(e) = self.reconcile_once().await {
+                tracing::error!(error = %e, "reconcile pass failed");
+            }
+            tokio::select! {
+                _ = &mut shutdown => break,
+                _ = self.wake.notified() => {}
+                _ = tokio::time::sleep(self.config.tick) => {}
+            }
+        }
+        tracing::info!("reconcile loop stopped");
+    }
+
+    pub(crate) async fn event(&self, service: Option<&str>, host: Option<&HostId>, message: &str) {
+        tracing::info!(service, host = host.map(HostId::as_str), "{message}");
+        if let Err(e) = self.store.add_event(service, host, message).await {
+            tracing::error!(error = %e, "recording an event failed");
+        }
+        let _ = self.changes.send("event");
+    }
+
+    // Pools.
+
+    pub async fn create_pool(&self, input: &PoolInput) -> Result<PoolInfo, ControlError> {
+        let pool = input.validate()?;
+        if self.store.pool_exists(&pool.name).await? {
+            return Err(ControlError::Conflict(format!(
+                "a pool named {:?} already exists",
+                pool.name.as_str()
+            )));
+        }
+        self.store.upsert_pool(&pool).await?;
+        Ok(pool)
+    }
+
+    // Task definitions.
+
+    /// Validates `input` (Tessera's JSON or ECS's) and stores it as the family's next revision.
+    pub async fn register_task_definition(
+        &self,
+        input: &Value,
+    ) -> Result<TaskDefinition, ControlError> {
+        let spec = parse_task_definition(input).map_err(ControlError::Invalid)?;
+        Ok(self.store.register_task_definition(&spec).await?)
+    }
+
+    /// Marks a revision inactive: still describable, no new tasks; running ones go on.
+    pub async fn deregister_task_definition(
+        &self,
+        r: &TaskDefRef,
+    ) -> Result<TaskDefinition, ControlError> {
+        self.store.set_task_definition_active(r, false).await?;
+        Ok(self.store.get_task_definition(r).await?)
+    }
+
+    // Services.
+
+    pub async fn create_service(&self, input: &ServiceInput) -> Result<Service, ControlError> {
+        let service = input.validate()?;
+        let def = self
+            .store
+            .get_task_definition(&service.task_definition)
+            .await
+            .map_err(|_| {
+                ControlError::invalid(
+                    "task_definition",
+                    format!(
+                        "no task definition {} is registered",
+                        service.task_definition
+                    ),
+                )
+            })?;
+        if !def.active {
+            return Err(ControlError::invalid(
+                "task_definition",
+                format!(
+                    "{} is deregistered; use an active revision",
+                    service.task_definition
+                ),
+            ));
+        }
+        if !self.store.pool_exists(&service.pool).await? {
+            return Err(ControlError::invalid(
+                "pool",
+                format!("no pool named {:?}", service.pool.as_str()),
+            ));
+        }
+        self.store.create_service(&service).await?;
+        self.event(
+            Some(&service.name),
+            None,
+            &format!(
+                "service {} created: {} tasks of {} in pool {}",
+                service.name, service.desired_count, service.task_definition, service.pool
+            ),
+        )
+        .await;
+        self.wake();
+        Ok(self.store.get_service(&service.name).await?)
+    }
+
+    /// Scales a service and/or starts a rolling deployment of a new revision.
+    pub async fn update_service(
+        &self,
+        name: &str,
+        patch: &ServicePatch,
+    ) -> Result<Service, ControlError> {
+        let service = self.store.get_service(name).await?;
+        if service.deleting {
+            return Err(ControlError::Conflict(format!(
+                "service {name} is being deleted"
+            )));
+        }
+        let mut e = crate::inputs::Errors::default();
+        if patch
+            .desired_count
+            .is_some_and(|d| d > crate::inputs::MAX_DESIRED)
+        {
+            e.add(
+                "desired_count",
+                format!("must be at most {}", crate::inputs::MAX_DESIRED),
+            );
+        }
+        let new_def = match &patch.task_definition {
+            None => None,
+            Some(s) => match s.parse::<TaskDefRef>() {
+                Ok(r) => Some(r),
+                Err(err) => {
+                    e.add("task_definition", err.to_string());
+                    None
+                }
+            },
+        };
+        if patch.desired_count.is_none() && patch.task_definition.is_none() {
+            e.add("(body)", "give desired_count and/or task_definition");
+        }
+        e.finish()?;
+        if let Some(r) = &new_def {
+            let def = self.store.get_task_definition(r).await.map_err(|_| {
+                ControlError::invalid(
+                    "task_definition",
+                    format!("no task definition {r} is registered"),
+                )
+            })?;
+            if !def.active {
+                return Err(ControlError::invalid(
+                    "task_definition",
+                    format!("{r} is deregistered"),
+                ));
+            }
+        }
+        if let Some(d) = patch.desired_count.filter(|&d| d != service.desired_count) {
+            self.store.set_desired_count(name, d).await?;
+            self.event(
+                Some(name),
+                None,
+                &format!(
+                    "desired count changed from {} to {d}",
+                    service.desired_count
+                ),
+            )
+            .await;
+        }
+        if let Some(r) = new_def.filter(|r| *r != service.task_definition) {
+            let id = self.store.start_deployment(name, &r, false).await?;
+            self.event(
+                Some(name),
+                None,
+                &format!("deployment {id} started: {} → {r}", service.task_definition),
+            )
+            .await;
+        }
+        self.wake();
+        Ok(self.store.get_service(name).await?)
+    }
+
+    /// Drains the service to zero tasks; the reconciler removes it then.
+    pub async fn delete_service(&self, name: &str) -> Result<(), ControlError> {
+        self.store.mark_service_deleting(name).await?;
+        self.event(
+            Some(name),
+            None,
+            "service deletion requested: draining to 0 tasks",
+        )
+        .await;
+        self.wake();
+        Ok(())
+    }
+
+    pub async fn service_detail(&self, name: &str) -> Result<ServiceDetail, ControlError> {
+        let service = self.store.get_service(name).await?;
+        let deployments = self.store.list_deployments(name).await?;
+        let events = self
+            .store
+            .list_events(&EventFilter {
+                service: Some(name.to_owned()),
+                limit: 20,
+                ..Default::default()
+            })
+            .await?;
+        Ok(ServiceDetail {
+            running: deployments.iter().map(|d| d.running).sum(),
+            pending: deployments.iter().map(|d| d.pending).sum(),
+            service,
+            deployments,
+            events,
+        })
+    }
+
+    // Hosts.
+
+    /// Operator drain: no new tasks; running ones move elsewhere (start before stop).
+    pub async fn drain_host(&self, id: &HostId) -> Result<(), ControlError> {
+        self.store.get_host(id).await?;
+        self.store
+            .set_host_status(id, HostStatus::Draining, Some("drained by an operator"))
+            .await?;
+        self.event(None, Some(id), &format!("host {id} is draining"))
+            .await;
+        self.wake();
+        Ok(())
+    }
+
+    /// Operator activate: the host takes new tasks again.
+    pub async fn activate_host(&self, id: &HostId) -> Result<(), ControlError> {
+        let host = self.store.get_host(id).await?;
+        if host.status == HostStatus::Lost {
+            return Err(ControlError::Conflict(format!(
+                "host {id} is lost; it becomes active again when its agent syncs"
+            )));
+        }
+        self.store
+            .set_host_status(id, HostStatus::Active, None)
+            .await?;
+        self.event(None, Some(id), &format!("host {id} activated"))
+            .await;
+        self.wake();
+        Ok(())
+    }
+
+    /// Live tasks of a service (not stopped).
+    pub(crate) async fn live_tasks(
+        &self,
+        service: &str,
+    ) -> Result<Vec<tessera_model::service::Task>, ControlError> {
+        Ok(self
+            .store
+            .list_tasks(&TaskFilter {
+                service: Some(service.to_owned()),
+                states: vec![
+                    TaskState::Pending,
+                    TaskState::Assigned,
+                    TaskState::Running,
+                    TaskState::Stopping,
+                ],
+                ..Default::default()
+            })
+            .await?)
+    }
+}

@@ -1,0 +1,322 @@
+//! The reconcile pass: host lifecycle (lost hosts, moving tasks off draining and impaired
+//! hosts), services (desired counts, rolling deployments, the circuit breaker, deletion),
+//! then scheduling of whatever is pending.
+
+use crate::control::Control;
+use crate::error::ControlError;
+use crate::store::{NewTask, TaskFilter};
+use std::collections::{BTreeMap, HashMap};
+use tessera_model::service::{DeploymentStatus, Service, Task, TaskState};
+use tessera_model::{HostId, HostStatus};
+
+/// Orders tasks for stopping: ones not yet running first, then the newest.
+fn stop_order(tasks: &mut [&Task]) {
+    tasks.sort_by_key(|t| {
+        (
+            t.state == TaskState::Running,
+            std::cmp::Reverse(t.created_at.clone()),
+        )
+    });
+}
+
+impl Control {
+    /// One pass over everything. Serialised: concurrent callers wait for each other.
+    pub async fn reconcile_once(&self) -> Result<(), ControlError> {
+        let _pass = self.pass.lock().await;
+        self.detect_lost_hosts().await?;
+        self.migrate_off_unhealthy_hosts().await?;
+        for service in self.store.list_services().await? {
+            self.reconcile_service(&service).await?;
+        }
+        self.schedule().await?;
+        Ok(())
+    }
+
+    /// Hosts silent past the timeout become lost; their tasks stop and are replaced.
+    async fn detect_lost_hosts(&self) -> Result<(), ControlError> {
+        let timeout =
+            self.config.sync_interval.as_secs_f64() * f64::from(self.config.lost_after_intervals);
+        for id in self.store.hosts_silent_for(timeout).await? {
+            let reason = format!("no agent sync for {timeout:.0} s");
+            self.store
+                .set_host_status(&id, HostStatus::Lost, Some(&reason))
+                .await?;
+            let tasks = self.tasks_on(&id).await?;
+            for t in &tasks {
+                self.store
+                    .mark_task_stopped(&t.id, "host lost", None, false)
+                    .await?;
+            }
+            self.event(
+                None,
+                Some(&id),
+                &format!(
+                    "host {id} lost ({reason}); {} task(s) stopped and replaced elsewhere",
+                    tasks.len()
+                ),
+            )
+            .await;
+            self.wake();
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn tasks_on(&self, host: &HostId) -> Result<Vec<Task>, ControlError> {
+        Ok(self
+            .store
+            .list_tasks(&TaskFilter {
+                host: Some(host.clone()),
+                states: vec![TaskState::Assigned, TaskState::Running, TaskState::Stopping],
+                ..Default::default()
+            })
+            .await?)
+    }
+
+    /// Marks the tasks of draining and impaired hosts for migration, a bounded share of
+    /// each pool's hosts at a time. Their services then start replacements first and stop
+    /// the old tasks once the replacements run (see `reconcile_service`).
+    async fn migrate_off_unhealthy_hosts(&self) -> Result<(), ControlError> {
+        let hosts = self.store.list_hosts().await?;
+        let mut by_pool: BTreeMap<String, Vec<&tessera_model::HostInfo>> = BTreeMap::new();
+        for h in &hosts {
+            by_pool.entry(h.pool.to_string()).or_default().push(h);
+        }
+        for (_, pool_hosts) in by_pool {
+            let limit =
+                ((pool_hosts.len() as f64 * self.config.migration_share).floor() as usize).max(1);
+            let mut moving = 0;
+            let mut candidates = Vec::new();
+            for h in pool_hosts
+                .iter()
+                .filter(|h| matches!(h.status, HostStatus::Draining | HostStatus::Impaired))
+            {
+                let tasks = self.tasks_on(&h.id).await?;
+                let live: Vec<&Task> = tasks
+                    .iter()
+                    .filter(|t| t.state != TaskState::Stopping)
+                    .collect();
+                if live.iter().any(|t| t.migrating) {
+                    moving += 1;
+                } else if !live.is_empty() {
+                    candidates.push((
+                        h.id.clone(),
+                        live.iter().map(|t| t.id.clone()).collect::<Vec<_>>(),
+                    ));
+                }
+            }
+            for (host, ids) in candidates.into_iter().take(limit.saturating_sub(moving)) {
+                for id in &ids {
+                    self.store.set_task_migrating(id).await?;
+                }
+                self.event(
+                    None,
+                    Some(&host),
+                    &format!(
+                        "moving {} task(s) off host {host}: replacements start first",
+                        ids.len()
+                    ),
+                )
+                .await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Brings one service toward its desired state.
+    async fn reconcile_service(&self, service: &Service) -> Result<(), ControlError> {
+        let name = service.name.as_str();
+        let tasks = self.live_tasks(name).await?;
+        if service.deleting {
+            let mut stopping = 0;
+            for t in &tasks {
+                if t.state != TaskState::Stopping {
+                    self.store
+                        .request_task_stop(&t.id, "service deleted")
+                        .await?;
+                    stopping += 1;
+                }
+            }
+            if tasks.is_empty() {
+                self.store.delete_service(name).await?;
+                self.event(Some(name), None, &format!("service {name} deleted"))
+                    .await;
+            } else if stopping > 0 {
+                self.wake();
+            }
+            return Ok(());
+        }
+        let deployments = self.store.list_deployments(name).await?;
+        let Some(primary) = deployments
+            .iter()
+            .find(|d| d.status == DeploymentStatus::Primary)
+        else {
+            tracing::warn!(service = name, "service has no primary deployment");
+            return Ok(());
+        };
+        // Circuit breaker: a deployment whose tasks keep failing rolls back to the last
+        // revision that ran.
+        if primary.failed_tasks >= self.config.failure_threshold {
+            let previous = deployments.iter().find(|d| {
+                d.id != primary.id
+                    && d.status != DeploymentStatus::RolledBack
+                    && d.task_definition != primary.task_definition
+            });
+            if let Some(prev) = previous {
+                let id = self
+                    .store
+                    .start_deployment(name, &prev.task_definition, true)
+                    .await?;
+                self.event(
+                    Some(name),
+                    None,
+                    &format!(
+                        "deployment {} rolled back after {} failed tasks: {} → {} (deployment {id})",
+                        primary.id, primary.failed_tasks, primary.task_definition, prev.task_definition
+                    ),
+                )
+                .await;
+                self.wake();
+                return Ok(());
+            }
+        }
+        let desired = service.desired_count as usize;
+        // Tasks being moved off a host and tasks already stopping do not count.
+        let counted: Vec<&Task> = tasks
+            .iter()
+            .filter(|t| !t.migrating && t.state != TaskState::Stopping)
+            .collect();
+        let (new, old): (Vec<&Task>, Vec<&Task>) =
+            counted.iter().partition(|t| t.deployment_id == primary.id);
+        let running = |ts: &[&Task]| ts.iter().filter(|t| t.state == TaskState::Running).count();
+        let running_total = running(&new) + running(&old);
+        let max_total = (desired * service.deployment.maximum_percent as usize)
+            .div_ceil(100)
+            .max(desired);
+        let min_healthy =
+            (desired * service.deployment.minimum_healthy_percent as usize).div_ceil(100);
+        let mut stop: Vec<(String, &str)> = Vec::new();
+
+        // Too many new tasks (scaled down): stop the surplus.
+        if new.len() > desired {
+            let mut surplus = new.clone();
+            stop_order(&mut surplus);
+            stop.extend(
+                surplus
+                    .iter()
+                    .take(new.len() - desired)
+                    .map(|t| (t.id.clone(), "scaled down")),
+            );
+        }
+        // Old tasks: those not running can go at once; running ones only while at least
+        // minimum_healthy_percent of the desired count stays running.
+        let mut old_sorted = old.clone();
+        stop_order(&mut old_sorted);
+        let mut may_stop_running = running_total.saturating_sub(min_healthy);
+        for t in old_sorted {
+            if t.state == TaskState::Running {
+                if may_stop_running == 0 {
+                    break;
+                }
+                may_stop_running -= 1;
+            }
+            stop.push((t.id.clone(), "replaced by a newer deployment"));
+        }
+        // Start new tasks up to the desired count, within maximum_percent of live tasks.
+        let live_after_stops = counted.len() - stop.len();
+        let start = desired
+            .saturating_sub(new.len())
+            .min(max_total.saturating_sub(live_after_stops));
+
+        // Migrating tasks stop once the service has enough running tasks without them.
+        let migrating: Vec<&Task> = tasks
+            .iter()
+            .filter(|t| t.migrating && t.state != TaskState::Stopping)
+            .collect();
+        if !migrating.is_empty() && running_total >= desired {
+            stop.extend(
+                migrating
+                    .iter()
+                    .map(|t| (t.id.clone(), "moved off a draining or impaired host")),
+            );
+        }
+
+        for (id, reason) in &stop {
+            self.store.request_task_stop(id, reason).await?;
+        }
+        if start > 0 {
+            let def = self
+                .store
+                .get_task_definition(&primary.task_definition)
+                .await?;
+            let tasks: Vec<NewTask> = (0..start)
+                .map(|_| NewTask {
+                    id: uuid::Uuid::new_v4().to_string(),
+                    service: name.to_owned(),
+                    deployment_id: primary.id,
+                    task_definition: primary.task_definition.clone(),
+                    pool: service.pool.clone(),
+                    cpu: def.spec.cpu(),
+                    memory: def.spec.memory(),
+                })
+                .collect();
+            self.store.create_tasks(&tasks).await?;
+        }
+        if !stop.is_empty() || start > 0 {
+            self.wake();
+        }
+        // Old deployments without live tasks are done.
+        let live_by_deployment: HashMap<i64, usize> =
+            tasks.iter().fold(HashMap::new(), |mut m, t| {
+                *m.entry(t.deployment_id).or_insert(0) += 1;
+                m
+            });
+        for d in deployments
+            .iter()
+            .filter(|d| d.status == DeploymentStatus::Active)
+        {
+            if live_by_deployment.get(&d.id).copied().unwrap_or(0) == 0 {
+                self.store
+                    .set_deployment_status(d.id, DeploymentStatus::Completed)
+                    .await?;
+                self.event(
+                    Some(name),
+                    None,
+                    &format!("deployment {} ({}) drained", d.id, d.task_definition),
+                )
+                .await;
+            }
+        }
+        let steady = old.is_empty()
+            && new.len() == desired
+            && running(&new) == desired
+            && migrating.is_empty();
+        let key = format!("steady:{name}");
+        let was_steady = self
+            .last_complaint
+            .lock()
+            .expect("not poisoned")
+            .get(&key)
+            .is_some();
+        if steady && !was_steady {
+            self.last_complaint
+                .lock()
+                .expect("not poisoned")
+                .insert(key, String::new());
+            self.event(
+                Some(name),
+                None,
+                &format!(
+                    "service {name} has reached a steady state: {desired} task(s) of {} running",
+                    primary.task_definition
+                ),
+            )
+            .await;
+        } else if !steady && was_steady {
+            self.last_complaint
+                .lock()
+                .expect("not poisoned")
+                .remove(&key);
+        }
+        Ok(())
+    }
+}

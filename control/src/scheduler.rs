@@ -1,0 +1,467 @@
+//! Placement against the live fleet: builds a placement engine for a pool from the store
+//! (hosts, GPUs and what live tasks hold), places pending tasks and commits them in one
+//! transaction that re-checks capacity; and previews placements without committing.
+
+use crate::control::Control;
+use crate::error::ControlError;
+use crate::inputs::{Density, PreviewInput, PreviewResult, PreviewTask};
+use crate::store::{PlacementCommit, TaskFilter};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use tessera_model::service::{
+    GpuAllocation, Service, ServiceConstraints, Task, TaskDefRef, TaskState,
+};
+use tessera_model::taskdef::{TaskDefinitionSpec, TaskGpu};
+use tessera_model::{
+    GpuHealth, HostId, HostStatus, PlacementPolicy, PoolInfo, PoolName, SharingMode,
+};
+use tessera_placement::{
+    Constraints, DemandProfile, Engine, GpuDemand, GpuSlot, GpuSpec, HostSpec, LabelRule,
+    Placement, Policy, PoolLimits, Snapshot, TaskRequest,
+};
+
+/// The request a task of `spec` makes under a service's constraints.
+pub(crate) fn request_for(
+    spec: &TaskDefinitionSpec,
+    c: &ServiceConstraints,
+    avoid: BTreeSet<HostId>,
+) -> TaskRequest {
+    TaskRequest {
+        cpu: spec.cpu(),
+        memory: spec.memory(),
+        gpu: match spec.gpu() {
+            TaskGpu::None => GpuDemand::None,
+            TaskGpu::Whole { count } => GpuDemand::Whole { count },
+            TaskGpu::Shared { memory, compute } => GpuDemand::Shared { memory, compute },
+        },
+        constraints: Constraints {
+            gpu_models: c.gpu_models.clone(),
+            labels: c
+                .labels
+                .iter()
+                .map(|(k, v)| LabelRule::Equals {
+                    key: k.clone(),
+                    value: v.clone(),
+                })
+                .collect(),
+            distinct_hosts: c.distinct_hosts,
+            avoid_hosts: avoid,
+        },
+    }
+}
+
+/// A pool's engine with what live tasks hold already assigned.
+pub(crate) struct PoolEngine {
+    pub engine: Engine,
+    pub pool: PoolInfo,
+}
+
+impl Control {
+    /// Task definition specs by reference, loaded once per pass.
+    async fn specs(
+        &self,
+        refs: Vec<TaskDefRef>,
+    ) -> Result<HashMap<TaskDefRef, TaskDefinitionSpec>, ControlError> {
+        let mut out = HashMap::new();
+        for r in refs {
+            if let std::collections::hash_map::Entry::Vacant(slot) = out.entry(r) {
+                let def = self.store.get_task_definition(slot.key()).await?;
+                slot.insert(def.spec);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Builds the engine for `pool`: its hosts (only active ones take tasks), their GPUs,
+    /// and every allocation of its live tasks. `extra` joins the workload profile.
+    pub(crate) async fn pool_engine(
+        &self,
+        pool: &PoolName,
+        policy: Option<PlacementPolicy>,
+        extra: &[TaskRequest],
+    ) -> Result<PoolEngine, ControlError> {
+        let info = self.store.get_pool(pool).await?;
+        let hosts: Vec<_> = self
+            .store
+            .list_hosts()
+            .await?
+            .into_iter()
+            .filter(|h| &h.pool == pool)
+            .collect();
+        let specs: Vec<HostSpec> = hosts
+            .iter()
+            .map(|h| HostSpec {
+                id: h.id.clone(),
+                cpu: h.cpu,
+                memory: h.memory,
+                labels: h.labels.clone(),
+                active: h.status == HostStatus::Active,
+                gpus: h
+                    .gpus
+                    .iter()
+                    .map(|g| GpuSpec {
+                        uuid: g.uuid.clone(),
+                        model: g.model.clone(),
+                        memory: g.memory,
+                        mps_client_limit: g.mps_client_limit,
+                        healthy: g.health == GpuHealth::Healthy,
+                    })
+                    .collect(),
+            })
+            .collect();
+        let limits = PoolLimits {
+            compute_overcommit: info.compute_overcommit,
+            mps_client_limit: info.mps_client_limit,
+        };
+        let snapshot = Snapshot::new(specs, limits);
+        let holding = self
+            .store
+            .list_tasks(&TaskFilter {
+                pool: Some(pool.clone()),
+                states: vec![TaskState::Assigned, TaskState::Running, TaskState::Stopping],
+                ..Default::default()
+            })
+            .await?;
+        // The workload profile: what the pool runs plus what is being placed.
+        let specs_by_ref = self
+            .specs(holding.iter().map(|t| t.task_definition.clone()).collect())
+            .await?;
+        let mut profile_requests: Vec<TaskRequest> = holding
+            .iter()
+            .map(|t| {
+                request_for(
+                    &specs_by_ref[&t.task_definition],
+                    &ServiceConstraints::default(),
+                    BTreeSet::new(),
+                )
+            })
+            .collect();
+        profile_requests.extend(extra.iter().cloned());
+        let profile = DemandProfile::from_requests(&profile_requests);
+        let policy = Policy::from(policy.unwrap_or(info.policy));
+        let mut engine = Engine::new(snapshot, policy, &profile, 0x7e55e7a);
+        let host_index: HashMap<&HostId, u32> = hosts
+            .iter()
+            .enumerate()
+            .map(|(i, h)| (&h.id, i as u32))
+            .collect();
+        let gpu_index: HashMap<&str, u32> = {
+            let snap = engine.snapshot();
+            let mut m = HashMap::new();
+            for (i, h) in hosts.iter().enumerate() {
+                for (g, gpu) in snap.gpus_of(i as u32).zip(&h.gpus) {
+                    m.insert(gpu.uuid.as_str(), g);
+                }
+            }
+            m
+        };
+        for t in &holding {
+            let Some(host) = t.host.as_ref().and_then(|h| host_index.get(h)) else {
+                continue;
+            };
+            let slots: Option<Vec<GpuSlot>> = t
+                .allocations
+                .iter()
+                .map(|a| {
+                    gpu_index.get(a.gpu.as_str()).map(|&g| GpuSlot {
+                        gpu: g,
+                        uuid: a.gpu.clone(),
+                        index: a.index,
+                        memory: a.memory,
+                        compute: a.compute,
+                        dedicated: a.dedicated,
+                    })
+                })
+                .collect();
+            let Some(gpus) = slots else {
+                tracing::warn!(task = %t.id, "task holds a GPU its host no longer reports");
+                continue;
+            };
+            let placement = Placement {
+                host: *host,
+                host_id: t.host.clone().expect("checked above"),
+                cpu: t.cpu,
+                memory: t.memory,
+                gpus,
+            };
+            if let Err(e) = engine.assign(&placement) {
+                tracing::warn!(task = %t.id, error = %e, "stored allocation does not fit the host as reported now");
+            }
+        }
+        Ok(PoolEngine { engine, pool: info })
+    }
+
+    /// Places every pending task and commits what fits.
+    pub(crate) async fn schedule(&self) -> Result<usize, ControlError> {
+        let pending = self
+            .store
+            .list_tasks(&TaskFilter {
+                states: vec![TaskState::Pending],
+                ..Default::default()
+            })
+            .await?;
+        if pending.is_empty() {
+            return Ok(0);
+        }
+        let services: HashMap<String, Service> = self
+            .store
+            .list_services()
+            .await?
+            .into_iter()
+            .map(|s| (s.name.clone(), s))
+            .collect();
+        let specs = self
+            .specs(pending.iter().map(|t| t.task_definition.clone()).collect())
+            .await?;
+        let mut by_pool: BTreeMap<PoolName, Vec<&Task>> = BTreeMap::new();
+        for t in &pending {
+            by_pool.entry(t.pool.clone()).or_default().push(t);
+        }
+        let mut placed_total = 0;
+        for (pool, tasks) in by_pool {
+            let extra: Vec<TaskRequest> = tasks
+                .iter()
+                .map(|t| {
+                    request_for(
+                        &specs[&t.task_definition],
+                        &ServiceConstraints::default(),
+                        BTreeSet::new(),
+                    )
+                })
+                .collect();
+            let PoolEngine {
+                mut engine,
+                pool: info,
+            } = self.pool_engine(&pool, None, &extra).await?;
+            // One service at a time, in the order its tasks were created.
+            let mut by_service: Vec<(String, Vec<&Task>)> = Vec::new();
+            for t in tasks {
+                match by_service.iter_mut().find(|(s, _)| *s == t.service) {
+                    Some((_, v)) => v.push(t),
+                    None => by_service.push((t.service.clone(), vec![t])),
+                }
+            }
+            let mut commits = Vec::new();
+            let mut complaints: Vec<(String, Vec<String>, String)> = Vec::new();
+            for (name, tasks) in by_service {
+                let Some(service) = services.get(&name) else {
+                    continue;
+                };
+                engine.set_policy(Policy::from(service.strategy.unwrap_or(info.policy)));
+                let mut avoid = BTreeSet::new();
+                if service.constraints.distinct_hosts {
+                    avoid = self
+                        .live_tasks(&name)
+                        .await?
+                        .into_iter()
+                        .filter_map(|t| t.host)
+                        .collect();
+                }
+                let mut unplaced = Vec::new();
+                let mut sentence = String::new();
+                for t in tasks {
+                    let req = request_for(
+                        &specs[&t.task_definition],
+                        &service.constraints,
+                        avoid.clone(),
+                    );
+                    match engine.place(&req) {
+                        Ok(p) => {
+                            engine
+                                .assign(&p)
+                                .expect("a fresh placement fits its own engine");
+                            if service.constraints.distinct_hosts {
+                                avoid.insert(p.host_id.clone());
+                            }
+                            commits.push(PlacementCommit {
+                                task_id: t.id.clone(),
+                                host: p.host_id.clone(),
+                                allocations: allocations(&p),
+                            });
+                        }
+                        Err(rejection) => {
+                            if sentence.is_empty() {
+                                sentence = rejection.to_string();
+                            }
+                            unplaced.push(t.id.clone());
+                        }
+                    }
+                }
+                if !unplaced.is_empty() {
+                    complaints.push((name, unplaced, sentence));
+                } else {
+                    self.last_complaint
+                        .lock()
+                        .expect("not poisoned")
+                        .remove(&name);
+                }
+            }
+            let committed = self.store.commit_placements(&commits).await?;
+            placed_total += committed.len();
+            if committed.len() < commits.len() {
+                tracing::info!(
+                    skipped = commits.len() - committed.len(),
+                    "placements changed under us; retrying next pass"
+                );
+                self.wake();
+            }
+            for (service, ids, sentence) in complaints {
+                self.store.set_placement_message(&ids, &sentence).await?;
+                let repeat = self
+                    .last_complaint
+                    .lock()
+                    .expect("not poisoned")
+                    .insert(service.clone(), sentence.clone());
+                if repeat.as_deref() != Some(sentence.as_str()) {
+                    self.event(
+                        Some(&service),
+                        None,
+                        &format!("{} task(s) pending: {sentence}", ids.len()),
+                    )
+                    .await;
+                }
+            }
+        }
+        if placed_total > 0 {
+            self.wake();
+        }
+        Ok(placed_total)
+    }
+
+    /// What placing `input.count` tasks now would do, without committing anything.
+    pub async fn preview(&self, input: &PreviewInput) -> Result<PreviewResult, ControlError> {
+        let mut e = crate::inputs::Errors::default();
+        let r = input
+            .task_definition
+            .parse::<TaskDefRef>()
+            .map_err(|err| e.add("task_definition", err.to_string()))
+            .ok();
+        let pool = PoolName::new(input.pool.clone())
+            .map_err(|err| e.add("pool", err.rule))
+            .ok();
+        let strategy = match &input.strategy {
+            None => None,
+            Some(s) => s
+                .parse::<PlacementPolicy>()
+                .map_err(|err| e.add("strategy", err.to_string()))
+                .ok(),
+        };
+        if !(1..=1000).contains(&input.count) {
+            e.add(
+                "count",
+                format!("must be between 1 and 1000, got {}", input.count),
+            );
+        }
+        e.finish()?;
+        let (r, pool) = (r.expect("validated"), pool.expect("validated"));
+        let def = self.store.get_task_definition(&r).await.map_err(|_| {
+            ControlError::invalid(
+                "task_definition",
+                format!("no task definition {r} is registered"),
+            )
+        })?;
+        if !self.store.pool_exists(&pool).await? {
+            return Err(ControlError::invalid(
+                "pool",
+                format!("no pool named {:?}", pool.as_str()),
+            ));
+        }
+        let req = request_for(&def.spec, &input.constraints, BTreeSet::new());
+        let batch = vec![req; input.count as usize];
+        let PoolEngine {
+            mut engine,
+            pool: info,
+        } = self.pool_engine(&pool, strategy, &batch).await?;
+        let density_before = density(engine.snapshot());
+        let outcome = engine.place_batch(&batch);
+        let density_after = density(engine.snapshot());
+        let tasks: Vec<PreviewTask> = outcome
+            .results
+            .iter()
+            .enumerate()
+            .map(|(i, r)| match r {
+                Ok(p) => PreviewTask {
+                    index: i as u32,
+                    host: Some(p.host_id.clone()),
+                    gpus: p.gpus.iter().map(|s| s.index).collect(),
+                    message: None,
+                },
+                Err(rej) => PreviewTask {
+                    index: i as u32,
+                    host: None,
+                    gpus: vec![],
+                    message: Some(rej.to_string()),
+                },
+            })
+            .collect();
+        let placed = outcome.placed() as u32;
+        Ok(PreviewResult {
+            task_definition: r,
+            pool,
+            policy: strategy.unwrap_or(info.policy),
+            placed,
+            unplaced: input.count - placed,
+            tasks,
+            density_before,
+            density_after,
+        })
+    }
+}
+
+/// The allocations a placement makes, as stored.
+pub(crate) fn allocations(p: &Placement) -> Vec<GpuAllocation> {
+    p.gpus
+        .iter()
+        .map(|s| GpuAllocation {
+            gpu: s.uuid.clone(),
+            index: s.index,
+            memory: s.memory,
+            compute: s.compute,
+            dedicated: s.dedicated,
+        })
+        .collect()
+}
+
+/// Packing density of a snapshot.
+pub fn density(snap: &Snapshot) -> Density {
+    let mut d = Density::default();
+    let (mut mem_total, mut mem_used) = (0u64, 0u64);
+    // Shared memory in use per GPU size, for the lower bound on GPUs needed.
+    let mut shared_by_size: BTreeMap<u64, u64> = BTreeMap::new();
+    for h in 0..snap.host_count() as u32 {
+        for g in snap.gpus_of(h) {
+            let u = snap.gpu_usage(g);
+            d.gpus += 1;
+            mem_total += u.memory_capacity.0;
+            let used = u.memory_capacity.0 - u.memory_free.0;
+            mem_used += used;
+            match u.mode {
+                SharingMode::Idle => {}
+                SharingMode::Dedicated => {
+                    d.gpus_in_use += 1;
+                    d.gpus_needed_at_least += 1;
+                    d.tasks_on_gpus += 1;
+                }
+                SharingMode::Mps => {
+                    d.gpus_in_use += 1;
+                    d.tasks_on_gpus += u.clients;
+                    *shared_by_size.entry(u.memory_capacity.0).or_default() += used;
+                }
+            }
+        }
+    }
+    d.gpus_needed_at_least += shared_by_size
+        .iter()
+        .map(|(size, used)| used.div_ceil(*size.max(&1)) as u32)
+        .sum::<u32>();
+    d.tasks_per_gpu_in_use = if d.gpus_in_use > 0 {
+        f64::from(d.tasks_on_gpus) / f64::from(d.gpus_in_use)
+    } else {
+        0.0
+    };
+    d.memory_allocated_pct = if mem_total > 0 {
+        100.0 * mem_used as f64 / mem_total as f64
+    } else {
+        0.0
+    };
+    d
+}

@@ -1,0 +1,255 @@
+//! Helpers shared by the control-plane tests: a store on a temporary file, pools, hosts
+//! registered through the agent API, and a stand-in agent that syncs.
+
+#![allow(dead_code)]
+
+use serde_json::json;
+use std::time::Duration;
+use tessera_control::inputs::{PoolInput, ServiceInput};
+use tessera_control::store::TaskFilter;
+use tessera_control::{Control, ControlConfig};
+use tessera_model::agent::{
+    GpuReport, MpsReport, RegisterRequest, SyncRequest, SyncResponse, TaskReport,
+};
+use tessera_model::service::{DeploymentConfig, ServiceConstraints, Task, TaskState};
+use tessera_model::{GpuUuid, HostId, MiB, MilliCpu, PoolName};
+
+pub const JOIN: &str = "test-join-token-0123456789";
+
+pub struct Env {
+    pub control: Control,
+    _dir: tempfile::TempDir,
+}
+
+pub async fn env(config: ControlConfig) -> Env {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = tessera_control::open(&format!("sqlite://{}/t.db", dir.path().display()))
+        .await
+        .expect("store");
+    let control = Control::new(store, config);
+    control
+        .ensure_join_token(Some(JOIN))
+        .await
+        .expect("join token");
+    control
+        .create_pool(&PoolInput {
+            name: "gpu".into(),
+            policy: None,
+            compute_overcommit: None,
+            mps_client_limit: None,
+        })
+        .await
+        .expect("pool");
+    Env { control, _dir: dir }
+}
+
+pub fn fast() -> ControlConfig {
+    ControlConfig {
+        sync_interval: Duration::from_secs(1),
+        lost_after_intervals: 2,
+        tick: Duration::from_millis(50),
+        ..ControlConfig::default()
+    }
+}
+
+pub struct Host {
+    pub id: HostId,
+    pub token: String,
+    pub gpus: Vec<GpuReport>,
+}
+
+pub fn gpus(name: &str, count: u32, gib: u64) -> Vec<GpuReport> {
+    (0..count)
+        .map(|i| GpuReport {
+            uuid: GpuUuid::new(format!("GPU-{name}-{i}")).expect("valid"),
+            index: i,
+            model: "NVIDIA L4".into(),
+            memory_mib: MiB(gib * 1024),
+            mps_client_limit: 48,
+            healthy: true,
+        })
+        .collect()
+}
+
+/// Registers a host through the agent API with the join token.
+pub async fn host(control: &Control, name: &str, count: u32, gib: u64) -> Host {
+    let gpus = gpus(name, count, gib);
+    let resp = control
+        .register_agent(&RegisterRequest {
+            join_token: JOIN.into(),
+            pool: PoolName::new("gpu").expect("valid"),
+            cpu_milli: MilliCpu(64_000),
+            memory_mib: MiB(256 * 1024),
+            simulated: true,
+            labels: Default::default(),
+            gpus: gpus.clone(),
+            name: Some(name.into()),
+        })
+        .await
+        .expect("register");
+    let id = control
+        .authenticate_agent(&resp.agent_token)
+        .await
+        .expect("token works");
+    assert_eq!(id, resp.host_id);
+    Host {
+        id,
+        token: resp.agent_token,
+        gpus,
+    }
+}
+
+/// One sync of an agent that runs everything it is asked to, optionally with an unhealthy
+/// MPS daemon, and reports `exited` tasks with their exit codes.
+pub async fn sync_with(
+    control: &Control,
+    h: &Host,
+    mps_healthy: bool,
+    exited: &[(String, i32)],
+) -> SyncResponse {
+    let id = control.authenticate_agent(&h.token).await.expect("token");
+    let wanted = control
+        .store()
+        .list_tasks(&TaskFilter {
+            host: Some(id.clone()),
+            states: vec![TaskState::Assigned, TaskState::Running],
+            ..Default::default()
+        })
+        .await
+        .expect("tasks");
+    let mut tasks: Vec<TaskReport> = wanted
+        .iter()
+        .filter(|t| !exited.iter().any(|(e, _)| *e == t.id))
+        .map(|t| TaskReport {
+            task_id: t.id.clone(),
+            running: true,
+            exit_code: None,
+            gpu_memory_peak_mib: None,
+            sm_percent: None,
+        })
+        .collect();
+    tasks.extend(exited.iter().map(|(id, code)| TaskReport {
+        task_id: id.clone(),
+        running: false,
+        exit_code: Some(*code),
+        gpu_memory_peak_mib: None,
+        sm_percent: None,
+    }));
+    control
+        .sync_agent(
+            &id,
+            &SyncRequest {
+                gpus: h.gpus.clone(),
+                mps: MpsReport {
+                    healthy: mps_healthy,
+                    reason: (!mps_healthy).then(|| "control daemon did not answer".into()),
+                },
+                tasks,
+            },
+        )
+        .await
+        .expect("sync")
+}
+
+pub async fn sync(control: &Control, h: &Host) -> SyncResponse {
+    sync_with(control, h, true, &[]).await
+}
+
+pub async fn register_def(control: &Control, family: &str, gib: u64, percent: u32) -> String {
+    let def = control
+        .register_task_definition(&json!({
+            "family": family,
+            "containers": [{"name": "main", "command": ["sleep", "infinity"], "cpu_milli": 1000, "memory_mib": 1024,
+                "gpu": {"mps": {"memory_mib": gib * 1024, "max_compute_percent": percent}}}]
+        }))
+        .await
+        .expect("register");
+    format!("{}:{}", def.family, def.revision)
+}
+
+pub async fn service(
+    control: &Control,
+    name: &str,
+    def: &str,
+    count: u32,
+    deployment: DeploymentConfig,
+) {
+    control
+        .create_service(&ServiceInput {
+            name: name.into(),
+            task_definition: def.into(),
+            pool: "gpu".into(),
+            desired_count: count,
+            strategy: None,
+            constraints: ServiceConstraints::default(),
+            deployment: Some(deployment),
+            stop_timeout_secs: 5,
+        })
+        .await
+        .expect("service");
+}
+
+pub async fn tasks(control: &Control, service: &str, states: &[TaskState]) -> Vec<Task> {
+    control
+        .store()
+        .list_tasks(&TaskFilter {
+            service: Some(service.into()),
+            states: states.to_vec(),
+            ..Default::default()
+        })
+        .await
+        .expect("tasks")
+}
+
+pub const LIVE: &[TaskState] = &[
+    TaskState::Pending,
+    TaskState::Assigned,
+    TaskState::Running,
+    TaskState::Stopping,
+];
+
+/// Reads every GPU's allocations from the store and checks none is overcommitted.
+pub async fn assert_no_overcommit(control: &Control) {
+    let hosts = control.store().list_hosts().await.expect("hosts");
+    let all = control
+        .store()
+        .list_tasks(&TaskFilter {
+            states: vec![TaskState::Assigned, TaskState::Running, TaskState::Stopping],
+            ..Default::default()
+        })
+        .await
+        .expect("tasks");
+    for h in &hosts {
+        for g in &h.gpus {
+            let allocs: Vec<_> = all
+                .iter()
+                .flat_map(|t| t.allocations.iter())
+                .filter(|a| a.gpu == g.uuid)
+                .collect();
+            let mem: u64 = allocs.iter().map(|a| a.memory.0).sum();
+            let compute: u32 = allocs
+                .iter()
+                .filter(|a| !a.dedicated)
+                .map(|a| a.compute.0)
+                .sum();
+            assert!(
+                mem <= g.memory.0,
+                "GPU {} overcommitted: {mem} MiB of {}",
+                g.uuid,
+                g.memory.0
+            );
+            assert!(
+                compute <= 1000,
+                "GPU {} compute overcommitted: {compute}",
+                g.uuid
+            );
+            let dedicated = allocs.iter().filter(|a| a.dedicated).count();
+            assert!(
+                dedicated == 0 || allocs.len() == 1,
+                "dedicated GPU {} shared",
+                g.uuid
+            );
+            assert!(allocs.len() as u32 <= g.mps_client_limit);
+        }
+    }
+}

@@ -1,0 +1,399 @@
+//! The control plane end to end: hosts registered through the agent API, services scaled,
+//! rolled out and rolled back, hosts lost and impaired, and many clients at once.
+
+mod common;
+
+use common::*;
+use std::collections::HashSet;
+use tessera_control::inputs::ServicePatch;
+use tessera_model::HostStatus;
+use tessera_model::service::{DeploymentConfig, DeploymentStatus, TaskState};
+
+#[tokio::test]
+async fn scaling_places_tasks_on_registered_hosts_and_agents_get_their_env() {
+    let env = env(fast()).await;
+    let c = &env.control;
+    let a = host(c, "a", 2, 24).await;
+    let b = host(c, "b", 2, 24).await;
+    let def = register_def(c, "infer", 10, 40).await;
+    service(c, "infer", &def, 8, DeploymentConfig::default()).await;
+    c.reconcile_once().await.expect("pass");
+    // 4 GPUs × 24 GiB: two 10 GiB / 40 % slots per GPU fit; 8 tasks fill them exactly.
+    let placed = tasks(c, "infer", &[TaskState::Assigned]).await;
+    assert_eq!(placed.len(), 8);
+    assert_no_overcommit(c).await;
+    let per_gpu: HashSet<_> = placed
+        .iter()
+        .map(|t| t.allocations[0].gpu.clone())
+        .collect();
+    assert_eq!(per_gpu.len(), 4);
+
+    let resp = sync(c, &a).await;
+    assert_eq!(resp.tasks.len(), 4, "host a runs half");
+    let env0 = &resp.tasks[0].containers[0].env;
+    assert!(env0["CUDA_VISIBLE_DEVICES"].starts_with("GPU-a-"));
+    assert_eq!(env0["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], "0=10240M");
+    assert_eq!(env0["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], "40");
+    assert!(resp.tasks[0].mps);
+    sync(c, &a).await;
+    sync(c, &b).await;
+    assert_eq!(tasks(c, "infer", &[TaskState::Running]).await.len(), 8);
+
+    // A ninth task fits nowhere: it stays pending with the reason.
+    c.update_service(
+        "infer",
+        &ServicePatch {
+            desired_count: Some(9),
+            task_definition: None,
+        },
+    )
+    .await
+    .expect("scale");
+    c.reconcile_once().await.expect("pass");
+    let pending = tasks(c, "infer", &[TaskState::Pending]).await;
+    assert_eq!(pending.len(), 1);
+    let why = pending[0].placement_message.as_deref().expect("explained");
+    assert!(why.contains("no GPU has room"), "{why}");
+
+    // Scaling down stops tasks; the agent's next sync stops them.
+    c.update_service(
+        "infer",
+        &ServicePatch {
+            desired_count: Some(2),
+            task_definition: None,
+        },
+    )
+    .await
+    .expect("scale");
+    c.reconcile_once().await.expect("pass");
+    sync(c, &a).await;
+    sync(c, &b).await;
+    assert_eq!(tasks(c, "infer", LIVE).await.len(), 2);
+    assert_no_overcommit(c).await;
+}
+
+/// Runs reconcile passes and agent syncs until `done` or the step budget runs out,
+/// checking the deployment bounds at every step.
+async fn converge(
+    c: &tessera_control::Control,
+    hosts: &[&Host],
+    desired: usize,
+    min_running: usize,
+    max_live: usize,
+) {
+    for _ in 0..30 {
+        c.reconcile_once().await.expect("pass");
+        let live = tasks(c, "web", LIVE).await;
+        let counted = live
+            .iter()
+            .filter(|t| t.state != TaskState::Stopping)
+            .count();
+        assert!(
+            counted <= max_live,
+            "{counted} live tasks exceed maximum_percent"
+        );
+        let running = live
+            .iter()
+            .filter(|t| t.state == TaskState::Running)
+            .count();
+        assert!(
+            running >= min_running,
+            "{running} running tasks under minimum_healthy_percent"
+        );
+        for h in hosts {
+            sync(c, h).await;
+        }
+        let deployments = c
+            .store()
+            .list_deployments("web")
+            .await
+            .expect("deployments");
+        if deployments
+            .iter()
+            .all(|d| d.status != DeploymentStatus::Active)
+            && tasks(c, "web", &[TaskState::Running]).await.len() == desired
+            && tasks(c, "web", LIVE).await.len() == desired
+        {
+            return;
+        }
+    }
+    panic!("the deployment did not converge");
+}
+
+#[tokio::test]
+async fn rolling_deployment_respects_minimum_healthy_and_maximum_percent() {
+    let env = env(fast()).await;
+    let c = &env.control;
+    let a = host(c, "a", 4, 24).await;
+    let b = host(c, "b", 4, 24).await;
+    let v1 = register_def(c, "web", 4, 10).await;
+    let v2 = register_def(c, "web", 5, 10).await;
+    let config = DeploymentConfig {
+        minimum_healthy_percent: 50,
+        maximum_percent: 150,
+    };
+    service(c, "web", &v1, 4, config).await;
+    converge(c, &[&a, &b], 4, 0, 4).await;
+    assert!(
+        tasks(c, "web", &[TaskState::Running])
+            .await
+            .iter()
+            .all(|t| t.task_definition.to_string() == v1)
+    );
+
+    c.update_service(
+        "web",
+        &ServicePatch {
+            desired_count: None,
+            task_definition: Some(v2.clone()),
+        },
+    )
+    .await
+    .expect("deploy");
+    // From here on: at least 2 running, at most 6 live (4 × 150 %).
+    converge(c, &[&a, &b], 4, 2, 6).await;
+    let running = tasks(c, "web", &[TaskState::Running]).await;
+    assert!(
+        running.iter().all(|t| t.task_definition.to_string() == v2),
+        "all tasks on the new revision"
+    );
+    let deployments = c
+        .store()
+        .list_deployments("web")
+        .await
+        .expect("deployments");
+    assert_eq!(deployments[0].status, DeploymentStatus::Primary);
+    assert_eq!(deployments[1].status, DeploymentStatus::Completed);
+    let events = c
+        .store()
+        .list_events(&tessera_control::store::EventFilter {
+            service: Some("web".into()),
+            limit: 50,
+            ..Default::default()
+        })
+        .await
+        .expect("events");
+    assert!(
+        events
+            .iter()
+            .any(|e| e.message.contains("deployment") && e.message.contains("started"))
+    );
+    assert!(events.iter().any(|e| e.message.contains("steady state")));
+    assert_no_overcommit(c).await;
+}
+
+#[tokio::test]
+async fn failing_deployment_is_rolled_back_by_the_circuit_breaker() {
+    let env = env(fast()).await;
+    let c = &env.control;
+    let a = host(c, "a", 4, 24).await;
+    let v1 = register_def(c, "web", 4, 10).await;
+    let v2 = register_def(c, "web", 4, 10).await;
+    service(c, "web", &v1, 2, DeploymentConfig::default()).await;
+    converge(c, &[&a], 2, 0, 2).await;
+    c.update_service(
+        "web",
+        &ServicePatch {
+            desired_count: None,
+            task_definition: Some(v2.clone()),
+        },
+    )
+    .await
+    .expect("deploy");
+    // Every task of the new revision exits with code 1 as soon as it starts.
+    for _ in 0..20 {
+        c.reconcile_once().await.expect("pass");
+        let crashing: Vec<(String, i32)> =
+            tasks(c, "web", &[TaskState::Assigned, TaskState::Running])
+                .await
+                .into_iter()
+                .filter(|t| t.task_definition.to_string() == v2)
+                .map(|t| (t.id, 1))
+                .collect();
+        sync_with(c, &a, true, &crashing).await;
+        let service = c.store().get_service("web").await.expect("service");
+        if service.task_definition.to_string() == v1 {
+            break;
+        }
+    }
+    let service = c.store().get_service("web").await.expect("service");
+    assert_eq!(
+        service.task_definition.to_string(),
+        v1,
+        "rolled back to the last good revision"
+    );
+    let deployments = c
+        .store()
+        .list_deployments("web")
+        .await
+        .expect("deployments");
+    assert!(
+        deployments
+            .iter()
+            .any(|d| d.status == DeploymentStatus::RolledBack && d.failed_tasks >= 3)
+    );
+    let events = c
+        .store()
+        .list_events(&tessera_control::store::EventFilter {
+            service: Some("web".into()),
+            limit: 50,
+            ..Default::default()
+        })
+        .await
+        .expect("events");
+    assert!(
+        events.iter().any(|e| e.message.contains("rolled back")),
+        "{events:?}"
+    );
+    // The old revision kept running throughout (minimum healthy 100 %).
+    assert_eq!(tasks(c, "web", &[TaskState::Running]).await.len(), 2);
+}
+
+#[tokio::test]
+async fn a_lost_host_has_its_tasks_replaced_elsewhere_and_stopped_if_it_returns() {
+    let env = env(fast()).await;
+    let c = &env.control;
+    let a = host(c, "a", 2, 24).await;
+    let b = host(c, "b", 2, 24).await;
+    let def = register_def(c, "web", 8, 20).await;
+    service(c, "web", &def, 2, DeploymentConfig::default()).await;
+    c.reconcile_once().await.expect("pass");
+    sync(c, &a).await;
+    sync(c, &b).await;
+    let on_a: Vec<String> = tasks(c, "web", LIVE)
+        .await
+        .into_iter()
+        .filter(|t| t.host.as_ref() == Some(&a.id))
+        .map(|t| t.id)
+        .collect();
+    // Host a stops syncing; b keeps going. Lost after 2 intervals of 1 s.
+    for _ in 0..12 {
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        sync(c, &b).await;
+        c.reconcile_once().await.expect("pass");
+    }
+    assert_eq!(
+        c.store().get_host(&a.id).await.expect("host").status,
+        HostStatus::Lost
+    );
+    let live = tasks(c, "web", LIVE).await;
+    assert_eq!(live.len(), 2);
+    assert!(
+        live.iter().all(|t| t.host.as_ref() == Some(&b.id)),
+        "replacements run on b"
+    );
+    for id in &on_a {
+        let t = c.store().get_task(id).await.expect("task");
+        assert_eq!(t.state, TaskState::Stopped);
+        assert_eq!(t.stop_reason.as_deref(), Some("host lost"));
+    }
+    // When a returns it is told to run nothing: its old tasks are stopped.
+    let resp = sync(c, &a).await;
+    assert!(resp.tasks.is_empty());
+    assert_eq!(
+        c.store().get_host(&a.id).await.expect("host").status,
+        HostStatus::Active
+    );
+}
+
+#[tokio::test]
+async fn an_impaired_host_has_its_tasks_started_elsewhere_before_they_stop() {
+    let env = env(fast()).await;
+    let c = &env.control;
+    let a = host(c, "a", 2, 24).await;
+    let def = register_def(c, "web", 8, 20).await;
+    service(c, "web", &def, 2, DeploymentConfig::default()).await;
+    c.reconcile_once().await.expect("pass");
+    sync(c, &a).await;
+    let b = host(c, "b", 2, 24).await;
+    // a's MPS daemon fails.
+    sync_with(c, &a, false, &[]).await;
+    assert_eq!(
+        c.store().get_host(&a.id).await.expect("host").status,
+        HostStatus::Impaired
+    );
+    c.reconcile_once().await.expect("pass");
+    // Replacements are placed on b while a's tasks still run.
+    let live = tasks(c, "web", LIVE).await;
+    assert_eq!(
+        live.iter()
+            .filter(|t| t.host.as_ref() == Some(&b.id))
+            .count(),
+        2
+    );
+    assert_eq!(
+        live.iter()
+            .filter(|t| t.host.as_ref() == Some(&a.id) && t.state == TaskState::Running)
+            .count(),
+        2
+    );
+    sync(c, &b).await;
+    c.reconcile_once().await.expect("pass");
+    // Now the old tasks stop.
+    let resp = sync_with(c, &a, false, &[]).await;
+    assert!(resp.tasks.is_empty(), "a is told to stop everything");
+    let live = tasks(c, "web", LIVE).await;
+    assert_eq!(live.len(), 2);
+    assert!(
+        live.iter()
+            .all(|t| t.host.as_ref() == Some(&b.id) && t.state == TaskState::Running)
+    );
+}
+
+#[tokio::test]
+async fn many_clients_scaling_at_once_never_overcommit_a_gpu() {
+    let env = env(fast()).await;
+    let c = env.control.clone();
+    let mut hosts = Vec::new();
+    for i in 0..4 {
+        hosts.push(host(&c, &format!("h{i}"), 4, 24).await);
+    }
+    for i in 0..6 {
+        let def = register_def(&c, &format!("svc{i}"), 3 + i as u64 * 2, 10).await;
+        service(&c, &format!("svc{i}"), &def, 1, DeploymentConfig::default()).await;
+    }
+    let mut handles = Vec::new();
+    for client in 0..12u32 {
+        let c = c.clone();
+        handles.push(tokio::spawn(async move {
+            for step in 0..8u32 {
+                let name = format!("svc{}", (client + step) % 6);
+                let count = (client * 7 + step * 5) % 16;
+                c.update_service(
+                    &name,
+                    &ServicePatch {
+                        desired_count: Some(count),
+                        task_definition: None,
+                    },
+                )
+                .await
+                .expect("scale");
+                c.reconcile_once().await.expect("pass");
+            }
+        }));
+    }
+    let checker = {
+        let c = c.clone();
+        tokio::spawn(async move {
+            for _ in 0..20 {
+                assert_no_overcommit(&c).await;
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        })
+    };
+    for h in handles {
+        h.await.expect("client");
+    }
+    checker.await.expect("checker");
+    c.reconcile_once().await.expect("pass");
+    assert_no_overcommit(&c).await;
+    let placed = c
+        .store()
+        .list_tasks(&tessera_control::store::TaskFilter {
+            states: vec![TaskState::Assigned],
+            ..Default::default()
+        })
+        .await
+        .expect("tasks");
+    assert!(!placed.is_empty(), "the contest placed something");
+}

@@ -1,0 +1,283 @@
+//! Services, their deployments and tasks, and the events the control plane records.
+
+use crate::ids::{GpuUuid, HostId, PoolName};
+use crate::inventory::PlacementPolicy;
+use crate::taskdef::TaskDefinitionSpec;
+use crate::units::{ComputeMilli, MiB};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+/// `family:revision`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct TaskDefRef {
+    pub family: String,
+    pub revision: u32,
+}
+
+/// A `family:revision` that does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not family:revision (e.g. llm-serve:3)")]
+pub struct TaskDefRefError(pub String);
+
+impl FromStr for TaskDefRef {
+    type Err = TaskDefRefError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (family, revision) = s
+            .rsplit_once(':')
+            .ok_or_else(|| TaskDefRefError(s.to_owned()))?;
+        let revision = revision
+            .parse()
+            .ok()
+            .filter(|&r| r > 0)
+            .ok_or_else(|| TaskDefRefError(s.to_owned()))?;
+        if family.is_empty() {
+            return Err(TaskDefRefError(s.to_owned()));
+        }
+        Ok(TaskDefRef {
+            family: family.to_owned(),
+            revision,
+        })
+    }
+}
+
+impl TryFrom<String> for TaskDefRef {
+    type Error = TaskDefRefError;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        s.parse()
+    }
+}
+
+impl From<TaskDefRef> for String {
+    fn from(r: TaskDefRef) -> String {
+        r.to_string()
+    }
+}
+
+impl fmt::Display for TaskDefRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.family, self.revision)
+    }
+}
+
+/// A registered revision. Immutable except for its status.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskDefinition {
+    pub family: String,
+    pub revision: u32,
+    /// `false` once deregistered: still describable, no new tasks.
+    pub active: bool,
+    pub spec: TaskDefinitionSpec,
+    pub registered_at: String,
+}
+
+impl TaskDefinition {
+    pub fn reference(&self) -> TaskDefRef {
+        TaskDefRef {
+            family: self.family.clone(),
+            revision: self.revision,
+        }
+    }
+}
+
+/// Where a service's tasks may run, beyond the pool.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ServiceConstraints {
+    /// GPU models allowed; empty means any.
+    pub gpu_models: Vec<String>,
+    /// Host labels that must equal these values.
+    pub labels: BTreeMap<String, String>,
+    /// At most one task of the service per host.
+    pub distinct_hosts: bool,
+}
+
+/// How a new revision replaces the old one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeploymentConfig {
+    /// Running tasks never drop below this share of the desired count during a deployment.
+    pub minimum_healthy_percent: u32,
+    /// Live tasks (old and new) never exceed this share of the desired count.
+    pub maximum_percent: u32,
+}
+
+impl Default for DeploymentConfig {
+    fn default() -> Self {
+        DeploymentConfig {
+            minimum_healthy_percent: 100,
+            maximum_percent: 200,
+        }
+    }
+}
+
+/// A service as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Service {
+    pub name: String,
+    pub task_definition: TaskDefRef,
+    pub pool: PoolName,
+    pub desired_count: u32,
+    /// Overrides the pool's placement policy when set.
+    pub strategy: Option<PlacementPolicy>,
+    pub constraints: ServiceConstraints,
+    pub deployment: DeploymentConfig,
+    pub stop_timeout_secs: u32,
+    /// `true` after DELETE: it drains to zero tasks and is then removed.
+    pub deleting: bool,
+    pub created_at: String,
+}
+
+macro_rules! word_enum {
+    ($(#[$doc:meta])* $name:ident { $($variant:ident => $text:literal),+ $(,)? }) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+        #[serde(rename_all = "snake_case")]
+        pub enum $name { $($variant),+ }
+
+        impl $name {
+            pub fn as_str(self) -> &'static str {
+                match self { $($name::$variant => $text),+ }
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = crate::inventory::ParseEnumError;
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                match s {
+                    $($text => Ok($name::$variant),)+
+                    _ => Err(crate::inventory::ParseEnumError {
+                        what: stringify!($name),
+                        value: s.to_owned(),
+                        allowed: concat!($($text, " "),+),
+                    }),
+                }
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+word_enum!(
+    /// A task's lifecycle: pending (not placed) → assigned → running → stopping → stopped.
+    TaskState {
+        Pending => "pending",
+        Assigned => "assigned",
+        Running => "running",
+        Stopping => "stopping",
+        Stopped => "stopped",
+    }
+);
+
+impl TaskState {
+    /// Holds (or is about to hold) capacity.
+    pub fn holds_capacity(self) -> bool {
+        matches!(
+            self,
+            TaskState::Assigned | TaskState::Running | TaskState::Stopping
+        )
+    }
+
+    pub fn is_live(self) -> bool {
+        self != TaskState::Stopped
+    }
+}
+
+word_enum!(
+    /// A deployment's place in its service.
+    DeploymentStatus {
+        Primary => "primary",
+        Active => "active",
+        Completed => "completed",
+        RolledBack => "rolled_back",
+    }
+);
+
+/// What a placed task holds on one GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuAllocation {
+    pub gpu: GpuUuid,
+    pub index: u32,
+    pub memory: MiB,
+    pub compute: ComputeMilli,
+    pub dedicated: bool,
+}
+
+/// What the agent measured for a task.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Measured {
+    pub gpu_memory_peak: Option<MiB>,
+    pub sm_percent: Option<u32>,
+}
+
+/// One running copy of a task definition.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Task {
+    pub id: String,
+    pub service: String,
+    pub deployment_id: i64,
+    pub task_definition: TaskDefRef,
+    pub pool: PoolName,
+    /// Host CPU and memory the task reserves.
+    pub cpu: crate::units::MilliCpu,
+    pub memory: MiB,
+    pub state: TaskState,
+    /// Being moved off a draining or impaired host: its replacement starts first.
+    pub migrating: bool,
+    pub host: Option<HostId>,
+    pub allocations: Vec<GpuAllocation>,
+    /// For a pending task: why it could not be placed yet.
+    pub placement_message: Option<String>,
+    pub stop_reason: Option<String>,
+    pub exit_code: Option<i32>,
+    pub measured: Measured,
+    pub created_at: String,
+    pub started_at: Option<String>,
+    pub stopped_at: Option<String>,
+}
+
+/// A revision being rolled out (or out) for a service, with its task counts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Deployment {
+    pub id: i64,
+    pub service: String,
+    pub task_definition: TaskDefRef,
+    pub status: DeploymentStatus,
+    pub pending: u32,
+    pub running: u32,
+    /// Tasks of this deployment that stopped on their own with a non-zero exit code.
+    pub failed_tasks: u32,
+    pub created_at: String,
+}
+
+/// A timestamped, human-readable record on a service or a host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    pub id: i64,
+    pub at: String,
+    pub service: Option<String>,
+    pub host: Option<HostId>,
+    pub message: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn task_def_refs_parse_and_print() {
+        let r: TaskDefRef = "llm-serve:3".parse().expect("valid");
+        assert_eq!(r.family, "llm-serve");
+        assert_eq!(r.revision, 3);
+        assert_eq!(r.to_string(), "llm-serve:3");
+        for bad in ["llm", "llm:0", ":1", "llm:x"] {
+            assert!(bad.parse::<TaskDefRef>().is_err(), "{bad}");
+        }
+    }
+}
