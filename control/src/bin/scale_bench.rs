@@ -1,0 +1,204 @@
+//! `scale-bench`: how fast the control plane places and commits tasks, and how much memory
+//! it holds, when one service on a large simulated fleet is scaled from 0 to many tasks.
+//!
+//! ```text
+//! scale-bench [--hosts 1000] [--gpus-per-host 8] [--tasks 10000]
+//! ```
+//!
+//! Hosts join through the same registration path as agents; the service's tasks are
+//! created, placed by the fragmentation-aware engine and committed by the real reconcile
+//! pass on an SQLite file. The baseline in the same run is the placement engine alone on
+//! the same fleet (no store), which bounds what the store path could reach.
+
+use serde_json::json;
+use std::time::Instant;
+use tessera_control::inputs::{PoolInput, ServiceInput, ServicePatch};
+use tessera_control::store::TaskFilter;
+use tessera_control::{Control, ControlConfig};
+use tessera_model::agent::{GpuReport, RegisterRequest};
+use tessera_model::service::{DeploymentConfig, ServiceConstraints, TaskState};
+use tessera_model::{GpuUuid, MiB, MilliCpu, PoolName};
+
+fn arg(name: &str, default: usize) -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .map(|v| {
+            v.parse()
+                .unwrap_or_else(|_| panic!("{name} needs a whole number, got {v:?}"))
+        })
+        .unwrap_or(default)
+}
+
+/// Resident memory now and at its peak, in MiB (Linux).
+fn memory_mib() -> (f64, f64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |key: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(key))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|kb| kb.parse::<f64>().ok())
+            .map_or(f64::NAN, |kb| kb / 1024.0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let hosts = arg("--hosts", 1000);
+    let per_host = arg("--gpus-per-host", 8);
+    let tasks = arg("--tasks", 10_000);
+    let dir = std::env::temp_dir().join(format!("tessera-scale-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let store = tessera_control::open(&format!("sqlite://{}/bench.db", dir.display())).await?;
+    let control = Control::new(store, ControlConfig::default());
+    control
+        .create_pool(&PoolInput {
+            name: "bench".into(),
+            policy: None,
+            compute_overcommit: None,
+            mps_client_limit: None,
+        })
+        .await?;
+    let started = Instant::now();
+    for h in 0..hosts {
+        control
+            .admit_host(&RegisterRequest {
+                join_token: String::new(),
+                pool: PoolName::new("bench")?,
+                cpu_milli: MilliCpu(192_000),
+                memory_mib: MiB(2 * 1024 * 1024),
+                simulated: true,
+                labels: Default::default(),
+                gpus: (0..per_host as u32)
+                    .map(|i| GpuReport {
+                        uuid: GpuUuid::new(format!("GPU-SIM-{h}-{i}")).expect("non-empty"),
+                        index: i,
+                        model: "H100 80GB (simulated)".into(),
+                        memory_mib: MiB(80 * 1024),
+                        mps_client_limit: 48,
+                        healthy: true,
+                    })
+                    .collect(),
+                name: Some(format!("sim-{h}")),
+            })
+            .await?;
+    }
+    let registered = started.elapsed();
+    control
+        .register_task_definition(&json!({"family": "bench", "containers": [{"name": "main", "command": ["sleep", "infinity"],
+            "cpu_milli": 2000, "memory_mib": 8192, "gpu": {"mps": {"memory_mib": 10240, "max_compute_percent": 12}}}]}))
+        .await?;
+    control
+        .create_service(&ServiceInput {
+            name: "bench".into(),
+            task_definition: "bench:1".into(),
+            pool: "bench".into(),
+            desired_count: 0,
+            strategy: None,
+            constraints: ServiceConstraints::default(),
+            deployment: Some(DeploymentConfig::default()),
+            stop_timeout_secs: 30,
+        })
+        .await?;
+    control.reconcile_once().await?;
+    let (rss_before, _) = memory_mib();
+
+    let start = Instant::now();
+    control
+        .update_service(
+            "bench",
+            &ServicePatch {
+                desired_count: Some(tasks as u32),
+                task_definition: None,
+            },
+        )
+        .await?;
+    let mut passes = 0;
+    let placed = loop {
+        control.reconcile_once().await?;
+        passes += 1;
+        let placed = control
+            .store()
+            .list_tasks(&TaskFilter {
+                service: Some("bench".into()),
+                states: vec![TaskState::Assigned],
+                ..Default::default()
+            })
+            .await?
+            .len();
+        if placed >= tasks || passes >= 20 {
+            break placed;
+        }
+    };
+    let elapsed = start.elapsed().as_secs_f64();
+    let (rss, peak) = memory_mib();
+
+    // Baseline: the engine alone on the same fleet.
+    let engine_rate = {
+        use tessera_placement::{
+            DemandProfile, Engine, GpuSpec, HostSpec, Policy, PoolLimits, Snapshot, TaskRequest,
+        };
+        let specs: Vec<HostSpec> = (0..hosts)
+            .map(|h| HostSpec {
+                id: tessera_model::HostId::new(format!("sim-{h}")).expect("valid"),
+                cpu: MilliCpu(192_000),
+                memory: MiB(2 * 1024 * 1024),
+                labels: Default::default(),
+                active: true,
+                gpus: (0..per_host)
+                    .map(|i| GpuSpec {
+                        uuid: GpuUuid::new(format!("GPU-SIM-{h}-{i}")).expect("valid"),
+                        model: "H100".into(),
+                        memory: MiB(80 * 1024),
+                        mps_client_limit: 48,
+                        healthy: true,
+                    })
+                    .collect(),
+            })
+            .collect();
+        let req = TaskRequest::shared(
+            MilliCpu(2000),
+            MiB(8192),
+            MiB(10240),
+            Some(tessera_model::ComputeMilli(120)),
+        );
+        let mut engine = Engine::new(
+            Snapshot::new(specs, PoolLimits::default()),
+            Policy::Fragmentation,
+            &DemandProfile::from_requests([&req]),
+            1,
+        );
+        let t = Instant::now();
+        let out = engine.place_batch(&vec![req; tasks]);
+        out.placed() as f64 / t.elapsed().as_secs_f64()
+    };
+
+    println!(
+        "scale-bench: {hosts} hosts × {per_host} GPUs = {} GPUs, SQLite file store",
+        hosts * per_host
+    );
+    println!(
+        "  registering the hosts through the admission path: {:.2} s",
+        registered.as_secs_f64()
+    );
+    println!(
+        "  scale 0 → {tasks}: {placed} tasks created, placed and committed in {elapsed:.2} s over {passes} reconcile pass(es) = {:.0} tasks/s",
+        placed as f64 / elapsed
+    );
+    println!("  baseline, placement engine alone (no store): {engine_rate:.0} tasks/s");
+    println!(
+        "  memory: {rss_before:.0} MiB resident before the scale-up, {rss:.0} MiB after, peak {peak:.0} MiB"
+    );
+    println!(
+        "{}",
+        json!({"hosts": hosts, "gpus": hosts * per_host, "tasks": placed, "seconds": elapsed,
+               "tasks_per_sec": placed as f64 / elapsed, "engine_only_tasks_per_sec": engine_rate,
+               "rss_mib_before": rss_before, "rss_mib_after": rss, "peak_rss_mib": peak})
+    );
+    drop(control);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
