@@ -49,7 +49,8 @@ pub struct Control {
     wake: Arc<Notify>,
     /// Tells live views (SSE) that state changed; the payload is a coarse topic.
     changes: broadcast::Sender<&'static str>,
-    /// Last placement complaint per service, so the same one is not logged every pass.
+    /// What the last pass reported per service (placement complaint, rollout progress,
+    /// steady state), so an event is written when it changes, not on every pass.
     pub(crate) last_complaint: Arc<Mutex<HashMap<String, String>>>,
     /// Serialises reconcile passes: the loop and tests calling `reconcile_once` directly.
     pub(crate) pass: Arc<tokio::sync::Mutex<()>>,

@@ -286,6 +286,29 @@ impl Control {
                 .await;
             }
         }
+        // Progress of a rollout, when the new revision's running count changes.
+        if !old.is_empty() {
+            let key = format!("progress:{}", primary.id);
+            let now = running(&new).to_string();
+            let before = self
+                .last_complaint
+                .lock()
+                .expect("not poisoned")
+                .insert(key, now.clone());
+            if before.as_deref() != Some(now.as_str()) {
+                self.event(
+                    Some(name),
+                    None,
+                    &format!(
+                        "deployment {} in progress: {now} of {desired} task(s) of {} running, {} old task(s) left",
+                        primary.id,
+                        primary.task_definition,
+                        old.len()
+                    ),
+                )
+                .await;
+            }
+        }
         let steady = old.is_empty()
             && new.len() == desired
             && running(&new) == desired

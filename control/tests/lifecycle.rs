@@ -179,6 +179,10 @@ async fn rolling_deployment_respects_minimum_healthy_and_maximum_percent() {
             .any(|e| e.message.contains("deployment") && e.message.contains("started"))
     );
     assert!(events.iter().any(|e| e.message.contains("steady state")));
+    assert!(
+        events.iter().any(|e| e.message.contains("in progress")),
+        "{events:?}"
+    );
     assert_no_overcommit(c).await;
 }
 
