@@ -1,36 +1,106 @@
-//! `tessera-agent`: runs on each GPU host. This build discovers the host's GPUs and prints
-//! them (`tessera-agent probe`); see the crate docs of `tessera_agent`.
+//! `tessera-agent`: runs on each GPU host. See the crate docs of `tessera_agent`.
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::Parser;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 use tessera_agent::probe::{GpuProbe, NvmlProbe, SimulatedProbe};
+use tessera_agent::{Agent, AgentConfig};
+use tessera_model::PoolName;
+use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]
-#[command(name = "tessera-agent", version, about = "Tessera host agent")]
+#[command(
+    name = "tessera-agent",
+    version,
+    about = "Tessera host agent: GPUs, MPS, tasks"
+)]
 struct Cli {
-    #[command(subcommand)]
-    command: Command,
+    /// The control plane's URL.
+    #[arg(long, env = "TESSERA_AGENT_SERVER", required_unless_present = "probe")]
+    server: Option<String>,
+    /// Join token; needed only for the first registration.
+    #[arg(long, env = "TESSERA_AGENT_JOIN_TOKEN", hide_env_values = true)]
+    join_token: Option<String>,
+    /// Where the agent keeps its credentials, task state and logs.
+    #[arg(
+        long,
+        env = "TESSERA_AGENT_STATE_DIR",
+        default_value = "/var/lib/tessera-agent"
+    )]
+    state_dir: PathBuf,
+    /// Pool to join.
+    #[arg(long, env = "TESSERA_AGENT_POOL", default_value = "default")]
+    pool: String,
+    /// Host id to ask for (default: the hostname).
+    #[arg(long, env = "TESSERA_AGENT_NAME")]
+    name: Option<String>,
+    /// Host label KEY=VALUE, for placement constraints (repeatable).
+    #[arg(long = "label", env = "TESSERA_AGENT_LABELS", value_delimiter = ',')]
+    labels: Vec<String>,
+    /// Simulate GPUs, e.g. `8xH100-80GB`, instead of asking NVML.
+    #[arg(long, env = "TESSERA_AGENT_SIMULATE")]
+    simulate: Option<String>,
+    /// Path of nvidia-cuda-mps-control (or a stand-in).
+    #[arg(long, env = "TESSERA_AGENT_MPS_CONTROL")]
+    mps_control: Option<PathBuf>,
+    /// Per-task log size before it starts over, in bytes.
+    #[arg(long, env = "TESSERA_AGENT_LOG_CAP", default_value_t = 10 * 1024 * 1024)]
+    log_cap: u64,
+    /// Print the GPUs found (JSON) and exit.
+    #[arg(long)]
+    probe: bool,
 }
 
-#[derive(Subcommand)]
-enum Command {
-    /// Discover this host's GPUs and print them as JSON.
-    Probe {
-        /// Simulate GPUs instead of asking NVML, e.g. `8xH100-80GB`.
-        #[arg(long, env = "TESSERA_AGENT_SIMULATE")]
-        simulate: Option<String>,
-    },
-}
-
-fn main() -> anyhow::Result<()> {
-    let Command::Probe { simulate } = Cli::parse().command;
-    let inventory = match simulate {
-        Some(spec) => SimulatedProbe::parse(&spec, "local")?.inventory()?,
-        None => NvmlProbe::new()?.inventory()?,
-    };
-    println!(
-        "{}",
-        serde_json::to_string_pretty(&inventory).context("encoding the inventory")?
-    );
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .init();
+    let cli = Cli::parse();
+    let name = cli.name.clone().unwrap_or_else(|| {
+        nix::unistd::gethostname()
+            .ok()
+            .and_then(|h| h.into_string().ok())
+            .unwrap_or_else(|| "host".into())
+    });
+    if cli.probe {
+        let inventory = match &cli.simulate {
+            Some(spec) => SimulatedProbe::parse(spec, &name)?.inventory()?,
+            None => NvmlProbe::new()?.inventory()?,
+        };
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&inventory).context("encoding the inventory")?
+        );
+        return Ok(());
+    }
+    let mut labels = BTreeMap::new();
+    for l in &cli.labels {
+        let (k, v) = l
+            .split_once('=')
+            .with_context(|| format!("--label {l:?}: expected KEY=VALUE"))?;
+        labels.insert(k.to_owned(), v.to_owned());
+    }
+    let agent = Agent::new(AgentConfig {
+        server: cli.server.clone().expect("required by clap"),
+        join_token: cli.join_token.clone(),
+        state_dir: cli.state_dir.clone(),
+        pool: PoolName::new(cli.pool.clone()).with_context(|| format!("--pool {:?}", cli.pool))?,
+        name,
+        labels,
+        simulate: cli.simulate.clone(),
+        mps_control: cli.mps_control.clone(),
+        max_mps_restarts: 3,
+        log_cap: cli.log_cap,
+        stop_tasks_on_exit: false,
+    })?;
+    agent
+        .run(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await?;
     Ok(())
 }

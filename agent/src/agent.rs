@@ -1,0 +1,354 @@
+//! The sync client: registers once with the join token (keeping the host id and agent
+//! token on disk, owner-only), then syncs on the server's interval: it reports GPUs, MPS
+//! health and its tasks with their measured use, and converges on the answer. When the
+//! server is unreachable it backs off with jitter and keeps its tasks running.
+
+use crate::mps::{MpsConfig, MpsHealth, MpsSupervisor};
+use crate::probe::{GpuProbe, NvmlProbe, ProbeError, SimulatedProbe, TaskView};
+use crate::runtime::{Runtime, RuntimeError};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::time::Duration;
+use tessera_model::agent::{
+    MpsReport, RegisterRequest, RegisterResponse, SyncRequest, SyncResponse,
+};
+use tessera_model::{MiB, PoolName};
+
+/// How an agent runs.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// The control plane's base URL, e.g. `http://10.0.0.5:3000`.
+    pub server: String,
+    /// Needed only until the agent has registered.
+    pub join_token: Option<String>,
+    pub state_dir: PathBuf,
+    pub pool: PoolName,
+    /// Suggested host id (the hostname by default).
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    /// Simulated GPUs (`8xH100-80GB`) instead of NVML.
+    pub simulate: Option<String>,
+    /// The MPS control program. Unset: `nvidia-cuda-mps-control` on real GPUs, none on
+    /// simulated ones (their MPS is simulated too and always healthy).
+    pub mps_control: Option<PathBuf>,
+    pub max_mps_restarts: u32,
+    /// Bytes per task log before it starts over.
+    pub log_cap: u64,
+    /// Stop every task when the agent exits (the demo); a real agent leaves them running
+    /// and re-adopts them when it starts again.
+    pub stop_tasks_on_exit: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error(transparent)]
+    Probe(#[from] ProbeError),
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    #[error("this agent is not registered and has no join token: pass --join-token")]
+    NoJoinToken,
+    #[error("cannot keep credentials in {path}: {source}")]
+    Credentials {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+/// What registration gave this agent; kept in `<state-dir>/credentials.json`, mode 0600.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Credentials {
+    server: String,
+    host_id: String,
+    agent_token: String,
+}
+
+fn load_credentials(path: &std::path::Path, server: &str) -> Option<Credentials> {
+    let c: Credentials = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
+    (c.server == server).then_some(c)
+}
+
+fn save_credentials(path: &std::path::Path, c: &Credentials) -> Result<(), AgentError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let err = |source| AgentError::Credentials {
+        path: path.display().to_string(),
+        source,
+    };
+    let bytes = serde_json::to_vec_pretty(c).map_err(|e| err(std::io::Error::other(e)))?;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(err)?;
+    f.write_all(&bytes).map_err(err)
+}
+
+/// Cheap jitter: ±20 % of `d`, from the clock and the pid.
+fn jitter(d: Duration) -> Duration {
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |t| t.subsec_nanos())
+        ^ std::process::id();
+    let factor = 0.8 + f64::from(seed % 1000) / 1000.0 * 0.4;
+    d.mul_f64(factor)
+}
+
+/// A request that failed: whether the server refused our credentials.
+enum SyncFailure {
+    Unauthorized,
+    Other(String),
+}
+
+/// The agent.
+pub struct Agent {
+    config: AgentConfig,
+    http: reqwest::Client,
+    probe: Box<dyn GpuProbe>,
+    mps: Option<MpsSupervisor>,
+    runtime: Runtime,
+    /// Peak GPU memory seen per task.
+    peaks: HashMap<String, MiB>,
+}
+
+impl Agent {
+    /// Sets up the probe (failing clearly without NVML and without `--simulate`), the MPS
+    /// supervisor and the runtime (re-adopting tasks left running).
+    pub fn new(config: AgentConfig) -> Result<Agent, AgentError> {
+        std::fs::create_dir_all(&config.state_dir).map_err(|source| AgentError::Credentials {
+            path: config.state_dir.display().to_string(),
+            source,
+        })?;
+        let probe: Box<dyn GpuProbe> = match &config.simulate {
+            Some(spec) => Box::new(SimulatedProbe::parse(spec, &config.name)?),
+            None => Box::new(NvmlProbe::new()?),
+        };
+        let control = match (&config.mps_control, probe.simulated()) {
+            (Some(path), _) => Some(path.clone()),
+            (None, false) => Some(PathBuf::from("nvidia-cuda-mps-control")),
+            (None, true) => None,
+        };
+        let mps = control.map(|path| {
+            let mut c = MpsConfig::new(path, &config.state_dir);
+            c.max_restarts = config.max_mps_restarts;
+            MpsSupervisor::new(c)
+        });
+        let runtime = Runtime::open(
+            &config.state_dir,
+            config.log_cap,
+            mps.as_ref().map(|m| m.pipe_dir().to_path_buf()),
+        )?;
+        Ok(Agent {
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .build()
+                .expect("a plain HTTP client builds"),
+            config,
+            probe,
+            mps,
+            runtime,
+            peaks: HashMap::new(),
+        })
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.config.server.trim_end_matches('/'))
+    }
+
+    async fn register(&mut self) -> Result<Credentials, String> {
+        let token = self
+            .config
+            .join_token
+            .clone()
+            .ok_or_else(|| AgentError::NoJoinToken.to_string())?;
+        let inventory = self.probe.inventory().map_err(|e| e.to_string())?;
+        let (cpu, memory) = host_resources();
+        let req = RegisterRequest {
+            join_token: token,
+            pool: self.config.pool.clone(),
+            cpu_milli: cpu,
+            memory_mib: memory,
+            simulated: self.probe.simulated(),
+            labels: self.config.labels.clone(),
+            gpus: inventory.reports(),
+            name: Some(self.config.name.clone()),
+        };
+        let resp = self
+            .http
+            .post(self.url("/agent/v1/register"))
+            .json(&req)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        if !resp.status().is_success() {
+            let status = resp.status();
+            return Err(format!(
+                "registration refused ({status}): {}",
+                resp.text().await.unwrap_or_default()
+            ));
+        }
+        let r: RegisterResponse = resp.json().await.map_err(|e| e.to_string())?;
+        tracing::info!(host = %r.host_id, "registered with the control plane");
+        Ok(Credentials {
+            server: self.config.server.clone(),
+            host_id: r.host_id.to_string(),
+            agent_token: r.agent_token,
+        })
+    }
+
+    async fn sync(&mut self, creds: &Credentials) -> Result<SyncResponse, SyncFailure> {
+        self.runtime.poll();
+        let mps = match &mut self.mps {
+            Some(m) => m.supervise().await,
+            None => MpsHealth::Healthy,
+        };
+        let inventory = self
+            .probe
+            .inventory()
+            .map_err(|e| SyncFailure::Other(e.to_string()))?;
+        let mut usage = HashMap::new();
+        for t in self.runtime.processes() {
+            if let Some(u) = self.probe.task_usage(&TaskView {
+                pids: &t.pids,
+                env: &t.env,
+            }) {
+                let peak = self.peaks.entry(t.task_id.clone()).or_insert(MiB::ZERO);
+                *peak = (*peak).max(u.gpu_memory);
+                usage.insert(t.task_id, (*peak, u.sm_percent));
+            }
+        }
+        let mut tasks = self.runtime.reports();
+        for r in &mut tasks {
+            if let Some((peak, sm)) = usage.get(&r.task_id) {
+                r.gpu_memory_peak_mib = Some(*peak);
+                r.sm_percent = *sm;
+            }
+        }
+        let req = SyncRequest {
+            gpus: inventory.reports(),
+            mps: MpsReport {
+                healthy: mps == MpsHealth::Healthy,
+                reason: mps.reason().map(str::to_owned),
+            },
+            tasks,
+        };
+        let resp = self
+            .http
+            .post(self.url("/agent/v1/sync"))
+            .bearer_auth(&creds.agent_token)
+            .json(&req)
+            .send()
+            .await
+            .map_err(|e| SyncFailure::Other(e.to_string()))?;
+        if resp.status() == reqwest::StatusCode::UNAUTHORIZED {
+            return Err(SyncFailure::Unauthorized);
+        }
+        if !resp.status().is_success() {
+            return Err(SyncFailure::Other(format!(
+                "sync refused ({})",
+                resp.status()
+            )));
+        }
+        let answer: SyncResponse = resp
+            .json()
+            .await
+            .map_err(|e| SyncFailure::Other(e.to_string()))?;
+        self.runtime.converge(&answer.tasks);
+        self.peaks
+            .retain(|id, _| answer.tasks.iter().any(|t| t.task_id == *id));
+        Ok(answer)
+    }
+
+    /// Runs until `shutdown` resolves.
+    pub async fn run(
+        mut self,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) -> Result<(), AgentError> {
+        tokio::pin!(shutdown);
+        if let Some(m) = &mut self.mps {
+            match m.start().await {
+                MpsHealth::Healthy => tracing::info!("MPS control daemon is up"),
+                MpsHealth::Unhealthy(r) => {
+                    tracing::warn!(reason = %r, "MPS control daemon is not healthy")
+                }
+            }
+        }
+        let creds_path = self.config.state_dir.join("credentials.json");
+        let mut creds = load_credentials(&creds_path, &self.config.server);
+        if creds.is_none() && self.config.join_token.is_none() {
+            return Err(AgentError::NoJoinToken);
+        }
+        let mut backoff = Duration::from_secs(1);
+        loop {
+            let wait = match &creds {
+                None => match self.register().await {
+                    Ok(c) => {
+                        save_credentials(&creds_path, &c)?;
+                        creds = Some(c);
+                        Duration::ZERO
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "registration failed; retrying");
+                        backoff = (backoff * 2).min(Duration::from_secs(30));
+                        jitter(backoff)
+                    }
+                },
+                Some(c) => {
+                    let c = c.clone();
+                    match self.sync(&c).await {
+                        Ok(answer) => {
+                            backoff = Duration::from_secs(1);
+                            jitter(Duration::from_secs(u64::from(
+                                answer.sync_interval_secs.max(1),
+                            )))
+                        }
+                        Err(SyncFailure::Unauthorized) => {
+                            tracing::warn!(
+                                "the server no longer knows this agent's token; registering again"
+                            );
+                            let _ = std::fs::remove_file(&creds_path);
+                            creds = None;
+                            Duration::from_secs(1)
+                        }
+                        Err(SyncFailure::Other(e)) => {
+                            tracing::warn!(error = %e, retry_in = ?backoff, "sync failed; tasks keep running");
+                            backoff = (backoff * 2).min(Duration::from_secs(30));
+                            jitter(backoff)
+                        }
+                    }
+                }
+            };
+            tokio::select! {
+                _ = &mut shutdown => break,
+                _ = tokio::time::sleep(wait) => {}
+            }
+        }
+        if self.config.stop_tasks_on_exit {
+            self.runtime.stop_all().await;
+        }
+        if let Some(m) = &mut self.mps {
+            m.shutdown().await;
+        }
+        tracing::info!(
+            tasks_left_running = self.runtime.running_count(),
+            "agent stopped"
+        );
+        Ok(())
+    }
+}
+
+/// This machine's CPU (milli) and memory (MiB).
+pub fn host_resources() -> (tessera_model::MilliCpu, MiB) {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    let mem_kb = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .unwrap_or(0);
+    (tessera_model::MilliCpu(cpus * 1000), MiB(mem_kb / 1024))
+}

@@ -1,0 +1,315 @@
+//! The MPS control daemon's supervisor: starts `nvidia-cuda-mps-control -d` with this
+//! agent's own pipe and log directories, checks it answers a control command within a
+//! timeout, restarts it within limits, and sends `quit` on shutdown.
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::Command;
+
+/// How the supervisor runs the daemon.
+#[derive(Debug, Clone)]
+pub struct MpsConfig {
+    /// `nvidia-cuda-mps-control`, or a stand-in in tests.
+    pub control: PathBuf,
+    /// `CUDA_MPS_PIPE_DIRECTORY`: where the daemon and its clients meet.
+    pub pipe_dir: PathBuf,
+    /// `CUDA_MPS_LOG_DIRECTORY`.
+    pub log_dir: PathBuf,
+    /// A health command that takes longer than this fails.
+    pub check_timeout: Duration,
+    /// At most this many restarts within `restart_window`; then the daemon stays down and
+    /// the host is reported impaired until the agent restarts.
+    pub max_restarts: u32,
+    pub restart_window: Duration,
+}
+
+impl MpsConfig {
+    pub fn new(control: PathBuf, state_dir: &std::path::Path) -> MpsConfig {
+        MpsConfig {
+            control,
+            pipe_dir: state_dir.join("mps-pipe"),
+            log_dir: state_dir.join("mps-log"),
+            check_timeout: Duration::from_secs(5),
+            max_restarts: 3,
+            restart_window: Duration::from_secs(600),
+        }
+    }
+}
+
+/// The daemon's health as the agent reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MpsHealth {
+    Healthy,
+    Unhealthy(String),
+}
+
+impl MpsHealth {
+    pub fn reason(&self) -> Option<&str> {
+        match self {
+            MpsHealth::Healthy => None,
+            MpsHealth::Unhealthy(r) => Some(r),
+        }
+    }
+}
+
+/// What to do after a health check; the supervisor's state machine, kept pure for tests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// The daemon answered.
+    Healthy,
+    /// It did not: restart it (the budget allows).
+    Restart(String),
+    /// It did not and the restart budget is spent: report unhealthy, do not restart.
+    GiveUp(String),
+}
+
+/// Restarts allowed within a sliding window.
+#[derive(Debug, Clone)]
+pub struct RestartBudget {
+    max: u32,
+    window: Duration,
+    history: VecDeque<Instant>,
+}
+
+impl RestartBudget {
+    pub fn new(max: u32, window: Duration) -> Self {
+        RestartBudget {
+            max,
+            window,
+            history: VecDeque::new(),
+        }
+    }
+
+    /// Decides after a check at `now`; a restart is charged to the budget.
+    pub fn decide(&mut self, check: Result<(), String>, now: Instant) -> Decision {
+        let reason = match check {
+            Ok(()) => return Decision::Healthy,
+            Err(reason) => reason,
+        };
+        while self
+            .history
+            .front()
+            .is_some_and(|t| now.duration_since(*t) > self.window)
+        {
+            self.history.pop_front();
+        }
+        if (self.history.len() as u32) < self.max {
+            self.history.push_back(now);
+            Decision::Restart(reason)
+        } else {
+            Decision::GiveUp(format!(
+                "{reason}; restarted {} times in {} s, not restarting again",
+                self.history.len(),
+                self.window.as_secs()
+            ))
+        }
+    }
+}
+
+/// The supervisor of one host's MPS control daemon.
+pub struct MpsSupervisor {
+    config: MpsConfig,
+    budget: RestartBudget,
+    health: MpsHealth,
+}
+
+impl MpsSupervisor {
+    pub fn new(config: MpsConfig) -> Self {
+        let budget = RestartBudget::new(config.max_restarts, config.restart_window);
+        MpsSupervisor {
+            config,
+            budget,
+            health: MpsHealth::Unhealthy("not started yet".into()),
+        }
+    }
+
+    pub fn pipe_dir(&self) -> &std::path::Path {
+        &self.config.pipe_dir
+    }
+
+    pub fn health(&self) -> &MpsHealth {
+        &self.health
+    }
+
+    fn command(&self) -> Command {
+        let mut cmd = Command::new(&self.config.control);
+        cmd.env("CUDA_MPS_PIPE_DIRECTORY", &self.config.pipe_dir)
+            .env("CUDA_MPS_LOG_DIRECTORY", &self.config.log_dir)
+            .kill_on_drop(true);
+        cmd
+    }
+
+    /// Starts the daemon (`-d` forks it and returns), unless one already answers.
+    pub async fn start(&mut self) -> MpsHealth {
+        if self.check().await.is_ok() {
+            self.health = MpsHealth::Healthy;
+            return self.health.clone();
+        }
+        self.health = match self.spawn_daemon().await {
+            Ok(()) => match self.check().await {
+                Ok(()) => MpsHealth::Healthy,
+                Err(e) => MpsHealth::Unhealthy(format!("started but does not answer: {e}")),
+            },
+            Err(e) => MpsHealth::Unhealthy(e),
+        };
+        self.health.clone()
+    }
+
+    async fn spawn_daemon(&self) -> Result<(), String> {
+        for dir in [&self.config.pipe_dir, &self.config.log_dir] {
+            tokio::fs::create_dir_all(dir)
+                .await
+                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        }
+        let status = tokio::time::timeout(
+            self.config.check_timeout,
+            self.command()
+                .arg("-d")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .output(),
+        )
+        .await
+        .map_err(|_| {
+            format!(
+                "{} -d did not return within {:?}",
+                self.config.control.display(),
+                self.config.check_timeout
+            )
+        })?
+        .map_err(|e| format!("cannot run {}: {e}", self.config.control.display()))?;
+        if status.status.success() {
+            tracing::info!(pipe_dir = %self.config.pipe_dir.display(), "MPS control daemon started");
+            Ok(())
+        } else {
+            Err(format!(
+                "{} -d failed ({}): {}",
+                self.config.control.display(),
+                status.status,
+                String::from_utf8_lossy(&status.stderr).trim()
+            ))
+        }
+    }
+
+    /// Sends `command` to the daemon; its answer, or why there is none.
+    async fn send(&self, command: &str) -> Result<String, String> {
+        let mut child = self
+            .command()
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("cannot run {}: {e}", self.config.control.display()))?;
+        let mut stdin = child.stdin.take().expect("piped");
+        let talk = async {
+            stdin
+                .write_all(format!("{command}\n").as_bytes())
+                .await
+                .map_err(|e| e.to_string())?;
+            drop(stdin);
+            let mut out = String::new();
+            let mut err = String::new();
+            let mut stdout = child.stdout.take().expect("piped");
+            let mut stderr = child.stderr.take().expect("piped");
+            let _ = stdout.read_to_string(&mut out).await;
+            let _ = stderr.read_to_string(&mut err).await;
+            let status = child.wait().await.map_err(|e| e.to_string())?;
+            if status.success() && !out.trim().is_empty() {
+                Ok(out.trim().to_owned())
+            } else {
+                Err(format!("{} ({status})", err.trim()).trim().to_owned())
+            }
+        };
+        match tokio::time::timeout(self.config.check_timeout, talk).await {
+            Ok(r) => r,
+            Err(_) => Err(format!("no answer within {:?}", self.config.check_timeout)),
+        }
+    }
+
+    /// Whether the daemon answers `get_default_active_thread_percentage`.
+    async fn check(&self) -> Result<(), String> {
+        let answer = self.send("get_default_active_thread_percentage").await?;
+        answer
+            .parse::<f64>()
+            .map(|_| ())
+            .map_err(|_| format!("unexpected answer {answer:?}"))
+    }
+
+    /// Checks health, restarting within the budget; returns the health to report.
+    pub async fn supervise(&mut self) -> MpsHealth {
+        let check = self.check().await;
+        self.health = match self.budget.decide(check, Instant::now()) {
+            Decision::Healthy => MpsHealth::Healthy,
+            Decision::Restart(reason) => {
+                tracing::warn!(%reason, "MPS control daemon unhealthy; restarting it");
+                match self.spawn_daemon().await {
+                    Ok(()) => match self.check().await {
+                        Ok(()) => MpsHealth::Healthy,
+                        Err(e) => MpsHealth::Unhealthy(format!(
+                            "{reason}; restarted but it does not answer: {e}"
+                        )),
+                    },
+                    Err(e) => MpsHealth::Unhealthy(format!("{reason}; restart failed: {e}")),
+                }
+            }
+            Decision::GiveUp(reason) => MpsHealth::Unhealthy(reason),
+        };
+        self.health.clone()
+    }
+
+    /// Asks the daemon to quit (it waits for its clients to exit).
+    pub async fn shutdown(&mut self) {
+        match self.send("quit").await {
+            Ok(_) | Err(_) => tracing::info!("MPS control daemon asked to quit"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn restarts_stay_within_the_budget_and_recover_after_the_window() {
+        let mut budget = RestartBudget::new(2, Duration::from_secs(60));
+        let t0 = Instant::now();
+        assert_eq!(budget.decide(Ok(()), t0), Decision::Healthy);
+        assert_eq!(
+            budget.decide(Err("dead".into()), t0),
+            Decision::Restart("dead".into())
+        );
+        assert_eq!(
+            budget.decide(Err("dead".into()), t0 + Duration::from_secs(1)),
+            Decision::Restart("dead".into())
+        );
+        match budget.decide(Err("dead".into()), t0 + Duration::from_secs(2)) {
+            Decision::GiveUp(reason) => {
+                assert!(reason.contains("restarted 2 times in 60 s"), "{reason}")
+            }
+            other => panic!("expected to give up, got {other:?}"),
+        }
+        // Healthy checks never spend the budget.
+        assert_eq!(
+            budget.decide(Ok(()), t0 + Duration::from_secs(3)),
+            Decision::Healthy
+        );
+        // Once the first restarts leave the window, restarting is allowed again.
+        assert_eq!(
+            budget.decide(Err("dead".into()), t0 + Duration::from_secs(62)),
+            Decision::Restart("dead".into())
+        );
+    }
+
+    #[test]
+    fn a_zero_budget_never_restarts() {
+        let mut budget = RestartBudget::new(0, Duration::from_secs(60));
+        assert!(matches!(
+            budget.decide(Err("x".into()), Instant::now()),
+            Decision::GiveUp(_)
+        ));
+    }
+}

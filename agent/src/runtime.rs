@@ -1,0 +1,656 @@
+//! The process runtime: runs each wanted task's containers as processes, each in its own
+//! process group, with the environment the server computed (plus the MPS pipe directory);
+//! writes their output to size-capped logs; reports exits; stops unwanted tasks with
+//! SIGTERM, then SIGKILL after the stop timeout. A state file lists what it started, so
+//! after the agent restarts it re-adopts running tasks instead of starting them twice.
+
+use nix::errno::Errno;
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+use tessera_model::agent::{TaskReport, WantedTask};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::process::{Child, Command};
+
+/// Variables a task always gets from the agent's own environment; nothing else leaks
+/// through (the agent's environment may hold its join token).
+const PASSED_THROUGH: &[&str] = &["PATH", "HOME", "LANG", "TZ"];
+
+/// One process of a task.
+struct Proc {
+    name: String,
+    pgid: i32,
+    /// `None` for a process adopted after an agent restart (not our child).
+    child: Option<Child>,
+    exit: Option<Option<i32>>,
+}
+
+impl Proc {
+    /// Exit status if it has exited: `Some(code)`; `Some(None)` when the code is unknown.
+    fn poll(&mut self) -> Option<Option<i32>> {
+        if self.exit.is_none() {
+            self.exit = match &mut self.child {
+                Some(child) => match child.try_wait() {
+                    Ok(Some(status)) => Some(status.code().or_else(|| {
+                        use std::os::unix::process::ExitStatusExt;
+                        status.signal().map(|s| 128 + s)
+                    })),
+                    Ok(None) => None,
+                    Err(_) => Some(None),
+                },
+                None => (!group_alive(self.pgid)).then_some(None),
+            };
+        }
+        self.exit
+    }
+
+    fn signal(&self, signal: Signal) {
+        if self.exit.is_none()
+            && let Err(e) = killpg(Pid::from_raw(self.pgid), signal)
+            && e != Errno::ESRCH
+        {
+            tracing::warn!(pgid = self.pgid, %signal, error = %e, "cannot signal a task's process group");
+        }
+    }
+}
+
+/// Whether a process group still has its leader running. A leader that exited but was
+/// never reaped (a zombie, where nothing reaps orphans) counts as gone.
+fn group_alive(pgid: i32) -> bool {
+    if matches!(killpg(Pid::from_raw(pgid), None), Err(Errno::ESRCH)) {
+        return false;
+    }
+    match std::fs::read_to_string(format!("/proc/{pgid}/status")) {
+        Ok(status) => !status
+            .lines()
+            .any(|l| l.starts_with("State:") && l.contains('Z')),
+        Err(_) => true,
+    }
+}
+
+/// Why a task is going away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    /// The server no longer wants it.
+    Requested,
+    /// A container exited on its own with this code.
+    Exited(Option<i32>),
+}
+
+struct Task {
+    procs: Vec<Proc>,
+    /// Environment of its first GPU container, for measuring use.
+    env: BTreeMap<String, String>,
+    stop_timeout: Duration,
+    /// Set once it is being stopped: why, and when SIGKILL follows SIGTERM.
+    ending: Option<(Ending, Instant)>,
+}
+
+/// What the state file keeps per task.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct Saved {
+    tasks: BTreeMap<String, SavedTask>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct SavedTask {
+    pgids: Vec<i32>,
+    env: BTreeMap<String, String>,
+    stop_timeout_secs: u64,
+}
+
+/// A task's processes, for measurement.
+pub struct TaskProcesses {
+    pub task_id: String,
+    pub pids: Vec<u32>,
+    pub env: BTreeMap<String, String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("cannot use the state directory {path}: {source}")]
+    StateDir {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+/// The tasks this agent runs.
+pub struct Runtime {
+    dir: PathBuf,
+    state_file: PathBuf,
+    log_cap: u64,
+    mps_pipe_dir: Option<PathBuf>,
+    tasks: BTreeMap<String, Task>,
+    /// Tasks that exited on their own, with their code, until the server has heard.
+    ended: BTreeMap<String, Option<i32>>,
+}
+
+impl Runtime {
+    /// Opens the runtime over `state_dir`, re-adopting tasks a previous run left running.
+    pub fn open(
+        state_dir: &Path,
+        log_cap: u64,
+        mps_pipe_dir: Option<PathBuf>,
+    ) -> Result<Runtime, RuntimeError> {
+        let dir = state_dir.join("tasks");
+        std::fs::create_dir_all(&dir).map_err(|source| RuntimeError::StateDir {
+            path: dir.display().to_string(),
+            source,
+        })?;
+        let state_file = state_dir.join("runtime.json");
+        let saved: Saved = std::fs::read(&state_file)
+            .ok()
+            .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+            .unwrap_or_default();
+        let mut runtime = Runtime {
+            dir,
+            state_file,
+            log_cap,
+            mps_pipe_dir,
+            tasks: BTreeMap::new(),
+            ended: BTreeMap::new(),
+        };
+        for (id, t) in saved.tasks {
+            let alive: Vec<i32> = t
+                .pgids
+                .iter()
+                .copied()
+                .filter(|&p| group_alive(p))
+                .collect();
+            if alive.is_empty() {
+                continue;
+            }
+            tracing::info!(task = %id, processes = alive.len(), "re-adopted a task left running by the previous agent");
+            runtime.tasks.insert(
+                id,
+                Task {
+                    procs: alive
+                        .into_iter()
+                        .map(|pgid| Proc {
+                            name: String::from("adopted"),
+                            pgid,
+                            child: None,
+                            exit: None,
+                        })
+                        .collect(),
+                    env: t.env,
+                    stop_timeout: Duration::from_secs(t.stop_timeout_secs),
+                    ending: None,
+                },
+            );
+        }
+        runtime.save();
+        Ok(runtime)
+    }
+
+    fn save(&self) {
+        let saved = Saved {
+            tasks: self
+                .tasks
+                .iter()
+                .map(|(id, t)| {
+                    (
+                        id.clone(),
+                        SavedTask {
+                            pgids: t.procs.iter().map(|p| p.pgid).collect(),
+                            env: t.env.clone(),
+                            stop_timeout_secs: t.stop_timeout.as_secs(),
+                        },
+                    )
+                })
+                .collect(),
+        };
+        let tmp = self.state_file.with_extension("json.tmp");
+        let written = serde_json::to_vec_pretty(&saved)
+            .map_err(std::io::Error::other)
+            .and_then(|bytes| std::fs::write(&tmp, bytes))
+            .and_then(|()| std::fs::rename(&tmp, &self.state_file));
+        if let Err(e) = written {
+            tracing::error!(error = %e, "cannot write the runtime state file");
+        }
+    }
+
+    /// Starts what is wanted and missing; stops what runs and is not wanted.
+    pub fn converge(&mut self, wanted: &[WantedTask]) {
+        let ids: BTreeSet<&str> = wanted.iter().map(|w| w.task_id.as_str()).collect();
+        for w in wanted {
+            if !self.tasks.contains_key(&w.task_id) && !self.ended.contains_key(&w.task_id) {
+                self.start(w);
+            }
+        }
+        let now = Instant::now();
+        for (id, t) in &mut self.tasks {
+            if t.ending.is_none() && !ids.contains(id.as_str()) {
+                tracing::info!(task = %id, "stopping a task the server no longer wants");
+                for p in &t.procs {
+                    p.signal(Signal::SIGTERM);
+                }
+                t.ending = Some((Ending::Requested, now + t.stop_timeout));
+            }
+        }
+        // Ended tasks the server no longer lists have been heard of.
+        self.ended.retain(|id, _| ids.contains(id.as_str()));
+        self.save();
+    }
+
+    fn start(&mut self, w: &WantedTask) {
+        let task_dir = self.dir.join(&w.task_id);
+        if let Err(e) = std::fs::create_dir_all(&task_dir) {
+            tracing::error!(task = %w.task_id, error = %e, "cannot create the task's log directory");
+        }
+        let mut procs = Vec::new();
+        let mut failed = None;
+        for (i, c) in w.containers.iter().enumerate() {
+            let Some((program, args)) = c.command.split_first() else {
+                continue;
+            };
+            let mut cmd = Command::new(program);
+            cmd.args(args)
+                .env_clear()
+                .envs(task_environment(w, i, self.mps_pipe_dir.as_deref()))
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .process_group(0)
+                .kill_on_drop(false);
+            match cmd.spawn() {
+                Ok(mut child) => {
+                    let pgid = child.id().map_or(0, |p| p as i32);
+                    let log = task_dir.join(format!("{}.log", c.name));
+                    if let Some(out) = child.stdout.take() {
+                        tokio::spawn(copy_capped(out, log.clone(), self.log_cap));
+                    }
+                    if let Some(err) = child.stderr.take() {
+                        tokio::spawn(copy_capped(
+                            err,
+                            task_dir.join(format!("{}.err.log", c.name)),
+                            self.log_cap,
+                        ));
+                    }
+                    procs.push(Proc {
+                        name: c.name.clone(),
+                        pgid,
+                        child: Some(child),
+                        exit: None,
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(task = %w.task_id, container = %c.name, error = %e, "cannot start a container");
+                    let _ = std::fs::write(
+                        task_dir.join(format!("{}.err.log", c.name)),
+                        format!("cannot start {program:?}: {e}\n"),
+                    );
+                    failed = Some(127);
+                    break;
+                }
+            }
+        }
+        let env = w
+            .containers
+            .iter()
+            .find(|c| {
+                c.env
+                    .get("CUDA_VISIBLE_DEVICES")
+                    .is_some_and(|v| !v.is_empty())
+            })
+            .or(w.containers.first())
+            .map(|c| c.env.clone())
+            .unwrap_or_default();
+        let stop_timeout = Duration::from_secs(u64::from(w.stop_timeout_secs.max(1)));
+        let mut task = Task {
+            procs,
+            env,
+            stop_timeout,
+            ending: None,
+        };
+        if let Some(code) = failed {
+            for p in &task.procs {
+                p.signal(Signal::SIGKILL);
+            }
+            task.ending = Some((Ending::Exited(Some(code)), Instant::now()));
+        } else {
+            tracing::info!(task = %w.task_id, containers = task.procs.len(), "task started");
+        }
+        self.tasks.insert(w.task_id.clone(), task);
+    }
+
+    /// Notices exits, finishes stops (SIGKILL after the timeout), and forgets tasks whose
+    /// processes are all gone.
+    pub fn poll(&mut self) {
+        let now = Instant::now();
+        let mut gone = Vec::new();
+        for (id, t) in &mut self.tasks {
+            let mut first_exit = None;
+            let mut all_done = true;
+            for p in &mut t.procs {
+                match p.poll() {
+                    Some(code) => {
+                        if first_exit.is_none() {
+                            first_exit = Some((p.name.clone(), code));
+                        }
+                    }
+                    None => all_done = false,
+                }
+            }
+            if t.ending.is_none()
+                && let Some((name, code)) = &first_exit
+            {
+                tracing::info!(task = %id, container = %name, ?code, "container exited; stopping the task");
+                for p in &t.procs {
+                    p.signal(Signal::SIGTERM);
+                }
+                t.ending = Some((Ending::Exited(*code), now + t.stop_timeout));
+            }
+            if let Some((ending, deadline)) = t.ending {
+                if all_done {
+                    gone.push((id.clone(), ending));
+                } else if now >= deadline {
+                    for p in &t.procs {
+                        p.signal(Signal::SIGKILL);
+                    }
+                }
+            }
+        }
+        for (id, ending) in gone {
+            self.tasks.remove(&id);
+            if let Ending::Exited(code) = ending {
+                self.ended.insert(id, code);
+            }
+        }
+        self.save();
+    }
+
+    /// What to tell the server: tasks running, and tasks that exited on their own.
+    pub fn reports(&self) -> Vec<TaskReport> {
+        let running = self
+            .tasks
+            .iter()
+            .filter(|(_, t)| t.ending.is_none())
+            .map(|(id, _)| TaskReport {
+                task_id: id.clone(),
+                running: true,
+                exit_code: None,
+                gpu_memory_peak_mib: None,
+                sm_percent: None,
+            });
+        let exited = self
+            .tasks
+            .iter()
+            .filter_map(|(id, t)| match t.ending {
+                Some((Ending::Exited(code), _)) => Some((id.clone(), code)),
+                _ => None,
+            })
+            .chain(self.ended.iter().map(|(id, code)| (id.clone(), *code)))
+            .map(|(task_id, exit_code)| TaskReport {
+                task_id,
+                running: false,
+                exit_code,
+                gpu_memory_peak_mib: None,
+                sm_percent: None,
+            });
+        running.chain(exited).collect()
+    }
+
+    /// Running tasks with their process ids, for measuring.
+    pub fn processes(&self) -> Vec<TaskProcesses> {
+        self.tasks
+            .iter()
+            .filter(|(_, t)| t.ending.is_none())
+            .map(|(id, t)| TaskProcesses {
+                task_id: id.clone(),
+                pids: t.procs.iter().map(|p| p.pgid as u32).collect(),
+                env: t.env.clone(),
+            })
+            .collect()
+    }
+
+    pub fn running_count(&self) -> usize {
+        self.tasks.values().filter(|t| t.ending.is_none()).count()
+    }
+
+    /// Stops every task and waits for them (used when the demo shuts down).
+    pub async fn stop_all(&mut self) {
+        self.converge(&[]);
+        for _ in 0..100 {
+            self.poll();
+            if self.tasks.is_empty() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        for t in self.tasks.values() {
+            for p in &t.procs {
+                p.signal(Signal::SIGKILL);
+            }
+        }
+    }
+}
+
+/// Copies a process's output to `path`, starting over (keeping one `.1` file) whenever the
+/// file would exceed `cap` bytes.
+async fn copy_capped(mut from: impl AsyncRead + Unpin, path: PathBuf, cap: u64) {
+    async fn open(p: &Path) -> std::io::Result<tokio::fs::File> {
+        tokio::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(p)
+            .await
+    }
+    let Ok(mut file) = open(&path).await else {
+        return;
+    };
+    let mut written = file.metadata().await.map_or(0, |m| m.len());
+    let mut buf = vec![0u8; 8192];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let mut chunk = &buf[..n];
+        while !chunk.is_empty() {
+            if written >= cap {
+                let _ = file.flush().await;
+                let _ = tokio::fs::rename(&path, path.with_extension("log.1")).await;
+                let Ok(f) = open(&path).await else { return };
+                file = f;
+                written = 0;
+            }
+            let take = chunk.len().min((cap - written) as usize);
+            if file.write_all(&chunk[..take]).await.is_err() {
+                return;
+            }
+            written += take as u64;
+            chunk = &chunk[take..];
+        }
+    }
+    let _ = file.flush().await;
+}
+
+/// The environment container `container` of `w` runs with: a few of the agent's own
+/// variables, the task's (with its GPU and MPS limits), its id, and for MPS tasks the
+/// daemon's pipe directory.
+pub fn task_environment(
+    w: &WantedTask,
+    container: usize,
+    pipe_dir: Option<&Path>,
+) -> BTreeMap<String, String> {
+    let mut env: BTreeMap<String, String> = PASSED_THROUGH
+        .iter()
+        .filter_map(|k| std::env::var(k).ok().map(|v| ((*k).to_owned(), v)))
+        .collect();
+    env.extend(w.containers[container].env.clone());
+    env.insert("TESSERA_TASK_ID".into(), w.task_id.clone());
+    if let (true, Some(pipe)) = (w.mps, pipe_dir) {
+        env.insert("CUDA_MPS_PIPE_DIRECTORY".into(), pipe.display().to_string());
+    }
+    env
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_model::agent::WantedContainer;
+
+    fn wanted(id: &str, command: &[&str], mps: bool) -> WantedTask {
+        WantedTask {
+            task_id: id.into(),
+            containers: vec![WantedContainer {
+                name: "main".into(),
+                command: command.iter().map(|s| (*s).to_owned()).collect(),
+                env: BTreeMap::from([
+                    ("CUDA_VISIBLE_DEVICES".to_owned(), "GPU-1".to_owned()),
+                    (
+                        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".to_owned(),
+                        "0=4096M".to_owned(),
+                    ),
+                ]),
+            }],
+            mps,
+            stop_timeout_secs: 1,
+        }
+    }
+
+    #[test]
+    fn mps_tasks_get_the_pipe_directory_and_nothing_else_leaks() {
+        let env = task_environment(
+            &wanted("t1", &["true"], true),
+            0,
+            Some(Path::new("/run/mps")),
+        );
+        assert_eq!(env["CUDA_MPS_PIPE_DIRECTORY"], "/run/mps");
+        assert_eq!(env["CUDA_VISIBLE_DEVICES"], "GPU-1");
+        assert_eq!(env["TESSERA_TASK_ID"], "t1");
+        assert!(env.keys().all(|k| PASSED_THROUGH.contains(&k.as_str())
+            || k.starts_with("CUDA_")
+            || k == "TESSERA_TASK_ID"));
+        let whole = task_environment(
+            &wanted("t2", &["true"], false),
+            0,
+            Some(Path::new("/run/mps")),
+        );
+        assert!(
+            !whole.contains_key("CUDA_MPS_PIPE_DIRECTORY"),
+            "whole-GPU tasks bypass MPS"
+        );
+    }
+
+    async fn until(runtime: &mut Runtime, done: impl Fn(&Runtime) -> bool) {
+        for _ in 0..100 {
+            runtime.poll();
+            if done(runtime) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("condition not reached");
+    }
+
+    #[tokio::test]
+    async fn exits_are_reported_with_their_code_until_heard() {
+        let dir = tempfile::tempdir().expect("dir");
+        let mut rt = Runtime::open(dir.path(), 1 << 20, None).expect("open");
+        let w = wanted("t1", &["sh", "-c", "echo hello; exit 3"], false);
+        rt.converge(std::slice::from_ref(&w));
+        until(&mut rt, |rt| rt.running_count() == 0).await;
+        let reports = rt.reports();
+        assert_eq!(reports.len(), 1);
+        assert!(!reports[0].running);
+        assert_eq!(reports[0].exit_code, Some(3));
+        // Still wanted (the server has not heard yet): not started again.
+        rt.converge(std::slice::from_ref(&w));
+        assert_eq!(rt.running_count(), 0);
+        // The server stops listing it: forgotten.
+        rt.converge(&[]);
+        assert!(rt.reports().is_empty());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let log = std::fs::read_to_string(dir.path().join("tasks/t1/main.log")).expect("log");
+        assert_eq!(log, "hello\n");
+    }
+
+    #[tokio::test]
+    async fn unwanted_tasks_get_sigterm_then_sigkill() {
+        let dir = tempfile::tempdir().expect("dir");
+        let mut rt = Runtime::open(dir.path(), 1 << 20, None).expect("open");
+        // Ignores SIGTERM: only SIGKILL after the 1 s stop timeout ends it.
+        rt.converge(&[wanted(
+            "stubborn",
+            &["sh", "-c", "trap '' TERM; while :; do sleep 0.1; done"],
+            false,
+        )]);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        rt.poll();
+        assert_eq!(rt.running_count(), 1);
+        let started = Instant::now();
+        rt.converge(&[]);
+        until(&mut rt, |rt| rt.tasks.is_empty()).await;
+        assert!(
+            started.elapsed() >= Duration::from_millis(900),
+            "SIGKILL waits for the stop timeout"
+        );
+        assert!(
+            rt.reports().is_empty(),
+            "a requested stop is not reported as an exit"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_restarted_runtime_readopts_instead_of_starting_twice() {
+        let dir = tempfile::tempdir().expect("dir");
+        let marker = dir.path().join("starts");
+        let script = format!("echo started >> {}; exec sleep 30", marker.display());
+        let w = wanted("t1", &["sh", "-c", &script], false);
+        {
+            let mut rt = Runtime::open(dir.path(), 1 << 20, None).expect("open");
+            rt.converge(std::slice::from_ref(&w));
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            // The agent goes away without stopping its tasks.
+        }
+        let mut rt = Runtime::open(dir.path(), 1 << 20, None).expect("reopen");
+        assert_eq!(rt.running_count(), 1, "re-adopted");
+        rt.converge(std::slice::from_ref(&w));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let starts = std::fs::read_to_string(&marker).expect("marker");
+        assert_eq!(starts.lines().count(), 1, "not started twice");
+        rt.stop_all().await;
+        rt.poll();
+        assert_eq!(rt.running_count(), 0);
+    }
+
+    #[tokio::test]
+    async fn logs_are_capped() {
+        let dir = tempfile::tempdir().expect("dir");
+        let mut rt = Runtime::open(dir.path(), 1000, None).expect("open");
+        rt.converge(&[wanted(
+            "noisy",
+            &[
+                "sh",
+                "-c",
+                "i=0; while [ $i -lt 300 ]; do echo line-$i; i=$((i+1)); done",
+            ],
+            false,
+        )]);
+        until(&mut rt, |rt| rt.running_count() == 0).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let log = std::fs::metadata(dir.path().join("tasks/noisy/main.log"))
+            .expect("log")
+            .len();
+        let old = std::fs::metadata(dir.path().join("tasks/noisy/main.log.1"))
+            .expect("rotated")
+            .len();
+        assert!(log <= 1000 && old <= 1000, "{log} {old}");
+    }
+
+    #[tokio::test]
+    async fn a_missing_program_is_an_exit_with_127() {
+        let dir = tempfile::tempdir().expect("dir");
+        let mut rt = Runtime::open(dir.path(), 1000, None).expect("open");
+        rt.converge(&[wanted("t", &["/no/such/program"], false)]);
+        until(&mut rt, |rt| rt.running_count() == 0).await;
+        assert_eq!(rt.reports()[0].exit_code, Some(127));
+    }
+}

@@ -1,0 +1,94 @@
+//! The MPS supervisor against a stand-in control program that can be made to die, fail to
+//! start, or hang.
+
+use std::path::PathBuf;
+use std::time::Duration;
+use tessera_agent::mps::{MpsConfig, MpsHealth, MpsSupervisor};
+
+fn fake() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fake-mps-control")
+}
+
+fn supervisor(dir: &std::path::Path, max_restarts: u32) -> MpsSupervisor {
+    let mut config = MpsConfig::new(fake(), dir);
+    config.check_timeout = Duration::from_millis(500);
+    config.max_restarts = max_restarts;
+    MpsSupervisor::new(config)
+}
+
+fn kill_daemon(dir: &std::path::Path) {
+    let pid = std::fs::read_to_string(dir.join("mps-pipe/fake-daemon.pid")).expect("daemon pid");
+    let status = std::process::Command::new("kill")
+        .arg(pid.trim())
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    std::thread::sleep(Duration::from_millis(100));
+}
+
+#[tokio::test]
+async fn starts_checks_restarts_within_limits_and_quits() {
+    let dir = tempfile::tempdir().expect("dir");
+    let mut mps = supervisor(dir.path(), 1);
+    assert_eq!(mps.start().await, MpsHealth::Healthy);
+    assert_eq!(mps.supervise().await, MpsHealth::Healthy);
+
+    // The daemon dies: one restart is allowed, and it comes back.
+    kill_daemon(dir.path());
+    assert_eq!(mps.supervise().await, MpsHealth::Healthy);
+
+    // It dies again: the budget is spent, so the host must be reported unhealthy.
+    kill_daemon(dir.path());
+    match mps.supervise().await {
+        MpsHealth::Unhealthy(reason) => {
+            assert!(
+                reason.contains("Cannot find MPS control daemon process"),
+                "{reason}"
+            );
+            assert!(reason.contains("not restarting again"), "{reason}");
+        }
+        MpsHealth::Healthy => panic!("a dead daemon was reported healthy"),
+    }
+}
+
+#[tokio::test]
+async fn a_hanging_daemon_is_unhealthy_after_the_timeout() {
+    let dir = tempfile::tempdir().expect("dir");
+    let mut mps = supervisor(dir.path(), 0);
+    assert_eq!(mps.start().await, MpsHealth::Healthy);
+    std::fs::write(dir.path().join("mps-pipe/hang"), "").expect("marker");
+    let started = std::time::Instant::now();
+    match mps.supervise().await {
+        MpsHealth::Unhealthy(reason) => assert!(reason.contains("no answer within"), "{reason}"),
+        MpsHealth::Healthy => panic!("a hanging daemon was reported healthy"),
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "the check gave up at its timeout"
+    );
+}
+
+#[tokio::test]
+async fn a_daemon_that_cannot_start_says_why_and_quit_stops_it() {
+    let dir = tempfile::tempdir().expect("dir");
+    std::fs::create_dir_all(dir.path().join("mps-pipe")).expect("dir");
+    std::fs::write(dir.path().join("mps-pipe/broken"), "").expect("marker");
+    let mut mps = supervisor(dir.path(), 3);
+    match mps.start().await {
+        MpsHealth::Unhealthy(reason) => {
+            assert!(reason.contains("cannot start the daemon"), "{reason}")
+        }
+        MpsHealth::Healthy => panic!("reported healthy"),
+    }
+    std::fs::remove_file(dir.path().join("mps-pipe/broken")).expect("marker");
+    assert_eq!(
+        mps.supervise().await,
+        MpsHealth::Healthy,
+        "restarted once it can start"
+    );
+    mps.shutdown().await;
+    assert!(
+        !dir.path().join("mps-pipe/fake-daemon.pid").exists(),
+        "quit stopped the daemon"
+    );
+}
