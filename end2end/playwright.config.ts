@@ -38,6 +38,8 @@ export default defineConfig({
     url: `http://127.0.0.1:${port}/healthz`,
     timeout: 60_000,
     reuseExistingServer: false,
+    // SIGTERM lets the server stop the demo's sample tasks; the default SIGKILL would not.
+    gracefulShutdown: { signal: "SIGTERM", timeout: 15_000 },
     stdout: "pipe",
     stderr: "pipe",
     env: {

@@ -65,7 +65,7 @@ impl SqliteStore {
         host: &HostInfo,
         token_hash: Option<&str>,
     ) -> Result<(), StoreError> {
-        let mut tx = self.db.begin().await?;
+        let mut tx = self.begin_immediate().await?;
         if sqlx::query("SELECT 1 FROM pools WHERE name = ?")
             .bind(host.pool.as_str())
             .fetch_optional(&mut *tx)
@@ -461,7 +461,7 @@ impl Store for SqliteStore {
     }
 
     async fn record_host_report(&self, id: &HostId, report: &HostReport) -> Result<(), StoreError> {
-        let mut tx = self.db.begin().await?;
+        let mut tx = self.begin_immediate().await?;
         sqlx::query(&format!(
             "UPDATE hosts SET last_seen_at = {NOW} WHERE id = ?"
         ))
@@ -781,7 +781,7 @@ impl Store for SqliteStore {
     }
 
     async fn create_tasks(&self, tasks: &[NewTask]) -> Result<(), StoreError> {
-        let mut tx = self.db.begin().await?;
+        let mut tx = self.begin_immediate().await?;
         for chunk in tasks.chunks(200) {
             let mut q = QueryBuilder::<Sqlite>::new(
                 "INSERT INTO tasks (id, service, deployment_id, family, revision, pool, cpu_milli, memory_mib, state) ",
@@ -987,7 +987,7 @@ impl Store for SqliteStore {
         task_ids: &[String],
         message: &str,
     ) -> Result<(), StoreError> {
-        let mut tx = self.db.begin().await?;
+        let mut tx = self.begin_immediate().await?;
         for chunk in task_ids.chunks(500) {
             let mut q = QueryBuilder::<Sqlite>::new("UPDATE tasks SET placement_message = ");
             q.push_bind(message)
@@ -1020,7 +1020,7 @@ impl Store for SqliteStore {
         exit_code: Option<i32>,
         failed: bool,
     ) -> Result<(), StoreError> {
-        let mut tx = self.db.begin().await?;
+        let mut tx = self.begin_immediate().await?;
         let done = sqlx::query(&format!(
             "UPDATE tasks SET state = 'stopped', stopped_at = {NOW}, stop_reason = COALESCE(stop_reason, ?),
                  exit_code = COALESCE(?, exit_code) WHERE id = ? AND state != 'stopped'"

@@ -346,7 +346,12 @@ async fn an_impaired_host_has_its_tasks_started_elsewhere_before_they_stop() {
 
 #[tokio::test]
 async fn many_clients_scaling_at_once_never_overcommit_a_gpu() {
-    let env = env(fast()).await;
+    // No agent syncs here: hosts must not be declared lost while the clients contend.
+    let env = env(tessera_control::ControlConfig {
+        sync_interval: std::time::Duration::from_secs(60),
+        ..fast()
+    })
+    .await;
     let c = env.control.clone();
     let mut hosts = Vec::new();
     for i in 0..4 {

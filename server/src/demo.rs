@@ -1,29 +1,24 @@
 //! The demo fleet: simulated GPU hosts so a machine without GPUs shows a live console.
-//! Hosts join through the same registration path agents use (`Control::admit_host`) and
-//! are marked simulated everywhere. Until real agents run them, in-process simulated agents
-//! sync each host: they report every task the server wants as running. No process runs and
-//! no GPU is touched; that is what "simulated" means here.
+//! Each host is a real `tessera-agent` (this crate's `Agent`, in-process) talking HTTP to
+//! the server: it registers with the join token, syncs, and runs the sample tasks as real,
+//! harmless processes (`sleep`). Only the GPUs are simulated (their use is derived from
+//! each task's budget), and hosts, API and console say so.
 
 use serde_json::json;
 use std::collections::BTreeMap;
-use std::collections::HashMap;
+use std::path::Path;
+use tessera_agent::{Agent, AgentConfig, AgentError};
 use tessera_control::inputs::{PoolInput, ServiceInput};
-use tessera_control::store::TaskFilter;
 use tessera_control::{Control, ControlError};
-use tessera_model::agent::{GpuReport, MpsReport, RegisterRequest, SyncRequest, TaskReport};
-use tessera_model::service::{DeploymentConfig, ServiceConstraints, TaskState};
-use tessera_model::{GpuHealth, GpuUuid, HostId, MiB, MilliCpu, PoolName};
+use tessera_model::PoolName;
+use tessera_model::service::{DeploymentConfig, ServiceConstraints};
 use tokio::sync::watch;
 
-/// One kind of demo host.
+/// One demo host: its agent's name, pool, simulated GPUs and zone label.
 struct DemoHost {
     name: &'static str,
     pool: &'static str,
-    model: &'static str,
-    gpus: u32,
-    gpu_memory: MiB,
-    cpu: MilliCpu,
-    memory: MiB,
+    gpus: &'static str,
     zone: &'static str,
 }
 
@@ -31,61 +26,32 @@ const FLEET: &[DemoHost] = &[
     DemoHost {
         name: "sim-h100-1",
         pool: "training",
-        model: "NVIDIA H100 80GB HBM3",
-        gpus: 8,
-        gpu_memory: MiB(80 * 1024),
-        cpu: MilliCpu(192_000),
-        memory: MiB(2048 * 1024),
+        gpus: "8xH100-80GB",
         zone: "a",
     },
     DemoHost {
         name: "sim-h100-2",
         pool: "training",
-        model: "NVIDIA H100 80GB HBM3",
-        gpus: 8,
-        gpu_memory: MiB(80 * 1024),
-        cpu: MilliCpu(192_000),
-        memory: MiB(2048 * 1024),
+        gpus: "8xH100-80GB",
         zone: "b",
     },
     DemoHost {
         name: "sim-l4-1",
         pool: "inference",
-        model: "NVIDIA L4",
-        gpus: 4,
-        gpu_memory: MiB(24 * 1024),
-        cpu: MilliCpu(48_000),
-        memory: MiB(192 * 1024),
+        gpus: "4xL4-24GB",
         zone: "a",
     },
     DemoHost {
         name: "sim-l4-2",
         pool: "inference",
-        model: "NVIDIA L4",
-        gpus: 4,
-        gpu_memory: MiB(24 * 1024),
-        cpu: MilliCpu(48_000),
-        memory: MiB(192 * 1024),
+        gpus: "4xL4-24GB",
         zone: "b",
     },
 ];
 
-fn gpu_reports(d: &DemoHost) -> Vec<GpuReport> {
-    (0..d.gpus)
-        .map(|i| GpuReport {
-            uuid: GpuUuid::new(format!("GPU-SIM-{}-{i}", d.name)).expect("non-empty"),
-            index: i,
-            model: d.model.to_owned(),
-            memory_mib: d.gpu_memory,
-            mps_client_limit: 48,
-            healthy: true,
-        })
-        .collect()
-}
-
-/// Adds the demo pools, hosts, two sample task definitions and a sample service, where
-/// they are missing. Safe to run on every start.
-pub async fn seed(control: &Control) -> Result<usize, ControlError> {
+/// Adds the demo pools, two sample task definitions and a sample service where they are
+/// missing. Safe to run on every start. The hosts come from [`run_agents`].
+pub async fn seed(control: &Control) -> Result<(), ControlError> {
     let store = control.store();
     for pool in ["training", "inference"] {
         let name = PoolName::new(pool).expect("demo pool names are valid");
@@ -99,24 +65,6 @@ pub async fn seed(control: &Control) -> Result<usize, ControlError> {
                 })
                 .await?;
         }
-    }
-    let existing = store.list_hosts().await?;
-    for d in FLEET {
-        if existing.iter().any(|h| h.id.as_str() == d.name) {
-            continue;
-        }
-        control
-            .admit_host(&RegisterRequest {
-                join_token: String::new(),
-                pool: PoolName::new(d.pool).expect("valid"),
-                cpu_milli: d.cpu,
-                memory_mib: d.memory,
-                simulated: true,
-                labels: BTreeMap::from([("zone".to_owned(), d.zone.to_owned())]),
-                gpus: gpu_reports(d),
-                name: Some(d.name.to_owned()),
-            })
-            .await?;
     }
     if store.list_task_definition_families().await?.is_empty() {
         control
@@ -147,81 +95,47 @@ pub async fn seed(control: &Control) -> Result<usize, ControlError> {
                 strategy: None,
                 constraints: ServiceConstraints::default(),
                 deployment: Some(DeploymentConfig::default()),
-                stop_timeout_secs: 30,
+                stop_timeout_secs: 10,
             })
             .await?;
     }
-    Ok(FLEET.len())
+    Ok(())
 }
 
-/// Syncs every demo host on the sync interval until `shutdown` flips, reporting each task
-/// the server wants on it as running (simulated: nothing is started).
-pub async fn run_simulated_agents(control: Control, mut shutdown: watch::Receiver<bool>) {
-    let interval = control.config().sync_interval;
-    let gpus: HashMap<&str, Vec<GpuReport>> =
-        FLEET.iter().map(|d| (d.name, gpu_reports(d))).collect();
-    loop {
-        for d in FLEET {
-            let id = HostId::new(d.name).expect("valid");
-            if let Err(e) = sync_once(&control, &id, &gpus[d.name]).await {
-                tracing::warn!(host = d.name, error = %e, "simulated agent sync failed");
-            }
-        }
-        tokio::select! {
-            _ = shutdown.changed() => break,
-            _ = tokio::time::sleep(interval) => {}
+/// Runs one agent per demo host against `server` until `shutdown` flips; each keeps its
+/// state under `data_dir/demo-agents/<name>` and stops its tasks when it exits.
+pub async fn run_agents(
+    server: String,
+    join_token: String,
+    data_dir: &Path,
+    shutdown: watch::Receiver<bool>,
+) -> Result<(), AgentError> {
+    let mut handles = Vec::new();
+    for d in FLEET {
+        let agent = Agent::new(AgentConfig {
+            server: server.clone(),
+            join_token: Some(join_token.clone()),
+            state_dir: data_dir.join("demo-agents").join(d.name),
+            pool: PoolName::new(d.pool).expect("valid"),
+            name: d.name.to_owned(),
+            labels: BTreeMap::from([("zone".to_owned(), d.zone.to_owned())]),
+            simulate: Some(d.gpus.to_owned()),
+            mps_control: None,
+            max_mps_restarts: 3,
+            log_cap: 1024 * 1024,
+            stop_tasks_on_exit: true,
+        })?;
+        let mut stop = shutdown.clone();
+        handles.push(tokio::spawn(agent.run(async move {
+            let _ = stop.changed().await;
+        })));
+    }
+    for h in handles {
+        match h.await {
+            Ok(Err(e)) => tracing::error!(error = %e, "a demo agent failed"),
+            Err(e) => tracing::error!(error = %e, "a demo agent panicked"),
+            Ok(Ok(())) => {}
         }
     }
-}
-
-async fn sync_once(control: &Control, id: &HostId, gpus: &[GpuReport]) -> Result<(), ControlError> {
-    let host = control.store().get_host(id).await?;
-    let wanted = control
-        .store()
-        .list_tasks(&TaskFilter {
-            host: Some(id.clone()),
-            states: vec![TaskState::Assigned, TaskState::Running],
-            ..Default::default()
-        })
-        .await?;
-    let reports = wanted
-        .iter()
-        .map(|t| TaskReport {
-            task_id: t.id.clone(),
-            running: true,
-            exit_code: None,
-            // A simulated task uses 80 % of its GPU memory budget.
-            gpu_memory_peak_mib: t
-                .allocations
-                .first()
-                .filter(|a| !a.dedicated)
-                .map(|a| MiB(a.memory.0 * 8 / 10)),
-            sm_percent: None,
-        })
-        .collect();
-    let gpus = gpus
-        .iter()
-        .map(|g| GpuReport {
-            healthy: host
-                .gpus
-                .iter()
-                .find(|h| h.uuid == g.uuid)
-                .is_none_or(|h| h.health == GpuHealth::Healthy),
-            ..g.clone()
-        })
-        .collect();
-    control
-        .sync_agent(
-            id,
-            &SyncRequest {
-                gpus,
-                mps: MpsReport {
-                    healthy: true,
-                    reason: None,
-                },
-                tasks: reports,
-            },
-        )
-        .await?;
     Ok(())
 }

@@ -28,8 +28,15 @@ async fn main() -> anyhow::Result<()> {
             ..ControlConfig::default()
         },
     );
+    // The demo's agents need the join token itself, and only its hash is stored: without
+    // one given, the demo picks a fresh one each start.
+    let join_token = match (&args.join_token, args.demo) {
+        (Some(t), _) => Some(t.clone()),
+        (None, true) => Some(tessera_control::agents::new_token()),
+        (None, false) => None,
+    };
     if let Some(token) = control
-        .ensure_join_token(args.join_token.as_deref())
+        .ensure_join_token(join_token.as_deref())
         .await
         .context("setting up the join token")?
     {
@@ -40,14 +47,7 @@ async fn main() -> anyhow::Result<()> {
     }
     let (stop_tx, stop_rx) = watch::channel(false);
     if args.demo {
-        let hosts = demo::seed(&control)
-            .await
-            .context("seeding the demo fleet")?;
-        tracing::info!(
-            hosts,
-            "demo fleet ready (simulated GPUs, in-process simulated agents)"
-        );
-        tokio::spawn(demo::run_simulated_agents(control.clone(), stop_rx.clone()));
+        demo::seed(&control).await.context("seeding the demo")?;
     }
     let reconciler = {
         let control = control.clone();
@@ -63,7 +63,24 @@ async fn main() -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.bind)
         .await
         .with_context(|| format!("binding {}", args.bind))?;
-    tracing::info!("listening on http://{}", listener.local_addr()?);
+    let addr = listener.local_addr()?;
+    tracing::info!("listening on http://{addr}");
+    let demo_agents = match (args.demo, join_token) {
+        (true, Some(token)) => {
+            let host = if addr.ip().is_unspecified() {
+                "127.0.0.1".to_owned()
+            } else {
+                addr.ip().to_string()
+            };
+            let server = format!("http://{host}:{}", addr.port());
+            let (dir, stop) = (args.data_dir.clone(), stop_rx.clone());
+            tracing::info!("demo fleet: 4 simulated hosts, each a real agent over HTTP");
+            Some(tokio::spawn(async move {
+                demo::run_agents(server, token, &dir, stop).await
+            }))
+        }
+        _ => None,
+    };
     let state = AppState {
         control,
         leptos: leptos_options(args.bind),
@@ -75,6 +92,10 @@ async fn main() -> anyhow::Result<()> {
     .await
     .context("serving")?;
     let _ = reconciler.await;
+    if let Some(agents) = demo_agents {
+        // The demo's agents stop their tasks on the way out.
+        let _ = agents.await;
+    }
     tracing::info!("stopped");
     Ok(())
 }

@@ -59,6 +59,43 @@ async fn call(
     (status, v)
 }
 
+/// Registers four simulated hosts through the agent registration path, like the demo's.
+async fn demo_fleet(state: &AppState) {
+    use tessera_model::agent::{GpuReport, RegisterRequest};
+    use tessera_model::{GpuUuid, MiB, MilliCpu, PoolName};
+    demo::seed(&state.control).await.expect("seed");
+    for (name, pool, model, count, gib) in [
+        ("sim-h100-1", "training", "NVIDIA H100 80GB HBM3", 8, 80),
+        ("sim-h100-2", "training", "NVIDIA H100 80GB HBM3", 8, 80),
+        ("sim-l4-1", "inference", "NVIDIA L4", 4, 24),
+        ("sim-l4-2", "inference", "NVIDIA L4", 4, 24),
+    ] {
+        state
+            .control
+            .register_agent(&RegisterRequest {
+                join_token: JOIN.into(),
+                pool: PoolName::new(pool).expect("valid"),
+                cpu_milli: MilliCpu(64_000),
+                memory_mib: MiB(256 * 1024),
+                simulated: true,
+                labels: Default::default(),
+                gpus: (0..count)
+                    .map(|i| GpuReport {
+                        uuid: GpuUuid::new(format!("GPU-{name}-{i}")).expect("valid"),
+                        index: i,
+                        model: model.into(),
+                        memory_mib: MiB(gib * 1024),
+                        mps_client_limit: 48,
+                        healthy: true,
+                    })
+                    .collect(),
+                name: Some(name.into()),
+            })
+            .await
+            .expect("register");
+    }
+}
+
 async fn get(state: &AppState, uri: &str) -> (StatusCode, Value) {
     call(state, Method::GET, uri, None, None).await
 }
@@ -82,7 +119,7 @@ async fn hosts_api_lists_the_demo_fleet_with_gpus() {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(body, json!({"hosts": []}));
 
-    demo::seed(&state.control).await.expect("seed");
+    demo_fleet(&state).await;
     demo::seed(&state.control)
         .await
         .expect("seeding twice changes nothing");
@@ -136,7 +173,7 @@ async fn healthz_and_openapi() {
 #[tokio::test]
 async fn hosts_page_renders_hosts_on_the_server() {
     let state = state().await;
-    demo::seed(&state.control).await.expect("seed");
+    demo_fleet(&state).await;
     let (status, html) = get(&state, "/hosts").await;
     assert_eq!(status, StatusCode::OK);
     let html = html.as_str().expect("html");

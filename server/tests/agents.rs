@@ -1,0 +1,445 @@
+//! The server and real agents together, over HTTP on loopback: agents with simulated GPUs
+//! and a stand-in MPS control program, running real processes.
+
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tessera_agent::{Agent, AgentConfig};
+use tessera_control::inputs::{PoolInput, ServiceInput};
+use tessera_control::store::TaskFilter;
+use tessera_control::{Control, ControlConfig};
+use tessera_model::service::{DeploymentConfig, ServiceConstraints, Task, TaskState};
+use tessera_model::{HostId, HostStatus, PoolName};
+use tessera_server::{AppState, leptos_options, run};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+const JOIN: &str = "agents-test-join-token-1";
+
+struct Cluster {
+    control: Control,
+    url: String,
+    dir: tempfile::TempDir,
+    _stop: watch::Sender<bool>,
+}
+
+async fn cluster() -> Cluster {
+    let dir = tempfile::tempdir().expect("dir");
+    let store = tessera_control::open(&format!("sqlite://{}/server.db", dir.path().display()))
+        .await
+        .expect("store");
+    let control = Control::new(
+        store,
+        ControlConfig {
+            sync_interval: Duration::from_secs(1),
+            lost_after_intervals: 3,
+            tick: Duration::from_millis(100),
+            ..ControlConfig::default()
+        },
+    );
+    control
+        .ensure_join_token(Some(JOIN))
+        .await
+        .expect("join token");
+    control
+        .create_pool(&PoolInput {
+            name: "gpu".into(),
+            policy: None,
+            compute_overcommit: None,
+            mps_client_limit: None,
+        })
+        .await
+        .expect("pool");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let (stop, stop_rx) = watch::channel(false);
+    let state = AppState {
+        control: control.clone(),
+        leptos: leptos_options(listener.local_addr().expect("addr")),
+    };
+    let mut s1 = stop_rx.clone();
+    tokio::spawn(run(listener, state, async move {
+        let _ = s1.changed().await;
+    }));
+    let (c, mut s2) = (control.clone(), stop_rx);
+    tokio::spawn(async move {
+        c.run(async move {
+            let _ = s2.changed().await;
+        })
+        .await
+    });
+    Cluster {
+        control,
+        url,
+        dir,
+        _stop: stop,
+    }
+}
+
+fn fake_mps() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../agent/tests/fake-mps-control")
+}
+
+fn agent_config(c: &Cluster, name: &str) -> AgentConfig {
+    AgentConfig {
+        server: c.url.clone(),
+        join_token: Some(JOIN.into()),
+        state_dir: c.dir.path().join(name),
+        pool: PoolName::new("gpu").expect("valid"),
+        name: name.into(),
+        labels: Default::default(),
+        simulate: Some("2xL4-24GB".into()),
+        mps_control: Some(fake_mps()),
+        max_mps_restarts: 0,
+        log_cap: 1 << 20,
+        stop_tasks_on_exit: true,
+    }
+}
+
+/// A running agent; dropping the handle's abort simulates the agent dying.
+struct RunningAgent {
+    handle: JoinHandle<()>,
+    stop: watch::Sender<bool>,
+}
+
+fn start_agent(config: AgentConfig) -> RunningAgent {
+    let (stop, mut rx) = watch::channel(false);
+    let agent = Agent::new(config).expect("agent");
+    let handle = tokio::spawn(async move {
+        agent
+            .run(async move {
+                let _ = rx.changed().await;
+            })
+            .await
+            .expect("agent runs");
+    });
+    RunningAgent { handle, stop }
+}
+
+impl RunningAgent {
+    /// Clean exit: the test agents stop their tasks.
+    async fn stop(self) {
+        let _ = self.stop.send(true);
+        let _ = self.handle.await;
+    }
+
+    /// The agent dies without a word; its tasks keep running.
+    fn kill(self) {
+        self.handle.abort();
+    }
+}
+
+async fn wait_for<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for _ in 0..150 {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("timed out waiting for: {what}");
+}
+
+async fn register(c: &Cluster, family: &str, command: &str, out: &Path) {
+    c.control
+        .register_task_definition(&json!({
+            "family": family,
+            "containers": [{"name": "main", "command": ["sh", "-c", command], "cpu_milli": 1000, "memory_mib": 256,
+                "env": {"OUT": out.display().to_string()},
+                "gpu": {"mps": {"memory_mib": 8192, "max_compute_percent": 25}}}]
+        }))
+        .await
+        .expect("definition");
+}
+
+async fn create_service(c: &Cluster, name: &str, count: u32) {
+    c.control
+        .create_service(&ServiceInput {
+            name: name.into(),
+            task_definition: format!("{name}:1"),
+            pool: "gpu".into(),
+            desired_count: count,
+            strategy: None,
+            constraints: ServiceConstraints::default(),
+            deployment: Some(DeploymentConfig::default()),
+            stop_timeout_secs: 2,
+        })
+        .await
+        .expect("service");
+}
+
+async fn tasks(c: &Cluster, states: &[TaskState]) -> Vec<Task> {
+    c.control
+        .store()
+        .list_tasks(&TaskFilter {
+            states: states.to_vec(),
+            ..Default::default()
+        })
+        .await
+        .expect("tasks")
+}
+
+fn host(name: &str) -> HostId {
+    HostId::new(name).expect("valid")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_starts_with_its_gpu_and_mps_environment_and_is_measured() {
+    let c = cluster().await;
+    let out = c.dir.path().join("out");
+    std::fs::create_dir_all(&out).expect("out");
+    register(
+        &c,
+        "envdump",
+        "env > \"$OUT/$TESSERA_TASK_ID.env\"; exec sleep 60",
+        &out,
+    )
+    .await;
+    let a = start_agent(agent_config(&c, "a"));
+    create_service(&c, "envdump", 1).await;
+    wait_for("the task to write its environment", || async {
+        std::fs::read_dir(&out)
+            .map(|d| d.count() > 0)
+            .unwrap_or(false)
+    })
+    .await;
+    let file = std::fs::read_dir(&out)
+        .expect("out")
+        .next()
+        .expect("file")
+        .expect("entry")
+        .path();
+    let env: std::collections::HashMap<String, String> = std::fs::read_to_string(&file)
+        .expect("env")
+        .lines()
+        .filter_map(|l| l.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())))
+        .collect();
+    let task = tasks(&c, &[TaskState::Assigned, TaskState::Running])
+        .await
+        .remove(0);
+    assert_eq!(
+        env["CUDA_VISIBLE_DEVICES"],
+        task.allocations[0].gpu.to_string()
+    );
+    assert!(env["CUDA_VISIBLE_DEVICES"].starts_with("GPU-SIM-a-"));
+    assert_eq!(env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], "0=8192M");
+    assert_eq!(env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], "25");
+    assert_eq!(
+        env["CUDA_MPS_PIPE_DIRECTORY"],
+        c.dir.path().join("a/mps-pipe").display().to_string()
+    );
+    assert_eq!(env["TESSERA_TASK_ID"], task.id);
+    assert!(!env.contains_key("TESSERA_AGENT_JOIN_TOKEN"));
+    // The agent reports what the task uses (simulated: 60 % of its budget).
+    wait_for("the task's measured use", || async {
+        let t = c.control.store().get_task(&task.id).await.expect("task");
+        t.state == TaskState::Running && t.measured.gpu_memory_peak.is_some_and(|m| m.0 == 4915)
+    })
+    .await;
+    a.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_task_is_reported_and_replaced() {
+    let c = cluster().await;
+    let out = c.dir.path().join("out");
+    std::fs::create_dir_all(&out).expect("out");
+    register(
+        &c,
+        "victim",
+        "echo $$ > \"$OUT/$TESSERA_TASK_ID.pid\"; exec sleep 60",
+        &out,
+    )
+    .await;
+    let a = start_agent(agent_config(&c, "a"));
+    create_service(&c, "victim", 1).await;
+    wait_for("the task to run", || async {
+        tasks(&c, &[TaskState::Running]).await.len() == 1
+    })
+    .await;
+    let first = tasks(&c, &[TaskState::Running]).await.remove(0);
+    wait_for("its pid file", || async {
+        out.join(format!("{}.pid", first.id)).exists()
+    })
+    .await;
+    let pid = std::fs::read_to_string(out.join(format!("{}.pid", first.id))).expect("pid");
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-9", pid.trim()])
+            .status()
+            .expect("kill")
+            .success()
+    );
+    wait_for("the killed task to be stopped and replaced", || async {
+        let old = c.control.store().get_task(&first.id).await.expect("task");
+        let running = tasks(&c, &[TaskState::Running]).await;
+        old.state == TaskState::Stopped && running.len() == 1 && running[0].id != first.id
+    })
+    .await;
+    let old = c.control.store().get_task(&first.id).await.expect("task");
+    assert_eq!(old.exit_code, Some(137), "SIGKILL shows as 128 + 9");
+    assert!(
+        old.stop_reason
+            .as_deref()
+            .unwrap_or("")
+            .contains("exited with code 137"),
+        "{:?}",
+        old.stop_reason
+    );
+    a.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_mps_daemon_impairs_the_host_and_its_tasks_move() {
+    let c = cluster().await;
+    let out = c.dir.path().join("out");
+    std::fs::create_dir_all(&out).expect("out");
+    register(&c, "web", "exec sleep 60", &out).await;
+    let a = start_agent(agent_config(&c, "a"));
+    wait_for("host a", || async {
+        c.control.store().get_host(&host("a")).await.is_ok()
+    })
+    .await;
+    create_service(&c, "web", 2).await;
+    wait_for("two tasks on a", || async {
+        tasks(&c, &[TaskState::Running]).await.len() == 2
+    })
+    .await;
+    let b = start_agent(agent_config(&c, "b"));
+    let pid = std::fs::read_to_string(c.dir.path().join("a/mps-pipe/fake-daemon.pid"))
+        .expect("daemon pid");
+    assert!(
+        std::process::Command::new("kill")
+            .arg(pid.trim())
+            .status()
+            .expect("kill")
+            .success()
+    );
+    wait_for("a impaired and its tasks running on b", || async {
+        let a_status = c
+            .control
+            .store()
+            .get_host(&host("a"))
+            .await
+            .expect("a")
+            .status;
+        let live = tasks(
+            &c,
+            &[TaskState::Assigned, TaskState::Running, TaskState::Stopping],
+        )
+        .await;
+        a_status == HostStatus::Impaired
+            && live.len() == 2
+            && live
+                .iter()
+                .all(|t| t.host == Some(host("b")) && t.state == TaskState::Running)
+    })
+    .await;
+    let events = c
+        .control
+        .store()
+        .list_events(&tessera_control::store::EventFilter {
+            host: Some(host("a")),
+            limit: 20,
+            ..Default::default()
+        })
+        .await
+        .expect("events");
+    assert!(
+        events
+            .iter()
+            .any(|e| e.message.contains("MPS control daemon unhealthy")),
+        "{events:?}"
+    );
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_agent_makes_its_host_lost_and_its_tasks_move() {
+    let c = cluster().await;
+    let out = c.dir.path().join("out");
+    std::fs::create_dir_all(&out).expect("out");
+    register(&c, "web", "exec sleep 20", &out).await;
+    let a = start_agent(agent_config(&c, "a"));
+    wait_for("host a", || async {
+        c.control.store().get_host(&host("a")).await.is_ok()
+    })
+    .await;
+    create_service(&c, "web", 2).await;
+    wait_for("two tasks on a", || async {
+        tasks(&c, &[TaskState::Running]).await.len() == 2
+    })
+    .await;
+    let b = start_agent(agent_config(&c, "b"));
+    a.kill();
+    wait_for("a lost and its tasks running on b", || async {
+        let a_status = c
+            .control
+            .store()
+            .get_host(&host("a"))
+            .await
+            .expect("a")
+            .status;
+        let live = tasks(
+            &c,
+            &[TaskState::Assigned, TaskState::Running, TaskState::Stopping],
+        )
+        .await;
+        a_status == HostStatus::Lost
+            && live.len() == 2
+            && live
+                .iter()
+                .all(|t| t.host == Some(host("b")) && t.state == TaskState::Running)
+    })
+    .await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_agent_does_not_start_its_tasks_twice() {
+    let c = cluster().await;
+    let out = c.dir.path().join("out");
+    std::fs::create_dir_all(&out).expect("out");
+    register(
+        &c,
+        "web",
+        "echo started >> \"$OUT/$TESSERA_TASK_ID.starts\"; exec sleep 60",
+        &out,
+    )
+    .await;
+    let mut config = agent_config(&c, "a");
+    config.stop_tasks_on_exit = false;
+    let a = start_agent(config.clone());
+    create_service(&c, "web", 2).await;
+    wait_for("two tasks running", || async {
+        tasks(&c, &[TaskState::Running]).await.len() == 2
+    })
+    .await;
+    let before: Vec<String> = tasks(&c, &[TaskState::Running])
+        .await
+        .into_iter()
+        .map(|t| t.id)
+        .collect();
+    a.stop().await;
+    // The agent comes back with the same state directory.
+    config.stop_tasks_on_exit = true;
+    let a = start_agent(config);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after: Vec<String> = tasks(&c, &[TaskState::Running])
+        .await
+        .into_iter()
+        .map(|t| t.id)
+        .collect();
+    assert_eq!(before, after, "the same tasks run");
+    for id in &after {
+        let starts = std::fs::read_to_string(out.join(format!("{id}.starts"))).expect("marker");
+        assert_eq!(starts.lines().count(), 1, "task {id} started once");
+    }
+    a.stop().await;
+}
