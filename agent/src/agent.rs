@@ -352,3 +352,66 @@ pub fn host_resources() -> (tessera_model::MilliCpu, MiB) {
         .unwrap_or(0);
     (tessera_model::MilliCpu(cpus * 1000), MiB(mem_kb / 1024))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn credentials_are_owner_only_and_tied_to_their_server() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("credentials.json");
+        let c = Credentials {
+            server: "http://a:3000".into(),
+            host_id: "h1".into(),
+            agent_token: "secret".into(),
+        };
+        save_credentials(&path, &c).expect("saved");
+        let mode = std::fs::metadata(&path).expect("meta").permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        assert_eq!(
+            load_credentials(&path, "http://a:3000").map(|c| c.host_id),
+            Some("h1".into())
+        );
+        assert!(
+            load_credentials(&path, "http://b:3000").is_none(),
+            "another server means registering again"
+        );
+    }
+
+    #[test]
+    fn jitter_stays_within_twenty_percent() {
+        for _ in 0..50 {
+            let d = jitter(Duration::from_secs(10));
+            assert!(
+                d >= Duration::from_secs(8) && d <= Duration::from_secs(12),
+                "{d:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn without_nvml_and_without_simulate_the_agent_refuses_to_start() {
+        if NvmlProbe::new().is_ok() {
+            return; // a GPU machine: NVML works here
+        }
+        let dir = tempfile::tempdir().expect("dir");
+        let err = Agent::new(AgentConfig {
+            server: "http://127.0.0.1:9".into(),
+            join_token: None,
+            state_dir: dir.path().into(),
+            pool: PoolName::new("p").expect("valid"),
+            name: "h".into(),
+            labels: Default::default(),
+            simulate: None,
+            mps_control: None,
+            max_mps_restarts: 0,
+            log_cap: 1000,
+            stop_tasks_on_exit: false,
+        })
+        .err()
+        .expect("no NVML here");
+        assert!(err.to_string().contains("--simulate"), "{err}");
+    }
+}
