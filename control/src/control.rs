@@ -115,7 +115,7 @@ impl Control {
     // Pools.
 
     pub async fn create_pool(&self, input: &PoolInput) -> Result<PoolInfo, ControlError> {
-        let pool = input.validate()?;
+        let pool = crate::inputs::validate_pool(input)?;
         if self.store.pool_exists(&pool.name).await? {
             return Err(ControlError::Conflict(format!(
                 "a pool named {:?} already exists",
@@ -149,7 +149,7 @@ impl Control {
     // Services.
 
     pub async fn create_service(&self, input: &ServiceInput) -> Result<Service, ControlError> {
-        let service = input.validate()?;
+        let service = crate::inputs::validate_service(input)?;
         let def = self
             .store
             .get_task_definition(&service.task_definition)

@@ -1,13 +1,14 @@
-//! What callers send to the control plane and get back, beyond the model's own types:
-//! request bodies with their validation, and computed views (service detail, preview).
+//! Validation of request bodies (the bodies themselves are `tessera_model::api`, shared
+//! with the console): every error names its field.
 
 use crate::error::ControlError;
-use serde::{Deserialize, Serialize};
-use tessera_model::service::{
-    Deployment, DeploymentConfig, Event, Service, ServiceConstraints, TaskDefRef,
+pub use tessera_model::api::{
+    Density, PoolInput, PreviewInput, PreviewResult, PreviewTask, ServiceDetail, ServiceInput,
+    ServicePatch,
 };
+use tessera_model::service::{DeploymentConfig, Service, TaskDefRef};
 use tessera_model::taskdef::{FieldError, ValidationErrors};
-use tessera_model::{HostId, PlacementPolicy, PoolInfo, PoolName};
+use tessera_model::{PlacementPolicy, PoolInfo, PoolName};
 
 /// Collects field errors, then fails with all of them.
 #[derive(Default)]
@@ -30,81 +31,39 @@ impl Errors {
     }
 }
 
-/// `POST /api/v1/pools`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PoolInput {
-    pub name: String,
-    #[serde(default)]
-    pub policy: Option<String>,
-    #[serde(default)]
-    pub compute_overcommit: Option<f64>,
-    #[serde(default)]
-    pub mps_client_limit: Option<u32>,
-}
-
-impl PoolInput {
-    pub fn validate(&self) -> Result<PoolInfo, ControlError> {
-        let mut e = Errors::default();
-        let name = PoolName::new(self.name.clone())
-            .map_err(|err| e.add("name", err.rule))
-            .ok();
-        let policy = match &self.policy {
-            None => Some(PlacementPolicy::default()),
-            Some(p) => p
-                .parse()
-                .map_err(|err: tessera_model::ParseEnumError| e.add("policy", err.to_string()))
-                .ok(),
-        };
-        let overcommit = self.compute_overcommit.unwrap_or(1.0);
-        if !(1.0..=10.0).contains(&overcommit) {
-            e.add(
-                "compute_overcommit",
-                format!("must be between 1.0 (caps reserved) and 10.0, got {overcommit}"),
-            );
-        }
-        if let Some(l) = self.mps_client_limit.filter(|l| !(1..=48).contains(l)) {
-            e.add(
-                "mps_client_limit",
-                format!("must be between 1 and 48 (MPS's own limit), got {l}"),
-            );
-        }
-        e.finish()?;
-        Ok(PoolInfo {
-            name: name.expect("validated"),
-            policy: policy.expect("validated"),
-            compute_overcommit: overcommit,
-            mps_client_limit: self.mps_client_limit,
-        })
+/// Checks a pool body; returns the pool to store.
+pub fn validate_pool(input: &PoolInput) -> Result<PoolInfo, ControlError> {
+    let mut e = Errors::default();
+    let name = PoolName::new(input.name.clone())
+        .map_err(|err| e.add("name", err.rule))
+        .ok();
+    let policy = match &input.policy {
+        None => Some(PlacementPolicy::default()),
+        Some(p) => p
+            .parse()
+            .map_err(|err: tessera_model::ParseEnumError| e.add("policy", err.to_string()))
+            .ok(),
+    };
+    let overcommit = input.compute_overcommit.unwrap_or(1.0);
+    if !(1.0..=10.0).contains(&overcommit) {
+        e.add(
+            "compute_overcommit",
+            format!("must be between 1.0 (caps reserved) and 10.0, got {overcommit}"),
+        );
     }
-}
-
-fn default_desired() -> u32 {
-    1
-}
-
-fn default_stop_timeout() -> u32 {
-    30
-}
-
-/// `POST /api/v1/services`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ServiceInput {
-    pub name: String,
-    /// `family:revision`.
-    pub task_definition: String,
-    pub pool: String,
-    #[serde(default = "default_desired")]
-    pub desired_count: u32,
-    #[serde(default)]
-    pub strategy: Option<String>,
-    #[serde(default)]
-    pub constraints: ServiceConstraints,
-    #[serde(default)]
-    pub deployment: Option<DeploymentConfig>,
-    #[serde(default = "default_stop_timeout")]
-    pub stop_timeout_secs: u32,
+    if let Some(l) = input.mps_client_limit.filter(|l| !(1..=48).contains(l)) {
+        e.add(
+            "mps_client_limit",
+            format!("must be between 1 and 48 (MPS's own limit), got {l}"),
+        );
+    }
+    e.finish()?;
+    Ok(PoolInfo {
+        name: name.expect("validated"),
+        policy: policy.expect("validated"),
+        compute_overcommit: overcommit,
+        mps_client_limit: input.mps_client_limit,
+    })
 }
 
 /// Most tasks one service may ask for.
@@ -119,67 +78,65 @@ pub(crate) fn valid_service_name(name: &str) -> bool {
         && !name.starts_with('-')
 }
 
-impl ServiceInput {
-    /// Checks the fields that need no store; returns the service to store.
-    pub(crate) fn validate(&self) -> Result<Service, ControlError> {
-        let mut e = Errors::default();
-        if !valid_service_name(&self.name) {
-            e.add(
-                "name",
-                "use 1 to 63 lowercase letters, digits or '-', starting with a letter or digit",
-            );
-        }
-        let task_definition = self
-            .task_definition
-            .parse::<TaskDefRef>()
-            .map_err(|err| e.add("task_definition", err.to_string()))
-            .ok();
-        let pool = PoolName::new(self.pool.clone())
-            .map_err(|err| e.add("pool", err.rule))
-            .ok();
-        if self.desired_count > MAX_DESIRED {
-            e.add(
-                "desired_count",
-                format!("must be at most {MAX_DESIRED}, got {}", self.desired_count),
-            );
-        }
-        let strategy = match &self.strategy {
-            None => None,
-            Some(s) => s
-                .parse::<PlacementPolicy>()
-                .map_err(|err| e.add("strategy", err.to_string()))
-                .ok(),
-        };
-        let deployment = self.deployment.unwrap_or_default();
-        check_deployment(&mut e, &deployment);
-        if !(1..=600).contains(&self.stop_timeout_secs) {
-            e.add(
-                "stop_timeout_secs",
-                format!(
-                    "must be between 1 and 600 seconds, got {}",
-                    self.stop_timeout_secs
-                ),
-            );
-        }
-        for k in self.constraints.labels.keys() {
-            if k.is_empty() {
-                e.add("constraints.labels", "label keys must not be empty");
-            }
-        }
-        e.finish()?;
-        Ok(Service {
-            name: self.name.clone(),
-            task_definition: task_definition.expect("validated"),
-            pool: pool.expect("validated"),
-            desired_count: self.desired_count,
-            strategy,
-            constraints: self.constraints.clone(),
-            deployment,
-            stop_timeout_secs: self.stop_timeout_secs,
-            deleting: false,
-            created_at: String::new(),
-        })
+/// Checks the fields of a service body that need no store; returns the service to store.
+pub(crate) fn validate_service(input: &ServiceInput) -> Result<Service, ControlError> {
+    let mut e = Errors::default();
+    if !valid_service_name(&input.name) {
+        e.add(
+            "name",
+            "use 1 to 63 lowercase letters, digits or '-', starting with a letter or digit",
+        );
     }
+    let task_definition = input
+        .task_definition
+        .parse::<TaskDefRef>()
+        .map_err(|err| e.add("task_definition", err.to_string()))
+        .ok();
+    let pool = PoolName::new(input.pool.clone())
+        .map_err(|err| e.add("pool", err.rule))
+        .ok();
+    if input.desired_count > MAX_DESIRED {
+        e.add(
+            "desired_count",
+            format!("must be at most {MAX_DESIRED}, got {}", input.desired_count),
+        );
+    }
+    let strategy = match &input.strategy {
+        None => None,
+        Some(s) => s
+            .parse::<PlacementPolicy>()
+            .map_err(|err| e.add("strategy", err.to_string()))
+            .ok(),
+    };
+    let deployment = input.deployment.unwrap_or_default();
+    check_deployment(&mut e, &deployment);
+    if !(1..=600).contains(&input.stop_timeout_secs) {
+        e.add(
+            "stop_timeout_secs",
+            format!(
+                "must be between 1 and 600 seconds, got {}",
+                input.stop_timeout_secs
+            ),
+        );
+    }
+    for k in input.constraints.labels.keys() {
+        if k.is_empty() {
+            e.add("constraints.labels", "label keys must not be empty");
+        }
+    }
+    e.finish()?;
+    Ok(Service {
+        name: input.name.clone(),
+        task_definition: task_definition.expect("validated"),
+        pool: pool.expect("validated"),
+        desired_count: input.desired_count,
+        strategy,
+        constraints: input.constraints.clone(),
+        deployment,
+        stop_timeout_secs: input.stop_timeout_secs,
+        deleting: false,
+        created_at: String::new(),
+    })
 }
 
 fn check_deployment(e: &mut Errors, d: &DeploymentConfig) {
@@ -206,80 +163,10 @@ fn check_deployment(e: &mut Errors, d: &DeploymentConfig) {
     }
 }
 
-/// `PATCH /api/v1/services/{name}`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ServicePatch {
-    #[serde(default)]
-    pub desired_count: Option<u32>,
-    /// `family:revision`; a new revision starts a rolling deployment.
-    #[serde(default)]
-    pub task_definition: Option<String>,
-}
-
-/// `POST /api/v1/placement-preview`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PreviewInput {
-    pub task_definition: String,
-    pub pool: String,
-    pub count: u32,
-    #[serde(default)]
-    pub strategy: Option<String>,
-    #[serde(default)]
-    pub constraints: ServiceConstraints,
-}
-
-/// Where one previewed task would go, or why it would not.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PreviewTask {
-    pub index: u32,
-    pub host: Option<HostId>,
-    /// Device indices on the host.
-    pub gpus: Vec<u32>,
-    /// The rejection sentence when it would not fit.
-    pub message: Option<String>,
-}
-
-/// How densely a pool is packed.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-pub struct Density {
-    pub gpus: u32,
-    pub gpus_in_use: u32,
-    /// A lower bound on the GPUs that could hold the current allocations.
-    pub gpus_needed_at_least: u32,
-    pub tasks_on_gpus: u32,
-    pub tasks_per_gpu_in_use: f64,
-    /// Allocated GPU memory as a share of all GPU memory, in %.
-    pub memory_allocated_pct: f64,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PreviewResult {
-    pub task_definition: TaskDefRef,
-    pub pool: PoolName,
-    pub policy: PlacementPolicy,
-    pub placed: u32,
-    pub unplaced: u32,
-    pub tasks: Vec<PreviewTask>,
-    pub density_before: Density,
-    pub density_after: Density,
-}
-
-/// `GET /api/v1/services/{name}`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ServiceDetail {
-    #[serde(flatten)]
-    pub service: Service,
-    pub running: u32,
-    pub pending: u32,
-    pub deployments: Vec<Deployment>,
-    pub events: Vec<Event>,
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tessera_model::service::ServiceConstraints;
 
     #[test]
     fn service_input_reports_every_bad_field() {
@@ -296,7 +183,7 @@ mod tests {
             }),
             stop_timeout_secs: 0,
         };
-        let Err(ControlError::Invalid(errs)) = input.validate() else {
+        let Err(ControlError::Invalid(errs)) = validate_service(&input) else {
             panic!("invalid input accepted");
         };
         let fields: Vec<&str> = errs.errors.iter().map(|e| e.field.as_str()).collect();
@@ -317,23 +204,21 @@ mod tests {
 
     #[test]
     fn pool_input_defaults_and_limits() {
-        let ok = PoolInput {
+        let ok = validate_pool(&PoolInput {
             name: "gpu-a".into(),
             policy: None,
             compute_overcommit: None,
             mps_client_limit: None,
-        }
-        .validate()
+        })
         .expect("valid");
         assert_eq!(ok.policy, PlacementPolicy::Fragmentation);
         assert_eq!(ok.compute_overcommit, 1.0);
-        let bad = PoolInput {
+        let bad = validate_pool(&PoolInput {
             name: "gpu-a".into(),
             policy: Some("fifo".into()),
             compute_overcommit: Some(0.5),
             mps_client_limit: Some(64),
-        }
-        .validate();
+        });
         let Err(ControlError::Invalid(errs)) = bad else {
             panic!("accepted")
         };

@@ -9,12 +9,14 @@
 //! - [`ids`]: identifiers (`HostId`, `GpuUuid`, `PoolName`) and their validation.
 //! - [`inventory`]: hosts, GPUs, pools and their statuses, as the store and the API see them.
 //! - [`service`]: services, deployments, tasks and their states, events.
+//! - [`api`]: REST bodies the console shares: service and pool inputs, previews, service detail.
 //! - [`agent`]: the agent protocol (register, sync) spoken over `/agent/v1`.
 //! - [`taskdef`]: task definitions, their validation (errors name their field) and the ECS JSON shape.
 
 #![forbid(unsafe_code)]
 
 pub mod agent;
+pub mod api;
 pub mod ids;
 pub mod inventory;
 pub mod service;
