@@ -10,7 +10,8 @@ const bin = process.env.TESSERA_BIN ?? path.join(root, "target", "debug", "tesse
 
 export default defineConfig({
   testDir: "./tests",
-  timeout: 60_000,
+  timeout: 90_000,
+  expect: { timeout: 30_000 },
   retries: 0,
   workers: 1,
   reporter: [["list"]],
@@ -36,7 +37,8 @@ export default defineConfig({
     command: `"${bin}" serve --demo --bind 127.0.0.1:${port}`,
     cwd: root,
     url: `http://127.0.0.1:${port}/healthz`,
-    timeout: 60_000,
+    timeout: 90_000,
+  expect: { timeout: 30_000 },
     reuseExistingServer: false,
     // SIGTERM lets the server stop the demo's sample tasks; the default SIGKILL would not.
     gracefulShutdown: { signal: "SIGTERM", timeout: 15_000 },
@@ -45,6 +47,8 @@ export default defineConfig({
     env: {
       TESSERA_DATA_DIR: process.env.TESSERA_DATA_DIR ?? path.join(root, "target", "e2e-data"),
       RUST_LOG: "warn",
+      // Fast syncs so placements, moves and stops show up within a few seconds.
+      TESSERA_SYNC_INTERVAL: "1",
     },
   },
 });

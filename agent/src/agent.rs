@@ -13,7 +13,7 @@ use std::time::Duration;
 use tessera_model::agent::{
     MpsReport, RegisterRequest, RegisterResponse, SyncRequest, SyncResponse,
 };
-use tessera_model::{MiB, PoolName};
+use tessera_model::{MiB, MilliCpu, PoolName};
 
 /// How an agent runs.
 #[derive(Debug, Clone)]
@@ -27,6 +27,9 @@ pub struct AgentConfig {
     /// Suggested host id (the hostname by default).
     pub name: String,
     pub labels: BTreeMap<String, String>,
+    /// CPU and memory to offer, when not all of this machine's (a simulated host's own
+    /// size, or a reserve kept for the system).
+    pub resources: Option<(MilliCpu, MiB)>,
     /// Simulated GPUs (`8xH100-80GB`) instead of NVML.
     pub simulate: Option<String>,
     /// The MPS control program. Unset: `nvidia-cuda-mps-control` on real GPUs, none on
@@ -164,7 +167,7 @@ impl Agent {
             .clone()
             .ok_or_else(|| AgentError::NoJoinToken.to_string())?;
         let inventory = self.probe.inventory().map_err(|e| e.to_string())?;
-        let (cpu, memory) = host_resources();
+        let (cpu, memory) = self.config.resources.unwrap_or_else(host_resources);
         let req = RegisterRequest {
             join_token: token,
             pool: self.config.pool.clone(),
@@ -340,7 +343,7 @@ impl Agent {
 }
 
 /// This machine's CPU (milli) and memory (MiB).
-pub fn host_resources() -> (tessera_model::MilliCpu, MiB) {
+pub fn host_resources() -> (MilliCpu, MiB) {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
     let mem_kb = std::fs::read_to_string("/proc/meminfo")
         .ok()
@@ -350,7 +353,7 @@ pub fn host_resources() -> (tessera_model::MilliCpu, MiB) {
                 .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
         })
         .unwrap_or(0);
-    (tessera_model::MilliCpu(cpus * 1000), MiB(mem_kb / 1024))
+    (MilliCpu(cpus * 1000), MiB(mem_kb / 1024))
 }
 
 #[cfg(test)]
@@ -404,6 +407,7 @@ mod tests {
             pool: PoolName::new("p").expect("valid"),
             name: "h".into(),
             labels: Default::default(),
+            resources: None,
             simulate: None,
             mps_control: None,
             max_mps_restarts: 0,

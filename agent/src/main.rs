@@ -38,6 +38,12 @@ struct Cli {
     /// Host label KEY=VALUE, for placement constraints (repeatable).
     #[arg(long = "label", env = "TESSERA_AGENT_LABELS", value_delimiter = ',')]
     labels: Vec<String>,
+    /// CPU to offer, in thousandths of a core (default: all of this machine's).
+    #[arg(long, env = "TESSERA_AGENT_CPU_MILLI", requires = "memory_mib")]
+    cpu_milli: Option<u64>,
+    /// Host memory to offer, in MiB (default: all of this machine's).
+    #[arg(long, env = "TESSERA_AGENT_MEMORY_MIB", requires = "cpu_milli")]
+    memory_mib: Option<u64>,
     /// Simulate GPUs, e.g. `8xH100-80GB`, instead of asking NVML.
     #[arg(long, env = "TESSERA_AGENT_SIMULATE")]
     simulate: Option<String>,
@@ -91,6 +97,10 @@ async fn main() -> anyhow::Result<()> {
         pool: PoolName::new(cli.pool.clone()).with_context(|| format!("--pool {:?}", cli.pool))?,
         name,
         labels,
+        resources: cli
+            .cpu_milli
+            .zip(cli.memory_mib)
+            .map(|(c, m)| (tessera_model::MilliCpu(c), tessera_model::MiB(m))),
         simulate: cli.simulate.clone(),
         mps_control: cli.mps_control.clone(),
         max_mps_restarts: 3,

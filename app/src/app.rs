@@ -1,6 +1,14 @@
 //! The HTML shell, the router and the navigation shared by every page.
 
+use crate::live::provide_live;
+use crate::pages::host::HostPage;
 use crate::pages::hosts::HostsPage;
+use crate::pages::overview::OverviewPage;
+use crate::pages::service::ServicePage;
+use crate::pages::service_new::ServiceWizardPage;
+use crate::pages::services::ServicesPage;
+use crate::pages::task_definition::TaskDefinitionPage;
+use crate::pages::task_definitions::{TaskDefinitionEditorPage, TaskDefinitionsPage};
 use leptos::prelude::*;
 use leptos_meta::{Link, MetaTags, Stylesheet, Title, provide_meta_context};
 use leptos_router::components::{A, Route, Router, Routes};
@@ -29,6 +37,7 @@ pub fn shell(options: LeptosOptions) -> impl IntoView {
 #[component]
 pub fn App() -> impl IntoView {
     provide_meta_context();
+    provide_live();
     // Effects run only in the browser, so this flips once the page is hydrated; browser
     // tests wait for it before they click.
     let (hydrated, set_hydrated) = signal(false);
@@ -44,13 +53,23 @@ pub fn App() -> impl IntoView {
                     "Tessera"
                 </a>
                 <nav aria-label="Main">
+                    <A href="/" exact=true>"Overview"</A>
                     <A href="/hosts">"Hosts"</A>
+                    <A href="/services">"Services"</A>
+                    <A href="/task-definitions">"Task definitions"</A>
                 </nav>
             </header>
             <main id="main" data-hydrated=move || hydrated.get().then_some("true")>
                 <Routes fallback=|| view! { <NotFound /> }>
-                    <Route path=path!("/") view=HostsPage />
+                    <Route path=path!("/") view=OverviewPage />
                     <Route path=path!("/hosts") view=HostsPage />
+                    <Route path=path!("/hosts/:id") view=HostPage />
+                    <Route path=path!("/services") view=ServicesPage />
+                    <Route path=path!("/services/new") view=ServiceWizardPage />
+                    <Route path=path!("/services/:name") view=ServicePage />
+                    <Route path=path!("/task-definitions") view=TaskDefinitionsPage />
+                    <Route path=path!("/task-definitions/new") view=TaskDefinitionEditorPage />
+                    <Route path=path!("/task-definitions/:family") view=TaskDefinitionPage />
                 </Routes>
             </main>
         </Router>

@@ -1,6 +1,9 @@
 //! Small pieces shared by pages.
 
+use crate::data::{GpuView, HostView, service_hue};
 use leptos::prelude::*;
+use tessera_model::service::Event;
+use tessera_model::taskdef::FieldError;
 use tessera_model::{GpuHealth, HostStatus, SharingMode};
 
 /// A host's status as a coloured word.
@@ -35,13 +38,173 @@ pub fn ErrorList(errors: ArcRwSignal<Errors>) -> impl IntoView {
             <p>"Something went wrong:"</p>
             <ul>
                 {move || {
-                    errors
-                        .get()
-                        .into_iter()
-                        .map(|(_, e)| view! { <li>{e.to_string()}</li> })
-                        .collect_view()
+                    errors.get().into_iter().map(|(_, e)| view! { <li>{e.to_string()}</li> }).collect_view()
                 }}
             </ul>
         </div>
+    }
+}
+
+/// A filled bar: `value` of `total`, with a label.
+#[component]
+pub fn Meter(
+    value: f64,
+    total: f64,
+    label: String,
+    #[prop(optional)] class: &'static str,
+) -> impl IntoView {
+    let pct = if total > 0.0 {
+        (100.0 * value / total).clamp(0.0, 100.0)
+    } else {
+        0.0
+    };
+    view! {
+        <div class=format!("meter {class}") role="meter" aria-valuenow=format!("{pct:.0}") aria-valuemin="0" aria-valuemax="100" aria-label=label.clone()>
+            <span class="meter-fill" style=format!("width: {pct:.1}%")></span>
+        </div>
+        <p class="meter-label">{label}</p>
+    }
+}
+
+/// One GPU: memory segments per task (coloured by service; details on hover and focus),
+/// reserved compute as a second bar, the sharing mode.
+#[component]
+pub fn GpuBars(gpu: GpuView) -> impl IntoView {
+    let total = gpu.gpu.memory.0.max(1) as f64;
+    let mem_used = gpu.memory_allocated();
+    let compute = gpu.compute_allocated();
+    let state = gpu_state_text(gpu.gpu.sharing_mode, gpu.gpu.health);
+    let measured = gpu.measured();
+    let segments = gpu
+        .slots
+        .iter()
+        .map(|s| {
+            let width = 100.0 * s.memory.0 as f64 / total;
+            let hue = service_hue(&s.service);
+            let peak = s
+                .measured_peak
+                .map_or("not measured yet".to_owned(), |p| p.to_string());
+            let cap = if s.dedicated {
+                "whole GPU".to_owned()
+            } else {
+                format!("{} compute cap", s.compute)
+            };
+            let detail = format!(
+                "task {} · service {} · {} GPU memory · {cap} · measured peak {peak} · {}",
+                &s.task_id[..8.min(s.task_id.len())],
+                s.service,
+                s.memory,
+                s.state
+            );
+            view! {
+                <span
+                    class="segment"
+                    tabindex="0"
+                    style=format!("width: {width:.2}%; background: hsl({hue} 60% 55%)")
+                    title=detail.clone()
+                    aria-label=detail
+                    data-service=s.service.clone()
+                ></span>
+            }
+        })
+        .collect_view();
+    let compute_pct = f64::from(compute.0.min(1000)) / 10.0;
+    view! {
+        <li class="gpu" data-gpu=gpu.gpu.uuid.to_string()>
+            <span class="gpu-index">{format!("GPU {}", gpu.gpu.index)}</span>
+            <div class="gpu-bars">
+                <div class="bar memory-bar" aria-label=format!("{mem_used} of {} GPU memory allocated", gpu.gpu.memory)>
+                    {segments}
+                </div>
+                <div class="bar compute-bar" aria-label=format!("{compute} of the GPU's compute reserved")>
+                    <span class="bar-fill" style=format!("width: {compute_pct:.1}%")></span>
+                </div>
+            </div>
+            <span class="gpu-mem">
+                {format!("{} / {}", mem_used, gpu.gpu.memory)}
+                {measured.map(|m| view! { <small>{format!(" · used {m}")}</small> })}
+            </span>
+            <span class=format!("gpu-state mode-{}", gpu.gpu.sharing_mode.as_str())>{state}</span>
+        </li>
+    }
+}
+
+/// A host card: status, badges, agent and MPS state, GPUs.
+#[component]
+pub fn HostCard(view: HostView, #[prop(optional)] link: bool) -> impl IntoView {
+    let host = view.host.clone();
+    let id = host.id.to_string();
+    let tasks = view.tasks();
+    let (mps, agent) = (view.mps_state(), view.agent_state());
+    let title = if link {
+        view! { <a href=format!("/hosts/{id}")>{id.clone()}</a> }.into_any()
+    } else {
+        view! { <span>{id.clone()}</span> }.into_any()
+    };
+    view! {
+        <li class="host-card" data-host=id.clone()>
+            <div class="host-head">
+                <h2>{title}</h2>
+                <StatusBadge status=host.status />
+                {host.simulated.then(|| view! { <SimulatedBadge /> })}
+            </div>
+            <p class="host-meta">
+                <span>"pool " <strong>{host.pool.to_string()}</strong></span>
+                <span>{host.cpu.to_string()}</span>
+                <span>{format!("{} host memory", host.memory)}</span>
+                <span>{format!("{} GPUs · {} tasks", host.gpus.len(), tasks)}</span>
+                <span class=format!("mps mps-{mps}")>{format!("MPS daemon {mps}")}</span>
+                <span class=format!("agent agent-{agent}")>{format!("agent {agent}")}</span>
+            </p>
+            {view.status_reason.clone().map(|r| view! { <p class="host-reason">{r}</p> })}
+            <ul class="gpu-list">{view.gpus.into_iter().map(|gpu| view! { <GpuBars gpu /> }).collect_view()}</ul>
+        </li>
+    }
+}
+
+/// Recent events, newest first.
+#[component]
+pub fn EventList(events: Vec<Event>) -> impl IntoView {
+    if events.is_empty() {
+        return view! { <p class="muted">"No events yet."</p> }.into_any();
+    }
+    view! {
+        <ol class="events">
+            {events
+                .into_iter()
+                .map(|e| {
+                    let at = e.at.get(11..19).unwrap_or(&e.at).to_owned();
+                    let subject = e.service.clone().or(e.host.as_ref().map(|h| h.to_string())).unwrap_or_default();
+                    view! {
+                        <li>
+                            <time datetime=e.at.clone()>{at}</time>
+                            <span class="event-subject">{subject}</span>
+                            <span class="event-message">{e.message}</span>
+                        </li>
+                    }
+                })
+                .collect_view()}
+        </ol>
+    }
+    .into_any()
+}
+
+/// Validation messages for one field (path prefix), from the shared validator.
+#[component]
+pub fn FieldErrors(errors: Signal<Vec<FieldError>>, field: String) -> impl IntoView {
+    move || {
+        let mine: Vec<String> = errors
+            .get()
+            .into_iter()
+            .filter(|e| e.field == field || e.field.starts_with(&format!("{field}.")))
+            .map(|e| e.message)
+            .collect();
+        (!mine.is_empty()).then(|| {
+            view! {
+                <p class="field-error" role="alert">
+                    {mine.join("; ")}
+                </p>
+            }
+        })
     }
 }

@@ -6,10 +6,14 @@
 //! # Layout
 //! - [`app`]: the HTML shell, the router and the navigation shared by every page.
 //! - [`pages`]: one route per file (`HostsPage`, ...), each with the server functions it calls.
-//! - [`components`]: small pieces shared by pages (badges, bars, error lists).
+//! - [`components`]: pieces shared by pages (badges, GPU bars, meters, events, field errors).
+//! - [`data`]: the views pages show, and (under `ssr`) how they are built from the control plane.
+//! - [`live`]: live updates from the server's event stream.
 
 pub mod app;
 pub mod components;
+pub mod data;
+pub mod live;
 pub mod pages;
 
 pub use app::{App, shell};

@@ -487,9 +487,9 @@ impl Store for SqliteStore {
         }
         // Sharing modes follow from what is allocated.
         sqlx::query(
-            "UPDATE gpus SET sharing_mode = COALESCE(
-                 (SELECT CASE WHEN MAX(tg.dedicated) = 1 THEN 'dedicated' ELSE 'mps' END
-                  FROM task_gpus tg WHERE tg.gpu_uuid = gpus.uuid), 'idle')
+            "UPDATE gpus SET sharing_mode =
+                 (SELECT CASE WHEN COUNT(*) = 0 THEN 'idle' WHEN MAX(tg.dedicated) = 1 THEN 'dedicated' ELSE 'mps' END
+                  FROM task_gpus tg WHERE tg.gpu_uuid = gpus.uuid)
              WHERE host_id = ?",
         )
         .bind(id.as_str())
@@ -814,6 +814,14 @@ impl Store for SqliteStore {
         }
         if let Some(p) = &filter.pool {
             q.push(" AND pool = ").push_bind(p.to_string());
+        }
+        if !filter.hosts.is_empty() {
+            q.push(" AND host_id IN (");
+            let mut sep = q.separated(", ");
+            for h in &filter.hosts {
+                sep.push_bind(h.to_string());
+            }
+            q.push(")");
         }
         if !filter.states.is_empty() {
             q.push(" AND state IN (");

@@ -31,6 +31,8 @@ pub struct NewTask {
 pub struct TaskFilter {
     pub service: Option<String>,
     pub host: Option<HostId>,
+    /// Any of these hosts (empty: no restriction).
+    pub hosts: Vec<HostId>,
     pub states: Vec<TaskState>,
     pub pool: Option<PoolName>,
     pub limit: Option<u32>,

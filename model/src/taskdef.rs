@@ -207,6 +207,15 @@ impl Checker {
         }
     }
 
+    /// The family name, checked at once so its error comes with the others.
+    fn family(&mut self, o: &Map<String, Value>) -> Option<String> {
+        let family = self.string(o, "family", "family")?;
+        if !valid_name(&family) {
+            self.err("family", "use 1 to 255 letters, digits, '-' or '_'");
+        }
+        Some(family)
+    }
+
     fn unknown_keys(&mut self, o: &Map<String, Value>, allowed: &[&str], prefix: &str) {
         for key in o.keys() {
             if !allowed.contains(&key.as_str()) {
@@ -274,7 +283,7 @@ pub fn parse_task_definition(input: &Value) -> Result<TaskDefinitionSpec, Valida
 
 fn parse_native(c: &mut Checker, o: &Map<String, Value>) -> Option<TaskDefinitionSpec> {
     c.unknown_keys(o, &["family", "containers"], "");
-    let family = c.string(o, "family", "family");
+    let family = c.family(o);
     let containers = match o.get("containers") {
         Some(Value::Array(items)) => items
             .iter()
@@ -454,7 +463,7 @@ fn milli_to_ecs_units(milli: MilliCpu) -> u64 {
 }
 
 fn parse_ecs(c: &mut Checker, o: &Map<String, Value>) -> Option<TaskDefinitionSpec> {
-    let family = c.string(o, "family", "family");
+    let family = c.family(o);
     let defs = match o.get("containerDefinitions") {
         Some(Value::Array(items)) => items,
         Some(v) => {
@@ -591,9 +600,6 @@ fn parse_ecs(c: &mut Checker, o: &Map<String, Value>) -> Option<TaskDefinitionSp
 
 /// Rules that hold whatever the input shape was.
 fn check_spec(c: &mut Checker, spec: &TaskDefinitionSpec) {
-    if !valid_name(&spec.family) {
-        c.err("family", "use 1 to 255 letters, digits, '-' or '_'");
-    }
     if spec.containers.is_empty() {
         c.err("containers", "needs at least one container");
     }
@@ -753,8 +759,10 @@ mod tests {
             fields.contains(&"containers[0].gpu.mps.max_compute_percent"),
             "{errs:?}"
         );
-        // Later rules still run after the first container failed to parse? No: the spec is
-        // incomplete, so only parse errors are reported, each with its path.
+        assert!(
+            fields.contains(&"family"),
+            "the name is checked even when a container fails to parse: {errs:?}"
+        );
         assert!(errs.iter().all(|(f, m)| !f.is_empty() && !m.is_empty()));
     }
 

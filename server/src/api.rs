@@ -54,6 +54,7 @@ pub fn router() -> Router<AppState> {
         .route("/api/v1/placement-preview", post(preview))
         .route("/api/v1/tasks", get(list_tasks))
         .route("/api/v1/events", get(list_events))
+        .route("/api/v1/live", get(live))
         .route("/agent/v1/register", post(agent_register))
         .route("/agent/v1/sync", post(agent_sync))
 }
@@ -307,8 +308,8 @@ async fn list_tasks(
             service: q.service,
             host,
             states,
-            pool: None,
             limit: Some(q.limit.unwrap_or(1000).min(10_000)),
+            ..Default::default()
         })
         .await?;
     Ok(Json(serde_json::json!({ "tasks": tasks })))
@@ -370,4 +371,27 @@ async fn agent_sync(
     Ok(Json(
         serde_json::to_value(resp).expect("responses serialize"),
     ))
+}
+
+/// `GET /api/v1/live`: server-sent events, one `change` message whenever the fleet's state
+/// changed (bursts within 300 ms are coalesced), so the console refreshes without a reload.
+async fn live(
+    State(state): State<AppState>,
+) -> axum::response::sse::Sse<
+    impl futures_util::Stream<Item = Result<axum::response::sse::Event, std::convert::Infallible>>,
+> {
+    use axum::response::sse::{Event, KeepAlive, Sse};
+    use tokio::sync::broadcast::error::RecvError;
+    let rx = state.control.subscribe();
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        match rx.recv().await {
+            Ok(_) | Err(RecvError::Lagged(_)) => {
+                tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+                while rx.try_recv().is_ok() {}
+                Some((Ok(Event::default().data("change")), rx))
+            }
+            Err(RecvError::Closed) => None,
+        }
+    });
+    Sse::new(stream).keep_alive(KeepAlive::default())
 }

@@ -10,15 +10,17 @@ use std::path::Path;
 use tessera_agent::{Agent, AgentConfig, AgentError};
 use tessera_control::inputs::{PoolInput, ServiceInput};
 use tessera_control::{Control, ControlError};
-use tessera_model::PoolName;
 use tessera_model::service::{DeploymentConfig, ServiceConstraints};
+use tessera_model::{MiB, MilliCpu, PoolName};
 use tokio::sync::watch;
 
-/// One demo host: its agent's name, pool, simulated GPUs and zone label.
+/// One demo host: its agent's name, pool, simulated GPUs, size and zone label.
 struct DemoHost {
     name: &'static str,
     pool: &'static str,
     gpus: &'static str,
+    cpu: MilliCpu,
+    memory: MiB,
     zone: &'static str,
 }
 
@@ -27,24 +29,32 @@ const FLEET: &[DemoHost] = &[
         name: "sim-h100-1",
         pool: "training",
         gpus: "8xH100-80GB",
+        cpu: MilliCpu(192_000),
+        memory: MiB(2 * 1024 * 1024),
         zone: "a",
     },
     DemoHost {
         name: "sim-h100-2",
         pool: "training",
         gpus: "8xH100-80GB",
+        cpu: MilliCpu(192_000),
+        memory: MiB(2 * 1024 * 1024),
         zone: "b",
     },
     DemoHost {
         name: "sim-l4-1",
         pool: "inference",
         gpus: "4xL4-24GB",
+        cpu: MilliCpu(48_000),
+        memory: MiB(192 * 1024),
         zone: "a",
     },
     DemoHost {
         name: "sim-l4-2",
         pool: "inference",
         gpus: "4xL4-24GB",
+        cpu: MilliCpu(48_000),
+        memory: MiB(192 * 1024),
         zone: "b",
     },
 ];
@@ -119,6 +129,7 @@ pub async fn run_agents(
             pool: PoolName::new(d.pool).expect("valid"),
             name: d.name.to_owned(),
             labels: BTreeMap::from([("zone".to_owned(), d.zone.to_owned())]),
+            resources: Some((d.cpu, d.memory)),
             simulate: Some(d.gpus.to_owned()),
             mps_control: None,
             max_mps_restarts: 3,

@@ -41,14 +41,14 @@ pub struct AppState {
 /// The whole HTTP surface: console pages, server functions, API, static files.
 pub fn app(state: AppState) -> Router {
     let routes = generate_route_list(App);
-    let store = state.control.store().clone();
+    let control = state.control.clone();
     let leptos = state.leptos.clone();
     Router::new()
         .merge(api::router())
         .leptos_routes_with_context(
             &state,
             routes,
-            move || provide_context(store.clone()),
+            move || provide_context(control.clone()),
             move || shell(leptos.clone()),
         )
         .fallback(leptos_axum::file_and_error_handler::<AppState, _>(shell))

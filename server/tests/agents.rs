@@ -90,6 +90,10 @@ fn agent_config(c: &Cluster, name: &str) -> AgentConfig {
         pool: PoolName::new("gpu").expect("valid"),
         name: name.into(),
         labels: Default::default(),
+        resources: Some((
+            tessera_model::MilliCpu(16_000),
+            tessera_model::MiB(64 * 1024),
+        )),
         simulate: Some("2xL4-24GB".into()),
         mps_control: Some(fake_mps()),
         max_mps_restarts: 0,

@@ -1,208 +1,187 @@
-//! The Hosts page: every GPU host with its GPUs, filterable by pool, status and GPU model.
+//! The Hosts page: hosts and their GPUs drawn as bars (memory per task coloured by service,
+//! reserved compute), filtered by pool, status and GPU model, a page at a time.
 
-use crate::components::{ErrorList, SimulatedBadge, StatusBadge, gpu_state_text};
+use crate::components::{ErrorList, HostCard};
+use crate::data::{HostQuery, HostsPage};
+use crate::live::use_live;
 use leptos::prelude::*;
+use leptos::server_fn::codec::Json;
 use leptos_meta::Title;
-use std::collections::BTreeSet;
-use tessera_model::{HostInfo, HostStatus};
+use leptos_router::hooks::{use_navigate, use_query_map};
+use tessera_model::HostStatus;
 
-/// All hosts with their GPUs, from the store.
-#[server]
-pub async fn list_hosts() -> Result<Vec<HostInfo>, ServerFnError> {
-    use std::sync::Arc;
-    use tessera_control::Store;
-    let store = use_context::<Arc<dyn Store>>()
-        .ok_or_else(|| ServerFnError::new("the console is not connected to a store"))?;
-    store.list_hosts().await.map_err(|e| {
-        tracing::error!(error = %e, "listing hosts failed");
-        ServerFnError::new("could not read the hosts; the server log has the cause")
-    })
+/// One page of hosts matching the filters.
+#[server(input = Json)]
+pub async fn list_hosts_page(query: HostQuery) -> Result<HostsPage, ServerFnError> {
+    let control = crate::data::ssr::control()?;
+    crate::data::ssr::hosts_page(&control, &query).await
 }
 
-/// What the filters select; empty means any.
-#[derive(Debug, Clone, Default, PartialEq)]
-struct HostFilter {
-    pool: String,
-    status: String,
-    model: String,
-}
-
-impl HostFilter {
-    fn matches(&self, host: &HostInfo) -> bool {
-        (self.pool.is_empty() || host.pool.as_str() == self.pool)
-            && (self.status.is_empty() || host.status.as_str() == self.status)
-            && (self.model.is_empty() || host.gpus.iter().any(|g| g.model == self.model))
+fn query_string(q: &HostQuery) -> String {
+    let mut parts = Vec::new();
+    for (k, v) in [
+        ("pool", &q.pool),
+        ("status", &q.status),
+        ("model", &q.model),
+    ] {
+        if !v.is_empty() {
+            parts.push(format!("{k}={}", encode(v)));
+        }
     }
+    if q.page > 0 {
+        parts.push(format!("page={}", q.page));
+    }
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!("?{}", parts.join("&"))
+    }
+}
+
+/// Percent-encodes a query value.
+fn encode(v: &str) -> String {
+    v.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 #[component]
 pub fn HostsPage() -> impl IntoView {
-    let hosts = Resource::new(|| (), |_| list_hosts());
-    let filter = RwSignal::new(HostFilter::default());
+    let live = use_live();
+    let params = use_query_map();
+    let query = Memo::new(move |_| {
+        let m = params.read();
+        HostQuery {
+            pool: m.get("pool").unwrap_or_default(),
+            status: m.get("status").unwrap_or_default(),
+            model: m.get("model").unwrap_or_default(),
+            page: m.get("page").and_then(|p| p.parse().ok()).unwrap_or(0),
+        }
+    });
+    let data = Resource::new(move || (live(), query.get()), |(_, q)| list_hosts_page(q));
     view! {
         <Title text="Hosts" />
         <div class="page-head">
             <h1>"Hosts"</h1>
-            <p class="lede">"GPU hosts by pool, with each GPU's memory and sharing mode."</p>
+            <p class="lede">
+                "Each GPU: memory allocated per task (coloured by service; hover or focus a segment for details) and, below it, reserved compute."
+            </p>
         </div>
-        <Suspense fallback=|| view! { <p class="muted">"Loading hosts…"</p> }>
+        <Transition fallback=|| view! { <p class="muted">"Loading hosts…"</p> }>
             <ErrorBoundary fallback=|errors| view! { <ErrorList errors /> }>
-                {move || Suspend::new(async move {
-                    hosts.await.map(|all| view! { <HostList all filter /> })
-                })}
+                {move || Suspend::new(async move { data.await.map(|page| view! { <HostList page query /> }) })}
             </ErrorBoundary>
-        </Suspense>
+        </Transition>
     }
 }
 
-/// The filters and the hosts they select.
+/// The filters, the hosts of this page, and paging.
 #[component]
-fn HostList(all: Vec<HostInfo>, filter: RwSignal<HostFilter>) -> impl IntoView {
-    let total = all.len();
-    let pools: BTreeSet<String> = all.iter().map(|h| h.pool.to_string()).collect();
-    let models: BTreeSet<String> = all
-        .iter()
-        .flat_map(|h| h.gpus.iter().map(|g| g.model.clone()))
-        .collect();
-    let all = StoredValue::new(all);
-    let shown = move || {
-        let f = filter.get();
-        all.with_value(|hosts| {
-            hosts
-                .iter()
-                .filter(|h| f.matches(h))
-                .cloned()
-                .collect::<Vec<_>>()
-        })
-    };
-    let options = |values: Vec<String>| {
+fn HostList(page: HostsPage, query: Memo<HostQuery>) -> impl IntoView {
+    let navigate = use_navigate();
+    let go =
+        move |q: HostQuery| navigate(&format!("/hosts{}", query_string(&q)), Default::default());
+    let (go1, go2, go3, go4, go5) = (go.clone(), go.clone(), go.clone(), go.clone(), go);
+    let options = |values: Vec<String>, selected: String| {
         values
             .into_iter()
-            .map(|v| view! { <option value=v.clone()>{v.clone()}</option> })
+            .map(|v| {
+                let is = v == selected;
+                view! { <option value=v.clone() selected=is>{v.clone()}</option> }
+            })
             .collect_view()
     };
+    let q = query.get_untracked();
+    let statuses: Vec<String> = HostStatus::ALL
+        .iter()
+        .map(|s| s.as_str().to_owned())
+        .collect();
+    let (current, pages) = (page.page, page.pages);
     view! {
         <form class="filters" aria-label="Filter hosts" on:submit=|ev| ev.prevent_default()>
             <label>
                 "Pool"
                 <select
                     name="pool"
-                    on:change=move |ev| filter.update(|f| f.pool = event_target_value(&ev))
+                    on:change=move |ev| go1(HostQuery { pool: event_target_value(&ev), page: 0, ..query.get_untracked() })
                 >
                     <option value="">"All pools"</option>
-                    {options(pools.into_iter().collect())}
+                    {options(page.pools.clone(), q.pool.clone())}
                 </select>
             </label>
             <label>
                 "Status"
                 <select
                     name="status"
-                    on:change=move |ev| filter.update(|f| f.status = event_target_value(&ev))
+                    on:change=move |ev| go2(HostQuery { status: event_target_value(&ev), page: 0, ..query.get_untracked() })
                 >
                     <option value="">"Any status"</option>
-                    {options(HostStatus::ALL.iter().map(|s| s.as_str().to_owned()).collect())}
+                    {options(statuses, q.status.clone())}
                 </select>
             </label>
             <label>
                 "GPU model"
                 <select
                     name="model"
-                    on:change=move |ev| filter.update(|f| f.model = event_target_value(&ev))
+                    on:change=move |ev| go3(HostQuery { model: event_target_value(&ev), page: 0, ..query.get_untracked() })
                 >
                     <option value="">"Any model"</option>
-                    {options(models.into_iter().collect())}
+                    {options(page.models.clone(), q.model.clone())}
                 </select>
             </label>
-            <p class="count" aria-live="polite">
-                {move || format!("{} of {total} hosts", shown().len())}
-            </p>
+            <p class="count" aria-live="polite">{format!("{} of {} hosts", page.matched, page.total)}</p>
         </form>
-        {move || {
-            let hosts = shown();
-            if hosts.is_empty() {
-                view! { <p class="empty">"No host matches these filters."</p> }.into_any()
-            } else {
-                view! {
-                    <ul class="host-list">
-                        <For each=move || hosts.clone() key=|h| h.id.clone() let:host>
-                            <HostCard host />
-                        </For>
-                    </ul>
-                }
-                    .into_any()
+        {if page.hosts.is_empty() {
+            view! { <p class="empty">"No host matches these filters."</p> }.into_any()
+        } else {
+            view! {
+                <ul class="host-list">
+                    {page.hosts.into_iter().map(|view| view! { <HostCard view link=true /> }).collect_view()}
+                </ul>
             }
+                .into_any()
         }}
-    }
-}
-
-/// One host and its GPUs.
-#[component]
-fn HostCard(host: HostInfo) -> impl IntoView {
-    let gpu_total = host.gpu_memory_total();
-    view! {
-        <li class="host-card" data-host=host.id.to_string()>
-            <div class="host-head">
-                <h2>{host.id.to_string()}</h2>
-                <StatusBadge status=host.status />
-                {host.simulated.then(|| view! { <SimulatedBadge /> })}
-            </div>
-            <p class="host-meta">
-                <span>"pool " <strong>{host.pool.to_string()}</strong></span>
-                <span>{host.cpu.to_string()}</span>
-                <span>{format!("{} host memory", host.memory)}</span>
-                <span>{format!("{} GPUs · {} GPU memory", host.gpus.len(), gpu_total)}</span>
-            </p>
-            <ul class="gpu-list">
-                {host
-                    .gpus
-                    .into_iter()
-                    .map(|g| {
-                        let state = gpu_state_text(g.sharing_mode, g.health);
-                        view! {
-                            <li class="gpu" title=format!("{} · {}", g.uuid, g.model)>
-                                <span class="gpu-index">{format!("GPU {}", g.index)}</span>
-                                <span class="gpu-model">{g.model.clone()}</span>
-                                <span class="gpu-mem">{g.memory.to_string()}</span>
-                                <span class="gpu-limit">{format!("{} MPS clients", g.mps_client_limit)}</span>
-                                <span class=format!("gpu-state mode-{}", g.sharing_mode.as_str())>{state}</span>
-                            </li>
-                        }
-                    })
-                    .collect_view()}
-            </ul>
-        </li>
+        {(pages > 1)
+            .then(|| {
+                view! {
+                    <nav class="pager" aria-label="Pages">
+                        <button
+                            disabled=current == 0
+                            on:click=move |_| go4(HostQuery { page: current.saturating_sub(1), ..query.get_untracked() })
+                        >
+                            "Previous"
+                        </button>
+                        <span>{format!("page {} of {pages}", current + 1)}</span>
+                        <button
+                            disabled={ current + 1 >= pages }
+                            on:click=move |_| go5(HostQuery { page: current + 1, ..query.get_untracked() })
+                        >
+                            "Next"
+                        </button>
+                    </nav>
+                }
+            })}
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tessera_model::{HostId, MiB, MilliCpu, PoolName};
-
-    fn host(pool: &str, status: HostStatus) -> HostInfo {
-        HostInfo {
-            id: HostId::new("h").expect("valid"),
-            pool: PoolName::new(pool).expect("valid"),
-            status,
-            simulated: false,
-            cpu: MilliCpu(1000),
-            memory: MiB(1024),
-            labels: Default::default(),
-            gpus: vec![],
-        }
-    }
 
     #[test]
-    fn filter_matches_every_set_field() {
-        let any = HostFilter::default();
-        assert!(any.matches(&host("a", HostStatus::Active)));
-        let f = HostFilter {
-            pool: "a".into(),
-            status: "draining".into(),
-            model: String::new(),
+    fn query_strings_carry_only_set_filters() {
+        assert_eq!(query_string(&HostQuery::default()), "");
+        let q = HostQuery {
+            pool: "gpu a".into(),
+            status: String::new(),
+            model: "NVIDIA L4".into(),
+            page: 2,
         };
-        assert!(!f.matches(&host("a", HostStatus::Active)));
-        assert!(f.matches(&host("a", HostStatus::Draining)));
-        assert!(!f.matches(&host("b", HostStatus::Draining)));
+        assert_eq!(query_string(&q), "?pool=gpu%20a&model=NVIDIA%20L4&page=2");
     }
 }

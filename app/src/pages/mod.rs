@@ -1,3 +1,10 @@
 //! One route per file.
 
+pub mod host;
 pub mod hosts;
+pub mod overview;
+pub mod service;
+pub mod service_new;
+pub mod services;
+pub mod task_definition;
+pub mod task_definitions;

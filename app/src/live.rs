@@ -1,0 +1,44 @@
+//! Live updates: the server's event stream (`/api/v1/live`) bumps a counter that pages use
+//! as a resource source, so they refetch when the fleet changes, without a reload.
+
+use leptos::prelude::*;
+
+/// Bumped on every change the server announces.
+#[derive(Clone, Copy)]
+pub struct LiveTick(pub RwSignal<u64>);
+
+/// Provides the counter; in the browser, also opens the event stream.
+pub fn provide_live() -> LiveTick {
+    let tick = LiveTick(RwSignal::new(0));
+    provide_context(tick);
+    // Effects run only in the browser.
+    Effect::new(move |_| {
+        #[cfg(feature = "hydrate")]
+        open_stream(tick);
+    });
+    tick
+}
+
+/// The counter, for use as a resource source.
+pub fn use_live() -> impl Fn() -> u64 + Copy + Send + Sync + 'static {
+    let tick = use_context::<LiveTick>().map(|t| t.0);
+    move || tick.map_or(0, |t| t.get())
+}
+
+#[cfg(feature = "hydrate")]
+fn open_stream(tick: LiveTick) {
+    use wasm_bindgen::JsCast;
+    use wasm_bindgen::closure::Closure;
+    let Ok(source) = web_sys::EventSource::new("/api/v1/live") else {
+        leptos::logging::warn!("live updates unavailable: EventSource could not open");
+        return;
+    };
+    let on_message =
+        Closure::<dyn FnMut(web_sys::MessageEvent)>::new(move |_: web_sys::MessageEvent| {
+            tick.0.update(|n| *n += 1);
+        });
+    source.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
+    // Both live as long as the page: the browser reconnects the stream by itself.
+    on_message.forget();
+    std::mem::forget(source);
+}

@@ -1,0 +1,101 @@
+//! One host: its GPUs, the tasks it holds, its events; drain and activate.
+
+use crate::components::{ErrorList, EventList, HostCard};
+use crate::data::HostView;
+use crate::live::use_live;
+use leptos::prelude::*;
+use leptos_meta::Title;
+use leptos_router::hooks::use_params_map;
+use tessera_model::HostStatus;
+use tessera_model::service::Event;
+
+#[server]
+pub async fn get_host_view(id: String) -> Result<(HostView, Vec<Event>), ServerFnError> {
+    use crate::data::ssr::{control, host_views, internal};
+    let control = control()?;
+    let id = tessera_model::HostId::new(id).map_err(|e| ServerFnError::new(e.to_string()))?;
+    let host = control
+        .store()
+        .get_host(&id)
+        .await
+        .map_err(|e| ServerFnError::new(e.to_string()))?;
+    let view = host_views(&control, vec![host]).await?.remove(0);
+    let events = control
+        .store()
+        .list_events(&tessera_control::store::EventFilter {
+            host: Some(id),
+            limit: 15,
+            ..Default::default()
+        })
+        .await
+        .map_err(internal)?;
+    Ok((view, events))
+}
+
+/// Drain (`drain = true`) or activate a host.
+#[server]
+pub async fn set_host_draining(id: String, drain: bool) -> Result<(), ServerFnError> {
+    let control = crate::data::ssr::control()?;
+    let id = tessera_model::HostId::new(id).map_err(|e| ServerFnError::new(e.to_string()))?;
+    let result = if drain {
+        control.drain_host(&id).await
+    } else {
+        control.activate_host(&id).await
+    };
+    result.map_err(|e| ServerFnError::new(e.to_string()))
+}
+
+#[component]
+pub fn HostPage() -> impl IntoView {
+    let params = use_params_map();
+    let id = move || params.read().get("id").unwrap_or_default();
+    let live = use_live();
+    let set = Action::new(|(id, drain): &(String, bool)| set_host_draining(id.clone(), *drain));
+    let data = Resource::new(
+        move || (live(), id(), set.version().get()),
+        |(_, id, _)| get_host_view(id),
+    );
+    view! {
+        <Title text=move || format!("Host {}", id()) />
+        <p class="crumbs"><a href="/hosts">"Hosts"</a> " / " {id}</p>
+        <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>
+            <ErrorBoundary fallback=|errors| view! { <ErrorList errors /> }>
+                {move || Suspend::new(async move {
+                    data.await
+                        .map(|(view, events)| {
+                            let host_id = view.host.id.to_string();
+                            let draining = matches!(view.host.status, HostStatus::Draining);
+                            let lost = view.host.status == HostStatus::Lost;
+                            view! {
+                                <div class="actions">
+                                    {if draining {
+                                        let host_id = host_id.clone();
+                                        view! {
+                                            <button class="primary" on:click=move |_| { set.dispatch((host_id.clone(), false)); }>
+                                                "Activate"
+                                            </button>
+                                        }
+                                            .into_any()
+                                    } else {
+                                        let host_id = host_id.clone();
+                                        view! {
+                                            <button class="danger" disabled=lost on:click=move |_| { set.dispatch((host_id.clone(), true)); }>
+                                                "Drain"
+                                            </button>
+                                        }
+                                            .into_any()
+                                    }}
+                                    {move || set.value().get().and_then(|r| r.err()).map(|e| view! { <p class="error">{e.to_string()}</p> })}
+                                </div>
+                                <ul class="host-list single"><HostCard view /></ul>
+                                <section class="panel">
+                                    <h2>"Events"</h2>
+                                    <EventList events />
+                                </section>
+                            }
+                        })
+                })}
+            </ErrorBoundary>
+        </Transition>
+    }
+}

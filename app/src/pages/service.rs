@@ -1,0 +1,209 @@
+//! One service: deployments with their progress, tasks with their placements, events;
+//! scale it, roll out another revision, or delete it.
+
+use crate::components::{ErrorList, EventList};
+use crate::live::use_live;
+use leptos::prelude::*;
+use leptos::server_fn::codec::Json;
+use leptos_meta::Title;
+use leptos_router::hooks::use_params_map;
+use tessera_model::api::{ServiceDetail, ServicePatch};
+use tessera_model::service::{DeploymentStatus, Task};
+use tessera_model::taskdef::FieldError;
+
+#[server]
+pub async fn get_service_view(
+    name: String,
+) -> Result<(ServiceDetail, Vec<Task>, Vec<String>), ServerFnError> {
+    use crate::data::ssr::{control, internal, service_tasks};
+    let control = control()?;
+    let detail = control
+        .service_detail(&name)
+        .await
+        .map_err(|e| ServerFnError::new(e.to_string()))?;
+    let tasks = service_tasks(&control, &name).await?;
+    let revisions = control
+        .store()
+        .list_task_definition_revisions(&detail.service.task_definition.family)
+        .await
+        .map_err(internal)?
+        .into_iter()
+        .filter(|d| d.active)
+        .map(|d| format!("{}:{}", d.family, d.revision))
+        .collect();
+    Ok((detail, tasks, revisions))
+}
+
+/// A scale or rollout: refused input comes back as field errors.
+type PatchResult = Result<Result<(), Vec<FieldError>>, ServerFnError>;
+
+#[server(input = Json)]
+pub async fn patch_service(
+    name: String,
+    patch: ServicePatch,
+) -> Result<Result<(), Vec<FieldError>>, ServerFnError> {
+    match crate::data::ssr::control()?
+        .update_service(&name, &patch)
+        .await
+    {
+        Ok(_) => Ok(Ok(())),
+        Err(tessera_control::ControlError::Invalid(v)) => Ok(Err(v.errors)),
+        Err(e) => Err(ServerFnError::new(e.to_string())),
+    }
+}
+
+#[server]
+pub async fn delete_service(name: String) -> Result<(), ServerFnError> {
+    crate::data::ssr::control()?
+        .delete_service(&name)
+        .await
+        .map_err(|e| ServerFnError::new(e.to_string()))
+}
+
+#[component]
+pub fn ServicePage() -> impl IntoView {
+    let params = use_params_map();
+    let name = move || params.read().get("name").unwrap_or_default();
+    let live = use_live();
+    let patch = Action::new(|(n, p): &(String, ServicePatch)| patch_service(n.clone(), p.clone()));
+    let delete = Action::new(|n: &String| delete_service(n.clone()));
+    let data = Resource::new(
+        move || {
+            (
+                live(),
+                name(),
+                patch.version().get(),
+                delete.version().get(),
+            )
+        },
+        |(_, n, _, _)| get_service_view(n),
+    );
+    view! {
+        <Title text=move || format!("Service {}", name()) />
+        <p class="crumbs"><a href="/services">"Services"</a> " / " {name}</p>
+        <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>
+            <ErrorBoundary fallback=|errors| view! { <ErrorList errors /> }>
+                {move || Suspend::new(async move {
+                    data.await.map(|(detail, tasks, revisions)| view! { <Detail detail tasks revisions patch delete /> })
+                })}
+            </ErrorBoundary>
+        </Transition>
+    }
+}
+
+#[component]
+fn Detail(
+    detail: ServiceDetail,
+    tasks: Vec<Task>,
+    revisions: Vec<String>,
+    patch: Action<(String, ServicePatch), PatchResult>,
+    delete: Action<String, Result<(), ServerFnError>>,
+) -> impl IntoView {
+    let s = detail.service.clone();
+    let desired = s.desired_count;
+    let scale_to = RwSignal::new(desired.to_string());
+    let revision = RwSignal::new(s.task_definition.to_string());
+    let (n1, n2, n3) = (s.name.clone(), s.name.clone(), s.name.clone());
+    let problems = move || match patch.value().get() {
+        Some(Ok(Err(errors))) => errors
+            .into_iter()
+            .map(|e| format!("{}: {}", e.field, e.message))
+            .collect::<Vec<_>>(),
+        Some(Err(e)) => vec![e.to_string()],
+        _ => vec![],
+    };
+    view! {
+        <div class="page-head">
+            <h1>{s.name.clone()}{s.deleting.then(|| view! { <span class="badge status-draining">"deleting"</span> })}</h1>
+            <p class="lede">
+                {format!("{} in pool {} · {} running, {} pending of {} desired", s.task_definition, s.pool, detail.running, detail.pending, desired)}
+            </p>
+        </div>
+        <section class="panel controls">
+            <form on:submit=move |ev| {
+                ev.prevent_default();
+                let d = scale_to.get_untracked().trim().parse().unwrap_or(u32::MAX);
+                patch.dispatch((n1.clone(), ServicePatch { desired_count: Some(d), task_definition: None }));
+            }>
+                <label>"Desired tasks " <input type="text" inputmode="numeric" name="desired_count" size="5" bind:value=scale_to /></label>
+                <button type="submit">"Scale"</button>
+            </form>
+            <form on:submit=move |ev| {
+                ev.prevent_default();
+                patch.dispatch((n2.clone(), ServicePatch { desired_count: None, task_definition: Some(revision.get_untracked()) }));
+            }>
+                <label>
+                    "Revision "
+                    <select name="revision" on:change=move |ev| revision.set(event_target_value(&ev))>
+                        {revisions
+                            .into_iter()
+                            .map(|r| {
+                                let selected = r == s.task_definition.to_string();
+                                view! { <option value=r.clone() selected=selected>{r.clone()}</option> }
+                            })
+                            .collect_view()}
+                    </select>
+                </label>
+                <button type="submit">"Deploy"</button>
+            </form>
+            <button class="danger" disabled=s.deleting on:click=move |_| { delete.dispatch(n3.clone()); }>"Delete service"</button>
+            {move || {
+                let p = problems();
+                (!p.is_empty()).then(|| view! { <p class="field-error" role="alert">{p.join("; ")}</p> })
+            }}
+        </section>
+        <section class="panel">
+            <h2>"Deployments"</h2>
+            <ul class="deployments">
+                {detail
+                    .deployments
+                    .iter()
+                    .filter(|d| matches!(d.status, DeploymentStatus::Primary | DeploymentStatus::Active) || d.running + d.pending > 0)
+                    .map(|d| {
+                        let target = if d.status == DeploymentStatus::Primary { desired } else { d.running + d.pending };
+                        let pct = if target > 0 { 100.0 * f64::from(d.running.min(target)) / f64::from(target) } else { 100.0 };
+                        view! {
+                            <li class=format!("deployment {}", d.status.as_str())>
+                                <span>{format!("#{} {} ({})", d.id, d.task_definition, d.status.as_str())}</span>
+                                <span class="progress" role="progressbar" aria-valuenow=format!("{pct:.0}") aria-valuemin="0" aria-valuemax="100">
+                                    <span class="progress-fill" style=format!("width: {pct:.0}%")></span>
+                                </span>
+                                <span>{format!("{} running, {} pending{}", d.running, d.pending, if d.failed_tasks > 0 { format!(", {} failed", d.failed_tasks) } else { String::new() })}</span>
+                            </li>
+                        }
+                    })
+                    .collect_view()}
+            </ul>
+        </section>
+        <section class="panel">
+            <h2>"Tasks"</h2>
+            <table class="table tasks">
+                <thead><tr><th>"Task"</th><th>"Revision"</th><th>"State"</th><th>"Host"</th><th>"GPUs"</th><th>"Measured peak"</th><th>"Note"</th></tr></thead>
+                <tbody>
+                    {tasks
+                        .into_iter()
+                        .map(|t| {
+                            let gpus = t.allocations.iter().map(|a| format!("GPU {} ({})", a.index, a.memory)).collect::<Vec<_>>().join(", ");
+                            let note = t.stop_reason.clone().or(t.placement_message.clone()).unwrap_or_default();
+                            view! {
+                                <tr class=format!("task state-{}", t.state.as_str()) data-task=t.id.clone()>
+                                    <td><code>{t.id[..8.min(t.id.len())].to_owned()}</code></td>
+                                    <td>{t.task_definition.to_string()}</td>
+                                    <td>{t.state.as_str()}</td>
+                                    <td>{t.host.map(|h| view! { <a href=format!("/hosts/{h}")>{h.to_string()}</a> })}</td>
+                                    <td>{gpus}</td>
+                                    <td>{t.measured.gpu_memory_peak.map(|m| m.to_string()).unwrap_or_default()}</td>
+                                    <td class="reason">{note}</td>
+                                </tr>
+                            }
+                        })
+                        .collect_view()}
+                </tbody>
+            </table>
+        </section>
+        <section class="panel">
+            <h2>"Events"</h2>
+            <EventList events=detail.events />
+        </section>
+    }
+}

@@ -1,0 +1,309 @@
+//! The guided service setup: task definition, pool and count, strategy and constraints,
+//! deployment settings, then a preview of where every task would land (and why any would
+//! not fit) before Create.
+
+use leptos::prelude::*;
+use leptos::server_fn::codec::Json;
+use leptos_meta::Title;
+use leptos_router::hooks::use_navigate;
+use std::collections::BTreeMap;
+use tessera_model::PoolInfo;
+use tessera_model::api::{PreviewInput, PreviewResult, ServiceInput};
+use tessera_model::service::{DeploymentConfig, Service, ServiceConstraints};
+use tessera_model::taskdef::FieldError;
+
+/// What the wizard chooses from: active revisions (`family:revision`) and pools.
+#[server]
+pub async fn wizard_choices() -> Result<(Vec<String>, Vec<PoolInfo>), ServerFnError> {
+    use crate::data::ssr::{control, internal};
+    let control = control()?;
+    let store = control.store();
+    let mut defs = Vec::new();
+    for f in store
+        .list_task_definition_families()
+        .await
+        .map_err(internal)?
+    {
+        for d in store
+            .list_task_definition_revisions(&f.family)
+            .await
+            .map_err(internal)?
+            .into_iter()
+            .rev()
+        {
+            if d.active {
+                defs.push(format!("{}:{}", d.family, d.revision));
+            }
+        }
+    }
+    Ok((defs, store.list_pools().await.map_err(internal)?))
+}
+
+/// A control-plane refusal as field errors the wizard shows; anything else is internal.
+#[cfg(feature = "ssr")]
+fn invalid(e: tessera_control::ControlError) -> Result<Vec<FieldError>, ServerFnError> {
+    match e {
+        tessera_control::ControlError::Invalid(v) => Ok(v.errors),
+        tessera_control::ControlError::Conflict(m) | tessera_control::ControlError::NotFound(m) => {
+            Ok(vec![FieldError {
+                field: "name".into(),
+                message: m,
+            }])
+        }
+        other => Err(crate::data::ssr::internal(other)),
+    }
+}
+
+#[server(input = Json)]
+pub async fn preview_placement(
+    input: PreviewInput,
+) -> Result<Result<PreviewResult, Vec<FieldError>>, ServerFnError> {
+    match crate::data::ssr::control()?.preview(&input).await {
+        Ok(r) => Ok(Ok(r)),
+        Err(e) => invalid(e).map(Err),
+    }
+}
+
+#[server(input = Json)]
+pub async fn create_service(
+    input: ServiceInput,
+) -> Result<Result<Service, Vec<FieldError>>, ServerFnError> {
+    match crate::data::ssr::control()?.create_service(&input).await {
+        Ok(s) => Ok(Ok(s)),
+        Err(e) => invalid(e).map(Err),
+    }
+}
+
+const STEPS: [&str; 5] = [
+    "Task definition",
+    "Pool and count",
+    "Placement",
+    "Deployment",
+    "Preview",
+];
+
+#[component]
+pub fn ServiceWizardPage() -> impl IntoView {
+    let choices = Resource::new(|| (), |_| wizard_choices());
+    view! {
+        <Title text="Create service" />
+        <p class="crumbs"><a href="/services">"Services"</a> " / new"</p>
+        <h1>"Create service"</h1>
+        <Suspense fallback=|| view! { <p class="muted">"Loading…"</p> }>
+            {move || Suspend::new(async move {
+                match choices.await {
+                    Ok((defs, pools)) => view! { <Wizard defs pools /> }.into_any(),
+                    Err(e) => view! { <p class="error">{e.to_string()}</p> }.into_any(),
+                }
+            })}
+        </Suspense>
+    }
+}
+
+#[component]
+fn Wizard(defs: Vec<String>, pools: Vec<PoolInfo>) -> impl IntoView {
+    let step = RwSignal::new(0usize);
+    let name = RwSignal::new(String::new());
+    let def = RwSignal::new(defs.first().cloned().unwrap_or_default());
+    let pool = RwSignal::new(
+        pools
+            .first()
+            .map(|p| p.name.to_string())
+            .unwrap_or_default(),
+    );
+    let count = RwSignal::new("2".to_owned());
+    let strategy = RwSignal::new(String::new());
+    let models = RwSignal::new(String::new());
+    let labels = RwSignal::new(String::new());
+    let distinct = RwSignal::new(false);
+    let min_healthy = RwSignal::new("100".to_owned());
+    let max_percent = RwSignal::new("200".to_owned());
+    let stop_timeout = RwSignal::new("30".to_owned());
+
+    let constraints = move || ServiceConstraints {
+        gpu_models: models
+            .get()
+            .split(',')
+            .map(str::trim)
+            .filter(|m| !m.is_empty())
+            .map(str::to_owned)
+            .collect(),
+        labels: labels
+            .get()
+            .lines()
+            .filter_map(|l| {
+                l.split_once('=')
+                    .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+            })
+            .collect::<BTreeMap<_, _>>(),
+        distinct_hosts: distinct.get(),
+    };
+    let number = |s: String| s.trim().parse::<u32>().unwrap_or(u32::MAX);
+    let service_input = move || ServiceInput {
+        name: name.get(),
+        task_definition: def.get(),
+        pool: pool.get(),
+        desired_count: number(count.get()),
+        strategy: Some(strategy.get()).filter(|s| !s.is_empty()),
+        constraints: constraints(),
+        deployment: Some(DeploymentConfig {
+            minimum_healthy_percent: number(min_healthy.get()),
+            maximum_percent: number(max_percent.get()),
+        }),
+        stop_timeout_secs: number(stop_timeout.get()),
+    };
+    let preview = Action::new(|input: &PreviewInput| preview_placement(input.clone()));
+    let create = Action::new(|input: &ServiceInput| create_service(input.clone()));
+    let go = move |to: usize| {
+        step.set(to);
+        if to == 4 {
+            preview.dispatch(PreviewInput {
+                task_definition: def.get_untracked(),
+                pool: pool.get_untracked(),
+                count: number(count.get_untracked()).min(1000),
+                strategy: Some(strategy.get_untracked()).filter(|s| !s.is_empty()),
+                constraints: constraints(),
+            });
+        }
+    };
+    let navigate = use_navigate();
+    Effect::new(move |_| {
+        if let Some(Ok(Ok(s))) = create.value().get() {
+            navigate(&format!("/services/{}", s.name), Default::default());
+        }
+    });
+    let create_errors = move || match create.value().get() {
+        Some(Ok(Err(e))) => e,
+        Some(Err(e)) => vec![FieldError {
+            field: "(server)".into(),
+            message: e.to_string(),
+        }],
+        _ => vec![],
+    };
+    let def_options = defs
+        .iter()
+        .map(|d| view! { <option value=d.clone()>{d.clone()}</option> })
+        .collect_view();
+    let pool_options = pools
+        .iter()
+        .map(|p| view! { <option value=p.name.to_string()>{format!("{} ({})", p.name, p.policy)}</option> })
+        .collect_view();
+    view! {
+        <ol class="steps">
+            {STEPS
+                .iter()
+                .enumerate()
+                .map(|(i, s)| view! { <li class:current=move || { step.get() == i } class:done=move || { step.get() > i }>{format!("{}. {s}", i + 1)}</li> })
+                .collect_view()}
+        </ol>
+        <form class="wizard" on:submit=|ev| ev.prevent_default()>
+            <div class="step" hidden=move || step.get() != 0>
+                <label class="field">"Service name" <input type="text" name="name" placeholder="embeddings-api" bind:value=name /></label>
+                <label class="field">
+                    "Task definition"
+                    <select name="task_definition" on:change=move |ev| def.set(event_target_value(&ev))>{def_options}</select>
+                </label>
+                {defs.is_empty().then(|| view! { <p class="field-error">"No active task definition: register one first."</p> })}
+            </div>
+            <div class="step" hidden=move || step.get() != 1>
+                <label class="field">"Pool" <select name="pool" on:change=move |ev| pool.set(event_target_value(&ev))>{pool_options}</select></label>
+                <label class="field">"Desired tasks" <input type="text" inputmode="numeric" name="desired_count" bind:value=count /></label>
+            </div>
+            <div class="step" hidden=move || step.get() != 2>
+                <label class="field">
+                    "Strategy"
+                    <select name="strategy" on:change=move |ev| strategy.set(event_target_value(&ev))>
+                        <option value="">"Pool default"</option>
+                        <option value="fragmentation">"fragmentation (pack, keep free room usable)"</option>
+                        <option value="binpack">"binpack (fullest GPU first)"</option>
+                        <option value="spread_host">"spread over hosts"</option>
+                        <option value="spread_gpu">"spread over GPUs"</option>
+                    </select>
+                </label>
+                <label class="field">"GPU models (comma-separated, empty for any)" <input type="text" name="gpu_models" bind:value=models /></label>
+                <label class="field">"Host labels (KEY=VALUE per line)" <textarea name="labels" rows="2" bind:value=labels></textarea></label>
+                <label class="check"><input type="checkbox" name="distinct_hosts" bind:checked=distinct />" One task per host"</label>
+            </div>
+            <div class="step" hidden=move || step.get() != 3>
+                <label class="field">"Minimum healthy (%)" <input type="text" inputmode="numeric" name="minimum_healthy_percent" bind:value=min_healthy /></label>
+                <label class="field">"Maximum (%)" <input type="text" inputmode="numeric" name="maximum_percent" bind:value=max_percent /></label>
+                <label class="field">"Stop timeout (s)" <input type="text" inputmode="numeric" name="stop_timeout_secs" bind:value=stop_timeout /></label>
+            </div>
+            <div class="step" hidden=move || step.get() != 4>
+                {move || match preview.value().get() {
+                    None => view! { <p class="muted">"Computing the preview…"</p> }.into_any(),
+                    Some(Err(e)) => view! { <p class="error">{e.to_string()}</p> }.into_any(),
+                    Some(Ok(Err(errors))) => view! { <Problems errors /> }.into_any(),
+                    Some(Ok(Ok(r))) => view! { <Preview r /> }.into_any(),
+                }}
+                {move || {
+                    let errors = create_errors();
+                    (!errors.is_empty()).then(|| view! { <Problems errors /> })
+                }}
+            </div>
+            <div class="actions">
+                <button type="button" disabled=move || step.get() == 0 on:click=move |_| go(step.get().saturating_sub(1))>"Back"</button>
+                <Show
+                    when=move || step.get() < 4
+                    fallback=move || {
+                        view! {
+                            <button type="button" class="primary" disabled=move || create.pending().get() on:click=move |_| { create.dispatch(service_input()); }>
+                                "Create"
+                            </button>
+                        }
+                    }
+                >
+                    <button type="button" class="primary" on:click=move |_| go(step.get() + 1)>
+                        {move || if step.get() == 3 { "Preview" } else { "Next" }}
+                    </button>
+                </Show>
+            </div>
+        </form>
+    }
+}
+
+/// Field errors from the server, each with the field it concerns.
+#[component]
+fn Problems(errors: Vec<FieldError>) -> impl IntoView {
+    view! {
+        <ul class="field-error" role="alert">
+            {errors.into_iter().map(|e| view! { <li><code>{e.field}</code>": "{e.message}</li> }).collect_view()}
+        </ul>
+    }
+}
+
+#[component]
+fn Preview(r: PreviewResult) -> impl IntoView {
+    let (before, after) = (r.density_before, r.density_after);
+    view! {
+        <p class="preview-summary">
+            {format!("{} of {} task(s) would be placed now with the {} policy.", r.placed, r.placed + r.unplaced, r.policy)}
+        </p>
+        <p class="muted">
+            {format!(
+                "Density: {} → {} GPUs in use; {:.2} → {:.2} tasks per GPU in use; GPU memory allocated {:.0}% → {:.0}%.",
+                before.gpus_in_use, after.gpus_in_use, before.tasks_per_gpu_in_use, after.tasks_per_gpu_in_use,
+                before.memory_allocated_pct, after.memory_allocated_pct,
+            )}
+        </p>
+        <table class="table preview">
+            <thead><tr><th>"Task"</th><th>"Host"</th><th>"GPU"</th><th>"Why not"</th></tr></thead>
+            <tbody>
+                {r.tasks
+                    .into_iter()
+                    .map(|t| {
+                        let placed = t.host.is_some();
+                        view! {
+                            <tr class:unplaced=!placed>
+                                <td>{t.index + 1}</td>
+                                <td>{t.host.map(|h| h.to_string()).unwrap_or_else(|| "—".into())}</td>
+                                <td>{t.gpus.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(", ")}</td>
+                                <td class="reason">{t.message.unwrap_or_default()}</td>
+                            </tr>
+                        }
+                    })
+                    .collect_view()}
+            </tbody>
+        </table>
+    }
+}

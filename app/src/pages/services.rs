@@ -1,0 +1,74 @@
+//! Services: each with its running, pending and desired counts.
+
+use crate::components::ErrorList;
+use crate::live::use_live;
+use leptos::prelude::*;
+use leptos_meta::Title;
+use tessera_model::api::ServiceDetail;
+
+#[server]
+pub async fn list_service_details() -> Result<Vec<ServiceDetail>, ServerFnError> {
+    use crate::data::ssr::{control, internal};
+    let control = control()?;
+    let mut out = Vec::new();
+    for s in control.store().list_services().await.map_err(internal)? {
+        out.push(control.service_detail(&s.name).await.map_err(internal)?);
+    }
+    Ok(out)
+}
+
+#[component]
+pub fn ServicesPage() -> impl IntoView {
+    let live = use_live();
+    let services = Resource::new(live, |_| list_service_details());
+    view! {
+        <Title text="Services" />
+        <div class="page-head with-action">
+            <div>
+                <h1>"Services"</h1>
+                <p class="lede">"Each keeps a number of tasks of a task definition running in a pool."</p>
+            </div>
+            <a class="button primary" href="/services/new">"Create service"</a>
+        </div>
+        <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>
+            <ErrorBoundary fallback=|errors| view! { <ErrorList errors /> }>
+                {move || Suspend::new(async move {
+                    services.await
+                        .map(|list| {
+                            if list.is_empty() {
+                                return view! { <p class="empty">"No services yet. Create one to run tasks."</p> }.into_any();
+                            }
+                            view! {
+                                <table class="table">
+                                    <thead>
+                                        <tr><th>"Service"</th><th>"Task definition"</th><th>"Pool"</th><th>"Running"</th><th>"Pending"</th><th>"Desired"</th><th>"Progress"</th></tr>
+                                    </thead>
+                                    <tbody>
+                                        {list
+                                            .into_iter()
+                                            .map(|d| {
+                                                let s = &d.service;
+                                                let pct = if s.desired_count > 0 { 100.0 * f64::from(d.running.min(s.desired_count)) / f64::from(s.desired_count) } else { 100.0 };
+                                                view! {
+                                                    <tr data-service=s.name.clone()>
+                                                        <td><a href=format!("/services/{}", s.name)>{s.name.clone()}</a>{s.deleting.then_some(" (deleting)")}</td>
+                                                        <td>{s.task_definition.to_string()}</td>
+                                                        <td>{s.pool.to_string()}</td>
+                                                        <td class="running">{d.running}</td>
+                                                        <td class="pending">{d.pending}</td>
+                                                        <td>{s.desired_count}</td>
+                                                        <td><span class="progress"><span class="progress-fill" style=format!("width: {pct:.0}%")></span></span></td>
+                                                    </tr>
+                                                }
+                                            })
+                                            .collect_view()}
+                                    </tbody>
+                                </table>
+                            }
+                                .into_any()
+                        })
+                })}
+            </ErrorBoundary>
+        </Transition>
+    }
+}

@@ -1,0 +1,116 @@
+import { test, expect, Page, ConsoleMessage } from "@playwright/test";
+
+// The operator's paths through the console, in order: they share one demo server.
+test.describe.configure({ mode: "serial" });
+
+function watchConsole(page: Page): string[] {
+  const errors: string[] = [];
+  page.on("console", (msg: ConsoleMessage) => {
+    if (msg.type() === "error") errors.push(msg.text());
+  });
+  page.on("pageerror", (err) => errors.push(err.message));
+  return errors;
+}
+
+async function open(page: Page, path: string) {
+  await page.goto(path);
+  // A click before hydration would be lost.
+  await expect(page.locator("main[data-hydrated=true]")).toBeVisible();
+}
+
+test("bad input in the task definition form shows the validator's messages and registers nothing", async ({ page, request }) => {
+  const errors = watchConsole(page);
+  await open(page, "/task-definitions/new");
+  await page.getByLabel("Family").fill("bad family!");
+  await page.getByLabel("Command (arguments separated by spaces)").fill("sleep 600");
+  await page.getByLabel("GPU memory (MiB)").fill("0");
+  await page.getByRole("button", { name: "Register" }).click();
+  await expect(page.getByText("use 1 to 255 letters, digits, '-' or '_'")).toBeVisible();
+  await expect(page.getByText(/must be between 1 and \d+, got 0/)).toBeVisible();
+  await expect(page).toHaveURL(/\/task-definitions\/new$/);
+  await page.screenshot({ path: "screenshots/task-definition-invalid.png", fullPage: true });
+  const defs = await (await request.get("/api/v1/task-definitions")).json();
+  expect(defs.task_definitions.map((d: { family: string }) => d.family)).not.toContain("bad family!");
+  expect(errors).toEqual([]);
+});
+
+test("a task definition registered through the form", async ({ page }) => {
+  const errors = watchConsole(page);
+  await open(page, "/task-definitions/new");
+  await page.getByLabel("Family").fill("e2e-infer");
+  await page.getByLabel("Command (arguments separated by spaces)").fill("sleep 600");
+  await page.getByLabel("GPU memory (MiB)").fill("4096");
+  await page.getByLabel("Compute cap (%, optional)").fill("20");
+  await page.getByLabel("Environment (KEY=VALUE per line)").fill("MODEL=tiny");
+  await page.getByRole("button", { name: "Register" }).click();
+  await expect(page).toHaveURL(/\/task-definitions\/e2e-infer$/);
+  await expect(page.getByRole("cell", { name: "e2e-infer:1" })).toBeVisible();
+  await expect(page.getByRole("cell", { name: "MPS: 4 GiB, 20% compute" })).toBeVisible();
+  await page.screenshot({ path: "screenshots/task-definition-registered.png", fullPage: true });
+  expect(errors).toEqual([]);
+});
+
+test("a service created through the wizard, seeing the preview first", async ({ page }) => {
+  const errors = watchConsole(page);
+  await open(page, "/services/new");
+  await page.getByLabel("Service name").fill("e2e-svc");
+  await page.getByLabel("Task definition").selectOption("e2e-infer:1");
+  await page.getByRole("button", { name: "Next" }).click();
+  await page.locator("select[name=pool]").selectOption("inference");
+  await page.getByLabel("Desired tasks").fill("3");
+  await page.getByRole("button", { name: "Next" }).click();
+  await page.getByRole("button", { name: "Next" }).click();
+  await page.getByRole("button", { name: "Preview" }).click();
+  await expect(page.getByText("3 of 3 task(s) would be placed now")).toBeVisible();
+  const rows = page.locator("table.preview tbody tr");
+  await expect(rows).toHaveCount(3);
+  await expect(rows.first().locator("td").nth(1)).toHaveText(/^sim-l4-\d$/);
+  await page.screenshot({ path: "screenshots/service-wizard-preview.png", fullPage: true });
+  await page.getByRole("button", { name: "Create" }).click();
+  await expect(page).toHaveURL(/\/services\/e2e-svc$/);
+  await expect(page.locator("tr.task.state-running")).toHaveCount(3);
+  await page.screenshot({ path: "screenshots/service-detail.png", fullPage: true });
+  expect(errors).toEqual([]);
+});
+
+test("tasks appear on the hosts page without a reload", async ({ page, request }) => {
+  const errors = watchConsole(page);
+  await open(page, "/hosts?pool=inference");
+  const segments = page.locator('.segment[data-service="e2e-svc"]');
+  await expect(segments).toHaveCount(3);
+  const scaled = await request.patch("/api/v1/services/e2e-svc", { data: { desired_count: 5 } });
+  expect(scaled.ok()).toBeTruthy();
+  // No navigation: the server's event stream refreshes the page.
+  await expect(segments).toHaveCount(5);
+  await page.screenshot({ path: "screenshots/hosts-live.png", fullPage: true });
+  expect(errors).toEqual([]);
+});
+
+test("draining a host moves its tasks elsewhere", async ({ page, request }) => {
+  const errors = watchConsole(page);
+  const tasks = (await (await request.get("/api/v1/tasks?service=e2e-svc&state=running")).json()).tasks;
+  const host: string = tasks[0].host;
+  const other = host === "sim-l4-1" ? "sim-l4-2" : "sim-l4-1";
+  await open(page, `/hosts/${host}`);
+  await page.getByRole("button", { name: "Drain" }).click();
+  await expect(page.locator(".host-card .badge.status-draining")).toBeVisible();
+  // Replacements start on the other host, then the old tasks stop.
+  await expect(page.locator(".segment")).toHaveCount(0);
+  const after = (await (await request.get("/api/v1/tasks?service=e2e-svc&state=running")).json()).tasks;
+  expect(after).toHaveLength(5);
+  for (const t of after) expect(t.host).toBe(other);
+  await page.screenshot({ path: "screenshots/host-drained.png", fullPage: true });
+  await page.getByRole("button", { name: "Activate" }).click();
+  await expect(page.locator(".host-card .badge.status-active")).toBeVisible();
+  expect(errors).toEqual([]);
+});
+
+test("the overview shows density, pending work and events", async ({ page }) => {
+  const errors = watchConsole(page);
+  await open(page, "/");
+  await expect(page.getByRole("heading", { name: "Packing density" })).toBeVisible();
+  await expect(page.getByText(/tasks per GPU in use/)).toBeVisible();
+  await expect(page.locator(".events li").first()).toBeVisible();
+  await page.screenshot({ path: "screenshots/overview.png", fullPage: true });
+  expect(errors).toEqual([]);
+});
