@@ -10,6 +10,10 @@
 //! - [`data`]: the views pages show, and (under `ssr`) how they are built from the control plane.
 //! - [`live`]: live updates from the server's event stream.
 
+// Deeply nested view types (a host card holds GPU bars that hold segments) need more
+// room than the default when the release build computes their layout.
+#![recursion_limit = "256"]
+
 pub mod app;
 pub mod components;
 pub mod data;

@@ -1,0 +1,145 @@
+//! `console-bench`: server-side rendering time of console pages on a large fleet.
+//!
+//! ```text
+//! console-bench [--hosts 1000] [--gpus-per-host 8] [--tasks 10000] [--requests 20]
+//! ```
+//!
+//! Builds the fleet in an SQLite file (hosts through the admission path, one service's
+//! tasks placed by the real reconcile pass), then times requests through the router: the
+//! hosts page (first and a later page, one filter), the overview, and as the baseline the
+//! JSON host list the REST API serves.
+
+use axum::body::Body;
+use axum::http::Request;
+use serde_json::json;
+use std::time::Instant;
+use tessera_control::inputs::{PoolInput, ServiceInput};
+use tessera_control::{Control, ControlConfig};
+use tessera_model::agent::{GpuReport, RegisterRequest};
+use tessera_model::service::{DeploymentConfig, ServiceConstraints};
+use tessera_model::{GpuUuid, MiB, MilliCpu, PoolName};
+use tessera_server::{AppState, app, leptos_options};
+use tower::ServiceExt;
+
+fn arg(name: &str, default: usize) -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .map(|v| {
+            v.parse()
+                .unwrap_or_else(|_| panic!("{name} needs a whole number, got {v:?}"))
+        })
+        .unwrap_or(default)
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let hosts = arg("--hosts", 1000);
+    let per_host = arg("--gpus-per-host", 8);
+    let tasks = arg("--tasks", 10_000);
+    let requests = arg("--requests", 20);
+    let dir = std::env::temp_dir().join(format!("tessera-console-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let store = tessera_control::open(&format!("sqlite://{}/bench.db", dir.display())).await?;
+    let control = Control::new(store, ControlConfig::default());
+    for pool in ["a", "b"] {
+        control
+            .create_pool(&PoolInput {
+                name: pool.into(),
+                policy: None,
+                compute_overcommit: None,
+                mps_client_limit: None,
+            })
+            .await?;
+    }
+    for h in 0..hosts {
+        control
+            .admit_host(&RegisterRequest {
+                join_token: String::new(),
+                pool: PoolName::new(if h % 2 == 0 { "a" } else { "b" })?,
+                cpu_milli: MilliCpu(192_000),
+                memory_mib: MiB(2 * 1024 * 1024),
+                simulated: true,
+                labels: Default::default(),
+                gpus: (0..per_host as u32)
+                    .map(|i| GpuReport {
+                        uuid: GpuUuid::new(format!("GPU-SIM-{h}-{i}")).expect("non-empty"),
+                        index: i,
+                        model: "H100 80GB (simulated)".into(),
+                        memory_mib: MiB(80 * 1024),
+                        mps_client_limit: 48,
+                        healthy: true,
+                    })
+                    .collect(),
+                name: Some(format!("sim-{h:04}")),
+            })
+            .await?;
+    }
+    control
+        .register_task_definition(&json!({"family": "bench", "containers": [{"name": "main", "command": ["sleep", "infinity"],
+            "cpu_milli": 2000, "memory_mib": 8192, "gpu": {"mps": {"memory_mib": 10240, "max_compute_percent": 12}}}]}))
+        .await?;
+    for pool in ["a", "b"] {
+        control
+            .create_service(&ServiceInput {
+                name: format!("svc-{pool}"),
+                task_definition: "bench:1".into(),
+                pool: pool.into(),
+                desired_count: (tasks / 2) as u32,
+                strategy: None,
+                constraints: ServiceConstraints::default(),
+                deployment: Some(DeploymentConfig::default()),
+                stop_timeout_secs: 30,
+            })
+            .await?;
+    }
+    control.reconcile_once().await?;
+    let state = AppState {
+        control,
+        leptos: leptos_options("127.0.0.1:0".parse()?),
+    };
+    println!(
+        "console-bench: {hosts} hosts × {per_host} GPUs = {} GPUs, {tasks} tasks placed; {requests} requests each",
+        hosts * per_host
+    );
+    println!(
+        "{:<34} {:>9} {:>9} {:>9} {:>10}",
+        "request", "mean ms", "p50 ms", "max ms", "bytes"
+    );
+    let mut rows = Vec::new();
+    for uri in [
+        "/hosts",
+        "/hosts?page=20",
+        "/hosts?pool=b&page=3",
+        "/",
+        "/api/v1/hosts",
+    ] {
+        let mut times = Vec::new();
+        let mut bytes = 0;
+        for _ in 0..requests {
+            let start = Instant::now();
+            let resp = app(state.clone())
+                .oneshot(Request::get(uri).body(Body::empty())?)
+                .await?;
+            assert!(resp.status().is_success(), "{uri}: {}", resp.status());
+            bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
+                .await?
+                .len();
+            times.push(start.elapsed().as_secs_f64() * 1000.0);
+        }
+        times.sort_by(|a, b| a.total_cmp(b));
+        let mean = times.iter().sum::<f64>() / times.len() as f64;
+        let (p50, max) = (times[times.len() / 2], times[times.len() - 1]);
+        println!("{uri:<34} {mean:>9.1} {p50:>9.1} {max:>9.1} {bytes:>10}");
+        rows.push(
+            json!({"uri": uri, "mean_ms": mean, "p50_ms": p50, "max_ms": max, "bytes": bytes}),
+        );
+    }
+    println!(
+        "{}",
+        json!({ "hosts": hosts, "gpus": hosts * per_host, "tasks": tasks, "results": rows })
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
