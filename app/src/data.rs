@@ -314,48 +314,41 @@ pub(crate) mod ssr {
         let (mut idle, mut mps, mut dedicated) = (0, 0, 0);
         let (mut mem_total, mut mem_alloc, mut compute_total, mut compute_alloc) =
             (0u64, 0u64, 0u32, 0u32);
-        let mut density = Density::default();
-        let mut shared_by_size: BTreeMap<u64, u64> = BTreeMap::new();
-        for h in &hosts {
-            for g in &h.gpus {
-                density.gpus += 1;
-                mem_total += g.memory.0;
-                compute_total += 1000;
-                match used.get(g.uuid.as_str()) {
-                    None => idle += 1,
-                    Some(&(mem, compute, clients, is_dedicated)) => {
-                        density.gpus_in_use += 1;
-                        if is_dedicated {
-                            dedicated += 1;
-                            density.gpus_needed_at_least += 1;
-                            density.tasks_on_gpus += 1;
-                            mem_alloc += g.memory.0;
-                            compute_alloc += 1000;
-                        } else {
-                            mps += 1;
-                            density.tasks_on_gpus += clients;
-                            mem_alloc += mem;
-                            compute_alloc += compute;
-                            *shared_by_size.entry(g.memory.0).or_default() += mem;
-                        }
-                    }
+        let mut usage = Vec::new();
+        for g in hosts.iter().flat_map(|h| h.gpus.iter()) {
+            mem_total += g.memory.0;
+            compute_total += 1000;
+            let (mode, mem, compute, clients) = match used.get(g.uuid.as_str()) {
+                None => {
+                    idle += 1;
+                    (tessera_model::SharingMode::Idle, 0, 0, 0)
                 }
-            }
+                Some(&(_, _, _, true)) => {
+                    dedicated += 1;
+                    (tessera_model::SharingMode::Dedicated, g.memory.0, 1000, 1)
+                }
+                Some(&(mem, compute, clients, false)) => {
+                    mps += 1;
+                    (
+                        tessera_model::SharingMode::Mps,
+                        mem.min(g.memory.0),
+                        compute,
+                        clients,
+                    )
+                }
+            };
+            mem_alloc += mem;
+            compute_alloc += compute;
+            usage.push(gpu_usage(
+                g.memory,
+                mem,
+                compute,
+                clients,
+                g.mps_client_limit,
+                mode,
+            ));
         }
-        density.gpus_needed_at_least += shared_by_size
-            .iter()
-            .map(|(size, m)| m.div_ceil((*size).max(1)) as u32)
-            .sum::<u32>();
-        density.tasks_per_gpu_in_use = if density.gpus_in_use > 0 {
-            f64::from(density.tasks_on_gpus) / f64::from(density.gpus_in_use)
-        } else {
-            0.0
-        };
-        density.memory_allocated_pct = if mem_total > 0 {
-            100.0 * mem_alloc as f64 / mem_total as f64
-        } else {
-            0.0
-        };
+        let density = tessera_control::density_of(usage);
 
         // Stranded: free memory on GPUs too small for the smallest pending task.
         let mut smallest: Option<(MiB, String)> = None;
@@ -418,6 +411,26 @@ pub(crate) mod ssr {
                 .collect(),
             events,
         })
+    }
+
+    /// One GPU's usage as the density measure reads it.
+    fn gpu_usage(
+        capacity: MiB,
+        used: u64,
+        compute: u32,
+        clients: u32,
+        client_limit: u32,
+        mode: tessera_model::SharingMode,
+    ) -> tessera_control::GpuUsage {
+        tessera_control::GpuUsage {
+            memory_free: MiB(capacity.0 - used),
+            memory_capacity: capacity,
+            compute_free: ComputeMilli(1000u32.saturating_sub(compute)),
+            compute_capacity: ComputeMilli(1000),
+            clients,
+            client_limit,
+            mode,
+        }
     }
 
     /// Tasks of a service, newest first, for its page.

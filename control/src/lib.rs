@@ -27,5 +27,7 @@ pub mod store;
 
 pub use control::{Control, ControlConfig};
 pub use error::{ControlError, StoreError};
-pub use scheduler::density;
+pub use scheduler::{density, density_of};
 pub use store::{Store, open};
+/// A GPU's usage, as `density_of` reads it.
+pub use tessera_placement::GpuUsage;

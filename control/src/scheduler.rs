@@ -15,7 +15,7 @@ use tessera_model::{
     GpuHealth, HostId, HostStatus, PlacementPolicy, PoolInfo, PoolName, SharingMode,
 };
 use tessera_placement::{
-    Constraints, DemandProfile, Engine, GpuDemand, GpuSlot, GpuSpec, HostSpec, LabelRule,
+    Constraints, DemandProfile, Engine, GpuDemand, GpuSlot, GpuSpec, GpuUsage, HostSpec, LabelRule,
     Placement, Policy, PoolLimits, Snapshot, TaskRequest,
 };
 
@@ -423,29 +423,33 @@ pub(crate) fn allocations(p: &Placement) -> Vec<GpuAllocation> {
 
 /// Packing density of a snapshot.
 pub fn density(snap: &Snapshot) -> Density {
+    density_of(
+        (0..snap.host_count() as u32).flat_map(|h| snap.gpus_of(h).map(move |g| snap.gpu_usage(g))),
+    )
+}
+
+/// Packing density of a set of GPUs, from each one's usage.
+pub fn density_of(gpus: impl IntoIterator<Item = GpuUsage>) -> Density {
     let mut d = Density::default();
     let (mut mem_total, mut mem_used) = (0u64, 0u64);
     // Shared memory in use per GPU size, for the lower bound on GPUs needed.
     let mut shared_by_size: BTreeMap<u64, u64> = BTreeMap::new();
-    for h in 0..snap.host_count() as u32 {
-        for g in snap.gpus_of(h) {
-            let u = snap.gpu_usage(g);
-            d.gpus += 1;
-            mem_total += u.memory_capacity.0;
-            let used = u.memory_capacity.0 - u.memory_free.0;
-            mem_used += used;
-            match u.mode {
-                SharingMode::Idle => {}
-                SharingMode::Dedicated => {
-                    d.gpus_in_use += 1;
-                    d.gpus_needed_at_least += 1;
-                    d.tasks_on_gpus += 1;
-                }
-                SharingMode::Mps => {
-                    d.gpus_in_use += 1;
-                    d.tasks_on_gpus += u.clients;
-                    *shared_by_size.entry(u.memory_capacity.0).or_default() += used;
-                }
+    for u in gpus {
+        d.gpus += 1;
+        mem_total += u.memory_capacity.0;
+        let used = u.memory_capacity.0 - u.memory_free.0;
+        mem_used += used;
+        match u.mode {
+            SharingMode::Idle => {}
+            SharingMode::Dedicated => {
+                d.gpus_in_use += 1;
+                d.gpus_needed_at_least += 1;
+                d.tasks_on_gpus += 1;
+            }
+            SharingMode::Mps => {
+                d.gpus_in_use += 1;
+                d.tasks_on_gpus += u.clients;
+                *shared_by_size.entry(u.memory_capacity.0).or_default() += used;
             }
         }
     }
