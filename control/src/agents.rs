@@ -264,8 +264,6 @@ impl Control {
                 host_id,
                 &HostReport {
                     gpus: req.gpus.clone(),
-                    mps_healthy: req.mps.healthy,
-                    reason: problem.clone(),
                 },
             )
             .await?;

@@ -495,7 +495,6 @@ impl Store for SqliteStore {
         .bind(id.as_str())
         .execute(&mut *tx)
         .await?;
-        let _ = report.mps_healthy;
         tx.commit().await?;
         Ok(())
     }

@@ -56,12 +56,11 @@ pub struct EventFilter {
     pub limit: u32,
 }
 
-/// What an agent's sync says about its host.
+/// What an agent's sync says about its host's GPUs (its health decides the host's status
+/// through `set_host_status`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostReport {
     pub gpus: Vec<GpuReport>,
-    pub mps_healthy: bool,
-    pub reason: Option<String>,
 }
 
 /// Everything the control plane persists.
