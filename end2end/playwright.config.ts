@@ -3,7 +3,7 @@ import * as path from "node:path";
 
 // The server under test: the `tessera` binary with the demo fleet on a fresh database.
 // scripts/test.sh sets TESSERA_BIN and TESSERA_DATA_DIR; the defaults suit a manual run
-// after `cargo leptos build`.
+// after `cargo leptos build --split`.
 const port = Number(process.env.E2E_PORT ?? 3100);
 const root = path.resolve(__dirname, "..");
 const bin = process.env.TESSERA_BIN ?? path.join(root, "target", "debug", "tessera");

@@ -7,5 +7,5 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 scripts/setup.sh
 source scripts/env.sh
-cargo leptos build --release
+cargo leptos build --release --split
 exec "$CARGO_TARGET_DIR/release/tessera" serve --demo "$@"

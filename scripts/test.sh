@@ -14,7 +14,8 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo test"
 cargo test --workspace --locked
 echo "== browser tests"
-cargo leptos build
+# Pages are lazy routes: their code must be split out of the bundle, in debug too.
+cargo leptos build --split
 data=$(mktemp -d)
 trap 'rm -rf "$data"' EXIT
 TESSERA_BIN="$CARGO_TARGET_DIR/debug/tessera" TESSERA_DATA_DIR="$data" npm --prefix end2end test

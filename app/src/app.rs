@@ -12,7 +12,41 @@ use crate::pages::task_definitions::{TaskDefinitionEditorPage, TaskDefinitionsPa
 use leptos::prelude::*;
 use leptos_meta::{Link, MetaTags, Stylesheet, Title, provide_meta_context};
 use leptos_router::components::{A, Route, Router, Routes};
-use leptos_router::path;
+use leptos_router::{Lazy, LazyRoute, lazy_route, path};
+
+/// Each page's code loads on its own when the WASM bundle is split
+/// (`cargo leptos build --release --split`), so a first load carries one page.
+macro_rules! lazy_page {
+    ($route:ident, $page:ident) => {
+        #[derive(Debug)]
+        struct $route;
+
+        #[lazy_route]
+        impl LazyRoute for $route {
+            fn data() -> Self {
+                $route
+            }
+
+            fn view(_this: Self) -> AnyView {
+                view! {
+                    <PageReady />
+                    <$page />
+                }
+                .into_any()
+            }
+        }
+    };
+}
+
+lazy_page!(OverviewRoute, OverviewPage);
+lazy_page!(HostsRoute, HostsPage);
+lazy_page!(HostRoute, HostPage);
+lazy_page!(ServicesRoute, ServicesPage);
+lazy_page!(ServiceWizardRoute, ServiceWizardPage);
+lazy_page!(ServiceRoute, ServicePage);
+lazy_page!(TaskDefinitionsRoute, TaskDefinitionsPage);
+lazy_page!(TaskDefinitionEditorRoute, TaskDefinitionEditorPage);
+lazy_page!(TaskDefinitionRoute, TaskDefinitionPage);
 
 /// The document around the app, rendered on the server only.
 pub fn shell(options: LeptosOptions) -> impl IntoView {
@@ -38,10 +72,10 @@ pub fn shell(options: LeptosOptions) -> impl IntoView {
 pub fn App() -> impl IntoView {
     provide_meta_context();
     provide_live();
-    // Effects run only in the browser, so this flips once the page is hydrated; browser
-    // tests wait for it before they click.
+    // Flipped by the page once its (lazily loaded) code has hydrated; browser tests wait
+    // for it before they type or click.
     let (hydrated, set_hydrated) = signal(false);
-    Effect::new(move |_| set_hydrated.set(true));
+    provide_context(PageHydrated(set_hydrated));
     view! {
         <Stylesheet id="leptos" href="/pkg/tessera.css" />
         <Link rel="icon" href="/favicon.ico" />
@@ -61,19 +95,35 @@ pub fn App() -> impl IntoView {
             </header>
             <main id="main" data-hydrated=move || hydrated.get().then_some("true")>
                 <Routes fallback=|| view! { <NotFound /> }>
-                    <Route path=path!("/") view=OverviewPage />
-                    <Route path=path!("/hosts") view=HostsPage />
-                    <Route path=path!("/hosts/:id") view=HostPage />
-                    <Route path=path!("/services") view=ServicesPage />
-                    <Route path=path!("/services/new") view=ServiceWizardPage />
-                    <Route path=path!("/services/:name") view=ServicePage />
-                    <Route path=path!("/task-definitions") view=TaskDefinitionsPage />
-                    <Route path=path!("/task-definitions/new") view=TaskDefinitionEditorPage />
-                    <Route path=path!("/task-definitions/:family") view=TaskDefinitionPage />
+                    <Route path=path!("/") view={ Lazy::<OverviewRoute>::new() } />
+                    <Route path=path!("/hosts") view={ Lazy::<HostsRoute>::new() } />
+                    <Route path=path!("/hosts/:id") view={ Lazy::<HostRoute>::new() } />
+                    <Route path=path!("/services") view={ Lazy::<ServicesRoute>::new() } />
+                    <Route path=path!("/services/new") view={ Lazy::<ServiceWizardRoute>::new() } />
+                    <Route path=path!("/services/:name") view={ Lazy::<ServiceRoute>::new() } />
+                    <Route path=path!("/task-definitions") view={ Lazy::<TaskDefinitionsRoute>::new() } />
+                    <Route path=path!("/task-definitions/new") view={ Lazy::<TaskDefinitionEditorRoute>::new() } />
+                    <Route path=path!("/task-definitions/:family") view={ Lazy::<TaskDefinitionRoute>::new() } />
                 </Routes>
             </main>
         </Router>
     }
+}
+
+/// Tells the shell that the current page is hydrated.
+#[derive(Clone, Copy)]
+struct PageHydrated(WriteSignal<bool>);
+
+/// Rendered first by every page: its effect runs (in the browser only) once the page's
+/// own code has loaded and hydrated.
+#[component]
+fn PageReady() -> impl IntoView {
+    let ready = use_context::<PageHydrated>();
+    Effect::new(move |_| {
+        if let Some(PageHydrated(set)) = ready {
+            set.set(true);
+        }
+    });
 }
 
 #[component]
@@ -83,6 +133,7 @@ fn NotFound() -> impl IntoView {
         response.set_status(http::StatusCode::NOT_FOUND);
     }
     view! {
+        <PageReady />
         <Title text="Not found" />
         <h1>"Page not found"</h1>
         <p>

@@ -27,5 +27,6 @@ pub use app::{App, shell};
 #[wasm_bindgen::prelude::wasm_bindgen]
 pub fn hydrate() {
     console_error_panic_hook::set_once();
-    leptos::mount::hydrate_body(App);
+    // Lazy routes (split WASM) need the hydration that can wait for a page's code.
+    leptos::mount::hydrate_lazy(App);
 }
