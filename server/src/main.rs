@@ -32,7 +32,11 @@ async fn main() -> anyhow::Result<()> {
     // one given, the demo picks a fresh one each start.
     let join_token = match (&args.join_token, args.demo) {
         (Some(t), _) => Some(t.clone()),
-        (None, true) => Some(tessera_control::agents::new_token()),
+        (None, true) => {
+            let token = tessera_control::agents::new_token();
+            println!("Join token for agents (demo: new on every start): {token}");
+            Some(token)
+        }
         (None, false) => None,
     };
     if let Some(token) = control
