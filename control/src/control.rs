@@ -214,16 +214,10 @@ impl Control {
                 format!("must be at most {}", crate::inputs::MAX_DESIRED),
             );
         }
-        let new_def = match &patch.task_definition {
-            None => None,
-            Some(s) => match s.parse::<TaskDefRef>() {
-                Ok(r) => Some(r),
-                Err(err) => {
-                    e.add("task_definition", err.to_string());
-                    None
-                }
-            },
-        };
+        let new_def = patch
+            .task_definition
+            .as_deref()
+            .and_then(|raw| e.task_definition(raw));
         if patch.desired_count.is_none() && patch.task_definition.is_none() {
             e.add("(body)", "give desired_count and/or task_definition");
         }

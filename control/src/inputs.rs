@@ -22,6 +22,32 @@ impl Errors {
         });
     }
 
+    /// A `family:revision` field.
+    pub fn task_definition(&mut self, raw: &str) -> Option<TaskDefRef> {
+        raw.parse::<TaskDefRef>()
+            .map_err(|err| self.add("task_definition", err.to_string()))
+            .ok()
+    }
+
+    /// A pool name field.
+    pub fn pool(&mut self, raw: &str) -> Option<PoolName> {
+        PoolName::new(raw)
+            .map_err(|err| self.add("pool", err.rule))
+            .ok()
+    }
+
+    /// An optional strategy field; `Some(None)` when it is absent.
+    pub fn strategy(&mut self, raw: Option<&String>) -> Option<Option<PlacementPolicy>> {
+        match raw {
+            None => Some(None),
+            Some(s) => s
+                .parse::<PlacementPolicy>()
+                .map(Some)
+                .map_err(|err| self.add("strategy", err.to_string()))
+                .ok(),
+        }
+    }
+
     pub fn finish(self) -> Result<(), ControlError> {
         if self.0.is_empty() {
             Ok(())
@@ -87,27 +113,15 @@ pub(crate) fn validate_service(input: &ServiceInput) -> Result<Service, ControlE
             "use 1 to 63 lowercase letters, digits or '-', starting with a letter or digit",
         );
     }
-    let task_definition = input
-        .task_definition
-        .parse::<TaskDefRef>()
-        .map_err(|err| e.add("task_definition", err.to_string()))
-        .ok();
-    let pool = PoolName::new(input.pool.clone())
-        .map_err(|err| e.add("pool", err.rule))
-        .ok();
+    let task_definition = e.task_definition(&input.task_definition);
+    let pool = e.pool(&input.pool);
     if input.desired_count > MAX_DESIRED {
         e.add(
             "desired_count",
             format!("must be at most {MAX_DESIRED}, got {}", input.desired_count),
         );
     }
-    let strategy = match &input.strategy {
-        None => None,
-        Some(s) => s
-            .parse::<PlacementPolicy>()
-            .map_err(|err| e.add("strategy", err.to_string()))
-            .ok(),
-    };
+    let strategy = e.strategy(input.strategy.as_ref());
     let deployment = input.deployment.unwrap_or_default();
     check_deployment(&mut e, &deployment);
     if !(1..=600).contains(&input.stop_timeout_secs) {
@@ -130,7 +144,7 @@ pub(crate) fn validate_service(input: &ServiceInput) -> Result<Service, ControlE
         task_definition: task_definition.expect("validated"),
         pool: pool.expect("validated"),
         desired_count: input.desired_count,
-        strategy,
+        strategy: strategy.expect("validated"),
         constraints: input.constraints.clone(),
         deployment,
         stop_timeout_secs: input.stop_timeout_secs,

@@ -330,21 +330,9 @@ impl Control {
     /// What placing `input.count` tasks now would do, without committing anything.
     pub async fn preview(&self, input: &PreviewInput) -> Result<PreviewResult, ControlError> {
         let mut e = crate::inputs::Errors::default();
-        let r = input
-            .task_definition
-            .parse::<TaskDefRef>()
-            .map_err(|err| e.add("task_definition", err.to_string()))
-            .ok();
-        let pool = PoolName::new(input.pool.clone())
-            .map_err(|err| e.add("pool", err.rule))
-            .ok();
-        let strategy = match &input.strategy {
-            None => None,
-            Some(s) => s
-                .parse::<PlacementPolicy>()
-                .map_err(|err| e.add("strategy", err.to_string()))
-                .ok(),
-        };
+        let r = e.task_definition(&input.task_definition);
+        let pool = e.pool(&input.pool);
+        let strategy = e.strategy(input.strategy.as_ref()).flatten();
         if !(1..=1000).contains(&input.count) {
             e.add(
                 "count",
