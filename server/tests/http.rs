@@ -171,25 +171,6 @@ async fn healthz_and_openapi() {
 }
 
 #[tokio::test]
-async fn hosts_page_renders_hosts_on_the_server() {
-    let state = state().await;
-    demo_fleet(&state).await;
-    let (status, html) = get(&state, "/hosts").await;
-    assert_eq!(status, StatusCode::OK);
-    let html = html.as_str().expect("html");
-    assert!(html.contains("sim-l4-2"), "SSR shows the hosts");
-    assert!(html.contains("simulated"), "simulated hosts are labelled");
-    assert!(html.contains("NVIDIA H100 80GB HBM3"));
-}
-
-#[tokio::test]
-async fn unknown_pages_are_404() {
-    let state = state().await;
-    let (status, _) = get(&state, "/no-such-page").await;
-    assert_eq!(status, StatusCode::NOT_FOUND);
-}
-
-#[tokio::test]
 async fn pools_create_list_and_reject_bad_input() {
     let state = state().await;
     let (status, pool) = post(

@@ -1,0 +1,91 @@
+//! Server-side rendering of console pages through the router.
+//!
+//! One test in its own binary on purpose: lazily loaded routes keep process-wide state
+//! that a future of one tokio runtime may be left awaiting after another test's runtime
+//! ended; a test binary per runtime keeps rendering deterministic.
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use tessera_control::{Control, ControlConfig};
+use tessera_model::agent::{GpuReport, RegisterRequest};
+use tessera_model::{GpuUuid, MiB, MilliCpu, PoolName};
+use tessera_server::{AppState, app, demo, leptos_options};
+use tower::ServiceExt;
+
+const JOIN: &str = "ssr-test-join-token-0001";
+
+async fn get(state: &AppState, uri: &str) -> (StatusCode, String) {
+    let response = app(state.clone())
+        .oneshot(Request::get(uri).body(Body::empty()).expect("request"))
+        .await
+        .expect("router answers");
+    let status = response.status();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+#[tokio::test]
+async fn pages_render_on_the_server() {
+    let store = tessera_control::open("sqlite::memory:")
+        .await
+        .expect("store");
+    let control = Control::new(store, ControlConfig::default());
+    control
+        .ensure_join_token(Some(JOIN))
+        .await
+        .expect("join token");
+    demo::seed(&control).await.expect("seed");
+    for (name, pool, model, count, gib) in [
+        ("sim-h100-1", "training", "NVIDIA H100 80GB HBM3", 8, 80),
+        ("sim-l4-2", "inference", "NVIDIA L4", 4, 24),
+    ] {
+        control
+            .register_agent(&RegisterRequest {
+                join_token: JOIN.into(),
+                pool: PoolName::new(pool).expect("valid"),
+                cpu_milli: MilliCpu(64_000),
+                memory_mib: MiB(256 * 1024),
+                simulated: true,
+                labels: Default::default(),
+                gpus: (0..count)
+                    .map(|i| GpuReport {
+                        uuid: GpuUuid::new(format!("GPU-{name}-{i}")).expect("valid"),
+                        index: i,
+                        model: model.into(),
+                        memory_mib: MiB(gib * 1024),
+                        mps_client_limit: 48,
+                        healthy: true,
+                    })
+                    .collect(),
+                name: Some(name.into()),
+            })
+            .await
+            .expect("register");
+    }
+    let state = AppState {
+        control,
+        leptos: leptos_options("127.0.0.1:0".parse().expect("valid")),
+    };
+
+    let (status, html) = get(&state, "/hosts").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(html.contains("sim-l4-2"), "SSR shows the hosts");
+    assert!(html.contains("simulated"), "simulated hosts are labelled");
+    assert!(html.contains("NVIDIA H100 80GB HBM3"));
+
+    let (status, html) = get(&state, "/task-definitions").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        html.contains("llm-inference"),
+        "the demo's definitions are listed"
+    );
+
+    let (status, _) = get(&state, "/no-such-page").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
