@@ -1,5 +1,7 @@
 //! The HTTP surface through the router, without a socket: every endpoint, good and bad input.
 
+mod common;
+
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use http_body_util::BodyExt;
@@ -59,41 +61,10 @@ async fn call(
     (status, v)
 }
 
-/// Registers four simulated hosts through the agent registration path, like the demo's.
+/// The demo's pools and definitions, and its four hosts registered like agents.
 async fn demo_fleet(state: &AppState) {
-    use tessera_model::agent::{GpuReport, RegisterRequest};
-    use tessera_model::{GpuUuid, MiB, MilliCpu, PoolName};
     demo::seed(&state.control).await.expect("seed");
-    for (name, pool, model, count, gib) in [
-        ("sim-h100-1", "training", "NVIDIA H100 80GB HBM3", 8, 80),
-        ("sim-h100-2", "training", "NVIDIA H100 80GB HBM3", 8, 80),
-        ("sim-l4-1", "inference", "NVIDIA L4", 4, 24),
-        ("sim-l4-2", "inference", "NVIDIA L4", 4, 24),
-    ] {
-        state
-            .control
-            .register_agent(&RegisterRequest {
-                join_token: JOIN.into(),
-                pool: PoolName::new(pool).expect("valid"),
-                cpu_milli: MilliCpu(64_000),
-                memory_mib: MiB(256 * 1024),
-                simulated: true,
-                labels: Default::default(),
-                gpus: (0..count)
-                    .map(|i| GpuReport {
-                        uuid: GpuUuid::new(format!("GPU-{name}-{i}")).expect("valid"),
-                        index: i,
-                        model: model.into(),
-                        memory_mib: MiB(gib * 1024),
-                        mps_client_limit: 48,
-                        healthy: true,
-                    })
-                    .collect(),
-                name: Some(name.into()),
-            })
-            .await
-            .expect("register");
-    }
+    common::register_hosts(&state.control, JOIN, &common::DEMO_HOSTS).await;
 }
 
 async fn get(state: &AppState, uri: &str) -> (StatusCode, Value) {

@@ -4,12 +4,12 @@
 //! that a future of one tokio runtime may be left awaiting after another test's runtime
 //! ended; a test binary per runtime keeps rendering deterministic.
 
+mod common;
+
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use tessera_control::{Control, ControlConfig};
-use tessera_model::agent::{GpuReport, RegisterRequest};
-use tessera_model::{GpuUuid, MiB, MilliCpu, PoolName};
 use tessera_server::{AppState, app, demo, leptos_options};
 use tower::ServiceExt;
 
@@ -41,33 +41,8 @@ async fn pages_render_on_the_server() {
         .await
         .expect("join token");
     demo::seed(&control).await.expect("seed");
-    for (name, pool, model, count, gib) in [
-        ("sim-h100-1", "training", "NVIDIA H100 80GB HBM3", 8, 80),
-        ("sim-l4-2", "inference", "NVIDIA L4", 4, 24),
-    ] {
-        control
-            .register_agent(&RegisterRequest {
-                join_token: JOIN.into(),
-                pool: PoolName::new(pool).expect("valid"),
-                cpu_milli: MilliCpu(64_000),
-                memory_mib: MiB(256 * 1024),
-                simulated: true,
-                labels: Default::default(),
-                gpus: (0..count)
-                    .map(|i| GpuReport {
-                        uuid: GpuUuid::new(format!("GPU-{name}-{i}")).expect("valid"),
-                        index: i,
-                        model: model.into(),
-                        memory_mib: MiB(gib * 1024),
-                        mps_client_limit: 48,
-                        healthy: true,
-                    })
-                    .collect(),
-                name: Some(name.into()),
-            })
-            .await
-            .expect("register");
-    }
+    let hosts = &common::DEMO_HOSTS;
+    common::register_hosts(&control, JOIN, &[hosts[0], hosts[3]]).await;
     let state = AppState {
         control,
         leptos: leptos_options("127.0.0.1:0".parse().expect("valid")),
