@@ -19,6 +19,7 @@
 
 mod classes;
 pub mod engine;
+mod gaps;
 pub mod openb;
 pub mod profile;
 pub mod reject;

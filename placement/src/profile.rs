@@ -8,6 +8,7 @@
 use crate::request::{GpuDemand, TaskRequest};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
 use tessera_model::{MiB, MilliCpu};
 
 /// One typical task shape and its share of the workload.
@@ -235,6 +236,10 @@ pub(crate) struct FragTables {
     /// be stranded.
     cpu_per_share: Vec<f64>,
     mem_per_share: Vec<f64>,
+    /// Per GPU kind, `V(free share)`: the share a GPU with that much free is expected to
+    /// leave unused once the workload has filled it (see [`crate::gaps`]). Learned on
+    /// first use: only shared tasks need it.
+    gap_value: Vec<OnceLock<Arc<Vec<f64>>>>,
 }
 
 const SHARES: usize = 1001;
@@ -285,6 +290,7 @@ impl FragTables {
             cpu_per_share.push(ratio(cpu));
             mem_per_share.push(ratio(mem));
         }
+        let gap_value = (0..kinds.len()).map(|_| OnceLock::new()).collect();
         FragTables {
             entries,
             cpu_levels,
@@ -294,7 +300,31 @@ impl FragTables {
             total_weight,
             cpu_per_share,
             mem_per_share,
+            gap_value,
         }
+    }
+
+    /// The share a GPU of `kind` with `free` share is expected to leave unused.
+    pub fn gap_value(&self, kind: u16, free: u16) -> f64 {
+        let values = self.gap_value[kind as usize].get_or_init(|| {
+            let shapes = self.shared_shapes(kind as usize);
+            // Kinds of one memory size see the same shapes: learn their values once.
+            let same = (0..self.gap_value.len()).find_map(|other| {
+                let learned = self.gap_value[other].get()?;
+                (self.shared_shapes(other) == shapes).then(|| Arc::clone(learned))
+            });
+            same.unwrap_or_else(|| Arc::new(crate::gaps::gap_values(&shapes)))
+        });
+        values[usize::from(free.min(1000))]
+    }
+
+    /// `(share needed, weight)` of the profile's shared shapes on GPU kind `kind`.
+    fn shared_shapes(&self, kind: usize) -> Vec<(u16, f64)> {
+        self.entries
+            .iter()
+            .filter(|e| e.gpus == 1 && e.need[kind] < 1000)
+            .map(|e| (e.need[kind], e.weight))
+            .collect()
     }
 
     /// Free GPU share (thousandths) that the host's free CPU and memory cannot feed at the
