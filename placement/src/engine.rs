@@ -901,6 +901,33 @@ mod tests {
     }
 
     #[test]
+    fn default_policy_does_not_leave_a_gap_nothing_will_fill() {
+        // A workload of 470s, 320s, 650s and whole GPUs, nothing smaller. One GPU holds a
+        // 470 (530 free), the other is idle, and a 320 arrives. Into the 530 it would leave
+        // 210 that no task of this workload fits; on the idle GPU it leaves 680 for a 650.
+        // FGD's measure alone prefers the 530 (an idle GPU stays whole for whole-GPU tasks).
+        let slot = |share: u64| TaskRequest::shared(MilliCpu(1000), MiB(1024), MiB(share), None);
+        let whole = TaskRequest::whole(MilliCpu(1000), MiB(1024), 1);
+        let workload: Vec<TaskRequest> = [slot(470), slot(320), slot(650), whole]
+            .into_iter()
+            .flat_map(|r| std::iter::repeat_n(r, 10))
+            .collect();
+        let profile = DemandProfile::from_requests(&workload);
+        let gpu_of = |policy: Policy| {
+            let snapshot = Snapshot::new(vec![host("a", 2, 1000)], PoolLimits::default());
+            let mut e = Engine::new(snapshot, policy, &profile, 1);
+            let first = e.place(&slot(470)).expect("fits");
+            e.assign(&first).expect("assign");
+            let second = e.place(&slot(320)).expect("fits");
+            (first.gpus[0].gpu.clone(), second.gpus[0].gpu.clone())
+        };
+        let (fgd_first, fgd_second) = gpu_of(Policy::FgdSim);
+        assert_eq!(fgd_second, fgd_first, "FGD alone fills the 530");
+        let (first, second) = gpu_of(Policy::Fragmentation);
+        assert_ne!(second, first, "the default policy keeps the 530 for a 470");
+    }
+
+    #[test]
     fn switching_policies_sees_every_earlier_assignment() {
         // Each policy keeps only its own structure in step; after a switch the other one
         // must reflect what was assigned meanwhile.
