@@ -919,7 +919,7 @@ mod tests {
             let first = e.place(&slot(470)).expect("fits");
             e.assign(&first).expect("assign");
             let second = e.place(&slot(320)).expect("fits");
-            (first.gpus[0].gpu.clone(), second.gpus[0].gpu.clone())
+            (first.gpus[0].gpu, second.gpus[0].gpu)
         };
         let (fgd_first, fgd_second) = gpu_of(Policy::FgdSim);
         assert_eq!(fgd_second, fgd_first, "FGD alone fills the 530");
