@@ -42,7 +42,13 @@ fn Overview(d: OverviewData) -> impl IntoView {
     let measured = d
         .memory_measured
         .map(|m| format!("{m} measured in use by tasks"));
-    let compute_label = format!("{} of {} GPUs' compute reserved", d.compute_allocated, gpus);
+    // Compute is counted in thousandths of a GPU: 2,250 is two and a quarter GPUs' worth.
+    let compute_label = format!(
+        "{:.2} of {} GPUs' compute reserved ({:.0}%)",
+        f64::from(d.compute_allocated.0) / 1000.0,
+        gpus,
+        100.0 * f64::from(d.compute_allocated.0) / f64::from(d.compute_total.0.max(1))
+    );
     view! {
         <section class="cards">
             <article class="card">
