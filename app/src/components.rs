@@ -4,7 +4,7 @@ use crate::data::{GpuView, HostView, service_hue};
 use leptos::prelude::*;
 use tessera_model::service::Event;
 use tessera_model::taskdef::FieldError;
-use tessera_model::{GpuHealth, HostStatus, SharingMode};
+use tessera_model::{GpuHealth, HostStatus, MiB, SharingMode};
 
 /// A host's status as a coloured word.
 #[component]
@@ -66,6 +66,15 @@ pub fn Meter(
     }
 }
 
+/// A measured amount of memory, rounded for reading (`14.4 GiB`); budgets are shown exactly.
+pub fn measured_text(m: MiB) -> String {
+    if m.0 >= 1024 {
+        format!("{:.1} GiB", m.0 as f64 / 1024.0)
+    } else {
+        format!("{} MiB", m.0)
+    }
+}
+
 /// One GPU: memory segments per task (coloured by service; details on hover and focus),
 /// reserved compute as a second bar, the sharing mode.
 #[component]
@@ -83,7 +92,7 @@ pub fn GpuBars(gpu: GpuView) -> impl IntoView {
             let hue = service_hue(&s.service);
             let peak = s
                 .measured_peak
-                .map_or("not measured yet".to_owned(), |p| p.to_string());
+                .map_or("not measured yet".to_owned(), measured_text);
             let cap = if s.dedicated {
                 "whole GPU".to_owned()
             } else {
@@ -96,15 +105,17 @@ pub fn GpuBars(gpu: GpuView) -> impl IntoView {
                 s.memory,
                 s.state
             );
+            let tip = detail.clone();
             view! {
                 <span
                     class="segment"
                     tabindex="0"
                     style=format!("width: {width:.2}%; background: hsl({hue} 60% 55%)")
-                    title=detail.clone()
                     aria-label=detail
                     data-service=s.service.clone()
-                ></span>
+                >
+                    <span class="tip" aria-hidden="true">{tip}</span>
+                </span>
             }
         })
         .collect_view();
@@ -122,7 +133,7 @@ pub fn GpuBars(gpu: GpuView) -> impl IntoView {
             </div>
             <span class="gpu-mem">
                 {format!("{} / {}", mem_used, gpu.gpu.memory)}
-                {measured.map(|m| view! { <small>{format!(" · used {m}")}</small> })}
+                {measured.map(|m| view! { <small>{format!(" · used {}", measured_text(m))}</small> })}
             </span>
             <span class=format!("gpu-state mode-{}", gpu.gpu.sharing_mode.as_str())>{state}</span>
         </li>

@@ -83,6 +83,23 @@ test("tasks appear on the hosts page without a reload", async ({ page, request }
   // No navigation: the server's event stream refreshes the page.
   await expect(segments).toHaveCount(5);
   await page.screenshot({ path: "screenshots/hosts-live.png", fullPage: true });
+
+  // The keyboard reaches every task's segment, and focus shows its details.
+  let focused = "";
+  for (let i = 0; i < 60 && !focused.includes("e2e-svc"); i++) {
+    await page.keyboard.press("Tab");
+    focused = await page.evaluate(() => {
+      const el = document.activeElement;
+      return el?.classList.contains("segment") ? el.getAttribute("data-service") ?? "" : "";
+    });
+  }
+  expect(focused).toBe("e2e-svc");
+  const tip = page.locator(".segment:focus .tip");
+  await expect(tip).toBeVisible();
+  await expect(tip).toContainText("service e2e-svc");
+  await expect(tip).toContainText("compute cap");
+  await expect(tip).toContainText("measured peak");
+  await page.screenshot({ path: "screenshots/hosts-keyboard.png", fullPage: true });
   expect(errors).toEqual([]);
 });
 

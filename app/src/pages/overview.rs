@@ -1,7 +1,7 @@
 //! The overview: the fleet by status, allocation against capacity and measured use,
 //! packing density, stranded memory, pending tasks with their reasons, recent events.
 
-use crate::components::{ErrorList, EventList, Meter};
+use crate::components::{ErrorList, EventList, Meter, measured_text};
 use crate::data::OverviewData;
 use crate::live::use_live;
 use leptos::prelude::*;
@@ -41,7 +41,7 @@ fn Overview(d: OverviewData) -> impl IntoView {
     );
     let measured = d
         .memory_measured
-        .map(|m| format!("{m} measured in use by tasks"));
+        .map(|m| format!("{} measured in use by tasks", measured_text(m)));
     // Compute is counted in thousandths of a GPU: 2,250 is two and a quarter GPUs' worth.
     let compute_label = format!(
         "{:.2} of {} GPUs' compute reserved ({:.0}%)",

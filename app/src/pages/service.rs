@@ -1,7 +1,7 @@
 //! One service: deployments with their progress, tasks with their placements, events;
 //! scale it, roll out another revision, or delete it.
 
-use crate::components::{ErrorList, EventList};
+use crate::components::{ErrorList, EventList, measured_text};
 use crate::live::use_live;
 use leptos::prelude::*;
 use leptos::server_fn::codec::Json;
@@ -192,7 +192,7 @@ fn Detail(
                                     <td>{t.state.as_str()}</td>
                                     <td>{t.host.map(|h| view! { <a href=format!("/hosts/{h}")>{h.to_string()}</a> })}</td>
                                     <td>{gpus}</td>
-                                    <td>{t.measured.gpu_memory_peak.map(|m| m.to_string()).unwrap_or_default()}</td>
+                                    <td>{t.measured.gpu_memory_peak.map(measured_text).unwrap_or_default()}</td>
                                     <td class="reason">{note}</td>
                                 </tr>
                             }
