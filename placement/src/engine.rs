@@ -18,7 +18,9 @@ use tessera_model::{ComputeMilli, MiB, MilliCpu, PlacementPolicy};
 /// How the engine ranks hosts and GPUs that can take a task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Policy {
-    /// Tessera's fragmentation-aware packing (the default for sharing pools).
+    /// Tessera's fragmentation-aware packing (the default for sharing pools): FGD's
+    /// fragmentation measure, plus GPU share stranded by a host's CPU and memory, plus the
+    /// change in the touched GPU's gap value (see `crate::gaps`).
     Fragmentation,
     /// Best fit: the GPU, then host, with the least room left that still fits.
     Binpack,

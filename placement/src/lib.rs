@@ -10,6 +10,7 @@
 //! - [`request`]: what a task asks for (CPU, memory, whole GPUs or an MPS slot) and its constraints.
 //! - [`engine`]: filter, score, choose; the policies; batches and dry runs.
 //! - [`profile`]: the workload's shape and the fragmentation measure built on it.
+//! - `gaps`: what a GPU's free share is worth to the workload, learned from its shape.
 //! - `classes`: hosts grouped by identical state, so each state is scored once.
 //! - [`reject`]: rejection reports with counts by reason and the operator's sentence.
 //! - [`openb`]: reading the Alibaba openb trace format, for the `replay` benchmark.
