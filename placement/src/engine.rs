@@ -1,6 +1,6 @@
 //! Filter, score, choose: the decision for one task, and for a batch.
 //!
-//! Fragmentation-aware and spread policies score host *states* (see [`crate::classes`]) and
+//! Fragmentation-aware and spread policies score host *states* (see the `classes` module) and
 //! cache each score per task shape, so a decision costs one pass over the distinct states
 //! plus the few states that changed since that shape was last placed. Binpack uses ordered
 //! indexes and costs O(log n). Whatever the policy, the final host and GPU pass the exact
