@@ -8,7 +8,7 @@ pub use tessera_model::api::{
 };
 use tessera_model::service::{DeploymentConfig, Service, TaskDefRef};
 use tessera_model::taskdef::{FieldError, ValidationErrors};
-use tessera_model::{PlacementPolicy, PoolInfo, PoolName};
+use tessera_model::{PlacementPolicy, PoolInfo, PoolName, ids};
 
 /// Collects field errors, then fails with all of them.
 #[derive(Default)]
@@ -95,23 +95,11 @@ pub fn validate_pool(input: &PoolInput) -> Result<PoolInfo, ControlError> {
 /// Most tasks one service may ask for.
 pub const MAX_DESIRED: u32 = 100_000;
 
-pub(crate) fn valid_service_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 63
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-        && !name.starts_with('-')
-}
-
 /// Checks the fields of a service body that need no store; returns the service to store.
 pub(crate) fn validate_service(input: &ServiceInput) -> Result<Service, ControlError> {
     let mut e = Errors::default();
-    if !valid_service_name(&input.name) {
-        e.add(
-            "name",
-            "use 1 to 63 lowercase letters, digits or '-', starting with a letter or digit",
-        );
+    if !ids::is_valid_name(&input.name) {
+        e.add("name", ids::NAME_RULE);
     }
     let task_definition = e.task_definition(&input.task_definition);
     let pool = e.pool(&input.pool);

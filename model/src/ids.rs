@@ -15,16 +15,23 @@ pub struct IdError {
 
 /// The naming rule shared by pools and hosts: what fits in a DNS label, so names can be
 /// used in URLs and logs without quoting.
-const NAME_RULE: &str =
+/// The rule operator-chosen names follow (pools, services): DNS-label-like, so they fit
+/// in URLs, metrics labels and host names.
+pub const NAME_RULE: &str =
     "use 1 to 63 lowercase letters, digits or '-', starting with a letter or digit";
 
-fn check_name(what: &'static str, value: &str) -> Result<(), IdError> {
-    let ok = !value.is_empty()
+/// Whether `value` follows [`NAME_RULE`].
+pub fn is_valid_name(value: &str) -> bool {
+    !value.is_empty()
         && value.len() <= 63
         && value
             .chars()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-        && !value.starts_with('-');
+        && !value.starts_with('-')
+}
+
+fn check_name(what: &'static str, value: &str) -> Result<(), IdError> {
+    let ok = is_valid_name(value);
     if ok {
         Ok(())
     } else {
