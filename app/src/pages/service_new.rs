@@ -198,7 +198,11 @@ fn Wizard(defs: Vec<String>, pools: Vec<PoolInfo>) -> impl IntoView {
         </ol>
         <form class="wizard" on:submit=|ev| ev.prevent_default()>
             <div class="step" hidden=move || step.get() != 0>
-                <label class="field">"Service name" <input type="text" name="name" placeholder="embeddings-api" bind:value=name /></label>
+                <label class="field">
+                    "Service name"
+                    <input type="text" name="name" bind:value=name />
+                    <small class="hint">"Lower-case letters, digits and dashes, e.g. " <code>"embeddings-api"</code></small>
+                </label>
                 <label class="field">
                     "Task definition"
                     <select name="task_definition" on:change=move |ev| def.set(event_target_value(&ev))>{def_options}</select>

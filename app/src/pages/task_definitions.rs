@@ -352,7 +352,8 @@ fn Editor(base: Option<TaskDefinition>) -> impl IntoView {
             <Show when=move || tab.get() == "form" fallback=move || view! { <JsonTab text=json_text errors=shown /> }>
                 <label class="field">
                     "Family"
-                    <input type="text" name="family" placeholder="llm-inference" bind:value=family />
+                    <input type="text" name="family" bind:value=family />
+                    <small class="hint">"Revisions of one family share its name, e.g. " <code>"llm-inference"</code></small>
                     <FieldErrors errors=shown field="family".into() />
                 </label>
                 <For each=numbered key=|(_, c)| c.id let:item>
@@ -419,7 +420,8 @@ fn ContainerFields(
                 <label class="field">"Name" <input type="text" name=p("name") bind:value=c.name /> <FieldErrors errors field=p("name") /></label>
                 <label class="field wide">
                     "Command (arguments separated by spaces)"
-                    <input type="text" name=p("command") placeholder="python serve.py --port 8000" bind:value=c.command />
+                    <input type="text" name=p("command") bind:value=c.command />
+                    <small class="hint">"e.g. " <code>"python serve.py --port 8000"</code></small>
                     <FieldErrors errors field=p("command") />
                 </label>
                 <label class="field">"CPU (vCPU)" <input type="text" inputmode="decimal" name=p("cpu") bind:value=c.cpu /> <FieldErrors errors field=p("cpu_milli") /></label>
