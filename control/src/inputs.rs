@@ -206,13 +206,7 @@ mod tests {
 
     #[test]
     fn pool_input_defaults_and_limits() {
-        let ok = validate_pool(&PoolInput {
-            name: "gpu-a".into(),
-            policy: None,
-            compute_overcommit: None,
-            mps_client_limit: None,
-        })
-        .expect("valid");
+        let ok = validate_pool(&PoolInput::named("gpu-a")).expect("valid");
         assert_eq!(ok.policy, PlacementPolicy::Fragmentation);
         assert_eq!(ok.compute_overcommit, 1.0);
         let bad = validate_pool(&PoolInput {

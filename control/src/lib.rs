@@ -13,10 +13,12 @@
 //! - [`agents`]: the agent API, server side: join token, registration, sync.
 //! - [`inputs`]: request bodies and computed views, with their validation.
 //! - [`error`]: `StoreError` and `ControlError`.
+//! - [`bench`]: the simulated fleet and arguments the benchmark programs share.
 
 #![forbid(unsafe_code)]
 
 pub mod agents;
+pub mod bench;
 pub mod control;
 pub mod error;
 pub mod inputs;

@@ -32,12 +32,7 @@ pub async fn env(config: ControlConfig) -> Env {
         .await
         .expect("join token");
     control
-        .create_pool(&PoolInput {
-            name: "gpu".into(),
-            policy: None,
-            compute_overcommit: None,
-            mps_client_limit: None,
-        })
+        .create_pool(&PoolInput::named("gpu"))
         .await
         .expect("pool");
     Env { control, _dir: dir }

@@ -30,6 +30,19 @@ pub struct PoolInput {
     pub mps_client_limit: Option<u32>,
 }
 
+impl PoolInput {
+    /// A pool with every setting at its default (fragmentation policy, compute caps
+    /// reserved, the GPUs' own MPS client limit).
+    pub fn named(name: impl Into<String>) -> PoolInput {
+        PoolInput {
+            name: name.into(),
+            policy: None,
+            compute_overcommit: None,
+            mps_client_limit: None,
+        }
+    }
+}
+
 /// `POST /api/v1/services`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

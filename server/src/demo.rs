@@ -66,14 +66,7 @@ pub async fn seed(control: &Control) -> Result<(), ControlError> {
     for pool in ["training", "inference"] {
         let name = PoolName::new(pool).expect("demo pool names are valid");
         if !store.pool_exists(&name).await? {
-            control
-                .create_pool(&PoolInput {
-                    name: pool.to_owned(),
-                    policy: None,
-                    compute_overcommit: None,
-                    mps_client_limit: None,
-                })
-                .await?;
+            control.create_pool(&PoolInput::named(pool)).await?;
         }
     }
     if store.list_task_definition_families().await?.is_empty() {

@@ -42,12 +42,7 @@ async fn cluster() -> Cluster {
         .await
         .expect("join token");
     control
-        .create_pool(&PoolInput {
-            name: "gpu".into(),
-            policy: None,
-            compute_overcommit: None,
-            mps_client_limit: None,
-        })
+        .create_pool(&PoolInput::named("gpu"))
         .await
         .expect("pool");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")

@@ -13,25 +13,13 @@ use axum::body::Body;
 use axum::http::Request;
 use serde_json::json;
 use std::time::Instant;
+use tessera_control::bench::{admit_simulated_hosts, arg, register_task_definition};
 use tessera_control::inputs::{PoolInput, ServiceInput};
 use tessera_control::{Control, ControlConfig};
-use tessera_model::agent::{GpuReport, RegisterRequest};
+use tessera_model::PoolName;
 use tessera_model::service::{DeploymentConfig, ServiceConstraints};
-use tessera_model::{GpuUuid, MiB, MilliCpu, PoolName};
 use tessera_server::{AppState, app, leptos_options};
 use tower::ServiceExt;
-
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .map(|v| {
-            v.parse()
-                .unwrap_or_else(|_| panic!("{name} needs a whole number, got {v:?}"))
-        })
-        .unwrap_or(default)
-}
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -44,42 +32,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let store = tessera_control::open(&format!("sqlite://{}/bench.db", dir.display())).await?;
     let control = Control::new(store, ControlConfig::default());
     for pool in ["a", "b"] {
-        control
-            .create_pool(&PoolInput {
-                name: pool.into(),
-                policy: None,
-                compute_overcommit: None,
-                mps_client_limit: None,
-            })
-            .await?;
+        control.create_pool(&PoolInput::named(pool)).await?;
     }
-    for h in 0..hosts {
-        control
-            .admit_host(&RegisterRequest {
-                join_token: String::new(),
-                pool: PoolName::new(if h % 2 == 0 { "a" } else { "b" })?,
-                cpu_milli: MilliCpu(192_000),
-                memory_mib: MiB(2 * 1024 * 1024),
-                simulated: true,
-                labels: Default::default(),
-                gpus: (0..per_host as u32)
-                    .map(|i| GpuReport {
-                        uuid: GpuUuid::new(format!("GPU-SIM-{h}-{i}")).expect("non-empty"),
-                        index: i,
-                        model: "H100 80GB (simulated)".into(),
-                        memory_mib: MiB(80 * 1024),
-                        mps_client_limit: 48,
-                        healthy: true,
-                    })
-                    .collect(),
-                name: Some(format!("sim-{h:04}")),
-            })
-            .await?;
-    }
-    control
-        .register_task_definition(&json!({"family": "bench", "containers": [{"name": "main", "command": ["sleep", "infinity"],
-            "cpu_milli": 2000, "memory_mib": 8192, "gpu": {"mps": {"memory_mib": 10240, "max_compute_percent": 12}}}]}))
-        .await?;
+    let pools = [PoolName::new("a")?, PoolName::new("b")?];
+    admit_simulated_hosts(&control, hosts, per_host, |h| pools[h % 2].clone()).await?;
+    register_task_definition(&control).await?;
     for pool in ["a", "b"] {
         control
             .create_service(&ServiceInput {

@@ -1,0 +1,69 @@
+//! What the benchmark programs share (`scale-bench` here, `console-bench` in the server):
+//! their command-line numbers, a large simulated fleet admitted through the same path
+//! agents register by, and the task definition whose tasks they place.
+
+use crate::{Control, ControlError};
+use serde_json::json;
+use tessera_model::agent::{GpuReport, RegisterRequest};
+use tessera_model::service::TaskDefinition;
+use tessera_model::{GpuUuid, MiB, MilliCpu, PoolName};
+
+/// The whole number after `name` on the command line, or `default` without one.
+///
+/// # Panics
+/// When the value is not a whole number: a benchmark run with a typo should stop at once.
+pub fn arg(name: &str, default: usize) -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .map(|v| {
+            v.parse()
+                .unwrap_or_else(|_| panic!("{name} needs a whole number, got {v:?}"))
+        })
+        .unwrap_or(default)
+}
+
+/// Admits `hosts` simulated hosts (192 vCPU, 2 TiB, `gpus_per_host` GPUs of 80 GiB each)
+/// named `sim-0000`…, host `h` into pool `pool_of(h)`.
+pub async fn admit_simulated_hosts(
+    control: &Control,
+    hosts: usize,
+    gpus_per_host: usize,
+    pool_of: impl Fn(usize) -> PoolName,
+) -> Result<(), ControlError> {
+    for h in 0..hosts {
+        control
+            .admit_host(&RegisterRequest {
+                join_token: String::new(),
+                pool: pool_of(h),
+                cpu_milli: MilliCpu(192_000),
+                memory_mib: MiB(2 * 1024 * 1024),
+                simulated: true,
+                labels: Default::default(),
+                gpus: (0..gpus_per_host as u32)
+                    .map(|i| GpuReport {
+                        uuid: GpuUuid::new(format!("GPU-SIM-{h}-{i}")).expect("non-empty"),
+                        index: i,
+                        model: "H100 80GB (simulated)".into(),
+                        memory_mib: MiB(80 * 1024),
+                        mps_client_limit: 48,
+                        healthy: true,
+                    })
+                    .collect(),
+                name: Some(format!("sim-{h:04}")),
+            })
+            .await?;
+    }
+    Ok(())
+}
+
+/// Registers `bench:1`: one container of 2 vCPU and 8 GiB with an MPS slot of 10 GiB and
+/// 12 % compute, so eight share an 80 GiB GPU.
+pub async fn register_task_definition(control: &Control) -> Result<TaskDefinition, ControlError> {
+    control
+        .register_task_definition(&json!({"family": "bench", "containers": [{
+            "name": "main", "command": ["sleep", "infinity"], "cpu_milli": 2000, "memory_mib": 8192,
+            "gpu": {"mps": {"memory_mib": 10240, "max_compute_percent": 12}}}]}))
+        .await
+}
