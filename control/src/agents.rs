@@ -234,6 +234,28 @@ impl Control {
             .ok_or_else(|| ControlError::Unauthorized("unknown agent token".into()))
     }
 
+    /// Records that task `t` ended without being asked to (it exited, or vanished from its
+    /// host), with an event that says why.
+    async fn task_ended(
+        &self,
+        t: &Task,
+        host_id: &HostId,
+        reason: &str,
+        exit_code: Option<i32>,
+        failed: bool,
+    ) -> Result<(), ControlError> {
+        self.store
+            .mark_task_stopped(&t.id, reason, exit_code, failed)
+            .await?;
+        self.event(
+            Some(&t.service),
+            Some(host_id),
+            &format!("task {} stopped: {reason}", t.id),
+        )
+        .await;
+        Ok(())
+    }
+
     /// `POST /agent/v1/sync` for `host` (already authenticated).
     pub async fn sync_agent(
         &self,
@@ -329,15 +351,8 @@ impl Control {
                 let code = r.exit_code.map_or("unknown".to_owned(), |c| c.to_string());
                 let reason = format!("essential container exited with code {code}");
                 let failed = r.exit_code != Some(0);
-                self.store
-                    .mark_task_stopped(&t.id, &reason, r.exit_code, failed)
+                self.task_ended(t, host_id, &reason, r.exit_code, failed)
                     .await?;
-                self.event(
-                    Some(&t.service),
-                    Some(host_id),
-                    &format!("task {} stopped: {reason}", t.id),
-                )
-                .await;
                 changed = true;
             }
         }
@@ -350,16 +365,8 @@ impl Control {
                     changed = true;
                 }
                 TaskState::Running => {
-                    let reason = "task no longer running on its host";
-                    self.store
-                        .mark_task_stopped(&t.id, reason, None, true)
+                    self.task_ended(t, host_id, "task no longer running on its host", None, true)
                         .await?;
-                    self.event(
-                        Some(&t.service),
-                        Some(host_id),
-                        &format!("task {} stopped: {reason}", t.id),
-                    )
-                    .await;
                     changed = true;
                 }
                 _ => {}
