@@ -314,6 +314,19 @@ fn not_found(what: &'static str, id: impl ToString) -> StoreError {
     }
 }
 
+/// An update of one row by key: no row changed means no such `what`.
+fn updated(
+    done: sqlx::sqlite::SqliteQueryResult,
+    what: &'static str,
+    id: impl ToString,
+) -> Result<(), StoreError> {
+    if done.rows_affected() == 0 {
+        Err(not_found(what, id))
+    } else {
+        Ok(())
+    }
+}
+
 const HOST_COLUMNS: &str = "id, pool, status, simulated, cpu_milli, memory_mib, labels";
 const GPU_COLUMNS: &str =
     "uuid, host_id, idx, model, memory_mib, mps_client_limit, health, sharing_mode";
@@ -454,10 +467,7 @@ impl Store for SqliteStore {
             .bind(id.as_str())
             .execute(&self.db)
             .await?;
-        if done.rows_affected() == 0 {
-            return Err(not_found("host", id));
-        }
-        Ok(())
+        updated(done, "host", id)
     }
 
     async fn record_host_report(&self, id: &HostId, report: &HostReport) -> Result<(), StoreError> {
@@ -602,10 +612,7 @@ impl Store for SqliteStore {
                 .bind(i64::from(r.revision))
                 .execute(&self.db)
                 .await?;
-        if done.rows_affected() == 0 {
-            return Err(not_found("task definition", r));
-        }
-        Ok(())
+        updated(done, "task definition", r)
     }
 
     async fn create_service(&self, s: &Service) -> Result<(), StoreError> {
@@ -672,10 +679,7 @@ impl Store for SqliteStore {
             .bind(name)
             .execute(&self.db)
             .await?;
-        if done.rows_affected() == 0 {
-            return Err(not_found("service", name));
-        }
-        Ok(())
+        updated(done, "service", name)
     }
 
     async fn start_deployment(
@@ -723,10 +727,7 @@ impl Store for SqliteStore {
                 .bind(name)
                 .execute(&self.db)
                 .await?;
-        if done.rows_affected() == 0 {
-            return Err(not_found("service", name));
-        }
-        Ok(())
+        updated(done, "service", name)
     }
 
     async fn delete_service(&self, name: &str) -> Result<(), StoreError> {
