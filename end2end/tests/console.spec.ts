@@ -1,16 +1,8 @@
-import { test, expect, Page, ConsoleMessage } from "@playwright/test";
+import { test, expect, Page } from "@playwright/test";
+import { watchConsole } from "./browser";
 
 // The operator's paths through the console, in order: they share one demo server.
 test.describe.configure({ mode: "serial" });
-
-function watchConsole(page: Page): string[] {
-  const errors: string[] = [];
-  page.on("console", (msg: ConsoleMessage) => {
-    if (msg.type() === "error") errors.push(msg.text());
-  });
-  page.on("pageerror", (err) => errors.push(err.message));
-  return errors;
-}
 
 async function open(page: Page, path: string) {
   await page.goto(path);

@@ -1,14 +1,5 @@
-import { test, expect, Page, ConsoleMessage } from "@playwright/test";
-
-// Errors in the browser console fail the test: hydration problems show up there first.
-function watchConsole(page: Page): string[] {
-  const errors: string[] = [];
-  page.on("console", (msg: ConsoleMessage) => {
-    if (msg.type() === "error") errors.push(msg.text());
-  });
-  page.on("pageerror", (err) => errors.push(err.message));
-  return errors;
-}
+import { test, expect } from "@playwright/test";
+import { watchConsole } from "./browser";
 
 test("hosts page shows the demo fleet and filters it after hydration", async ({ page }) => {
   const errors = watchConsole(page);
