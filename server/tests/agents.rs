@@ -183,6 +183,25 @@ async fn tasks(c: &Cluster, states: &[TaskState]) -> Vec<Task> {
         .expect("tasks")
 }
 
+/// Service `web` with two tasks running `command`, both on host `a` (the only host yet);
+/// returns a's agent.
+async fn two_tasks_on_a(c: &Cluster, command: &str) -> RunningAgent {
+    let out = c.dir.path().join("out");
+    std::fs::create_dir_all(&out).expect("out");
+    register(c, "web", command, &out).await;
+    let a = start_agent(agent_config(c, "a"));
+    wait_for("host a", || async {
+        c.control.store().get_host(&host("a")).await.is_ok()
+    })
+    .await;
+    create_service(c, "web", 2).await;
+    wait_for("two tasks on a", || async {
+        tasks(c, &[TaskState::Running]).await.len() == 2
+    })
+    .await;
+    a
+}
+
 fn host(name: &str) -> HostId {
     HostId::new(name).expect("valid")
 }
@@ -296,19 +315,7 @@ async fn a_killed_task_is_reported_and_replaced() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_the_mps_daemon_impairs_the_host_and_its_tasks_move() {
     let c = cluster().await;
-    let out = c.dir.path().join("out");
-    std::fs::create_dir_all(&out).expect("out");
-    register(&c, "web", "exec sleep 60", &out).await;
-    let a = start_agent(agent_config(&c, "a"));
-    wait_for("host a", || async {
-        c.control.store().get_host(&host("a")).await.is_ok()
-    })
-    .await;
-    create_service(&c, "web", 2).await;
-    wait_for("two tasks on a", || async {
-        tasks(&c, &[TaskState::Running]).await.len() == 2
-    })
-    .await;
+    let a = two_tasks_on_a(&c, "exec sleep 60").await;
     let b = start_agent(agent_config(&c, "b"));
     let pid = std::fs::read_to_string(c.dir.path().join("a/mps-pipe/fake-daemon.pid"))
         .expect("daemon pid");
@@ -362,19 +369,7 @@ async fn killing_the_mps_daemon_impairs_the_host_and_its_tasks_move() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_agent_makes_its_host_lost_and_its_tasks_move() {
     let c = cluster().await;
-    let out = c.dir.path().join("out");
-    std::fs::create_dir_all(&out).expect("out");
-    register(&c, "web", "exec sleep 20", &out).await;
-    let a = start_agent(agent_config(&c, "a"));
-    wait_for("host a", || async {
-        c.control.store().get_host(&host("a")).await.is_ok()
-    })
-    .await;
-    create_service(&c, "web", 2).await;
-    wait_for("two tasks on a", || async {
-        tasks(&c, &[TaskState::Running]).await.len() == 2
-    })
-    .await;
+    let a = two_tasks_on_a(&c, "exec sleep 20").await;
     let b = start_agent(agent_config(&c, "b"));
     a.kill();
     wait_for("a lost and its tasks running on b", || async {
