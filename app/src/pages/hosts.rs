@@ -84,18 +84,9 @@ pub fn HostsPage() -> impl IntoView {
 #[component]
 fn HostList(page: HostsPage, query: Memo<HostQuery>) -> impl IntoView {
     let navigate = use_navigate();
-    let go =
-        move |q: HostQuery| navigate(&format!("/hosts{}", query_string(&q)), Default::default());
-    let (go1, go2, go3, go4, go5) = (go.clone(), go.clone(), go.clone(), go.clone(), go);
-    let options = |values: Vec<String>, selected: String| {
-        values
-            .into_iter()
-            .map(|v| {
-                let is = v == selected;
-                view! { <option value=v.clone() selected=is>{v.clone()}</option> }
-            })
-            .collect_view()
-    };
+    let go = Callback::new(move |q: HostQuery| {
+        navigate(&format!("/hosts{}", query_string(&q)), Default::default())
+    });
     let q = query.get_untracked();
     let statuses: Vec<String> = HostStatus::ALL
         .iter()
@@ -104,36 +95,30 @@ fn HostList(page: HostsPage, query: Memo<HostQuery>) -> impl IntoView {
     let (current, pages) = (page.page, page.pages);
     view! {
         <form class="filters" aria-label="Filter hosts" on:submit=|ev| ev.prevent_default()>
-            <label>
-                "Pool"
-                <select
-                    name="pool"
-                    on:change=move |ev| go1(HostQuery { pool: event_target_value(&ev), page: 0, ..query.get_untracked() })
-                >
-                    <option value="">"All pools"</option>
-                    {options(page.pools.clone(), q.pool.clone())}
-                </select>
-            </label>
-            <label>
-                "Status"
-                <select
-                    name="status"
-                    on:change=move |ev| go2(HostQuery { status: event_target_value(&ev), page: 0, ..query.get_untracked() })
-                >
-                    <option value="">"Any status"</option>
-                    {options(statuses, q.status.clone())}
-                </select>
-            </label>
-            <label>
-                "GPU model"
-                <select
-                    name="model"
-                    on:change=move |ev| go3(HostQuery { model: event_target_value(&ev), page: 0, ..query.get_untracked() })
-                >
-                    <option value="">"Any model"</option>
-                    {options(page.models.clone(), q.model.clone())}
-                </select>
-            </label>
+            <Filter
+                label="Pool"
+                name="pool"
+                any="All pools"
+                values=page.pools.clone()
+                selected=q.pool.clone()
+                pick=Callback::new(move |pool| go.run(HostQuery { pool, page: 0, ..query.get_untracked() }))
+            />
+            <Filter
+                label="Status"
+                name="status"
+                any="Any status"
+                values=statuses
+                selected=q.status.clone()
+                pick=Callback::new(move |status| go.run(HostQuery { status, page: 0, ..query.get_untracked() }))
+            />
+            <Filter
+                label="GPU model"
+                name="model"
+                any="Any model"
+                values=page.models.clone()
+                selected=q.model.clone()
+                pick=Callback::new(move |model| go.run(HostQuery { model, page: 0, ..query.get_untracked() }))
+            />
             <p class="count" aria-live="polite">{format!("{} of {} hosts", page.matched, page.total)}</p>
         </form>
         {if page.hosts.is_empty() {
@@ -152,20 +137,49 @@ fn HostList(page: HostsPage, query: Memo<HostQuery>) -> impl IntoView {
                     <nav class="pager" aria-label="Pages">
                         <button
                             disabled=current == 0
-                            on:click=move |_| go4(HostQuery { page: current.saturating_sub(1), ..query.get_untracked() })
+                            on:click=move |_| go.run(HostQuery { page: current.saturating_sub(1), ..query.get_untracked() })
                         >
                             "Previous"
                         </button>
                         <span>{format!("page {} of {pages}", current + 1)}</span>
                         <button
                             disabled={ current + 1 >= pages }
-                            on:click=move |_| go5(HostQuery { page: current + 1, ..query.get_untracked() })
+                            on:click=move |_| go.run(HostQuery { page: current + 1, ..query.get_untracked() })
                         >
                             "Next"
                         </button>
                     </nav>
                 }
             })}
+    }
+}
+
+/// One filter of the host list: a labelled choice, empty for any, handed to `pick`.
+#[component]
+fn Filter(
+    label: &'static str,
+    name: &'static str,
+    any: &'static str,
+    values: Vec<String>,
+    selected: String,
+    pick: Callback<String>,
+) -> impl IntoView {
+    let options = values
+        .into_iter()
+        .map(|v| {
+            let is = v == selected;
+            let text = v.clone();
+            view! { <option value=v selected=is>{text}</option> }
+        })
+        .collect_view();
+    view! {
+        <label>
+            {label}
+            <select name=name on:change=move |ev| pick.run(event_target_value(&ev))>
+                <option value="">{any}</option>
+                {options}
+            </select>
+        </label>
     }
 }
 
