@@ -353,21 +353,22 @@ pub(crate) mod ssr {
         // Stranded: free memory on GPUs too small for the smallest pending task.
         let mut smallest: Option<(MiB, String)> = None;
         let mut pending_by_service: BTreeMap<String, (u32, Option<String>)> = BTreeMap::new();
+        let specs = control
+            .task_definition_specs(pending.iter().map(|t| t.task_definition.clone()).collect())
+            .await
+            .map_err(internal)?;
         for t in &pending {
             let e = pending_by_service.entry(t.service.clone()).or_default();
             e.0 += 1;
             if e.1.is_none() {
                 e.1 = t.placement_message.clone();
             }
-            if let Ok(def) = store.get_task_definition(&t.task_definition).await {
-                let need = match def.spec.gpu() {
-                    TaskGpu::Shared { memory, .. } => Some(memory),
-                    TaskGpu::Whole { .. } => None,
-                    TaskGpu::None => None,
-                };
-                if let Some(m) = need.filter(|m| smallest.as_ref().is_none_or(|(s, _)| m < s)) {
-                    smallest = Some((m, format!("{} ({m} GPU memory)", t.task_definition)));
-                }
+            let need = match specs[&t.task_definition].gpu() {
+                TaskGpu::Shared { memory, .. } => Some(memory),
+                TaskGpu::Whole { .. } | TaskGpu::None => None,
+            };
+            if let Some(m) = need.filter(|m| smallest.as_ref().is_none_or(|(s, _)| m < s)) {
+                smallest = Some((m, format!("{} ({m} GPU memory)", t.task_definition)));
             }
         }
         let stranded = match &smallest {

@@ -56,8 +56,8 @@ pub(crate) struct PoolEngine {
 }
 
 impl Control {
-    /// Task definition specs by reference, loaded once per pass.
-    async fn specs(
+    /// The specs of task definitions `refs`, each loaded once however often it is named.
+    pub async fn task_definition_specs(
         &self,
         refs: Vec<TaskDefRef>,
     ) -> Result<HashMap<TaskDefRef, TaskDefinitionSpec>, ControlError> {
@@ -123,7 +123,7 @@ impl Control {
             .await?;
         // The workload profile: what the pool runs plus what is being placed.
         let specs_by_ref = self
-            .specs(holding.iter().map(|t| t.task_definition.clone()).collect())
+            .task_definition_specs(holding.iter().map(|t| t.task_definition.clone()).collect())
             .await?;
         let mut profile_requests: Vec<TaskRequest> = holding
             .iter()
@@ -210,7 +210,7 @@ impl Control {
             .map(|s| (s.name.clone(), s))
             .collect();
         let specs = self
-            .specs(pending.iter().map(|t| t.task_definition.clone()).collect())
+            .task_definition_specs(pending.iter().map(|t| t.task_definition.clone()).collect())
             .await?;
         let mut by_pool: BTreeMap<PoolName, Vec<&Task>> = BTreeMap::new();
         for t in &pending {
