@@ -18,8 +18,14 @@ use tessera_model::{MiB, MilliCpu, PoolName};
 /// How an agent runs.
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
-    /// The control plane's base URL, e.g. `http://10.0.0.5:3000`.
+    /// The control plane's base URL, e.g. `https://tessera.example:3000`.
     pub server: String,
+    /// A PEM file of the CA (or self-signed certificate) that the server's certificate
+    /// must chain to, for a private CA; the system's roots are trusted as well.
+    pub ca_cert: Option<PathBuf>,
+    /// Allow `http://` to a server that is not on loopback: tokens, commands and secrets
+    /// would cross the network in clear.
+    pub insecure_http: bool,
     /// Needed only until the agent has registered.
     pub join_token: Option<String>,
     pub state_dir: PathBuf,
@@ -51,6 +57,9 @@ pub enum AgentError {
     Runtime(#[from] RuntimeError),
     #[error("this agent is not registered and has no join token: pass --join-token")]
     NoJoinToken,
+    /// The server URL or its TLS settings cannot be used.
+    #[error("--server {server}: {why}")]
+    Server { server: String, why: String },
     #[error("cannot keep credentials in {path}: {source}")]
     Credentials {
         path: String,
@@ -99,6 +108,59 @@ fn jitter(d: Duration) -> Duration {
     d.mul_f64(factor)
 }
 
+/// The HTTPS client for `config.server`: rustls, the system's roots plus `--ca-cert`. A
+/// plain `http://` server is refused unless it is on loopback or `--insecure-http` says so.
+fn http_client(config: &AgentConfig) -> Result<reqwest::Client, AgentError> {
+    let err = |why: String| AgentError::Server {
+        server: config.server.clone(),
+        why,
+    };
+    let url = reqwest::Url::parse(&config.server).map_err(|e| err(format!("not a URL: {e}")))?;
+    match url.scheme() {
+        "https" => {}
+        "http" => {
+            let loopback = match url.host() {
+                Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+                Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+                Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+                None => false,
+            };
+            if !loopback && !config.insecure_http {
+                return Err(err(
+                    "plain http:// would send tokens, commands and secrets in clear; use https:// (with --ca-cert for a private CA), or pass --insecure-http".into(),
+                ));
+            }
+        }
+        other => return Err(err(format!("scheme {other:?}: use https:// or http://"))),
+    }
+    let mut builder = reqwest::Client::builder()
+        .use_rustls_tls()
+        .https_only(url.scheme() == "https")
+        .timeout(Duration::from_secs(10));
+    if let Some(path) = &config.ca_cert {
+        let pem = std::fs::read(path)
+            .map_err(|e| err(format!("cannot read --ca-cert {}: {e}", path.display())))?;
+        if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
+            return Err(err(format!(
+                "--ca-cert {} holds no PEM certificate (-----BEGIN CERTIFICATE-----)",
+                path.display()
+            )));
+        }
+        let cert = reqwest::Certificate::from_pem(&pem).map_err(|e| {
+            err(format!(
+                "--ca-cert {} is not a PEM certificate: {e}",
+                path.display()
+            ))
+        })?;
+        builder = builder.add_root_certificate(cert);
+    }
+    builder.build().map_err(|e| {
+        err(format!(
+            "cannot set up the HTTPS client (check --ca-cert): {e}"
+        ))
+    })
+}
+
 /// A request that failed: whether the server refused our credentials.
 enum SyncFailure {
     Unauthorized,
@@ -144,10 +206,7 @@ impl Agent {
             mps.as_ref().map(|m| m.pipe_dir().to_path_buf()),
         )?;
         Ok(Agent {
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(10))
-                .build()
-                .expect("a plain HTTP client builds"),
+            http: http_client(&config)?,
             config,
             probe,
             mps,
@@ -402,6 +461,8 @@ mod tests {
         let dir = tempfile::tempdir().expect("dir");
         let err = Agent::new(AgentConfig {
             server: "http://127.0.0.1:9".into(),
+            ca_cert: None,
+            insecure_http: false,
             join_token: None,
             state_dir: dir.path().into(),
             pool: PoolName::new("p").expect("valid"),
@@ -417,5 +478,59 @@ mod tests {
         .err()
         .expect("no NVML here");
         assert!(err.to_string().contains("--simulate"), "{err}");
+    }
+
+    fn client_for(server: &str, insecure_http: bool, ca_cert: Option<PathBuf>) -> String {
+        let dir = tempfile::tempdir().expect("dir");
+        let config = AgentConfig {
+            server: server.into(),
+            ca_cert,
+            insecure_http,
+            join_token: None,
+            state_dir: dir.path().into(),
+            pool: PoolName::new("p").expect("valid"),
+            name: "h".into(),
+            labels: Default::default(),
+            resources: None,
+            simulate: None,
+            mps_control: None,
+            max_mps_restarts: 0,
+            log_cap: 1000,
+            stop_tasks_on_exit: false,
+        };
+        match http_client(&config) {
+            Ok(_) => "ok".into(),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn plain_http_only_on_loopback_unless_allowed() {
+        assert_eq!(
+            client_for("https://tessera.example:3000", false, None),
+            "ok"
+        );
+        assert_eq!(client_for("http://127.0.0.1:3000", false, None), "ok");
+        assert_eq!(client_for("http://localhost:3000", false, None), "ok");
+        assert_eq!(client_for("http://[::1]:3000", false, None), "ok");
+        let refused = client_for("http://10.0.0.5:3000", false, None);
+        assert!(refused.contains("--insecure-http"), "{refused}");
+        assert_eq!(client_for("http://10.0.0.5:3000", true, None), "ok");
+        assert!(client_for("ftp://x", true, None).contains("scheme"));
+    }
+
+    #[test]
+    fn a_ca_cert_that_is_not_pem_is_named() {
+        let dir = tempfile::tempdir().expect("dir");
+        let bad = dir.path().join("ca.pem");
+        std::fs::write(&bad, "not a certificate").expect("write");
+        let e = client_for("https://t.example", false, Some(bad));
+        assert!(e.contains("ca.pem"), "{e}");
+        let e = client_for(
+            "https://t.example",
+            false,
+            Some(dir.path().join("missing.pem")),
+        );
+        assert!(e.contains("cannot read --ca-cert"), "{e}");
     }
 }

@@ -19,6 +19,12 @@ struct Cli {
     /// The control plane's URL.
     #[arg(long, env = "TESSERA_AGENT_SERVER", required_unless_present = "probe")]
     server: Option<String>,
+    /// Trust this CA certificate (PEM) for the server's HTTPS, besides the system's roots.
+    #[arg(long, env = "TESSERA_AGENT_CA_CERT")]
+    ca_cert: Option<PathBuf>,
+    /// Allow plain http:// to a server that is not on loopback (tokens and secrets in clear).
+    #[arg(long, env = "TESSERA_AGENT_INSECURE_HTTP")]
+    insecure_http: bool,
     /// Join token; needed only for the first registration.
     #[arg(long, env = "TESSERA_AGENT_JOIN_TOKEN", hide_env_values = true)]
     join_token: Option<String>,
@@ -92,6 +98,8 @@ async fn main() -> anyhow::Result<()> {
     }
     let agent = Agent::new(AgentConfig {
         server: cli.server.clone().expect("required by clap"),
+        ca_cert: cli.ca_cert.clone(),
+        insecure_http: cli.insecure_http,
         join_token: cli.join_token.clone(),
         state_dir: cli.state_dir.clone(),
         pool: PoolName::new(cli.pool.clone()).with_context(|| format!("--pool {:?}", cli.pool))?,

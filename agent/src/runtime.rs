@@ -484,6 +484,7 @@ pub fn task_environment(
         .filter_map(|k| std::env::var(k).ok().map(|v| ((*k).to_owned(), v)))
         .collect();
     env.extend(w.containers[container].env.clone());
+    env.extend(w.containers[container].secrets.0.clone());
     env.insert("TESSERA_TASK_ID".into(), w.task_id.clone());
     if let (true, Some(pipe)) = (w.mps, pipe_dir) {
         env.insert("CUDA_MPS_PIPE_DIRECTORY".into(), pipe.display().to_string());
@@ -509,6 +510,7 @@ mod tests {
                         "0=4096M".to_owned(),
                     ),
                 ]),
+                secrets: Default::default(),
             }],
             mps,
             stop_timeout_secs: 1,
@@ -570,6 +572,25 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(100)).await;
         let log = std::fs::read_to_string(dir.path().join("tasks/t1/main.log")).expect("log");
         assert_eq!(log, "hello\n");
+    }
+
+    #[tokio::test]
+    async fn secrets_reach_the_process_but_not_the_state_file() {
+        let dir = tempfile::tempdir().expect("dir");
+        let mut rt = Runtime::open(dir.path(), 1 << 20, None).expect("open");
+        let mut w = wanted("s1", &["sh", "-c", "echo \"db=$DB_PASSWORD\""], false);
+        w.containers[0].secrets = tessera_model::agent::SecretEnv(BTreeMap::from([(
+            "DB_PASSWORD".to_owned(),
+            "hunter2-x".to_owned(),
+        )]));
+        assert!(!format!("{w:?}").contains("hunter2"), "Debug hides secrets");
+        rt.converge(std::slice::from_ref(&w));
+        until(&mut rt, |rt| rt.running_count() == 0).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let log = std::fs::read_to_string(dir.path().join("tasks/s1/main.log")).expect("log");
+        assert_eq!(log, "db=hunter2-x\n");
+        let state = std::fs::read_to_string(dir.path().join("runtime.json")).expect("state");
+        assert!(!state.contains("hunter2"), "{state}");
     }
 
     #[tokio::test]

@@ -1,18 +1,48 @@
 //! The HTML shell, the router and the navigation shared by every page.
 
 use crate::live::provide_live;
+use crate::pages::audit::AuditPage;
 use crate::pages::host::HostPage;
 use crate::pages::hosts::HostsPage;
 use crate::pages::overview::OverviewPage;
 use crate::pages::service::ServicePage;
 use crate::pages::service_new::ServiceWizardPage;
 use crate::pages::services::ServicesPage;
+use crate::pages::sign_in::SignInPage;
 use crate::pages::task_definition::TaskDefinitionPage;
 use crate::pages::task_definitions::{TaskDefinitionEditorPage, TaskDefinitionsPage};
 use leptos::prelude::*;
 use leptos_meta::{Link, MetaTags, Stylesheet, Title, provide_meta_context};
 use leptos_router::components::{A, Route, Router, Routes};
 use leptos_router::{Lazy, LazyRoute, lazy_route, path};
+use tessera_model::auth::{Caller, Role};
+
+/// Who is signed in (the authentication layer put the caller on the request), or `None`.
+#[server]
+pub async fn current_caller() -> Result<Option<Caller>, ServerFnError> {
+    Ok(crate::data::ssr::caller())
+}
+
+/// The signed-in caller, loaded once per page load; pages ask [`needs`] what it may do.
+#[derive(Clone, Copy)]
+pub struct SignedIn(pub Resource<Result<Option<Caller>, ServerFnError>>);
+
+/// Why a control that needs `role` is disabled for the signed-in caller, or `None` when it
+/// may be used. The server refuses it anyway; this only spares the operator the attempt.
+pub fn needs(role: Role) -> Signal<Option<String>> {
+    let signed_in = use_context::<SignedIn>();
+    Signal::derive(move || {
+        let caller = signed_in
+            .and_then(|s| s.0.get())
+            .and_then(Result::ok)
+            .flatten();
+        match caller {
+            Some(c) if c.role.allows(role) => None,
+            Some(c) => Some(format!("needs the {role} role; you are {}", c.role)),
+            None => Some("sign in first".to_owned()),
+        }
+    })
+}
 
 /// Each page's code loads on its own when the WASM bundle is split
 /// (`cargo leptos build --release --split`), so a first load carries one page.
@@ -47,6 +77,8 @@ lazy_page!(ServiceRoute, ServicePage);
 lazy_page!(TaskDefinitionsRoute, TaskDefinitionsPage);
 lazy_page!(TaskDefinitionEditorRoute, TaskDefinitionEditorPage);
 lazy_page!(TaskDefinitionRoute, TaskDefinitionPage);
+lazy_page!(SignInRoute, SignInPage);
+lazy_page!(AuditRoute, AuditPage);
 
 /// The document around the app, rendered on the server only.
 pub fn shell(options: LeptosOptions) -> impl IntoView {
@@ -76,6 +108,8 @@ pub fn App() -> impl IntoView {
     // for it before they type or click.
     let (hydrated, set_hydrated) = signal(false);
     provide_context(PageHydrated(set_hydrated));
+    let signed_in = SignedIn(Resource::new_blocking(|| (), |_| current_caller()));
+    provide_context(signed_in);
     view! {
         <Stylesheet id="leptos" href="/pkg/tessera.css" />
         <Link rel="icon" href="/favicon.ico" />
@@ -86,12 +120,12 @@ pub fn App() -> impl IntoView {
                     <span class="brand-mark" aria-hidden="true"></span>
                     "Tessera"
                 </a>
-                <nav aria-label="Main">
-                    <A href="/" exact=true>"Overview"</A>
-                    <A href="/hosts">"Hosts"</A>
-                    <A href="/services">"Services"</A>
-                    <A href="/task-definitions">"Task definitions"</A>
-                </nav>
+                <Transition fallback=|| ()>
+                    {move || Suspend::new(async move {
+                        let caller = signed_in.0.await.ok().flatten();
+                        caller.map(|c| view! { <MainNav caller=c /> })
+                    })}
+                </Transition>
             </header>
             <main id="main" data-hydrated=move || hydrated.get().then_some("true")>
                 <Routes fallback=|| view! { <NotFound /> }>
@@ -104,9 +138,31 @@ pub fn App() -> impl IntoView {
                     <Route path=path!("/task-definitions") view={ Lazy::<TaskDefinitionsRoute>::new() } />
                     <Route path=path!("/task-definitions/new") view={ Lazy::<TaskDefinitionEditorRoute>::new() } />
                     <Route path=path!("/task-definitions/:family") view={ Lazy::<TaskDefinitionRoute>::new() } />
+                    <Route path=path!("/sign-in") view={ Lazy::<SignInRoute>::new() } />
+                    <Route path=path!("/audit") view={ Lazy::<AuditRoute>::new() } />
                 </Routes>
             </main>
         </Router>
+    }
+}
+
+/// The pages, and who is signed in with a way to sign out.
+#[component]
+fn MainNav(caller: Caller) -> impl IntoView {
+    let admin = caller.role.allows(Role::Admin);
+    view! {
+        <nav aria-label="Main">
+            <A href="/" exact=true>"Overview"</A>
+            <A href="/hosts">"Hosts"</A>
+            <A href="/services">"Services"</A>
+            <A href="/task-definitions">"Task definitions"</A>
+            {admin.then(|| view! { <A href="/audit">"Audit log"</A> })}
+        </nav>
+        <form class="whoami" method="post" action="/api/v1/session/end">
+            <span class="user" title="Signed in">{caller.name.clone()}</span>
+            <span class=format!("badge role-{}", caller.role)>{caller.role.as_str()}</span>
+            <button type="submit" class="link">"Sign out"</button>
+        </form>
     }
 }
 

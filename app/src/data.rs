@@ -154,8 +154,21 @@ pub(crate) mod ssr {
     use tessera_model::service::Task;
     use tessera_model::taskdef::TaskGpu;
 
-    /// The control plane, provided by the server to every page and server function.
+    /// Who is calling, as the server's authentication layer found it on the request.
+    pub fn caller() -> Option<tessera_model::auth::Caller> {
+        use_context::<http::request::Parts>()?
+            .extensions
+            .get::<tessera_model::auth::Caller>()
+            .cloned()
+    }
+
+    /// The control plane, provided by the server to every page and server function; only
+    /// to a signed-in caller (the authentication layer checks each server function's role
+    /// before it runs; this keeps a page rendered without a caller from reading anything).
     pub fn control() -> Result<Control, ServerFnError> {
+        if caller().is_none() {
+            return Err(ServerFnError::new("sign in first"));
+        }
         use_context::<Control>()
             .ok_or_else(|| ServerFnError::new("the console is not connected to the control plane"))
     }

@@ -8,7 +8,8 @@ use crate::store::{HostReport, TaskFilter};
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, HashMap};
 use tessera_model::agent::{
-    RegisterRequest, RegisterResponse, SyncRequest, SyncResponse, WantedContainer, WantedTask,
+    RegisterRequest, RegisterResponse, SecretEnv, SyncRequest, SyncResponse, WantedContainer,
+    WantedTask,
 };
 use tessera_model::service::{Task, TaskState};
 use tessera_model::taskdef::{GpuRequirement, TaskDefinitionSpec};
@@ -106,6 +107,14 @@ pub fn container_env(spec: &TaskDefinitionSpec, task: &Task) -> Vec<WantedContai
                 name: c.name.clone(),
                 command: c.command.clone(),
                 env,
+                // The one place a secret's value leaves the control plane: the sync answer
+                // to the agent of the host that runs the task.
+                secrets: SecretEnv(
+                    c.secrets
+                        .iter()
+                        .filter_map(|(k, v)| Some((k.clone(), v.expose()?.to_owned())))
+                        .collect(),
+                ),
             }
         })
         .collect()
@@ -459,6 +468,10 @@ mod tests {
             name: name.into(),
             command: vec!["sleep".into(), "60".into()],
             env: BTreeMap::from([("APP".to_owned(), "1".to_owned())]),
+            secrets: BTreeMap::from([(
+                "TOKEN".to_owned(),
+                tessera_model::taskdef::Secret::Value("s3cret-value".into()),
+            )]),
             cpu_milli: MilliCpu(500),
             memory_mib: MiB(32),
             gpu,
@@ -492,6 +505,11 @@ mod tests {
         assert_eq!(env[0].env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], "0=8192M");
         assert_eq!(env[0].env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], "25");
         assert_eq!(env[0].env["APP"], "1");
+        assert_eq!(env[0].secrets.0["TOKEN"], "s3cret-value");
+        assert!(
+            !env[0].env.contains_key("TOKEN"),
+            "secrets travel apart from env"
+        );
         assert_eq!(
             env[1].env["CUDA_VISIBLE_DEVICES"], "",
             "a container without a GPU sees none"

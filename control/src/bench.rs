@@ -67,3 +67,28 @@ pub async fn register_task_definition(control: &Control) -> Result<TaskDefinitio
             "gpu": {"mps": {"memory_mib": 10240, "max_compute_percent": 12}}}]}))
         .await
 }
+
+/// An API token of the given role, made by a user of that role created for it: benchmarks
+/// and tests call the router through the same authentication as everyone else.
+pub async fn api_token(
+    control: &Control,
+    role: tessera_model::auth::Role,
+) -> Result<String, ControlError> {
+    use tessera_model::auth::{Caller, CallerKind};
+    let username = format!("bench-{role}");
+    if control.store.user_credentials(&username).await?.is_none() {
+        control
+            .add_user(&username, &crate::auth::generate_password(), role)
+            .await?;
+    }
+    let caller = Caller {
+        name: username,
+        on_behalf_of: None,
+        kind: CallerKind::Session,
+        role,
+    };
+    Ok(control
+        .create_api_token(&caller, &format!("{role} token"), role, None)
+        .await?
+        .token)
+}

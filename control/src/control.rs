@@ -2,6 +2,7 @@
 //! its methods; its reconcile loop turns desired state into tasks and placements.
 
 use crate::error::ControlError;
+use crate::error::StoreError;
 use crate::inputs::{PoolInput, ServiceDetail, ServiceInput, ServicePatch};
 use crate::store::{EventFilter, Store, TaskFilter};
 use serde_json::Value;
@@ -9,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tessera_model::service::{Service, TaskDefRef, TaskDefinition, TaskState};
-use tessera_model::taskdef::parse_task_definition;
+use tessera_model::taskdef::{Secret, ValidationErrors, parse_task_definition};
 use tessera_model::{HostId, HostStatus, PoolInfo};
 use tokio::sync::{Notify, broadcast};
 
@@ -54,6 +55,8 @@ pub struct Control {
     pub(crate) last_complaint: Arc<Mutex<HashMap<String, String>>>,
     /// Serialises reconcile passes: the loop and tests calling `reconcile_once` directly.
     pub(crate) pass: Arc<tokio::sync::Mutex<()>>,
+    /// Recent failed sign-ins, to limit password guessing.
+    pub(crate) failed_sign_ins: Arc<crate::auth::FailedSignIns>,
 }
 
 impl Control {
@@ -66,6 +69,7 @@ impl Control {
             changes,
             last_complaint: Arc::default(),
             pass: Arc::default(),
+            failed_sign_ins: Arc::default(),
         }
     }
 
@@ -129,11 +133,35 @@ impl Control {
     // Task definitions.
 
     /// Validates `input` (Tessera's JSON or ECS's) and stores it as the family's next revision.
+    /// A secret sent back as `{"set": true}` (as descriptions show it) keeps the value the
+    /// family's latest revision has for it.
     pub async fn register_task_definition(
         &self,
         input: &Value,
     ) -> Result<TaskDefinition, ControlError> {
-        let spec = parse_task_definition(input).map_err(ControlError::Invalid)?;
+        let mut spec = parse_task_definition(input).map_err(ControlError::Invalid)?;
+        let keeps_secrets = spec
+            .containers
+            .iter()
+            .any(|c| c.secrets.values().any(|v| *v == Secret::Unchanged));
+        if keeps_secrets {
+            let previous = match self
+                .store
+                .list_task_definition_revisions(&spec.family)
+                .await
+            {
+                Ok(revisions) => revisions
+                    .last()
+                    .map(|d| d.spec.secret_values())
+                    .unwrap_or_default(),
+                Err(StoreError::NotFound { .. }) => Default::default(),
+                Err(e) => return Err(e.into()),
+            };
+            let missing = spec.fill_secrets(&previous);
+            if !missing.is_empty() {
+                return Err(ControlError::Invalid(ValidationErrors { errors: missing }));
+            }
+        }
         Ok(self.store.register_task_definition(&spec).await?)
     }
 

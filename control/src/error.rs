@@ -49,9 +49,15 @@ pub enum ControlError {
     /// The request conflicts with the current state (name taken, definition inactive, ...).
     #[error("{0}")]
     Conflict(String),
-    /// Missing or wrong join token or agent token.
+    /// Missing or wrong credentials: join token, agent token, password, API token.
     #[error("{0}")]
     Unauthorized(String),
+    /// Known caller, role too low.
+    #[error("{0}")]
+    Forbidden(String),
+    /// Too many failed sign-ins; try again after this many seconds.
+    #[error("too many failed sign-ins; try again in {retry_after} s")]
+    TooManyAttempts { retry_after: u64 },
     #[error(transparent)]
     Store(StoreError),
 }

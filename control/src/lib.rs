@@ -10,6 +10,8 @@
 //! - `reconcile`: one reconcile pass: lost hosts, migrations, services and deployments.
 //! - `scheduler`: placement against the live fleet through `tessera-placement`, commits
 //!   that re-check capacity, and previews.
+//! - [`auth`]: operators' accounts, sign-in limits, API tokens, session records, the audit
+//!   log, and hosts' credentials (revoke, delete, rotate the join token).
 //! - [`agents`]: the agent API, server side: join token, registration, sync.
 //! - [`inputs`]: request bodies and computed views, with their validation.
 //! - [`error`]: `StoreError` and `ControlError`.
@@ -18,6 +20,7 @@
 #![forbid(unsafe_code)]
 
 pub mod agents;
+pub mod auth;
 pub mod bench;
 pub mod control;
 pub mod error;
@@ -30,6 +33,6 @@ pub mod store;
 pub use control::{Control, ControlConfig};
 pub use error::{ControlError, StoreError};
 pub use scheduler::{density, density_of};
-pub use store::{Store, open};
+pub use store::{AuthStore, Store, open};
 /// A GPU's usage, as `density_of` reads it.
 pub use tessera_placement::GpuUsage;

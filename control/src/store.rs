@@ -7,6 +7,7 @@ use crate::sqlite::SqliteStore;
 use async_trait::async_trait;
 use std::sync::Arc;
 use tessera_model::agent::GpuReport;
+use tessera_model::auth::{ApiTokenInfo, AuditEntry, Role, UserInfo};
 use tessera_model::service::{
     Deployment, DeploymentStatus, Event, GpuAllocation, Service, Task, TaskDefRef, TaskDefinition,
     TaskState,
@@ -63,9 +64,95 @@ pub struct HostReport {
     pub gpus: Vec<GpuReport>,
 }
 
+/// What to change of a user; `None` leaves it as it is.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UserChange {
+    pub role: Option<Role>,
+    pub disabled: Option<bool>,
+    /// A new password's hash; sessions signed in before the change end.
+    pub password_hash: Option<String>,
+}
+
+/// A user as sign-in sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UserCredentials {
+    pub user: UserInfo,
+    pub password_hash: String,
+    /// Unix seconds; sessions signed in before this are void.
+    pub sessions_after: i64,
+}
+
+/// An accepted mutation to record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewAuditEntry {
+    pub actor: String,
+    pub action: String,
+    pub target: Option<String>,
+    pub address: Option<String>,
+}
+
+/// Which audit entries to list, newest first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AuditFilter {
+    /// Entries whose actor contains this.
+    pub actor: Option<String>,
+    /// Entries whose action or target contains this.
+    pub text: Option<String>,
+    /// Only entries with a smaller id (the next page).
+    pub before: Option<i64>,
+    pub limit: u32,
+}
+
+/// Operators, their API tokens, console sessions and the audit log.
+#[async_trait]
+pub trait AuthStore: Send + Sync + 'static {
+    async fn count_users(&self) -> Result<u64, StoreError>;
+    /// A new user; `Conflict` when the name is taken.
+    async fn insert_user(
+        &self,
+        username: &str,
+        role: Role,
+        password_hash: &str,
+    ) -> Result<UserInfo, StoreError>;
+    async fn user_credentials(&self, username: &str)
+    -> Result<Option<UserCredentials>, StoreError>;
+    async fn list_users(&self) -> Result<Vec<UserInfo>, StoreError>;
+    async fn update_user(&self, username: &str, change: &UserChange) -> Result<(), StoreError>;
+
+    /// Stores a token (its hash only) and returns it as lists show it.
+    async fn insert_api_token(
+        &self,
+        id: &str,
+        name: &str,
+        role: Role,
+        created_by: &str,
+        expires_in_days: Option<u32>,
+        token_hash: &str,
+    ) -> Result<ApiTokenInfo, StoreError>;
+    /// The token with this hash, if it is valid now: not expired, its creator not disabled.
+    async fn valid_api_token(&self, token_hash: &str) -> Result<Option<ApiTokenInfo>, StoreError>;
+    async fn list_api_tokens(&self) -> Result<Vec<ApiTokenInfo>, StoreError>;
+    async fn delete_api_token(&self, id: &str) -> Result<(), StoreError>;
+
+    /// A session's data, if it exists and has not expired at `now` (unix seconds).
+    async fn load_session(&self, id_hash: &str, now: i64) -> Result<Option<String>, StoreError>;
+    /// Creates or replaces a session; also forgets sessions expired at `now`.
+    async fn save_session(
+        &self,
+        id_hash: &str,
+        data: &str,
+        expires_at: i64,
+        now: i64,
+    ) -> Result<(), StoreError>;
+    async fn delete_session(&self, id_hash: &str) -> Result<(), StoreError>;
+
+    async fn add_audit(&self, entry: &NewAuditEntry) -> Result<(), StoreError>;
+    async fn list_audit(&self, filter: &AuditFilter) -> Result<Vec<AuditEntry>, StoreError>;
+}
+
 /// Everything the control plane persists.
 #[async_trait]
-pub trait Store: Send + Sync + 'static {
+pub trait Store: AuthStore {
     // Pools.
     /// Creates the pool, or updates its policy and limits if it exists.
     async fn upsert_pool(&self, pool: &PoolInfo) -> Result<(), StoreError>;
@@ -79,6 +166,11 @@ pub trait Store: Send + Sync + 'static {
     /// A new host registered by an agent, with the hash of its token.
     async fn register_host(&self, host: &HostInfo, token_hash: &str) -> Result<(), StoreError>;
     async fn host_by_token_hash(&self, token_hash: &str) -> Result<Option<HostId>, StoreError>;
+    /// Forgets a host's agent token: its agent must register again.
+    async fn revoke_agent_token(&self, id: &HostId) -> Result<(), StoreError>;
+    /// Removes a host that holds no task (`Conflict` otherwise) and its GPUs, so their UUIDs
+    /// can join again; stopped tasks keep their history without the host.
+    async fn delete_host(&self, id: &HostId) -> Result<(), StoreError>;
     /// All hosts with their GPUs, ordered by pool then id.
     async fn list_hosts(&self) -> Result<Vec<HostInfo>, StoreError>;
     async fn get_host(&self, id: &HostId) -> Result<HostInfo, StoreError>;

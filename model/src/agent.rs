@@ -88,6 +88,30 @@ pub struct WantedContainer {
     /// `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` and `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`.
     /// The agent adds `CUDA_MPS_PIPE_DIRECTORY`, which only it knows.
     pub env: BTreeMap<String, String>,
+    /// Secret variables: set in the process's environment, never written to the agent's
+    /// state file or log.
+    #[serde(default, skip_serializing_if = "SecretEnv::is_empty")]
+    pub secrets: SecretEnv,
+}
+
+/// Secret environment values on their way to the one agent that runs the task. `Debug`
+/// hides the values; serialization (the sync answer) carries them.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct SecretEnv(pub BTreeMap<String, String>);
+
+impl SecretEnv {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl std::fmt::Debug for SecretEnv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_map()
+            .entries(self.0.keys().map(|k| (k, "***")))
+            .finish()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

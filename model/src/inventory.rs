@@ -58,6 +58,7 @@ macro_rules! text_enum {
         }
     };
 }
+pub(crate) use text_enum;
 
 text_enum!(
     /// Where a host stands in its lifecycle.

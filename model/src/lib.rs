@@ -10,18 +10,22 @@
 //! - [`inventory`]: hosts, GPUs, pools and their statuses, as the store and the API see them.
 //! - [`service`]: services, deployments, tasks and their states, events.
 //! - [`api`]: REST bodies the console shares: service and pool inputs, previews, service detail.
+//! - [`auth`]: roles, operators' accounts, API tokens, callers and the audit log.
 //! - [`agent`]: the agent protocol (register, sync) spoken over `/agent/v1`.
+//! - [`urlenc`]: percent-encoding of query values and form fields.
 //! - [`taskdef`]: task definitions, their validation (errors name their field) and the ECS JSON shape.
 
 #![forbid(unsafe_code)]
 
 pub mod agent;
 pub mod api;
+pub mod auth;
 pub mod ids;
 pub mod inventory;
 pub mod service;
 pub mod taskdef;
 pub mod units;
+pub mod urlenc;
 
 pub use ids::{GpuUuid, HostId, IdError, PoolName};
 pub use inventory::{

@@ -47,6 +47,59 @@ pub enum GpuRequirement {
     },
 }
 
+/// A secret value of a container: write-only. It serializes as `{"set": true}` and prints as
+/// `***`, so no response, page, event or log can show it by accident; the one way to read it
+/// is [`Secret::expose`], which the agent API's sync answer uses.
+#[derive(Clone, PartialEq, Eq)]
+pub enum Secret {
+    Value(String),
+    /// On input: keep the value the family's previous revision has (what a described
+    /// definition sends back). Resolved at registration; never stored.
+    Unchanged,
+}
+
+/// What `{"valueFrom": ...}` of ECS's `secrets` says to keep the previous revision's value.
+pub const ECS_UNCHANGED_SECRET: &str = "tessera:unchanged";
+const MAX_SECRET_BYTES: usize = 64 * 1024;
+
+impl Secret {
+    /// The value, for the one place that must send it (a host's sync answer).
+    pub fn expose(&self) -> Option<&str> {
+        match self {
+            Secret::Value(v) => Some(v),
+            Secret::Unchanged => None,
+        }
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
+}
+
+impl Serialize for Secret {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(Some(1))?;
+        m.serialize_entry("set", &true)?;
+        m.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for Secret {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match Value::deserialize(d)? {
+            Value::String(v) => Ok(Secret::Value(v)),
+            v if v == serde_json::json!({"set": true}) => Ok(Secret::Unchanged),
+            other => Err(serde::de::Error::custom(format!(
+                "a secret is a string, or {{\"set\": true}} to keep the previous value; got {}",
+                kind(&other)
+            ))),
+        }
+    }
+}
+
 /// One process of a task.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ContainerSpec {
@@ -55,6 +108,9 @@ pub struct ContainerSpec {
     pub command: Vec<String>,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// Environment variables whose values are write-only (see [`Secret`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub secrets: BTreeMap<String, Secret>,
     pub cpu_milli: MilliCpu,
     pub memory_mib: MiB,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -82,7 +138,50 @@ pub enum TaskGpu {
     },
 }
 
+/// Secret values by container name, then variable name: how the store keeps them apart from
+/// the rest of a definition.
+pub type SecretValues = BTreeMap<String, BTreeMap<String, String>>;
+
 impl TaskDefinitionSpec {
+    /// Every secret that has a value, for the store.
+    pub fn secret_values(&self) -> SecretValues {
+        self.containers
+            .iter()
+            .filter(|c| !c.secrets.is_empty())
+            .map(|c| {
+                let values = c
+                    .secrets
+                    .iter()
+                    .filter_map(|(k, v)| Some((k.clone(), v.expose()?.to_owned())))
+                    .collect();
+                (c.name.clone(), values)
+            })
+            .collect()
+    }
+
+    /// Gives every secret marked [`Secret::Unchanged`] its value from `values` (a stored
+    /// revision's). Returns the fields of those that have none there.
+    pub fn fill_secrets(&mut self, values: &SecretValues) -> Vec<FieldError> {
+        let mut missing = Vec::new();
+        for (i, c) in self.containers.iter_mut().enumerate() {
+            for (k, v) in c.secrets.iter_mut() {
+                if *v == Secret::Unchanged {
+                    match values.get(&c.name).and_then(|m| m.get(k)) {
+                        Some(value) => *v = Secret::Value(value.clone()),
+                        None => missing.push(FieldError {
+                            field: format!("containers[{i}].secrets.{k}"),
+                            message: format!(
+                                "no earlier revision of {} has a value for this secret in container {:?}; give its value",
+                                self.family, c.name
+                            ),
+                        }),
+                    }
+                }
+            }
+        }
+        missing
+    }
+
     pub fn cpu(&self) -> MilliCpu {
         self.containers.iter().map(|c| c.cpu_milli).sum()
     }
@@ -345,7 +444,15 @@ fn parse_native_container(c: &mut Checker, v: &Value, prefix: &str) -> Option<Co
     let o = c.object(v, prefix)?;
     c.unknown_keys(
         o,
-        &["name", "command", "env", "cpu_milli", "memory_mib", "gpu"],
+        &[
+            "name",
+            "command",
+            "env",
+            "secrets",
+            "cpu_milli",
+            "memory_mib",
+            "gpu",
+        ],
         prefix,
     );
     let name = c.string(o, "name", &join(prefix, "name"));
@@ -369,6 +476,27 @@ fn parse_native_container(c: &mut Checker, v: &Value, prefix: &str) -> Option<Co
         Some(v) => c.err(
             join(prefix, "env"),
             format!("must be an object of names to strings, got {}", kind(v)),
+        ),
+    }
+    let mut secrets = BTreeMap::new();
+    match o.get("secrets") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(vars)) => {
+            for (k, v) in vars {
+                match Secret::deserialize(v) {
+                    Ok(secret) => {
+                        secrets.insert(k.clone(), secret);
+                    }
+                    Err(e) => c.err(format!("{prefix}.secrets.{k}"), e.to_string()),
+                }
+            }
+        }
+        Some(v) => c.err(
+            join(prefix, "secrets"),
+            format!(
+                "must be an object of names to values (strings), got {}",
+                kind(v)
+            ),
         ),
     }
     let cpu = c.number(
@@ -395,6 +523,7 @@ fn parse_native_container(c: &mut Checker, v: &Value, prefix: &str) -> Option<Co
         name: name?,
         command: command?,
         env,
+        secrets,
         cpu_milli: MilliCpu(cpu?),
         memory_mib: MiB(memory?),
         gpu: gpu?,
@@ -515,6 +644,39 @@ fn parse_ecs(c: &mut Checker, o: &Map<String, Value>) -> Option<TaskDefinitionSp
                 ),
             }
         }
+        let mut secrets = BTreeMap::new();
+        if let Some(list) = d.get("secrets") {
+            match list.as_array() {
+                Some(items) => {
+                    for (j, item) in items.iter().enumerate() {
+                        let p = format!("{prefix}.secrets[{j}]");
+                        let Some(kv) = c.object(item, &p) else {
+                            continue;
+                        };
+                        let (Some(k), Some(from)) = (
+                            c.string(kv, "name", &join(&p, "name")),
+                            c.string(kv, "valueFrom", &join(&p, "valueFrom")),
+                        ) else {
+                            continue;
+                        };
+                        if from.starts_with("arn:") {
+                            c.err(
+                                join(&p, "valueFrom"),
+                                "is an AWS ARN (Secrets Manager or SSM), which Tessera cannot read; give the value itself as a literal",
+                            );
+                        } else if from == ECS_UNCHANGED_SECRET {
+                            secrets.insert(k, Secret::Unchanged);
+                        } else {
+                            secrets.insert(k, Secret::Value(from));
+                        }
+                    }
+                }
+                None => c.err(
+                    join(&prefix, "secrets"),
+                    "must be an array of {name, valueFrom}",
+                ),
+            }
+        }
         let mut gpu = None;
         if let Some(reqs) = d.get("resourceRequirements") {
             let Some(items) = reqs.as_array() else {
@@ -583,6 +745,7 @@ fn parse_ecs(c: &mut Checker, o: &Map<String, Value>) -> Option<TaskDefinitionSp
                 name,
                 command,
                 env,
+                secrets,
                 cpu_milli: MilliCpu(ecs_units_to_milli(cpu)),
                 memory_mib: MiB(memory),
                 gpu,
@@ -637,6 +800,18 @@ fn check_spec(c: &mut Checker, spec: &TaskDefinitionSpec) {
                 );
             }
         }
+        for (k, v) in &ct.secrets {
+            let f = format!("{p}.secrets.{k}");
+            if !valid_env_name(k) {
+                c.err(f, "is not a valid variable name (letters, digits, '_', not starting with a digit)");
+            } else if RESERVED_ENV.contains(&k.as_str()) {
+                c.err(f, "is set by the agent from the placement; remove it");
+            } else if ct.env.contains_key(k) {
+                c.err(f, "is also in env; a variable is either plain or secret");
+            } else if v.expose().is_some_and(|v| v.len() > MAX_SECRET_BYTES) {
+                c.err(f, format!("is longer than {MAX_SECRET_BYTES} bytes"));
+            }
+        }
         match ct.gpu {
             Some(GpuRequirement::Gpus(_)) => whole = true,
             Some(GpuRequirement::Mps { .. }) => mps = true,
@@ -682,6 +857,14 @@ pub fn to_ecs_json(spec: &TaskDefinitionSpec) -> Value {
                 "memory": ct.memory_mib.0,
                 "environment": ct.env.iter().map(|(k, v)| serde_json::json!({"name": k, "value": v})).collect::<Vec<_>>(),
             });
+            if !ct.secrets.is_empty() {
+                // Never the value: the marker that keeps it when the JSON comes back.
+                d["secrets"] = ct
+                    .secrets
+                    .keys()
+                    .map(|k| serde_json::json!({"name": k, "valueFrom": ECS_UNCHANGED_SECRET}))
+                    .collect();
+            }
             let req = match ct.gpu {
                 Some(GpuRequirement::Gpus(n)) => Some(serde_json::json!({"type": "GPU", "value": n.to_string()})),
                 Some(GpuRequirement::Mps {
@@ -861,5 +1044,71 @@ mod tests {
             "{errs:?}"
         );
         assert!(fields.contains(&"containerDefinitions[0].resourceRequirements[0].sharingStrategy.nvidiaMps.maxComputePercent"), "{errs:?}");
+    }
+
+    #[test]
+    fn secrets_are_write_only() {
+        let mut spec = parse_task_definition(&json!({
+            "family": "db",
+            "containers": [{"name": "main", "command": ["serve"], "cpu_milli": 100, "memory_mib": 64,
+                "env": {"MODE": "prod"}, "secrets": {"DB_PASSWORD": "hunter2-hunter2"}}]
+        }))
+        .expect("valid");
+        let shown = serde_json::to_string(&spec).expect("serializes");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.contains(r#""DB_PASSWORD":{"set":true}"#), "{shown}");
+        assert!(!format!("{spec:?}").contains("hunter2"));
+        let ecs = to_ecs_json(&spec).to_string();
+        assert!(!ecs.contains("hunter2"), "{ecs}");
+        let values = spec.secret_values();
+        assert_eq!(values["main"]["DB_PASSWORD"], "hunter2-hunter2");
+        // What a description sends back keeps the value once filled from the store.
+        let mut again = parse_task_definition(&serde_json::from_str(&shown).expect("json"))
+            .expect("a described definition registers again");
+        assert_eq!(
+            again.containers[0].secrets["DB_PASSWORD"],
+            Secret::Unchanged
+        );
+        assert!(again.fill_secrets(&values).is_empty());
+        assert_eq!(again, spec);
+        spec.containers[0].name = "renamed".into();
+        let mut renamed = spec.clone();
+        renamed.containers[0]
+            .secrets
+            .insert("DB_PASSWORD".into(), Secret::Unchanged);
+        let missing = renamed.fill_secrets(&values);
+        assert_eq!(missing[0].field, "containers[0].secrets.DB_PASSWORD");
+    }
+
+    #[test]
+    fn secret_rules_name_their_field() {
+        let errs = errors(json!({
+            "family": "db",
+            "containers": [{"name": "main", "command": ["serve"], "cpu_milli": 100, "memory_mib": 64,
+                "env": {"A": "1"}, "secrets": {"A": "x", "CUDA_VISIBLE_DEVICES": "0", "B": 3}}]
+        }));
+        let fields: Vec<&str> = errs.iter().map(|(f, _)| f.as_str()).collect();
+        assert!(fields.contains(&"containers[0].secrets.B"), "{errs:?}");
+        assert!(fields.contains(&"containers[0].secrets.A"), "{errs:?}");
+        assert!(
+            fields.contains(&"containers[0].secrets.CUDA_VISIBLE_DEVICES"),
+            "{errs:?}"
+        );
+    }
+
+    #[test]
+    fn ecs_secrets_take_literals_and_refuse_arns() {
+        let base = |from: &str| {
+            json!({"family": "x", "containerDefinitions": [{"name": "m", "command": ["a"],
+                "cpu": 256, "memory": 512, "secrets": [{"name": "TOKEN", "valueFrom": from}]}]})
+        };
+        let spec = parse_task_definition(&base("s3cr3t-literal")).expect("a literal is held");
+        assert_eq!(
+            spec.containers[0].secrets["TOKEN"].expose(),
+            Some("s3cr3t-literal")
+        );
+        let errs = errors(base("arn:aws:secretsmanager:us-east-1:1:secret:db"));
+        assert_eq!(errs[0].0, "containerDefinitions[0].secrets[0].valueFrom");
+        assert!(errs[0].1.contains("cannot read"), "{errs:?}");
     }
 }

@@ -2,16 +2,17 @@
 //! under `/agent/v1`, and `/healthz`. Handlers translate HTTP to `Control` calls.
 
 use crate::AppState;
+use crate::auth::{Access, Routes};
 use crate::error::ApiError;
+use axum::Json;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::http::{HeaderMap, Method, StatusCode};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tessera_control::inputs::{PoolInput, PreviewInput, ServiceInput, ServicePatch};
 use tessera_control::store::{EventFilter, TaskFilter};
 use tessera_model::agent::{RegisterRequest, SyncRequest};
+use tessera_model::auth::Role;
 use tessera_model::service::{TaskDefRef, TaskState};
 use tessera_model::taskdef::to_ecs_json;
 use tessera_model::{HostId, HostInfo};
@@ -27,36 +28,154 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned> axum::extract::FromRequest<
     }
 }
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/api/v1/openapi.json", get(crate::openapi::spec))
-        .route("/api/v1/hosts", get(list_hosts))
-        .route("/api/v1/hosts/{id}", get(get_host))
-        .route("/api/v1/hosts/{id}/drain", post(drain_host))
-        .route("/api/v1/hosts/{id}/activate", post(activate_host))
-        .route("/api/v1/pools", get(list_pools).post(create_pool))
-        .route(
+/// Every REST route, each with the access it needs (see [`crate::auth`]).
+pub fn routes() -> Routes {
+    const VIEW: Access = Access::Role(Role::Viewer);
+    const OPERATE: Access = Access::Role(Role::Operator);
+    const ADMIN: Access = Access::Role(Role::Admin);
+    Routes::default()
+        .add(Method::GET, "/healthz", Access::Public, healthz)
+        .add(
+            Method::GET,
+            "/api/v1/openapi.json",
+            Access::Public,
+            crate::openapi::spec,
+        )
+        .add(
+            Method::POST,
+            "/api/v1/session",
+            Access::Public,
+            crate::session::sign_in,
+        )
+        .add(
+            Method::GET,
+            "/api/v1/session",
+            VIEW,
+            crate::session::who_am_i,
+        )
+        .add(
+            Method::DELETE,
+            "/api/v1/session",
+            Access::Public,
+            crate::session::sign_out,
+        )
+        .add(
+            Method::POST,
+            "/api/v1/session/end",
+            Access::Public,
+            crate::session::sign_out,
+        )
+        .add(Method::GET, "/api/v1/hosts", VIEW, list_hosts)
+        .add(Method::GET, "/api/v1/hosts/{id}", VIEW, get_host)
+        .add(Method::DELETE, "/api/v1/hosts/{id}", ADMIN, delete_host)
+        .add(
+            Method::POST,
+            "/api/v1/hosts/{id}/drain",
+            OPERATE,
+            drain_host,
+        )
+        .add(
+            Method::POST,
+            "/api/v1/hosts/{id}/activate",
+            OPERATE,
+            activate_host,
+        )
+        .add(
+            Method::POST,
+            "/api/v1/hosts/{id}/revoke",
+            ADMIN,
+            revoke_host,
+        )
+        .add(Method::POST, "/api/v1/join-token", ADMIN, rotate_join_token)
+        .add(Method::GET, "/api/v1/pools", VIEW, list_pools)
+        .add(Method::POST, "/api/v1/pools", ADMIN, create_pool)
+        .add(Method::GET, "/api/v1/task-definitions", VIEW, list_families)
+        .add(
+            Method::POST,
             "/api/v1/task-definitions",
-            get(list_families).post(register_task_definition),
+            OPERATE,
+            register_task_definition,
         )
-        .route(
+        .add(
+            Method::GET,
             "/api/v1/task-definitions/{id}",
-            get(get_task_definition).delete(deregister_task_definition),
+            VIEW,
+            get_task_definition,
         )
-        .route("/api/v1/services", get(list_services).post(create_service))
-        .route(
+        .add(
+            Method::DELETE,
+            "/api/v1/task-definitions/{id}",
+            OPERATE,
+            deregister_task_definition,
+        )
+        .add(Method::GET, "/api/v1/services", VIEW, list_services)
+        .add(Method::POST, "/api/v1/services", OPERATE, create_service)
+        .add(Method::GET, "/api/v1/services/{name}", VIEW, get_service)
+        .add(
+            Method::PATCH,
             "/api/v1/services/{name}",
-            get(get_service)
-                .patch(update_service)
-                .delete(delete_service),
+            OPERATE,
+            update_service,
         )
-        .route("/api/v1/placement-preview", post(preview))
-        .route("/api/v1/tasks", get(list_tasks))
-        .route("/api/v1/events", get(list_events))
-        .route("/api/v1/live", get(live))
-        .route("/agent/v1/register", post(agent_register))
-        .route("/agent/v1/sync", post(agent_sync))
+        .add(
+            Method::DELETE,
+            "/api/v1/services/{name}",
+            OPERATE,
+            delete_service,
+        )
+        .add(Method::POST, "/api/v1/placement-preview", OPERATE, preview)
+        .add(Method::GET, "/api/v1/tasks", VIEW, list_tasks)
+        .add(Method::GET, "/api/v1/events", VIEW, list_events)
+        .add(Method::GET, "/api/v1/live", VIEW, live)
+        .add(
+            Method::GET,
+            "/api/v1/tokens",
+            ADMIN,
+            crate::session::list_tokens,
+        )
+        .add(
+            Method::POST,
+            "/api/v1/tokens",
+            ADMIN,
+            crate::session::create_token,
+        )
+        .add(
+            Method::DELETE,
+            "/api/v1/tokens/{id}",
+            ADMIN,
+            crate::session::delete_token,
+        )
+        .add(
+            Method::GET,
+            "/api/v1/users",
+            ADMIN,
+            crate::session::list_users,
+        )
+        .add(
+            Method::POST,
+            "/api/v1/users",
+            ADMIN,
+            crate::session::add_user,
+        )
+        .add(
+            Method::PATCH,
+            "/api/v1/users/{username}",
+            ADMIN,
+            crate::session::update_user,
+        )
+        .add(
+            Method::GET,
+            "/api/v1/audit",
+            ADMIN,
+            crate::session::list_audit,
+        )
+        .add(
+            Method::POST,
+            "/agent/v1/register",
+            Access::Agent,
+            agent_register,
+        )
+        .add(Method::POST, "/agent/v1/sync", Access::Agent, agent_sync)
 }
 
 #[derive(Serialize)]
@@ -115,6 +234,29 @@ async fn activate_host(
     let id = host_id(id)?;
     state.control.activate_host(&id).await?;
     Ok(Json(state.control.store().get_host(&id).await?))
+}
+
+async fn revoke_host(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<HostInfo>, ApiError> {
+    let id = host_id(id)?;
+    state.control.revoke_host(&id).await?;
+    Ok(Json(state.control.store().get_host(&id).await?))
+}
+
+async fn delete_host(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    state.control.delete_host(&host_id(id)?).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// A new join token, shown this once; the old one stops working at once.
+async fn rotate_join_token(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+    let token = state.control.rotate_join_token().await?;
+    Ok(Json(serde_json::json!({ "join_token": token })))
 }
 
 async fn list_pools(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {

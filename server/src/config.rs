@@ -20,6 +20,69 @@ pub struct Cli {
 pub enum Command {
     /// Serve the console, the API and the agent endpoints.
     Serve(ServeArgs),
+    /// Manage operators' accounts directly in the database (for a locked-out operator).
+    User {
+        #[command(flatten)]
+        db: DbArgs,
+        #[command(subcommand)]
+        command: UserCommand,
+    },
+}
+
+/// Where the database is.
+#[derive(Clone, Args)]
+pub struct DbArgs {
+    /// Directory for the embedded database (created if missing).
+    #[arg(long, env = "TESSERA_DATA_DIR", default_value = "data", global = true)]
+    pub data_dir: PathBuf,
+    /// Database URL; defaults to `sqlite://<data-dir>/tessera.db`.
+    #[arg(long, env = "TESSERA_DATABASE", global = true)]
+    pub database: Option<String>,
+}
+
+impl DbArgs {
+    pub fn database_url(&self) -> String {
+        self.database
+            .clone()
+            .unwrap_or_else(|| format!("sqlite://{}", self.data_dir.join("tessera.db").display()))
+    }
+}
+
+impl fmt::Debug for DbArgs {
+    /// Never prints a database password.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DbArgs")
+            .field("data_dir", &self.data_dir)
+            .field("database", &self.database.as_deref().map(redact_url))
+            .finish()
+    }
+}
+
+/// `tessera user ...`. Passwords come from `--password-file`, `TESSERA_PASSWORD`, or a
+/// prompt; never from the command line, where other users of the machine could read them.
+#[derive(Debug, Subcommand)]
+pub enum UserCommand {
+    /// Add a user.
+    Add {
+        username: String,
+        /// viewer, operator or admin.
+        #[arg(long, default_value = "viewer")]
+        role: String,
+        #[arg(long)]
+        password_file: Option<PathBuf>,
+    },
+    /// Set a user's password (ends the user's sessions).
+    Passwd {
+        username: String,
+        #[arg(long)]
+        password_file: Option<PathBuf>,
+    },
+    /// List users.
+    List,
+    /// Disable a user: no sign-in; sessions and tokens it made stop working at once.
+    Disable { username: String },
+    /// Enable a disabled user again.
+    Enable { username: String },
 }
 
 #[derive(Clone, Args)]
@@ -27,12 +90,22 @@ pub struct ServeArgs {
     /// Address to listen on.
     #[arg(long, env = "TESSERA_BIND", default_value = "127.0.0.1:3000")]
     pub bind: SocketAddr,
-    /// Directory for the embedded database (created if missing).
-    #[arg(long, env = "TESSERA_DATA_DIR", default_value = "data")]
-    pub data_dir: PathBuf,
-    /// Database URL; defaults to `sqlite://<data-dir>/tessera.db`.
-    #[arg(long, env = "TESSERA_DATABASE")]
-    pub database: Option<String>,
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// The admin's password, from this file (or TESSERA_ADMIN_PASSWORD); when neither is
+    /// given, one is generated on first start and printed once.
+    #[arg(long, env = "TESSERA_ADMIN_PASSWORD_FILE")]
+    pub admin_password_file: Option<PathBuf>,
+    /// Host names requests may name (comma-separated; `*` for any). Default: the bind
+    /// address, localhost, 127.0.0.1 and ::1.
+    #[arg(long, env = "TESSERA_ALLOWED_HOSTS", value_delimiter = ',')]
+    pub allowed_hosts: Vec<String>,
+    /// Serve HTTPS with this certificate chain (PEM); needs --tls-key.
+    #[arg(long, env = "TESSERA_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM).
+    #[arg(long, env = "TESSERA_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
     /// Add a simulated demo fleet (labelled as simulated everywhere).
     #[arg(long, env = "TESSERA_DEMO")]
     pub demo: bool,
@@ -42,14 +115,6 @@ pub struct ServeArgs {
     /// How often agents sync, in seconds; a host silent for 3 intervals is lost.
     #[arg(long, env = "TESSERA_SYNC_INTERVAL", default_value_t = 5)]
     pub sync_interval_secs: u64,
-}
-
-impl ServeArgs {
-    pub fn database_url(&self) -> String {
-        self.database
-            .clone()
-            .unwrap_or_else(|| format!("sqlite://{}", self.data_dir.join("tessera.db").display()))
-    }
 }
 
 /// A database URL with any password replaced, for logs.
@@ -71,8 +136,11 @@ impl fmt::Debug for ServeArgs {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ServeArgs")
             .field("bind", &self.bind)
-            .field("data_dir", &self.data_dir)
-            .field("database", &self.database.as_deref().map(redact_url))
+            .field("db", &self.db)
+            .field("admin_password_file", &self.admin_password_file)
+            .field("allowed_hosts", &self.allowed_hosts)
+            .field("tls_cert", &self.tls_cert)
+            .field("tls_key", &self.tls_key)
             .field("demo", &self.demo)
             .field("join_token", &self.join_token.as_ref().map(|_| "***"))
             .field("sync_interval_secs", &self.sync_interval_secs)
@@ -88,8 +156,14 @@ mod tests {
     fn passwords_never_reach_debug_output() {
         let args = ServeArgs {
             bind: "127.0.0.1:3000".parse().expect("valid"),
-            data_dir: "data".into(),
-            database: Some("postgres://tessera:s3cret@db:5432/tessera".into()),
+            db: DbArgs {
+                data_dir: "data".into(),
+                database: Some("postgres://tessera:s3cret@db:5432/tessera".into()),
+            },
+            admin_password_file: None,
+            allowed_hosts: vec![],
+            tls_cert: None,
+            tls_key: None,
             demo: false,
             join_token: Some("join-s3cret-token".into()),
             sync_interval_secs: 5,
@@ -104,7 +178,19 @@ mod tests {
     fn default_database_lives_in_the_data_dir() {
         let cli = Cli::try_parse_from(["tessera", "serve", "--data-dir", "/var/lib/tessera"])
             .expect("parses");
-        let Command::Serve(args) = cli.command;
-        assert_eq!(args.database_url(), "sqlite:///var/lib/tessera/tessera.db");
+        let Command::Serve(args) = cli.command else {
+            panic!("serve parses as serve");
+        };
+        assert_eq!(
+            args.db.database_url(),
+            "sqlite:///var/lib/tessera/tessera.db"
+        );
+        let cli = Cli::try_parse_from(["tessera", "user", "list", "--data-dir", "/srv/t"])
+            .expect("parses");
+        let Command::User { db, command } = cli.command else {
+            panic!("user parses as user");
+        };
+        assert!(matches!(command, UserCommand::List));
+        assert_eq!(db.database_url(), "sqlite:///srv/t/tessera.db");
     }
 }

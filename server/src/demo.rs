@@ -109,6 +109,7 @@ pub async fn seed(control: &Control) -> Result<(), ControlError> {
 /// state under `data_dir/demo-agents/<name>` and stops its tasks when it exits.
 pub async fn run_agents(
     server: String,
+    ca_cert: Option<std::path::PathBuf>,
     join_token: String,
     data_dir: &Path,
     shutdown: watch::Receiver<bool>,
@@ -117,6 +118,8 @@ pub async fn run_agents(
     for d in FLEET {
         let agent = Agent::new(AgentConfig {
             server: server.clone(),
+            ca_cert: ca_cert.clone(),
+            insecure_http: false,
             join_token: Some(join_token.clone()),
             state_dir: data_dir.join("demo-agents").join(d.name),
             pool: PoolName::new(d.pool).expect("valid"),

@@ -23,10 +23,25 @@ pub enum ApiError {
     NotFound(String),
     #[error("{0}")]
     Conflict(String),
+    /// No or bad credentials.
     #[error("{0}")]
     Unauthorized(String),
+    /// Known caller without the role, or a cross-site request.
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("{0}")]
+    PayloadTooLarge(String),
+    #[error("too many failed sign-ins; try again in {0} s")]
+    TooManyAttempts(u64),
     #[error(transparent)]
     Internal(ControlError),
+}
+
+impl ApiError {
+    /// A session that could not be read or written: the store's fault.
+    pub fn session(e: tower_sessions::session::Error) -> Self {
+        ApiError::Internal(ControlError::Conflict(format!("session store: {e}")))
+    }
 }
 
 impl From<ControlError> for ApiError {
@@ -36,6 +51,8 @@ impl From<ControlError> for ApiError {
             ControlError::NotFound(m) => ApiError::NotFound(m),
             ControlError::Conflict(m) => ApiError::Conflict(m),
             ControlError::Unauthorized(m) => ApiError::Unauthorized(m),
+            ControlError::Forbidden(m) => ApiError::Forbidden(m),
+            ControlError::TooManyAttempts { retry_after } => ApiError::TooManyAttempts(retry_after),
             other => ApiError::Internal(other),
         }
     }
@@ -72,6 +89,23 @@ impl IntoResponse for ApiError {
             ApiError::Conflict(m) => (StatusCode::CONFLICT, serde_json::json!({ "error": m })),
             ApiError::Unauthorized(m) => {
                 (StatusCode::UNAUTHORIZED, serde_json::json!({ "error": m }))
+            }
+            ApiError::Forbidden(m) => (StatusCode::FORBIDDEN, serde_json::json!({ "error": m })),
+            ApiError::PayloadTooLarge(m) => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                serde_json::json!({ "error": m }),
+            ),
+            ApiError::TooManyAttempts(secs) => {
+                let mut r = (
+                    StatusCode::TOO_MANY_REQUESTS,
+                    Json(serde_json::json!({ "error": self.to_string() })),
+                )
+                    .into_response();
+                r.headers_mut().insert(
+                    axum::http::header::RETRY_AFTER,
+                    axum::http::HeaderValue::from(*secs),
+                );
+                return r;
             }
             ApiError::Internal(e) => {
                 tracing::error!(error = %e, "request failed");

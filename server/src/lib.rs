@@ -4,6 +4,9 @@
 //!
 //! # Layout
 //! - [`config`]: command line and environment (`tessera serve --bind --database --demo`).
+//! - [`auth`]: the authentication layer: sessions, API tokens, each route's role, the
+//!   cross-site and Host checks, the audit log.
+//! - [`session`]: signing in and out, API tokens, users and the audit log over REST.
 //! - [`api`]: the REST API under `/api/v1`, the agent API under `/agent/v1`, and `/healthz`.
 //! - [`openapi`]: the OpenAPI document served at `/api/v1/openapi.json`.
 //! - [`demo`]: the simulated demo fleet `--demo` adds, registered through the agent API
@@ -11,22 +14,27 @@
 //! - [`error`]: `ApiError`, how store errors become HTTP responses.
 //!
 //! The library exposes [`app`] and [`run`] so tests can build the router and serve it on
-//! port 0.
+//! port 0, over HTTP or HTTPS.
 
 #![forbid(unsafe_code)]
 #![recursion_limit = "512"]
 
 pub mod api;
+pub mod auth;
 pub mod config;
 pub mod demo;
 pub mod error;
 pub mod openapi;
+pub mod session;
 
 use axum::Router;
 use axum::extract::FromRef;
 use leptos::prelude::*;
 use leptos_axum::{LeptosRoutes, generate_route_list};
 use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
 use tessera_app::{App, shell};
 use tessera_control::Control;
 use tower_http::trace::TraceLayer;
@@ -36,15 +44,36 @@ use tower_http::trace::TraceLayer;
 pub struct AppState {
     pub control: Control,
     pub leptos: LeptosOptions,
+    pub auth: Arc<auth::AuthSettings>,
 }
 
-/// The whole HTTP surface: console pages, server functions, API, static files.
+impl AppState {
+    /// Served on `bind` over plain HTTP, with the default allowed hosts.
+    pub fn new(control: Control, bind: SocketAddr) -> Self {
+        AppState {
+            control,
+            leptos: leptos_options(bind),
+            auth: Arc::new(auth::AuthSettings::for_bind(bind, false)),
+        }
+    }
+}
+
+/// A certificate chain and its private key, PEM files.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// The whole HTTP surface: console pages, server functions, API, static files, behind the
+/// authentication layer.
 pub fn app(state: AppState) -> Router {
     let routes = generate_route_list(App);
     let control = state.control.clone();
     let leptos = state.leptos.clone();
+    let sessions = auth::session_layer(state.control.clone(), state.auth.tls);
     Router::new()
-        .merge(api::router())
+        .merge(api::routes().into_router())
         .leptos_routes_with_context(
             &state,
             routes,
@@ -52,6 +81,11 @@ pub fn app(state: AppState) -> Router {
             move || shell(leptos.clone()),
         )
         .fallback(leptos_axum::file_and_error_handler::<AppState, _>(shell))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::authenticate,
+        ))
+        .layer(sessions)
         // gzip what compresses (the WASM bundle shrinks to about a third); the default
         // predicate leaves the live event stream alone.
         .layer(tower_http::compression::CompressionLayer::new())
@@ -59,14 +93,43 @@ pub fn app(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// Serves `app` on `listener` until `shutdown` resolves, then lets requests in flight finish.
+/// Serves `app` on `listener` (HTTPS with `tls`) until `shutdown` resolves, then lets
+/// requests in flight finish.
 pub async fn run(
     listener: tokio::net::TcpListener,
     state: AppState,
+    tls: Option<TlsFiles>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, app(state))
-        .with_graceful_shutdown(shutdown)
+    let service = app(state).into_make_service_with_connect_info::<SocketAddr>();
+    let Some(tls) = tls else {
+        return axum::serve(listener, service)
+            .with_graceful_shutdown(shutdown)
+            .await;
+    };
+    // One crypto provider for the process (ring), whichever crates asked for others.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let config = axum_server::tls_rustls::RustlsConfig::from_pem_file(&tls.cert, &tls.key)
+        .await
+        .map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!(
+                    "reading the TLS certificate {} and key {}: {e}",
+                    tls.cert.display(),
+                    tls.key.display()
+                ),
+            )
+        })?;
+    let handle = axum_server::Handle::new();
+    let stopper = handle.clone();
+    tokio::spawn(async move {
+        shutdown.await;
+        stopper.graceful_shutdown(Some(std::time::Duration::from_secs(10)));
+    });
+    axum_server::from_tcp_rustls(listener.into_std()?, config)?
+        .handle(handle)
+        .serve(service)
         .await
 }
 

@@ -2,9 +2,12 @@
 
 use anyhow::Context;
 use clap::Parser;
+use std::sync::Arc;
 use tessera_control::{Control, ControlConfig};
-use tessera_server::config::{Cli, Command, redact_url};
-use tessera_server::{AppState, demo, leptos_options, run};
+use tessera_model::auth::Role;
+use tessera_server::auth::AuthSettings;
+use tessera_server::config::{Cli, Command, DbArgs, ServeArgs, UserCommand, redact_url};
+use tessera_server::{AppState, TlsFiles, demo, leptos_options, run};
 use tokio::sync::watch;
 use tracing_subscriber::EnvFilter;
 
@@ -15,19 +18,120 @@ async fn main() -> anyhow::Result<()> {
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn")),
         )
         .init();
-    let Command::Serve(args) = Cli::parse().command;
-    tracing::info!(?args, "starting");
-    let url = args.database_url();
+    match Cli::parse().command {
+        Command::Serve(args) => serve(args).await,
+        Command::User { db, command } => user(db, command).await,
+    }
+}
+
+async fn open(db: &DbArgs, config: ControlConfig) -> anyhow::Result<Control> {
+    let url = db.database_url();
     let store = tessera_control::open(&url)
         .await
         .with_context(|| format!("opening the database {}", redact_url(&url)))?;
-    let control = Control::new(
-        store,
+    Ok(Control::new(store, config))
+}
+
+/// A password for `tessera user`: from a file, `TESSERA_PASSWORD`, or a prompt.
+fn read_password(file: Option<&std::path::Path>) -> anyhow::Result<String> {
+    if let Some(path) = file {
+        let raw = std::fs::read_to_string(path)
+            .with_context(|| format!("reading --password-file {}", path.display()))?;
+        return Ok(raw.trim_end_matches(['\n', '\r']).to_owned());
+    }
+    if let Ok(p) = std::env::var("TESSERA_PASSWORD") {
+        return Ok(p);
+    }
+    let first = rpassword::prompt_password("Password: ").context("reading the password")?;
+    let again = rpassword::prompt_password("Again: ").context("reading the password")?;
+    anyhow::ensure!(first == again, "the passwords differ");
+    Ok(first)
+}
+
+async fn user(db: DbArgs, command: UserCommand) -> anyhow::Result<()> {
+    let control = open(&db, ControlConfig::default()).await?;
+    match command {
+        UserCommand::Add {
+            username,
+            role,
+            password_file,
+        } => {
+            let role: Role = role.parse().context("--role")?;
+            let password = read_password(password_file.as_deref())?;
+            let u = control.add_user(&username, &password, role).await?;
+            println!("added {} ({})", u.username, u.role);
+        }
+        UserCommand::Passwd {
+            username,
+            password_file,
+        } => {
+            let password = read_password(password_file.as_deref())?;
+            control
+                .update_user(&username, None, None, Some(&password))
+                .await?;
+            println!("password of {username} changed; its sessions have ended");
+        }
+        UserCommand::List => {
+            println!("{:<24} {:<9} {:<9} created", "username", "role", "status");
+            for u in control.list_users().await? {
+                let status = if u.disabled { "disabled" } else { "enabled" };
+                println!(
+                    "{:<24} {:<9} {:<9} {}",
+                    u.username, u.role, status, u.created_at
+                );
+            }
+        }
+        UserCommand::Disable { username } => {
+            control
+                .update_user(&username, None, Some(true), None)
+                .await?;
+            println!("{username} disabled");
+        }
+        UserCommand::Enable { username } => {
+            control
+                .update_user(&username, None, Some(false), None)
+                .await?;
+            println!("{username} enabled");
+        }
+    }
+    Ok(())
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    tracing::info!(?args, "starting");
+    let control = open(
+        &args.db,
         ControlConfig {
             sync_interval: std::time::Duration::from_secs(args.sync_interval_secs.max(1)),
             ..ControlConfig::default()
         },
-    );
+    )
+    .await?;
+    let admin_password = match &args.admin_password_file {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .with_context(|| format!("reading --admin-password-file {}", path.display()))?
+                .trim_end_matches(['\n', '\r'])
+                .to_owned(),
+        ),
+        None => std::env::var("TESSERA_ADMIN_PASSWORD").ok(),
+    };
+    if let Some(password) = control
+        .ensure_admin(admin_password.as_deref(), args.demo)
+        .await
+        .context("setting up the admin account")?
+    {
+        // Shown once: only its hash is stored.
+        if args.demo {
+            println!(
+                "Sign in as admin with password {password} (demo: new on every start; set TESSERA_ADMIN_PASSWORD to choose)"
+            );
+        } else {
+            println!(
+                "Sign in as admin with password {password} (shown once; change it with `tessera user passwd admin`)"
+            );
+        }
+    }
     // The demo's agents need the join token itself, and only its hash is stored: without
     // one given, the demo picks a fresh one each start.
     let join_token = match (&args.join_token, args.demo) {
@@ -68,28 +172,45 @@ async fn main() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {}", args.bind))?;
     let addr = listener.local_addr()?;
-    tracing::info!("listening on http://{addr}");
+    let tls = args
+        .tls_cert
+        .clone()
+        .zip(args.tls_key.clone())
+        .map(|(cert, key)| TlsFiles { cert, key });
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    tracing::info!("listening on {scheme}://{addr}");
     let demo_agents = match (args.demo, join_token) {
         (true, Some(token)) => {
-            let host = if addr.ip().is_unspecified() {
-                "127.0.0.1".to_owned()
-            } else {
-                addr.ip().to_string()
+            // Under TLS the demo's agents trust the server's own certificate, by name.
+            let host = match (&tls, addr.ip().is_unspecified()) {
+                (Some(_), _) => "localhost".to_owned(),
+                (None, true) => "127.0.0.1".to_owned(),
+                (None, false) => addr.ip().to_string(),
             };
-            let server = format!("http://{host}:{}", addr.port());
-            let (dir, stop) = (args.data_dir.clone(), stop_rx.clone());
-            tracing::info!("demo fleet: 4 simulated hosts, each a real agent over HTTP");
+            let server = format!("{scheme}://{host}:{}", addr.port());
+            let ca_cert = tls.as_ref().map(|t| t.cert.clone());
+            let (dir, stop) = (args.db.data_dir.clone(), stop_rx.clone());
+            tracing::info!("demo fleet: 4 simulated hosts, each a real agent over {scheme}");
             Some(tokio::spawn(async move {
-                demo::run_agents(server, token, &dir, stop).await
+                demo::run_agents(server, ca_cert, token, &dir, stop).await
             }))
         }
         _ => None,
     };
+    let mut auth = AuthSettings::for_bind(args.bind, tls.is_some());
+    if !args.allowed_hosts.is_empty() {
+        auth.allowed_hosts = args.allowed_hosts.clone();
+    } else if args.bind.ip().is_unspecified() {
+        tracing::warn!(
+            "listening on every address, but only loopback host names are accepted: pass --allowed-hosts with the names clients use"
+        );
+    }
     let state = AppState {
         control,
         leptos: leptos_options(args.bind),
+        auth: Arc::new(auth),
     };
-    run(listener, state, async move {
+    run(listener, state, tls, async move {
         shutdown_signal().await;
         let _ = stop_tx.send(true);
     })

@@ -1,5 +1,5 @@
-//! The server and real agents together, over HTTP on loopback: agents with simulated GPUs
-//! and a stand-in MPS control program, running real processes.
+//! The server and real agents together, over HTTP (and HTTPS) on loopback: agents with
+//! simulated GPUs and a stand-in MPS control program, running real processes.
 
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -10,7 +10,7 @@ use tessera_control::store::TaskFilter;
 use tessera_control::{Control, ControlConfig};
 use tessera_model::service::{DeploymentConfig, ServiceConstraints, Task, TaskState};
 use tessera_model::{HostId, HostStatus, PoolName};
-use tessera_server::{AppState, leptos_options, run};
+use tessera_server::{AppState, TlsFiles, run};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -24,6 +24,11 @@ struct Cluster {
 }
 
 async fn cluster() -> Cluster {
+    cluster_over(false).await
+}
+
+/// A server over HTTPS (a certificate made now for `localhost`) or plain HTTP.
+async fn cluster_over(https: bool) -> Cluster {
     let dir = tempfile::tempdir().expect("dir");
     let store = tessera_control::open(&format!("sqlite://{}/server.db", dir.path().display()))
         .await
@@ -48,14 +53,24 @@ async fn cluster() -> Cluster {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
-    let url = format!("http://{}", listener.local_addr().expect("addr"));
-    let (stop, stop_rx) = watch::channel(false);
-    let state = AppState {
-        control: control.clone(),
-        leptos: leptos_options(listener.local_addr().expect("addr")),
+    let addr = listener.local_addr().expect("addr");
+    let (url, tls) = if https {
+        let made =
+            rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).expect("certificate");
+        let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+        std::fs::write(&cert, made.cert.pem()).expect("cert");
+        std::fs::write(&key, made.signing_key.serialize_pem()).expect("key");
+        (
+            format!("https://localhost:{}", addr.port()),
+            Some(TlsFiles { cert, key }),
+        )
+    } else {
+        (format!("http://{addr}"), None)
     };
+    let (stop, stop_rx) = watch::channel(false);
+    let state = AppState::new(control.clone(), addr);
     let mut s1 = stop_rx.clone();
-    tokio::spawn(run(listener, state, async move {
+    tokio::spawn(run(listener, state, tls, async move {
         let _ = s1.changed().await;
     }));
     let (c, mut s2) = (control.clone(), stop_rx);
@@ -80,6 +95,8 @@ fn fake_mps() -> PathBuf {
 fn agent_config(c: &Cluster, name: &str) -> AgentConfig {
     AgentConfig {
         server: c.url.clone(),
+        ca_cert: None,
+        insecure_http: false,
         join_token: Some(JOIN.into()),
         state_dir: c.dir.path().join(name),
         pool: PoolName::new("gpu").expect("valid"),
@@ -436,4 +453,60 @@ async fn a_restarted_agent_does_not_start_its_tasks_twice() {
         assert_eq!(starts.lines().count(), 1, "task {id} started once");
     }
     a.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_https_an_agent_registers_syncs_and_gets_its_task_secret() {
+    let c = cluster_over(true).await;
+    let out = c.dir.path().join("out");
+    std::fs::create_dir_all(&out).expect("out");
+    c.control
+        .register_task_definition(&json!({
+            "family": "secretive",
+            "containers": [{"name": "main", "command": ["sh", "-c", "echo \"$API_KEY\" > \"$OUT/key\"; exec sleep 60"],
+                "cpu_milli": 1000, "memory_mib": 256, "env": {"OUT": out.display().to_string()},
+                "secrets": {"API_KEY": "k-over-tls-42"},
+                "gpu": {"mps": {"memory_mib": 4096}}}]
+        }))
+        .await
+        .expect("definition");
+    // Without the server's certificate the agent cannot register.
+    let mut untrusting = agent_config(&c, "b");
+    untrusting.join_token = Some(JOIN.into());
+    let b = start_agent(untrusting);
+    let mut config = agent_config(&c, "a");
+    config.ca_cert = Some(c.dir.path().join("cert.pem"));
+    let a = start_agent(config);
+    wait_for("host a over https", || async {
+        c.control.store().get_host(&host("a")).await.is_ok()
+    })
+    .await;
+    c.control
+        .create_service(&ServiceInput {
+            name: "secretive".into(),
+            task_definition: "secretive:1".into(),
+            pool: "gpu".into(),
+            desired_count: 1,
+            strategy: None,
+            constraints: ServiceConstraints::default(),
+            deployment: Some(DeploymentConfig::default()),
+            stop_timeout_secs: 2,
+        })
+        .await
+        .expect("service");
+    wait_for("the task to write its secret", || async {
+        std::fs::read_to_string(out.join("key")).is_ok_and(|k| k == "k-over-tls-42\n")
+    })
+    .await;
+    assert!(
+        c.control.store().get_host(&host("b")).await.is_err(),
+        "an agent that does not trust the certificate never registers"
+    );
+    let state = std::fs::read_to_string(c.dir.path().join("a/runtime.json")).expect("state");
+    assert!(
+        !state.contains("k-over-tls-42"),
+        "the agent's state file keeps no secret"
+    );
+    a.stop().await;
+    b.stop().await;
 }

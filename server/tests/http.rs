@@ -6,13 +6,28 @@ use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
+use tessera_control::bench::api_token;
 use tessera_control::{Control, ControlConfig};
-use tessera_server::{AppState, app, demo, leptos_options};
+use tessera_model::auth::Role;
+use tessera_server::{AppState, app, demo};
 use tower::ServiceExt;
 
 const JOIN: &str = "http-test-join-token-42";
 
-async fn state() -> AppState {
+/// The server's state and an admin's API token, which requests carry unless told otherwise.
+struct Ctx {
+    app: AppState,
+    admin: String,
+}
+
+impl std::ops::Deref for Ctx {
+    type Target = AppState;
+    fn deref(&self) -> &AppState {
+        &self.app
+    }
+}
+
+async fn state() -> Ctx {
     let store = tessera_control::open("sqlite::memory:")
         .await
         .expect("in-memory store");
@@ -21,20 +36,43 @@ async fn state() -> AppState {
         .ensure_join_token(Some(JOIN))
         .await
         .expect("join token");
-    AppState {
-        control,
-        leptos: leptos_options("127.0.0.1:0".parse().expect("valid")),
+    let admin = api_token(&control, Role::Admin).await.expect("token");
+    Ctx {
+        app: AppState::new(control, "127.0.0.1:0".parse().expect("valid")),
+        admin,
     }
 }
 
+/// A request with the admin's token, or with `token` (an agent's) instead.
 async fn call(
-    state: &AppState,
+    state: &Ctx,
     method: Method,
     uri: &str,
     body: Option<Value>,
     token: Option<&str>,
 ) -> (StatusCode, Value) {
-    let mut req = Request::builder().method(method).uri(uri);
+    call_as(
+        state,
+        method,
+        uri,
+        body,
+        Some(token.unwrap_or(&state.admin)),
+    )
+    .await
+}
+
+/// A request with `token`, or without credentials.
+async fn call_as(
+    state: &Ctx,
+    method: Method,
+    uri: &str,
+    body: Option<Value>,
+    token: Option<&str>,
+) -> (StatusCode, Value) {
+    let mut req = Request::builder()
+        .method(method)
+        .uri(uri)
+        .header("host", "127.0.0.1:3000");
     if let Some(t) = token {
         req = req.header("authorization", format!("Bearer {t}"));
     }
@@ -45,7 +83,7 @@ async fn call(
         None => req.body(Body::empty()),
     }
     .expect("request");
-    let response = app(state.clone())
+    let response = app(state.app.clone())
         .oneshot(req)
         .await
         .expect("router answers");
@@ -62,16 +100,16 @@ async fn call(
 }
 
 /// The demo's pools and definitions, and its four hosts registered like agents.
-async fn demo_fleet(state: &AppState) {
+async fn demo_fleet(state: &Ctx) {
     demo::seed(&state.control).await.expect("seed");
     common::register_hosts(&state.control, JOIN, &common::DEMO_HOSTS).await;
 }
 
-async fn get(state: &AppState, uri: &str) -> (StatusCode, Value) {
+async fn get(state: &Ctx, uri: &str) -> (StatusCode, Value) {
     call(state, Method::GET, uri, None, None).await
 }
 
-async fn post(state: &AppState, uri: &str, body: Value) -> (StatusCode, Value) {
+async fn post(state: &Ctx, uri: &str, body: Value) -> (StatusCode, Value) {
     call(state, Method::POST, uri, Some(body), None).await
 }
 
@@ -277,7 +315,7 @@ async fn invalid_task_definitions_get_every_error_and_store_nothing() {
     assert_eq!(families["task_definitions"], json!([]));
 }
 
-async fn fleet(state: &AppState) -> (String, String) {
+async fn fleet(state: &Ctx) -> (String, String) {
     post(state, "/api/v1/pools", json!({"name": "gpu"})).await;
     let mut tokens = Vec::new();
     for name in ["a", "b"] {

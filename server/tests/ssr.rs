@@ -9,15 +9,21 @@ mod common;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
+use tessera_control::bench::api_token;
 use tessera_control::{Control, ControlConfig};
-use tessera_server::{AppState, app, demo, leptos_options};
+use tessera_model::auth::Role;
+use tessera_server::{AppState, app, demo};
 use tower::ServiceExt;
 
 const JOIN: &str = "ssr-test-join-token-0001";
 
-async fn get(state: &AppState, uri: &str) -> (StatusCode, String) {
+async fn get(state: &AppState, uri: &str, token: Option<&str>) -> (StatusCode, String) {
+    let mut req = Request::get(uri).header("host", "localhost:3000");
+    if let Some(t) = token {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
     let response = app(state.clone())
-        .oneshot(Request::get(uri).body(Body::empty()).expect("request"))
+        .oneshot(req.body(Body::empty()).expect("request"))
         .await
         .expect("router answers");
     let status = response.status();
@@ -43,24 +49,31 @@ async fn pages_render_on_the_server() {
     demo::seed(&control).await.expect("seed");
     let hosts = &common::DEMO_HOSTS;
     common::register_hosts(&control, JOIN, &[hosts[0], hosts[3]]).await;
-    let state = AppState {
-        control,
-        leptos: leptos_options("127.0.0.1:0".parse().expect("valid")),
-    };
+    let viewer = api_token(&control, Role::Viewer).await.expect("token");
+    let state = AppState::new(control, "127.0.0.1:0".parse().expect("valid"));
+    let token = Some(viewer.as_str());
 
-    let (status, html) = get(&state, "/hosts").await;
+    // Without a session, every page sends the browser to sign in, and shows nothing.
+    let (status, html) = get(&state, "/hosts?pool=training", None).await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    assert!(!html.contains("sim-l4-2"));
+    let (status, html) = get(&state, "/sign-in", None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(html.contains("Sign in to Tessera"), "{html}");
+
+    let (status, html) = get(&state, "/hosts", token).await;
     assert_eq!(status, StatusCode::OK);
     assert!(html.contains("sim-l4-2"), "SSR shows the hosts");
     assert!(html.contains("simulated"), "simulated hosts are labelled");
     assert!(html.contains("NVIDIA H100 80GB HBM3"));
 
-    let (status, html) = get(&state, "/task-definitions").await;
+    let (status, html) = get(&state, "/task-definitions", token).await;
     assert_eq!(status, StatusCode::OK);
     assert!(
         html.contains("llm-inference"),
         "the demo's definitions are listed"
     );
 
-    let (status, _) = get(&state, "/no-such-page").await;
+    let (status, _) = get(&state, "/no-such-page", token).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 }

@@ -51,6 +51,7 @@ pub fn HostPage() -> impl IntoView {
     let id = move || params.read().get("id").unwrap_or_default();
     let live = use_live();
     let set = Action::new(|(id, drain): &(String, bool)| set_host_draining(id.clone(), *drain));
+    let operate = crate::app::needs(tessera_model::auth::Role::Operator);
     let data = Resource::new(
         move || (live(), id(), set.version().get()),
         |(_, id, _)| get_host_view(id),
@@ -71,7 +72,7 @@ pub fn HostPage() -> impl IntoView {
                                     {if draining {
                                         let host_id = host_id.clone();
                                         view! {
-                                            <button class="primary" on:click=move |_| { set.dispatch((host_id.clone(), false)); }>
+                                            <button class="primary" title=move || operate.get() disabled=move || operate.get().is_some() on:click=move |_| { set.dispatch((host_id.clone(), false)); }>
                                                 "Activate"
                                             </button>
                                         }
@@ -79,7 +80,7 @@ pub fn HostPage() -> impl IntoView {
                                     } else {
                                         let host_id = host_id.clone();
                                         view! {
-                                            <button class="danger" disabled=lost on:click=move |_| { set.dispatch((host_id.clone(), true)); }>
+                                            <button class="danger" title=move || operate.get() disabled=move || lost || operate.get().is_some() on:click=move |_| { set.dispatch((host_id.clone(), true)); }>
                                                 "Drain"
                                             </button>
                                         }

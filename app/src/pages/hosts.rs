@@ -25,7 +25,7 @@ fn query_string(q: &HostQuery) -> String {
         ("model", &q.model),
     ] {
         if !v.is_empty() {
-            parts.push(format!("{k}={}", encode(v)));
+            parts.push(format!("{k}={}", tessera_model::urlenc::encode(v)));
         }
     }
     if q.page > 0 {
@@ -36,18 +36,6 @@ fn query_string(q: &HostQuery) -> String {
     } else {
         format!("?{}", parts.join("&"))
     }
-}
-
-/// Percent-encodes a query value.
-fn encode(v: &str) -> String {
-    v.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 #[component]

@@ -1,10 +1,12 @@
 //! One route per file.
 
+pub mod audit;
 pub mod host;
 pub mod hosts;
 pub mod overview;
 pub mod service;
 pub mod service_new;
 pub mod services;
+pub mod sign_in;
 pub mod task_definition;
 pub mod task_definitions;

@@ -100,6 +100,7 @@ fn Detail(
     delete: Action<String, Result<(), ServerFnError>>,
 ) -> impl IntoView {
     let s = detail.service.clone();
+    let operate = crate::app::needs(tessera_model::auth::Role::Operator);
     let desired = s.desired_count;
     let scale_to = RwSignal::new(desired.to_string());
     let revision = RwSignal::new(s.task_definition.to_string());
@@ -126,7 +127,7 @@ fn Detail(
                 patch.dispatch((n1.clone(), ServicePatch { desired_count: Some(d), task_definition: None }));
             }>
                 <label>"Desired tasks " <input type="text" inputmode="numeric" name="desired_count" size="5" bind:value=scale_to /></label>
-                <button type="submit">"Scale"</button>
+                <button type="submit" title=move || operate.get() disabled=move || operate.get().is_some()>"Scale"</button>
             </form>
             <form on:submit=move |ev| {
                 ev.prevent_default();
@@ -144,9 +145,9 @@ fn Detail(
                             .collect_view()}
                     </select>
                 </label>
-                <button type="submit">"Deploy"</button>
+                <button type="submit" title=move || operate.get() disabled=move || operate.get().is_some()>"Deploy"</button>
             </form>
-            <button class="danger" disabled=s.deleting on:click=move |_| { delete.dispatch(n3.clone()); }>"Delete service"</button>
+            <button class="danger" title=move || operate.get() disabled=move || s.deleting || operate.get().is_some() on:click=move |_| { delete.dispatch(n3.clone()); }>"Delete service"</button>
             {move || {
                 let p = problems();
                 (!p.is_empty()).then(|| view! { <p class="field-error" role="alert">{p.join("; ")}</p> })

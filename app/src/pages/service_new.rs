@@ -153,6 +153,8 @@ fn Wizard(defs: Vec<String>, pools: Vec<PoolInfo>) -> impl IntoView {
         stop_timeout_secs: number(stop_timeout.get()),
     };
     let preview = Action::new(|input: &PreviewInput| preview_placement(input.clone()));
+    // Previewing and creating need the operator role.
+    let operate = crate::app::needs(tessera_model::auth::Role::Operator);
     let create = Action::new(|input: &ServiceInput| create_service(input.clone()));
     let go = move |to: usize| {
         step.set(to);
@@ -251,13 +253,13 @@ fn Wizard(defs: Vec<String>, pools: Vec<PoolInfo>) -> impl IntoView {
                     when=move || step.get() < 4
                     fallback=move || {
                         view! {
-                            <button type="button" class="primary" disabled=move || create.pending().get() on:click=move |_| { create.dispatch(service_input()); }>
+                            <button type="button" class="primary" title=move || operate.get() disabled=move || create.pending().get() || operate.get().is_some() on:click=move |_| { create.dispatch(service_input()); }>
                                 "Create"
                             </button>
                         }
                     }
                 >
-                    <button type="button" class="primary" on:click=move |_| go(step.get() + 1)>
+                    <button type="button" class="primary" title=move || (step.get() == 3).then(|| operate.get()).flatten() disabled=move || step.get() == 3 && operate.get().is_some() on:click=move |_| go(step.get() + 1)>
                         {move || if step.get() == 3 { "Preview" } else { "Next" }}
                     </button>
                 </Show>

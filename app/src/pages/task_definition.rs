@@ -96,6 +96,7 @@ fn Revisions(
     deregister: Action<(String, u32), Result<(), ServerFnError>>,
 ) -> impl IntoView {
     let family = revs.first().map(|d| d.family.clone()).unwrap_or_default();
+    let operate = crate::app::needs(tessera_model::auth::Role::Operator);
     let latest = revs.last().map_or(1, |d| d.revision);
     let pretty: Vec<(u32, String)> = revs
         .iter()
@@ -149,7 +150,7 @@ fn Revisions(
                                 <td>{if d.active { "active" } else { "inactive" }}</td>
                                 <td>
                                     {d.active.then(|| view! {
-                                        <button class="link danger" on:click=move |_| { deregister.dispatch((f.clone(), r)); }>"Deregister"</button>
+                                        <button class="link danger" title=move || operate.get() disabled=move || operate.get().is_some() on:click=move |_| { deregister.dispatch((f.clone(), r)); }>"Deregister"</button>
                                     })}
                                 </td>
                             </tr>

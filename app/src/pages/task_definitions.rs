@@ -305,6 +305,7 @@ fn Editor(base: Option<TaskDefinition>) -> impl IntoView {
             .unwrap_or_default(),
     });
     let register = Action::new(|body: &String| register_task_definition(body.clone()));
+    let operate = crate::app::needs(tessera_model::auth::Role::Operator);
     let server_errors = move || match register.value().get() {
         Some(Ok(Err(errors))) => errors,
         _ => vec![],
@@ -377,7 +378,7 @@ fn Editor(base: Option<TaskDefinition>) -> impl IntoView {
                     .then(|| view! { <p class="field-error summary" role="alert">{format!("{} problem(s) to fix before registering.", errs.len())}</p> })
             }}
             <div class="actions">
-                <button type="submit" class="primary" disabled=move || register.pending().get()>"Register"</button>
+                <button type="submit" class="primary" title=move || operate.get() disabled=move || register.pending().get() || operate.get().is_some()>"Register"</button>
                 {move || register.value().get().and_then(|r| r.err()).map(|e| view! { <p class="error">{e.to_string()}</p> })}
             </div>
         </form>

@@ -7,18 +7,20 @@
 //! Builds the fleet in an SQLite file (hosts through the admission path, one service's
 //! tasks placed by the real reconcile pass), then times requests through the router: the
 //! hosts page (first and a later page, one filter), the overview, and as the baseline the
-//! JSON host list the REST API serves.
+//! JSON host list the REST API serves. Requests carry a viewer's API token, so the
+//! authentication layer's cost is part of every figure.
 
 use axum::body::Body;
 use axum::http::Request;
 use serde_json::json;
 use std::time::Instant;
-use tessera_control::bench::{admit_simulated_hosts, arg, register_task_definition};
+use tessera_control::bench::{admit_simulated_hosts, api_token, arg, register_task_definition};
 use tessera_control::inputs::{PoolInput, ServiceInput};
 use tessera_control::{Control, ControlConfig};
 use tessera_model::PoolName;
+use tessera_model::auth::Role;
 use tessera_model::service::{DeploymentConfig, ServiceConstraints};
-use tessera_server::{AppState, app, leptos_options};
+use tessera_server::{AppState, app};
 use tower::ServiceExt;
 
 #[tokio::main(flavor = "current_thread")]
@@ -52,10 +54,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .await?;
     }
     control.reconcile_once().await?;
-    let state = AppState {
-        control,
-        leptos: leptos_options("127.0.0.1:0".parse()?),
-    };
+    let token = api_token(&control, Role::Viewer).await?;
+    let state = AppState::new(control, "127.0.0.1:0".parse()?);
     println!(
         "console-bench: {hosts} hosts × {per_host} GPUs = {} GPUs, {tasks} tasks placed; {requests} requests each",
         hosts * per_host
@@ -77,7 +77,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         for _ in 0..requests {
             let start = Instant::now();
             let resp = app(state.clone())
-                .oneshot(Request::get(uri).body(Body::empty())?)
+                .oneshot(
+                    Request::get(uri)
+                        .header("host", "127.0.0.1")
+                        .header("authorization", format!("Bearer {token}"))
+                        .body(Body::empty())?,
+                )
                 .await?;
             assert!(resp.status().is_success(), "{uri}: {}", resp.status());
             bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)

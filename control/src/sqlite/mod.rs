@@ -1,4 +1,8 @@
 //! The embedded SQLite backend: one file, created on first start, migrated at open.
+//!
+//! - `auth`: users, API tokens, console sessions and the audit log.
+
+mod auth;
 
 use crate::error::StoreError;
 use crate::store::{EventFilter, HostReport, NewTask, PlacementCommit, Store, TaskFilter};
@@ -11,7 +15,7 @@ use tessera_model::service::{
     Deployment, DeploymentConfig, DeploymentStatus, Event, GpuAllocation, Measured, Service,
     ServiceConstraints, Task, TaskDefRef, TaskDefinition, TaskState,
 };
-use tessera_model::taskdef::TaskDefinitionSpec;
+use tessera_model::taskdef::{SecretValues, TaskDefinitionSpec};
 use tessera_model::{
     ComputeMilli, GpuHealth, GpuInfo, GpuUuid, HostId, HostInfo, HostStatus, MiB, MilliCpu,
     PlacementPolicy, PoolInfo, PoolName, SharingMode,
@@ -223,14 +227,25 @@ fn host_id(s: String) -> Result<HostId, StoreError> {
     HostId::new(s).map_err(|e| StoreError::corrupt("host id", e))
 }
 
+/// A stored definition with its secret values put back (they are kept in their own column).
 fn task_def_from_row(row: &SqliteRow) -> Result<TaskDefinition, StoreError> {
     let spec: String = row.try_get("spec")?;
+    let secrets: String = row.try_get("secrets")?;
+    let mut spec = serde_json::from_str::<TaskDefinitionSpec>(&spec)
+        .map_err(|e| StoreError::corrupt("task definition", e))?;
+    let secrets: SecretValues = serde_json::from_str(&secrets)
+        .map_err(|e| StoreError::corrupt("task definition secrets", e))?;
+    if let Some(missing) = spec.fill_secrets(&secrets).first() {
+        return Err(StoreError::corrupt(
+            "task definition secrets",
+            &missing.field,
+        ));
+    }
     Ok(TaskDefinition {
         family: row.try_get("family")?,
         revision: row.try_get::<i64, _>("revision")? as u32,
         active: row.try_get::<i64, _>("active")? != 0,
-        spec: serde_json::from_str::<TaskDefinitionSpec>(&spec)
-            .map_err(|e| StoreError::corrupt("task definition", e))?,
+        spec,
         registered_at: row.try_get("registered_at")?,
     })
 }
@@ -408,6 +423,40 @@ impl Store for SqliteStore {
         row.map(|r| host_id(r.try_get("id")?)).transpose()
     }
 
+    async fn revoke_agent_token(&self, id: &HostId) -> Result<(), StoreError> {
+        let done = sqlx::query("UPDATE hosts SET agent_token_hash = NULL WHERE id = ?")
+            .bind(id.as_str())
+            .execute(&self.db)
+            .await?;
+        updated(done, "host", id)
+    }
+
+    async fn delete_host(&self, id: &HostId) -> Result<(), StoreError> {
+        let mut tx = self.begin_immediate().await?;
+        let holding: i64 =
+            sqlx::query("SELECT COUNT(*) AS n FROM tasks WHERE host_id = ? AND state <> 'stopped'")
+                .bind(id.as_str())
+                .fetch_one(&mut *tx)
+                .await?
+                .try_get("n")?;
+        if holding > 0 {
+            return Err(StoreError::Conflict(format!(
+                "host {id} still has {holding} task(s); drain it and wait until they have stopped"
+            )));
+        }
+        sqlx::query("UPDATE tasks SET host_id = NULL WHERE host_id = ?")
+            .bind(id.as_str())
+            .execute(&mut *tx)
+            .await?;
+        let done = sqlx::query("DELETE FROM hosts WHERE id = ?")
+            .bind(id.as_str())
+            .execute(&mut *tx)
+            .await?;
+        updated(done, "host", id)?;
+        tx.commit().await?;
+        Ok(())
+    }
+
     async fn list_hosts(&self) -> Result<Vec<HostInfo>, StoreError> {
         let mut hosts: Vec<HostInfo> = sqlx::query(&format!(
             "SELECT {HOST_COLUMNS} FROM hosts ORDER BY pool, id"
@@ -533,8 +582,11 @@ impl Store for SqliteStore {
         &self,
         spec: &TaskDefinitionSpec,
     ) -> Result<TaskDefinition, StoreError> {
+        // Serializing a spec never writes secret values; they go to their own column.
         let json =
             serde_json::to_string(spec).map_err(|e| StoreError::corrupt("task definition", e))?;
+        let secrets = serde_json::to_string(&spec.secret_values())
+            .map_err(|e| StoreError::corrupt("task definition secrets", e))?;
         let mut tx = self.begin_immediate().await?;
         let next: i64 = sqlx::query(
             "SELECT COALESCE(MAX(revision), 0) + 1 AS next FROM task_definitions WHERE family = ?",
@@ -544,12 +596,13 @@ impl Store for SqliteStore {
         .await?
         .try_get("next")?;
         let row = sqlx::query(
-            "INSERT INTO task_definitions (family, revision, spec) VALUES (?, ?, ?)
-             RETURNING family, revision, active, spec, registered_at",
+            "INSERT INTO task_definitions (family, revision, spec, secrets) VALUES (?, ?, ?, ?)
+             RETURNING family, revision, active, spec, secrets, registered_at",
         )
         .bind(&spec.family)
         .bind(next)
         .bind(json)
+        .bind(secrets)
         .fetch_one(&mut *tx)
         .await?;
         tx.commit().await?;
@@ -558,7 +611,7 @@ impl Store for SqliteStore {
 
     async fn list_task_definition_families(&self) -> Result<Vec<TaskDefinition>, StoreError> {
         sqlx::query(
-            "SELECT family, revision, active, spec, registered_at FROM task_definitions t
+            "SELECT family, revision, active, spec, secrets, registered_at FROM task_definitions t
              WHERE revision = (SELECT MAX(revision) FROM task_definitions u WHERE u.family = t.family)
              ORDER BY family",
         )
@@ -574,7 +627,7 @@ impl Store for SqliteStore {
         family: &str,
     ) -> Result<Vec<TaskDefinition>, StoreError> {
         let defs: Vec<TaskDefinition> = sqlx::query(
-            "SELECT family, revision, active, spec, registered_at FROM task_definitions WHERE family = ? ORDER BY revision",
+            "SELECT family, revision, active, spec, secrets, registered_at FROM task_definitions WHERE family = ? ORDER BY revision",
         )
         .bind(family)
         .fetch_all(&self.db)
@@ -590,7 +643,7 @@ impl Store for SqliteStore {
 
     async fn get_task_definition(&self, r: &TaskDefRef) -> Result<TaskDefinition, StoreError> {
         let row = sqlx::query(
-            "SELECT family, revision, active, spec, registered_at FROM task_definitions WHERE family = ? AND revision = ?",
+            "SELECT family, revision, active, spec, secrets, registered_at FROM task_definitions WHERE family = ? AND revision = ?",
         )
         .bind(&r.family)
         .bind(i64::from(r.revision))

@@ -1,0 +1,504 @@
+//! Who may do what, server side: operators' accounts (argon2id hashes), sign-in with a limit on
+//! failures, API tokens (only their hashes are kept), console session records, the audit
+//! log, and the admin's controls over hosts' credentials and the join token.
+//!
+//! Authentication itself (cookies, bearer tokens, which route needs which role) is a layer
+//! of the HTTP server; this module is what it stores and checks through.
+
+use crate::agents::{hash_token, new_token};
+use crate::control::Control;
+use crate::error::ControlError;
+use crate::store::{AuditFilter, NewAuditEntry, UserChange};
+use argon2::Argon2;
+use argon2::password_hash::rand_core::OsRng;
+use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
+use serde::{Deserialize, Serialize};
+use std::collections::{HashMap, VecDeque};
+use std::net::IpAddr;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+use tessera_model::HostId;
+use tessera_model::auth::{
+    ApiTokenInfo, AuditEntry, Caller, CallerKind, NewApiToken, Role, UserInfo,
+};
+use tessera_model::ids::{NAME_RULE, is_valid_name};
+
+/// The account made on first start.
+pub const ADMIN_USER: &str = "admin";
+/// Passwords shorter than this are refused.
+pub const MIN_PASSWORD_LEN: usize = 12;
+/// What every API token starts with, so a leaked one is recognisable (and so the server
+/// tells them from agent tokens without a lookup).
+pub const API_TOKEN_PREFIX: &str = "tsr_";
+/// Failed sign-ins allowed per user and per client address within [`FAILURE_WINDOW`].
+pub const MAX_FAILURES: usize = 5;
+pub const FAILURE_WINDOW: Duration = Duration::from_secs(60);
+const MAX_TOKEN_DAYS: u32 = 3650;
+
+/// What a console session holds: who signed in, and when (for the absolute expiry and for
+/// ending sessions when the password changes).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionUser {
+    pub username: String,
+    /// Unix seconds.
+    pub signed_in_at: i64,
+}
+
+/// Failed sign-ins by user and by client address, in memory: a restart forgets them, which
+/// costs an attacker a restart per 5 guesses.
+#[derive(Debug, Default)]
+pub(crate) struct FailedSignIns {
+    by_key: Mutex<HashMap<String, VecDeque<Instant>>>,
+}
+
+impl FailedSignIns {
+    /// Seconds until `keys` may try again, if any of them is over the limit.
+    fn wait(&self, keys: &[String], now: Instant) -> Option<u64> {
+        let mut map = self.by_key.lock().expect("lock is never poisoned");
+        keys.iter()
+            .filter_map(|k| {
+                let q = map.get_mut(k)?;
+                while q
+                    .front()
+                    .is_some_and(|t| now.duration_since(*t) >= FAILURE_WINDOW)
+                {
+                    q.pop_front();
+                }
+                (q.len() >= MAX_FAILURES).then(|| {
+                    let oldest = *q.front().expect("non-empty");
+                    (FAILURE_WINDOW - now.duration_since(oldest)).as_secs() + 1
+                })
+            })
+            .max()
+    }
+
+    fn record(&self, keys: &[String], now: Instant) {
+        let mut map = self.by_key.lock().expect("lock is never poisoned");
+        if map.len() > 100_000 {
+            // Bounded memory under a spray of names: forget windows that have passed.
+            map.retain(|_, q| {
+                q.back()
+                    .is_some_and(|t| now.duration_since(*t) < FAILURE_WINDOW)
+            });
+        }
+        for k in keys {
+            map.entry(k.clone()).or_default().push_back(now);
+        }
+    }
+}
+
+/// An argon2id hash (PHC string) of `password`.
+pub fn hash_password(password: &str) -> Result<String, ControlError> {
+    let salt = SaltString::generate(&mut OsRng);
+    Argon2::default()
+        .hash_password(password.as_bytes(), &salt)
+        .map(|h| h.to_string())
+        .map_err(|e| ControlError::invalid("password", format!("cannot be hashed: {e}")))
+}
+
+fn verify_password(password: &str, hash: &str) -> bool {
+    PasswordHash::new(hash).is_ok_and(|parsed| {
+        Argon2::default()
+            .verify_password(password.as_bytes(), &parsed)
+            .is_ok()
+    })
+}
+
+/// A hash to verify against when the user does not exist, so that answering "no such user"
+/// takes as long as "wrong password".
+fn decoy_hash() -> &'static str {
+    static DECOY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    DECOY.get_or_init(|| hash_password("decoy password for timing").unwrap_or_default())
+}
+
+fn check_password(password: &str) -> Result<(), ControlError> {
+    if password.chars().count() < MIN_PASSWORD_LEN {
+        return Err(ControlError::invalid(
+            "password",
+            format!("must be at least {MIN_PASSWORD_LEN} characters"),
+        ));
+    }
+    Ok(())
+}
+
+fn check_username(username: &str) -> Result<(), ControlError> {
+    if !is_valid_name(username) {
+        return Err(ControlError::invalid("username", NAME_RULE));
+    }
+    Ok(())
+}
+
+/// A password to print once: 24 characters from an alphabet without look-alikes.
+pub fn generate_password() -> String {
+    const ALPHABET: &[u8] = b"abcdefghjkmnpqrstuvwxyzABCDEFGHJKLMNPQRSTUVWXYZ23456789";
+    let raw = uuid::Uuid::new_v4().into_bytes();
+    let more = uuid::Uuid::new_v4().into_bytes();
+    raw.iter()
+        .chain(more.iter())
+        .take(24)
+        .map(|b| ALPHABET[usize::from(*b) % ALPHABET.len()] as char)
+        .collect()
+}
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+impl Control {
+    /// Makes sure the `admin` account exists. With `given`, that is its password from now on
+    /// (created, or reset and enabled). Without, on first start (no users at all) it gets a
+    /// generated password, returned to be printed once; with `regenerate` (the demo) a new
+    /// one is set on every start.
+    pub async fn ensure_admin(
+        &self,
+        given: Option<&str>,
+        regenerate: bool,
+    ) -> Result<Option<String>, ControlError> {
+        let (password, generated) = match given {
+            Some(p) => (p.to_owned(), false),
+            None if regenerate || self.store.count_users().await? == 0 => {
+                (generate_password(), true)
+            }
+            None => return Ok(None),
+        };
+        check_password(&password)?;
+        let hash = hash_password(&password)?;
+        if self.store.user_credentials(ADMIN_USER).await?.is_some() {
+            self.store
+                .update_user(
+                    ADMIN_USER,
+                    &UserChange {
+                        role: Some(Role::Admin),
+                        disabled: Some(false),
+                        password_hash: Some(hash),
+                    },
+                )
+                .await?;
+        } else {
+            self.store
+                .insert_user(ADMIN_USER, Role::Admin, &hash)
+                .await?;
+        }
+        Ok(generated.then_some(password))
+    }
+
+    pub async fn add_user(
+        &self,
+        username: &str,
+        password: &str,
+        role: Role,
+    ) -> Result<UserInfo, ControlError> {
+        check_username(username)?;
+        check_password(password)?;
+        let hash = hash_password(password)?;
+        Ok(self.store.insert_user(username, role, &hash).await?)
+    }
+
+    pub async fn list_users(&self) -> Result<Vec<UserInfo>, ControlError> {
+        Ok(self.store.list_users().await?)
+    }
+
+    /// Changes a user's role, enabled state and/or password. The last enabled admin cannot
+    /// be demoted or disabled, so the fleet never loses its administrator.
+    pub async fn update_user(
+        &self,
+        username: &str,
+        role: Option<Role>,
+        disabled: Option<bool>,
+        password: Option<&str>,
+    ) -> Result<UserInfo, ControlError> {
+        if role.is_none() && disabled.is_none() && password.is_none() {
+            return Err(ControlError::invalid(
+                "(body)",
+                "give role, disabled and/or password",
+            ));
+        }
+        let current = self
+            .store
+            .user_credentials(username)
+            .await?
+            .ok_or_else(|| ControlError::NotFound(format!("user {username:?} not found")))?
+            .user;
+        let loses_admin = current.role == Role::Admin
+            && !current.disabled
+            && (role.is_some_and(|r| r != Role::Admin) || disabled == Some(true));
+        if loses_admin {
+            let admins = self
+                .store
+                .list_users()
+                .await?
+                .iter()
+                .filter(|u| u.role == Role::Admin && !u.disabled)
+                .count();
+            if admins <= 1 {
+                return Err(ControlError::Conflict(format!(
+                    "{username} is the last enabled admin; make another admin first"
+                )));
+            }
+        }
+        let password_hash = match password {
+            Some(p) => {
+                check_password(p)?;
+                Some(hash_password(p)?)
+            }
+            None => None,
+        };
+        self.store
+            .update_user(
+                username,
+                &UserChange {
+                    role,
+                    disabled,
+                    password_hash,
+                },
+            )
+            .await?;
+        Ok(self
+            .store
+            .user_credentials(username)
+            .await?
+            .ok_or_else(|| ControlError::NotFound(format!("user {username:?} not found")))?
+            .user)
+    }
+
+    /// Checks a password sign-in. Failures are limited per user and per client address
+    /// ([`MAX_FAILURES`] per [`FAILURE_WINDOW`], then `TooManyAttempts`) and logged without
+    /// the password. Unknown users, wrong passwords and disabled accounts all get the same
+    /// answer, in the same time.
+    pub async fn sign_in(
+        &self,
+        username: &str,
+        password: &str,
+        address: Option<IpAddr>,
+    ) -> Result<(UserInfo, SessionUser), ControlError> {
+        let mut keys = vec![format!("user:{username}")];
+        if let Some(a) = address {
+            keys.push(format!("addr:{a}"));
+        }
+        let now = Instant::now();
+        if let Some(retry_after) = self.failed_sign_ins.wait(&keys, now) {
+            tracing::warn!(username, ?address, "sign-in refused: too many failures");
+            return Err(ControlError::TooManyAttempts { retry_after });
+        }
+        let creds = self.store.user_credentials(username).await?;
+        let hash = creds
+            .as_ref()
+            .map_or_else(|| decoy_hash().to_owned(), |c| c.password_hash.clone());
+        let password_ok = tokio::task::spawn_blocking({
+            let password = password.to_owned();
+            move || verify_password(&password, &hash)
+        })
+        .await
+        .unwrap_or(false);
+        match creds {
+            Some(c) if password_ok && !c.user.disabled => Ok((
+                c.user.clone(),
+                SessionUser {
+                    username: c.user.username,
+                    signed_in_at: unix_now(),
+                },
+            )),
+            _ => {
+                self.failed_sign_ins.record(&keys, now);
+                tracing::warn!(username, ?address, "sign-in failed");
+                Err(ControlError::Unauthorized(
+                    "wrong username or password, or the account is disabled".into(),
+                ))
+            }
+        }
+    }
+
+    /// The caller a console session stands for, if it is still valid: the user exists, is
+    /// enabled, and signed in after its last password change.
+    pub async fn session_caller(
+        &self,
+        session: &SessionUser,
+    ) -> Result<Option<Caller>, ControlError> {
+        Ok(self
+            .store
+            .user_credentials(&session.username)
+            .await?
+            .filter(|c| !c.user.disabled && session.signed_in_at >= c.sessions_after)
+            .map(|c| Caller {
+                name: c.user.username,
+                on_behalf_of: None,
+                kind: CallerKind::Session,
+                role: c.user.role,
+            }))
+    }
+
+    /// Makes an API token with a role no higher than its creator's; its value is returned
+    /// this once.
+    pub async fn create_api_token(
+        &self,
+        creator: &Caller,
+        name: &str,
+        role: Role,
+        expires_in_days: Option<u32>,
+    ) -> Result<NewApiToken, ControlError> {
+        let mut e = crate::inputs::Errors::default();
+        if name.trim().is_empty() || name.len() > 100 {
+            e.add("name", "give the token a name of 1 to 100 characters");
+        }
+        if !creator.role.allows(role) {
+            e.add(
+                "role",
+                format!(
+                    "cannot be above your own role ({}); ask an admin",
+                    creator.role
+                ),
+            );
+        }
+        if expires_in_days.is_some_and(|d| d == 0 || d > MAX_TOKEN_DAYS) {
+            e.add(
+                "expires_in_days",
+                format!("must be between 1 and {MAX_TOKEN_DAYS}, or left out for no expiry"),
+            );
+        }
+        e.finish()?;
+        // A token makes tokens on behalf of the user who made it.
+        let owner = creator.on_behalf_of.as_deref().unwrap_or(&creator.name);
+        let token = format!("{API_TOKEN_PREFIX}{}", new_token());
+        let id = uuid::Uuid::new_v4().simple().to_string()[..12].to_owned();
+        let info = self
+            .store
+            .insert_api_token(
+                &id,
+                name.trim(),
+                role,
+                owner,
+                expires_in_days,
+                &hash_token(&token),
+            )
+            .await?;
+        Ok(NewApiToken { info, token })
+    }
+
+    pub async fn list_api_tokens(&self) -> Result<Vec<ApiTokenInfo>, ControlError> {
+        Ok(self.store.list_api_tokens().await?)
+    }
+
+    pub async fn delete_api_token(&self, id: &str) -> Result<(), ControlError> {
+        Ok(self.store.delete_api_token(id).await?)
+    }
+
+    /// The caller an `Authorization: Bearer` API token stands for, if it is valid now.
+    pub async fn token_caller(&self, token: &str) -> Result<Option<Caller>, ControlError> {
+        if !token.starts_with(API_TOKEN_PREFIX) {
+            return Ok(None);
+        }
+        Ok(self
+            .store
+            .valid_api_token(&hash_token(token))
+            .await?
+            .map(|t| Caller {
+                name: t.name,
+                on_behalf_of: Some(t.created_by),
+                kind: CallerKind::Token,
+                role: t.role,
+            }))
+    }
+
+    // Console sessions, as records the HTTP layer's session manager reads and writes. The
+    // session id is stored hashed.
+
+    pub async fn load_session(&self, id: &str) -> Result<Option<String>, ControlError> {
+        Ok(self.store.load_session(&hash_token(id), unix_now()).await?)
+    }
+
+    pub async fn save_session(
+        &self,
+        id: &str,
+        data: &str,
+        expires_at: i64,
+    ) -> Result<(), ControlError> {
+        Ok(self
+            .store
+            .save_session(&hash_token(id), data, expires_at, unix_now())
+            .await?)
+    }
+
+    pub async fn delete_session(&self, id: &str) -> Result<(), ControlError> {
+        Ok(self.store.delete_session(&hash_token(id)).await?)
+    }
+
+    /// Records an accepted mutation. A failure to record is logged, not passed on: the
+    /// mutation has already happened.
+    pub async fn audit(&self, entry: NewAuditEntry) {
+        tracing::info!(
+            actor = %entry.actor,
+            action = %entry.action,
+            target = entry.target.as_deref(),
+            address = entry.address.as_deref(),
+            "audit"
+        );
+        if let Err(e) = self.store.add_audit(&entry).await {
+            tracing::error!(error = %e, "recording an audit entry failed");
+        }
+    }
+
+    pub async fn list_audit(&self, filter: &AuditFilter) -> Result<Vec<AuditEntry>, ControlError> {
+        Ok(self.store.list_audit(filter).await?)
+    }
+
+    // Hosts' credentials.
+
+    /// Forgets a host's agent token: its agent is refused until it registers again.
+    pub async fn revoke_host(&self, id: &HostId) -> Result<(), ControlError> {
+        self.store.revoke_agent_token(id).await?;
+        self.event(
+            None,
+            Some(id),
+            &format!("host {id}: agent token revoked; the agent must register again"),
+        )
+        .await;
+        Ok(())
+    }
+
+    /// Removes a host that runs nothing, freeing its GPU UUIDs for a reinstalled machine.
+    pub async fn delete_host(&self, id: &HostId) -> Result<(), ControlError> {
+        self.store.delete_host(id).await?;
+        self.event(None, Some(id), &format!("host {id} deleted"))
+            .await;
+        self.wake();
+        Ok(())
+    }
+
+    /// A new join token, returned this once; the old one stops working at once.
+    pub async fn rotate_join_token(&self) -> Result<String, ControlError> {
+        let token = new_token();
+        self.ensure_join_token(Some(&token)).await?;
+        Ok(token)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failures_are_limited_per_key_within_the_window() {
+        let f = FailedSignIns::default();
+        let keys = vec!["user:a".to_owned()];
+        let t0 = Instant::now();
+        for _ in 0..MAX_FAILURES {
+            assert_eq!(f.wait(&keys, t0), None);
+            f.record(&keys, t0);
+        }
+        assert!(f.wait(&keys, t0).is_some_and(|s| s <= 61));
+        assert_eq!(f.wait(&["user:b".to_owned()], t0), None);
+        assert_eq!(f.wait(&keys, t0 + FAILURE_WINDOW), None);
+    }
+
+    #[test]
+    fn passwords_hash_with_argon2id_and_verify() {
+        let h = hash_password("correct horse battery").expect("hashes");
+        assert!(h.starts_with("$argon2id$"), "{h}");
+        assert!(verify_password("correct horse battery", &h));
+        assert!(!verify_password("wrong horse battery", &h));
+        assert!(!verify_password("x", "not a hash"));
+        assert_eq!(generate_password().len(), 24);
+    }
+}

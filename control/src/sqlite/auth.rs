@@ -1,0 +1,268 @@
+//! The SQLite side of [`AuthStore`]: users, API tokens, console sessions, the audit log.
+
+use super::{SqliteStore, updated};
+use crate::error::StoreError;
+use crate::store::{AuditFilter, AuthStore, NewAuditEntry, UserChange, UserCredentials};
+use async_trait::async_trait;
+use sqlx::sqlite::SqliteRow;
+use sqlx::{QueryBuilder, Row, Sqlite};
+use tessera_model::auth::{ApiTokenInfo, AuditEntry, Role, UserInfo};
+
+fn role(row: &SqliteRow) -> Result<Role, StoreError> {
+    let raw: String = row.try_get("role")?;
+    raw.parse().map_err(|e| StoreError::corrupt("role", e))
+}
+
+fn user_from_row(row: &SqliteRow) -> Result<UserInfo, StoreError> {
+    Ok(UserInfo {
+        username: row.try_get("username")?,
+        role: role(row)?,
+        disabled: row.try_get::<i64, _>("disabled")? != 0,
+        created_at: row.try_get("created_at")?,
+    })
+}
+
+fn token_from_row(row: &SqliteRow) -> Result<ApiTokenInfo, StoreError> {
+    Ok(ApiTokenInfo {
+        id: row.try_get("id")?,
+        name: row.try_get("name")?,
+        role: role(row)?,
+        created_by: row.try_get("created_by")?,
+        created_at: row.try_get("created_at")?,
+        expires_at: row.try_get("expires_at")?,
+    })
+}
+
+const USER_COLUMNS: &str = "username, role, disabled, created_at";
+const TOKEN_COLUMNS: &str = "t.id, t.name, t.role, t.created_by, t.created_at, t.expires_at";
+
+#[async_trait]
+impl AuthStore for SqliteStore {
+    async fn count_users(&self) -> Result<u64, StoreError> {
+        let n: i64 = sqlx::query("SELECT COUNT(*) AS n FROM users")
+            .fetch_one(&self.db)
+            .await?
+            .try_get("n")?;
+        Ok(n as u64)
+    }
+
+    async fn insert_user(
+        &self,
+        username: &str,
+        role: Role,
+        password_hash: &str,
+    ) -> Result<UserInfo, StoreError> {
+        let row = sqlx::query(&format!(
+            "INSERT INTO users (username, role, password_hash) VALUES (?, ?, ?)
+             ON CONFLICT (username) DO NOTHING RETURNING {USER_COLUMNS}"
+        ))
+        .bind(username)
+        .bind(role.as_str())
+        .bind(password_hash)
+        .fetch_optional(&self.db)
+        .await?
+        .ok_or_else(|| StoreError::Conflict(format!("a user named {username:?} already exists")))?;
+        user_from_row(&row)
+    }
+
+    async fn user_credentials(
+        &self,
+        username: &str,
+    ) -> Result<Option<UserCredentials>, StoreError> {
+        let row = sqlx::query(&format!(
+            "SELECT {USER_COLUMNS}, password_hash, sessions_after FROM users WHERE username = ?"
+        ))
+        .bind(username)
+        .fetch_optional(&self.db)
+        .await?;
+        row.map(|row| {
+            Ok(UserCredentials {
+                user: user_from_row(&row)?,
+                password_hash: row.try_get("password_hash")?,
+                sessions_after: row.try_get("sessions_after")?,
+            })
+        })
+        .transpose()
+    }
+
+    async fn list_users(&self) -> Result<Vec<UserInfo>, StoreError> {
+        sqlx::query(&format!(
+            "SELECT {USER_COLUMNS} FROM users ORDER BY username"
+        ))
+        .fetch_all(&self.db)
+        .await?
+        .iter()
+        .map(user_from_row)
+        .collect()
+    }
+
+    async fn update_user(&self, username: &str, change: &UserChange) -> Result<(), StoreError> {
+        let done = sqlx::query(
+            "UPDATE users SET
+                 role = COALESCE(?, role),
+                 disabled = COALESCE(?, disabled),
+                 password_hash = COALESCE(?, password_hash),
+                 sessions_after = CASE WHEN ? IS NULL THEN sessions_after ELSE CAST(strftime('%s', 'now') AS INTEGER) END
+             WHERE username = ?",
+        )
+        .bind(change.role.map(Role::as_str))
+        .bind(change.disabled.map(i64::from))
+        .bind(change.password_hash.as_deref())
+        .bind(change.password_hash.as_deref())
+        .bind(username)
+        .execute(&self.db)
+        .await?;
+        updated(done, "user", username)
+    }
+
+    async fn insert_api_token(
+        &self,
+        id: &str,
+        name: &str,
+        role: Role,
+        created_by: &str,
+        expires_in_days: Option<u32>,
+        token_hash: &str,
+    ) -> Result<ApiTokenInfo, StoreError> {
+        let row = sqlx::query(
+            "INSERT INTO api_tokens (id, name, role, created_by, token_hash, expires_at)
+             VALUES (?, ?, ?, ?, ?, CASE WHEN ? IS NULL THEN NULL
+                 ELSE strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '+' || ? || ' days') END)
+             RETURNING id, name, role, created_by, created_at, expires_at",
+        )
+        .bind(id)
+        .bind(name)
+        .bind(role.as_str())
+        .bind(created_by)
+        .bind(token_hash)
+        .bind(expires_in_days)
+        .bind(expires_in_days)
+        .fetch_one(&self.db)
+        .await?;
+        token_from_row(&row)
+    }
+
+    async fn valid_api_token(&self, token_hash: &str) -> Result<Option<ApiTokenInfo>, StoreError> {
+        sqlx::query(&format!(
+            "SELECT {TOKEN_COLUMNS} FROM api_tokens t JOIN users u ON u.username = t.created_by
+             WHERE t.token_hash = ? AND u.disabled = 0
+               AND (t.expires_at IS NULL OR t.expires_at > strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))"
+        ))
+        .bind(token_hash)
+        .fetch_optional(&self.db)
+        .await?
+        .as_ref()
+        .map(token_from_row)
+        .transpose()
+    }
+
+    async fn list_api_tokens(&self) -> Result<Vec<ApiTokenInfo>, StoreError> {
+        sqlx::query(&format!(
+            "SELECT {TOKEN_COLUMNS} FROM api_tokens t ORDER BY t.created_at, t.id"
+        ))
+        .fetch_all(&self.db)
+        .await?
+        .iter()
+        .map(token_from_row)
+        .collect()
+    }
+
+    async fn delete_api_token(&self, id: &str) -> Result<(), StoreError> {
+        let done = sqlx::query("DELETE FROM api_tokens WHERE id = ?")
+            .bind(id)
+            .execute(&self.db)
+            .await?;
+        updated(done, "API token", id)
+    }
+
+    async fn load_session(&self, id_hash: &str, now: i64) -> Result<Option<String>, StoreError> {
+        let row = sqlx::query("SELECT data FROM sessions WHERE id_hash = ? AND expires_at > ?")
+            .bind(id_hash)
+            .bind(now)
+            .fetch_optional(&self.db)
+            .await?;
+        Ok(row.map(|r| r.try_get("data")).transpose()?)
+    }
+
+    async fn save_session(
+        &self,
+        id_hash: &str,
+        data: &str,
+        expires_at: i64,
+        now: i64,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.db.begin().await?;
+        sqlx::query("DELETE FROM sessions WHERE expires_at <= ?")
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(
+            "INSERT INTO sessions (id_hash, data, expires_at) VALUES (?, ?, ?)
+             ON CONFLICT (id_hash) DO UPDATE SET data = excluded.data, expires_at = excluded.expires_at",
+        )
+        .bind(id_hash)
+        .bind(data)
+        .bind(expires_at)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn delete_session(&self, id_hash: &str) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM sessions WHERE id_hash = ?")
+            .bind(id_hash)
+            .execute(&self.db)
+            .await?;
+        Ok(())
+    }
+
+    async fn add_audit(&self, e: &NewAuditEntry) -> Result<(), StoreError> {
+        sqlx::query("INSERT INTO audit_log (actor, action, target, address) VALUES (?, ?, ?, ?)")
+            .bind(&e.actor)
+            .bind(&e.action)
+            .bind(e.target.as_deref())
+            .bind(e.address.as_deref())
+            .execute(&self.db)
+            .await?;
+        Ok(())
+    }
+
+    async fn list_audit(&self, filter: &AuditFilter) -> Result<Vec<AuditEntry>, StoreError> {
+        let mut q = QueryBuilder::<Sqlite>::new(
+            "SELECT id, at, actor, action, target, address FROM audit_log WHERE 1 = 1",
+        );
+        if let Some(actor) = &filter.actor {
+            q.push(" AND instr(actor, ")
+                .push_bind(actor.clone())
+                .push(") > 0");
+        }
+        if let Some(text) = &filter.text {
+            q.push(" AND (instr(action, ")
+                .push_bind(text.clone())
+                .push(") > 0 OR instr(COALESCE(target, ''), ")
+                .push_bind(text.clone())
+                .push(") > 0)");
+        }
+        if let Some(before) = filter.before {
+            q.push(" AND id < ").push_bind(before);
+        }
+        q.push(" ORDER BY id DESC LIMIT ")
+            .push_bind(i64::from(filter.limit.max(1)));
+        q.build()
+            .fetch_all(&self.db)
+            .await?
+            .iter()
+            .map(|row| {
+                Ok(AuditEntry {
+                    id: row.try_get("id")?,
+                    at: row.try_get("at")?,
+                    actor: row.try_get("actor")?,
+                    action: row.try_get("action")?,
+                    target: row.try_get("target")?,
+                    address: row.try_get("address")?,
+                })
+            })
+            .collect()
+    }
+}

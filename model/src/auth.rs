@@ -1,0 +1,138 @@
+//! Who may do what: roles, operators' accounts, API tokens and the audit log, as the API and
+//! the console show them. Passwords, token values and hashes never appear in these types.
+
+use crate::inventory::{ParseEnumError, text_enum};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+text_enum!(
+    /// What a caller may do. Each role can do everything the one before it can.
+    Role, "role" {
+        /// Reads everything except secret values.
+        Viewer => "viewer",
+        /// Also task definitions, services, scale, deploy, placement preview, drain and activate.
+        Operator => "operator",
+        /// Also pools, users, API tokens, hosts (revoke, delete) and the join token.
+        Admin => "admin",
+    }
+);
+
+impl Default for Role {
+    /// The least a new user or token gets unless told otherwise.
+    fn default() -> Self {
+        Role::Viewer
+    }
+}
+
+impl Role {
+    /// Whether this role may do what `needed` may.
+    pub fn allows(self, needed: Role) -> bool {
+        self >= needed
+    }
+}
+
+/// An operator's account.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UserInfo {
+    pub username: String,
+    pub role: Role,
+    pub disabled: bool,
+    /// RFC 3339 UTC.
+    pub created_at: String,
+}
+
+/// An API token as lists show it: never its value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApiTokenInfo {
+    pub id: String,
+    pub name: String,
+    pub role: Role,
+    pub created_by: String,
+    pub created_at: String,
+    /// RFC 3339 UTC; `None`: does not expire.
+    pub expires_at: Option<String>,
+}
+
+/// A token just made: the only time its value is shown.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NewApiToken {
+    #[serde(flatten)]
+    pub info: ApiTokenInfo,
+    /// Send as `Authorization: Bearer <token>`; shown once, only its hash is kept.
+    pub token: String,
+}
+
+/// How a caller proved who it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CallerKind {
+    /// A console session (cookie): its mutations must come from the console's own origin.
+    Session,
+    /// `Authorization: Bearer <API token>`.
+    Token,
+}
+
+/// Who is calling, once authenticated.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Caller {
+    /// The user, or the token's name.
+    pub name: String,
+    /// For a token, the user who made it.
+    pub on_behalf_of: Option<String>,
+    pub kind: CallerKind,
+    pub role: Role,
+}
+
+impl Caller {
+    /// How the audit log names the caller: `user alice`, `token ci (by alice)`.
+    pub fn actor(&self) -> String {
+        match (&self.kind, &self.on_behalf_of) {
+            (CallerKind::Token, Some(by)) => format!("token {} (by {by})", self.name),
+            (CallerKind::Token, None) => format!("token {}", self.name),
+            (CallerKind::Session, _) => format!("user {}", self.name),
+        }
+    }
+}
+
+/// One accepted mutation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditEntry {
+    pub id: i64,
+    /// RFC 3339 UTC.
+    pub at: String,
+    pub actor: String,
+    /// `POST /api/v1/services`, `server function create_service`, `sign in`.
+    pub action: String,
+    pub target: Option<String>,
+    pub address: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roles_are_ordered_and_parse() {
+        assert!(Role::Admin.allows(Role::Operator));
+        assert!(Role::Operator.allows(Role::Viewer));
+        assert!(!Role::Viewer.allows(Role::Operator));
+        assert!(!Role::Operator.allows(Role::Admin));
+        for &r in Role::ALL {
+            assert_eq!(r.as_str().parse::<Role>().expect("round trip"), r);
+        }
+        let err = "root".parse::<Role>().expect_err("not a role");
+        assert!(err.to_string().contains("viewer operator admin"), "{err}");
+    }
+
+    #[test]
+    fn actors_name_the_user_behind_a_token() {
+        let c = Caller {
+            name: "ci".into(),
+            on_behalf_of: Some("alice".into()),
+            kind: CallerKind::Token,
+            role: Role::Operator,
+        };
+        assert_eq!(c.actor(), "token ci (by alice)");
+    }
+}

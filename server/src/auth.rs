@@ -1,0 +1,658 @@
+//! Who is calling and whether they may: the authentication layer in front of every route.
+//!
+//! - Callers prove who they are with a console session (a cookie from `tower-sessions`, its
+//!   records stored through `Control`) or an API token (`Authorization: Bearer tsr_...`);
+//!   agents use their own tokens on `/agent/v1`, checked by those handlers.
+//! - Deny by default: REST routes can only be added through [`Routes::add`], which takes an
+//!   [`Access`]; every server function must be listed in [`server_fn_rules`], and one that is
+//!   not is refused. Console pages need a session, except the sign-in page.
+//! - A state-changing request that does not carry a bearer token must come from the console's
+//!   own origin (`Sec-Fetch-Site` or `Origin`), and every request must name an allowed
+//!   `Host` (against DNS rebinding).
+//! - Every accepted mutation is written to the audit log: who, what, on what, from where.
+
+use crate::AppState;
+use crate::error::ApiError;
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{ConnectInfo, Request, State};
+use axum::handler::Handler;
+use axum::http::{HeaderMap, Method, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::MethodFilter;
+use leptos::server_fn::ServerFn;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::OnceLock;
+use tessera_control::Control;
+use tessera_control::auth::SessionUser;
+use tessera_control::store::NewAuditEntry;
+use tessera_model::auth::{Caller, CallerKind, Role};
+use tessera_model::urlenc::form_field;
+use tower_sessions::session::{Id, Record};
+use tower_sessions::session_store::{self, SessionStore};
+use tower_sessions::{Expiry, Session, SessionManagerLayer};
+
+/// Where the session keeps who signed in.
+pub const SESSION_USER: &str = "user";
+/// When the session was last used (unix seconds), refreshed at most once a minute.
+const SESSION_SEEN: &str = "seen";
+/// A console session ends after this long without a request...
+pub const IDLE_TIMEOUT: time::Duration = time::Duration::hours(1);
+/// ...and after this long in any case.
+pub const ABSOLUTE_TIMEOUT_SECS: i64 = 12 * 3600;
+/// The session cookie's name.
+pub const SESSION_COOKIE: &str = "tessera_session";
+/// Largest body read to find an audit entry's target; larger ones are refused as they
+/// would be by the JSON extractor.
+const MAX_BODY: usize = 2 * 1024 * 1024;
+
+/// What a route needs from its caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Anyone: `/healthz`, the OpenAPI document, signing in.
+    Public,
+    /// An agent: the handler checks the join token or the agent token itself.
+    Agent,
+    /// A signed-in user or an API token with at least this role.
+    Role(Role),
+}
+
+/// Settings of the layer, from the command line.
+#[derive(Debug, Clone)]
+pub struct AuthSettings {
+    /// Host names (without port) requests may name; `*` allows any.
+    pub allowed_hosts: Vec<String>,
+    /// Whether the server speaks HTTPS: session cookies are then `Secure`.
+    pub tls: bool,
+}
+
+impl AuthSettings {
+    /// The bind address's host and the names of loopback.
+    pub fn for_bind(bind: SocketAddr, tls: bool) -> Self {
+        let mut allowed_hosts = vec![
+            "localhost".to_owned(),
+            "127.0.0.1".to_owned(),
+            "::1".to_owned(),
+        ];
+        if !bind.ip().is_unspecified() {
+            allowed_hosts.push(bind.ip().to_string());
+        }
+        AuthSettings { allowed_hosts, tls }
+    }
+
+    fn host_allowed(&self, host: &str) -> bool {
+        self.allowed_hosts
+            .iter()
+            .any(|h| h == "*" || h.eq_ignore_ascii_case(host))
+    }
+}
+
+/// What the layer found out about the caller, for the routes' own checks.
+#[derive(Debug, Clone)]
+pub enum Authn {
+    Caller(Caller),
+    /// No credentials.
+    Anonymous,
+    /// An API token that is unknown, expired or revoked.
+    BadToken,
+}
+
+impl Authn {
+    fn caller(&self) -> Option<&Caller> {
+        match self {
+            Authn::Caller(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// Whether the caller may do what `access` requires.
+    pub fn check(&self, access: Access) -> Result<(), ApiError> {
+        let needed = match access {
+            Access::Public | Access::Agent => return Ok(()),
+            Access::Role(r) => r,
+        };
+        match self {
+            Authn::Caller(c) if c.role.allows(needed) => Ok(()),
+            Authn::Caller(c) => Err(ApiError::Forbidden(format!(
+                "this needs the {needed} role; {} has {}",
+                c.actor(),
+                c.role
+            ))),
+            Authn::BadToken => Err(ApiError::Unauthorized(
+                "the API token is unknown, expired or revoked".into(),
+            )),
+            Authn::Anonymous => Err(ApiError::Unauthorized(
+                "sign in, or send Authorization: Bearer <API token>".into(),
+            )),
+        }
+    }
+}
+
+/// One REST route and what it needs: the list the deny-by-default test walks.
+#[derive(Debug, Clone)]
+pub struct RouteRule {
+    pub method: Method,
+    pub path: &'static str,
+    pub access: Access,
+}
+
+/// The REST router under construction. Routes are added only with their [`Access`], so no
+/// route can exist without a rule.
+pub struct Routes {
+    router: Router<AppState>,
+    rules: Vec<RouteRule>,
+}
+
+impl Default for Routes {
+    fn default() -> Self {
+        Routes {
+            router: Router::new(),
+            rules: Vec::new(),
+        }
+    }
+}
+
+impl Routes {
+    pub fn add<H, T>(mut self, method: Method, path: &'static str, access: Access, h: H) -> Self
+    where
+        H: Handler<T, AppState>,
+        T: 'static,
+    {
+        let filter = MethodFilter::try_from(method.clone()).expect("routes use standard methods");
+        let route = axum::routing::on(filter, h).route_layer(axum::middleware::from_fn(
+            move |req: Request, next: Next| require(access, req, next),
+        ));
+        self.router = self.router.route(path, route);
+        self.rules.push(RouteRule {
+            method,
+            path,
+            access,
+        });
+        self
+    }
+
+    pub fn rules(&self) -> &[RouteRule] {
+        &self.rules
+    }
+
+    pub fn into_router(self) -> Router<AppState> {
+        self.router
+    }
+}
+
+/// The route layer: refuses a caller without the access the route needs.
+async fn require(access: Access, req: Request, next: Next) -> Response {
+    let authn = req
+        .extensions()
+        .get::<Authn>()
+        .cloned()
+        .unwrap_or(Authn::Anonymous);
+    match authn.check(access) {
+        Ok(()) => next.run(req).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// Every server function of the console and what it needs. A server function missing here
+/// is refused (the test walks the registered ones).
+pub fn server_fn_rules() -> &'static HashMap<&'static str, (&'static str, Access)> {
+    static RULES: OnceLock<HashMap<&'static str, (&'static str, Access)>> = OnceLock::new();
+    RULES.get_or_init(|| {
+        use tessera_app::pages::{
+            audit, host, hosts, overview, service, service_new, services, task_definition,
+            task_definitions,
+        };
+        const VIEW: Access = Access::Role(Role::Viewer);
+        const OPERATE: Access = Access::Role(Role::Operator);
+        const ADMIN: Access = Access::Role(Role::Admin);
+        [
+            (
+                tessera_app::app::CurrentCaller::PATH,
+                "current_caller",
+                Access::Public,
+            ),
+            (overview::GetOverview::PATH, "get_overview", VIEW),
+            (hosts::ListHostsPage::PATH, "list_hosts_page", VIEW),
+            (host::GetHostView::PATH, "get_host_view", VIEW),
+            (host::SetHostDraining::PATH, "set_host_draining", OPERATE),
+            (
+                services::ListServiceDetails::PATH,
+                "list_service_details",
+                VIEW,
+            ),
+            (service::GetServiceView::PATH, "get_service_view", VIEW),
+            (service::PatchService::PATH, "patch_service", OPERATE),
+            (service::DeleteService::PATH, "delete_service", OPERATE),
+            (service_new::WizardChoices::PATH, "wizard_choices", VIEW),
+            (
+                service_new::PreviewPlacement::PATH,
+                "preview_placement",
+                OPERATE,
+            ),
+            (service_new::CreateService::PATH, "create_service", OPERATE),
+            (
+                task_definitions::ListTaskDefinitions::PATH,
+                "list_task_definitions",
+                VIEW,
+            ),
+            (
+                task_definitions::GetTaskDefinition::PATH,
+                "get_task_definition",
+                VIEW,
+            ),
+            (
+                task_definitions::RegisterTaskDefinition::PATH,
+                "register_task_definition",
+                OPERATE,
+            ),
+            (task_definition::ListRevisions::PATH, "list_revisions", VIEW),
+            (
+                task_definition::DeregisterRevision::PATH,
+                "deregister_revision",
+                OPERATE,
+            ),
+            (audit::ListAudit::PATH, "list_audit", ADMIN),
+        ]
+        .into_iter()
+        .map(|(path, name, access)| (path, (name, access)))
+        .collect()
+    })
+}
+
+/// Paths served to anyone: the sign-in page, the WASM and CSS, static files.
+fn is_public_asset(path: &str) -> bool {
+    path == "/sign-in"
+        || path.starts_with("/pkg/")
+        || path
+            .rsplit('/')
+            .next()
+            .is_some_and(|last| last.contains('.'))
+}
+
+/// The request's host name, without the port.
+fn host_name(req: &Request) -> Option<String> {
+    let raw = req
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .map(str::to_owned)
+        .or_else(|| req.uri().authority().map(|a| a.to_string()))?;
+    let authority: axum::http::uri::Authority = raw.parse().ok()?;
+    Some(
+        authority
+            .host()
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned(),
+    )
+}
+
+/// Whether a request that may carry the session cookie comes from the console's own pages.
+fn same_origin(headers: &HeaderMap, tls: bool) -> Result<(), &'static str> {
+    if let Some(site) = headers.get("sec-fetch-site") {
+        return match site.as_bytes() {
+            b"same-origin" | b"none" => Ok(()),
+            _ => Err("a cross-site request may not change anything"),
+        };
+    }
+    let Some(origin) = headers.get(header::ORIGIN).and_then(|o| o.to_str().ok()) else {
+        return Err(
+            "a request signed in with a session must carry Origin; scripts should use an API token",
+        );
+    };
+    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
+    let scheme = if tls { "https" } else { "http" };
+    match host {
+        Some(h) if origin == format!("{scheme}://{h}") => Ok(()),
+        _ => Err("a cross-origin request may not change anything"),
+    }
+}
+
+fn is_safe(method: &Method) -> bool {
+    matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
+}
+
+fn client_address(req: &Request) -> Option<IpAddr> {
+    req.extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0.ip())
+}
+
+/// The caller a bearer token (the `Authorization` header's value) or the session stands for.
+async fn resolve(
+    control: &Control,
+    authorization: Option<String>,
+    session: Option<Session>,
+) -> Result<Authn, ApiError> {
+    if let Some(auth) = authorization {
+        let token = auth.strip_prefix("Bearer ").unwrap_or_default();
+        if !token.starts_with(tessera_control::auth::API_TOKEN_PREFIX) {
+            // An agent's token: its handlers check it.
+            return Ok(Authn::Anonymous);
+        }
+        return Ok(match control.token_caller(token).await? {
+            Some(c) => Authn::Caller(c),
+            None => Authn::BadToken,
+        });
+    }
+    let Some(session) = session else {
+        return Ok(Authn::Anonymous);
+    };
+    let Ok(Some(user)) = session.get::<SessionUser>(SESSION_USER).await else {
+        return Ok(Authn::Anonymous);
+    };
+    let now = unix_now();
+    if now - user.signed_in_at > ABSOLUTE_TIMEOUT_SECS {
+        let _ = session.flush().await;
+        return Ok(Authn::Anonymous);
+    }
+    match control.session_caller(&user).await? {
+        Some(caller) => {
+            // Sliding idle expiry: a changed session is saved with a new expiry date.
+            let seen: i64 = session.get(SESSION_SEEN).await.ok().flatten().unwrap_or(0);
+            if now - seen >= 60 {
+                let _ = session.insert(SESSION_SEEN, now).await;
+            }
+            Ok(Authn::Caller(caller))
+        }
+        None => {
+            let _ = session.flush().await;
+            Ok(Authn::Anonymous)
+        }
+    }
+}
+
+/// The layer every request passes: allowed host, caller, cross-site check, server
+/// functions' and pages' access, and the audit log.
+pub async fn authenticate(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    match host_name(&req) {
+        Some(h) if state.auth.host_allowed(&h) => {}
+        other => {
+            tracing::warn!(host = ?other, "request for a host name this server does not serve");
+            return ApiError::BadRequest(
+                "the Host header names no host this server serves (see --allowed-hosts)".into(),
+            )
+            .into_response();
+        }
+    }
+    let authorization = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .map(|v| v.to_str().unwrap_or_default().to_owned());
+    let session = req.extensions().get::<Session>().cloned();
+    let authn = match resolve(&state.control, authorization, session).await {
+        Ok(a) => a,
+        Err(e) => return e.into_response(),
+    };
+    let method = req.method().clone();
+    let path = req.uri().path().to_owned();
+    let bearer = req.headers().contains_key(header::AUTHORIZATION);
+    if !is_safe(&method) && !bearer {
+        // Without a bearer token the browser may have attached the session cookie.
+        let signed_in = matches!(&authn, Authn::Caller(c) if c.kind == CallerKind::Session);
+        let browser = req.headers().contains_key("sec-fetch-site")
+            || req.headers().contains_key(header::ORIGIN);
+        if (signed_in || browser)
+            && let Err(why) = same_origin(req.headers(), state.auth.tls)
+        {
+            tracing::warn!(%method, %path, "cross-site request refused: {why}");
+            return ApiError::Forbidden(why.into()).into_response();
+        }
+    }
+    let server_fn = if path.starts_with("/api/") && !path.starts_with("/api/v1/") {
+        let Some(&(name, access)) = server_fn_rules().get(path.as_str()) else {
+            return ApiError::Forbidden(format!("{path} has no access rule")).into_response();
+        };
+        if let Err(e) = authn.check(access) {
+            return e.into_response();
+        }
+        Some(name)
+    } else {
+        None
+    };
+    let is_page = server_fn.is_none()
+        && !path.starts_with("/api/")
+        && !path.starts_with("/agent/")
+        && path != "/healthz"
+        && !is_public_asset(&path);
+    if is_page && authn.caller().is_none() {
+        let next_page = req
+            .uri()
+            .path_and_query()
+            .map_or("/".to_owned(), |p| p.to_string());
+        return Redirect::to(&format!(
+            "/sign-in?next={}",
+            tessera_model::urlenc::encode(&next_page)
+        ))
+        .into_response();
+    }
+    let audit = match authn.caller() {
+        Some(c) if !is_safe(&method) => Some(c.actor()),
+        _ => None,
+    };
+    if let Some(c) = authn.caller() {
+        // For the console's server functions and pages, which see the model's type only.
+        req.extensions_mut().insert(c.clone());
+    }
+    req.extensions_mut().insert(authn);
+    let Some(actor) = audit else {
+        return next.run(req).await;
+    };
+    // Read the body once to name the target in the audit log, then pass it on.
+    let address = client_address(&req);
+    let (parts, body) = req.into_parts();
+    let bytes = match axum::body::to_bytes(body, MAX_BODY).await {
+        Ok(b) => b,
+        Err(_) => {
+            return ApiError::PayloadTooLarge(format!("the body is larger than {MAX_BODY} bytes"))
+                .into_response();
+        }
+    };
+    let target = audit_target(&path, &bytes);
+    let response = next
+        .run(Request::from_parts(parts, Body::from(bytes)))
+        .await;
+    if response.status().is_success() || response.status().is_redirection() {
+        let action = match server_fn {
+            Some(name) => format!("server function {name}"),
+            None => format!("{method} {path}"),
+        };
+        state
+            .control
+            .audit(NewAuditEntry {
+                actor,
+                action,
+                target,
+                address: address.map(|a| a.to_string()),
+            })
+            .await;
+    }
+    response
+}
+
+/// What a mutation acted on: a name, id or family from its body (never other values, which
+/// may be secret), else the path's last segment.
+fn audit_target(path: &str, body: &[u8]) -> Option<String> {
+    const KEYS: [&str; 6] = ["name", "id", "family", "username", "reference", "input"];
+    let pick = |v: &serde_json::Value| -> Option<String> {
+        let o = v.as_object()?;
+        for k in KEYS {
+            match o.get(k) {
+                Some(serde_json::Value::String(s)) if k != "input" => return Some(s.clone()),
+                Some(serde_json::Value::Number(n)) if k != "input" => return Some(n.to_string()),
+                Some(inner @ serde_json::Value::Object(_)) => {
+                    if let Some(o) = inner.as_object() {
+                        for k in ["name", "family", "id"] {
+                            if let Some(serde_json::Value::String(s)) = o.get(k) {
+                                return Some(s.clone());
+                            }
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        None
+    };
+    let from_json = serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| pick(&v));
+    let from_form = || {
+        let text = std::str::from_utf8(body).ok()?;
+        ["name", "id", "family", "username"]
+            .into_iter()
+            .find_map(|k| form_field(text, k))
+    };
+    let from_path = || {
+        path.strip_prefix("/api/v1/")
+            .and_then(|rest| rest.split('/').nth(1))
+            .map(str::to_owned)
+    };
+    from_json.or_else(from_form).or_else(from_path)
+}
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+/// Console sessions stored through the control plane (the session id is stored hashed).
+#[derive(Clone)]
+pub struct ControlSessions(pub Control);
+
+impl std::fmt::Debug for ControlSessions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ControlSessions")
+    }
+}
+
+fn backend(e: impl std::fmt::Display) -> session_store::Error {
+    session_store::Error::Backend(e.to_string())
+}
+
+#[async_trait::async_trait]
+impl SessionStore for ControlSessions {
+    async fn create(&self, record: &mut Record) -> session_store::Result<()> {
+        // 128 random bits: a collision is not a practical concern, but never overwrite one.
+        while self
+            .0
+            .load_session(&record.id.to_string())
+            .await
+            .map_err(backend)?
+            .is_some()
+        {
+            record.id = Id::default();
+        }
+        self.save(record).await
+    }
+
+    async fn save(&self, record: &Record) -> session_store::Result<()> {
+        let data = serde_json::to_string(record)
+            .map_err(|e| session_store::Error::Encode(e.to_string()))?;
+        self.0
+            .save_session(
+                &record.id.to_string(),
+                &data,
+                record.expiry_date.unix_timestamp(),
+            )
+            .await
+            .map_err(backend)
+    }
+
+    async fn load(&self, id: &Id) -> session_store::Result<Option<Record>> {
+        match self
+            .0
+            .load_session(&id.to_string())
+            .await
+            .map_err(backend)?
+        {
+            Some(data) => serde_json::from_str(&data)
+                .map(Some)
+                .map_err(|e| session_store::Error::Decode(e.to_string())),
+            None => Ok(None),
+        }
+    }
+
+    async fn delete(&self, id: &Id) -> session_store::Result<()> {
+        self.0
+            .delete_session(&id.to_string())
+            .await
+            .map_err(backend)
+    }
+}
+
+/// The session manager: HttpOnly, SameSite=Strict, Secure under TLS, idle expiry.
+pub fn session_layer(control: Control, tls: bool) -> SessionManagerLayer<ControlSessions> {
+    SessionManagerLayer::new(ControlSessions(control))
+        .with_name(SESSION_COOKIE)
+        .with_http_only(true)
+        .with_same_site(tower_sessions::cookie::SameSite::Strict)
+        .with_secure(tls)
+        .with_path("/")
+        .with_expiry(Expiry::OnInactivity(IDLE_TIMEOUT))
+}
+
+/// Starts a signed-in session: a new session id (against fixation), then who and when.
+pub async fn start_session(session: &Session, user: &SessionUser) -> Result<(), ApiError> {
+    session.cycle_id().await.map_err(ApiError::session)?;
+    session
+        .insert(SESSION_USER, user)
+        .await
+        .map_err(ApiError::session)?;
+    session
+        .insert(SESSION_SEEN, user.signed_in_at)
+        .await
+        .map_err(ApiError::session)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn audit_targets_never_take_other_fields() {
+        let body = br#"{"family":"db","containers":[{"secrets":{"P":"hunter2"}}]}"#;
+        assert_eq!(
+            audit_target("/api/v1/task-definitions", body).as_deref(),
+            Some("db")
+        );
+        let body = br#"{"input":{"name":"web","desired_count":3}}"#;
+        assert_eq!(
+            audit_target("/api/create_service123", body).as_deref(),
+            Some("web")
+        );
+        assert_eq!(
+            audit_target("/api/v1/hosts/h-1/drain", b"").as_deref(),
+            Some("h-1")
+        );
+        assert_eq!(
+            audit_target("/api/x", b"id=sim-l4-1&drain=true").as_deref(),
+            Some("sim-l4-1")
+        );
+    }
+
+    #[test]
+    fn same_origin_needs_the_console_origin() {
+        let mut h = HeaderMap::new();
+        h.insert(header::HOST, "127.0.0.1:3000".parse().expect("valid"));
+        assert!(same_origin(&h, false).is_err(), "no Origin at all");
+        h.insert(
+            header::ORIGIN,
+            "http://127.0.0.1:3000".parse().expect("valid"),
+        );
+        assert!(same_origin(&h, false).is_ok());
+        assert!(same_origin(&h, true).is_err(), "scheme differs");
+        h.insert(
+            header::ORIGIN,
+            "http://evil.example".parse().expect("valid"),
+        );
+        assert!(same_origin(&h, false).is_err());
+        h.insert("sec-fetch-site", "cross-site".parse().expect("valid"));
+        assert!(same_origin(&h, false).is_err());
+        h.insert("sec-fetch-site", "same-origin".parse().expect("valid"));
+        assert!(same_origin(&h, false).is_ok());
+    }
+}

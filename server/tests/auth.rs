@@ -1,0 +1,806 @@
+//! Who may do what, through the router: every route and every server function refuses a
+//! caller without credentials (401) and a viewer where it changes something (403); cross-site
+//! requests, unknown hosts, guessed passwords and revoked credentials are refused with nothing
+//! changed; secrets appear in no answer but the agent's sync; the audit log records changes.
+
+mod common;
+
+use axum::body::Body;
+use axum::http::{HeaderMap, Method, Request, StatusCode};
+use http_body_util::BodyExt;
+use leptos::server_fn::ServerFn;
+use serde_json::{Value, json};
+use tessera_control::bench::api_token;
+use tessera_control::{Control, ControlConfig};
+use tessera_model::HostId;
+use tessera_model::auth::Role;
+use tessera_server::auth::{Access, server_fn_rules};
+use tessera_server::{AppState, api, app, demo};
+use tower::ServiceExt;
+
+const JOIN: &str = "auth-test-join-token-01";
+const ORIGIN: &str = "http://127.0.0.1:3000";
+const ADMIN_PASSWORD: &str = "admin-password-for-tests";
+
+struct Ctx {
+    app: AppState,
+    control: Control,
+    admin: String,
+    viewer: String,
+    /// Agent tokens of hosts sim-l4-1 and sim-l4-2.
+    agents: std::collections::HashMap<String, String>,
+}
+
+async fn ctx() -> Ctx {
+    let store = tessera_control::open("sqlite::memory:")
+        .await
+        .expect("store");
+    let control = Control::new(store, ControlConfig::default());
+    control
+        .ensure_join_token(Some(JOIN))
+        .await
+        .expect("join token");
+    control
+        .ensure_admin(Some(ADMIN_PASSWORD), false)
+        .await
+        .expect("admin");
+    demo::seed(&control).await.expect("seed");
+    let tokens = common::register_hosts(&control, JOIN, &common::DEMO_HOSTS[2..]).await;
+    let agents = ["sim-l4-1", "sim-l4-2"]
+        .map(String::from)
+        .into_iter()
+        .zip(tokens)
+        .collect();
+    Ctx {
+        agents,
+        app: AppState::new(control.clone(), "127.0.0.1:3000".parse().expect("valid")),
+        admin: api_token(&control, Role::Admin).await.expect("token"),
+        viewer: api_token(&control, Role::Viewer).await.expect("token"),
+        control,
+    }
+}
+
+struct Answer {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Value,
+}
+
+/// A request through the router; `headers` are added as given (credentials, Origin, ...).
+async fn send(
+    c: &Ctx,
+    method: Method,
+    uri: &str,
+    body: Option<Value>,
+    headers: &[(&str, String)],
+) -> Answer {
+    let mut req = Request::builder()
+        .method(method)
+        .uri(uri)
+        .header("host", "127.0.0.1:3000");
+    for (k, v) in headers {
+        req = req.header(*k, v);
+    }
+    let req = match body {
+        Some(b) => req
+            .header("content-type", "application/json")
+            .body(Body::from(b.to_string())),
+        None => req.body(Body::empty()),
+    }
+    .expect("request");
+    let response = app(c.app.clone()).oneshot(req).await.expect("answers");
+    let status = response.status();
+    let headers = response.headers().clone();
+    // The live stream never ends: its status is all we need.
+    if uri.starts_with("/api/v1/live") && status.is_success() {
+        return Answer {
+            status,
+            headers,
+            body: Value::Null,
+        };
+    }
+    let bytes = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    let body = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+    Answer {
+        status,
+        headers,
+        body,
+    }
+}
+
+fn bearer(token: &str) -> Vec<(&'static str, String)> {
+    vec![("authorization", format!("Bearer {token}"))]
+}
+
+/// Everything a refused request must leave as it was.
+async fn snapshot(c: &Ctx) -> Value {
+    let get = |uri: &'static str| async move {
+        send(c, Method::GET, uri, None, &bearer(&c.admin))
+            .await
+            .body
+    };
+    json!({
+        "hosts": get("/api/v1/hosts").await,
+        "pools": get("/api/v1/pools").await,
+        "defs": get("/api/v1/task-definitions").await,
+        "services": get("/api/v1/services").await,
+        "users": get("/api/v1/users").await,
+        "tokens": get("/api/v1/tokens").await,
+    })
+}
+
+fn concrete(path: &str) -> String {
+    path.replace("{id}", "sim-l4-1")
+        .replace("{name}", "embeddings")
+        .replace("{username}", "admin")
+}
+
+#[tokio::test]
+async fn every_route_refuses_callers_without_credentials_or_role() {
+    let c = ctx().await;
+    let before = snapshot(&c).await;
+    let routes = api::routes();
+    assert!(routes.rules().len() >= 30, "the walk covers the API");
+    for rule in routes.rules() {
+        let uri = concrete(rule.path);
+        let body = (rule.method != Method::GET && rule.method != Method::DELETE).then(|| json!({}));
+        let anonymous = send(&c, rule.method.clone(), &uri, body.clone(), &[]).await;
+        let viewer = send(
+            &c,
+            rule.method.clone(),
+            &uri,
+            body.clone(),
+            &bearer(&c.viewer),
+        )
+        .await;
+        let bad_token = send(
+            &c,
+            rule.method.clone(),
+            &uri,
+            body,
+            &bearer("tsr_not-a-token"),
+        )
+        .await;
+        match rule.access {
+            Access::Role(role) => {
+                assert_eq!(
+                    anonymous.status,
+                    StatusCode::UNAUTHORIZED,
+                    "{} {uri}",
+                    rule.method
+                );
+                assert!(
+                    anonymous.body["error"].is_string(),
+                    "a JSON error: {}",
+                    anonymous.body
+                );
+                assert_eq!(
+                    bad_token.status,
+                    StatusCode::UNAUTHORIZED,
+                    "{} {uri}",
+                    rule.method
+                );
+                if role > Role::Viewer {
+                    assert_eq!(
+                        viewer.status,
+                        StatusCode::FORBIDDEN,
+                        "{} {uri}",
+                        rule.method
+                    );
+                    assert!(
+                        viewer.body["error"]
+                            .as_str()
+                            .is_some_and(|e| e.contains(role.as_str()))
+                    );
+                } else {
+                    assert!(
+                        viewer.status.is_success() || viewer.status == StatusCode::NOT_FOUND,
+                        "{} {uri}: {}",
+                        rule.method,
+                        viewer.status
+                    );
+                }
+            }
+            Access::Public | Access::Agent => {
+                // Open routes: never a role check (their handlers check what they need).
+                assert_ne!(
+                    anonymous.status,
+                    StatusCode::FORBIDDEN,
+                    "{} {uri}",
+                    rule.method
+                );
+            }
+        }
+    }
+    assert_eq!(
+        snapshot(&c).await,
+        before,
+        "refused requests change nothing"
+    );
+}
+
+#[tokio::test]
+async fn every_server_function_has_a_rule_and_is_refused_without_it() {
+    let c = ctx().await;
+    let rules = server_fn_rules();
+    let registered: Vec<(&str, Method)> = leptos::server_fn::axum::server_fn_paths().collect();
+    assert!(
+        registered.len() >= 17,
+        "the console's server functions are registered"
+    );
+    let before = snapshot(&c).await;
+    for (path, method) in &registered {
+        let (name, access) = rules
+            .get(path)
+            .unwrap_or_else(|| panic!("server function {path} has no access rule"));
+        let anonymous = send(
+            &c,
+            method.clone(),
+            path,
+            None,
+            &[("origin", ORIGIN.to_owned())],
+        )
+        .await;
+        let viewer = send(&c, method.clone(), path, None, &bearer(&c.viewer)).await;
+        match access {
+            Access::Role(role) => {
+                assert_eq!(anonymous.status, StatusCode::UNAUTHORIZED, "{name}");
+                if *role > Role::Viewer {
+                    assert_eq!(viewer.status, StatusCode::FORBIDDEN, "{name}");
+                }
+            }
+            _ => assert_eq!(*name, "current_caller", "only who-am-I is open"),
+        }
+    }
+    let unknown = send(
+        &c,
+        Method::POST,
+        "/api/not_a_server_fn",
+        None,
+        &bearer(&c.admin),
+    )
+    .await;
+    assert_eq!(unknown.status, StatusCode::FORBIDDEN, "no rule, no entry");
+    assert_eq!(snapshot(&c).await, before);
+}
+
+/// Signs in with a password; returns the session cookie (`name=value`).
+async fn sign_in(c: &Ctx, username: &str, password: &str) -> String {
+    let a = send(
+        c,
+        Method::POST,
+        "/api/v1/session",
+        Some(json!({"username": username, "password": password})),
+        &[],
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.body);
+    let cookie = a
+        .headers
+        .get("set-cookie")
+        .expect("a session cookie")
+        .to_str()
+        .expect("text");
+    assert!(cookie.contains("HttpOnly"), "{cookie}");
+    assert!(cookie.contains("SameSite=Strict"), "{cookie}");
+    assert!(!cookie.contains("Secure"), "plain HTTP: not Secure");
+    cookie.split(';').next().expect("name=value").to_owned()
+}
+
+async fn host_status(c: &Ctx) -> String {
+    c.control
+        .store()
+        .get_host(&HostId::new("sim-l4-1").expect("valid"))
+        .await
+        .expect("host")
+        .status
+        .to_string()
+}
+
+#[tokio::test]
+async fn cross_site_requests_with_a_session_are_refused() {
+    let c = ctx().await;
+    let cookie = sign_in(&c, "admin", ADMIN_PASSWORD).await;
+    let who = send(
+        &c,
+        Method::GET,
+        "/api/v1/session",
+        None,
+        &[("cookie", cookie.clone())],
+    )
+    .await;
+    assert_eq!(who.body["name"], "admin");
+    assert_eq!(who.body["role"], "admin");
+
+    // REST, body-less POST, from another site.
+    let evil = send(
+        &c,
+        Method::POST,
+        "/api/v1/hosts/sim-l4-1/drain",
+        None,
+        &[
+            ("cookie", cookie.clone()),
+            ("origin", "http://evil.example".into()),
+        ],
+    )
+    .await;
+    assert_eq!(evil.status, StatusCode::FORBIDDEN, "{}", evil.body);
+    // A server function, by a browser that says the request is cross-site.
+    let path = tessera_app::pages::host::SetHostDraining::PATH;
+    let req = Request::post(path)
+        .header("host", "127.0.0.1:3000")
+        .header("cookie", &cookie)
+        .header("sec-fetch-site", "cross-site")
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(Body::from("id=sim-l4-1&drain=true"))
+        .expect("request");
+    let a = app(c.app.clone()).oneshot(req).await.expect("answers");
+    assert_eq!(a.status(), StatusCode::FORBIDDEN);
+    // With the cookie but no Origin at all (not a browser on our page).
+    let bare = send(
+        &c,
+        Method::POST,
+        "/api/v1/hosts/sim-l4-1/drain",
+        None,
+        &[("cookie", cookie.clone())],
+    )
+    .await;
+    assert_eq!(bare.status, StatusCode::FORBIDDEN);
+    assert_eq!(host_status(&c).await, "active", "nothing changed");
+
+    // From the console's own page it works.
+    let ok = send(
+        &c,
+        Method::POST,
+        "/api/v1/hosts/sim-l4-1/drain",
+        None,
+        &[("cookie", cookie.clone()), ("origin", ORIGIN.into())],
+    )
+    .await;
+    assert_eq!(ok.status, StatusCode::OK, "{}", ok.body);
+    assert_eq!(host_status(&c).await, "draining");
+    let req = Request::post(path)
+        .header("host", "127.0.0.1:3000")
+        .header("cookie", &cookie)
+        .header("sec-fetch-site", "same-origin")
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(Body::from("id=sim-l4-1&drain=false"))
+        .expect("request");
+    let a = app(c.app.clone()).oneshot(req).await.expect("answers");
+    assert_eq!(a.status(), StatusCode::OK);
+    assert_eq!(host_status(&c).await, "active");
+
+    // Signed out, the cookie is worth nothing.
+    let out = send(
+        &c,
+        Method::DELETE,
+        "/api/v1/session",
+        None,
+        &[("cookie", cookie.clone()), ("origin", ORIGIN.into())],
+    )
+    .await;
+    assert_eq!(out.status, StatusCode::NO_CONTENT);
+    let who = send(
+        &c,
+        Method::GET,
+        "/api/v1/session",
+        None,
+        &[("cookie", cookie)],
+    )
+    .await;
+    assert_eq!(who.status, StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test]
+async fn unknown_hosts_and_fixed_session_ids_are_refused() {
+    let c = ctx().await;
+    let req = Request::get("/api/v1/hosts")
+        .header("host", "evil.example")
+        .header("authorization", format!("Bearer {}", c.admin))
+        .body(Body::empty())
+        .expect("request");
+    let a = app(c.app.clone()).oneshot(req).await.expect("answers");
+    assert_eq!(
+        a.status(),
+        StatusCode::BAD_REQUEST,
+        "DNS rebinding: unknown Host"
+    );
+    // A session id planted before sign-in is not the one signed in.
+    let planted = "tessera_session=AAAAAAAAAAAAAAAAAAAAAA";
+    let a = send(
+        &c,
+        Method::POST,
+        "/api/v1/session",
+        Some(json!({"username": "admin", "password": ADMIN_PASSWORD})),
+        &[("cookie", planted.into())],
+    )
+    .await;
+    let set = a
+        .headers
+        .get("set-cookie")
+        .expect("cookie")
+        .to_str()
+        .expect("text");
+    assert!(
+        !set.starts_with(planted),
+        "a new session id at sign-in: {set}"
+    );
+}
+
+#[tokio::test]
+async fn failed_sign_ins_are_limited_and_disabled_users_are_out_at_once() {
+    let c = ctx().await;
+    for _ in 0..5 {
+        let a = send(
+            &c,
+            Method::POST,
+            "/api/v1/session",
+            Some(json!({"username": "admin", "password": "guess-guess-guess"})),
+            &[],
+        )
+        .await;
+        assert_eq!(a.status, StatusCode::UNAUTHORIZED);
+    }
+    let a = send(
+        &c,
+        Method::POST,
+        "/api/v1/session",
+        Some(json!({"username": "admin", "password": ADMIN_PASSWORD})),
+        &[],
+    )
+    .await;
+    assert_eq!(
+        a.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "even the right password waits"
+    );
+    assert!(a.headers.contains_key("retry-after"));
+
+    // An operator made by the admin signs in, works, and is out once disabled.
+    let made = send(
+        &c,
+        Method::POST,
+        "/api/v1/users",
+        Some(json!({"username": "olga", "password": "olga-password-1", "role": "operator"})),
+        &bearer(&c.admin),
+    )
+    .await;
+    assert_eq!(made.status, StatusCode::CREATED, "{}", made.body);
+    assert!(made.body.get("password_hash").is_none());
+    let short = send(
+        &c,
+        Method::POST,
+        "/api/v1/users",
+        Some(json!({"username": "bob", "password": "short"})),
+        &bearer(&c.admin),
+    )
+    .await;
+    assert_eq!(short.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(short.body["errors"][0]["field"], "password");
+    let cookie = sign_in(&c, "olga", "olga-password-1").await;
+    let scaled = send(
+        &c,
+        Method::PATCH,
+        "/api/v1/services/embeddings",
+        Some(json!({"desired_count": 2})),
+        &[("cookie", cookie.clone()), ("origin", ORIGIN.into())],
+    )
+    .await;
+    assert_eq!(scaled.status, StatusCode::OK, "{}", scaled.body);
+    let pool = send(
+        &c,
+        Method::POST,
+        "/api/v1/pools",
+        Some(json!({"name": "x"})),
+        &[("cookie", cookie.clone()), ("origin", ORIGIN.into())],
+    )
+    .await;
+    assert_eq!(pool.status, StatusCode::FORBIDDEN, "pools are the admin's");
+    let off = send(
+        &c,
+        Method::PATCH,
+        "/api/v1/users/olga",
+        Some(json!({"disabled": true})),
+        &bearer(&c.admin),
+    )
+    .await;
+    assert_eq!(off.status, StatusCode::OK, "{}", off.body);
+    let after = send(
+        &c,
+        Method::GET,
+        "/api/v1/hosts",
+        None,
+        &[("cookie", cookie)],
+    )
+    .await;
+    assert_eq!(after.status, StatusCode::UNAUTHORIZED);
+    // The last enabled admin cannot be disabled or demoted.
+    let one = send(
+        &c,
+        Method::PATCH,
+        "/api/v1/users/admin",
+        Some(json!({"disabled": true})),
+        &bearer(&c.admin),
+    )
+    .await;
+    assert_eq!(
+        one.status,
+        StatusCode::OK,
+        "another admin is left: {}",
+        one.body
+    );
+    let last = send(
+        &c,
+        Method::PATCH,
+        "/api/v1/users/bench-admin",
+        Some(json!({"role": "viewer"})),
+        &bearer(&c.admin),
+    )
+    .await;
+    assert_eq!(last.status, StatusCode::CONFLICT, "{}", last.body);
+}
+
+#[tokio::test]
+async fn api_tokens_are_shown_once_and_stop_working_when_deleted() {
+    let c = ctx().await;
+    let made = send(
+        &c,
+        Method::POST,
+        "/api/v1/tokens",
+        Some(json!({"name": "ci", "role": "operator", "expires_in_days": 30})),
+        &bearer(&c.admin),
+    )
+    .await;
+    assert_eq!(made.status, StatusCode::CREATED, "{}", made.body);
+    let token = made.body["token"].as_str().expect("shown once").to_owned();
+    assert!(token.starts_with("tsr_"));
+    assert!(made.body["expires_at"].is_string());
+    let list = send(&c, Method::GET, "/api/v1/tokens", None, &bearer(&c.admin)).await;
+    let text = list.body.to_string();
+    assert!(!text.contains(&token) && !text.contains("hash"), "{text}");
+    let scaled = send(
+        &c,
+        Method::PATCH,
+        "/api/v1/services/embeddings",
+        Some(json!({"desired_count": 1})),
+        &bearer(&token),
+    )
+    .await;
+    assert_eq!(scaled.status, StatusCode::OK, "{}", scaled.body);
+    let bad = send(
+        &c,
+        Method::POST,
+        "/api/v1/tokens",
+        Some(json!({"name": "x", "expires_in_days": 0})),
+        &bearer(&c.admin),
+    )
+    .await;
+    assert_eq!(bad.status, StatusCode::UNPROCESSABLE_ENTITY);
+    let id = made.body["id"].as_str().expect("id");
+    let gone = send(
+        &c,
+        Method::DELETE,
+        &format!("/api/v1/tokens/{id}"),
+        None,
+        &bearer(&c.admin),
+    )
+    .await;
+    assert_eq!(gone.status, StatusCode::NO_CONTENT);
+    let after = send(&c, Method::GET, "/api/v1/hosts", None, &bearer(&token)).await;
+    assert_eq!(after.status, StatusCode::UNAUTHORIZED);
+
+    // The audit log names who did what, on what; admins only.
+    let audit = send(
+        &c,
+        Method::GET,
+        "/api/v1/audit?q=services",
+        None,
+        &bearer(&c.admin),
+    )
+    .await;
+    let entries = audit.body["entries"].as_array().expect("entries");
+    let scale = entries
+        .iter()
+        .find(|e| e["action"] == "PATCH /api/v1/services/embeddings")
+        .expect("recorded");
+    assert_eq!(scale["actor"], "token ci (by bench-admin)");
+    assert_eq!(scale["target"], "embeddings");
+    let viewer = send(&c, Method::GET, "/api/v1/audit", None, &bearer(&c.viewer)).await;
+    assert_eq!(viewer.status, StatusCode::FORBIDDEN);
+}
+
+#[tokio::test]
+async fn secrets_are_in_no_answer_but_the_agents_sync() {
+    let c = ctx().await;
+    let def = json!({"family": "vault", "containers": [{"name": "main", "command": ["sleep", "600"],
+        "cpu_milli": 100, "memory_mib": 64, "env": {"MODE": "plain-value"},
+        "secrets": {"DB_PASSWORD": "hunter2-secret"}, "gpu": {"mps": {"memory_mib": 1024}}}]});
+    let made = send(
+        &c,
+        Method::POST,
+        "/api/v1/task-definitions",
+        Some(def),
+        &bearer(&c.admin),
+    )
+    .await;
+    assert_eq!(made.status, StatusCode::CREATED, "{}", made.body);
+    // Registering again what a description shows keeps the value.
+    let shown = send(
+        &c,
+        Method::GET,
+        "/api/v1/task-definitions/vault:1",
+        None,
+        &bearer(&c.viewer),
+    )
+    .await;
+    assert_eq!(
+        shown.body["spec"]["containers"][0]["secrets"]["DB_PASSWORD"],
+        json!({"set": true})
+    );
+    assert_eq!(
+        shown.body["spec"]["containers"][0]["env"]["MODE"],
+        "plain-value"
+    );
+    let again = send(
+        &c,
+        Method::POST,
+        "/api/v1/task-definitions",
+        Some(shown.body["spec"].clone()),
+        &bearer(&c.admin),
+    )
+    .await;
+    assert_eq!(again.status, StatusCode::CREATED, "{}", again.body);
+    let service = send(
+        &c,
+        Method::POST,
+        "/api/v1/services",
+        Some(json!({"name": "vault", "task_definition": "vault:2",
+        "pool": "inference", "desired_count": 1})),
+        &bearer(&c.admin),
+    )
+    .await;
+    assert_eq!(service.status, StatusCode::CREATED, "{}", service.body);
+    c.control.reconcile_once().await.expect("pass");
+
+    let mut everything = String::new();
+    for uri in [
+        "/api/v1/task-definitions",
+        "/api/v1/task-definitions/vault",
+        "/api/v1/task-definitions/vault:1",
+        "/api/v1/task-definitions/vault:2?format=ecs",
+        "/api/v1/services/vault",
+        "/api/v1/tasks",
+        "/api/v1/events",
+        "/api/v1/audit",
+        "/api/v1/hosts/sim-l4-1",
+        "/api/v1/hosts/sim-l4-2",
+    ] {
+        let a = send(&c, Method::GET, uri, None, &bearer(&c.admin)).await;
+        assert_eq!(a.status, StatusCode::OK, "{uri}");
+        everything.push_str(&a.body.to_string());
+    }
+    for page in ["/task-definitions/vault", "/services/vault"] {
+        let a = send(&c, Method::GET, page, None, &bearer(&c.admin)).await;
+        everything.push_str(a.body.as_str().unwrap_or_default());
+    }
+    assert!(
+        !everything.contains("hunter2"),
+        "a secret leaked into an answer"
+    );
+    assert!(everything.contains("plain-value"));
+
+    // The host that runs the task gets it in its sync answer.
+    let task = c
+        .control
+        .store()
+        .list_tasks(&Default::default())
+        .await
+        .expect("tasks")
+        .into_iter()
+        .find(|t| t.service == "vault")
+        .expect("the vault task");
+    let host = task.host.expect("placed");
+    let token = c.agents[host.as_str()].clone();
+    let sync = send(
+        &c,
+        Method::POST,
+        "/agent/v1/sync",
+        Some(common::sync_body(&c.control, &host).await),
+        &bearer(&token),
+    )
+    .await;
+    assert_eq!(sync.status, StatusCode::OK, "{}", sync.body);
+    let wanted = sync.body["tasks"].as_array().expect("tasks");
+    let mine = wanted
+        .iter()
+        .find(|t| t["task_id"] == task.id)
+        .expect("the vault task is wanted");
+    assert_eq!(
+        mine["containers"][0]["secrets"]["DB_PASSWORD"],
+        "hunter2-secret"
+    );
+}
+
+#[tokio::test]
+async fn admins_revoke_agents_delete_idle_hosts_and_rotate_the_join_token() {
+    let c = ctx().await;
+    let host = HostId::new("sim-l4-2").expect("valid");
+    let token = c.agents[host.as_str()].clone();
+    let body = common::sync_body(&c.control, &host).await;
+    let ok = send(
+        &c,
+        Method::POST,
+        "/agent/v1/sync",
+        Some(body.clone()),
+        &bearer(&token),
+    )
+    .await;
+    assert_eq!(ok.status, StatusCode::OK);
+    let revoked = send(
+        &c,
+        Method::POST,
+        "/api/v1/hosts/sim-l4-2/revoke",
+        None,
+        &bearer(&c.admin),
+    )
+    .await;
+    assert_eq!(revoked.status, StatusCode::OK, "{}", revoked.body);
+    let refused = send(
+        &c,
+        Method::POST,
+        "/agent/v1/sync",
+        Some(body),
+        &bearer(&token),
+    )
+    .await;
+    assert_eq!(refused.status, StatusCode::UNAUTHORIZED);
+
+    let gone = send(
+        &c,
+        Method::DELETE,
+        "/api/v1/hosts/sim-l4-2",
+        None,
+        &bearer(&c.admin),
+    )
+    .await;
+    assert_eq!(gone.status, StatusCode::NO_CONTENT, "{}", gone.body);
+    // The same machine (same GPU UUIDs) joins again.
+    common::register_hosts(&c.control, JOIN, &common::DEMO_HOSTS[3..]).await;
+
+    let rotated = send(
+        &c,
+        Method::POST,
+        "/api/v1/join-token",
+        None,
+        &bearer(&c.admin),
+    )
+    .await;
+    let new = rotated.body["join_token"]
+        .as_str()
+        .expect("shown once")
+        .to_owned();
+    let old = send(
+        &c,
+        Method::POST,
+        "/agent/v1/register",
+        Some(common::register_body(JOIN, "late")),
+        &[],
+    )
+    .await;
+    assert_eq!(old.status, StatusCode::UNAUTHORIZED);
+    let fresh = send(
+        &c,
+        Method::POST,
+        "/agent/v1/register",
+        Some(common::register_body(&new, "late")),
+        &[],
+    )
+    .await;
+    assert_eq!(fresh.status, StatusCode::CREATED, "{}", fresh.body);
+}
