@@ -47,6 +47,7 @@ export default defineConfig({
     env: {
       TESSERA_DATA_DIR: process.env.TESSERA_DATA_DIR ?? path.join(root, "target", "e2e-data"),
       RUST_LOG: "warn",
+      TESSERA_ADMIN_PASSWORD: process.env.TESSERA_ADMIN_PASSWORD ?? "e2e-admin-password",
       // Fast syncs so placements, moves and stops show up within a few seconds.
       TESSERA_SYNC_INTERVAL: "1",
     },

@@ -103,13 +103,13 @@ pub fn shell(options: LeptosOptions) -> impl IntoView {
 #[component]
 pub fn App() -> impl IntoView {
     provide_meta_context();
-    provide_live();
     // Flipped by the page once its (lazily loaded) code has hydrated; browser tests wait
     // for it before they type or click.
     let (hydrated, set_hydrated) = signal(false);
     provide_context(PageHydrated(set_hydrated));
     let signed_in = SignedIn(Resource::new_blocking(|| (), |_| current_caller()));
     provide_context(signed_in);
+    provide_live(signed_in);
     view! {
         <Stylesheet id="leptos" href="/pkg/tessera.css" />
         <Link rel="icon" href="/favicon.ico" />

@@ -6,6 +6,17 @@ use tessera_model::service::Event;
 use tessera_model::taskdef::FieldError;
 use tessera_model::{GpuHealth, HostStatus, MiB, SharingMode};
 
+/// Why the controls beside it are disabled for the signed-in caller (see
+/// [`crate::app::needs`]); nothing when they may be used.
+#[component]
+pub fn RoleHint(reason: Signal<Option<String>>) -> impl IntoView {
+    move || {
+        reason
+            .get()
+            .map(|r| view! { <span class="role-hint">{format!("Disabled: {r}.")}</span> })
+    }
+}
+
 /// A host's status as a coloured word.
 #[component]
 pub fn StatusBadge(status: HostStatus) -> impl IntoView {

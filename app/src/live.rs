@@ -7,14 +7,20 @@ use leptos::prelude::*;
 #[derive(Clone, Copy)]
 pub struct LiveTick(pub RwSignal<u64>);
 
-/// Provides the counter; in the browser, also opens the event stream.
-pub fn provide_live() -> LiveTick {
+/// Provides the counter; in the browser, also opens the event stream once someone is
+/// signed in (the stream needs a signed-in viewer; the sign-in page has none).
+pub fn provide_live(signed_in: crate::app::SignedIn) -> LiveTick {
     let tick = LiveTick(RwSignal::new(0));
     provide_context(tick);
+    let opened = StoredValue::new(false);
     // Effects run only in the browser.
     Effect::new(move |_| {
-        #[cfg(feature = "hydrate")]
-        open_stream(tick);
+        let caller = signed_in.0.get().and_then(Result::ok).flatten();
+        if caller.is_some() && !opened.get_value() {
+            opened.set_value(true);
+            #[cfg(feature = "hydrate")]
+            open_stream(tick);
+        }
     });
     tick
 }

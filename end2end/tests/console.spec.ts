@@ -1,16 +1,10 @@
-import { test, expect, Page } from "@playwright/test";
-import { watchConsole } from "./browser";
+import { test, expect } from "@playwright/test";
+import { open, sameOrigin, watchConsole } from "./browser";
 
 // The operator's paths through the console, in order: they share one demo server.
 test.describe.configure({ mode: "serial" });
 
-async function open(page: Page, path: string) {
-  await page.goto(path);
-  // A click before hydration would be lost.
-  await expect(page.locator("main[data-hydrated=true]")).toBeVisible();
-}
-
-test("bad input in the task definition form shows the validator's messages and registers nothing", async ({ page, request }) => {
+test("bad input in the task definition form shows the validator's messages and registers nothing", async ({ page }) => {
   const errors = watchConsole(page);
   await open(page, "/task-definitions/new");
   await page.getByLabel("Family").fill("bad family!");
@@ -21,7 +15,7 @@ test("bad input in the task definition form shows the validator's messages and r
   await expect(page.getByText(/must be between 1 and \d+, got 0/)).toBeVisible();
   await expect(page).toHaveURL(/\/task-definitions\/new$/);
   await page.screenshot({ path: "screenshots/task-definition-invalid.png", fullPage: true });
-  const defs = await (await request.get("/api/v1/task-definitions")).json();
+  const defs = await (await page.request.get("/api/v1/task-definitions")).json();
   expect(defs.task_definitions.map((d: { family: string }) => d.family)).not.toContain("bad family!");
   expect(errors).toEqual([]);
 });
@@ -65,12 +59,12 @@ test("a service created through the wizard, seeing the preview first", async ({ 
   expect(errors).toEqual([]);
 });
 
-test("tasks appear on the hosts page without a reload", async ({ page, request }) => {
+test("tasks appear on the hosts page without a reload", async ({ page }) => {
   const errors = watchConsole(page);
   await open(page, "/hosts?pool=inference");
   const segments = page.locator('.segment[data-service="e2e-svc"]');
   await expect(segments).toHaveCount(3);
-  const scaled = await request.patch("/api/v1/services/e2e-svc", { data: { desired_count: 5 } });
+  const scaled = await page.request.patch("/api/v1/services/e2e-svc", { data: { desired_count: 5 }, headers: sameOrigin });
   expect(scaled.ok()).toBeTruthy();
   // No navigation: the server's event stream refreshes the page.
   await expect(segments).toHaveCount(5);
@@ -95,9 +89,10 @@ test("tasks appear on the hosts page without a reload", async ({ page, request }
   expect(errors).toEqual([]);
 });
 
-test("draining a host moves its tasks elsewhere", async ({ page, request }) => {
+test("draining a host moves its tasks elsewhere", async ({ page }) => {
   const errors = watchConsole(page);
-  const tasks = (await (await request.get("/api/v1/tasks?service=e2e-svc&state=running")).json()).tasks;
+  await open(page, "/hosts");
+  const tasks = (await (await page.request.get("/api/v1/tasks?service=e2e-svc&state=running")).json()).tasks;
   const host: string = tasks[0].host;
   const other = host === "sim-l4-1" ? "sim-l4-2" : "sim-l4-1";
   await open(page, `/hosts/${host}`);
@@ -105,7 +100,7 @@ test("draining a host moves its tasks elsewhere", async ({ page, request }) => {
   await expect(page.locator(".host-card .badge.status-draining")).toBeVisible();
   // Replacements start on the other host, then the old tasks stop.
   await expect(page.locator(".segment")).toHaveCount(0);
-  const after = (await (await request.get("/api/v1/tasks?service=e2e-svc&state=running")).json()).tasks;
+  const after = (await (await page.request.get("/api/v1/tasks?service=e2e-svc&state=running")).json()).tasks;
   expect(after).toHaveLength(5);
   for (const t of after) expect(t.host).toBe(other);
   await page.screenshot({ path: "screenshots/host-drained.png", fullPage: true });

@@ -1,6 +1,6 @@
 //! One host: its GPUs, the tasks it holds, its events; drain and activate.
 
-use crate::components::{ErrorList, EventList, HostCard};
+use crate::components::{ErrorList, EventList, HostCard, RoleHint};
 use crate::data::HostView;
 use crate::live::use_live;
 use leptos::prelude::*;
@@ -86,6 +86,7 @@ pub fn HostPage() -> impl IntoView {
                                         }
                                             .into_any()
                                     }}
+                                    <RoleHint reason=operate />
                                     {move || set.value().get().and_then(|r| r.err()).map(|e| view! { <p class="error">{e.to_string()}</p> })}
                                 </div>
                                 <ul class="host-list single"><HostCard view /></ul>

@@ -148,6 +148,7 @@ fn Detail(
                 <button type="submit" title=move || operate.get() disabled=move || operate.get().is_some()>"Deploy"</button>
             </form>
             <button class="danger" title=move || operate.get() disabled=move || s.deleting || operate.get().is_some() on:click=move |_| { delete.dispatch(n3.clone()); }>"Delete service"</button>
+            <crate::components::RoleHint reason=operate />
             {move || {
                 let p = problems();
                 (!p.is_empty()).then(|| view! { <p class="field-error" role="alert">{p.join("; ")}</p> })

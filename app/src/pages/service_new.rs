@@ -249,6 +249,7 @@ fn Wizard(defs: Vec<String>, pools: Vec<PoolInfo>) -> impl IntoView {
             </div>
             <div class="actions">
                 <button type="button" disabled=move || step.get() == 0 on:click=move |_| go(step.get().saturating_sub(1))>"Back"</button>
+                <crate::components::RoleHint reason=operate />
                 <Show
                     when=move || step.get() < 4
                     fallback=move || {

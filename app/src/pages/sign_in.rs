@@ -29,7 +29,7 @@ pub fn SignInPage() -> impl IntoView {
             <h1>"Sign in to Tessera"</h1>
             {move || error().map(|e| view! { <p class="error" role="alert">{e}</p> })}
             <form method="post" action="/api/v1/session">
-                <input type="hidden" name="next" prop:value=next />
+                <input type="hidden" name="next" value=next />
                 <label>
                     "Username"
                     <input name="username" autocomplete="username" required autofocus />

@@ -135,6 +135,8 @@ struct ContainerForm {
     name: RwSignal<String>,
     command: RwSignal<String>,
     env: RwSignal<String>,
+    /// `NAME=VALUE` sets a secret; a bare `NAME` keeps the value the family has now.
+    secrets: RwSignal<String>,
     cpu: RwSignal<String>,
     memory: RwSignal<String>,
     gpu: RwSignal<String>,
@@ -154,6 +156,7 @@ impl ContainerForm {
             }),
             command: RwSignal::new(String::new()),
             env: RwSignal::new(String::new()),
+            secrets: RwSignal::new(String::new()),
             cpu: RwSignal::new("1".into()),
             memory: RwSignal::new("1024".into()),
             gpu: RwSignal::new("mps".into()),
@@ -174,6 +177,9 @@ impl ContainerForm {
                 .collect::<Vec<_>>()
                 .join("\n"),
         );
+        // Values are never sent to the console: names only, which keep their values.
+        f.secrets
+            .set(c.secrets.keys().cloned().collect::<Vec<_>>().join("\n"));
         f.cpu.set(format!("{}", c.cpu_milli.0 as f64 / 1000.0));
         f.memory.set(c.memory_mib.0.to_string());
         match c.gpu {
@@ -223,6 +229,16 @@ impl ContainerForm {
                 None => (l.trim().to_owned(), Value::Null),
             })
             .collect();
+        let secrets: Map<String, Value> = self
+            .secrets
+            .get()
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| match l.split_once('=') {
+                Some((k, v)) => (k.trim().to_owned(), Value::String(v.to_owned())),
+                None => (l.trim().to_owned(), json!({ "set": true })),
+            })
+            .collect();
         let mut c = json!({
             "name": self.name.get(),
             "command": self.command.get().split_whitespace().collect::<Vec<_>>(),
@@ -230,6 +246,9 @@ impl ContainerForm {
             "cpu_milli": cpu_milli,
             "memory_mib": num(self.memory.get()),
         });
+        if !secrets.is_empty() {
+            c["secrets"] = Value::Object(secrets);
+        }
         match self.gpu.get().as_str() {
             "whole" => c["gpu"] = json!({ "gpus": num(self.gpus.get()) }),
             "mps" => {
@@ -379,6 +398,7 @@ fn Editor(base: Option<TaskDefinition>) -> impl IntoView {
             }}
             <div class="actions">
                 <button type="submit" class="primary" title=move || operate.get() disabled=move || register.pending().get() || operate.get().is_some()>"Register"</button>
+                <crate::components::RoleHint reason=operate />
                 {move || register.value().get().and_then(|r| r.err()).map(|e| view! { <p class="error">{e.to_string()}</p> })}
             </div>
         </form>
@@ -454,6 +474,11 @@ fn ContainerFields(
                     "Environment (KEY=VALUE per line)"
                     <textarea name=p("env") rows="3" bind:value=c.env></textarea>
                     <FieldErrors errors field=p("env") />
+                </label>
+                <label class="field wide">
+                    "Secrets (KEY=VALUE per line; write-only: a KEY alone keeps its current value)"
+                    <textarea name=p("secrets") rows="2" autocomplete="off" bind:value=c.secrets></textarea>
+                    <FieldErrors errors field=p("secrets") />
                 </label>
             </div>
             <Show when=move || { containers.get().len() > 1 }>
