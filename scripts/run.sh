@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Sets up what is missing, builds the console (release) and serves it with the simulated
 # demo fleet on 127.0.0.1:3000 (embedded SQLite in ./data). Extra arguments go to
-# `tessera serve`, e.g. `scripts/run.sh --bind 0.0.0.0:3000`.
+# `tessera serve`, e.g. `scripts/run.sh --bind 0.0.0.0:3000 --allowed-hosts gpu-box.lan`.
+# Sign in as `admin`: the server prints the password as it starts (a new one each start),
+# or set TESSERA_ADMIN_PASSWORD to choose it.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 scripts/setup.sh
 source scripts/env.sh
 cargo leptos build --release --split
+echo "Console: http://127.0.0.1:3000 — sign in as admin with the password printed below${TESSERA_ADMIN_PASSWORD:+ (TESSERA_ADMIN_PASSWORD)}"
 exec "$CARGO_TARGET_DIR/release/tessera" serve --demo "$@"

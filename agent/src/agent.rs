@@ -161,6 +161,18 @@ fn http_client(config: &AgentConfig) -> Result<reqwest::Client, AgentError> {
     })
 }
 
+/// An error with its causes (a TLS failure says why: unknown issuer, wrong name, ...).
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
 /// A request that failed: whether the server refused our credentials.
 enum SyncFailure {
     Unauthorized,
@@ -243,7 +255,7 @@ impl Agent {
             .json(&req)
             .send()
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| with_causes(&e))?;
         if !resp.status().is_success() {
             let status = resp.status();
             return Err(format!(
@@ -303,7 +315,7 @@ impl Agent {
             .json(&req)
             .send()
             .await
-            .map_err(|e| SyncFailure::Other(e.to_string()))?;
+            .map_err(|e| SyncFailure::Other(with_causes(&e)))?;
         if resp.status() == reqwest::StatusCode::UNAUTHORIZED {
             return Err(SyncFailure::Unauthorized);
         }
@@ -459,12 +471,20 @@ mod tests {
             return; // a GPU machine: NVML works here
         }
         let dir = tempfile::tempdir().expect("dir");
-        let err = Agent::new(AgentConfig {
-            server: "http://127.0.0.1:9".into(),
+        let err = Agent::new(bare_config("http://127.0.0.1:9", dir.path()))
+            .err()
+            .expect("no NVML here");
+        assert!(err.to_string().contains("--simulate"), "{err}");
+    }
+
+    /// An unregistered agent's settings: real GPUs (NVML), no MPS override.
+    fn bare_config(server: &str, dir: &std::path::Path) -> AgentConfig {
+        AgentConfig {
+            server: server.into(),
             ca_cert: None,
             insecure_http: false,
             join_token: None,
-            state_dir: dir.path().into(),
+            state_dir: dir.into(),
             pool: PoolName::new("p").expect("valid"),
             name: "h".into(),
             labels: Default::default(),
@@ -474,29 +494,15 @@ mod tests {
             max_mps_restarts: 0,
             log_cap: 1000,
             stop_tasks_on_exit: false,
-        })
-        .err()
-        .expect("no NVML here");
-        assert!(err.to_string().contains("--simulate"), "{err}");
+        }
     }
 
     fn client_for(server: &str, insecure_http: bool, ca_cert: Option<PathBuf>) -> String {
         let dir = tempfile::tempdir().expect("dir");
         let config = AgentConfig {
-            server: server.into(),
             ca_cert,
             insecure_http,
-            join_token: None,
-            state_dir: dir.path().into(),
-            pool: PoolName::new("p").expect("valid"),
-            name: "h".into(),
-            labels: Default::default(),
-            resources: None,
-            simulate: None,
-            mps_control: None,
-            max_mps_restarts: 0,
-            log_cap: 1000,
-            stop_tasks_on_exit: false,
+            ..bare_config(server, dir.path())
         };
         match http_client(&config) {
             Ok(_) => "ok".into(),

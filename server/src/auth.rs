@@ -271,26 +271,19 @@ fn is_public_asset(path: &str) -> bool {
             .is_some_and(|last| last.contains('.'))
 }
 
-/// The request's host name, without the port.
-fn host_name(req: &Request) -> Option<String> {
-    let raw = req
-        .headers()
+/// What the request was sent to: the Host header (HTTP/1.1) or the URI's authority
+/// (HTTP/2's :authority).
+fn authority(req: &Request) -> Option<axum::http::uri::Authority> {
+    req.headers()
         .get(header::HOST)
         .and_then(|h| h.to_str().ok())
-        .map(str::to_owned)
-        .or_else(|| req.uri().authority().map(|a| a.to_string()))?;
-    let authority: axum::http::uri::Authority = raw.parse().ok()?;
-    Some(
-        authority
-            .host()
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .to_owned(),
-    )
+        .and_then(|h| h.parse().ok())
+        .or_else(|| req.uri().authority().cloned())
 }
 
-/// Whether a request that may carry the session cookie comes from the console's own pages.
-fn same_origin(headers: &HeaderMap, tls: bool) -> Result<(), &'static str> {
+/// Whether a request that may carry the session cookie comes from the console's own pages;
+/// `authority` is what the request was sent to (the Host header, or HTTP/2's :authority).
+fn same_origin(headers: &HeaderMap, authority: &str, tls: bool) -> Result<(), &'static str> {
     if let Some(site) = headers.get("sec-fetch-site") {
         return match site.as_bytes() {
             b"same-origin" | b"none" => Ok(()),
@@ -302,11 +295,11 @@ fn same_origin(headers: &HeaderMap, tls: bool) -> Result<(), &'static str> {
             "a request signed in with a session must carry Origin; scripts should use an API token",
         );
     };
-    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
     let scheme = if tls { "https" } else { "http" };
-    match host {
-        Some(h) if origin == format!("{scheme}://{h}") => Ok(()),
-        _ => Err("a cross-origin request may not change anything"),
+    if origin.eq_ignore_ascii_case(&format!("{scheme}://{authority}")) {
+        Ok(())
+    } else {
+        Err("a cross-origin request may not change anything")
     }
 }
 
@@ -367,8 +360,14 @@ async fn resolve(
 /// The layer every request passes: allowed host, caller, cross-site check, server
 /// functions' and pages' access, and the audit log.
 pub async fn authenticate(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
-    match host_name(&req) {
-        Some(h) if state.auth.host_allowed(&h) => {}
+    let authority = match authority(&req) {
+        Some(a)
+            if state
+                .auth
+                .host_allowed(a.host().trim_start_matches('[').trim_end_matches(']')) =>
+        {
+            a
+        }
         other => {
             tracing::warn!(host = ?other, "request for a host name this server does not serve");
             return ApiError::BadRequest(
@@ -376,7 +375,7 @@ pub async fn authenticate(State(state): State<AppState>, mut req: Request, next:
             )
             .into_response();
         }
-    }
+    };
     let authorization = req
         .headers()
         .get(header::AUTHORIZATION)
@@ -395,7 +394,7 @@ pub async fn authenticate(State(state): State<AppState>, mut req: Request, next:
         let browser = req.headers().contains_key("sec-fetch-site")
             || req.headers().contains_key(header::ORIGIN);
         if (signed_in || browser)
-            && let Err(why) = same_origin(req.headers(), state.auth.tls)
+            && let Err(why) = same_origin(req.headers(), authority.as_str(), state.auth.tls)
         {
             tracing::warn!(%method, %path, "cross-site request refused: {why}");
             return ApiError::Forbidden(why.into()).into_response();
@@ -637,22 +636,27 @@ mod tests {
     #[test]
     fn same_origin_needs_the_console_origin() {
         let mut h = HeaderMap::new();
-        h.insert(header::HOST, "127.0.0.1:3000".parse().expect("valid"));
-        assert!(same_origin(&h, false).is_err(), "no Origin at all");
+        assert!(
+            same_origin(&h, "127.0.0.1:3000", false).is_err(),
+            "no Origin at all"
+        );
         h.insert(
             header::ORIGIN,
             "http://127.0.0.1:3000".parse().expect("valid"),
         );
-        assert!(same_origin(&h, false).is_ok());
-        assert!(same_origin(&h, true).is_err(), "scheme differs");
+        assert!(same_origin(&h, "127.0.0.1:3000", false).is_ok());
+        assert!(
+            same_origin(&h, "127.0.0.1:3000", true).is_err(),
+            "scheme differs"
+        );
         h.insert(
             header::ORIGIN,
             "http://evil.example".parse().expect("valid"),
         );
-        assert!(same_origin(&h, false).is_err());
+        assert!(same_origin(&h, "127.0.0.1:3000", false).is_err());
         h.insert("sec-fetch-site", "cross-site".parse().expect("valid"));
-        assert!(same_origin(&h, false).is_err());
+        assert!(same_origin(&h, "127.0.0.1:3000", false).is_err());
         h.insert("sec-fetch-site", "same-origin".parse().expect("valid"));
-        assert!(same_origin(&h, false).is_ok());
+        assert!(same_origin(&h, "127.0.0.1:3000", false).is_ok());
     }
 }

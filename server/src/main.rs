@@ -13,12 +13,18 @@ use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    let command = Cli::parse().command;
+    // The server logs what it does; `tessera user` prints its answer and only warnings.
+    let default_filter = match command {
+        Command::Serve(_) => "info,sqlx=warn",
+        Command::User { .. } => "warn",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn")),
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter)),
         )
         .init();
-    match Cli::parse().command {
+    match command {
         Command::Serve(args) => serve(args).await,
         Command::User { db, command } => user(db, command).await,
     }
@@ -77,7 +83,10 @@ async fn user(db: DbArgs, command: UserCommand) -> anyhow::Result<()> {
                 let status = if u.disabled { "disabled" } else { "enabled" };
                 println!(
                     "{:<24} {:<9} {:<9} {}",
-                    u.username, u.role, status, u.created_at
+                    u.username,
+                    u.role.as_str(),
+                    status,
+                    u.created_at
                 );
             }
         }

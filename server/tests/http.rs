@@ -7,7 +7,6 @@ use axum::http::{Method, Request, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use tessera_control::bench::api_token;
-use tessera_control::{Control, ControlConfig};
 use tessera_model::auth::Role;
 use tessera_server::{AppState, app, demo};
 use tower::ServiceExt;
@@ -28,14 +27,7 @@ impl std::ops::Deref for Ctx {
 }
 
 async fn state() -> Ctx {
-    let store = tessera_control::open("sqlite::memory:")
-        .await
-        .expect("in-memory store");
-    let control = Control::new(store, ControlConfig::default());
-    control
-        .ensure_join_token(Some(JOIN))
-        .await
-        .expect("join token");
+    let control = common::control(JOIN).await;
     let admin = api_token(&control, Role::Admin).await.expect("token");
     Ctx {
         app: AppState::new(control, "127.0.0.1:0".parse().expect("valid")),

@@ -10,7 +10,6 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use tessera_control::bench::api_token;
-use tessera_control::{Control, ControlConfig};
 use tessera_model::auth::Role;
 use tessera_server::{AppState, app, demo};
 use tower::ServiceExt;
@@ -38,14 +37,7 @@ async fn get(state: &AppState, uri: &str, token: Option<&str>) -> (StatusCode, S
 
 #[tokio::test]
 async fn pages_render_on_the_server() {
-    let store = tessera_control::open("sqlite::memory:")
-        .await
-        .expect("store");
-    let control = Control::new(store, ControlConfig::default());
-    control
-        .ensure_join_token(Some(JOIN))
-        .await
-        .expect("join token");
+    let control = common::control(JOIN).await;
     demo::seed(&control).await.expect("seed");
     let hosts = &common::DEMO_HOSTS;
     common::register_hosts(&control, JOIN, &[hosts[0], hosts[3]]).await;
@@ -76,4 +68,19 @@ async fn pages_render_on_the_server() {
 
     let (status, _) = get(&state, "/no-such-page", token).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
+
+    // A secret's value is on no page; that it is set is.
+    state
+        .control
+        .register_task_definition(
+            &serde_json::json!({"family": "vault", "containers": [{"name": "main",
+            "command": ["sleep", "600"], "cpu_milli": 100, "memory_mib": 64,
+            "secrets": {"DB_PASSWORD": "hunter2-on-a-page"}}]}),
+        )
+        .await
+        .expect("definition");
+    let (status, html) = get(&state, "/task-definitions/vault", token).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(html.contains("DB_PASSWORD"), "the secret's name is shown");
+    assert!(!html.contains("hunter2"), "its value never is");
 }

@@ -12,6 +12,20 @@ pub const DEMO_HOSTS: [(&str, &str, &str, u32, u64); 4] = [
     ("sim-l4-2", "inference", "NVIDIA L4", 4, 24),
 ];
 
+/// A control plane on an in-memory store that agents join with `join_token`.
+#[allow(dead_code)]
+pub async fn control(join_token: &str) -> Control {
+    let store = tessera_control::open("sqlite::memory:")
+        .await
+        .expect("in-memory store");
+    let control = Control::new(store, tessera_control::ControlConfig::default());
+    control
+        .ensure_join_token(Some(join_token))
+        .await
+        .expect("join token");
+    control
+}
+
 /// Registers simulated hosts through the agent registration path with `join_token`;
 /// returns each one's agent token.
 pub async fn register_hosts(
