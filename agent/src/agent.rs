@@ -173,6 +173,16 @@ fn with_causes(e: &dyn std::error::Error) -> String {
     text
 }
 
+/// The wait before the next try after a failure: doubling, but never longer than two sync
+/// intervals. A restarted server declares a host lost only after three intervals of
+/// silence from its own start, so an agent that waited longer could lose its tasks to a
+/// server that was merely down for a while.
+fn next_backoff(current: Duration, sync_interval: Duration) -> Duration {
+    (current * 2)
+        .min(sync_interval * 2)
+        .max(Duration::from_secs(1))
+}
+
 /// A request that failed: whether the server refused our credentials.
 enum SyncFailure {
     Unauthorized,
@@ -355,6 +365,8 @@ impl Agent {
             return Err(AgentError::NoJoinToken);
         }
         let mut backoff = Duration::from_secs(1);
+        // The server's sync interval, from its last answer (its default until then).
+        let mut interval = Duration::from_secs(5);
         loop {
             let wait = match &creds {
                 None => match self.register().await {
@@ -365,7 +377,7 @@ impl Agent {
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "registration failed; retrying");
-                        backoff = (backoff * 2).min(Duration::from_secs(30));
+                        backoff = next_backoff(backoff, interval);
                         jitter(backoff)
                     }
                 },
@@ -374,9 +386,9 @@ impl Agent {
                     match self.sync(&c).await {
                         Ok(answer) => {
                             backoff = Duration::from_secs(1);
-                            jitter(Duration::from_secs(u64::from(
-                                answer.sync_interval_secs.max(1),
-                            )))
+                            interval =
+                                Duration::from_secs(u64::from(answer.sync_interval_secs.max(1)));
+                            jitter(interval)
                         }
                         Err(SyncFailure::Unauthorized) => {
                             tracing::warn!(
@@ -387,8 +399,8 @@ impl Agent {
                             Duration::from_secs(1)
                         }
                         Err(SyncFailure::Other(e)) => {
+                            backoff = next_backoff(backoff, interval);
                             tracing::warn!(error = %e, retry_in = ?backoff, "sync failed; tasks keep running");
-                            backoff = (backoff * 2).min(Duration::from_secs(30));
                             jitter(backoff)
                         }
                     }
@@ -538,5 +550,21 @@ mod tests {
             Some(dir.path().join("missing.pem")),
         );
         assert!(e.contains("cannot read --ca-cert"), "{e}");
+    }
+
+    #[test]
+    fn backoff_stays_below_the_lost_timeout() {
+        let interval = Duration::from_secs(5);
+        let mut b = Duration::from_secs(1);
+        for _ in 0..20 {
+            b = next_backoff(b, interval);
+            // Lost after 3 intervals; with ±20 % jitter, 2 intervals stay below it.
+            assert!(jitter(b) < interval * 3, "{b:?}");
+        }
+        assert_eq!(b, Duration::from_secs(10));
+        assert_eq!(
+            next_backoff(Duration::from_secs(1), interval),
+            Duration::from_secs(2)
+        );
     }
 }

@@ -322,11 +322,15 @@ impl Control {
             _ => None,
         };
         if let Some((status, message)) = next {
-            self.store
-                .set_host_status(host_id, status, problem.as_deref())
-                .await?;
-            self.event(None, Some(host_id), &message).await;
-            changed = true;
+            // Only from the status read above: an operator's drain that came in between wins.
+            if self
+                .store
+                .set_host_status_if(host_id, host.status, status, problem.as_deref())
+                .await?
+            {
+                self.event(None, Some(host_id), &message).await;
+                changed = true;
+            }
         }
         // Tasks.
         let mine: HashMap<String, Task> = self

@@ -14,6 +14,13 @@ use tessera_model::taskdef::{Secret, ValidationErrors, parse_task_definition};
 use tessera_model::{HostId, HostStatus, PoolInfo};
 use tokio::sync::{Notify, broadcast};
 
+/// A host whose status changed between reading and writing it (a sync, a lost timeout).
+fn changed_meanwhile(id: &HostId) -> ControlError {
+    ControlError::Conflict(format!(
+        "host {id} changed status meanwhile; look again and retry"
+    ))
+}
+
 /// Timings and limits of the control plane.
 #[derive(Debug, Clone)]
 pub struct ControlConfig {
@@ -57,6 +64,9 @@ pub struct Control {
     pub(crate) pass: Arc<tokio::sync::Mutex<()>>,
     /// Recent failed sign-ins, to limit password guessing.
     pub(crate) failed_sign_ins: Arc<crate::auth::FailedSignIns>,
+    /// When this control plane started: hosts are not declared lost for one lost timeout
+    /// after it, since their agents could not reach a server that was down.
+    pub(crate) started: std::time::Instant,
 }
 
 impl Control {
@@ -70,6 +80,7 @@ impl Control {
             last_complaint: Arc::default(),
             pass: Arc::default(),
             failed_sign_ins: Arc::default(),
+            started: std::time::Instant::now(),
         }
     }
 
@@ -79,6 +90,11 @@ impl Control {
 
     pub fn config(&self) -> &ControlConfig {
         &self.config
+    }
+
+    /// How long a host may go without a sync before it is lost.
+    pub fn lost_timeout(&self) -> Duration {
+        self.config.sync_interval * self.config.lost_after_intervals
     }
 
     /// Asks the reconcile loop to run soon, and tells live views something changed.
@@ -93,11 +109,25 @@ impl Control {
     }
 
     /// Runs reconcile passes until `shutdown` resolves: on every wake-up and every tick.
+    /// Each pass runs as its own task, so a pass that fails or panics is logged and the
+    /// next one runs as usual: scheduling never stops silently.
     pub async fn run(&self, shutdown: impl std::future::Future<Output = ()>) {
         tokio::pin!(shutdown);
         loop {
-            if let Err(e) = self.reconcile_once().await {
-                tracing::error!(error = %e, "reconcile pass failed");
+            let this = self.clone();
+            match tokio::spawn(async move { this.reconcile_once().await }).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::error!(error = %e, "reconcile pass failed"),
+                Err(e) if e.is_panic() => {
+                    let panic = e.into_panic();
+                    let why = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| (*s).to_owned())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_default();
+                    tracing::error!(panic = %why, "reconcile pass panicked; the next pass runs as usual");
+                }
+                Err(e) => tracing::error!(error = %e, "reconcile pass was cancelled"),
             }
             tokio::select! {
                 _ = &mut shutdown => break,
@@ -326,10 +356,19 @@ impl Control {
 
     /// Operator drain: no new tasks; running ones move elsewhere (start before stop).
     pub async fn drain_host(&self, id: &HostId) -> Result<(), ControlError> {
-        self.store.get_host(id).await?;
-        self.store
-            .set_host_status(id, HostStatus::Draining, Some("drained by an operator"))
-            .await?;
+        let host = self.store.get_host(id).await?;
+        if !self
+            .store
+            .set_host_status_if(
+                id,
+                host.status,
+                HostStatus::Draining,
+                Some("drained by an operator"),
+            )
+            .await?
+        {
+            return Err(changed_meanwhile(id));
+        }
         self.event(None, Some(id), &format!("host {id} is draining"))
             .await;
         self.wake();
@@ -344,9 +383,13 @@ impl Control {
                 "host {id} is lost; it becomes active again when its agent syncs"
             )));
         }
-        self.store
-            .set_host_status(id, HostStatus::Active, None)
-            .await?;
+        if !self
+            .store
+            .set_host_status_if(id, host.status, HostStatus::Active, None)
+            .await?
+        {
+            return Err(changed_meanwhile(id));
+        }
         self.event(None, Some(id), &format!("host {id} activated"))
             .await;
         self.wake();

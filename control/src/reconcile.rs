@@ -26,33 +26,53 @@ impl Control {
         self.detect_lost_hosts().await?;
         self.migrate_off_unhealthy_hosts().await?;
         for service in self.store.list_services().await? {
-            self.reconcile_service(&service).await?;
+            // Each service on its own: one that fails (a definition that no longer parses,
+            // say) is reported and the others are still reconciled.
+            if let Err(e) = self.reconcile_service(&service).await {
+                let message = format!("reconciling service {} failed: {e}", service.name);
+                tracing::error!(service = %service.name, error = %e, "reconciling a service failed");
+                let key = format!("failed:{}", service.name);
+                let before = self
+                    .last_complaint
+                    .lock()
+                    .expect("not poisoned")
+                    .insert(key, message.clone());
+                if before.as_deref() != Some(message.as_str()) {
+                    self.event(Some(&service.name), None, &message).await;
+                }
+            }
         }
         self.schedule().await?;
         Ok(())
     }
 
-    /// Hosts silent past the timeout become lost; their tasks stop and are replaced.
+    /// Hosts silent past the timeout become lost; their tasks stop and are replaced. For one
+    /// lost timeout after this control plane started nothing is declared lost: agents
+    /// could not reach a server that was down, and get that long to sync again.
     async fn detect_lost_hosts(&self) -> Result<(), ControlError> {
-        let timeout =
-            self.config.sync_interval.as_secs_f64() * f64::from(self.config.lost_after_intervals);
-        for id in self.store.hosts_silent_for(timeout).await? {
-            let reason = format!("no agent sync for {timeout:.0} s");
-            self.store
-                .set_host_status(&id, HostStatus::Lost, Some(&reason))
-                .await?;
-            let tasks = self.tasks_on(&id).await?;
-            for t in &tasks {
-                self.store
-                    .mark_task_stopped(&t.id, "host lost", None, false)
-                    .await?;
-            }
+        let swept = self.store.stop_tasks_on_lost_hosts().await?;
+        if !swept.is_empty() {
+            tracing::warn!(tasks = swept.len(), "stopped tasks left on lost hosts");
+            self.wake();
+        }
+        let timeout = self.lost_timeout();
+        if self.started.elapsed() < timeout {
+            return Ok(());
+        }
+        let secs = timeout.as_secs_f64();
+        for id in self.store.hosts_silent_for(secs).await? {
+            let reason = format!("no agent sync for {secs:.0} s");
+            // Marked and its tasks stopped in one transaction, and only if it is still
+            // silent: a sync that arrived meanwhile wins.
+            let Some(stopped) = self.store.mark_host_lost(&id, &reason, secs).await? else {
+                continue;
+            };
             self.event(
                 None,
                 Some(&id),
                 &format!(
                     "host {id} lost ({reason}); {} task(s) stopped and replaced elsewhere",
-                    tasks.len()
+                    stopped.len()
                 ),
             )
             .await;

@@ -180,6 +180,29 @@ pub trait Store: AuthStore {
         status: HostStatus,
         reason: Option<&str>,
     ) -> Result<(), StoreError>;
+    /// Compare-and-set: changes the status only if it is still `expected`; returns whether
+    /// it did. Status changes made from what was read earlier use this, so an operator's
+    /// drain is never overwritten by a sync that read the host before it.
+    async fn set_host_status_if(
+        &self,
+        id: &HostId,
+        expected: HostStatus,
+        status: HostStatus,
+        reason: Option<&str>,
+    ) -> Result<bool, StoreError>;
+    /// In one transaction: marks the host lost, if it is not lost yet and has still not
+    /// synced for `silent_secs`, and stops every task it holds (reason `host lost`, GPU
+    /// allocations released). Returns the tasks stopped, or `None` when the host was left
+    /// as it was.
+    async fn mark_host_lost(
+        &self,
+        id: &HostId,
+        reason: &str,
+        silent_secs: f64,
+    ) -> Result<Option<Vec<String>>, StoreError>;
+    /// Stops tasks still holding capacity on lost hosts (left by a crash of an older
+    /// version between two writes, or a hand edit); returns them.
+    async fn stop_tasks_on_lost_hosts(&self) -> Result<Vec<String>, StoreError>;
     /// Records a sync: last seen now, GPU health and inventory, MPS health.
     async fn record_host_report(&self, id: &HostId, report: &HostReport) -> Result<(), StoreError>;
     /// Hosts not `lost` whose last sync is older than `seconds`.

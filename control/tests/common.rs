@@ -21,6 +21,19 @@ pub struct Env {
     _dir: tempfile::TempDir,
 }
 
+impl Env {
+    /// The database's URL.
+    pub fn url(&self) -> String {
+        format!("sqlite://{}/t.db", self._dir.path().display())
+    }
+
+    /// A new control plane on the same database: the server restarted.
+    pub async fn restart(&self, config: ControlConfig) -> Control {
+        let store = tessera_control::open(&self.url()).await.expect("store");
+        Control::new(store, config)
+    }
+}
+
 pub async fn env(config: ControlConfig) -> Env {
     let dir = tempfile::tempdir().expect("temp dir");
     let store = tessera_control::open(&format!("sqlite://{}/t.db", dir.path().display()))

@@ -517,23 +517,34 @@ async fn agent_sync(
 
 /// `GET /api/v1/live`: server-sent events, one `change` message whenever the fleet's state
 /// changed (bursts within 300 ms are coalesced), so the console refreshes without a reload.
+/// At most `AppState::live_slots` streams are open at once; past that, `503` (the console
+/// then simply refreshes on navigation).
 async fn live(
     State(state): State<AppState>,
-) -> axum::response::sse::Sse<
-    impl futures_util::Stream<Item = Result<axum::response::sse::Event, std::convert::Infallible>>,
+) -> Result<
+    axum::response::sse::Sse<
+        impl futures_util::Stream<Item = Result<axum::response::sse::Event, std::convert::Infallible>>,
+    >,
+    ApiError,
 > {
     use axum::response::sse::{Event, KeepAlive, Sse};
     use tokio::sync::broadcast::error::RecvError;
+    let Ok(slot) = state.live_slots.clone().try_acquire_owned() else {
+        return Err(ApiError::Unavailable(
+            "too many live event streams are open; try again later".into(),
+        ));
+    };
     let rx = state.control.subscribe();
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+    // The slot lives as long as the stream: a closed connection frees it.
+    let stream = futures_util::stream::unfold((rx, slot), |(mut rx, slot)| async move {
         match rx.recv().await {
             Ok(_) | Err(RecvError::Lagged(_)) => {
                 tokio::time::sleep(std::time::Duration::from_millis(300)).await;
                 while rx.try_recv().is_ok() {}
-                Some((Ok(Event::default().data("change")), rx))
+                Some((Ok(Event::default().data("change")), (rx, slot)))
             }
             Err(RecvError::Closed) => None,
         }
     });
-    Sse::new(stream).keep_alive(KeepAlive::default())
+    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
 }

@@ -33,6 +33,9 @@ pub enum ApiError {
     PayloadTooLarge(String),
     #[error("too many failed sign-ins; try again in {0} s")]
     TooManyAttempts(u64),
+    /// A limit is reached for now (open event streams).
+    #[error("{0}")]
+    Unavailable(String),
     #[error(transparent)]
     Internal(ControlError),
 }
@@ -91,6 +94,10 @@ impl IntoResponse for ApiError {
                 (StatusCode::UNAUTHORIZED, serde_json::json!({ "error": m }))
             }
             ApiError::Forbidden(m) => (StatusCode::FORBIDDEN, serde_json::json!({ "error": m })),
+            ApiError::Unavailable(m) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                serde_json::json!({ "error": m }),
+            ),
             ApiError::PayloadTooLarge(m) => (
                 StatusCode::PAYLOAD_TOO_LARGE,
                 serde_json::json!({ "error": m }),

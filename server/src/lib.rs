@@ -45,7 +45,17 @@ pub struct AppState {
     pub control: Control,
     pub leptos: LeptosOptions,
     pub auth: Arc<auth::AuthSettings>,
+    /// Open `/api/v1/live` streams are capped: each holds a task and a connection.
+    pub live_slots: Arc<tokio::sync::Semaphore>,
 }
+
+/// Event streams open at once, at most.
+pub const MAX_LIVE_STREAMS: usize = 256;
+/// Requests handled at once, at most; more wait their turn.
+pub const MAX_CONCURRENT_REQUESTS: usize = 1024;
+/// A request that has no answer after this long gets `408` (an event stream's answer is
+/// its first byte, so streams are not cut).
+pub const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl AppState {
     /// Served on `bind` over plain HTTP, with the default allowed hosts.
@@ -54,6 +64,7 @@ impl AppState {
             control,
             leptos: leptos_options(bind),
             auth: Arc::new(auth::AuthSettings::for_bind(bind, false)),
+            live_slots: Arc::new(tokio::sync::Semaphore::new(MAX_LIVE_STREAMS)),
         }
     }
 }
@@ -86,6 +97,13 @@ pub fn app(state: AppState) -> Router {
             auth::authenticate,
         ))
         .layer(sessions)
+        .layer(tower_http::timeout::TimeoutLayer::with_status_code(
+            axum::http::StatusCode::REQUEST_TIMEOUT,
+            REQUEST_TIMEOUT,
+        ))
+        .layer(tower::limit::ConcurrencyLimitLayer::new(
+            MAX_CONCURRENT_REQUESTS,
+        ))
         // gzip what compresses (the WASM bundle shrinks to about a third); the default
         // predicate leaves the live event stream alone.
         .layer(tower_http::compression::CompressionLayer::new())

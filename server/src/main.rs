@@ -7,7 +7,7 @@ use tessera_control::{Control, ControlConfig};
 use tessera_model::auth::Role;
 use tessera_server::auth::AuthSettings;
 use tessera_server::config::{Cli, Command, DbArgs, ServeArgs, UserCommand, redact_url};
-use tessera_server::{AppState, TlsFiles, demo, leptos_options, run};
+use tessera_server::{AppState, TlsFiles, demo, run};
 use tokio::sync::watch;
 use tracing_subscriber::EnvFilter;
 
@@ -215,9 +215,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         );
     }
     let state = AppState {
-        control,
-        leptos: leptos_options(args.bind),
         auth: Arc::new(auth),
+        ..AppState::new(control, args.bind)
     };
     run(listener, state, tls, async move {
         shutdown_signal().await;

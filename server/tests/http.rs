@@ -532,3 +532,32 @@ async fn services_lifecycle_preview_tasks_events_and_drain() {
     let (_, detail) = get(&state, "/api/v1/services/web").await;
     assert_eq!(detail["deleting"], true);
 }
+
+#[tokio::test]
+async fn live_streams_are_capped_and_a_closed_one_frees_its_slot() {
+    let mut state = state().await;
+    state.app.live_slots = std::sync::Arc::new(tokio::sync::Semaphore::new(1));
+    let open = || {
+        Request::get("/api/v1/live")
+            .header("host", "127.0.0.1:3000")
+            .header("authorization", format!("Bearer {}", state.admin))
+            .body(Body::empty())
+            .expect("request")
+    };
+    let first = app(state.app.clone())
+        .oneshot(open())
+        .await
+        .expect("answers");
+    assert_eq!(first.status(), StatusCode::OK);
+    let second = app(state.app.clone())
+        .oneshot(open())
+        .await
+        .expect("answers");
+    assert_eq!(second.status(), StatusCode::SERVICE_UNAVAILABLE);
+    drop(first);
+    let third = app(state.app.clone())
+        .oneshot(open())
+        .await
+        .expect("answers");
+    assert_eq!(third.status(), StatusCode::OK);
+}

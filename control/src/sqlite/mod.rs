@@ -329,6 +329,41 @@ fn not_found(what: &'static str, id: impl ToString) -> StoreError {
     }
 }
 
+/// Stops, inside `tx`, the tasks matching `which` (an SQL condition on `tasks`, with at most
+/// one `?` bound to `arg`) that hold capacity: reason `host lost`, allocations released.
+async fn stop_holding_tasks(
+    tx: &mut sqlx::Transaction<'static, Sqlite>,
+    which: &str,
+    arg: Option<&str>,
+) -> Result<Vec<String>, StoreError> {
+    let holding = "state IN ('assigned', 'running', 'stopping')";
+    let select = format!("SELECT id FROM tasks WHERE {which} AND {holding}");
+    let mut q = sqlx::query(&select);
+    if let Some(a) = arg {
+        q = q.bind(a);
+    }
+    let ids: Vec<String> = q
+        .fetch_all(&mut **tx)
+        .await?
+        .iter()
+        .map(|r| r.try_get("id"))
+        .collect::<Result<_, _>>()?;
+    for id in &ids {
+        sqlx::query(&format!(
+            "UPDATE tasks SET state = 'stopped', stopped_at = {NOW},
+                 stop_reason = COALESCE(stop_reason, 'host lost') WHERE id = ?"
+        ))
+        .bind(id)
+        .execute(&mut **tx)
+        .await?;
+        sqlx::query("DELETE FROM task_gpus WHERE task_id = ?")
+            .bind(id)
+            .execute(&mut **tx)
+            .await?;
+    }
+    Ok(ids)
+}
+
 /// An update of one row by key: no row changed means no such `what`.
 fn updated(
     done: sqlx::sqlite::SqliteQueryResult,
@@ -517,6 +552,62 @@ impl Store for SqliteStore {
             .execute(&self.db)
             .await?;
         updated(done, "host", id)
+    }
+
+    async fn set_host_status_if(
+        &self,
+        id: &HostId,
+        expected: HostStatus,
+        status: HostStatus,
+        reason: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "UPDATE hosts SET status = ?, status_reason = ? WHERE id = ? AND status = ?",
+        )
+        .bind(status.as_str())
+        .bind(reason)
+        .bind(id.as_str())
+        .bind(expected.as_str())
+        .execute(&self.db)
+        .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn mark_host_lost(
+        &self,
+        id: &HostId,
+        reason: &str,
+        silent_secs: f64,
+    ) -> Result<Option<Vec<String>>, StoreError> {
+        let mut tx = self.begin_immediate().await?;
+        let marked = sqlx::query(
+            "UPDATE hosts SET status = 'lost', status_reason = ?
+             WHERE id = ? AND status != 'lost' AND last_seen_at IS NOT NULL
+               AND julianday('now') - julianday(last_seen_at) > ? / 86400.0",
+        )
+        .bind(reason)
+        .bind(id.as_str())
+        .bind(silent_secs)
+        .execute(&mut *tx)
+        .await?;
+        if marked.rows_affected() == 0 {
+            return Ok(None);
+        }
+        let stopped = stop_holding_tasks(&mut tx, "host_id = ?", Some(id.as_str())).await?;
+        tx.commit().await?;
+        Ok(Some(stopped))
+    }
+
+    async fn stop_tasks_on_lost_hosts(&self) -> Result<Vec<String>, StoreError> {
+        let mut tx = self.begin_immediate().await?;
+        let stopped = stop_holding_tasks(
+            &mut tx,
+            "host_id IN (SELECT id FROM hosts WHERE status = 'lost')",
+            None,
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(stopped)
     }
 
     async fn record_host_report(&self, id: &HostId, report: &HostReport) -> Result<(), StoreError> {

@@ -1,0 +1,144 @@
+//! Faults the control plane must survive: a restart longer than the lost timeout, tasks
+//! left on a lost host, status changes that race, a service that cannot be reconciled.
+
+mod common;
+
+use common::*;
+use std::time::Duration;
+use tessera_control::store::EventFilter;
+use tessera_model::HostStatus;
+use tessera_model::service::{DeploymentConfig, TaskState};
+
+async fn status(c: &tessera_control::Control, h: &Host) -> HostStatus {
+    c.store().get_host(&h.id).await.expect("host").status
+}
+
+#[tokio::test]
+async fn after_a_restart_hosts_get_one_lost_timeout_to_sync_before_they_are_lost() {
+    let env = env(fast()).await; // lost after 2 s
+    let c = &env.control;
+    let a = host(c, "a", 1, 24).await;
+    let def = register_def(c, "web", 8, 20).await;
+    service(c, "web", &def, 1, DeploymentConfig::default()).await;
+    c.reconcile_once().await.expect("pass");
+    sync(c, &a).await;
+    let before = tasks(c, "web", &[TaskState::Running]).await;
+    assert_eq!(before.len(), 1);
+
+    // The server is down for longer than the lost timeout, then starts again.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let restarted = env.restart(fast()).await;
+    restarted.reconcile_once().await.expect("pass");
+    assert_eq!(
+        status(&restarted, &a).await,
+        HostStatus::Active,
+        "not lost at once"
+    );
+    // The agent is back within the grace: its task was never restarted.
+    let wanted = sync(&restarted, &a).await;
+    assert_eq!(wanted.tasks.len(), 1);
+    let b = host(&restarted, "b", 1, 24).await; // joins, then never syncs
+    for _ in 0..8 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        sync(&restarted, &a).await;
+        restarted.reconcile_once().await.expect("pass");
+    }
+    let after = tasks(&restarted, "web", &[TaskState::Running]).await;
+    assert_eq!(after.len(), 1);
+    assert_eq!(after[0].id, before[0].id, "the same task, never replaced");
+    assert_eq!(status(&restarted, &a).await, HostStatus::Active);
+    assert_eq!(
+        status(&restarted, &b).await,
+        HostStatus::Lost,
+        "a host that stays silent past the grace is lost"
+    );
+}
+
+#[tokio::test]
+async fn tasks_left_on_a_lost_host_are_stopped_and_replaced() {
+    let env = env(fast()).await;
+    let c = &env.control;
+    let a = host(c, "a", 1, 24).await;
+    let b = host(c, "b", 1, 24).await;
+    let def = register_def(c, "web", 8, 20).await;
+    service(c, "web", &def, 1, DeploymentConfig::default()).await;
+    c.reconcile_once().await.expect("pass");
+    sync(c, &a).await;
+    sync(c, &b).await;
+    let old = tasks(c, "web", &[TaskState::Running]).await.remove(0);
+    let on = old.host.clone().expect("placed");
+    // As a crash between "host lost" and "its tasks stopped" used to leave it.
+    c.store()
+        .set_host_status(&on, HostStatus::Lost, Some("crashed between writes"))
+        .await
+        .expect("status");
+    c.reconcile_once().await.expect("pass");
+    let old = c.store().get_task(&old.id).await.expect("task");
+    assert_eq!(old.state, TaskState::Stopped);
+    assert_eq!(old.stop_reason.as_deref(), Some("host lost"));
+    assert!(old.allocations.is_empty(), "its GPU memory is free again");
+    let live = tasks(c, "web", LIVE).await;
+    assert_eq!(live.len(), 1, "replaced");
+    assert_ne!(live[0].host.as_ref(), Some(&on));
+    assert_no_overcommit(c).await;
+}
+
+#[tokio::test]
+async fn status_changes_are_compare_and_set() {
+    let env = env(fast()).await;
+    let c = &env.control;
+    let a = host(c, "a", 1, 24).await;
+    c.drain_host(&a.id).await.expect("drain");
+    // A sync that read the host as active before the drain cannot undo it.
+    let changed = c
+        .store()
+        .set_host_status_if(&a.id, HostStatus::Active, HostStatus::Impaired, Some("x"))
+        .await
+        .expect("store");
+    assert!(!changed);
+    assert_eq!(status(c, &a).await, HostStatus::Draining);
+    // Marking lost only happens to a host still silent: one that just synced stays.
+    sync(c, &a).await;
+    let marked = c
+        .store()
+        .mark_host_lost(&a.id, "silent", 60.0)
+        .await
+        .expect("store");
+    assert_eq!(marked, None);
+    assert_eq!(status(c, &a).await, HostStatus::Draining);
+}
+
+#[tokio::test]
+async fn a_service_that_cannot_be_reconciled_does_not_stop_the_others() {
+    let env = env(fast()).await;
+    let c = &env.control;
+    let a = host(c, "a", 2, 24).await;
+    let bad = register_def(c, "bad", 4, 10).await;
+    let good = register_def(c, "good", 4, 10).await;
+    // Reconciled first (by name), and its definition no longer parses.
+    service(c, "a-broken", &bad, 1, DeploymentConfig::default()).await;
+    service(c, "b-good", &good, 2, DeploymentConfig::default()).await;
+    let db = sqlx::SqlitePool::connect(&env.url()).await.expect("db");
+    sqlx::query("UPDATE task_definitions SET spec = 'not json' WHERE family = 'bad'")
+        .execute(&db)
+        .await
+        .expect("corrupt");
+    c.reconcile_once().await.expect("the pass goes on");
+    sync(c, &a).await;
+    assert_eq!(tasks(c, "b-good", &[TaskState::Running]).await.len(), 2);
+    let events = c
+        .store()
+        .list_events(&EventFilter {
+            service: Some("a-broken".into()),
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .expect("events");
+    assert!(
+        events
+            .iter()
+            .any(|e| e.message.contains("reconciling service a-broken failed")),
+        "{events:?}"
+    );
+}
