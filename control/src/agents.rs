@@ -290,7 +290,8 @@ impl Control {
         } else {
             None
         };
-        self.store
+        let gpu_changes = self
+            .store
             .record_host_report(
                 host_id,
                 &HostReport {
@@ -298,6 +299,11 @@ impl Control {
                 },
             )
             .await?;
+        for change in &gpu_changes {
+            self.event(None, Some(host_id), &format!("host {host_id}: {change}"))
+                .await;
+            changed = true;
+        }
         let next = match (host.status, &problem) {
             (HostStatus::Lost, None) => Some((
                 HostStatus::Active,

@@ -150,6 +150,50 @@ pub trait AuthStore: Send + Sync + 'static {
     async fn list_audit(&self, filter: &AuditFilter) -> Result<Vec<AuditEntry>, StoreError>;
 }
 
+/// A change of a host's GPUs that a sync brought.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GpuChange {
+    /// A different GPU now sits at `index`; tasks on the old one were stopped.
+    Replaced {
+        index: u32,
+        old: String,
+        new: String,
+        stopped: Vec<String>,
+    },
+    /// The agent no longer reports this GPU: unhealthy, its tasks stopped.
+    Missing {
+        index: u32,
+        uuid: String,
+        stopped: Vec<String>,
+    },
+}
+
+impl std::fmt::Display for GpuChange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GpuChange::Replaced {
+                index,
+                old,
+                new,
+                stopped,
+            } => write!(
+                f,
+                "GPU {index} replaced ({old} → {new}); {} task(s) on the old one stopped and replaced elsewhere",
+                stopped.len()
+            ),
+            GpuChange::Missing {
+                index,
+                uuid,
+                stopped,
+            } => write!(
+                f,
+                "GPU {index} ({uuid}) is missing from the agent's report: marked unhealthy; {} task(s) on it stopped and replaced elsewhere",
+                stopped.len()
+            ),
+        }
+    }
+}
+
 /// Everything the control plane persists.
 #[async_trait]
 pub trait Store: AuthStore {
@@ -203,8 +247,15 @@ pub trait Store: AuthStore {
     /// Stops tasks still holding capacity on lost hosts (left by a crash of an older
     /// version between two writes, or a hand edit); returns them.
     async fn stop_tasks_on_lost_hosts(&self) -> Result<Vec<String>, StoreError>;
-    /// Records a sync: last seen now, GPU health and inventory, MPS health.
-    async fn record_host_report(&self, id: &HostId, report: &HostReport) -> Result<(), StoreError>;
+    /// Records a sync: last seen now, GPU health and inventory, MPS health. Applied per GPU:
+    /// a GPU replaced at an index (a new UUID) takes the index and the old one's tasks are
+    /// stopped; a known GPU missing from the report becomes unhealthy and its tasks are
+    /// stopped; the other GPUs carry on. Returns what changed, for events.
+    async fn record_host_report(
+        &self,
+        id: &HostId,
+        report: &HostReport,
+    ) -> Result<Vec<GpuChange>, StoreError>;
     /// Hosts not `lost` whose last sync is older than `seconds`.
     async fn hosts_silent_for(&self, seconds: f64) -> Result<Vec<HostId>, StoreError>;
     /// The status reason of a host, if any.

@@ -6,8 +6,8 @@ mod common;
 use common::*;
 use std::time::Duration;
 use tessera_control::store::EventFilter;
-use tessera_model::HostStatus;
 use tessera_model::service::{DeploymentConfig, TaskState};
+use tessera_model::{GpuHealth, GpuUuid, HostStatus};
 
 async fn status(c: &tessera_control::Control, h: &Host) -> HostStatus {
     c.store().get_host(&h.id).await.expect("host").status
@@ -141,4 +141,89 @@ async fn a_service_that_cannot_be_reconciled_does_not_stop_the_others() {
             .any(|e| e.message.contains("reconciling service a-broken failed")),
         "{events:?}"
     );
+}
+
+#[tokio::test]
+async fn a_gpu_replaced_or_gone_has_its_tasks_replaced_and_the_rest_of_the_host_carries_on() {
+    let env = env(fast()).await;
+    let c = &env.control;
+    let a = host(c, "a", 2, 24).await;
+    let b = host(c, "b", 2, 24).await;
+    let def = register_def(c, "big", 20, 50).await; // one per GPU
+    service(c, "big", &def, 3, DeploymentConfig::default()).await;
+    c.reconcile_once().await.expect("pass");
+    sync(c, &a).await;
+    sync(c, &b).await;
+    let on = |gpu: &'static str| async move {
+        tasks(c, "big", LIVE)
+            .await
+            .into_iter()
+            .filter(|t| t.allocations.iter().any(|al| al.gpu.as_str() == gpu))
+            .map(|t| t.id)
+            .collect::<Vec<_>>()
+    };
+    let on_a0 = on("GPU-a-0").await;
+    let on_b1 = on("GPU-b-1").await;
+    let on_b0 = on("GPU-b-0").await;
+    assert_eq!(
+        on_a0.len() + on_b1.len() + on_b0.len() + on("GPU-a-1").await.len(),
+        3
+    );
+
+    // A new device at a's index 0.
+    let mut replaced = a.gpus.clone();
+    replaced[0].uuid = GpuUuid::new("GPU-a-new").expect("valid");
+    let a2 = Host {
+        id: a.id.clone(),
+        token: a.token.clone(),
+        gpus: replaced,
+    };
+    sync(c, &a2).await;
+    let host_a = c.store().get_host(&a.id).await.expect("host");
+    assert_eq!(host_a.gpus[0].uuid.as_str(), "GPU-a-new");
+    assert_eq!(host_a.gpus.len(), 2);
+    for id in &on_a0 {
+        let t = c.store().get_task(id).await.expect("task");
+        assert_eq!(
+            (t.state, t.stop_reason.as_deref()),
+            (TaskState::Stopped, Some("GPU replaced"))
+        );
+    }
+    // b's GPU 1 disappears from its reports.
+    let b2 = Host {
+        id: b.id.clone(),
+        token: b.token.clone(),
+        gpus: vec![b.gpus[0].clone()],
+    };
+    sync(c, &b2).await;
+    let host_b = c.store().get_host(&b.id).await.expect("host");
+    assert_eq!(
+        host_b.status,
+        HostStatus::Active,
+        "the rest of the host carries on"
+    );
+    assert_eq!(host_b.gpus[1].health, GpuHealth::Unhealthy);
+    for id in &on_b1 {
+        let t = c.store().get_task(id).await.expect("task");
+        assert_eq!(t.stop_reason.as_deref(), Some("GPU missing"));
+    }
+    for id in &on_b0 {
+        assert_eq!(
+            c.store().get_task(id).await.expect("task").state,
+            TaskState::Running
+        );
+    }
+    for _ in 0..3 {
+        c.reconcile_once().await.expect("pass");
+        sync(c, &a2).await;
+        sync(c, &b2).await;
+    }
+    let running = tasks(c, "big", &[TaskState::Running]).await;
+    assert_eq!(running.len(), 3, "replaced on the GPUs that are there");
+    assert!(
+        running
+            .iter()
+            .all(|t| t.allocations[0].gpu.as_str() != "GPU-b-1")
+    );
+    assert_no_overcommit(c).await;
 }

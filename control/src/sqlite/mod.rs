@@ -5,7 +5,9 @@
 mod auth;
 
 use crate::error::StoreError;
-use crate::store::{EventFilter, HostReport, NewTask, PlacementCommit, Store, TaskFilter};
+use crate::store::{
+    EventFilter, GpuChange, HostReport, NewTask, PlacementCommit, Store, TaskFilter,
+};
 use async_trait::async_trait;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow};
 use sqlx::{Acquire, QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool};
@@ -348,11 +350,40 @@ async fn stop_holding_tasks(
         .iter()
         .map(|r| r.try_get("id"))
         .collect::<Result<_, _>>()?;
-    for id in &ids {
+    stop_task_rows(tx, &ids, "host lost").await?;
+    Ok(ids)
+}
+
+/// Stops, inside `tx`, the tasks holding an allocation on GPU `uuid`, with `reason`.
+async fn stop_tasks_on_gpu(
+    tx: &mut sqlx::Transaction<'static, Sqlite>,
+    uuid: &str,
+    reason: &str,
+) -> Result<Vec<String>, StoreError> {
+    let ids: Vec<String> = sqlx::query("SELECT DISTINCT task_id FROM task_gpus WHERE gpu_uuid = ?")
+        .bind(uuid)
+        .fetch_all(&mut **tx)
+        .await?
+        .iter()
+        .map(|r| r.try_get("task_id"))
+        .collect::<Result<_, _>>()?;
+    stop_task_rows(tx, &ids, reason).await?;
+    Ok(ids)
+}
+
+/// Inside `tx`: tasks `ids` stopped now with `reason` (unless stopped already), their GPU
+/// allocations released.
+async fn stop_task_rows(
+    tx: &mut sqlx::Transaction<'static, Sqlite>,
+    ids: &[String],
+    reason: &str,
+) -> Result<(), StoreError> {
+    for id in ids {
         sqlx::query(&format!(
             "UPDATE tasks SET state = 'stopped', stopped_at = {NOW},
-                 stop_reason = COALESCE(stop_reason, 'host lost') WHERE id = ?"
+                 stop_reason = COALESCE(stop_reason, ?) WHERE id = ? AND state != 'stopped'"
         ))
+        .bind(reason)
         .bind(id)
         .execute(&mut **tx)
         .await?;
@@ -361,7 +392,7 @@ async fn stop_holding_tasks(
             .execute(&mut **tx)
             .await?;
     }
-    Ok(ids)
+    Ok(())
 }
 
 /// An update of one row by key: no row changed means no such `what`.
@@ -610,7 +641,11 @@ impl Store for SqliteStore {
         Ok(stopped)
     }
 
-    async fn record_host_report(&self, id: &HostId, report: &HostReport) -> Result<(), StoreError> {
+    async fn record_host_report(
+        &self,
+        id: &HostId,
+        report: &HostReport,
+    ) -> Result<Vec<GpuChange>, StoreError> {
         let mut tx = self.begin_immediate().await?;
         sqlx::query(&format!(
             "UPDATE hosts SET last_seen_at = {NOW} WHERE id = ?"
@@ -618,6 +653,48 @@ impl Store for SqliteStore {
         .bind(id.as_str())
         .execute(&mut *tx)
         .await?;
+        let known: Vec<(String, i64, String)> =
+            sqlx::query("SELECT uuid, idx, health FROM gpus WHERE host_id = ?")
+                .bind(id.as_str())
+                .fetch_all(&mut *tx)
+                .await?
+                .iter()
+                .map(|r| Ok((r.try_get("uuid")?, r.try_get("idx")?, r.try_get("health")?)))
+                .collect::<Result<_, sqlx::Error>>()?;
+        let mut changes = Vec::new();
+        for (uuid, idx, health) in &known {
+            let reported_here = report.gpus.iter().find(|g| i64::from(g.index) == *idx);
+            let still_reported = report.gpus.iter().any(|g| g.uuid.as_str() == uuid);
+            match reported_here {
+                Some(g) if g.uuid.as_str() != uuid => {
+                    // Replaced at this index: the old GPU and what ran on it are gone.
+                    let stopped = stop_tasks_on_gpu(&mut tx, uuid, "GPU replaced").await?;
+                    sqlx::query("DELETE FROM gpus WHERE uuid = ?")
+                        .bind(uuid)
+                        .execute(&mut *tx)
+                        .await?;
+                    changes.push(GpuChange::Replaced {
+                        index: *idx as u32,
+                        old: uuid.clone(),
+                        new: g.uuid.to_string(),
+                        stopped,
+                    });
+                }
+                None if !still_reported && health == "healthy" => {
+                    let stopped = stop_tasks_on_gpu(&mut tx, uuid, "GPU missing").await?;
+                    sqlx::query("UPDATE gpus SET health = 'unhealthy' WHERE uuid = ?")
+                        .bind(uuid)
+                        .execute(&mut *tx)
+                        .await?;
+                    changes.push(GpuChange::Missing {
+                        index: *idx as u32,
+                        uuid: uuid.clone(),
+                        stopped,
+                    });
+                }
+                _ => {}
+            }
+        }
         for g in &report.gpus {
             sqlx::query(
                 "INSERT INTO gpus (uuid, host_id, idx, model, memory_mib, mps_client_limit, health) VALUES (?, ?, ?, ?, ?, ?, ?)
@@ -646,7 +723,7 @@ impl Store for SqliteStore {
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
-        Ok(())
+        Ok(changes)
     }
 
     async fn hosts_silent_for(&self, seconds: f64) -> Result<Vec<HostId>, StoreError> {
