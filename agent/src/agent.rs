@@ -80,22 +80,14 @@ fn load_credentials(path: &std::path::Path, server: &str) -> Option<Credentials>
     (c.server == server).then_some(c)
 }
 
+/// Written atomically and owner-only: a crash leaves the old credentials or the new ones.
 fn save_credentials(path: &std::path::Path, c: &Credentials) -> Result<(), AgentError> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
     let err = |source| AgentError::Credentials {
         path: path.display().to_string(),
         source,
     };
     let bytes = serde_json::to_vec_pretty(c).map_err(|e| err(std::io::Error::other(e)))?;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .map_err(err)?;
-    f.write_all(&bytes).map_err(err)
+    crate::runtime::write_private(path, &bytes).map_err(err)
 }
 
 /// Cheap jitter: ±20 % of `d`, from the clock and the pid.
@@ -204,10 +196,16 @@ impl Agent {
     /// Sets up the probe (failing clearly without NVML and without `--simulate`), the MPS
     /// supervisor and the runtime (re-adopting tasks left running).
     pub fn new(config: AgentConfig) -> Result<Agent, AgentError> {
-        std::fs::create_dir_all(&config.state_dir).map_err(|source| AgentError::Credentials {
-            path: config.state_dir.display().to_string(),
-            source,
-        })?;
+        // Owner-only: it holds the agent's token and what its tasks run.
+        std::fs::create_dir_all(&config.state_dir)
+            .and_then(|()| {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(&config.state_dir, std::fs::Permissions::from_mode(0o700))
+            })
+            .map_err(|source| AgentError::Credentials {
+                path: config.state_dir.display().to_string(),
+                source,
+            })?;
         let probe: Box<dyn GpuProbe> = match &config.simulate {
             Some(spec) => Box::new(SimulatedProbe::parse(spec, &config.name)?),
             None => Box::new(NvmlProbe::new()?),
@@ -566,5 +564,24 @@ mod tests {
             next_backoff(Duration::from_secs(1), interval),
             Duration::from_secs(2)
         );
+    }
+
+    #[test]
+    fn the_state_directory_is_owner_only() {
+        let dir = tempfile::tempdir().expect("dir");
+        let state = dir.path().join("state");
+        std::fs::create_dir(&state).expect("dir");
+        std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let config = AgentConfig {
+            simulate: Some("1xL4-24GB".into()),
+            ..bare_config("http://127.0.0.1:9", &state)
+        };
+        Agent::new(config).expect("agent");
+        let mode = std::fs::metadata(&state)
+            .expect("meta")
+            .permissions()
+            .mode()
+            & 0o777;
+        assert_eq!(mode, 0o700);
     }
 }

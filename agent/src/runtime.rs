@@ -1,8 +1,14 @@
 //! The process runtime: runs each wanted task's containers as processes, each in its own
 //! process group, with the environment the server computed (plus the MPS pipe directory);
 //! writes their output to size-capped logs; reports exits; stops unwanted tasks with
-//! SIGTERM, then SIGKILL after the stop timeout. A state file lists what it started, so
-//! after the agent restarts it re-adopts running tasks instead of starting them twice.
+//! SIGTERM, then SIGKILL after the stop timeout, to the whole process group: a task has
+//! ended only when no process of it is left.
+//!
+//! Every process carries its task's id and this agent's mark in its environment. After
+//! the agent restarts it re-adopts exactly the processes that carry its mark (read from
+//! `/proc`), so a task started just before a crash is not started twice, and a process
+//! that merely reuses a remembered process id is never taken for a task. The state file
+//! (written atomically, owner-only) keeps what `/proc` cannot tell: stop timeouts.
 
 use nix::errno::Errno;
 use nix::sys::signal::{Signal, killpg};
@@ -19,6 +25,115 @@ use tokio::process::{Child, Command};
 /// Variables a task always gets from the agent's own environment; nothing else leaks
 /// through (the agent's environment may hold its join token).
 const PASSED_THROUGH: &[&str] = &["PATH", "HOME", "LANG", "TZ"];
+/// Which agent started a process: a hash of its state directory, so two agents on one
+/// machine (the demo, tests) never adopt each other's tasks.
+const AGENT_MARK: &str = "TESSERA_AGENT_MARK";
+const TASK_ID: &str = "TESSERA_TASK_ID";
+
+/// Writes `bytes` to `path` so that a crash leaves the old file or the new one, never a
+/// mix: a temporary file, owner-only (0600), synced, renamed over, the directory synced.
+pub fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+/// Live (not zombie) processes per process group, read once per poll from `/proc`.
+fn live_groups() -> std::collections::HashMap<i32, usize> {
+    let mut groups = std::collections::HashMap::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return groups;
+    };
+    for pid in dir
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+    {
+        if let Some((state, pgrp)) = proc_stat(pid)
+            && state != 'Z'
+        {
+            *groups.entry(pgrp).or_insert(0) += 1;
+        }
+    }
+    groups
+}
+
+type Groups = std::collections::HashMap<i32, usize>;
+
+/// A process's state letter and process group, from `/proc/<pid>/stat`.
+fn proc_stat(pid: u32) -> Option<(char, i32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let mut fields = rest.split(' ');
+    let state = fields.next()?.chars().next()?;
+    let _ppid = fields.next()?;
+    let pgrp = fields.next()?.parse().ok()?;
+    Some((state, pgrp))
+}
+
+/// Processes that carry `mark` in their environment, by task: their process groups and
+/// the environment of one of them.
+fn marked_processes(mark: &str) -> BTreeMap<String, (BTreeSet<i32>, BTreeMap<String, String>)> {
+    let mut found: BTreeMap<String, (BTreeSet<i32>, BTreeMap<String, String>)> = BTreeMap::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for pid in dir
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+    {
+        let Some((state, pgrp)) = proc_stat(pid) else {
+            continue;
+        };
+        if state == 'Z' {
+            continue;
+        }
+        let Ok(raw) = std::fs::read(format!("/proc/{pid}/environ")) else {
+            continue;
+        };
+        let env: BTreeMap<String, String> = raw
+            .split(|b| *b == 0)
+            .filter_map(|kv| {
+                let kv = std::str::from_utf8(kv).ok()?;
+                let (k, v) = kv.split_once('=')?;
+                Some((k.to_owned(), v.to_owned()))
+            })
+            .collect();
+        if env.get(AGENT_MARK).map(String::as_str) != Some(mark) {
+            continue;
+        }
+        let Some(task) = env.get(TASK_ID).cloned() else {
+            continue;
+        };
+        let entry = found.entry(task).or_insert_with(|| (BTreeSet::new(), env));
+        entry.0.insert(pgrp);
+    }
+    found
+}
+
+/// This agent's mark: a hash of its state directory's canonical path.
+fn agent_mark(state_dir: &Path) -> String {
+    use std::hash::{Hash, Hasher};
+    let path = state_dir
+        .canonicalize()
+        .unwrap_or_else(|_| state_dir.to_path_buf());
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    path.hash(&mut h);
+    format!("{:016x}", h.finish())
+}
 
 /// One process of a task.
 struct Proc {
@@ -31,7 +146,8 @@ struct Proc {
 
 impl Proc {
     /// Exit status if it has exited: `Some(code)`; `Some(None)` when the code is unknown.
-    fn poll(&mut self) -> Option<Option<i32>> {
+    /// For an adopted process (not our child) that is when its group is empty.
+    fn poll(&mut self, groups: &Groups) -> Option<Option<i32>> {
         if self.exit.is_none() {
             self.exit = match &mut self.child {
                 Some(child) => match child.try_wait() {
@@ -42,33 +158,25 @@ impl Proc {
                     Ok(None) => None,
                     Err(_) => Some(None),
                 },
-                None => (!group_alive(self.pgid)).then_some(None),
+                None => (!groups.contains_key(&self.pgid)).then_some(None),
             };
         }
         self.exit
     }
 
+    /// Whether nothing of this container is left: its first process has exited and no
+    /// process of its group remains (children that outlive it still hold the GPU).
+    fn finished(&mut self, groups: &Groups) -> bool {
+        self.poll(groups).is_some() && !groups.contains_key(&self.pgid)
+    }
+
+    /// Signals the whole process group, as long as any of it is left.
     fn signal(&self, signal: Signal) {
-        if self.exit.is_none()
-            && let Err(e) = killpg(Pid::from_raw(self.pgid), signal)
+        if let Err(e) = killpg(Pid::from_raw(self.pgid), signal)
             && e != Errno::ESRCH
         {
             tracing::warn!(pgid = self.pgid, %signal, error = %e, "cannot signal a task's process group");
         }
-    }
-}
-
-/// Whether a process group still has its leader running. A leader that exited but was
-/// never reaped (a zombie, where nothing reaps orphans) counts as gone.
-fn group_alive(pgid: i32) -> bool {
-    if matches!(killpg(Pid::from_raw(pgid), None), Err(Errno::ESRCH)) {
-        return false;
-    }
-    match std::fs::read_to_string(format!("/proc/{pgid}/status")) {
-        Ok(status) => !status
-            .lines()
-            .any(|l| l.starts_with("State:") && l.contains('Z')),
-        Err(_) => true,
     }
 }
 
@@ -98,8 +206,8 @@ struct Saved {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct SavedTask {
+    /// For the operator's eyes: adoption goes by the agent's mark in `/proc`.
     pgids: Vec<i32>,
-    env: BTreeMap<String, String>,
     stop_timeout_secs: u64,
 }
 
@@ -123,6 +231,8 @@ pub enum RuntimeError {
 pub struct Runtime {
     dir: PathBuf,
     state_file: PathBuf,
+    /// Put in every process's environment; re-adoption takes only processes with it.
+    mark: String,
     log_cap: u64,
     mps_pipe_dir: Option<PathBuf>,
     tasks: BTreeMap<String, Task>,
@@ -150,26 +260,23 @@ impl Runtime {
         let mut runtime = Runtime {
             dir,
             state_file,
+            mark: agent_mark(state_dir),
             log_cap,
             mps_pipe_dir,
             tasks: BTreeMap::new(),
             ended: BTreeMap::new(),
         };
-        for (id, t) in saved.tasks {
-            let alive: Vec<i32> = t
-                .pgids
-                .iter()
-                .copied()
-                .filter(|&p| group_alive(p))
-                .collect();
-            if alive.is_empty() {
-                continue;
-            }
-            tracing::info!(task = %id, processes = alive.len(), "re-adopted a task left running by the previous agent");
+        // What runs with this agent's mark is ours, whether or not the state file had
+        // time to record it; nothing else is, whatever process ids the file remembers.
+        for (id, (pgids, env)) in marked_processes(&runtime.mark) {
+            let stop_timeout = saved.tasks.get(&id).map_or(Duration::from_secs(10), |t| {
+                Duration::from_secs(t.stop_timeout_secs.max(1))
+            });
+            tracing::info!(task = %id, groups = pgids.len(), "re-adopted a task left running by the previous agent");
             runtime.tasks.insert(
                 id,
                 Task {
-                    procs: alive
+                    procs: pgids
                         .into_iter()
                         .map(|pgid| Proc {
                             name: String::from("adopted"),
@@ -178,8 +285,8 @@ impl Runtime {
                             exit: None,
                         })
                         .collect(),
-                    env: t.env,
-                    stop_timeout: Duration::from_secs(t.stop_timeout_secs),
+                    env,
+                    stop_timeout,
                     ending: None,
                 },
             );
@@ -198,18 +305,15 @@ impl Runtime {
                         id.clone(),
                         SavedTask {
                             pgids: t.procs.iter().map(|p| p.pgid).collect(),
-                            env: t.env.clone(),
                             stop_timeout_secs: t.stop_timeout.as_secs(),
                         },
                     )
                 })
                 .collect(),
         };
-        let tmp = self.state_file.with_extension("json.tmp");
         let written = serde_json::to_vec_pretty(&saved)
             .map_err(std::io::Error::other)
-            .and_then(|bytes| std::fs::write(&tmp, bytes))
-            .and_then(|()| std::fs::rename(&tmp, &self.state_file));
+            .and_then(|bytes| write_private(&self.state_file, &bytes));
         if let Err(e) = written {
             tracing::error!(error = %e, "cannot write the runtime state file");
         }
@@ -253,6 +357,7 @@ impl Runtime {
             cmd.args(args)
                 .env_clear()
                 .envs(task_environment(w, i, self.mps_pipe_dir.as_deref()))
+                .env(AGENT_MARK, &self.mark)
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
@@ -324,17 +429,24 @@ impl Runtime {
     pub fn poll(&mut self) {
         let now = Instant::now();
         let mut gone = Vec::new();
+        // Reap first, then look: an exited child we have not waited for is a zombie.
+        for t in self.tasks.values_mut() {
+            for p in t.procs.iter_mut().filter(|p| p.child.is_some()) {
+                p.poll(&Groups::new());
+            }
+        }
+        let groups = live_groups();
         for (id, t) in &mut self.tasks {
             let mut first_exit = None;
             let mut all_done = true;
             for p in &mut t.procs {
-                match p.poll() {
-                    Some(code) => {
-                        if first_exit.is_none() {
-                            first_exit = Some((p.name.clone(), code));
-                        }
-                    }
-                    None => all_done = false,
+                if let Some(code) = p.poll(&groups)
+                    && first_exit.is_none()
+                {
+                    first_exit = Some((p.name.clone(), code));
+                }
+                if !p.finished(&groups) {
+                    all_done = false;
                 }
             }
             if t.ending.is_none()
@@ -485,7 +597,7 @@ pub fn task_environment(
         .collect();
     env.extend(w.containers[container].env.clone());
     env.extend(w.containers[container].secrets.0.clone());
-    env.insert("TESSERA_TASK_ID".into(), w.task_id.clone());
+    env.insert(TASK_ID.into(), w.task_id.clone());
     if let (true, Some(pipe)) = (w.mps, pipe_dir) {
         env.insert("CUDA_MPS_PIPE_DIRECTORY".into(), pipe.display().to_string());
     }
@@ -673,5 +785,81 @@ mod tests {
         rt.converge(&[wanted("t", &["/no/such/program"], false)]);
         until(&mut rt, |rt| rt.running_count() == 0).await;
         assert_eq!(rt.reports()[0].exit_code, Some(127));
+    }
+
+    /// Processes of task `id` that carry the mark of the runtime over `dir`.
+    fn marked(dir: &Path, id: &str) -> usize {
+        marked_processes(&agent_mark(dir))
+            .get(id)
+            .map_or(0, |(groups, _)| {
+                groups
+                    .iter()
+                    .map(|g| live_groups().get(g).copied().unwrap_or(0))
+                    .sum()
+            })
+    }
+
+    #[tokio::test]
+    async fn a_task_ends_only_when_no_process_of_it_is_left() {
+        let dir = tempfile::tempdir().expect("dir");
+        let mut rt = Runtime::open(dir.path(), 1 << 20, None).expect("open");
+        // The leader exits at once; its child lives on in the same process group.
+        rt.converge(&[wanted("orphan", &["sh", "-c", "sleep 30 & exit 0"], false)]);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        until(&mut rt, |rt| rt.tasks.is_empty()).await;
+        assert_eq!(
+            marked(dir.path(), "orphan"),
+            0,
+            "the child was stopped with its task"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_task_started_just_before_a_crash_is_adopted_not_started_twice() {
+        let dir = tempfile::tempdir().expect("dir");
+        let w = wanted("crash", &["sleep", "30"], false);
+        {
+            let mut rt = Runtime::open(dir.path(), 1 << 20, None).expect("open");
+            rt.converge(std::slice::from_ref(&w));
+        }
+        // As if the agent died before its state file recorded the task.
+        std::fs::remove_file(dir.path().join("runtime.json")).expect("state file");
+        let mut rt = Runtime::open(dir.path(), 1 << 20, None).expect("reopen");
+        assert_eq!(rt.running_count(), 1, "adopted by its mark");
+        rt.converge(std::slice::from_ref(&w));
+        assert_eq!(marked(dir.path(), "crash"), 1, "not started twice");
+        let mode = std::fs::metadata(dir.path().join("runtime.json"))
+            .expect("state")
+            .permissions();
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(mode.mode() & 0o777, 0o600);
+        rt.stop_all().await;
+        assert_eq!(marked(dir.path(), "crash"), 0);
+    }
+
+    #[tokio::test]
+    async fn a_remembered_process_id_is_not_adopted_without_the_mark() {
+        let dir = tempfile::tempdir().expect("dir");
+        // A process that is not a task of this agent, in a group of its own.
+        use std::os::unix::process::CommandExt;
+        let mut stranger = std::process::Command::new("sleep")
+            .arg("30")
+            .process_group(0)
+            .spawn()
+            .expect("spawn");
+        let pgid = stranger.id() as i32;
+        let state =
+            format!(r#"{{"tasks": {{"t-old": {{"pgids": [{pgid}], "stop_timeout_secs": 1}}}}}}"#);
+        std::fs::write(dir.path().join("runtime.json"), state).expect("state");
+        let mut rt = Runtime::open(dir.path(), 1 << 20, None).expect("open");
+        assert_eq!(rt.running_count(), 0, "a reused process id is not a task");
+        rt.converge(&[]);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(
+            stranger.try_wait().expect("wait").is_none(),
+            "and is never signalled"
+        );
+        let _ = stranger.kill();
+        let _ = stranger.wait();
     }
 }
