@@ -34,6 +34,10 @@ pub struct ControlConfig {
     pub migration_share: f64,
     /// Failed tasks after which a deployment is rolled back.
     pub failure_threshold: u32,
+    /// Stopped tasks, events and finished deployments older than this are deleted.
+    pub retention: Duration,
+    /// The longest wait before a task that keeps failing is started again.
+    pub max_restart_delay: Duration,
 }
 
 impl Default for ControlConfig {
@@ -44,6 +48,8 @@ impl Default for ControlConfig {
             tick: Duration::from_secs(1),
             migration_share: 0.2,
             failure_threshold: 3,
+            retention: Duration::from_secs(7 * 24 * 3600),
+            max_restart_delay: Duration::from_secs(300),
         }
     }
 }
@@ -67,6 +73,11 @@ pub struct Control {
     /// When this control plane started: hosts are not declared lost for one lost timeout
     /// after it, since their agents could not reach a server that was down.
     pub(crate) started: std::time::Instant,
+    /// Per deployment: the failures already answered with a delay, and until when new
+    /// tasks wait (crash-loop backoff).
+    pub(crate) restart_backoff: Arc<Mutex<HashMap<i64, (u32, std::time::Instant)>>>,
+    /// When old rows were last pruned.
+    pub(crate) last_prune: Arc<Mutex<Option<std::time::Instant>>>,
 }
 
 impl Control {
@@ -81,6 +92,8 @@ impl Control {
             pass: Arc::default(),
             failed_sign_ins: Arc::default(),
             started: std::time::Instant::now(),
+            restart_backoff: Arc::default(),
+            last_prune: Arc::default(),
         }
     }
 

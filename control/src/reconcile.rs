@@ -4,7 +4,10 @@
 
 use crate::control::Control;
 use crate::error::ControlError;
-use crate::store::{NewTask, TaskFilter};
+use crate::store::{NewTask, Pruned, TaskFilter};
+
+/// How often old rows are pruned.
+const PRUNE_EVERY: std::time::Duration = std::time::Duration::from_secs(600);
 use std::collections::{BTreeMap, HashMap};
 use tessera_model::service::{DeploymentStatus, Service, Task, TaskState};
 use tessera_model::{HostId, HostStatus};
@@ -43,7 +46,49 @@ impl Control {
             }
         }
         self.schedule().await?;
+        let due = {
+            let mut last = self.last_prune.lock().expect("not poisoned");
+            let due = last.is_none_or(|t| t.elapsed() >= PRUNE_EVERY);
+            if due {
+                *last = Some(std::time::Instant::now());
+            }
+            due
+        };
+        if due {
+            self.prune().await?;
+        }
         Ok(())
+    }
+
+    /// Deletes what is older than the retention: stopped tasks, events, finished
+    /// deployments. Runs from the reconcile loop every 10 minutes.
+    pub async fn prune(&self) -> Result<Pruned, ControlError> {
+        let pruned = self
+            .store
+            .prune(self.config.retention.as_secs_f64())
+            .await?;
+        if pruned != Pruned::default() {
+            tracing::info!(?pruned, "pruned rows past the retention");
+        }
+        Ok(pruned)
+    }
+
+    /// Whether new tasks of deployment `id` may start now. After the deployment's n-th
+    /// failed task they wait 2^(n-1) s (at most `max_restart_delay`), so a revision that
+    /// crashes at once, with nothing to roll back to, is not restarted in a tight loop.
+    fn may_start_tasks(&self, id: i64, failed: u32) -> Option<std::time::Duration> {
+        if failed == 0 {
+            return None;
+        }
+        let now = std::time::Instant::now();
+        let mut backoff = self.restart_backoff.lock().expect("not poisoned");
+        let entry = backoff.entry(id).or_insert((0, now));
+        if failed > entry.0 {
+            let delay = std::time::Duration::from_secs(1u64 << (failed - 1).min(16))
+                .min(self.config.max_restart_delay);
+            *entry = (failed, now + delay);
+        }
+        (now < entry.1).then(|| entry.1 - now)
     }
 
     /// Hosts silent past the timeout become lost; their tasks stop and are replaced. For one
@@ -175,12 +220,12 @@ impl Control {
         };
         // Circuit breaker: a deployment whose tasks keep failing rolls back to the last
         // revision that ran.
+        let previous = deployments.iter().find(|d| {
+            d.id != primary.id
+                && d.status != DeploymentStatus::RolledBack
+                && d.task_definition != primary.task_definition
+        });
         if primary.failed_tasks >= self.config.failure_threshold {
-            let previous = deployments.iter().find(|d| {
-                d.id != primary.id
-                    && d.status != DeploymentStatus::RolledBack
-                    && d.task_definition != primary.task_definition
-            });
             if let Some(prev) = previous {
                 let id = self
                     .store
@@ -263,7 +308,31 @@ impl Control {
         for (id, reason) in &stop {
             self.store.request_task_stop(id, reason).await?;
         }
-        if start > 0 {
+        // With a revision to roll back to, the circuit breaker answers failures; without
+        // one, restarts slow down.
+        let wait = if start > 0 && previous.is_none() {
+            self.may_start_tasks(primary.id, primary.failed_tasks)
+        } else {
+            None
+        };
+        if let Some(wait) = wait {
+            let key = format!("backoff:{name}");
+            let message = format!(
+                "deployment {} has {} failed task(s): new tasks wait {:.0} s before they start",
+                primary.id,
+                primary.failed_tasks,
+                wait.as_secs_f64().ceil()
+            );
+            let first = self
+                .last_complaint
+                .lock()
+                .expect("not poisoned")
+                .insert(key, primary.failed_tasks.to_string())
+                != Some(primary.failed_tasks.to_string());
+            if first {
+                self.event(Some(name), None, &message).await;
+            }
+        } else if start > 0 {
             let def = self
                 .store
                 .get_task_definition(&primary.task_definition)

@@ -194,6 +194,14 @@ impl std::fmt::Display for GpuChange {
     }
 }
 
+/// What a prune deleted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pruned {
+    pub tasks: u64,
+    pub events: u64,
+    pub deployments: u64,
+}
+
 /// Everything the control plane persists.
 #[async_trait]
 pub trait Store: AuthStore {
@@ -340,6 +348,10 @@ pub trait Store: AuthStore {
         gpu_memory_peak: Option<MiB>,
         sm_percent: Option<u32>,
     ) -> Result<(), StoreError>;
+
+    /// Deletes stopped tasks, events, and finished deployments without tasks, older than
+    /// `older_than_secs`; returns how many of each.
+    async fn prune(&self, older_than_secs: f64) -> Result<Pruned, StoreError>;
 
     // Events and settings.
     async fn add_event(

@@ -227,3 +227,74 @@ async fn a_gpu_replaced_or_gone_has_its_tasks_replaced_and_the_rest_of_the_host_
     );
     assert_no_overcommit(c).await;
 }
+
+#[tokio::test]
+async fn a_task_that_keeps_failing_is_restarted_with_growing_delays() {
+    let env = env(fast()).await;
+    let c = &env.control;
+    let a = host(c, "a", 1, 24).await;
+    let def = register_def(c, "crashy", 8, 20).await;
+    service(c, "crashy", &def, 1, DeploymentConfig::default()).await;
+    c.reconcile_once().await.expect("pass");
+    sync(c, &a).await;
+    let first = tasks(c, "crashy", &[TaskState::Running]).await.remove(0);
+    // It exits with an error; there is no earlier revision to roll back to.
+    sync_with(c, &a, true, &[(first.id.clone(), 1)]).await;
+    c.reconcile_once().await.expect("pass");
+    assert!(
+        tasks(c, "crashy", LIVE).await.is_empty(),
+        "not restarted at once after a failure"
+    );
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    c.reconcile_once().await.expect("pass");
+    assert_eq!(
+        tasks(c, "crashy", LIVE).await.len(),
+        1,
+        "restarted after 1 s"
+    );
+}
+
+#[tokio::test]
+async fn stopped_tasks_events_and_finished_deployments_are_pruned_after_the_retention() {
+    let env = env(tessera_control::ControlConfig {
+        retention: Duration::ZERO,
+        ..fast()
+    })
+    .await;
+    let c = &env.control;
+    let a = host(c, "a", 1, 24).await;
+    let def = register_def(c, "web", 8, 20).await;
+    service(c, "web", &def, 1, DeploymentConfig::default()).await;
+    c.reconcile_once().await.expect("pass");
+    sync(c, &a).await;
+    c.update_service(
+        "web",
+        &tessera_control::inputs::ServicePatch {
+            desired_count: Some(0),
+            task_definition: None,
+        },
+    )
+    .await
+    .expect("scale");
+    c.reconcile_once().await.expect("pass");
+    sync(c, &a).await;
+    sync(c, &a).await;
+    let all = || async move {
+        c.store()
+            .list_tasks(&Default::default())
+            .await
+            .expect("tasks")
+            .len()
+    };
+    assert_eq!(all().await, 1, "the stopped task is history until pruned");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let pruned = c.prune().await.expect("prune");
+    assert_eq!(pruned.tasks, 1);
+    assert!(pruned.events > 0);
+    assert_eq!(all().await, 0);
+    assert_eq!(
+        status(c, &a).await,
+        HostStatus::Active,
+        "nothing live is touched"
+    );
+}

@@ -115,6 +115,9 @@ pub struct ServeArgs {
     /// How often agents sync, in seconds; a host silent for 3 intervals is lost.
     #[arg(long, env = "TESSERA_SYNC_INTERVAL", default_value_t = 5)]
     pub sync_interval_secs: u64,
+    /// Stopped tasks, events and finished deployments are deleted after this many days.
+    #[arg(long, env = "TESSERA_RETENTION_DAYS", default_value_t = 7)]
+    pub retention_days: u64,
 }
 
 /// A database URL with any password replaced, for logs.
@@ -144,6 +147,7 @@ impl fmt::Debug for ServeArgs {
             .field("demo", &self.demo)
             .field("join_token", &self.join_token.as_ref().map(|_| "***"))
             .field("sync_interval_secs", &self.sync_interval_secs)
+            .field("retention_days", &self.retention_days)
             .finish()
     }
 }
@@ -167,6 +171,7 @@ mod tests {
             demo: false,
             join_token: Some("join-s3cret-token".into()),
             sync_interval_secs: 5,
+            retention_days: 7,
         };
         let printed = format!("{args:?}");
         assert!(!printed.contains("s3cret"), "{printed}");

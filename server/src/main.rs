@@ -112,6 +112,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         &args.db,
         ControlConfig {
             sync_interval: std::time::Duration::from_secs(args.sync_interval_secs.max(1)),
+            retention: std::time::Duration::from_secs(args.retention_days * 24 * 3600),
             ..ControlConfig::default()
         },
     )

@@ -6,7 +6,7 @@ mod auth;
 
 use crate::error::StoreError;
 use crate::store::{
-    EventFilter, GpuChange, HostReport, NewTask, PlacementCommit, Store, TaskFilter,
+    EventFilter, GpuChange, HostReport, NewTask, PlacementCommit, Pruned, Store, TaskFilter,
 };
 use async_trait::async_trait;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow};
@@ -1317,6 +1317,37 @@ impl Store for SqliteStore {
         .execute(&self.db)
         .await?;
         Ok(())
+    }
+
+    async fn prune(&self, older_than_secs: f64) -> Result<Pruned, StoreError> {
+        let mut tx = self.begin_immediate().await?;
+        let cutoff = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-' || ? || ' seconds')";
+        let tasks = sqlx::query(&format!(
+            "DELETE FROM tasks WHERE state = 'stopped' AND COALESCE(stopped_at, created_at) < {cutoff}"
+        ))
+        .bind(older_than_secs)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        let events = sqlx::query(&format!("DELETE FROM events WHERE at < {cutoff}"))
+            .bind(older_than_secs)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        let deployments = sqlx::query(&format!(
+            "DELETE FROM deployments WHERE status IN ('completed', 'rolled_back') AND created_at < {cutoff}
+             AND NOT EXISTS (SELECT 1 FROM tasks WHERE tasks.deployment_id = deployments.id)"
+        ))
+        .bind(older_than_secs)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        tx.commit().await?;
+        Ok(Pruned {
+            tasks,
+            events,
+            deployments,
+        })
     }
 
     async fn add_event(
