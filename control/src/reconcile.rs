@@ -225,24 +225,24 @@ impl Control {
                 && d.status != DeploymentStatus::RolledBack
                 && d.task_definition != primary.task_definition
         });
-        if primary.failed_tasks >= self.config.failure_threshold {
-            if let Some(prev) = previous {
-                let id = self
-                    .store
-                    .start_deployment(name, &prev.task_definition, true)
-                    .await?;
-                self.event(
-                    Some(name),
-                    None,
-                    &format!(
-                        "deployment {} rolled back after {} failed tasks: {} → {} (deployment {id})",
-                        primary.id, primary.failed_tasks, primary.task_definition, prev.task_definition
-                    ),
-                )
-                .await;
-                self.wake();
-                return Ok(());
-            }
+        if primary.failed_tasks >= self.config.failure_threshold
+            && let Some(prev) = previous
+        {
+            let id = self
+                .store
+                .start_deployment(name, &prev.task_definition, true)
+                .await?;
+            self.event(
+                Some(name),
+                None,
+                &format!(
+                    "deployment {} rolled back after {} failed tasks: {} → {} (deployment {id})",
+                    primary.id, primary.failed_tasks, primary.task_definition, prev.task_definition
+                ),
+            )
+            .await;
+            self.wake();
+            return Ok(());
         }
         let desired = service.desired_count as usize;
         // Tasks being moved off a host and tasks already stopping do not count.
