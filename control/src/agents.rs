@@ -155,6 +155,7 @@ impl Control {
         &self,
         req: &RegisterRequest,
     ) -> Result<RegisterResponse, ControlError> {
+        req.validate().map_err(ControlError::Invalid)?;
         let stored = self.store.get_setting(JOIN_TOKEN_SETTING).await?;
         match stored {
             Some(hash) if same(&hash, &hash_token(&req.join_token)) => self.admit_host(req).await,
@@ -271,6 +272,7 @@ impl Control {
         host_id: &HostId,
         req: &SyncRequest,
     ) -> Result<SyncResponse, ControlError> {
+        req.validate().map_err(ControlError::Invalid)?;
         let host = self.store.get_host(host_id).await?;
         let mut changed = false;
         // Health.

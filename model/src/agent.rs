@@ -3,6 +3,7 @@
 //! everything it should run.
 
 use crate::ids::{GpuUuid, HostId, PoolName};
+use crate::taskdef::{FieldError, ValidationErrors};
 use crate::units::{MiB, MilliCpu};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -129,4 +130,141 @@ pub struct SyncResponse {
     /// Everything the host should run now; anything else it should stop.
     pub tasks: Vec<WantedTask>,
     pub sync_interval_secs: u32,
+}
+
+/// Largest GPU memory a report may claim (16 TiB) and other bounds an honest agent never
+/// reaches; anything past them is refused with the field named, never stored.
+const MAX_GPU_MEMORY_MIB: u64 = 16 * 1024 * 1024;
+const MAX_GPU_INDEX: u32 = 1023;
+const MAX_TEXT: usize = 256;
+
+fn text_ok(s: &str) -> bool {
+    s.len() <= MAX_TEXT && !s.contains('\0')
+}
+
+fn check_gpus(gpus: &[GpuReport], errors: &mut Vec<FieldError>) {
+    let mut err = |field: String, message: &str| {
+        errors.push(FieldError {
+            field,
+            message: message.to_owned(),
+        })
+    };
+    if gpus.len() > 64 {
+        err("gpus".into(), "at most 64 GPUs per host");
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for (i, g) in gpus.iter().enumerate() {
+        let p = format!("gpus[{i}]");
+        if g.memory_mib.0 == 0 || g.memory_mib.0 > MAX_GPU_MEMORY_MIB {
+            err(
+                format!("{p}.memory_mib"),
+                "must be between 1 and 16777216 MiB",
+            );
+        }
+        if g.index > MAX_GPU_INDEX {
+            err(format!("{p}.index"), "must be at most 1023");
+        } else if !seen.insert(g.index) {
+            err(format!("{p}.index"), "is reported twice");
+        }
+        if !(1..=48).contains(&g.mps_client_limit) {
+            err(format!("{p}.mps_client_limit"), "must be between 1 and 48");
+        }
+        if g.model.is_empty() || !text_ok(&g.model) {
+            err(
+                format!("{p}.model"),
+                "must be 1 to 256 characters without NUL",
+            );
+        }
+    }
+}
+
+impl RegisterRequest {
+    /// Bounds on what an agent may claim; every error names its field.
+    pub fn validate(&self) -> Result<(), ValidationErrors> {
+        let mut errors = Vec::new();
+        check_gpus(&self.gpus, &mut errors);
+        if self.cpu_milli.0 > 100_000_000 {
+            errors.push(FieldError {
+                field: "cpu_milli".into(),
+                message: "must be at most 100000000".into(),
+            });
+        }
+        if self.memory_mib.0 > 1 << 40 {
+            errors.push(FieldError {
+                field: "memory_mib".into(),
+                message: "is larger than any machine".into(),
+            });
+        }
+        for (k, v) in &self.labels {
+            if !text_ok(k) || !text_ok(v) || k.is_empty() {
+                errors.push(FieldError {
+                    field: format!("labels.{k}"),
+                    message: "keys and values are 1 to 256 characters without NUL".into(),
+                });
+            }
+        }
+        if self.name.as_deref().is_some_and(|n| !text_ok(n)) {
+            errors.push(FieldError {
+                field: "name".into(),
+                message: "must be at most 256 characters without NUL".into(),
+            });
+        }
+        finish(errors)
+    }
+}
+
+impl SyncRequest {
+    /// Bounds on what an agent may report; every error names its field.
+    pub fn validate(&self) -> Result<(), ValidationErrors> {
+        let mut errors = Vec::new();
+        check_gpus(&self.gpus, &mut errors);
+        if self.tasks.len() > 10_000 {
+            errors.push(FieldError {
+                field: "tasks".into(),
+                message: "at most 10000 tasks per report".into(),
+            });
+        }
+        for (i, t) in self.tasks.iter().enumerate() {
+            if !text_ok(&t.task_id) {
+                errors.push(FieldError {
+                    field: format!("tasks[{i}].task_id"),
+                    message: "must be at most 256 characters without NUL".into(),
+                });
+            }
+            if t.sm_percent.is_some_and(|p| p > 100) {
+                errors.push(FieldError {
+                    field: format!("tasks[{i}].sm_percent"),
+                    message: "must be between 0 and 100".into(),
+                });
+            }
+            if t.gpu_memory_peak_mib
+                .is_some_and(|m| m.0 > MAX_GPU_MEMORY_MIB)
+            {
+                errors.push(FieldError {
+                    field: format!("tasks[{i}].gpu_memory_peak_mib"),
+                    message: "is larger than any GPU".into(),
+                });
+            }
+        }
+        if self
+            .mps
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.len() > 4096 || r.contains('\0'))
+        {
+            errors.push(FieldError {
+                field: "mps.reason".into(),
+                message: "must be at most 4096 characters".into(),
+            });
+        }
+        finish(errors)
+    }
+}
+
+fn finish(errors: Vec<FieldError>) -> Result<(), ValidationErrors> {
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(ValidationErrors { errors })
+    }
 }

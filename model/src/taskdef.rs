@@ -318,8 +318,10 @@ impl Checker {
     fn unknown_keys(&mut self, o: &Map<String, Value>, allowed: &[&str], prefix: &str) {
         for key in o.keys() {
             if !allowed.contains(&key.as_str()) {
+                // An empty key still gets a field that names it.
+                let shown = if key.is_empty() { "\"\"" } else { key };
                 self.err(
-                    join(prefix, key),
+                    join(prefix, shown),
                     format!(
                         "is not a known field (expected one of: {})",
                         allowed.join(", ")
