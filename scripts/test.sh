@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up what is missing, then runs every check: formatting, clippy, the Rust tests
-# (unit, store, HTTP) and the browser tests in headless Chromium against a fresh demo server.
+# (unit, store, HTTP, hostile input), the browser tests in headless Chromium against a fresh
+# demo server, and the short fault drills on the real binaries.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -19,3 +20,5 @@ cargo leptos build --split
 data=$(mktemp -d)
 trap 'rm -rf "$data"' EXIT
 TESSERA_BIN="$CARGO_TARGET_DIR/debug/tessera" TESSERA_DATA_DIR="$data" npm --prefix end2end test
+echo "== fault drills (short)"
+scripts/drills.sh --short

@@ -1,0 +1,398 @@
+#!/usr/bin/env python3
+"""Fault drills on the real binaries: `tessera serve` and `tessera-agent` (simulated GPUs,
+the stand-in MPS control program), with faults injected by signals. Every figure is
+counted on what runs on this machine (processes found in /proc by their task's
+environment), not only on what the API says.
+
+    scripts/drills.py [--short] [--bin DIR]
+
+Prints a table (and JSON with --json) and exits 1 when a figure that must be 0 is not.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FAKE_MPS = os.path.join(ROOT, "agent", "tests", "fake-mps-control")
+JOIN = "drill-join-token-0123456789"
+ADMIN_PASSWORD = "drill-admin-password"
+SYNC = 1  # seconds; a host is lost after 3 silent intervals
+LOST = 3 * SYNC
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Fleet:
+    """A server and its agents, in a temporary directory."""
+
+    def __init__(self, bin_dir, work):
+        self.bin = bin_dir
+        self.work = work
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.run_id = uuid.uuid4().hex[:12]
+        self.server = None
+        self.agents = {}
+        self.token = None
+
+    # Processes.
+
+    def start_server(self):
+        log = open(os.path.join(self.work, "server.log"), "a")
+        env = dict(os.environ, TESSERA_ADMIN_PASSWORD=ADMIN_PASSWORD, RUST_LOG="warn")
+        self.server = subprocess.Popen(
+            [os.path.join(self.bin, "tessera"), "serve", "--bind", f"127.0.0.1:{self.port}",
+             "--data-dir", os.path.join(self.work, "server"), "--join-token", JOIN,
+             "--sync-interval-secs", str(SYNC)],
+            stdout=log, stderr=log, env=env)
+        self.wait(lambda: self.healthy(), 30, "the server to answer")
+
+    def kill_server(self):
+        self.server.send_signal(signal.SIGKILL)
+        self.server.wait()
+
+    def start_agent(self, name):
+        log = open(os.path.join(self.work, f"{name}.log"), "a")
+        env = dict(os.environ, RUST_LOG="warn")
+        self.agents[name] = subprocess.Popen(
+            [os.path.join(self.bin, "tessera-agent"), "--server", self.url,
+             "--join-token", JOIN, "--state-dir", os.path.join(self.work, name),
+             "--pool", "drill", "--name", name, "--simulate", "2xL4-24GB",
+             "--mps-control", FAKE_MPS, "--cpu-milli", "32000", "--memory-mib", "65536"],
+            stdout=log, stderr=log, env=env)
+
+    def signal_agent(self, name, sig):
+        self.agents[name].send_signal(sig)
+        if sig == signal.SIGKILL:
+            self.agents[name].wait()
+
+    def stop(self):
+        for p in list(self.agents.values()) + [self.server]:
+            if p and p.poll() is None:
+                p.send_signal(signal.SIGKILL)
+                p.wait()
+        for pid in self.task_pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for pid in self.mps_pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    # HTTP.
+
+    def healthy(self):
+        try:
+            with urllib.request.urlopen(self.url + "/healthz", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def api(self, method, path, body=None):
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.url + path, data=data, method=method)
+        req.add_header("content-type", "application/json")
+        if self.token:
+            req.add_header("authorization", f"Bearer {self.token}")
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                raw = r.read()
+                return r.status, (json.loads(raw) if raw else None)
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"null")
+
+    def sign_in(self):
+        req = urllib.request.Request(
+            self.url + "/api/v1/session", method="POST",
+            data=json.dumps({"username": "admin", "password": ADMIN_PASSWORD}).encode(),
+            headers={"content-type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            cookie = r.headers["set-cookie"].split(";")[0]
+        req = urllib.request.Request(
+            self.url + "/api/v1/tokens", method="POST",
+            data=json.dumps({"name": "drills", "role": "admin"}).encode(),
+            headers={"content-type": "application/json", "cookie": cookie, "origin": self.url})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            self.token = json.loads(r.read())["token"]
+
+    # What runs.
+
+    def _scan(self):
+        """(pid, task id, agent mark, process group) of live processes of this run."""
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    stat = f.read()
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+            except OSError:
+                continue
+            fields = stat[stat.rfind(")") + 2:].split()
+            if fields[0] == "Z" or env.get(b"DRILL_RUN") != self.run_id.encode():
+                continue
+            task = env.get(b"TESSERA_TASK_ID", b"").decode()
+            found.append((int(entry), task, env.get(b"TESSERA_AGENT_MARK", b"").decode(), int(fields[2])))
+        return found
+
+    def task_pids(self):
+        return [p for p, _, _, _ in self._scan()]
+
+    def mps_pids(self):
+        pids = []
+        for name in self.agents:
+            path = os.path.join(self.work, name, "mps-pipe", "fake-daemon.pid")
+            try:
+                pids.append(int(open(path).read().strip()))
+            except (OSError, ValueError):
+                pass
+        return pids
+
+    def processes(self):
+        """Task id -> set of process groups running it."""
+        out = {}
+        for _, task, _, pgrp in self._scan():
+            out.setdefault(task, set()).add(pgrp)
+        return out
+
+    def wanted(self):
+        """Task ids the server has assigned, running or stopping."""
+        _, body = self.api("GET", "/api/v1/tasks?state=assigned,running,stopping&limit=10000")
+        return {t["id"]: t for t in (body or {}).get("tasks", [])}
+
+    def running(self, service):
+        _, body = self.api("GET", f"/api/v1/tasks?service={service}&state=running")
+        return body["tasks"] if body else []
+
+    def duplicates(self):
+        """Processes beyond one group per task, plus processes of tasks the server does not
+        want any more."""
+        procs = self.processes()
+        wanted = self.wanted()
+        extra = sum(len(groups) - 1 for groups in procs.values())
+        unwanted = sum(len(groups) for task, groups in procs.items() if task not in wanted)
+        return extra + unwanted
+
+    def overcommitted(self):
+        """GPUs whose allocated memory exceeds their memory, per the store."""
+        _, hosts = self.api("GET", "/api/v1/hosts")
+        memory = {g["uuid"]: g["memory"] for h in hosts["hosts"] for g in h["gpus"]}
+        used = {}
+        for t in self.wanted().values():
+            for a in t.get("allocations", []):
+                used[a["gpu"]] = used.get(a["gpu"], 0) + a["memory"]
+        return sum(1 for gpu, m in used.items() if m > memory.get(gpu, 0))
+
+    def wait(self, check, seconds, what):
+        end = time.time() + seconds
+        while time.time() < end:
+            if check():
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"timed out after {seconds} s waiting for {what}")
+
+    # Setup.
+
+    def setup(self, agents):
+        self.start_server()
+        self.sign_in()
+        assert self.api("POST", "/api/v1/pools", {"name": "drill"})[0] == 201
+        for name in agents:
+            self.start_agent(name)
+        self.wait(lambda: len(self.api("GET", "/api/v1/hosts")[1]["hosts"]) == len(agents), 30,
+                  "the agents to register")
+        status, body = self.api("POST", "/api/v1/task-definitions", {
+            "family": "drill", "containers": [{
+                "name": "main", "command": ["sleep", "600"], "cpu_milli": 500, "memory_mib": 64,
+                "env": {"DRILL_RUN": self.run_id},
+                "gpu": {"mps": {"memory_mib": 8192, "max_compute_percent": 20}}}]})
+        assert status == 201, body
+
+    def service(self, name, count):
+        status, body = self.api("POST", "/api/v1/services", {
+            "name": name, "task_definition": "drill:1", "pool": "drill", "desired_count": count,
+            "stop_timeout_secs": 2})
+        return status
+
+    def converged(self, service, count):
+        running = self.running(service)
+        procs = self.processes()
+        return len(running) == count and all(t["id"] in procs for t in running)
+
+
+def drill_server_restart(f, results):
+    """Server killed (-9) and back after a downtime longer than the lost timeout."""
+    f.service("web", 4)
+    f.wait(lambda: f.converged("web", 4), 60, "4 tasks running")
+    before = {t: sorted(g) for t, g in f.processes().items()}
+    f.kill_server()
+    time.sleep(LOST + 2)
+    f.start_server()
+    time.sleep(LOST + 3)
+    after = {t: sorted(g) for t, g in f.processes().items()}
+    restarted = sum(1 for t, g in before.items() if after.get(t) != g)
+    results.append(("server kill -9, down %d s (> lost timeout %d s)" % (LOST + 2, LOST),
+                    "tasks restarted", restarted, 0))
+    results.append(("", "duplicate processes", f.duplicates(), 0))
+
+
+def drill_agent_kill(f, results):
+    """Agent killed (-9): its tasks are replaced elsewhere; restarted, it leaves no
+    duplicate behind."""
+    hosts = [t["host"] for t in f.running("web")]
+    victim = max(set(hosts), key=hosts.count)
+    on_victim = hosts.count(victim)
+    start = time.time()
+    f.signal_agent(victim, signal.SIGKILL)
+    f.wait(lambda: len([t for t in f.running("web") if t["host"] != victim]) == 4, 60,
+           "replacements on other hosts")
+    replaced_in = time.time() - start
+    f.start_agent(victim)
+    f.wait(lambda: f.duplicates() == 0, 30, "the restarted agent to stop its old tasks")
+    time.sleep(2)
+    results.append(("agent %s kill -9 (%d task(s) on it), then restarted" % (victim, on_victim),
+                    "seconds to replace its tasks", round(replaced_in, 1), None))
+    results.append(("", "duplicate processes left", f.duplicates(), 0))
+
+
+def drill_agent_freeze(f, results):
+    """Agent frozen (SIGSTOP) past the lost timeout, then resumed."""
+    f.wait(lambda: f.converged("web", 4), 60, "4 tasks running")
+    victim = next(t["host"] for t in f.running("web"))
+    f.signal_agent(victim, signal.SIGSTOP)
+    time.sleep(LOST + 3)
+    f.signal_agent(victim, signal.SIGCONT)
+    f.wait(lambda: f.converged("web", 4) and f.duplicates() == 0, 60, "recovery")
+    time.sleep(2)
+    results.append(("agent %s frozen %d s, then resumed" % (victim, LOST + 3),
+                    "duplicate processes left", f.duplicates(), 0))
+
+
+def drill_scale_and_crash(f, results):
+    """Server killed right after a scale-up; the service converges after a restart."""
+    f.api("PATCH", "/api/v1/services/web", {"desired_count": 10})
+    f.kill_server()
+    f.start_server()
+    f.wait(lambda: f.converged("web", 10), 60, "10 tasks running")
+    time.sleep(1)
+    results.append(("server kill -9 right after a scale-up to 10", "GPUs overcommitted",
+                    f.overcommitted(), 0))
+    results.append(("", "tasks running (processes)", len(f.processes()), 10))
+
+
+def drill_contention(f, results):
+    """Many clients create services at once, beyond capacity."""
+    peak = [0]
+    stop = threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            peak[0] = max(peak[0], len(f.processes()))
+            time.sleep(0.1)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    threads = [threading.Thread(target=f.service, args=(f"burst-{i}", 3)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    time.sleep(6)
+    stop.set()
+    sampler.join()
+    # 3 hosts x 2 GPUs x 3 slots of 8 GiB (24 GiB each).
+    capacity = len(f.agents) * 2 * 3
+    results.append(("16 clients create 3-task services at once (48 tasks + 10, capacity %d)" % capacity,
+                    "GPUs overcommitted", f.overcommitted(), 0))
+    results.append(("", "processes above capacity at any sample", max(0, peak[0] - capacity), 0))
+    for i in range(16):
+        f.api("DELETE", f"/api/v1/services/burst-{i}")
+    f.wait(lambda: len(f.processes()) <= 10, 60, "the burst services to drain")
+
+
+def drill_mps_daemon(f, results):
+    """The (fake) MPS daemon of a host killed: the host is impaired and its tasks move,
+    replacements first."""
+    f.api("PATCH", "/api/v1/services/web", {"desired_count": 4})
+    f.wait(lambda: f.converged("web", 4), 60, "4 tasks running")
+    victim = next(t["host"] for t in f.running("web"))
+    pipe = os.path.join(f.work, victim, "mps-pipe")
+    pid = int(open(os.path.join(pipe, "fake-daemon.pid")).read().strip())
+    low = [4]
+    # Killed, and it cannot start again (the stand-in's `broken` marker): the agent's
+    # restarts fail and it reports the daemon unhealthy.
+    open(os.path.join(pipe, "broken"), "w").close()
+    os.kill(pid, signal.SIGKILL)
+    end = time.time() + 60
+    while time.time() < end:
+        low[0] = min(low[0], len(f.running("web")))
+        if all(t["host"] != victim for t in f.running("web")) and len(f.running("web")) == 4:
+            break
+        time.sleep(0.2)
+    _, host = f.api("GET", f"/api/v1/hosts/{victim}")
+    results.append(("MPS daemon of host %s killed" % victim, "host status", host["status"], None))
+    results.append(("", "fewest running during the move (desired 4)", low[0], 4))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--short", action="store_true", help="the drills CI runs")
+    parser.add_argument("--bin", default=None, help="folder with tessera and tessera-agent")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    bin_dir = args.bin or os.environ.get("TESSERA_BIN_DIR")
+    work = tempfile.mkdtemp(prefix="tessera-drills-")
+    f = Fleet(bin_dir, work)
+    results = []
+    drills = [drill_server_restart, drill_agent_kill, drill_scale_and_crash, drill_contention]
+    if not args.short:
+        drills[2:2] = [drill_agent_freeze]
+        drills.append(drill_mps_daemon)
+    ok = True
+    try:
+        f.setup(["a", "b", "c"])
+        for d in drills:
+            t0 = time.time()
+            d(f, results)
+            print(f"  {d.__name__} done in {time.time() - t0:.1f} s", file=sys.stderr)
+    except Exception as e:  # a drill that cannot finish is a failure, with its logs kept
+        ok = False
+        print(f"drill failed: {e}; logs in {work}", file=sys.stderr)
+    finally:
+        f.stop()
+    print(f"{'drill':<72} {'figure':<42} {'value':>6}  expected")
+    for drill, figure, value, expected in results:
+        bad = expected is not None and value != expected
+        ok = ok and not bad
+        shown = "" if expected is None else str(expected)
+        print(f"{drill:<72} {figure:<42} {value!s:>6}  {shown}{'  FAILED' if bad else ''}")
+    if args.json:
+        print(json.dumps([dict(zip(["drill", "figure", "value", "expected"], r)) for r in results]))
+    if ok:
+        shutil.rmtree(work, ignore_errors=True)
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
