@@ -75,9 +75,11 @@ struct Credentials {
     agent_token: String,
 }
 
-fn load_credentials(path: &std::path::Path, server: &str) -> Option<Credentials> {
-    let c: Credentials = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
-    (c.server == server).then_some(c)
+/// The saved credentials, whatever `--server` says now: a new address for the same control
+/// plane (or a list of its servers) keeps them, and a server that does not know the token
+/// says so with a 401.
+fn load_credentials(path: &std::path::Path) -> Option<Credentials> {
+    serde_json::from_slice(&std::fs::read(path).ok()?).ok()
 }
 
 /// Written atomically and owner-only: a crash leaves the old credentials or the new ones.
@@ -358,7 +360,7 @@ impl Agent {
             }
         }
         let creds_path = self.config.state_dir.join("credentials.json");
-        let mut creds = load_credentials(&creds_path, &self.config.server);
+        let mut creds = load_credentials(&creds_path);
         if creds.is_none() && self.config.join_token.is_none() {
             return Err(AgentError::NoJoinToken);
         }
@@ -375,6 +377,9 @@ impl Agent {
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "registration failed; retrying");
+                        // The saved credentials (if any) are tried again next: the server
+                        // that refused them may be the wrong one.
+                        creds = load_credentials(&creds_path);
                         backoff = next_backoff(backoff, interval);
                         jitter(backoff)
                     }
@@ -389,12 +394,15 @@ impl Agent {
                             jitter(interval)
                         }
                         Err(SyncFailure::Unauthorized) => {
+                            // The file stays until a registration replaces it: a server we
+                            // cannot be sure of (a wrong address, a restored backup) must not
+                            // cost this host its identity.
                             tracing::warn!(
-                                "the server no longer knows this agent's token; registering again"
+                                "the server refused this agent's token; registering again with the join token"
                             );
-                            let _ = std::fs::remove_file(&creds_path);
                             creds = None;
-                            Duration::from_secs(1)
+                            // At once: the host is silent to the server until it rejoins.
+                            Duration::ZERO
                         }
                         Err(SyncFailure::Other(e)) => {
                             backoff = next_backoff(backoff, interval);
@@ -443,7 +451,7 @@ mod tests {
     use std::os::unix::fs::PermissionsExt;
 
     #[test]
-    fn credentials_are_owner_only_and_tied_to_their_server() {
+    fn credentials_are_owner_only_and_outlive_a_new_server_address() {
         let dir = tempfile::tempdir().expect("dir");
         let path = dir.path().join("credentials.json");
         let c = Credentials {
@@ -455,12 +463,9 @@ mod tests {
         let mode = std::fs::metadata(&path).expect("meta").permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
         assert_eq!(
-            load_credentials(&path, "http://a:3000").map(|c| c.host_id),
-            Some("h1".into())
-        );
-        assert!(
-            load_credentials(&path, "http://b:3000").is_none(),
-            "another server means registering again"
+            load_credentials(&path).map(|c| c.host_id),
+            Some("h1".into()),
+            "kept whatever --server says now; the server judges the token"
         );
     }
 

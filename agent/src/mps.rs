@@ -134,8 +134,16 @@ impl MpsSupervisor {
         &self.health
     }
 
+    /// The control program with a minimal environment: the daemon outlives this call and
+    /// must not inherit the agent's (which may hold its join token).
     fn command(&self) -> Command {
         let mut cmd = Command::new(&self.config.control);
+        cmd.env_clear();
+        for key in ["PATH", "LANG", "CUDA_VISIBLE_DEVICES"] {
+            if let Some(v) = std::env::var_os(key) {
+                cmd.env(key, v);
+            }
+        }
         cmd.env("CUDA_MPS_PIPE_DIRECTORY", &self.config.pipe_dir)
             .env("CUDA_MPS_LOG_DIRECTORY", &self.config.log_dir)
             .kill_on_drop(true);

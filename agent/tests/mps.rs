@@ -52,6 +52,18 @@ async fn starts_checks_restarts_within_limits_and_quits() {
 }
 
 #[tokio::test]
+async fn the_daemon_gets_a_minimal_environment() {
+    let dir = tempfile::tempdir().expect("dir");
+    let mut mps = supervisor(dir.path(), 0);
+    assert_eq!(mps.start().await, MpsHealth::Healthy);
+    let env = std::fs::read_to_string(dir.path().join("mps-pipe/daemon.env")).expect("env");
+    // Cargo sets CARGO_* for this test process: none of it may reach the daemon.
+    assert!(!env.contains("CARGO_"), "{env}");
+    assert!(env.contains("CUDA_MPS_PIPE_DIRECTORY="), "{env}");
+    mps.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_hanging_daemon_is_unhealthy_after_the_timeout() {
     let dir = tempfile::tempdir().expect("dir");
     let mut mps = supervisor(dir.path(), 0);

@@ -177,6 +177,33 @@ impl Control {
                 format!("no pool named {:?}", req.pool.as_str()),
             ));
         }
+        // A machine whose GPUs are already known: the same host, reinstalled or with its
+        // credentials lost. It rejoins under its old id once an admin has revoked the old
+        // token; otherwise it is refused, since two agents would answer for one host.
+        let uuids: Vec<_> = req.gpus.iter().map(|g| g.uuid.clone()).collect();
+        if let Some((owner, revoked)) = self.store.host_with_gpus(&uuids).await? {
+            if !revoked {
+                return Err(ControlError::Conflict(format!(
+                    "this machine's GPUs belong to host {owner}, whose agent is still registered; if it is that machine, an admin revokes the old token (POST /api/v1/hosts/{owner}/revoke) and it rejoins as {owner}, or deletes the host"
+                )));
+            }
+            let token = new_token();
+            self.store
+                .reissue_agent_token(&owner, &hash_token(&token))
+                .await?;
+            self.event(
+                None,
+                Some(&owner),
+                &format!("host {owner} rejoined with a new agent token"),
+            )
+            .await;
+            self.wake();
+            return Ok(RegisterResponse {
+                host_id: owner,
+                agent_token: token,
+                sync_interval_secs: self.config.sync_interval.as_secs().max(1) as u32,
+            });
+        }
         let base = host_id_from(req.name.as_deref());
         let mut id =
             HostId::new(base.clone()).map_err(|e| ControlError::invalid("name", e.to_string()))?;

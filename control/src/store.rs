@@ -220,6 +220,13 @@ pub trait Store: AuthStore {
     async fn host_by_token_hash(&self, token_hash: &str) -> Result<Option<HostId>, StoreError>;
     /// Forgets a host's agent token: its agent must register again.
     async fn revoke_agent_token(&self, id: &HostId) -> Result<(), StoreError>;
+    /// The host that has any of these GPUs, and whether its agent token is revoked.
+    async fn host_with_gpus(
+        &self,
+        uuids: &[tessera_model::GpuUuid],
+    ) -> Result<Option<(HostId, bool)>, StoreError>;
+    /// Gives a host a new agent token (a host whose token was revoked, rejoining).
+    async fn reissue_agent_token(&self, id: &HostId, token_hash: &str) -> Result<(), StoreError>;
     /// Removes a host that holds no task (`Conflict` otherwise) and its GPUs, so their UUIDs
     /// can join again; stopped tasks keep their history without the host.
     async fn delete_host(&self, id: &HostId) -> Result<(), StoreError>;

@@ -298,3 +298,40 @@ async fn stopped_tasks_events_and_finished_deployments_are_pruned_after_the_rete
         "nothing live is touched"
     );
 }
+
+#[tokio::test]
+async fn a_machine_rejoins_under_its_old_id_only_once_its_old_token_is_revoked() {
+    let env = env(fast()).await;
+    let c = &env.control;
+    let a = host(c, "a", 2, 24).await;
+    let again = tessera_model::agent::RegisterRequest {
+        join_token: JOIN.into(),
+        pool: tessera_model::PoolName::new("gpu").expect("valid"),
+        cpu_milli: tessera_model::MilliCpu(64_000),
+        memory_mib: tessera_model::MiB(256 * 1024),
+        simulated: true,
+        labels: Default::default(),
+        gpus: a.gpus.clone(),
+        name: Some("a-reinstalled".into()),
+    };
+    // Its agent is still registered: a second agent for the same GPUs is refused.
+    let refused = c
+        .register_agent(&again)
+        .await
+        .expect_err("two agents, one host");
+    assert!(refused.to_string().contains("revoke"), "{refused}");
+    c.revoke_host(&a.id).await.expect("revoke");
+    let rejoined = c.register_agent(&again).await.expect("rejoins");
+    assert_eq!(rejoined.host_id, a.id, "under its old id");
+    assert!(
+        c.authenticate_agent(&a.token).await.is_err(),
+        "the old token is gone"
+    );
+    assert_eq!(
+        c.authenticate_agent(&rejoined.agent_token)
+            .await
+            .expect("new token"),
+        a.id
+    );
+    assert_eq!(c.store().list_hosts().await.expect("hosts").len(), 1);
+}

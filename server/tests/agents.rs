@@ -510,3 +510,32 @@ async fn over_https_an_agent_registers_syncs_and_gets_its_task_secret() {
     a.stop().await;
     b.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_agent_rejoins_under_its_old_id_and_keeps_its_tasks() {
+    let c = cluster().await;
+    let a = two_tasks_on_a(&c, "exec sleep 60").await;
+    let before: Vec<String> = tasks(&c, &[TaskState::Running])
+        .await
+        .into_iter()
+        .map(|t| t.id)
+        .collect();
+    let creds = c.dir.path().join("a/credentials.json");
+    let old = std::fs::read_to_string(&creds).expect("credentials");
+    c.control.revoke_host(&host("a")).await.expect("revoke");
+    wait_for("the agent to rejoin with a new token", || async {
+        std::fs::read_to_string(&creds).is_ok_and(|now| now != old)
+    })
+    .await;
+    let hosts = c.control.store().list_hosts().await.expect("hosts");
+    assert_eq!(hosts.len(), 1);
+    assert_eq!(hosts[0].id, host("a"), "under its old id");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after: Vec<String> = tasks(&c, &[TaskState::Running])
+        .await
+        .into_iter()
+        .map(|t| t.id)
+        .collect();
+    assert_eq!(after, before, "its tasks were never stopped");
+    a.stop().await;
+}

@@ -497,6 +497,37 @@ impl Store for SqliteStore {
         updated(done, "host", id)
     }
 
+    async fn host_with_gpus(
+        &self,
+        uuids: &[GpuUuid],
+    ) -> Result<Option<(HostId, bool)>, StoreError> {
+        for uuid in uuids {
+            let row = sqlx::query(
+                "SELECT h.id, h.agent_token_hash IS NULL AS revoked FROM gpus g JOIN hosts h ON h.id = g.host_id
+                 WHERE g.uuid = ?",
+            )
+            .bind(uuid.as_str())
+            .fetch_optional(&self.db)
+            .await?;
+            if let Some(r) = row {
+                return Ok(Some((
+                    host_id(r.try_get("id")?)?,
+                    r.try_get::<i64, _>("revoked")? != 0,
+                )));
+            }
+        }
+        Ok(None)
+    }
+
+    async fn reissue_agent_token(&self, id: &HostId, token_hash: &str) -> Result<(), StoreError> {
+        let done = sqlx::query("UPDATE hosts SET agent_token_hash = ? WHERE id = ?")
+            .bind(token_hash)
+            .bind(id.as_str())
+            .execute(&self.db)
+            .await?;
+        updated(done, "host", id)
+    }
+
     async fn delete_host(&self, id: &HostId) -> Result<(), StoreError> {
         let mut tx = self.begin_immediate().await?;
         let holding: i64 =
