@@ -104,6 +104,8 @@ pub struct NvmlProbe {
     failed: HashMap<String, String>,
     /// Last timestamp seen by the per-process utilization query.
     last_sample_us: u64,
+    /// Each GPU as last read, to report it unhealthy when a read fails.
+    last_seen: HashMap<u32, GpuStatus>,
 }
 
 impl NvmlProbe {
@@ -134,6 +136,7 @@ impl NvmlProbe {
             events,
             failed: HashMap::new(),
             last_sample_us: 0,
+            last_seen: HashMap::new(),
         })
     }
 
@@ -157,37 +160,66 @@ impl GpuProbe for NvmlProbe {
         let count = self.nvml.device_count()?;
         let mut gpus = Vec::with_capacity(count as usize);
         for index in 0..count {
-            let device = self.nvml.device_by_index(index)?;
-            let memory = device.memory_info()?;
-            let uuid = device.uuid()?;
-            gpus.push(GpuStatus {
-                healthy: !self.failed.contains_key(&uuid),
-                uuid: GpuUuid::new(uuid).map_err(|_| ProbeError::BadSpec {
-                    spec: "NVML".into(),
-                    why: "device returned an empty UUID",
-                })?,
-                index,
-                model: device.name()?,
-                memory_total: MiB(memory.total / (1024 * 1024)),
-                memory_used: MiB(memory.used / (1024 * 1024)),
-                utilization_pct: device.utilization_rates().ok().map(|u| u.gpu),
-                compute_mode: device
-                    .compute_mode()
-                    .ok()
-                    .map(|m: ComputeMode| format!("{m:?}")),
-                mps_client_limit: MPS_CLIENT_LIMIT,
-            });
+            // One GPU that cannot be read is reported unhealthy (as last seen); the others
+            // are reported as usual, so the host keeps syncing.
+            match self.gpu_status(index) {
+                Ok(status) => {
+                    self.last_seen.insert(index, status.clone());
+                    gpus.push(status);
+                }
+                Err(e) => {
+                    tracing::warn!(gpu = index, error = %e, "cannot read this GPU; reporting it unhealthy");
+                    if let Some(mut last) = self.last_seen.get(&index).cloned() {
+                        last.healthy = false;
+                        gpus.push(last);
+                    }
+                }
+            }
         }
-        let cuda = self.nvml.sys_cuda_driver_version()?;
+        let cuda = self.nvml.sys_cuda_driver_version().ok();
         Ok(Inventory {
             source: "nvml",
-            driver_version: Some(self.nvml.sys_driver_version()?),
-            cuda_version: Some(format!("{}.{}", cuda / 1000, (cuda % 1000) / 10)),
+            driver_version: self.nvml.sys_driver_version().ok(),
+            cuda_version: cuda.map(|c| format!("{}.{}", c / 1000, (c % 1000) / 10)),
             gpus,
         })
     }
 
     fn task_usage(&mut self, task: &TaskView<'_>) -> Option<Usage> {
+        self.task_usage_nvml(task)
+    }
+
+    fn simulated(&self) -> bool {
+        false
+    }
+}
+
+impl NvmlProbe {
+    /// One GPU as NVML reports it now.
+    fn gpu_status(&self, index: u32) -> Result<GpuStatus, ProbeError> {
+        let device = self.nvml.device_by_index(index)?;
+        let memory = device.memory_info()?;
+        let uuid = device.uuid()?;
+        Ok(GpuStatus {
+            healthy: !self.failed.contains_key(&uuid),
+            uuid: GpuUuid::new(uuid).map_err(|_| ProbeError::BadSpec {
+                spec: "NVML".into(),
+                why: "device returned an empty UUID",
+            })?,
+            index,
+            model: device.name()?,
+            memory_total: MiB(memory.total / (1024 * 1024)),
+            memory_used: MiB(memory.used / (1024 * 1024)),
+            utilization_pct: device.utilization_rates().ok().map(|u| u.gpu),
+            compute_mode: device
+                .compute_mode()
+                .ok()
+                .map(|m: ComputeMode| format!("{m:?}")),
+            mps_client_limit: MPS_CLIENT_LIMIT,
+        })
+    }
+
+    fn task_usage_nvml(&mut self, task: &TaskView<'_>) -> Option<Usage> {
         let count = self.nvml.device_count().ok()?;
         let mut memory = 0u64;
         let mut sm: Option<u32> = None;
@@ -216,10 +248,6 @@ impl GpuProbe for NvmlProbe {
             gpu_memory: MiB(memory),
             sm_percent: sm,
         })
-    }
-
-    fn simulated(&self) -> bool {
-        false
     }
 }
 
