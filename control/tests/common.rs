@@ -261,3 +261,22 @@ pub async fn assert_no_overcommit(control: &Control) {
         }
     }
 }
+
+/// A service `family` of `count` tasks (`gib` GiB, `percent` % compute each) placed by one
+/// pass and running on `hosts` after one sync each; returns the definition.
+pub async fn deploy(
+    control: &Control,
+    hosts: &[&Host],
+    family: &str,
+    gib: u64,
+    percent: u32,
+    count: u32,
+) -> String {
+    let def = register_def(control, family, gib, percent).await;
+    service(control, family, &def, count, DeploymentConfig::default()).await;
+    control.reconcile_once().await.expect("pass");
+    for h in hosts {
+        sync(control, h).await;
+    }
+    def
+}

@@ -18,10 +18,7 @@ async fn after_a_restart_hosts_get_one_lost_timeout_to_sync_before_they_are_lost
     let env = env(fast()).await; // lost after 2 s
     let c = &env.control;
     let a = host(c, "a", 1, 24).await;
-    let def = register_def(c, "web", 8, 20).await;
-    service(c, "web", &def, 1, DeploymentConfig::default()).await;
-    c.reconcile_once().await.expect("pass");
-    sync(c, &a).await;
+    deploy(c, &[&a], "web", 8, 20, 1).await;
     let before = tasks(c, "web", &[TaskState::Running]).await;
     assert_eq!(before.len(), 1);
 
@@ -60,11 +57,7 @@ async fn tasks_left_on_a_lost_host_are_stopped_and_replaced() {
     let c = &env.control;
     let a = host(c, "a", 1, 24).await;
     let b = host(c, "b", 1, 24).await;
-    let def = register_def(c, "web", 8, 20).await;
-    service(c, "web", &def, 1, DeploymentConfig::default()).await;
-    c.reconcile_once().await.expect("pass");
-    sync(c, &a).await;
-    sync(c, &b).await;
+    deploy(c, &[&a, &b], "web", 8, 20, 1).await;
     let old = tasks(c, "web", &[TaskState::Running]).await.remove(0);
     let on = old.host.clone().expect("placed");
     // As a crash between "host lost" and "its tasks stopped" used to leave it.
@@ -149,11 +142,7 @@ async fn a_gpu_replaced_or_gone_has_its_tasks_replaced_and_the_rest_of_the_host_
     let c = &env.control;
     let a = host(c, "a", 2, 24).await;
     let b = host(c, "b", 2, 24).await;
-    let def = register_def(c, "big", 20, 50).await; // one per GPU
-    service(c, "big", &def, 3, DeploymentConfig::default()).await;
-    c.reconcile_once().await.expect("pass");
-    sync(c, &a).await;
-    sync(c, &b).await;
+    deploy(c, &[&a, &b], "big", 20, 50, 3).await;
     let on = |gpu: &'static str| async move {
         tasks(c, "big", LIVE)
             .await
@@ -233,10 +222,7 @@ async fn a_task_that_keeps_failing_is_restarted_with_growing_delays() {
     let env = env(fast()).await;
     let c = &env.control;
     let a = host(c, "a", 1, 24).await;
-    let def = register_def(c, "crashy", 8, 20).await;
-    service(c, "crashy", &def, 1, DeploymentConfig::default()).await;
-    c.reconcile_once().await.expect("pass");
-    sync(c, &a).await;
+    deploy(c, &[&a], "crashy", 8, 20, 1).await;
     let first = tasks(c, "crashy", &[TaskState::Running]).await.remove(0);
     // It exits with an error; there is no earlier revision to roll back to.
     sync_with(c, &a, true, &[(first.id.clone(), 1)]).await;
@@ -263,10 +249,7 @@ async fn stopped_tasks_events_and_finished_deployments_are_pruned_after_the_rete
     .await;
     let c = &env.control;
     let a = host(c, "a", 1, 24).await;
-    let def = register_def(c, "web", 8, 20).await;
-    service(c, "web", &def, 1, DeploymentConfig::default()).await;
-    c.reconcile_once().await.expect("pass");
-    sync(c, &a).await;
+    deploy(c, &[&a], "web", 8, 20, 1).await;
     c.update_service(
         "web",
         &tessera_control::inputs::ServicePatch {
