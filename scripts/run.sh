@@ -10,5 +10,9 @@ cd "$root"
 scripts/setup.sh
 source scripts/env.sh
 cargo leptos build --release --split
-echo "Console: http://127.0.0.1:3000 — sign in as admin with the password printed below${TESSERA_ADMIN_PASSWORD:+ (TESSERA_ADMIN_PASSWORD)}"
+if [ -n "${TESSERA_ADMIN_PASSWORD:-}" ]; then
+  echo "Console: http://127.0.0.1:3000 (or your --bind); sign in as admin with the password in TESSERA_ADMIN_PASSWORD"
+else
+  echo "Console: http://127.0.0.1:3000 (or your --bind); sign in as admin with the password the server prints below"
+fi
 exec "$CARGO_TARGET_DIR/release/tessera" serve --demo "$@"

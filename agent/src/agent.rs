@@ -47,6 +47,8 @@ pub struct AgentConfig {
     /// Stop every task when the agent exits (the demo); a real agent leaves them running
     /// and re-adopts them when it starts again.
     pub stop_tasks_on_exit: bool,
+    /// Log directories of tasks this agent no longer has are deleted once untouched this long.
+    pub log_retention: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -364,6 +366,7 @@ impl Agent {
         if creds.is_none() && self.config.join_token.is_none() {
             return Err(AgentError::NoJoinToken);
         }
+        let mut pruned_at: Option<std::time::Instant> = None;
         let mut backoff = Duration::from_secs(1);
         // The server's sync interval, from its last answer (its default until then).
         let mut interval = Duration::from_secs(5);
@@ -412,6 +415,13 @@ impl Agent {
                     }
                 }
             };
+            if pruned_at.is_none_or(|t| t.elapsed() >= Duration::from_secs(3600)) {
+                pruned_at = Some(std::time::Instant::now());
+                let removed = self.runtime.prune_logs(self.config.log_retention);
+                if removed > 0 {
+                    tracing::info!(removed, "removed log directories of old tasks");
+                }
+            }
             tokio::select! {
                 _ = &mut shutdown => break,
                 _ = tokio::time::sleep(wait) => {}
@@ -509,6 +519,7 @@ mod tests {
             max_mps_restarts: 0,
             log_cap: 1000,
             stop_tasks_on_exit: false,
+            log_retention: Duration::from_secs(24 * 3600),
         }
     }
 

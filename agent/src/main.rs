@@ -59,6 +59,9 @@ struct Cli {
     /// Per-task log size before it starts over, in bytes.
     #[arg(long, env = "TESSERA_AGENT_LOG_CAP", default_value_t = 10 * 1024 * 1024)]
     log_cap: u64,
+    /// Log directories of ended tasks are deleted after this many hours untouched.
+    #[arg(long, env = "TESSERA_AGENT_LOG_RETENTION_HOURS", default_value_t = 24)]
+    log_retention_hours: u64,
     /// Print the GPUs found (JSON) and exit.
     #[arg(long)]
     probe: bool,
@@ -114,6 +117,7 @@ async fn main() -> anyhow::Result<()> {
         max_mps_restarts: 3,
         log_cap: cli.log_cap,
         stop_tasks_on_exit: false,
+        log_retention: std::time::Duration::from_secs(cli.log_retention_hours * 3600),
     })?;
     agent
         .run(async {

@@ -521,6 +521,37 @@ impl Runtime {
             .collect()
     }
 
+    /// Removes the log directories of tasks this runtime no longer has, once nothing in
+    /// them changed for `older_than`; returns how many.
+    pub fn prune_logs(&self, older_than: Duration) -> usize {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return 0;
+        };
+        let newest = |dir: &Path| -> Option<std::time::SystemTime> {
+            let own = std::fs::metadata(dir).and_then(|m| m.modified()).ok();
+            std::fs::read_dir(dir)
+                .ok()?
+                .flatten()
+                .filter_map(|f| f.metadata().and_then(|m| m.modified()).ok())
+                .chain(own)
+                .max()
+        };
+        let mut removed = 0;
+        for e in entries.flatten() {
+            let id = e.file_name().to_string_lossy().into_owned();
+            if self.tasks.contains_key(&id) || self.ended.contains_key(&id) {
+                continue;
+            }
+            let old = newest(&e.path())
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age >= older_than);
+            if old && std::fs::remove_dir_all(e.path()).is_ok() {
+                removed += 1;
+            }
+        }
+        removed
+    }
+
     pub fn running_count(&self) -> usize {
         self.tasks.values().filter(|t| t.ending.is_none()).count()
     }
@@ -861,5 +892,23 @@ mod tests {
         );
         let _ = stranger.kill();
         let _ = stranger.wait();
+    }
+
+    #[tokio::test]
+    async fn logs_of_tasks_gone_are_pruned_and_those_of_live_tasks_kept() {
+        let dir = tempfile::tempdir().expect("dir");
+        let mut rt = Runtime::open(dir.path(), 1 << 20, None).expect("open");
+        rt.converge(&[
+            wanted("done", &["true"], false),
+            wanted("live", &["sleep", "30"], false),
+        ]);
+        until(&mut rt, |rt| rt.running_count() == 1).await;
+        // The server has heard of the exit and no longer lists it.
+        rt.converge(&[wanted("live", &["sleep", "30"], false)]);
+        assert_eq!(rt.prune_logs(Duration::from_secs(3600)), 0, "too recent");
+        assert_eq!(rt.prune_logs(Duration::ZERO), 1);
+        assert!(!dir.path().join("tasks/done").exists());
+        assert!(dir.path().join("tasks/live").exists());
+        rt.stop_all().await;
     }
 }

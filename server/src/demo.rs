@@ -131,6 +131,7 @@ pub async fn run_agents(
             max_mps_restarts: 3,
             log_cap: 1024 * 1024,
             stop_tasks_on_exit: true,
+            log_retention: std::time::Duration::from_secs(3600),
         })?;
         let mut stop = shutdown.clone();
         handles.push(tokio::spawn(agent.run(async move {

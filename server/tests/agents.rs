@@ -111,6 +111,7 @@ fn agent_config(c: &Cluster, name: &str) -> AgentConfig {
         max_mps_restarts: 0,
         log_cap: 1 << 20,
         stop_tasks_on_exit: true,
+        log_retention: Duration::from_secs(3600),
     }
 }
 
