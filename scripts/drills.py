@@ -355,6 +355,35 @@ def drill_mps_daemon(f, results):
     results.append(("", "fewest running during the move (desired 4)", low[0], 4))
 
 
+def drill_gpu_removed(f, results):
+    """A GPU of a simulated host disappears (as one that falls off the bus): its tasks are
+    replaced, the host's other tasks keep running."""
+    # 9 tasks of 3 per GPU on the two healthy hosts: one of them uses both its GPUs.
+    f.api("PATCH", "/api/v1/services/web", {"desired_count": 9})
+    f.wait(lambda: f.converged("web", 9), 60, "9 tasks running")
+    running = f.running("web")
+    by_gpu = {}
+    for t in running:
+        for a in t["allocations"]:
+            by_gpu.setdefault((t["host"], a["index"]), []).append(t["id"])
+    hosts = [h for h in {h for h, _ in by_gpu} if sum(1 for hh, _ in by_gpu if hh == h) > 1]
+    victim = hosts[0]
+    index, doomed = min(((i, ids) for (h, i), ids in by_gpu.items() if h == victim),
+                        key=lambda x: len(x[1]))
+    others = [t["id"] for t in running if t["host"] == victim and t["id"] not in doomed]
+    with open(os.path.join(f.work, victim, "simulated-gpus-removed"), "w") as out:
+        out.write(f"{index}\n")
+    f.wait(lambda: f.converged("web", 9) and not set(doomed) & {t["id"] for t in f.running("web")},
+           60, "the lost GPU's tasks to be replaced")
+    time.sleep(2)
+    still = {t["id"] for t in f.running("web")}
+    results.append(("GPU %d of host %s removed (%d task(s) on it, %d on its other GPU)"
+                    % (index, victim, len(doomed), len(others)),
+                    "its other tasks stopped", sum(1 for t in others if t not in still), 0))
+    results.append(("", "duplicate processes", f.duplicates(), 0))
+    results.append(("", "GPUs overcommitted", f.overcommitted(), 0))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--short", action="store_true", help="the drills CI runs")
@@ -369,6 +398,7 @@ def main():
     if not args.short:
         drills[2:2] = [drill_agent_freeze]
         drills.append(drill_mps_daemon)
+        drills.append(drill_gpu_removed)
     ok = True
     try:
         f.setup(["a", "b", "c"])

@@ -211,7 +211,11 @@ impl Agent {
                 source,
             })?;
         let probe: Box<dyn GpuProbe> = match &config.simulate {
-            Some(spec) => Box::new(SimulatedProbe::parse(spec, &config.name)?),
+            // Drills make a simulated GPU disappear by listing it in this file.
+            Some(spec) => Box::new(
+                SimulatedProbe::parse(spec, &config.name)?
+                    .with_removal_file(config.state_dir.join("simulated-gpus-removed")),
+            ),
             None => Box::new(NvmlProbe::new()?),
         };
         let control = match (&config.mps_control, probe.simulated()) {

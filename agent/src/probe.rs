@@ -259,6 +259,9 @@ pub struct SimulatedProbe {
     memory: MiB,
     /// Distinguishes the UUIDs of several simulated hosts on one machine.
     host_tag: String,
+    /// A file listing GPU indexes (one per line) that have "fallen off the bus": left out
+    /// of the inventory, as a real GPU that NVML no longer sees (for drills).
+    removed: Option<std::path::PathBuf>,
 }
 
 /// The share of its GPU memory budget a simulated task uses: from this variable in the
@@ -296,7 +299,22 @@ impl SimulatedProbe {
             model: format!("{model} {gb}GB (simulated)"),
             memory: MiB(gb * 1024),
             host_tag: host_tag.to_owned(),
+            removed: None,
         })
+    }
+
+    /// GPUs listed in `path` (indexes, one per line) are left out of the inventory.
+    pub fn with_removal_file(mut self, path: std::path::PathBuf) -> Self {
+        self.removed = Some(path);
+        self
+    }
+
+    fn removed_indexes(&self) -> Vec<u32> {
+        self.removed
+            .as_ref()
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .map(|s| s.lines().filter_map(|l| l.trim().parse().ok()).collect())
+            .unwrap_or_default()
     }
 }
 
@@ -315,11 +333,13 @@ fn pinned_limit(env: &BTreeMap<String, String>) -> Option<u64> {
 
 impl GpuProbe for SimulatedProbe {
     fn inventory(&mut self) -> Result<Inventory, ProbeError> {
+        let removed = self.removed_indexes();
         Ok(Inventory {
             source: "simulated",
             driver_version: None,
             cuda_version: None,
             gpus: (0..self.count)
+                .filter(|index| !removed.contains(index))
                 .map(|index| GpuStatus {
                     uuid: GpuUuid::new(format!("GPU-SIM-{}-{index}", self.host_tag))
                         .expect("non-empty"),
