@@ -159,6 +159,18 @@ class Fleet:
     def task_pids(self):
         return [p for p, _, _, _ in self._scan()]
 
+    def running_as_root(self):
+        """Task processes whose user is root (the agents run as root; tasks must not)."""
+        count = 0
+        for pid in self.task_pids():
+            try:
+                with open(f"/proc/{pid}/status") as f:
+                    uid = next(l.split()[1] for l in f if l.startswith("Uid:"))
+            except (OSError, StopIteration):
+                continue
+            count += uid == "0"
+        return count
+
     def mps_pids(self):
         pids = []
         for name in self.agents:
@@ -255,6 +267,8 @@ def drill_server_restart(f, results):
     results.append(("server kill -9, down %d s (> lost timeout %d s)" % (LOST + 2, LOST),
                     "tasks restarted", restarted, 0))
     results.append(("", "duplicate processes", f.duplicates(), 0))
+    if os.geteuid() == 0:
+        results.append(("", "task processes running as root", f.running_as_root(), 0))
 
 
 def drill_agent_kill(f, results):

@@ -49,6 +49,8 @@ pub struct AgentConfig {
     pub stop_tasks_on_exit: bool,
     /// Log directories of tasks this agent no longer has are deleted once untouched this long.
     pub log_retention: Duration,
+    /// Run tasks as this user and group (uid, gid) instead of the agent's own.
+    pub run_as: Option<(u32, u32)>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -228,11 +230,22 @@ impl Agent {
             c.max_restarts = config.max_mps_restarts;
             MpsSupervisor::new(c)
         });
-        let runtime = Runtime::open(
+        let mut runtime = Runtime::open(
             &config.state_dir,
             config.log_cap,
             mps.as_ref().map(|m| m.pipe_dir().to_path_buf()),
         )?;
+        if let Some((uid, gid)) = config.run_as {
+            runtime = runtime.run_as(uid, gid);
+            // Tasks of another user reach the MPS pipe directory through the state
+            // directory: traversable (0711), never listable; its files stay owner-only.
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&config.state_dir, std::fs::Permissions::from_mode(0o711))
+                .map_err(|source| AgentError::Credentials {
+                    path: config.state_dir.display().to_string(),
+                    source,
+                })?;
+        }
         Ok(Agent {
             http: http_client(&config)?,
             config,
@@ -524,6 +537,7 @@ mod tests {
             log_cap: 1000,
             stop_tasks_on_exit: false,
             log_retention: Duration::from_secs(24 * 3600),
+            run_as: None,
         }
     }
 

@@ -62,6 +62,10 @@ struct Cli {
     /// Log directories of ended tasks are deleted after this many hours untouched.
     #[arg(long, env = "TESSERA_AGENT_LOG_RETENTION_HOURS", default_value_t = 24)]
     log_retention_hours: u64,
+    /// Run tasks as this user (default: `nobody` when the agent runs as root, else the
+    /// agent's own user). `--run-as root` keeps root for tasks, and says so in the log.
+    #[arg(long, env = "TESSERA_AGENT_RUN_AS")]
+    run_as: Option<String>,
     /// Print the GPUs found (JSON) and exit.
     #[arg(long)]
     probe: bool,
@@ -118,6 +122,7 @@ async fn main() -> anyhow::Result<()> {
         log_cap: cli.log_cap,
         stop_tasks_on_exit: false,
         log_retention: std::time::Duration::from_secs(cli.log_retention_hours * 3600),
+        run_as: task_user(cli.run_as.as_deref())?,
     })?;
     agent
         .run(async {
@@ -125,4 +130,27 @@ async fn main() -> anyhow::Result<()> {
         })
         .await?;
     Ok(())
+}
+
+/// The user and group tasks run as: the one named, else `nobody` when the agent is root
+/// (tasks must not be able to read the agent's credentials), else the agent's own.
+fn task_user(name: Option<&str>) -> anyhow::Result<Option<(u32, u32)>> {
+    let root = nix::unistd::geteuid().is_root();
+    let name = match name {
+        Some(n) => n,
+        None if root => "nobody",
+        None => return Ok(None),
+    };
+    let user = nix::unistd::User::from_name(name)
+        .with_context(|| format!("looking up --run-as {name}"))?
+        .with_context(|| format!("--run-as {name}: no such user"))?;
+    if user.uid.is_root() {
+        tracing::warn!("tasks run as root (--run-as root): they can read this agent's credentials");
+        return Ok(None);
+    }
+    anyhow::ensure!(
+        root || user.uid == nix::unistd::geteuid(),
+        "--run-as {name}: the agent must run as root to start tasks as another user"
+    );
+    Ok(Some((user.uid.as_raw(), user.gid.as_raw())))
 }

@@ -202,6 +202,16 @@ struct Task {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 struct Saved {
     tasks: BTreeMap<String, SavedTask>,
+    /// The kernel's boot id when it was written: after a reboot nothing is re-adopted.
+    #[serde(default)]
+    boot_id: Option<String>,
+}
+
+/// This boot of the machine (`/proc/sys/kernel/random/boot_id`).
+fn boot_id() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .ok()
+        .map(|s| s.trim().to_owned())
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -233,6 +243,8 @@ pub struct Runtime {
     state_file: PathBuf,
     /// Put in every process's environment; re-adoption takes only processes with it.
     mark: String,
+    /// The user and group tasks run as, when not the agent's own.
+    run_as: Option<(u32, u32)>,
     log_cap: u64,
     mps_pipe_dir: Option<PathBuf>,
     tasks: BTreeMap<String, Task>,
@@ -261,6 +273,7 @@ impl Runtime {
             dir,
             state_file,
             mark: agent_mark(state_dir),
+            run_as: None,
             log_cap,
             mps_pipe_dir,
             tasks: BTreeMap::new(),
@@ -268,7 +281,19 @@ impl Runtime {
         };
         // What runs with this agent's mark is ours, whether or not the state file had
         // time to record it; nothing else is, whatever process ids the file remembers.
-        for (id, (pgids, env)) in marked_processes(&runtime.mark) {
+        // After a reboot nothing is: no task survives one.
+        let rebooted = saved.boot_id.is_some() && saved.boot_id != boot_id();
+        if rebooted {
+            tracing::info!(
+                "the machine restarted since the state file was written; nothing to re-adopt"
+            );
+        }
+        let adoptable = if rebooted {
+            BTreeMap::new()
+        } else {
+            marked_processes(&runtime.mark)
+        };
+        for (id, (pgids, env)) in adoptable {
             let stop_timeout = saved.tasks.get(&id).map_or(Duration::from_secs(10), |t| {
                 Duration::from_secs(t.stop_timeout_secs.max(1))
             });
@@ -295,8 +320,16 @@ impl Runtime {
         Ok(runtime)
     }
 
+    /// Tasks run as this user and group (the agent must be root to switch), from `/` so
+    /// that they need no access to the agent's directories.
+    pub fn run_as(mut self, uid: u32, gid: u32) -> Self {
+        self.run_as = Some((uid, gid));
+        self
+    }
+
     fn save(&self) {
         let saved = Saved {
+            boot_id: boot_id(),
             tasks: self
                 .tasks
                 .iter()
@@ -363,6 +396,9 @@ impl Runtime {
                 .stderr(Stdio::piped())
                 .process_group(0)
                 .kill_on_drop(false);
+            if let Some((uid, gid)) = self.run_as {
+                cmd.uid(uid).gid(gid).current_dir("/");
+            }
             match cmd.spawn() {
                 Ok(mut child) => {
                     let pgid = child.id().map_or(0, |p| p as i32);
@@ -910,5 +946,51 @@ mod tests {
         assert!(!dir.path().join("tasks/done").exists());
         assert!(dir.path().join("tasks/live").exists());
         rt.stop_all().await;
+    }
+
+    #[tokio::test]
+    async fn tasks_run_as_the_user_given() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: switching users needs root");
+            return;
+        }
+        let dir = tempfile::tempdir().expect("dir");
+        let mut rt = Runtime::open(dir.path(), 1 << 20, None)
+            .expect("open")
+            .run_as(65534, 65534);
+        rt.converge(&[wanted("nobody", &["sleep", "30"], false)]);
+        let pid = rt.processes()[0].pids[0];
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+        let uid = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|v| v.split_whitespace().next())
+            .expect("uid");
+        assert_eq!(uid, "65534");
+        rt.stop_all().await;
+        assert_eq!(marked(dir.path(), "nobody"), 0);
+    }
+
+    #[tokio::test]
+    async fn nothing_is_adopted_after_a_reboot() {
+        let dir = tempfile::tempdir().expect("dir");
+        let w = wanted("before-reboot", &["sleep", "30"], false);
+        {
+            let mut rt = Runtime::open(dir.path(), 1 << 20, None).expect("open");
+            rt.converge(std::slice::from_ref(&w));
+        }
+        let path = dir.path().join("runtime.json");
+        let mut saved: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).expect("state")).expect("json");
+        saved["boot_id"] = "another-boot".into();
+        std::fs::write(&path, saved.to_string()).expect("state");
+        let rt = Runtime::open(dir.path(), 1 << 20, None).expect("reopen");
+        assert_eq!(rt.running_count(), 0);
+        // (A process cannot really outlive a reboot: end the one this test left.)
+        for (_, (groups, _)) in marked_processes(&agent_mark(dir.path())) {
+            for g in groups {
+                let _ = killpg(Pid::from_raw(g), Signal::SIGKILL);
+            }
+        }
     }
 }

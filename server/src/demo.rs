@@ -132,6 +132,8 @@ pub async fn run_agents(
             log_cap: 1024 * 1024,
             stop_tasks_on_exit: true,
             log_retention: std::time::Duration::from_secs(3600),
+            // The demo's tasks are `sleep`s, run as the server's own user.
+            run_as: None,
         })?;
         let mut stop = shutdown.clone();
         handles.push(tokio::spawn(agent.run(async move {

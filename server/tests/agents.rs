@@ -112,6 +112,7 @@ fn agent_config(c: &Cluster, name: &str) -> AgentConfig {
         log_cap: 1 << 20,
         stop_tasks_on_exit: true,
         log_retention: Duration::from_secs(3600),
+        run_as: None,
     }
 }
 
