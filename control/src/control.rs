@@ -14,6 +14,28 @@ use tessera_model::taskdef::{Secret, ValidationErrors, parse_task_definition};
 use tessera_model::{HostId, HostStatus, PoolInfo};
 use tokio::sync::{Notify, broadcast};
 
+/// Runs `pass` as a task of its own and says how it ended: a failure or a panic is
+/// returned as text, never propagated, so the loop that calls it goes on.
+pub(crate) async fn supervised<F>(pass: F) -> Result<(), String>
+where
+    F: std::future::Future<Output = Result<(), ControlError>> + Send + 'static,
+{
+    match tokio::spawn(pass).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(e) if e.is_panic() => {
+            let panic = e.into_panic();
+            let why = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            Err(format!("panicked: {why}"))
+        }
+        Err(e) => Err(format!("cancelled: {e}")),
+    }
+}
+
 /// A host whose status changed between reading and writing it (a sync, a lost timeout).
 fn changed_meanwhile(id: &HostId) -> ControlError {
     ControlError::Conflict(format!(
@@ -128,19 +150,8 @@ impl Control {
         tokio::pin!(shutdown);
         loop {
             let this = self.clone();
-            match tokio::spawn(async move { this.reconcile_once().await }).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => tracing::error!(error = %e, "reconcile pass failed"),
-                Err(e) if e.is_panic() => {
-                    let panic = e.into_panic();
-                    let why = panic
-                        .downcast_ref::<&str>()
-                        .map(|s| (*s).to_owned())
-                        .or_else(|| panic.downcast_ref::<String>().cloned())
-                        .unwrap_or_default();
-                    tracing::error!(panic = %why, "reconcile pass panicked; the next pass runs as usual");
-                }
-                Err(e) => tracing::error!(error = %e, "reconcile pass was cancelled"),
+            if let Err(why) = supervised(async move { this.reconcile_once().await }).await {
+                tracing::error!(error = %why, "reconcile pass failed; the next pass runs as usual");
             }
             tokio::select! {
                 _ = &mut shutdown => break,
@@ -427,5 +438,19 @@ impl Control {
                 ..Default::default()
             })
             .await?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_pass_that_panics_or_fails_is_reported_and_the_caller_goes_on() {
+        let panicked = supervised(async { panic!("boom in a pass") }).await;
+        assert_eq!(panicked, Err("panicked: boom in a pass".to_owned()));
+        let failed = supervised(async { Err(ControlError::Conflict("busy".into())) }).await;
+        assert_eq!(failed, Err("busy".to_owned()));
+        assert_eq!(supervised(async { Ok(()) }).await, Ok(()));
     }
 }
