@@ -471,7 +471,12 @@ impl Runtime {
                 p.poll(&Groups::new());
             }
         }
-        let groups = live_groups();
+        // Nothing to look up in /proc for an agent with no tasks.
+        let groups = if self.tasks.is_empty() {
+            Groups::new()
+        } else {
+            live_groups()
+        };
         for (id, t) in &mut self.tasks {
             let mut first_exit = None;
             let mut all_done = true;

@@ -201,7 +201,8 @@ impl Control {
     }
 
     /// Changes a user's role, enabled state and/or password. The last enabled admin cannot
-    /// be demoted or disabled, so the fleet never loses its administrator.
+    /// be demoted or disabled (the store refuses it atomically), so the fleet never loses
+    /// its administrator.
     pub async fn update_user(
         &self,
         username: &str,
@@ -214,29 +215,6 @@ impl Control {
                 "(body)",
                 "give role, disabled and/or password",
             ));
-        }
-        let current = self
-            .store
-            .user_credentials(username)
-            .await?
-            .ok_or_else(|| ControlError::NotFound(format!("user {username:?} not found")))?
-            .user;
-        let loses_admin = current.role == Role::Admin
-            && !current.disabled
-            && (role.is_some_and(|r| r != Role::Admin) || disabled == Some(true));
-        if loses_admin {
-            let admins = self
-                .store
-                .list_users()
-                .await?
-                .iter()
-                .filter(|u| u.role == Role::Admin && !u.disabled)
-                .count();
-            if admins <= 1 {
-                return Err(ControlError::Conflict(format!(
-                    "{username} is the last enabled admin; make another admin first"
-                )));
-            }
         }
         let password_hash = match password {
             Some(p) => {

@@ -52,9 +52,6 @@ pub enum ControlError {
     /// Missing or wrong credentials: join token, agent token, password, API token.
     #[error("{0}")]
     Unauthorized(String),
-    /// Known caller, role too low.
-    #[error("{0}")]
-    Forbidden(String),
     /// Too many failed sign-ins; try again after this many seconds.
     #[error("too many failed sign-ins; try again in {retry_after} s")]
     TooManyAttempts { retry_after: u64 },

@@ -54,7 +54,6 @@ impl From<ControlError> for ApiError {
             ControlError::NotFound(m) => ApiError::NotFound(m),
             ControlError::Conflict(m) => ApiError::Conflict(m),
             ControlError::Unauthorized(m) => ApiError::Unauthorized(m),
-            ControlError::Forbidden(m) => ApiError::Forbidden(m),
             ControlError::TooManyAttempts { retry_after } => ApiError::TooManyAttempts(retry_after),
             other => ApiError::Internal(other),
         }

@@ -31,8 +31,9 @@ pub fn AuditPage() -> impl IntoView {
     let text = move || query.read().get("q");
     let data = Resource::new(move || (actor(), text()), |(a, t)| list_audit(a, t));
     let navigate = use_navigate();
-    let (actor_in, set_actor_in) = signal(String::new());
-    let (text_in, set_text_in) = signal(String::new());
+    // The fields start from the filters in the address, so changing one keeps the other.
+    let (actor_in, set_actor_in) = signal(actor().unwrap_or_default());
+    let (text_in, set_text_in) = signal(text().unwrap_or_default());
     let apply = move |ev: leptos::ev::SubmitEvent| {
         ev.prevent_default();
         let mut params = Vec::new();
@@ -49,7 +50,7 @@ pub fn AuditPage() -> impl IntoView {
         <form class="filters" on:submit=apply>
             <label>
                 "Who"
-                <input name="actor" placeholder="" prop:value=move || actor().unwrap_or_default()
+                <input name="actor" prop:value=move || actor().unwrap_or_default()
                     on:input=move |ev| set_actor_in.set(event_target_value(&ev)) />
             </label>
             <label>

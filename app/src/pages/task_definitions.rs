@@ -128,6 +128,17 @@ pub fn TaskDefinitionsPage() -> impl IntoView {
     }
 }
 
+/// `KEY=VALUE` lines as a JSON object; a line without `=` gets `bare`.
+fn key_values(text: &str, bare: Value) -> Map<String, Value> {
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| match l.split_once('=') {
+            Some((k, v)) => (k.trim().to_owned(), Value::String(v.to_owned())),
+            None => (l.trim().to_owned(), bare.clone()),
+        })
+        .collect()
+}
+
 /// One container in the form; every field is text so bad input can be shown, not lost.
 #[derive(Clone, Copy)]
 struct ContainerForm {
@@ -219,26 +230,9 @@ impl ContainerForm {
             .parse::<f64>()
             .map(|v| Value::from((v * 1000.0).round() as u64))
             .unwrap_or(Value::String(cpu));
-        let env: Map<String, Value> = self
-            .env
-            .get()
-            .lines()
-            .filter(|l| !l.trim().is_empty())
-            .map(|l| match l.split_once('=') {
-                Some((k, v)) => (k.trim().to_owned(), Value::String(v.to_owned())),
-                None => (l.trim().to_owned(), Value::Null),
-            })
-            .collect();
-        let secrets: Map<String, Value> = self
-            .secrets
-            .get()
-            .lines()
-            .filter(|l| !l.trim().is_empty())
-            .map(|l| match l.split_once('=') {
-                Some((k, v)) => (k.trim().to_owned(), Value::String(v.to_owned())),
-                None => (l.trim().to_owned(), json!({ "set": true })),
-            })
-            .collect();
+        // A bare KEY is null in env (the validator names it) and "keep" for a secret.
+        let env = key_values(&self.env.get(), Value::Null);
+        let secrets = key_values(&self.secrets.get(), json!({ "set": true }));
         let mut c = json!({
             "name": self.name.get(),
             "command": self.command.get().split_whitespace().collect::<Vec<_>>(),

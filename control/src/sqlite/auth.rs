@@ -97,21 +97,33 @@ impl AuthStore for SqliteStore {
     }
 
     async fn update_user(&self, username: &str, change: &UserChange) -> Result<(), StoreError> {
+        let role = change.role.map(Role::as_str);
+        let disabled = change.disabled.map(i64::from);
+        // One statement, so two admins demoting each other at once cannot both succeed:
+        // the change applies unless it would leave no enabled admin.
         let done = sqlx::query(
             "UPDATE users SET
-                 role = COALESCE(?, role),
-                 disabled = COALESCE(?, disabled),
-                 password_hash = COALESCE(?, password_hash),
-                 sessions_after = CASE WHEN ? IS NULL THEN sessions_after ELSE CAST(strftime('%s', 'now') AS INTEGER) END
-             WHERE username = ?",
+                 role = COALESCE(?1, role),
+                 disabled = COALESCE(?2, disabled),
+                 password_hash = COALESCE(?3, password_hash),
+                 sessions_after = CASE WHEN ?3 IS NULL THEN sessions_after ELSE CAST(strftime('%s', 'now') AS INTEGER) END
+             WHERE username = ?4
+               AND NOT (role = 'admin' AND disabled = 0
+                        AND (COALESCE(?1, role) != 'admin' OR COALESCE(?2, disabled) = 1)
+                        AND (SELECT COUNT(*) FROM users u
+                             WHERE u.role = 'admin' AND u.disabled = 0 AND u.username != ?4) = 0)",
         )
-        .bind(change.role.map(Role::as_str))
-        .bind(change.disabled.map(i64::from))
-        .bind(change.password_hash.as_deref())
+        .bind(role)
+        .bind(disabled)
         .bind(change.password_hash.as_deref())
         .bind(username)
         .execute(&self.db)
         .await?;
+        if done.rows_affected() == 0 && self.user_credentials(username).await?.is_some() {
+            return Err(StoreError::Conflict(format!(
+                "{username} is the last enabled admin; make another admin first"
+            )));
+        }
         updated(done, "user", username)
     }
 

@@ -661,13 +661,18 @@ impl Store for SqliteStore {
     }
 
     async fn stop_tasks_on_lost_hosts(&self) -> Result<Vec<String>, StoreError> {
-        let mut tx = self.begin_immediate().await?;
-        let stopped = stop_holding_tasks(
-            &mut tx,
-            "host_id IN (SELECT id FROM hosts WHERE status = 'lost')",
-            None,
-        )
+        const ON_LOST: &str = "host_id IN (SELECT id FROM hosts WHERE status = 'lost')";
+        // Every pass sweeps: look first, so a pass with nothing to do takes no write lock.
+        let any = sqlx::query(&format!(
+            "SELECT 1 FROM tasks WHERE {ON_LOST} AND state IN ('assigned', 'running', 'stopping') LIMIT 1"
+        ))
+        .fetch_optional(&self.db)
         .await?;
+        if any.is_none() {
+            return Ok(Vec::new());
+        }
+        let mut tx = self.begin_immediate().await?;
+        let stopped = stop_holding_tasks(&mut tx, ON_LOST, None).await?;
         tx.commit().await?;
         Ok(stopped)
     }
