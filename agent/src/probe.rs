@@ -158,24 +158,10 @@ impl GpuProbe for NvmlProbe {
     fn inventory(&mut self) -> Result<Inventory, ProbeError> {
         self.drain_events();
         let count = self.nvml.device_count()?;
-        let mut gpus = Vec::with_capacity(count as usize);
-        for index in 0..count {
-            // One GPU that cannot be read is reported unhealthy (as last seen); the others
-            // are reported as usual, so the host keeps syncing.
-            match self.gpu_status(index) {
-                Ok(status) => {
-                    self.last_seen.insert(index, status.clone());
-                    gpus.push(status);
-                }
-                Err(e) => {
-                    tracing::warn!(gpu = index, error = %e, "cannot read this GPU; reporting it unhealthy");
-                    if let Some(mut last) = self.last_seen.get(&index).cloned() {
-                        last.healthy = false;
-                        gpus.push(last);
-                    }
-                }
-            }
-        }
+        let reads = (0..count)
+            .map(|index| (index, self.gpu_status(index)))
+            .collect();
+        let gpus = per_gpu(reads, &mut self.last_seen);
         let cuda = self.nvml.sys_cuda_driver_version().ok();
         Ok(Inventory {
             source: "nvml",
@@ -192,6 +178,33 @@ impl GpuProbe for NvmlProbe {
     fn simulated(&self) -> bool {
         false
     }
+}
+
+/// The inventory from each GPU's read: a GPU that cannot be read is reported unhealthy
+/// as it was last seen (or left out when never seen, which the server also takes as
+/// unhealthy); the others are reported as usual, so one failing GPU never stops the
+/// host's sync.
+fn per_gpu(
+    reads: Vec<(u32, Result<GpuStatus, ProbeError>)>,
+    last_seen: &mut HashMap<u32, GpuStatus>,
+) -> Vec<GpuStatus> {
+    let mut gpus = Vec::with_capacity(reads.len());
+    for (index, read) in reads {
+        match read {
+            Ok(status) => {
+                last_seen.insert(index, status.clone());
+                gpus.push(status);
+            }
+            Err(e) => {
+                tracing::warn!(gpu = index, error = %e, "cannot read this GPU; reporting it unhealthy");
+                if let Some(mut last) = last_seen.get(&index).cloned() {
+                    last.healthy = false;
+                    gpus.push(last);
+                }
+            }
+        }
+    }
+    gpus
 }
 
 impl NvmlProbe {
@@ -382,6 +395,41 @@ impl GpuProbe for SimulatedProbe {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_gpu_that_cannot_be_read_is_unhealthy_and_the_others_carry_on() {
+        let gpu = |index: u32| GpuStatus {
+            uuid: GpuUuid::new(format!("GPU-{index}")).expect("valid"),
+            index,
+            model: String::from("NVIDIA H200"),
+            memory_total: MiB(143_771),
+            memory_used: MiB(0),
+            utilization_pct: Some(0),
+            compute_mode: None,
+            mps_client_limit: MPS_CLIENT_LIMIT,
+            healthy: true,
+        };
+        let lost = || Err(ProbeError::Nvml(NvmlError::GpuLost));
+        let mut last_seen = HashMap::new();
+        let first = per_gpu(
+            vec![(0, Ok(gpu(0))), (1, Ok(gpu(1))), (2, lost())],
+            &mut last_seen,
+        );
+        // Never read: left out (the server marks a GPU it knows but is not told of unhealthy).
+        assert_eq!(first.iter().map(|g| g.index).collect::<Vec<_>>(), [0, 1]);
+        let second = per_gpu(
+            vec![(0, Ok(gpu(0))), (1, lost()), (2, lost())],
+            &mut last_seen,
+        );
+        let health: Vec<(u32, bool)> = second.iter().map(|g| (g.index, g.healthy)).collect();
+        assert_eq!(health, [(0, true), (1, false)]);
+        assert_eq!(second[1].uuid.as_str(), "GPU-1", "as it was last seen");
+        let third = per_gpu(vec![(0, Ok(gpu(0))), (1, Ok(gpu(1)))], &mut last_seen);
+        assert!(
+            third.iter().all(|g| g.healthy),
+            "healthy again once it reads"
+        );
+    }
 
     #[test]
     fn simulated_spec_gives_that_many_gpus() {

@@ -7,7 +7,9 @@
 //! Every process carries its task's id and this agent's mark in its environment. After
 //! the agent restarts it re-adopts exactly the processes that carry its mark (read from
 //! `/proc`), so a task started just before a crash is not started twice, and a process
-//! that merely reuses a remembered process id is never taken for a task. The state file
+//! that merely reuses a remembered process id is never taken for a task. Each group is
+//! known by its leader's start time too: once a group has emptied and its id is reused,
+//! the new group is never signalled nor taken for the task. The state file
 //! (written atomically, owner-only) keeps what `/proc` cannot tell: stop timeouts.
 
 use nix::errno::Errno;
@@ -51,9 +53,21 @@ pub fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Live (not zombie) processes per process group, read once per poll from `/proc`.
-fn live_groups() -> std::collections::HashMap<i32, usize> {
-    let mut groups = std::collections::HashMap::new();
+/// What `/proc` shows of one process group.
+#[derive(Debug, Clone, Copy, Default)]
+struct Group {
+    /// Its live (not zombie) processes.
+    live: usize,
+    /// When its leader (the process whose id is the group's) started, in clock ticks
+    /// since boot; `None` while the leader is gone and others of the group live on.
+    leader_start: Option<u64>,
+}
+
+type Groups = std::collections::HashMap<i32, Group>;
+
+/// Live process groups, read once per poll from `/proc`.
+fn live_groups() -> Groups {
+    let mut groups = Groups::new();
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return groups;
     };
@@ -61,27 +75,45 @@ fn live_groups() -> std::collections::HashMap<i32, usize> {
         .filter_map(Result::ok)
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
     {
-        if let Some((state, pgrp)) = proc_stat(pid)
-            && state != 'Z'
+        if let Some(stat) = proc_stat(pid)
+            && stat.state != 'Z'
         {
-            *groups.entry(pgrp).or_insert(0) += 1;
+            let group = groups.entry(stat.pgrp).or_default();
+            group.live += 1;
+            if i64::from(pid) == i64::from(stat.pgrp) {
+                group.leader_start = Some(stat.start);
+            }
         }
     }
     groups
 }
 
-type Groups = std::collections::HashMap<i32, usize>;
+/// What `/proc/<pid>/stat` says of a process.
+struct Stat {
+    state: char,
+    pgrp: i32,
+    /// Clock ticks after boot when it started: with the boot id, a process's identity,
+    /// which its id alone is not (ids are reused).
+    start: u64,
+}
 
-/// A process's state letter and process group, from `/proc/<pid>/stat`.
-fn proc_stat(pid: u32) -> Option<(char, i32)> {
+fn proc_stat(pid: u32) -> Option<Stat> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses.
     let rest = &stat[stat.rfind(')')? + 2..];
-    let mut fields = rest.split(' ');
-    let state = fields.next()?.chars().next()?;
-    let _ppid = fields.next()?;
-    let pgrp = fields.next()?.parse().ok()?;
-    Some((state, pgrp))
+    let fields: Vec<&str> = rest.split(' ').collect();
+    // Fields from `state` on: state(0) ppid(1) pgrp(2) ... starttime(19).
+    Some(Stat {
+        state: fields.first()?.chars().next()?,
+        pgrp: fields.get(2)?.parse().ok()?,
+        start: fields.get(19)?.parse().ok()?,
+    })
+}
+
+/// When the leader of group `pgid` started, if it is alive and leads that group.
+fn group_born(pgid: i32) -> Option<u64> {
+    let stat = proc_stat(u32::try_from(pgid).ok()?)?;
+    (stat.pgrp == pgid).then_some(stat.start)
 }
 
 /// Processes that carry `mark` in their environment, by task: their process groups and
@@ -95,7 +127,7 @@ fn marked_processes(mark: &str) -> BTreeMap<String, (BTreeSet<i32>, BTreeMap<Str
         .filter_map(Result::ok)
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
     {
-        let Some((state, pgrp)) = proc_stat(pid) else {
+        let Some(Stat { state, pgrp, .. }) = proc_stat(pid) else {
             continue;
         };
         if state == 'Z' {
@@ -142,6 +174,10 @@ struct Proc {
     /// `None` for a process adopted after an agent restart (not our child).
     child: Option<Child>,
     exit: Option<Option<i32>>,
+    /// When the group's leader started (`None`: it was already gone when this agent
+    /// took the group). A group id is reused only once the group is empty, by a new
+    /// leader started later: one whose start differs is a stranger's, never signalled.
+    born: Option<u64>,
 }
 
 impl Proc {
@@ -158,20 +194,40 @@ impl Proc {
                     Ok(None) => None,
                     Err(_) => Some(None),
                 },
-                None => (!groups.contains_key(&self.pgid)).then_some(None),
+                None => (!self.alive_in(groups)).then_some(None),
             };
         }
         self.exit
     }
 
+    /// Whether its process group is still there and still the one this agent started.
+    fn alive_in(&self, groups: &Groups) -> bool {
+        groups.get(&self.pgid).is_some_and(|g| self.owns(g))
+    }
+
+    fn owns(&self, group: &Group) -> bool {
+        group.leader_start.is_none() || group.leader_start == self.born
+    }
+
     /// Whether nothing of this container is left: its first process has exited and no
     /// process of its group remains (children that outlive it still hold the GPU).
     fn finished(&mut self, groups: &Groups) -> bool {
-        self.poll(groups).is_some() && !groups.contains_key(&self.pgid)
+        self.poll(groups).is_some() && !self.alive_in(groups)
     }
 
-    /// Signals the whole process group, as long as any of it is left.
+    /// Signals the whole process group, as long as any of it is left and it is still
+    /// this container's (checked by its leader's start time, not by its id alone).
     fn signal(&self, signal: Signal) {
+        if let Some(leader) = u32::try_from(self.pgid).ok().and_then(proc_stat)
+            && self.born != Some(leader.start)
+            && leader.pgrp == self.pgid
+        {
+            tracing::warn!(
+                pgid = self.pgid,
+                "a task's process group id now belongs to another process; not signalled"
+            );
+            return;
+        }
         if let Err(e) = killpg(Pid::from_raw(self.pgid), signal)
             && e != Errno::ESRCH
         {
@@ -308,6 +364,7 @@ impl Runtime {
                             pgid,
                             child: None,
                             exit: None,
+                            born: group_born(pgid),
                         })
                         .collect(),
                     env,
@@ -418,6 +475,7 @@ impl Runtime {
                         pgid,
                         child: Some(child),
                         exit: None,
+                        born: group_born(pgid),
                     });
                 }
                 Err(e) => {
@@ -866,7 +924,7 @@ mod tests {
             .map_or(0, |(groups, _)| {
                 groups
                     .iter()
-                    .map(|g| live_groups().get(g).copied().unwrap_or(0))
+                    .map(|g| live_groups().get(g).map_or(0, |g| g.live))
                     .sum()
             })
     }
@@ -930,6 +988,63 @@ mod tests {
         assert!(
             stranger.try_wait().expect("wait").is_none(),
             "and is never signalled"
+        );
+        let _ = stranger.kill();
+        let _ = stranger.wait();
+    }
+
+    #[tokio::test]
+    async fn a_group_id_taken_over_by_another_process_is_never_signalled() {
+        let dir = tempfile::tempdir().expect("dir");
+        let mut rt = Runtime::open(dir.path(), 1 << 20, None).expect("open");
+        // A process that now leads a group whose id a task of ours once had: same id,
+        // another start time (ids are reused; start times after boot are not).
+        use std::os::unix::process::CommandExt;
+        let mut stranger = std::process::Command::new("sleep")
+            .arg("30")
+            .process_group(0)
+            .spawn()
+            .expect("spawn");
+        let pgid = stranger.id() as i32;
+        let start = group_born(pgid).expect("the stranger leads its group");
+        rt.tasks.insert(
+            String::from("t-gone"),
+            Task {
+                procs: vec![Proc {
+                    name: String::from("main"),
+                    pgid,
+                    child: None,
+                    exit: None,
+                    born: Some(start.saturating_sub(1)),
+                }],
+                env: BTreeMap::new(),
+                stop_timeout: Duration::from_millis(100),
+                ending: None,
+            },
+        );
+        rt.poll();
+        assert!(rt.tasks.is_empty(), "its group is gone: the task has ended");
+        rt.tasks.insert(
+            String::from("t-stop"),
+            Task {
+                procs: vec![Proc {
+                    name: String::from("main"),
+                    pgid,
+                    child: None,
+                    exit: None,
+                    born: None,
+                }],
+                env: BTreeMap::new(),
+                stop_timeout: Duration::from_millis(100),
+                ending: None,
+            },
+        );
+        rt.converge(&[]);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        rt.poll();
+        assert!(
+            stranger.try_wait().expect("wait").is_none(),
+            "the stranger was not signalled"
         );
         let _ = stranger.kill();
         let _ = stranger.wait();

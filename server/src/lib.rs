@@ -47,24 +47,59 @@ pub struct AppState {
     pub auth: Arc<auth::AuthSettings>,
     /// Open `/api/v1/live` streams are capped: each holds a task and a connection.
     pub live_slots: Arc<tokio::sync::Semaphore>,
+    /// One permit per request being handled, shared by every route.
+    #[from_ref(skip)]
+    pub request_slots: Arc<tokio::sync::Semaphore>,
+    #[from_ref(skip)]
+    pub limits: Limits,
 }
 
-/// Event streams open at once, at most.
-pub const MAX_LIVE_STREAMS: usize = 256;
-/// Requests handled at once, at most; more wait their turn.
-pub const MAX_CONCURRENT_REQUESTS: usize = 1024;
-/// A request that has no answer after this long gets `408` (an event stream's answer is
-/// its first byte, so streams are not cut).
-pub const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+/// What the edge allows, so that a stuck database or a flood of clients costs a bounded
+/// amount of memory and connections.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// A request that has no answer after this long gets `408`, whether it waited for a
+    /// slot or in its handler (an event stream's answer is its first byte, so streams
+    /// are not cut).
+    pub request_timeout: std::time::Duration,
+    /// Requests handled at once, at most; more wait their turn (within the timeout).
+    pub concurrent_requests: usize,
+    /// Event streams open at once, at most; one more gets `503`.
+    pub live_streams: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            request_timeout: std::time::Duration::from_secs(30),
+            concurrent_requests: 1024,
+            live_streams: 256,
+        }
+    }
+}
 
 impl AppState {
-    /// Served on `bind` over plain HTTP, with the default allowed hosts.
+    /// Served on `bind` over plain HTTP, with the default allowed hosts and limits.
     pub fn new(control: Control, bind: SocketAddr) -> Self {
         AppState {
             control,
             leptos: leptos_options(bind),
             auth: Arc::new(auth::AuthSettings::for_bind(bind, false)),
-            live_slots: Arc::new(tokio::sync::Semaphore::new(MAX_LIVE_STREAMS)),
+            live_slots: Arc::new(tokio::sync::Semaphore::new(Limits::default().live_streams)),
+            request_slots: Arc::new(tokio::sync::Semaphore::new(
+                Limits::default().concurrent_requests,
+            )),
+            limits: Limits::default(),
+        }
+    }
+
+    /// The same with other limits.
+    pub fn with_limits(self, limits: Limits) -> Self {
+        AppState {
+            live_slots: Arc::new(tokio::sync::Semaphore::new(limits.live_streams)),
+            request_slots: Arc::new(tokio::sync::Semaphore::new(limits.concurrent_requests)),
+            limits,
+            ..self
         }
     }
 }
@@ -97,12 +132,14 @@ pub fn app(state: AppState) -> Router {
             auth::authenticate,
         ))
         .layer(sessions)
+        // One limit for the whole router (a plain `ConcurrencyLimitLayer` would count per
+        // route); the timeout is outside it, so waiting for a slot counts too.
+        .layer(tower::limit::GlobalConcurrencyLimitLayer::with_semaphore(
+            state.request_slots.clone(),
+        ))
         .layer(tower_http::timeout::TimeoutLayer::with_status_code(
             axum::http::StatusCode::REQUEST_TIMEOUT,
-            REQUEST_TIMEOUT,
-        ))
-        .layer(tower::limit::ConcurrencyLimitLayer::new(
-            MAX_CONCURRENT_REQUESTS,
+            state.limits.request_timeout,
         ))
         // gzip what compresses (the WASM bundle shrinks to about a third); the default
         // predicate leaves the live event stream alone.

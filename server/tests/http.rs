@@ -561,3 +561,78 @@ async fn live_streams_are_capped_and_a_closed_one_frees_its_slot() {
         .expect("answers");
     assert_eq!(third.status(), StatusCode::OK);
 }
+
+#[tokio::test]
+async fn a_request_stuck_on_a_locked_database_gets_408_and_the_others_wait_their_turn() {
+    use sqlx::Connection;
+    let dir = tempfile::tempdir().expect("dir");
+    let url = format!("sqlite://{}", dir.path().join("tessera.db").display());
+    let store = tessera_control::open(&url).await.expect("store");
+    let control = tessera_control::Control::new(store, tessera_control::ControlConfig::default());
+    let admin = api_token(&control, Role::Admin).await.expect("token");
+    let limits = tessera_server::Limits {
+        request_timeout: std::time::Duration::from_millis(400),
+        concurrent_requests: 1,
+        live_streams: 1,
+    };
+    let state = Ctx {
+        app: AppState::new(control, "127.0.0.1:0".parse().expect("valid")).with_limits(limits),
+        admin,
+    };
+    // Another process holds the write lock (a backup, a stuck migration).
+    let mut lock = sqlx::SqliteConnection::connect(&url)
+        .await
+        .expect("connect");
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut lock)
+        .await
+        .expect("lock");
+    let started = std::time::Instant::now();
+    let stuck = {
+        let state = Ctx {
+            app: state.app.clone(),
+            admin: state.admin.clone(),
+        };
+        tokio::spawn(async move {
+            let answer = post(&state, "/api/v1/pools", json!({"name": "stuck"})).await;
+            (answer.0, std::time::Instant::now())
+        })
+    };
+    // It holds the only slot: a request on any other route waits for it.
+    tokio::time::timeout(std::time::Duration::from_secs(5), async {
+        while state.request_slots.available_permits() != 0 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the stuck request took the slot");
+    let (health, _) = get(&state, "/healthz").await;
+    let health_at = std::time::Instant::now();
+    let (status, stuck_at) = stuck.await.expect("joined");
+    assert_eq!(status, StatusCode::REQUEST_TIMEOUT);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "answered long before the database's busy timeout: {:?}",
+        started.elapsed()
+    );
+    assert!(
+        health_at >= stuck_at,
+        "the limit is one for the whole router"
+    );
+    assert!(
+        matches!(health, StatusCode::OK | StatusCode::REQUEST_TIMEOUT),
+        "{health}"
+    );
+    sqlx::query("ROLLBACK")
+        .execute(&mut lock)
+        .await
+        .expect("unlock");
+    // Nothing of the request that timed out was stored, and the server serves again.
+    let (_, pools) = get(&state, "/api/v1/pools").await;
+    assert!(
+        !pools.to_string().contains("stuck"),
+        "nothing stored: {pools}"
+    );
+    let (status, _) = post(&state, "/api/v1/pools", json!({"name": "stuck"})).await;
+    assert_eq!(status, StatusCode::CREATED);
+}
