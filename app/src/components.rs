@@ -91,8 +91,9 @@ pub fn measured_text(m: MiB) -> String {
 #[component]
 pub fn GpuBars(gpu: GpuView) -> impl IntoView {
     let total = gpu.gpu.memory.0.max(1) as f64;
-    let mem_used = gpu.memory_allocated();
-    let compute = gpu.compute_allocated();
+    let mem_used = gpu.memory_allocated;
+    let compute = gpu.compute_allocated;
+    let compute_cap = gpu.compute_capacity;
     let state = gpu_state_text(gpu.gpu.sharing_mode, gpu.gpu.health);
     let measured = gpu.measured();
     let segments = gpu
@@ -130,7 +131,9 @@ pub fn GpuBars(gpu: GpuView) -> impl IntoView {
             }
         })
         .collect_view();
-    let compute_pct = f64::from(compute.0.min(1000)) / 10.0;
+    // Against the pool's compute capacity (1,000 per GPU times its overcommit).
+    let compute_pct =
+        100.0 * f64::from(compute.0.min(compute_cap.0)) / f64::from(compute_cap.0.max(1));
     view! {
         <li class="gpu" data-gpu=gpu.gpu.uuid.to_string()>
             <span class="gpu-index">{format!("GPU {}", gpu.gpu.index)}</span>
@@ -138,7 +141,7 @@ pub fn GpuBars(gpu: GpuView) -> impl IntoView {
                 <div class="bar memory-bar" aria-label=format!("{mem_used} of {} GPU memory allocated", gpu.gpu.memory)>
                     {segments}
                 </div>
-                <div class="bar compute-bar" aria-label=format!("{compute} of the GPU's compute reserved")>
+                <div class="bar compute-bar" aria-label=format!("{compute} of {compute_cap} compute reserved")>
                     <span class="bar-fill" style=format!("width: {compute_pct:.1}%")></span>
                 </div>
             </div>

@@ -167,7 +167,7 @@ impl Control {
 
     /// Registers a host and issues its agent token. The one way hosts join, for agents
     /// (after `register_agent` checked the join token) and the in-process demo fleet.
-    pub async fn admit_host(
+    pub(crate) async fn admit_host(
         &self,
         req: &RegisterRequest,
     ) -> Result<RegisterResponse, ControlError> {
@@ -237,6 +237,7 @@ impl Control {
                     sharing_mode: SharingMode::Idle,
                 })
                 .collect(),
+            status_reason: None,
         };
         let token = new_token();
         self.store.register_host(&host, &hash_token(&token)).await?;

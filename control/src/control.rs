@@ -119,6 +119,9 @@ impl Control {
         }
     }
 
+    /// The store itself, for tests that look at or set up what no operation exposes
+    /// (a race, a host lost at a chosen moment). Everything else goes through `Control`.
+    #[cfg(any(test, feature = "testing"))]
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
     }

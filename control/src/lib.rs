@@ -8,20 +8,27 @@
 //! - [`control`]: `Control`, the entry point: pools, task definitions, services, hosts, and
 //!   the reconcile loop.
 //! - `reconcile`: one reconcile pass: lost hosts, migrations, services and deployments.
+//! - [`capacity`]: the one place capacity is counted: a pool's hosts and what tasks hold,
+//!   as the engine's snapshot; the commit's re-check and every usage figure come from it.
 //! - `scheduler`: placement against the live fleet through `tessera-placement`, commits
 //!   that re-check capacity, and previews.
 //! - [`auth`]: operators' accounts, sign-in limits, API tokens, session records, the audit
 //!   log, and hosts' credentials (revoke, delete, rotate the join token).
 //! - [`agents`]: the agent API, server side: join token, registration, sync.
+//! - `views`: read models of the console's pages (hosts with GPU segments, the overview,
+//!   a service's tasks), as `Control` methods.
 //! - [`inputs`]: request bodies and computed views, with their validation.
 //! - [`error`]: `StoreError` and `ControlError`.
-//! - [`bench`]: the simulated fleet and arguments the benchmark programs share.
+//! - `bench` (feature `bench`): the simulated fleet and arguments the benchmark programs
+//!   share.
 
 #![forbid(unsafe_code)]
 
 pub mod agents;
 pub mod auth;
+#[cfg(feature = "bench")]
 pub mod bench;
+pub mod capacity;
 pub mod control;
 pub mod error;
 pub mod inputs;
@@ -29,6 +36,7 @@ mod reconcile;
 mod scheduler;
 pub mod sqlite;
 pub mod store;
+mod views;
 
 pub use control::{Control, ControlConfig};
 pub use error::{ControlError, StoreError};

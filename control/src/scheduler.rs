@@ -1,7 +1,9 @@
 //! Placement against the live fleet: builds a placement engine for a pool from the store
-//! (hosts, GPUs and what live tasks hold), places pending tasks and commits them in one
-//! transaction that re-checks capacity; and previews placements without committing.
+//! (hosts, GPUs and what live tasks hold, through [`crate::capacity`]), places pending
+//! tasks and commits them in one transaction that re-checks them with the engine's own
+//! rules; and previews placements without committing.
 
+use crate::capacity::{Held, PoolCapacity};
 use crate::control::Control;
 use crate::error::ControlError;
 use crate::inputs::{Density, PreviewInput, PreviewResult, PreviewTask};
@@ -11,12 +13,10 @@ use tessera_model::service::{
     GpuAllocation, Service, ServiceConstraints, Task, TaskDefRef, TaskState,
 };
 use tessera_model::taskdef::{TaskDefinitionSpec, TaskGpu};
-use tessera_model::{
-    GpuHealth, HostId, HostStatus, PlacementPolicy, PoolInfo, PoolName, SharingMode,
-};
+use tessera_model::{HostId, PlacementPolicy, PoolInfo, PoolName, SharingMode};
 use tessera_placement::{
-    Constraints, DemandProfile, Engine, GpuDemand, GpuSlot, GpuSpec, GpuUsage, HostSpec, LabelRule,
-    Placement, Policy, PoolLimits, Snapshot, TaskRequest,
+    Constraints, DemandProfile, Engine, GpuDemand, GpuUsage, LabelRule, Placement, Policy,
+    Snapshot, TaskRequest,
 };
 
 /// The request a task of `spec` makes under a service's constraints.
@@ -87,40 +87,15 @@ impl Control {
             .into_iter()
             .filter(|h| &h.pool == pool)
             .collect();
-        let specs: Vec<HostSpec> = hosts
-            .iter()
-            .map(|h| HostSpec {
-                id: h.id.clone(),
-                cpu: h.cpu,
-                memory: h.memory,
-                labels: h.labels.clone(),
-                active: h.status == HostStatus::Active,
-                gpus: h
-                    .gpus
-                    .iter()
-                    .map(|g| GpuSpec {
-                        uuid: g.uuid.clone(),
-                        model: g.model.clone(),
-                        memory: g.memory,
-                        mps_client_limit: g.mps_client_limit,
-                        healthy: g.health == GpuHealth::Healthy,
-                    })
-                    .collect(),
-            })
-            .collect();
-        let limits = PoolLimits {
-            compute_overcommit: info.compute_overcommit,
-            mps_client_limit: info.mps_client_limit,
-        };
-        let snapshot = Snapshot::new(specs, limits);
         let holding = self
             .store
             .list_tasks(&TaskFilter {
                 pool: Some(pool.clone()),
-                states: vec![TaskState::Assigned, TaskState::Running, TaskState::Stopping],
+                states: TaskState::HOLDING.to_vec(),
                 ..Default::default()
             })
             .await?;
+        let capacity = PoolCapacity::build(&info, &hosts, holding.iter().filter_map(Held::of));
         // The workload profile: what the pool runs plus what is being placed.
         let specs_by_ref = self
             .task_definition_specs(holding.iter().map(|t| t.task_definition.clone()).collect())
@@ -138,55 +113,7 @@ impl Control {
         profile_requests.extend(extra.iter().cloned());
         let profile = DemandProfile::from_requests(&profile_requests);
         let policy = Policy::from(policy.unwrap_or(info.policy));
-        let mut engine = Engine::new(snapshot, policy, &profile, 0x7e55e7a);
-        let host_index: HashMap<&HostId, u32> = hosts
-            .iter()
-            .enumerate()
-            .map(|(i, h)| (&h.id, i as u32))
-            .collect();
-        let gpu_index: HashMap<&str, u32> = {
-            let snap = engine.snapshot();
-            let mut m = HashMap::new();
-            for (i, h) in hosts.iter().enumerate() {
-                for (g, gpu) in snap.gpus_of(i as u32).zip(&h.gpus) {
-                    m.insert(gpu.uuid.as_str(), g);
-                }
-            }
-            m
-        };
-        for t in &holding {
-            let Some(host) = t.host.as_ref().and_then(|h| host_index.get(h)) else {
-                continue;
-            };
-            let slots: Option<Vec<GpuSlot>> = t
-                .allocations
-                .iter()
-                .map(|a| {
-                    gpu_index.get(a.gpu.as_str()).map(|&g| GpuSlot {
-                        gpu: g,
-                        uuid: a.gpu.clone(),
-                        index: a.index,
-                        memory: a.memory,
-                        compute: a.compute,
-                        dedicated: a.dedicated,
-                    })
-                })
-                .collect();
-            let Some(gpus) = slots else {
-                tracing::warn!(task = %t.id, "task holds a GPU its host no longer reports");
-                continue;
-            };
-            let placement = Placement {
-                host: *host,
-                host_id: t.host.clone().expect("checked above"),
-                cpu: t.cpu,
-                memory: t.memory,
-                gpus,
-            };
-            if let Err(e) = engine.assign(&placement) {
-                tracing::warn!(task = %t.id, error = %e, "stored allocation does not fit the host as reported now");
-            }
-        }
+        let engine = Engine::new(capacity.snapshot, policy, &profile, 0x7e55e7a);
         Ok(PoolEngine { engine, pool: info })
     }
 

@@ -47,6 +47,27 @@ pub struct PlacementCommit {
     pub allocations: Vec<GpuAllocation>,
 }
 
+/// What a commit's re-check reads inside its transaction: the hosts its placements name
+/// (with their GPUs and pools), what tasks hold on them now, and which of the tasks being
+/// committed are still pending (with what they ask of the host).
+#[derive(Debug, Clone, Default)]
+pub struct CommitContext {
+    pub pools: Vec<PoolInfo>,
+    pub hosts: Vec<HostInfo>,
+    pub holding: Vec<HeldCapacity>,
+    pub pending: std::collections::HashMap<String, (MilliCpu, MiB)>,
+}
+
+/// What one task holds on its host.
+#[derive(Debug, Clone)]
+pub struct HeldCapacity {
+    pub task_id: String,
+    pub host: HostId,
+    pub cpu: MilliCpu,
+    pub memory: MiB,
+    pub allocations: Vec<GpuAllocation>,
+}
+
 /// Which events to list.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct EventFilter {
@@ -313,6 +334,8 @@ pub trait Store: AuthStore {
     async fn delete_service(&self, name: &str) -> Result<(), StoreError>;
     /// Deployments of a service, newest first, with their task counts.
     async fn list_deployments(&self, service: &str) -> Result<Vec<Deployment>, StoreError>;
+    /// Every service's deployments, newest first.
+    async fn list_all_deployments(&self) -> Result<Vec<Deployment>, StoreError>;
     async fn set_deployment_status(
         &self,
         id: i64,
@@ -323,9 +346,11 @@ pub trait Store: AuthStore {
     async fn create_tasks(&self, tasks: &[NewTask]) -> Result<(), StoreError>;
     async fn list_tasks(&self, filter: &TaskFilter) -> Result<Vec<Task>, StoreError>;
     async fn get_task(&self, id: &str) -> Result<Task, StoreError>;
-    /// Commits placements in one transaction that re-checks every GPU's and host's
-    /// capacity against what is committed now; returns the ids committed. Placements that
-    /// no longer fit (or whose task is no longer pending) are skipped.
+    /// Commits placements in one transaction: it reads the [`CommitContext`] of the hosts
+    /// they name under the transaction's write lock, keeps those that
+    /// [`crate::capacity::verify_commits`] accepts (the engine's own rules, nothing written
+    /// twice), and stores them; returns the ids committed. Placements that no longer fit
+    /// (or whose task is no longer pending) are skipped.
     async fn commit_placements(
         &self,
         commits: &[PlacementCommit],

@@ -36,6 +36,7 @@ fn host(id: &str, pool: &str, gpus: u32) -> HostInfo {
                 sharing_mode: SharingMode::Idle,
             })
             .collect(),
+        status_reason: None,
     }
 }
 

@@ -155,6 +155,9 @@ pub struct HostInfo {
     pub memory: MiB,
     pub labels: BTreeMap<String, String>,
     pub gpus: Vec<GpuInfo>,
+    /// Why it is impaired, lost or draining (absent when active, or when nothing says).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status_reason: Option<String>,
 }
 
 impl HostInfo {

@@ -12,6 +12,7 @@
 //! - [`api`]: REST bodies the console shares: service and pool inputs, previews, service detail.
 //! - [`auth`]: roles, operators' accounts, API tokens, callers and the audit log.
 //! - [`agent`]: the agent protocol (register, sync) spoken over `/agent/v1`.
+//! - [`views`]: read models of the console's pages (hosts with GPU segments, overview).
 //! - [`urlenc`]: percent-encoding of query values and form fields.
 //! - [`taskdef`]: task definitions, their validation (errors name their field) and the ECS JSON shape.
 
@@ -26,6 +27,7 @@ pub mod service;
 pub mod taskdef;
 pub mod units;
 pub mod urlenc;
+pub mod views;
 
 pub use ids::{GpuUuid, HostId, IdError, PoolName};
 pub use inventory::{

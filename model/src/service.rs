@@ -176,12 +176,14 @@ word_enum!(
 );
 
 impl TaskState {
+    /// The states in which a task holds (or is about to hold) capacity: the one list every
+    /// capacity count uses.
+    pub const HOLDING: [TaskState; 3] =
+        [TaskState::Assigned, TaskState::Running, TaskState::Stopping];
+
     /// Holds (or is about to hold) capacity.
     pub fn holds_capacity(self) -> bool {
-        matches!(
-            self,
-            TaskState::Assigned | TaskState::Running | TaskState::Stopping
-        )
+        Self::HOLDING.contains(&self)
     }
 
     pub fn is_live(self) -> bool {

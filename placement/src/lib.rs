@@ -33,5 +33,6 @@ pub use profile::{DemandProfile, ProfileEntry};
 pub use reject::{FilterReason, LargestFree, Rejection};
 pub use request::{Constraints, GpuDemand, LabelRule, TaskRequest};
 pub use snapshot::{
-    CapacityError, GpuSlot, GpuSpec, GpuUsage, HostSpec, Placement, PoolLimits, Snapshot,
+    CapacityError, GpuIdx, GpuSlot, GpuSpec, GpuUsage, HostIdx, HostSpec, Placement, PoolLimits,
+    Snapshot,
 };

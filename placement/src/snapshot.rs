@@ -426,6 +426,24 @@ impl Snapshot {
         Ok(())
     }
 
+    /// Whether `p` may be committed now, taking what it holds if so: the check a plan made
+    /// elsewhere (another server, an older picture of the fleet) passes before it is
+    /// stored. The same rules as placement: an active host, and the same GPU and host
+    /// capacity checks `assign` makes.
+    pub fn verify(&mut self, p: &Placement) -> Result<(), CapacityError> {
+        let host = self
+            .hosts
+            .get(p.host as usize)
+            .ok_or(CapacityError::UnknownHost(p.host))?;
+        if !host.active {
+            return Err(CapacityError::DoesNotFit {
+                host: host.id.clone(),
+                reason: "host not active",
+            });
+        }
+        self.assign(p)
+    }
+
     /// Gives back exactly what `assign(p)` took.
     pub fn release(&mut self, p: &Placement) -> Result<(), CapacityError> {
         let host = self

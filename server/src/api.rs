@@ -185,7 +185,7 @@ struct Health {
 
 /// Liveness plus a store round trip, so a broken database shows as unhealthy.
 async fn healthz(State(state): State<AppState>) -> Result<Json<Health>, ApiError> {
-    state.control.store().list_pools().await?;
+    state.control.list_pools().await?;
     Ok(Json(Health { status: "ok" }))
 }
 
@@ -194,7 +194,7 @@ fn host_id(raw: String) -> Result<HostId, ApiError> {
 }
 
 async fn list_hosts(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
-    let hosts: Vec<HostInfo> = state.control.store().list_hosts().await?;
+    let hosts: Vec<HostInfo> = state.control.list_hosts().await?;
     Ok(Json(serde_json::json!({ "hosts": hosts })))
 }
 
@@ -203,13 +203,12 @@ async fn get_host(
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let id = host_id(id)?;
-    let host = state.control.store().get_host(&id).await?;
+    let host = state.control.get_host(&id).await?;
     let tasks = state
         .control
-        .store()
         .list_tasks(&TaskFilter {
             host: Some(id),
-            states: vec![TaskState::Assigned, TaskState::Running, TaskState::Stopping],
+            states: TaskState::HOLDING.to_vec(),
             ..Default::default()
         })
         .await?;
@@ -224,7 +223,7 @@ async fn drain_host(
 ) -> Result<Json<HostInfo>, ApiError> {
     let id = host_id(id)?;
     state.control.drain_host(&id).await?;
-    Ok(Json(state.control.store().get_host(&id).await?))
+    Ok(Json(state.control.get_host(&id).await?))
 }
 
 async fn activate_host(
@@ -233,7 +232,7 @@ async fn activate_host(
 ) -> Result<Json<HostInfo>, ApiError> {
     let id = host_id(id)?;
     state.control.activate_host(&id).await?;
-    Ok(Json(state.control.store().get_host(&id).await?))
+    Ok(Json(state.control.get_host(&id).await?))
 }
 
 async fn revoke_host(
@@ -242,7 +241,7 @@ async fn revoke_host(
 ) -> Result<Json<HostInfo>, ApiError> {
     let id = host_id(id)?;
     state.control.revoke_host(&id).await?;
-    Ok(Json(state.control.store().get_host(&id).await?))
+    Ok(Json(state.control.get_host(&id).await?))
 }
 
 async fn delete_host(
@@ -261,7 +260,7 @@ async fn rotate_join_token(State(state): State<AppState>) -> Result<Json<Value>,
 
 async fn list_pools(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     Ok(Json(
-        serde_json::json!({ "pools": state.control.store().list_pools().await? }),
+        serde_json::json!({ "pools": state.control.list_pools().await? }),
     ))
 }
 
@@ -289,7 +288,7 @@ async fn register_task_definition(
 
 async fn list_families(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     Ok(Json(
-        serde_json::json!({ "task_definitions": state.control.store().list_task_definition_families().await? }),
+        serde_json::json!({ "task_definitions": state.control.list_task_definition_families().await? }),
     ))
 }
 
@@ -304,14 +303,14 @@ async fn get_task_definition(
     Path(id): Path<String>,
     Query(q): Query<FormatQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    let store = state.control.store();
+    let control = &state.control;
     if id.contains(':') {
         let r: TaskDefRef = id
             .parse()
             .map_err(|e: tessera_model::service::TaskDefRefError| {
                 ApiError::NotFound(e.to_string())
             })?;
-        let def = store.get_task_definition(&r).await?;
+        let def = control.get_task_definition(&r).await?;
         return match q.format.as_deref() {
             None | Some("tessera") => Ok(Json(
                 serde_json::to_value(def).expect("definitions serialize"),
@@ -326,7 +325,7 @@ async fn get_task_definition(
         };
     }
     Ok(Json(
-        serde_json::json!({ "revisions": store.list_task_definition_revisions(&id).await? }),
+        serde_json::json!({ "revisions": control.list_task_definition_revisions(&id).await? }),
     ))
 }
 
@@ -344,10 +343,7 @@ async fn deregister_task_definition(
 }
 
 async fn list_services(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
-    let mut out = Vec::new();
-    for s in state.control.store().list_services().await? {
-        out.push(state.control.service_detail(&s.name).await?);
-    }
+    let out = state.control.service_details().await?;
     Ok(Json(serde_json::json!({ "services": out })))
 }
 
@@ -445,7 +441,6 @@ async fn list_tasks(
     }
     let tasks = state
         .control
-        .store()
         .list_tasks(&TaskFilter {
             service: q.service,
             host,
@@ -472,7 +467,6 @@ async fn list_events(
     let host = q.host.map(host_id).transpose()?;
     let events = state
         .control
-        .store()
         .list_events(&EventFilter {
             service: q.service,
             host,

@@ -62,14 +62,14 @@ const FLEET: &[DemoHost] = &[
 /// Adds the demo pools, two sample task definitions and a sample service where they are
 /// missing. Safe to run on every start. The hosts come from [`run_agents`].
 pub async fn seed(control: &Control) -> Result<(), ControlError> {
-    let store = control.store();
+    let pools = control.list_pools().await?;
     for pool in ["training", "inference"] {
         let name = PoolName::new(pool).expect("demo pool names are valid");
-        if !store.pool_exists(&name).await? {
+        if !pools.iter().any(|p| p.name == name) {
             control.create_pool(&PoolInput::named(pool)).await?;
         }
     }
-    if store.list_task_definition_families().await?.is_empty() {
+    if control.list_task_definition_families().await?.is_empty() {
         control
             .register_task_definition(&json!({
                 "family": "llm-inference",

@@ -11,25 +11,9 @@ use tessera_model::service::Event;
 
 #[server]
 pub async fn get_host_view(id: String) -> Result<(HostView, Vec<Event>), ServerFnError> {
-    use crate::data::ssr::{control, host_views, internal};
-    let control = control()?;
+    use crate::data::ssr::{control, failed};
     let id = tessera_model::HostId::new(id).map_err(|e| ServerFnError::new(e.to_string()))?;
-    let host = control
-        .store()
-        .get_host(&id)
-        .await
-        .map_err(|e| ServerFnError::new(e.to_string()))?;
-    let view = host_views(&control, vec![host]).await?.remove(0);
-    let events = control
-        .store()
-        .list_events(&tessera_control::store::EventFilter {
-            host: Some(id),
-            limit: 15,
-            ..Default::default()
-        })
-        .await
-        .map_err(internal)?;
-    Ok((view, events))
+    control()?.host_view(&id).await.map_err(failed)
 }
 
 /// Drain (`drain = true`) or activate a host.

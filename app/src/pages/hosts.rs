@@ -14,7 +14,10 @@ use tessera_model::HostStatus;
 #[server(input = Json)]
 pub async fn list_hosts_page(query: HostQuery) -> Result<HostsPage, ServerFnError> {
     let control = crate::data::ssr::control()?;
-    crate::data::ssr::hosts_page(&control, &query).await
+    control
+        .hosts_page(&query)
+        .await
+        .map_err(crate::data::ssr::failed)
 }
 
 fn query_string(q: &HostQuery) -> String {

@@ -10,7 +10,7 @@ use leptos_meta::Title;
 #[server]
 pub async fn get_overview() -> Result<OverviewData, ServerFnError> {
     let control = crate::data::ssr::control()?;
-    crate::data::ssr::overview(&control).await
+    control.overview().await.map_err(crate::data::ssr::failed)
 }
 
 #[component]

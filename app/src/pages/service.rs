@@ -15,18 +15,14 @@ use tessera_model::taskdef::FieldError;
 pub async fn get_service_view(
     name: String,
 ) -> Result<(ServiceDetail, Vec<Task>, Vec<String>), ServerFnError> {
-    use crate::data::ssr::{control, internal, service_tasks};
+    use crate::data::ssr::{control, failed};
     let control = control()?;
-    let detail = control
-        .service_detail(&name)
-        .await
-        .map_err(|e| ServerFnError::new(e.to_string()))?;
-    let tasks = service_tasks(&control, &name).await?;
+    let detail = control.service_detail(&name).await.map_err(failed)?;
+    let tasks = control.service_tasks(&name).await.map_err(failed)?;
     let revisions = control
-        .store()
         .list_task_definition_revisions(&detail.service.task_definition.family)
         .await
-        .map_err(internal)?
+        .map_err(failed)?
         .into_iter()
         .filter(|d| d.active)
         .map(|d| format!("{}:{}", d.family, d.revision))

@@ -15,28 +15,10 @@ use tessera_model::taskdef::FieldError;
 /// What the wizard chooses from: active revisions (`family:revision`) and pools.
 #[server]
 pub async fn wizard_choices() -> Result<(Vec<String>, Vec<PoolInfo>), ServerFnError> {
-    use crate::data::ssr::{control, internal};
+    use crate::data::ssr::{control, failed};
     let control = control()?;
-    let store = control.store();
-    let mut defs = Vec::new();
-    for f in store
-        .list_task_definition_families()
-        .await
-        .map_err(internal)?
-    {
-        for d in store
-            .list_task_definition_revisions(&f.family)
-            .await
-            .map_err(internal)?
-            .into_iter()
-            .rev()
-        {
-            if d.active {
-                defs.push(format!("{}:{}", d.family, d.revision));
-            }
-        }
-    }
-    Ok((defs, store.list_pools().await.map_err(internal)?))
+    let defs = control.active_revisions().await.map_err(failed)?;
+    Ok((defs, control.list_pools().await.map_err(failed)?))
 }
 
 /// A control-plane refusal as field errors the wizard shows; anything else is internal.

@@ -8,13 +8,8 @@ use tessera_model::api::ServiceDetail;
 
 #[server]
 pub async fn list_service_details() -> Result<Vec<ServiceDetail>, ServerFnError> {
-    use crate::data::ssr::{control, internal};
-    let control = control()?;
-    let mut out = Vec::new();
-    for s in control.store().list_services().await.map_err(internal)? {
-        out.push(control.service_detail(&s.name).await.map_err(internal)?);
-    }
-    Ok(out)
+    use crate::data::ssr::{control, failed};
+    control()?.service_details().await.map_err(failed)
 }
 
 #[component]

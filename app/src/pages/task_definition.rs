@@ -13,10 +13,9 @@ use tessera_model::service::TaskDefinition;
 pub async fn list_revisions(family: String) -> Result<Vec<TaskDefinition>, ServerFnError> {
     let control = crate::data::ssr::control()?;
     control
-        .store()
         .list_task_definition_revisions(&family)
         .await
-        .map_err(|e| ServerFnError::new(e.to_string()))
+        .map_err(crate::data::ssr::failed)
 }
 
 #[server]

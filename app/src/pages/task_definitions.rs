@@ -15,12 +15,11 @@ use tessera_model::taskdef::{
 
 #[server]
 pub async fn list_task_definitions() -> Result<Vec<TaskDefinition>, ServerFnError> {
-    use crate::data::ssr::{control, internal};
+    use crate::data::ssr::{control, failed};
     control()?
-        .store()
         .list_task_definition_families()
         .await
-        .map_err(internal)
+        .map_err(failed)
 }
 
 #[server]
@@ -29,10 +28,9 @@ pub async fn get_task_definition(reference: String) -> Result<TaskDefinition, Se
         .parse()
         .map_err(|e: tessera_model::service::TaskDefRefError| ServerFnError::new(e.to_string()))?;
     crate::data::ssr::control()?
-        .store()
         .get_task_definition(&r)
         .await
-        .map_err(|e| ServerFnError::new(e.to_string()))
+        .map_err(crate::data::ssr::failed)
 }
 
 /// Registers `body` (JSON); invalid input comes back as field errors and stores nothing.

@@ -78,7 +78,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         control.reconcile_once().await?;
         passes += 1;
         let placed = control
-            .store()
             .list_tasks(&TaskFilter {
                 service: Some("bench".into()),
                 states: vec![TaskState::Assigned],

@@ -6,7 +6,8 @@ mod auth;
 
 use crate::error::StoreError;
 use crate::store::{
-    EventFilter, GpuChange, HostReport, NewTask, PlacementCommit, Pruned, Store, TaskFilter,
+    CommitContext, EventFilter, GpuChange, HeldCapacity, HostReport, NewTask, PlacementCommit,
+    Pruned, Store, TaskFilter,
 };
 use async_trait::async_trait;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow};
@@ -130,14 +131,7 @@ impl SqliteStore {
             for row in q.build().fetch_all(&self.db).await? {
                 out.entry(row.try_get("task_id")?)
                     .or_default()
-                    .push(GpuAllocation {
-                        gpu: GpuUuid::new(row.try_get::<String, _>("gpu_uuid")?)
-                            .map_err(|e| StoreError::corrupt("GPU UUID", e))?,
-                        index: row.try_get::<i64, _>("idx")? as u32,
-                        memory: MiB(row.try_get::<i64, _>("memory_mib")? as u64),
-                        compute: ComputeMilli(row.try_get::<i64, _>("compute_milli")? as u32),
-                        dedicated: row.try_get::<i64, _>("dedicated")? != 0,
-                    });
+                    .push(allocation_from_row(&row)?);
             }
         }
         Ok(out)
@@ -176,6 +170,153 @@ async fn write_gpus(
         })?;
     }
     Ok(())
+}
+
+fn allocation_from_row(row: &SqliteRow) -> Result<GpuAllocation, StoreError> {
+    Ok(GpuAllocation {
+        gpu: GpuUuid::new(row.try_get::<String, _>("gpu_uuid")?)
+            .map_err(|e| StoreError::corrupt("GPU UUID", e))?,
+        index: row.try_get::<i64, _>("idx")? as u32,
+        memory: MiB(row.try_get::<i64, _>("memory_mib")? as u64),
+        compute: ComputeMilli(row.try_get::<i64, _>("compute_milli")? as u32),
+        dedicated: row.try_get::<i64, _>("dedicated")? != 0,
+    })
+}
+
+/// `state IN (...)` over the states that hold capacity.
+fn holding_states() -> String {
+    let states: Vec<String> = TaskState::HOLDING
+        .iter()
+        .map(|s| format!("'{}'", s.as_str()))
+        .collect();
+    format!("state IN ({})", states.join(", "))
+}
+
+/// Reads, on `conn` (inside the commit's transaction), what the re-check of `commits` needs.
+async fn commit_context(
+    conn: &mut SqliteConnection,
+    commits: &[PlacementCommit],
+) -> Result<CommitContext, StoreError> {
+    let mut host_ids: Vec<&str> = commits.iter().map(|c| c.host.as_str()).collect();
+    host_ids.sort_unstable();
+    host_ids.dedup();
+    let in_list = |q: &mut QueryBuilder<'_, Sqlite>, items: &[&str]| {
+        q.push(" (");
+        let mut sep = q.separated(", ");
+        for item in items {
+            sep.push_bind(item.to_string());
+        }
+        q.push(")");
+    };
+    let mut ctx = CommitContext::default();
+    let mut q =
+        QueryBuilder::<Sqlite>::new(format!("SELECT {HOST_COLUMNS} FROM hosts WHERE id IN"));
+    in_list(&mut q, &host_ids);
+    for row in q.build().fetch_all(&mut *conn).await? {
+        ctx.hosts.push(host_from_row(&row)?);
+    }
+    let mut q =
+        QueryBuilder::<Sqlite>::new(format!("SELECT {GPU_COLUMNS} FROM gpus WHERE host_id IN"));
+    in_list(&mut q, &host_ids);
+    q.push(" ORDER BY host_id, idx");
+    for row in q.build().fetch_all(&mut *conn).await? {
+        let host: String = row.try_get("host_id")?;
+        if let Some(h) = ctx.hosts.iter_mut().find(|h| h.id.as_str() == host) {
+            h.gpus.push(gpu_from_row(&row)?);
+        }
+    }
+    for row in sqlx::query(
+        "SELECT name, policy, compute_overcommit, mps_client_limit FROM pools ORDER BY name",
+    )
+    .fetch_all(&mut *conn)
+    .await?
+    {
+        let pool = pool_from_row(&row)?;
+        if ctx.hosts.iter().any(|h| h.pool == pool.name) {
+            ctx.pools.push(pool);
+        }
+    }
+    let holding = holding_states();
+    let mut q = QueryBuilder::<Sqlite>::new(format!(
+        "SELECT id, host_id, cpu_milli, memory_mib FROM tasks WHERE {holding} AND host_id IN"
+    ));
+    in_list(&mut q, &host_ids);
+    let mut index: HashMap<String, usize> = HashMap::new();
+    for row in q.build().fetch_all(&mut *conn).await? {
+        let task_id: String = row.try_get("id")?;
+        index.insert(task_id.clone(), ctx.holding.len());
+        ctx.holding.push(HeldCapacity {
+            task_id,
+            host: host_id(row.try_get("host_id")?)?,
+            cpu: MilliCpu(row.try_get::<i64, _>("cpu_milli")? as u64),
+            memory: MiB(row.try_get::<i64, _>("memory_mib")? as u64),
+            allocations: Vec::new(),
+        });
+    }
+    let mut q = QueryBuilder::<Sqlite>::new(format!(
+        "SELECT tg.task_id, tg.gpu_uuid, tg.idx, tg.memory_mib, tg.compute_milli, tg.dedicated
+         FROM task_gpus tg JOIN tasks t ON t.id = tg.task_id WHERE t.{holding} AND t.host_id IN"
+    ));
+    in_list(&mut q, &host_ids);
+    q.push(" ORDER BY tg.task_id, tg.idx");
+    for row in q.build().fetch_all(&mut *conn).await? {
+        let task: String = row.try_get("task_id")?;
+        if let Some(&i) = index.get(&task) {
+            ctx.holding[i].allocations.push(allocation_from_row(&row)?);
+        }
+    }
+    let task_ids: Vec<&str> = commits.iter().map(|c| c.task_id.as_str()).collect();
+    for chunk in task_ids.chunks(500) {
+        let mut q = QueryBuilder::<Sqlite>::new(
+            "SELECT id, cpu_milli, memory_mib FROM tasks WHERE state = 'pending' AND id IN",
+        );
+        in_list(&mut q, chunk);
+        for row in q.build().fetch_all(&mut *conn).await? {
+            ctx.pending.insert(
+                row.try_get("id")?,
+                (
+                    MilliCpu(row.try_get::<i64, _>("cpu_milli")? as u64),
+                    MiB(row.try_get::<i64, _>("memory_mib")? as u64),
+                ),
+            );
+        }
+    }
+    Ok(ctx)
+}
+
+/// Deployments of `service` (all when `None`), newest first, with their task counts.
+async fn deployments_where(
+    db: &SqlitePool,
+    service: Option<&str>,
+) -> Result<Vec<Deployment>, StoreError> {
+    let sql = format!(
+        "SELECT d.id, d.service, d.family, d.revision, d.status, d.failed_tasks, d.created_at,
+             (SELECT COUNT(*) FROM tasks t WHERE t.deployment_id = d.id AND t.state IN ('pending', 'assigned')) AS pending,
+             (SELECT COUNT(*) FROM tasks t WHERE t.deployment_id = d.id AND t.state = 'running') AS running
+         FROM deployments d {} ORDER BY d.id DESC",
+        if service.is_some() { "WHERE d.service = ?" } else { "" }
+    );
+    let rows = match service {
+        Some(name) => sqlx::query(&sql).bind(name).fetch_all(db).await?,
+        None => sqlx::query(&sql).fetch_all(db).await?,
+    };
+    rows.iter()
+        .map(|row| {
+            Ok(Deployment {
+                id: row.try_get("id")?,
+                service: row.try_get("service")?,
+                task_definition: TaskDefRef {
+                    family: row.try_get("family")?,
+                    revision: row.try_get::<i64, _>("revision")? as u32,
+                },
+                status: parse::<DeploymentStatus>("deployment status", row.try_get("status")?)?,
+                pending: row.try_get::<i64, _>("pending")? as u32,
+                running: row.try_get::<i64, _>("running")? as u32,
+                failed_tasks: row.try_get::<i64, _>("failed_tasks")? as u32,
+                created_at: row.try_get("created_at")?,
+            })
+        })
+        .collect()
 }
 
 fn parse<T: FromStr>(what: &'static str, raw: &str) -> Result<T, StoreError>
@@ -222,6 +363,7 @@ fn host_from_row(row: &SqliteRow) -> Result<HostInfo, StoreError> {
         labels: serde_json::from_str::<BTreeMap<String, String>>(&labels)
             .map_err(|e| StoreError::corrupt("host labels", e))?,
         gpus: Vec::new(),
+        status_reason: row.try_get("status_reason")?,
     })
 }
 
@@ -338,7 +480,7 @@ async fn stop_holding_tasks(
     which: &str,
     arg: Option<&str>,
 ) -> Result<Vec<String>, StoreError> {
-    let holding = "state IN ('assigned', 'running', 'stopping')";
+    let holding = holding_states();
     let select = format!("SELECT id FROM tasks WHERE {which} AND {holding}");
     let mut q = sqlx::query(&select);
     if let Some(a) = arg {
@@ -408,23 +550,14 @@ fn updated(
     }
 }
 
-const HOST_COLUMNS: &str = "id, pool, status, simulated, cpu_milli, memory_mib, labels";
+const HOST_COLUMNS: &str =
+    "id, pool, status, simulated, cpu_milli, memory_mib, labels, status_reason";
 const GPU_COLUMNS: &str =
     "uuid, host_id, idx, model, memory_mib, mps_client_limit, health, sharing_mode";
 const TASK_COLUMNS: &str = "id, service, deployment_id, family, revision, pool, cpu_milli, memory_mib, state, migrating, host_id, placement_message, \
      stop_reason, exit_code, gpu_memory_peak_mib, sm_percent, created_at, started_at, stopped_at";
 const SERVICE_COLUMNS: &str = "name, family, revision, pool, desired_count, strategy, constraints, \
      minimum_healthy_percent, maximum_percent, stop_timeout_secs, deleting, created_at";
-
-/// Capacity left on one GPU while a commit is checked.
-struct GpuRoom {
-    host: String,
-    memory_free: i64,
-    compute_free: i64,
-    clients_free: i64,
-    dedicated: bool,
-    idle: bool,
-}
 
 #[async_trait]
 impl Store for SqliteStore {
@@ -664,7 +797,8 @@ impl Store for SqliteStore {
         const ON_LOST: &str = "host_id IN (SELECT id FROM hosts WHERE status = 'lost')";
         // Every pass sweeps: look first, so a pass with nothing to do takes no write lock.
         let any = sqlx::query(&format!(
-            "SELECT 1 FROM tasks WHERE {ON_LOST} AND state IN ('assigned', 'running', 'stopping') LIMIT 1"
+            "SELECT 1 FROM tasks WHERE {ON_LOST} AND {} LIMIT 1",
+            holding_states()
         ))
         .fetch_optional(&self.db)
         .await?;
@@ -996,32 +1130,11 @@ impl Store for SqliteStore {
     }
 
     async fn list_deployments(&self, service: &str) -> Result<Vec<Deployment>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT d.id, d.service, d.family, d.revision, d.status, d.failed_tasks, d.created_at,
-                 (SELECT COUNT(*) FROM tasks t WHERE t.deployment_id = d.id AND t.state IN ('pending', 'assigned')) AS pending,
-                 (SELECT COUNT(*) FROM tasks t WHERE t.deployment_id = d.id AND t.state = 'running') AS running
-             FROM deployments d WHERE d.service = ? ORDER BY d.id DESC",
-        )
-        .bind(service)
-        .fetch_all(&self.db)
-        .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(Deployment {
-                    id: row.try_get("id")?,
-                    service: row.try_get("service")?,
-                    task_definition: TaskDefRef {
-                        family: row.try_get("family")?,
-                        revision: row.try_get::<i64, _>("revision")? as u32,
-                    },
-                    status: parse::<DeploymentStatus>("deployment status", row.try_get("status")?)?,
-                    pending: row.try_get::<i64, _>("pending")? as u32,
-                    running: row.try_get::<i64, _>("running")? as u32,
-                    failed_tasks: row.try_get::<i64, _>("failed_tasks")? as u32,
-                    created_at: row.try_get("created_at")?,
-                })
-            })
-            .collect()
+        deployments_where(&self.db, Some(service)).await
+    }
+
+    async fn list_all_deployments(&self) -> Result<Vec<Deployment>, StoreError> {
+        deployments_where(&self.db, None).await
     }
 
     async fn set_deployment_status(
@@ -1137,93 +1250,14 @@ impl Store for SqliteStore {
         }
         let mut tx = self.begin_immediate().await?;
         let conn = tx.acquire().await?;
-        // Current use of every GPU and host, read under the write lock.
-        let mut gpus: HashMap<String, GpuRoom> = HashMap::new();
-        for row in sqlx::query(
-            "SELECT g.uuid, g.host_id, g.memory_mib, g.health, p.compute_overcommit,
-                 COALESCE(p.mps_client_limit, g.mps_client_limit) AS client_limit,
-                 COALESCE(SUM(tg.memory_mib), 0) AS mem_used, COALESCE(SUM(tg.compute_milli), 0) AS compute_used,
-                 COUNT(tg.task_id) AS clients, COALESCE(MAX(tg.dedicated), 0) AS dedicated
-             FROM gpus g JOIN hosts h ON h.id = g.host_id JOIN pools p ON p.name = h.pool
-             LEFT JOIN task_gpus tg ON tg.gpu_uuid = g.uuid
-             GROUP BY g.uuid",
-        )
-        .fetch_all(&mut *conn)
-        .await?
-        {
-            let overcommit: f64 = row.try_get("compute_overcommit")?;
-            let clients: i64 = row.try_get("clients")?;
-            let healthy = row.try_get::<String, _>("health")? == "healthy";
-            gpus.insert(
-                row.try_get("uuid")?,
-                GpuRoom {
-                    host: row.try_get("host_id")?,
-                    memory_free: row.try_get::<i64, _>("memory_mib")? - row.try_get::<i64, _>("mem_used")?,
-                    compute_free: (1000.0 * overcommit.max(1.0)).round() as i64 - row.try_get::<i64, _>("compute_used")?,
-                    clients_free: if healthy { row.try_get::<i64, _>("client_limit")? - clients } else { 0 },
-                    dedicated: row.try_get::<i64, _>("dedicated")? != 0 || !healthy,
-                    idle: clients == 0 && healthy,
-                },
-            );
-        }
-        let mut hosts: HashMap<String, (i64, i64)> = HashMap::new();
-        for row in sqlx::query(
-            "SELECT h.id, h.cpu_milli - COALESCE(SUM(t.cpu_milli), 0) AS cpu_free,
-                 h.memory_mib - COALESCE(SUM(t.memory_mib), 0) AS mem_free
-             FROM hosts h LEFT JOIN tasks t ON t.host_id = h.id AND t.state IN ('assigned', 'running', 'stopping')
-             WHERE h.status = 'active' GROUP BY h.id",
-        )
-        .fetch_all(&mut *conn)
-        .await?
-        {
-            hosts.insert(row.try_get("id")?, (row.try_get("cpu_free")?, row.try_get("mem_free")?));
-        }
+        let ctx = commit_context(conn, commits).await?;
+        let accepted = crate::capacity::verify_commits(&ctx, commits);
         let mut committed = Vec::new();
-        for c in commits {
-            let Some(task) = sqlx::query(
-                "SELECT cpu_milli, memory_mib FROM tasks WHERE id = ? AND state = 'pending'",
-            )
-            .bind(&c.task_id)
-            .fetch_optional(&mut *conn)
-            .await?
-            else {
-                continue;
-            };
-            let (cpu, mem): (i64, i64) = (task.try_get("cpu_milli")?, task.try_get("memory_mib")?);
-            let Some(&(cpu_free, mem_free)) = hosts.get(c.host.as_str()) else {
-                continue;
-            };
-            let fits = cpu <= cpu_free
-                && mem <= mem_free
-                && c.allocations
-                    .iter()
-                    .all(|a| match gpus.get(a.gpu.as_str()) {
-                        Some(room) if room.host == c.host.as_str() => {
-                            if a.dedicated {
-                                room.idle
-                            } else {
-                                !room.dedicated
-                                    && room.clients_free > 0
-                                    && a.memory.0 as i64 <= room.memory_free
-                                    && i64::from(a.compute.0) <= room.compute_free
-                            }
-                        }
-                        _ => false,
-                    });
-            if !fits {
+        for (c, ok) in commits.iter().zip(accepted) {
+            if !ok {
                 continue;
             }
-            hosts.insert(c.host.to_string(), (cpu_free - cpu, mem_free - mem));
             for a in &c.allocations {
-                let room = gpus.get_mut(a.gpu.as_str()).expect("checked above");
-                room.idle = false;
-                if a.dedicated {
-                    room.dedicated = true;
-                } else {
-                    room.memory_free -= a.memory.0 as i64;
-                    room.compute_free -= i64::from(a.compute.0);
-                    room.clients_free -= 1;
-                }
                 sqlx::query(
                     "INSERT INTO task_gpus (task_id, gpu_uuid, idx, memory_mib, compute_milli, dedicated) VALUES (?, ?, ?, ?, ?, ?)",
                 )

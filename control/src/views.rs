@@ -1,0 +1,376 @@
+//! Read models: what the console's pages and the API show, each built here once from the
+//! store in a bounded number of queries, with every capacity figure from
+//! [`crate::capacity`] (so a pool's overcommit and client limit count as the scheduler
+//! counts them).
+
+use crate::capacity::{Held, PoolCapacity};
+use crate::control::Control;
+use crate::error::ControlError;
+use crate::store::{EventFilter, TaskFilter};
+use std::collections::{BTreeMap, HashMap};
+use tessera_model::api::ServiceDetail;
+use tessera_model::service::{Event, Task, TaskDefRef, TaskDefinition, TaskState};
+use tessera_model::taskdef::TaskGpu;
+use tessera_model::views::{
+    GpuView, HOSTS_PER_PAGE, HostQuery, HostView, HostsPage, OverviewData, PendingView, SlotView,
+};
+use tessera_model::{ComputeMilli, GpuUuid, HostId, HostInfo, MiB, PoolName, SharingMode};
+use tessera_placement::GpuUsage;
+
+/// Each pool's capacity over `hosts`, with what `holding` holds.
+fn capacities(
+    pools: &[tessera_model::PoolInfo],
+    hosts: &[HostInfo],
+    holding: &[Task],
+) -> HashMap<PoolName, PoolCapacity> {
+    pools
+        .iter()
+        .map(|pool| {
+            let members: Vec<HostInfo> = hosts
+                .iter()
+                .filter(|h| h.pool == pool.name)
+                .cloned()
+                .collect();
+            let capacity = PoolCapacity::build(pool, &members, holding.iter().filter_map(Held::of));
+            (pool.name.clone(), capacity)
+        })
+        .collect()
+}
+
+/// Each GPU's usage, by UUID, from the pools' capacities.
+fn usage_of(
+    capacities: &HashMap<PoolName, PoolCapacity>,
+    host: &HostInfo,
+    gpu: &GpuUuid,
+) -> Option<GpuUsage> {
+    capacities.get(&host.pool)?.gpu_usage(gpu)
+}
+
+impl Control {
+    pub async fn list_pools(&self) -> Result<Vec<tessera_model::PoolInfo>, ControlError> {
+        Ok(self.store.list_pools().await?)
+    }
+
+    pub async fn list_hosts(&self) -> Result<Vec<HostInfo>, ControlError> {
+        Ok(self.store.list_hosts().await?)
+    }
+
+    pub async fn get_host(&self, id: &HostId) -> Result<HostInfo, ControlError> {
+        Ok(self.store.get_host(id).await?)
+    }
+
+    pub async fn list_tasks(&self, filter: &TaskFilter) -> Result<Vec<Task>, ControlError> {
+        Ok(self.store.list_tasks(filter).await?)
+    }
+
+    pub async fn get_task(&self, id: &str) -> Result<Task, ControlError> {
+        Ok(self.store.get_task(id).await?)
+    }
+
+    pub async fn list_events(&self, filter: &EventFilter) -> Result<Vec<Event>, ControlError> {
+        Ok(self.store.list_events(filter).await?)
+    }
+
+    /// The latest revision of each task definition family.
+    pub async fn list_task_definition_families(&self) -> Result<Vec<TaskDefinition>, ControlError> {
+        Ok(self.store.list_task_definition_families().await?)
+    }
+
+    /// Every revision of `family`, oldest first.
+    pub async fn list_task_definition_revisions(
+        &self,
+        family: &str,
+    ) -> Result<Vec<TaskDefinition>, ControlError> {
+        Ok(self.store.list_task_definition_revisions(family).await?)
+    }
+
+    pub async fn get_task_definition(
+        &self,
+        r: &TaskDefRef,
+    ) -> Result<TaskDefinition, ControlError> {
+        Ok(self.store.get_task_definition(r).await?)
+    }
+
+    /// Every active revision, `family:revision`, newest first within a family.
+    pub async fn active_revisions(&self) -> Result<Vec<String>, ControlError> {
+        let mut out = Vec::new();
+        for f in self.store.list_task_definition_families().await? {
+            for d in self
+                .store
+                .list_task_definition_revisions(&f.family)
+                .await?
+                .into_iter()
+                .rev()
+                .filter(|d| d.active)
+            {
+                out.push(format!("{}:{}", d.family, d.revision));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every service with its deployments and task counts, in two queries however many
+    /// services there are (a service's events are on its own page, `service_detail`).
+    pub async fn service_details(&self) -> Result<Vec<ServiceDetail>, ControlError> {
+        let services = self.store.list_services().await?;
+        let mut deployments: HashMap<String, Vec<tessera_model::service::Deployment>> =
+            HashMap::new();
+        for d in self.store.list_all_deployments().await? {
+            deployments.entry(d.service.clone()).or_default().push(d);
+        }
+        Ok(services
+            .into_iter()
+            .map(|service| {
+                let deployments = deployments.remove(&service.name).unwrap_or_default();
+                ServiceDetail {
+                    running: deployments.iter().map(|d| d.running).sum(),
+                    pending: deployments.iter().map(|d| d.pending).sum(),
+                    service,
+                    deployments,
+                    events: Vec::new(),
+                }
+            })
+            .collect())
+    }
+
+    /// Tasks holding capacity, on `hosts` only when given.
+    async fn holding(&self, hosts: Option<&[HostInfo]>) -> Result<Vec<Task>, ControlError> {
+        if hosts.is_some_and(<[HostInfo]>::is_empty) {
+            return Ok(Vec::new());
+        }
+        Ok(self
+            .store
+            .list_tasks(&TaskFilter {
+                hosts: hosts
+                    .map(|hs| hs.iter().map(|h| h.id.clone()).collect())
+                    .unwrap_or_default(),
+                states: TaskState::HOLDING.to_vec(),
+                ..Default::default()
+            })
+            .await?)
+    }
+
+    /// Each host with its GPUs' segments and figures: three queries however many hosts.
+    pub async fn host_views(&self, hosts: Vec<HostInfo>) -> Result<Vec<HostView>, ControlError> {
+        let holding = self.holding(Some(&hosts)).await?;
+        let pools = self.store.list_pools().await?;
+        let capacities = capacities(&pools, &hosts, &holding);
+        let mut slots: HashMap<&GpuUuid, Vec<SlotView>> = HashMap::new();
+        for t in &holding {
+            for a in &t.allocations {
+                slots.entry(&a.gpu).or_default().push(SlotView {
+                    task_id: t.id.clone(),
+                    service: t.service.clone(),
+                    memory: a.memory,
+                    compute: a.compute,
+                    dedicated: a.dedicated,
+                    measured_peak: t.measured.gpu_memory_peak,
+                    state: t.state,
+                });
+            }
+        }
+        Ok(hosts
+            .iter()
+            .map(|host| {
+                let gpus = host
+                    .gpus
+                    .iter()
+                    .map(|g| {
+                        let usage = usage_of(&capacities, host, &g.uuid);
+                        let mut gpu = g.clone();
+                        // The mode follows from the allocations now, not from the last sync.
+                        gpu.sharing_mode = usage.map_or(SharingMode::Idle, |u| u.mode);
+                        GpuView {
+                            gpu,
+                            slots: slots.remove(&g.uuid).unwrap_or_default(),
+                            memory_allocated: usage
+                                .map_or(MiB::ZERO, |u| u.memory_capacity - u.memory_free),
+                            compute_allocated: usage.map_or(ComputeMilli(0), |u| {
+                                ComputeMilli(u.compute_capacity.0 - u.compute_free.0)
+                            }),
+                            compute_capacity: usage
+                                .map_or(ComputeMilli(1000), |u| u.compute_capacity),
+                            clients: usage.map_or(0, |u| u.clients),
+                            client_limit: usage.map_or(g.mps_client_limit, |u| u.client_limit),
+                        }
+                    })
+                    .collect();
+                HostView {
+                    host: host.clone(),
+                    gpus,
+                    status_reason: host.status_reason.clone(),
+                }
+            })
+            .collect())
+    }
+
+    /// One host's view and its latest events.
+    pub async fn host_view(&self, id: &HostId) -> Result<(HostView, Vec<Event>), ControlError> {
+        let host = self.store.get_host(id).await?;
+        let view = self.host_views(vec![host]).await?.remove(0);
+        let events = self
+            .store
+            .list_events(&EventFilter {
+                host: Some(id.clone()),
+                limit: 15,
+                ..Default::default()
+            })
+            .await?;
+        Ok((view, events))
+    }
+
+    /// The hosts page: filtered, one page of host views.
+    pub async fn hosts_page(&self, q: &HostQuery) -> Result<HostsPage, ControlError> {
+        let all = self.store.list_hosts().await?;
+        let total = all.len() as u32;
+        let mut pools: Vec<String> = all.iter().map(|h| h.pool.to_string()).collect();
+        pools.sort();
+        pools.dedup();
+        let mut models: Vec<String> = all
+            .iter()
+            .flat_map(|h| h.gpus.iter().map(|g| g.model.clone()))
+            .collect();
+        models.sort();
+        models.dedup();
+        let matched: Vec<HostInfo> = all
+            .into_iter()
+            .filter(|h| {
+                (q.pool.is_empty() || h.pool.as_str() == q.pool)
+                    && (q.status.is_empty() || h.status.as_str() == q.status)
+                    && (q.model.is_empty() || h.gpus.iter().any(|g| g.model == q.model))
+            })
+            .collect();
+        let pages = (matched.len().div_ceil(HOSTS_PER_PAGE)).max(1) as u32;
+        let page = q.page.min(pages - 1);
+        let matched_count = matched.len() as u32;
+        let shown: Vec<HostInfo> = matched
+            .into_iter()
+            .skip(page as usize * HOSTS_PER_PAGE)
+            .take(HOSTS_PER_PAGE)
+            .collect();
+        Ok(HostsPage {
+            hosts: self.host_views(shown).await?,
+            total,
+            matched: matched_count,
+            page,
+            pages,
+            pools,
+            models,
+        })
+    }
+
+    /// The overview's figures, over the whole fleet.
+    pub async fn overview(&self) -> Result<OverviewData, ControlError> {
+        let hosts = self.store.list_hosts().await?;
+        let holding = self.holding(None).await?;
+        let pools = self.store.list_pools().await?;
+        let capacities = capacities(&pools, &hosts, &holding);
+        let pending = self
+            .store
+            .list_tasks(&TaskFilter {
+                states: vec![TaskState::Pending],
+                ..Default::default()
+            })
+            .await?;
+        let mut by_status: BTreeMap<_, u32> = BTreeMap::new();
+        for h in &hosts {
+            *by_status.entry(h.status).or_default() += 1;
+        }
+        let measured = holding
+            .iter()
+            .filter_map(|t| t.measured.gpu_memory_peak)
+            .reduce(|a, b| a + b);
+        let usages: Vec<GpuUsage> = hosts
+            .iter()
+            .flat_map(|h| {
+                h.gpus
+                    .iter()
+                    .filter_map(|g| usage_of(&capacities, h, &g.uuid))
+            })
+            .collect();
+        let count = |mode| usages.iter().filter(|u| u.mode == mode).count() as u32;
+        let sum = |f: fn(&GpuUsage) -> u64| usages.iter().map(f).sum::<u64>();
+
+        // Stranded: free memory on GPUs too small for the smallest pending task.
+        let specs = self
+            .task_definition_specs(pending.iter().map(|t| t.task_definition.clone()).collect())
+            .await?;
+        let mut smallest: Option<(MiB, String)> = None;
+        let mut pending_by_service: BTreeMap<String, (u32, Option<String>)> = BTreeMap::new();
+        for t in &pending {
+            let e = pending_by_service.entry(t.service.clone()).or_default();
+            e.0 += 1;
+            if e.1.is_none() {
+                e.1 = t.placement_message.clone();
+            }
+            let need = match specs[&t.task_definition].gpu() {
+                TaskGpu::Shared { memory, .. } => Some(memory),
+                TaskGpu::Whole { .. } | TaskGpu::None => None,
+            };
+            if let Some(m) = need.filter(|m| smallest.as_ref().is_none_or(|(s, _)| m < s)) {
+                smallest = Some((m, format!("{} ({m} GPU memory)", t.task_definition)));
+            }
+        }
+        let stranded = match &smallest {
+            Some((need, _)) => usages
+                .iter()
+                .filter(|u| u.mode != SharingMode::Dedicated)
+                .map(|u| u.memory_free.0)
+                .filter(|free| *free > 0 && *free < need.0)
+                .sum(),
+            None => 0,
+        };
+        let events = self
+            .store
+            .list_events(&EventFilter {
+                limit: 12,
+                ..Default::default()
+            })
+            .await?;
+        Ok(OverviewData {
+            hosts_by_status: by_status.into_iter().collect(),
+            simulated_hosts: hosts.iter().filter(|h| h.simulated).count() as u32,
+            gpus_idle: count(SharingMode::Idle),
+            gpus_mps: count(SharingMode::Mps),
+            gpus_dedicated: count(SharingMode::Dedicated),
+            memory_total: MiB(sum(|u| u.memory_capacity.0)),
+            memory_allocated: MiB(sum(|u| u.memory_capacity.0 - u.memory_free.0)),
+            memory_measured: measured,
+            compute_total: ComputeMilli(sum(|u| u64::from(u.compute_capacity.0)) as u32),
+            compute_allocated: ComputeMilli(sum(|u| {
+                u64::from(u.compute_capacity.0 - u.compute_free.0)
+            }) as u32),
+            density: crate::density_of(usages.iter().copied()),
+            stranded_memory: MiB(stranded),
+            smallest_pending: smallest.map(|(_, s)| s),
+            pending: pending_by_service
+                .into_iter()
+                .map(|(service, (count, message))| PendingView {
+                    service,
+                    count,
+                    message,
+                })
+                .collect(),
+            events,
+        })
+    }
+
+    /// Tasks of a service for its page: live ones first, then the newest stopped, at most
+    /// 100.
+    pub async fn service_tasks(&self, service: &str) -> Result<Vec<Task>, ControlError> {
+        let mut tasks = self
+            .store
+            .list_tasks(&TaskFilter {
+                service: Some(service.to_owned()),
+                limit: Some(500),
+                ..Default::default()
+            })
+            .await?;
+        tasks.sort_by(|a, b| {
+            (a.state == TaskState::Stopped, &b.created_at)
+                .cmp(&(b.state == TaskState::Stopped, &a.created_at))
+        });
+        tasks.truncate(100);
+        Ok(tasks)
+    }
+}

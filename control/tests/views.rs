@@ -1,0 +1,89 @@
+//! Read models: what the console and the API show of a GPU is the scheduler's own count,
+//! with the pool's compute overcommit and MPS client limit.
+
+mod common;
+
+use common::{JOIN, fast, gpus, register_def};
+use tessera_control::inputs::{PoolInput, ServiceInput};
+use tessera_model::agent::RegisterRequest;
+use tessera_model::service::{DeploymentConfig, ServiceConstraints};
+use tessera_model::views::HostQuery;
+use tessera_model::{ComputeMilli, MiB, MilliCpu, PoolName, SharingMode};
+
+#[tokio::test]
+async fn a_gpu_is_shown_as_the_scheduler_counts_it_with_the_pools_overcommit() {
+    let env = common::env(fast()).await;
+    let control = &env.control;
+    control
+        .create_pool(&PoolInput {
+            compute_overcommit: Some(2.0),
+            mps_client_limit: Some(3),
+            ..PoolInput::named("over")
+        })
+        .await
+        .expect("pool");
+    control
+        .register_agent(&RegisterRequest {
+            join_token: JOIN.into(),
+            pool: PoolName::new("over").expect("valid"),
+            cpu_milli: MilliCpu(64_000),
+            memory_mib: MiB(256 * 1024),
+            simulated: true,
+            labels: Default::default(),
+            gpus: gpus("o", 1, 24),
+            name: Some("o".into()),
+        })
+        .await
+        .expect("register");
+    // 80 % compute each: two fit under twice the GPU's compute, a third would not.
+    let def = register_def(control, "heavy", 4, 80).await;
+    control
+        .create_service(&ServiceInput {
+            name: "heavy".into(),
+            task_definition: def,
+            pool: "over".into(),
+            desired_count: 3,
+            strategy: None,
+            constraints: ServiceConstraints::default(),
+            deployment: Some(DeploymentConfig::default()),
+            stop_timeout_secs: 5,
+        })
+        .await
+        .expect("service");
+    control.reconcile_once().await.expect("pass");
+
+    let page = control
+        .hosts_page(&HostQuery {
+            pool: "over".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("page");
+    assert_eq!(page.hosts.len(), 1);
+    let gpu = &page.hosts[0].gpus[0];
+    assert_eq!(gpu.gpu.sharing_mode, SharingMode::Mps);
+    assert_eq!(gpu.compute_capacity, ComputeMilli(2000));
+    assert_eq!(gpu.compute_allocated, ComputeMilli(1600));
+    assert_eq!(gpu.memory_allocated, MiB(8 * 1024));
+    assert_eq!((gpu.clients, gpu.client_limit), (2, 3));
+    assert_eq!(gpu.slots.len(), 2);
+
+    let overview = control.overview().await.expect("overview");
+    assert_eq!(
+        overview.compute_total,
+        ComputeMilli(2000),
+        "only this pool has GPUs"
+    );
+    assert_eq!(overview.compute_allocated, ComputeMilli(1600));
+    assert_eq!((overview.gpus_mps, overview.gpus_idle), (1, 0));
+    assert_eq!(overview.pending.len(), 1);
+    assert_eq!(overview.pending[0].count, 1);
+    assert!(
+        overview.pending[0]
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("compute")),
+        "{:?}",
+        overview.pending[0].message
+    );
+}
