@@ -2,6 +2,7 @@
 //! what an agent reports (GPUs, MPS health, its tasks and their measured use) and answers
 //! with every task its host should run, environment included.
 
+use crate::clock::stamp;
 use crate::control::Control;
 use crate::error::ControlError;
 use crate::store::{HostReport, TaskFilter};
@@ -238,9 +239,12 @@ impl Control {
                 })
                 .collect(),
             status_reason: None,
+            last_seen: None,
         };
         let token = new_token();
-        self.store.register_host(&host, &hash_token(&token)).await?;
+        self.store
+            .register_host(&host, &hash_token(&token), &stamp(self.now()))
+            .await?;
         let kind = if req.simulated {
             "simulated host"
         } else {
@@ -326,6 +330,7 @@ impl Control {
                 host_id,
                 &HostReport {
                     gpus: req.gpus.clone(),
+                    seen_at: stamp(self.now()),
                 },
             )
             .await?;

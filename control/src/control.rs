@@ -1,10 +1,12 @@
 //! `Control`: the control plane's entry point. The API, the console and the agents call
 //! its methods; its reconcile loop turns desired state into tasks and placements.
 
+use crate::clock::{Clock, SystemClock};
 use crate::error::ControlError;
 use crate::error::StoreError;
 use crate::inputs::{PoolInput, ServiceDetail, ServiceInput, ServicePatch};
 use crate::store::{EventFilter, Store, TaskFilter};
+use chrono::{DateTime, Utc};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -43,6 +45,10 @@ fn changed_meanwhile(id: &HostId) -> ControlError {
     ))
 }
 
+/// A deployment's crash-loop backoff: the failures already answered with a delay, and
+/// until when its new tasks wait.
+pub(crate) type Backoff = (u32, DateTime<Utc>);
+
 /// Timings and limits of the control plane.
 #[derive(Debug, Clone)]
 pub struct ControlConfig {
@@ -60,6 +66,8 @@ pub struct ControlConfig {
     pub retention: Duration,
     /// The longest wait before a task that keeps failing is started again.
     pub max_restart_delay: Duration,
+    /// What time it is: the machine's, or a test's [`crate::clock::ManualClock`].
+    pub clock: Arc<dyn Clock>,
 }
 
 impl Default for ControlConfig {
@@ -72,6 +80,7 @@ impl Default for ControlConfig {
             failure_threshold: 3,
             retention: Duration::from_secs(7 * 24 * 3600),
             max_restart_delay: Duration::from_secs(300),
+            clock: Arc::new(SystemClock),
         }
     }
 }
@@ -94,12 +103,12 @@ pub struct Control {
     pub(crate) failed_sign_ins: Arc<crate::auth::FailedSignIns>,
     /// When this control plane started: hosts are not declared lost for one lost timeout
     /// after it, since their agents could not reach a server that was down.
-    pub(crate) started: std::time::Instant,
+    pub(crate) started: DateTime<Utc>,
     /// Per deployment: the failures already answered with a delay, and until when new
     /// tasks wait (crash-loop backoff).
-    pub(crate) restart_backoff: Arc<Mutex<HashMap<i64, (u32, std::time::Instant)>>>,
+    pub(crate) restart_backoff: Arc<Mutex<HashMap<i64, Backoff>>>,
     /// When old rows were last pruned.
-    pub(crate) last_prune: Arc<Mutex<Option<std::time::Instant>>>,
+    pub(crate) last_prune: Arc<Mutex<Option<DateTime<Utc>>>>,
 }
 
 impl Control {
@@ -107,16 +116,21 @@ impl Control {
         let (changes, _) = broadcast::channel(64);
         Control {
             store,
-            config,
             wake: Arc::new(Notify::new()),
             changes,
             last_complaint: Arc::default(),
             pass: Arc::default(),
             failed_sign_ins: Arc::default(),
-            started: std::time::Instant::now(),
+            started: config.clock.now(),
             restart_backoff: Arc::default(),
             last_prune: Arc::default(),
+            config,
         }
+    }
+
+    /// Now, by the configured clock.
+    pub(crate) fn now(&self) -> DateTime<Utc> {
+        self.config.clock.now()
     }
 
     /// The store itself, for tests that look at or set up what no operation exposes

@@ -10,6 +10,7 @@
 //! - `reconcile`: one reconcile pass: lost hosts, migrations, services and deployments.
 //! - [`capacity`]: the one place capacity is counted: a pool's hosts and what tasks hold,
 //!   as the engine's snapshot; the commit's re-check and every usage figure come from it.
+//! - [`clock`]: the control plane's time (the machine's, or a test's manual clock).
 //! - `scheduler`: placement against the live fleet through `tessera-placement`, commits
 //!   that re-check capacity, and previews.
 //! - [`auth`]: operators' accounts, sign-in limits, API tokens, session records, the audit
@@ -29,6 +30,7 @@ pub mod auth;
 #[cfg(feature = "bench")]
 pub mod bench;
 pub mod capacity;
+pub mod clock;
 pub mod control;
 pub mod error;
 pub mod inputs;

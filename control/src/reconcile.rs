@@ -2,6 +2,7 @@
 //! hosts), services (desired counts, rolling deployments, the circuit breaker, deletion),
 //! then scheduling of whatever is pending.
 
+use crate::clock::{since, stamp, to_chrono};
 use crate::control::Control;
 use crate::error::ControlError;
 use crate::store::{NewTask, Pruned, TaskFilter};
@@ -48,9 +49,10 @@ impl Control {
         self.schedule().await?;
         let due = {
             let mut last = self.last_prune.lock().expect("not poisoned");
-            let due = last.is_none_or(|t| t.elapsed() >= PRUNE_EVERY);
+            let now = self.now();
+            let due = last.is_none_or(|t| since(now, t) >= PRUNE_EVERY);
             if due {
-                *last = Some(std::time::Instant::now());
+                *last = Some(now);
             }
             due
         };
@@ -65,7 +67,7 @@ impl Control {
     pub async fn prune(&self) -> Result<Pruned, ControlError> {
         let pruned = self
             .store
-            .prune(self.config.retention.as_secs_f64())
+            .prune(&stamp(self.now() - to_chrono(self.config.retention)))
             .await?;
         if pruned != Pruned::default() {
             tracing::info!(?pruned, "pruned rows past the retention");
@@ -80,15 +82,15 @@ impl Control {
         if failed == 0 {
             return None;
         }
-        let now = std::time::Instant::now();
+        let now = self.now();
         let mut backoff = self.restart_backoff.lock().expect("not poisoned");
         let entry = backoff.entry(id).or_insert((0, now));
         if failed > entry.0 {
             let delay = std::time::Duration::from_secs(1u64 << (failed - 1).min(16))
                 .min(self.config.max_restart_delay);
-            *entry = (failed, now + delay);
+            *entry = (failed, now + to_chrono(delay));
         }
-        (now < entry.1).then(|| entry.1 - now)
+        (now < entry.1).then(|| since(entry.1, now))
     }
 
     /// Hosts silent past the timeout become lost; their tasks stop and are replaced. For one
@@ -101,15 +103,17 @@ impl Control {
             self.wake();
         }
         let timeout = self.lost_timeout();
-        if self.started.elapsed() < timeout {
+        let now = self.now();
+        if since(now, self.started) < timeout {
             return Ok(());
         }
         let secs = timeout.as_secs_f64();
-        for id in self.store.hosts_silent_for(secs).await? {
+        let cutoff = stamp(now - to_chrono(timeout));
+        for id in self.store.hosts_silent_since(&cutoff).await? {
             let reason = format!("no agent sync for {secs:.0} s");
             // Marked and its tasks stopped in one transaction, and only if it is still
             // silent: a sync that arrived meanwhile wins.
-            let Some(stopped) = self.store.mark_host_lost(&id, &reason, secs).await? else {
+            let Some(stopped) = self.store.mark_host_lost(&id, &reason, &cutoff).await? else {
                 continue;
             };
             self.event(

@@ -83,6 +83,8 @@ pub struct EventFilter {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostReport {
     pub gpus: Vec<GpuReport>,
+    /// When the report arrived, as stored (`crate::clock::stamp`).
+    pub seen_at: String,
 }
 
 /// What to change of a user; `None` leaves it as it is.
@@ -237,7 +239,12 @@ pub trait Store: AuthStore {
     /// Creates or replaces a host and its GPUs (GPUs it no longer has are removed).
     async fn upsert_host(&self, host: &HostInfo) -> Result<(), StoreError>;
     /// A new host registered by an agent, with the hash of its token.
-    async fn register_host(&self, host: &HostInfo, token_hash: &str) -> Result<(), StoreError>;
+    async fn register_host(
+        &self,
+        host: &HostInfo,
+        token_hash: &str,
+        seen_at: &str,
+    ) -> Result<(), StoreError>;
     async fn host_by_token_hash(&self, token_hash: &str) -> Result<Option<HostId>, StoreError>;
     /// Forgets a host's agent token: its agent must register again.
     async fn revoke_agent_token(&self, id: &HostId) -> Result<(), StoreError>;
@@ -271,14 +278,14 @@ pub trait Store: AuthStore {
         reason: Option<&str>,
     ) -> Result<bool, StoreError>;
     /// In one transaction: marks the host lost, if it is not lost yet and has still not
-    /// synced for `silent_secs`, and stops every task it holds (reason `host lost`, GPU
+    /// synced since `silent_since`, and stops every task it holds (reason `host lost`, GPU
     /// allocations released). Returns the tasks stopped, or `None` when the host was left
     /// as it was.
     async fn mark_host_lost(
         &self,
         id: &HostId,
         reason: &str,
-        silent_secs: f64,
+        silent_since: &str,
     ) -> Result<Option<Vec<String>>, StoreError>;
     /// Stops tasks still holding capacity on lost hosts (left by a crash of an older
     /// version between two writes, or a hand edit); returns them.
@@ -292,8 +299,8 @@ pub trait Store: AuthStore {
         id: &HostId,
         report: &HostReport,
     ) -> Result<Vec<GpuChange>, StoreError>;
-    /// Hosts not `lost` whose last sync is older than `seconds`.
-    async fn hosts_silent_for(&self, seconds: f64) -> Result<Vec<HostId>, StoreError>;
+    /// Hosts not `lost` whose last sync is older than `cutoff` (a stored time).
+    async fn hosts_silent_since(&self, cutoff: &str) -> Result<Vec<HostId>, StoreError>;
     /// The status reason of a host, if any.
     async fn host_status_reason(&self, id: &HostId) -> Result<Option<String>, StoreError>;
 
@@ -381,9 +388,9 @@ pub trait Store: AuthStore {
         sm_percent: Option<u32>,
     ) -> Result<(), StoreError>;
 
-    /// Deletes stopped tasks, events, and finished deployments without tasks, older than
-    /// `older_than_secs`; returns how many of each.
-    async fn prune(&self, older_than_secs: f64) -> Result<Pruned, StoreError>;
+    /// Deletes stopped tasks, events, and finished deployments without tasks, written
+    /// before `before` (a stored time); returns how many of each.
+    async fn prune(&self, before: &str) -> Result<Pruned, StoreError>;
 
     // Events and settings.
     async fn add_event(

@@ -4,7 +4,9 @@
 #![allow(dead_code)]
 
 use serde_json::json;
+use std::sync::Arc;
 use std::time::Duration;
+use tessera_control::clock::ManualClock;
 use tessera_control::inputs::{PoolInput, ServiceInput};
 use tessera_control::store::TaskFilter;
 use tessera_control::{Control, ControlConfig};
@@ -18,6 +20,8 @@ pub const JOIN: &str = "test-join-token-0123456789";
 
 pub struct Env {
     pub control: Control,
+    /// The control plane's time: tests move it instead of sleeping.
+    pub clock: Arc<ManualClock>,
     _dir: tempfile::TempDir,
 }
 
@@ -30,7 +34,13 @@ impl Env {
     /// A new control plane on the same database: the server restarted.
     pub async fn restart(&self, config: ControlConfig) -> Control {
         let store = tessera_control::open(&self.url()).await.expect("store");
-        Control::new(store, config)
+        Control::new(
+            store,
+            ControlConfig {
+                clock: self.clock.clone(),
+                ..config
+            },
+        )
     }
 }
 
@@ -39,7 +49,14 @@ pub async fn env(config: ControlConfig) -> Env {
     let store = tessera_control::open(&format!("sqlite://{}/t.db", dir.path().display()))
         .await
         .expect("store");
-    let control = Control::new(store, config);
+    let clock = Arc::new(ManualClock::default());
+    let control = Control::new(
+        store,
+        ControlConfig {
+            clock: clock.clone(),
+            ..config
+        },
+    );
     control
         .ensure_join_token(Some(JOIN))
         .await
@@ -48,7 +65,11 @@ pub async fn env(config: ControlConfig) -> Env {
         .create_pool(&PoolInput::named("gpu"))
         .await
         .expect("pool");
-    Env { control, _dir: dir }
+    Env {
+        control,
+        clock,
+        _dir: dir,
+    }
 }
 
 pub fn fast() -> ControlConfig {

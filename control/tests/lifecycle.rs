@@ -272,7 +272,7 @@ async fn a_lost_host_has_its_tasks_replaced_elsewhere_and_stopped_if_it_returns(
         .collect();
     // Host a stops syncing; b keeps going. Lost after 2 intervals of 1 s.
     for _ in 0..12 {
-        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        env.clock.advance(std::time::Duration::from_millis(300));
         sync(c, &b).await;
         c.reconcile_once().await.expect("pass");
     }

@@ -23,7 +23,7 @@ async fn after_a_restart_hosts_get_one_lost_timeout_to_sync_before_they_are_lost
     assert_eq!(before.len(), 1);
 
     // The server is down for longer than the lost timeout, then starts again.
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    env.clock.advance(Duration::from_millis(2500));
     let restarted = env.restart(fast()).await;
     restarted.reconcile_once().await.expect("pass");
     assert_eq!(
@@ -36,7 +36,7 @@ async fn after_a_restart_hosts_get_one_lost_timeout_to_sync_before_they_are_lost
     assert_eq!(wanted.tasks.len(), 1);
     let b = host(&restarted, "b", 1, 24).await; // joins, then never syncs
     for _ in 0..8 {
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        env.clock.advance(Duration::from_millis(300));
         sync(&restarted, &a).await;
         restarted.reconcile_once().await.expect("pass");
     }
@@ -94,7 +94,7 @@ async fn status_changes_are_compare_and_set() {
     sync(c, &a).await;
     let marked = c
         .store()
-        .mark_host_lost(&a.id, "silent", 60.0)
+        .mark_host_lost(&a.id, "silent", &silent_for(c, 60))
         .await
         .expect("store");
     assert_eq!(marked, None);
@@ -231,7 +231,7 @@ async fn a_task_that_keeps_failing_is_restarted_with_growing_delays() {
         tasks(c, "crashy", LIVE).await.is_empty(),
         "not restarted at once after a failure"
     );
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    env.clock.advance(Duration::from_millis(1100));
     c.reconcile_once().await.expect("pass");
     assert_eq!(
         tasks(c, "crashy", LIVE).await.len(),
@@ -270,7 +270,7 @@ async fn stopped_tasks_events_and_finished_deployments_are_pruned_after_the_rete
             .len()
     };
     assert_eq!(all().await, 1, "the stopped task is history until pruned");
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    env.clock.advance(Duration::from_millis(20));
     let pruned = c.prune().await.expect("prune");
     assert_eq!(pruned.tasks, 1);
     assert!(pruned.events > 0);
@@ -317,4 +317,10 @@ async fn a_machine_rejoins_under_its_old_id_only_once_its_old_token_is_revoked()
         a.id
     );
     assert_eq!(c.store().list_hosts().await.expect("hosts").len(), 1);
+}
+
+/// The stored time `secs` seconds before now, by `c`'s clock.
+fn silent_for(c: &tessera_control::Control, secs: u64) -> String {
+    let d = tessera_control::clock::to_chrono(Duration::from_secs(secs));
+    tessera_control::clock::stamp(c.config().clock.now() - d)
 }

@@ -158,6 +158,9 @@ pub struct HostInfo {
     /// Why it is impaired, lost or draining (absent when active, or when nothing says).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status_reason: Option<String>,
+    /// When its agent last synced (RFC 3339, UTC); absent before the first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_seen: Option<String>,
 }
 
 impl HostInfo {

@@ -163,6 +163,27 @@ where
     panic!("timed out waiting for: {what}");
 }
 
+/// Waits until host `name`'s agent has synced `n` more times.
+async fn syncs(c: &Cluster, name: &str, n: usize) {
+    for _ in 0..n {
+        let before = c
+            .control
+            .get_host(&host(name))
+            .await
+            .expect("host")
+            .last_seen;
+        wait_for("the agent's next sync", || async {
+            c.control
+                .get_host(&host(name))
+                .await
+                .expect("host")
+                .last_seen
+                != before
+        })
+        .await;
+    }
+}
+
 async fn register(c: &Cluster, family: &str, command: &str, out: &Path) {
     c.control
         .register_task_definition(&json!({
@@ -443,7 +464,7 @@ async fn a_restarted_agent_does_not_start_its_tasks_twice() {
     // The agent comes back with the same state directory.
     config.stop_tasks_on_exit = true;
     let a = start_agent(config);
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    syncs(&c, "a", 3).await;
     let after: Vec<String> = tasks(&c, &[TaskState::Running])
         .await
         .into_iter()
@@ -532,7 +553,7 @@ async fn a_revoked_agent_rejoins_under_its_old_id_and_keeps_its_tasks() {
     let hosts = c.control.store().list_hosts().await.expect("hosts");
     assert_eq!(hosts.len(), 1);
     assert_eq!(hosts[0].id, host("a"), "under its old id");
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    syncs(&c, "a", 2).await;
     let after: Vec<String> = tasks(&c, &[TaskState::Running])
         .await
         .into_iter()

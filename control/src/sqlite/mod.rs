@@ -71,6 +71,7 @@ impl SqliteStore {
         &self,
         host: &HostInfo,
         token_hash: Option<&str>,
+        seen_at: Option<&str>,
     ) -> Result<(), StoreError> {
         let mut tx = self.begin_immediate().await?;
         if sqlx::query("SELECT 1 FROM pools WHERE name = ?")
@@ -88,7 +89,7 @@ impl SqliteStore {
             .map_err(|e| StoreError::corrupt("host labels", e))?;
         sqlx::query(
             "INSERT INTO hosts (id, pool, status, simulated, cpu_milli, memory_mib, labels, agent_token_hash, last_seen_at)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, CASE WHEN ? IS NULL THEN NULL ELSE strftime('%Y-%m-%dT%H:%M:%fZ', 'now') END)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
              ON CONFLICT (id) DO UPDATE SET pool = excluded.pool, status = excluded.status,
                  simulated = excluded.simulated, cpu_milli = excluded.cpu_milli,
                  memory_mib = excluded.memory_mib, labels = excluded.labels",
@@ -101,7 +102,7 @@ impl SqliteStore {
         .bind(host.memory.0 as i64)
         .bind(labels)
         .bind(token_hash)
-        .bind(token_hash)
+        .bind(seen_at)
         .execute(&mut *tx)
         .await?;
         write_gpus(&mut tx, &host.id, &host.gpus).await?;
@@ -364,6 +365,7 @@ fn host_from_row(row: &SqliteRow) -> Result<HostInfo, StoreError> {
             .map_err(|e| StoreError::corrupt("host labels", e))?,
         gpus: Vec::new(),
         status_reason: row.try_get("status_reason")?,
+        last_seen: row.try_get("last_seen_at")?,
     })
 }
 
@@ -551,7 +553,7 @@ fn updated(
 }
 
 const HOST_COLUMNS: &str =
-    "id, pool, status, simulated, cpu_milli, memory_mib, labels, status_reason";
+    "id, pool, status, simulated, cpu_milli, memory_mib, labels, status_reason, last_seen_at";
 const GPU_COLUMNS: &str =
     "uuid, host_id, idx, model, memory_mib, mps_client_limit, health, sharing_mode";
 const TASK_COLUMNS: &str = "id, service, deployment_id, family, revision, pool, cpu_milli, memory_mib, state, migrating, host_id, placement_message, \
@@ -607,11 +609,16 @@ impl Store for SqliteStore {
     }
 
     async fn upsert_host(&self, host: &HostInfo) -> Result<(), StoreError> {
-        self.write_host(host, None).await
+        self.write_host(host, None, None).await
     }
 
-    async fn register_host(&self, host: &HostInfo, token_hash: &str) -> Result<(), StoreError> {
-        self.write_host(host, Some(token_hash)).await
+    async fn register_host(
+        &self,
+        host: &HostInfo,
+        token_hash: &str,
+        seen_at: &str,
+    ) -> Result<(), StoreError> {
+        self.write_host(host, Some(token_hash), Some(seen_at)).await
     }
 
     async fn host_by_token_hash(&self, token_hash: &str) -> Result<Option<HostId>, StoreError> {
@@ -772,17 +779,16 @@ impl Store for SqliteStore {
         &self,
         id: &HostId,
         reason: &str,
-        silent_secs: f64,
+        silent_since: &str,
     ) -> Result<Option<Vec<String>>, StoreError> {
         let mut tx = self.begin_immediate().await?;
         let marked = sqlx::query(
             "UPDATE hosts SET status = 'lost', status_reason = ?
-             WHERE id = ? AND status != 'lost' AND last_seen_at IS NOT NULL
-               AND julianday('now') - julianday(last_seen_at) > ? / 86400.0",
+             WHERE id = ? AND status != 'lost' AND last_seen_at IS NOT NULL AND last_seen_at < ?",
         )
         .bind(reason)
         .bind(id.as_str())
-        .bind(silent_secs)
+        .bind(silent_since)
         .execute(&mut *tx)
         .await?;
         if marked.rows_affected() == 0 {
@@ -817,12 +823,11 @@ impl Store for SqliteStore {
         report: &HostReport,
     ) -> Result<Vec<GpuChange>, StoreError> {
         let mut tx = self.begin_immediate().await?;
-        sqlx::query(&format!(
-            "UPDATE hosts SET last_seen_at = {NOW} WHERE id = ?"
-        ))
-        .bind(id.as_str())
-        .execute(&mut *tx)
-        .await?;
+        sqlx::query("UPDATE hosts SET last_seen_at = ? WHERE id = ?")
+            .bind(&report.seen_at)
+            .bind(id.as_str())
+            .execute(&mut *tx)
+            .await?;
         let known: Vec<(String, i64, String)> =
             sqlx::query("SELECT uuid, idx, health FROM gpus WHERE host_id = ?")
                 .bind(id.as_str())
@@ -896,12 +901,12 @@ impl Store for SqliteStore {
         Ok(changes)
     }
 
-    async fn hosts_silent_for(&self, seconds: f64) -> Result<Vec<HostId>, StoreError> {
+    async fn hosts_silent_since(&self, cutoff: &str) -> Result<Vec<HostId>, StoreError> {
         let rows = sqlx::query(
             "SELECT id FROM hosts WHERE status != 'lost' AND last_seen_at IS NOT NULL
-             AND julianday('now') - julianday(last_seen_at) > ? / 86400.0 ORDER BY id",
+             AND last_seen_at < ? ORDER BY id",
         )
-        .bind(seconds)
+        .bind(cutoff)
         .fetch_all(&self.db)
         .await?;
         rows.iter().map(|r| host_id(r.try_get("id")?)).collect()
@@ -1389,26 +1394,25 @@ impl Store for SqliteStore {
         Ok(())
     }
 
-    async fn prune(&self, older_than_secs: f64) -> Result<Pruned, StoreError> {
+    async fn prune(&self, before: &str) -> Result<Pruned, StoreError> {
         let mut tx = self.begin_immediate().await?;
-        let cutoff = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-' || ? || ' seconds')";
-        let tasks = sqlx::query(&format!(
-            "DELETE FROM tasks WHERE state = 'stopped' AND COALESCE(stopped_at, created_at) < {cutoff}"
-        ))
-        .bind(older_than_secs)
+        let tasks = sqlx::query(
+            "DELETE FROM tasks WHERE state = 'stopped' AND COALESCE(stopped_at, created_at) < ?",
+        )
+        .bind(before)
         .execute(&mut *tx)
         .await?
         .rows_affected();
-        let events = sqlx::query(&format!("DELETE FROM events WHERE at < {cutoff}"))
-            .bind(older_than_secs)
+        let events = sqlx::query("DELETE FROM events WHERE at < ?")
+            .bind(before)
             .execute(&mut *tx)
             .await?
             .rows_affected();
-        let deployments = sqlx::query(&format!(
-            "DELETE FROM deployments WHERE status IN ('completed', 'rolled_back') AND created_at < {cutoff}
-             AND NOT EXISTS (SELECT 1 FROM tasks WHERE tasks.deployment_id = deployments.id)"
-        ))
-        .bind(older_than_secs)
+        let deployments = sqlx::query(
+            "DELETE FROM deployments WHERE status IN ('completed', 'rolled_back') AND created_at < ?
+             AND NOT EXISTS (SELECT 1 FROM tasks WHERE tasks.deployment_id = deployments.id)",
+        )
+        .bind(before)
         .execute(&mut *tx)
         .await?
         .rows_affected();
