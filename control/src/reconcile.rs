@@ -5,7 +5,7 @@
 use crate::clock::{since, stamp, to_chrono};
 use crate::control::Control;
 use crate::error::ControlError;
-use crate::store::{NewTask, Pruned, TaskFilter};
+use crate::store::{HostState, NewTask, Pruned, TaskFilter};
 
 /// How often old rows are pruned.
 const PRUNE_EVERY: std::time::Duration = std::time::Duration::from_secs(600);
@@ -145,8 +145,9 @@ impl Control {
     /// each pool's hosts at a time. Their services then start replacements first and stop
     /// the old tasks once the replacements run (see `reconcile_service`).
     async fn migrate_off_unhealthy_hosts(&self) -> Result<(), ControlError> {
-        let hosts = self.store.list_hosts().await?;
-        let mut by_pool: BTreeMap<String, Vec<&tessera_model::HostInfo>> = BTreeMap::new();
+        // Every pass: the hosts' statuses only, not their GPUs.
+        let hosts = self.store.host_statuses().await?;
+        let mut by_pool: BTreeMap<String, Vec<&HostState>> = BTreeMap::new();
         for h in &hosts {
             by_pool.entry(h.pool.to_string()).or_default().push(h);
         }

@@ -7,11 +7,9 @@ use crate::capacity::{Held, PoolCapacity};
 use crate::control::Control;
 use crate::error::ControlError;
 use crate::inputs::{Density, PreviewInput, PreviewResult, PreviewTask};
-use crate::store::{PlacementCommit, TaskFilter};
+use crate::store::{PendingTask, PlacementCommit, TaskFilter};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use tessera_model::service::{
-    GpuAllocation, Service, ServiceConstraints, Task, TaskDefRef, TaskState,
-};
+use tessera_model::service::{GpuAllocation, Service, ServiceConstraints, TaskDefRef, TaskState};
 use tessera_model::taskdef::{TaskDefinitionSpec, TaskGpu};
 use tessera_model::{HostId, PlacementPolicy, PoolInfo, PoolName, SharingMode};
 use tessera_placement::{
@@ -119,13 +117,7 @@ impl Control {
 
     /// Places every pending task and commits what fits.
     pub(crate) async fn schedule(&self) -> Result<usize, ControlError> {
-        let pending = self
-            .store
-            .list_tasks(&TaskFilter {
-                states: vec![TaskState::Pending],
-                ..Default::default()
-            })
-            .await?;
+        let pending = self.store.list_pending().await?;
         if pending.is_empty() {
             return Ok(0);
         }
@@ -139,7 +131,7 @@ impl Control {
         let specs = self
             .task_definition_specs(pending.iter().map(|t| t.task_definition.clone()).collect())
             .await?;
-        let mut by_pool: BTreeMap<PoolName, Vec<&Task>> = BTreeMap::new();
+        let mut by_pool: BTreeMap<PoolName, Vec<&PendingTask>> = BTreeMap::new();
         for t in &pending {
             by_pool.entry(t.pool.clone()).or_default().push(t);
         }
@@ -160,7 +152,7 @@ impl Control {
                 pool: info,
             } = self.pool_engine(&pool, None, &extra).await?;
             // One service at a time, in the order its tasks were created.
-            let mut by_service: Vec<(String, Vec<&Task>)> = Vec::new();
+            let mut by_service: Vec<(String, Vec<&PendingTask>)> = Vec::new();
             for t in tasks {
                 match by_service.iter_mut().find(|(s, _)| *s == t.service) {
                     Some((_, v)) => v.push(t),

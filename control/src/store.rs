@@ -58,6 +58,23 @@ pub struct CommitContext {
     pub pending: std::collections::HashMap<String, (MilliCpu, MiB)>,
 }
 
+/// A task waiting for a placement: what the scheduler needs of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingTask {
+    pub id: String,
+    pub service: String,
+    pub task_definition: TaskDefRef,
+    pub pool: PoolName,
+}
+
+/// A host's status and pool, without its inventory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostState {
+    pub id: HostId,
+    pub pool: PoolName,
+    pub status: HostStatus,
+}
+
 /// What one task holds on its host.
 #[derive(Debug, Clone)]
 pub struct HeldCapacity {
@@ -260,6 +277,9 @@ pub trait Store: AuthStore {
     async fn delete_host(&self, id: &HostId) -> Result<(), StoreError>;
     /// All hosts with their GPUs, ordered by pool then id.
     async fn list_hosts(&self) -> Result<Vec<HostInfo>, StoreError>;
+    /// Every host's pool and status, ordered by pool then id (what a reconcile pass needs
+    /// of each host, in one light query).
+    async fn host_statuses(&self) -> Result<Vec<HostState>, StoreError>;
     async fn get_host(&self, id: &HostId) -> Result<HostInfo, StoreError>;
     async fn set_host_status(
         &self,
@@ -352,6 +372,11 @@ pub trait Store: AuthStore {
     // Tasks.
     async fn create_tasks(&self, tasks: &[NewTask]) -> Result<(), StoreError>;
     async fn list_tasks(&self, filter: &TaskFilter) -> Result<Vec<Task>, StoreError>;
+    /// Every pending task, oldest first, with only what placing it needs (a light query:
+    /// the scheduler reads them on every pass).
+    async fn list_pending(&self) -> Result<Vec<PendingTask>, StoreError>;
+    /// How many tasks `filter` matches (its `limit` ignored).
+    async fn count_tasks(&self, filter: &TaskFilter) -> Result<u64, StoreError>;
     async fn get_task(&self, id: &str) -> Result<Task, StoreError>;
     /// Commits placements in one transaction: it reads the [`CommitContext`] of the hosts
     /// they name under the transaction's write lock, keeps those that

@@ -63,6 +63,11 @@ impl Control {
         Ok(self.store.list_tasks(filter).await?)
     }
 
+    /// How many tasks `filter` matches.
+    pub async fn count_tasks(&self, filter: &TaskFilter) -> Result<u64, ControlError> {
+        Ok(self.store.count_tasks(filter).await?)
+    }
+
     pub async fn get_task(&self, id: &str) -> Result<Task, ControlError> {
         Ok(self.store.get_task(id).await?)
     }

@@ -78,13 +78,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         control.reconcile_once().await?;
         passes += 1;
         let placed = control
-            .list_tasks(&TaskFilter {
+            .count_tasks(&TaskFilter {
                 service: Some("bench".into()),
                 states: vec![TaskState::Assigned],
                 ..Default::default()
             })
-            .await?
-            .len();
+            .await? as usize;
         if placed >= tasks || passes >= 20 {
             break placed;
         }

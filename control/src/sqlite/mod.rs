@@ -6,8 +6,8 @@ mod auth;
 
 use crate::error::StoreError;
 use crate::store::{
-    CommitContext, EventFilter, GpuChange, HeldCapacity, HostReport, NewTask, PlacementCommit,
-    Pruned, Store, TaskFilter,
+    CommitContext, EventFilter, GpuChange, HeldCapacity, HostReport, HostState, NewTask,
+    PendingTask, PlacementCommit, Pruned, Store, TaskFilter,
 };
 use async_trait::async_trait;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow};
@@ -267,14 +267,28 @@ async fn commit_context(
         }
     }
     let task_ids: Vec<&str> = commits.iter().map(|c| c.task_id.as_str()).collect();
-    for chunk in task_ids.chunks(500) {
+    // A large plan is checked against every pending task in one query, a small one by id.
+    let chunks: Vec<Option<&[&str]>> = if task_ids.len() > 500 {
+        vec![None]
+    } else {
+        vec![Some(&task_ids[..])]
+    };
+    let wanted: std::collections::HashSet<&str> = task_ids.iter().copied().collect();
+    for chunk in chunks {
         let mut q = QueryBuilder::<Sqlite>::new(
-            "SELECT id, cpu_milli, memory_mib FROM tasks WHERE state = 'pending' AND id IN",
+            "SELECT id, cpu_milli, memory_mib FROM tasks WHERE state = 'pending'",
         );
-        in_list(&mut q, chunk);
+        if let Some(ids) = chunk {
+            q.push(" AND id IN");
+            in_list(&mut q, ids);
+        }
         for row in q.build().fetch_all(&mut *conn).await? {
+            let id: String = row.try_get("id")?;
+            if !wanted.contains(id.as_str()) {
+                continue;
+            }
             ctx.pending.insert(
-                row.try_get("id")?,
+                id,
                 (
                     MilliCpu(row.try_get::<i64, _>("cpu_milli")? as u64),
                     MiB(row.try_get::<i64, _>("memory_mib")? as u64),
@@ -318,6 +332,36 @@ async fn deployments_where(
             })
         })
         .collect()
+}
+
+/// `WHERE ...` for `filter` (everything but its limit).
+fn task_conditions(q: &mut QueryBuilder<'_, Sqlite>, filter: &TaskFilter) {
+    q.push(" WHERE 1 = 1");
+    if let Some(s) = &filter.service {
+        q.push(" AND service = ").push_bind(s.clone());
+    }
+    if let Some(h) = &filter.host {
+        q.push(" AND host_id = ").push_bind(h.to_string());
+    }
+    if let Some(p) = &filter.pool {
+        q.push(" AND pool = ").push_bind(p.to_string());
+    }
+    if !filter.hosts.is_empty() {
+        q.push(" AND host_id IN (");
+        let mut sep = q.separated(", ");
+        for h in &filter.hosts {
+            sep.push_bind(h.to_string());
+        }
+        q.push(")");
+    }
+    if !filter.states.is_empty() {
+        q.push(" AND state IN (");
+        let mut sep = q.separated(", ");
+        for s in &filter.states {
+            sep.push_bind(s.as_str());
+        }
+        q.push(")");
+    }
 }
 
 fn parse<T: FromStr>(what: &'static str, raw: &str) -> Result<T, StoreError>
@@ -720,6 +764,22 @@ impl Store for SqliteStore {
             }
         }
         Ok(hosts)
+    }
+
+    async fn host_statuses(&self) -> Result<Vec<HostState>, StoreError> {
+        sqlx::query("SELECT id, pool, status FROM hosts ORDER BY pool, id")
+            .fetch_all(&self.db)
+            .await?
+            .iter()
+            .map(|row| {
+                Ok(HostState {
+                    id: host_id(row.try_get("id")?)?,
+                    pool: PoolName::new(row.try_get::<String, _>("pool")?)
+                        .map_err(|e| StoreError::corrupt("host pool", e))?,
+                    status: parse::<HostStatus>("host status", row.try_get("status")?)?,
+                })
+            })
+            .collect()
     }
 
     async fn get_host(&self, id: &HostId) -> Result<HostInfo, StoreError> {
@@ -1179,33 +1239,8 @@ impl Store for SqliteStore {
     }
 
     async fn list_tasks(&self, filter: &TaskFilter) -> Result<Vec<Task>, StoreError> {
-        let mut q =
-            QueryBuilder::<Sqlite>::new(format!("SELECT {TASK_COLUMNS} FROM tasks WHERE 1 = 1"));
-        if let Some(s) = &filter.service {
-            q.push(" AND service = ").push_bind(s.clone());
-        }
-        if let Some(h) = &filter.host {
-            q.push(" AND host_id = ").push_bind(h.to_string());
-        }
-        if let Some(p) = &filter.pool {
-            q.push(" AND pool = ").push_bind(p.to_string());
-        }
-        if !filter.hosts.is_empty() {
-            q.push(" AND host_id IN (");
-            let mut sep = q.separated(", ");
-            for h in &filter.hosts {
-                sep.push_bind(h.to_string());
-            }
-            q.push(")");
-        }
-        if !filter.states.is_empty() {
-            q.push(" AND state IN (");
-            let mut sep = q.separated(", ");
-            for s in &filter.states {
-                sep.push_bind(s.as_str());
-            }
-            q.push(")");
-        }
+        let mut q = QueryBuilder::<Sqlite>::new(format!("SELECT {TASK_COLUMNS} FROM tasks"));
+        task_conditions(&mut q, filter);
         q.push(" ORDER BY created_at, id");
         if let Some(limit) = filter.limit {
             q.push(" LIMIT ").push_bind(i64::from(limit));
@@ -1229,6 +1264,36 @@ impl Store for SqliteStore {
             }
         }
         Ok(tasks)
+    }
+
+    async fn list_pending(&self) -> Result<Vec<PendingTask>, StoreError> {
+        sqlx::query(
+            "SELECT id, service, family, revision, pool FROM tasks WHERE state = 'pending'
+             ORDER BY created_at, id",
+        )
+        .fetch_all(&self.db)
+        .await?
+        .iter()
+        .map(|row| {
+            Ok(PendingTask {
+                id: row.try_get("id")?,
+                service: row.try_get("service")?,
+                task_definition: TaskDefRef {
+                    family: row.try_get("family")?,
+                    revision: row.try_get::<i64, _>("revision")? as u32,
+                },
+                pool: PoolName::new(row.try_get::<String, _>("pool")?)
+                    .map_err(|e| StoreError::corrupt("task pool", e))?,
+            })
+        })
+        .collect()
+    }
+
+    async fn count_tasks(&self, filter: &TaskFilter) -> Result<u64, StoreError> {
+        let mut q = QueryBuilder::<Sqlite>::new("SELECT COUNT(*) AS n FROM tasks");
+        task_conditions(&mut q, filter);
+        let n: i64 = q.build().fetch_one(&self.db).await?.try_get("n")?;
+        Ok(n as u64)
     }
 
     async fn get_task(&self, id: &str) -> Result<Task, StoreError> {
@@ -1257,31 +1322,42 @@ impl Store for SqliteStore {
         let conn = tx.acquire().await?;
         let ctx = commit_context(conn, commits).await?;
         let accepted = crate::capacity::verify_commits(&ctx, commits);
-        let mut committed = Vec::new();
-        for (c, ok) in commits.iter().zip(accepted) {
-            if !ok {
-                continue;
-            }
-            for a in &c.allocations {
-                sqlx::query(
-                    "INSERT INTO task_gpus (task_id, gpu_uuid, idx, memory_mib, compute_milli, dedicated) VALUES (?, ?, ?, ?, ?, ?)",
-                )
-                .bind(&c.task_id)
-                .bind(a.gpu.as_str())
-                .bind(i64::from(a.index))
-                .bind(a.memory.0 as i64)
-                .bind(i64::from(a.compute.0))
-                .bind(i64::from(a.dedicated))
-                .execute(&mut *conn)
-                .await?;
-            }
-            sqlx::query("UPDATE tasks SET state = 'assigned', host_id = ?, placement_message = NULL WHERE id = ?")
-                .bind(c.host.as_str())
-                .bind(&c.task_id)
-                .execute(&mut *conn)
-                .await?;
-            committed.push(c.task_id.clone());
+        let accepted: Vec<&PlacementCommit> = commits
+            .iter()
+            .zip(accepted)
+            .filter_map(|(c, ok)| ok.then_some(c))
+            .collect();
+        // Written in batches (a statement per row costs more than the rest of the commit).
+        let rows: Vec<(&str, &GpuAllocation)> = accepted
+            .iter()
+            .flat_map(|c| c.allocations.iter().map(|a| (c.task_id.as_str(), a)))
+            .collect();
+        for chunk in rows.chunks(1000) {
+            let mut q = QueryBuilder::<Sqlite>::new(
+                "INSERT INTO task_gpus (task_id, gpu_uuid, idx, memory_mib, compute_milli, dedicated) ",
+            );
+            q.push_values(chunk, |mut b, (task, a)| {
+                b.push_bind(*task)
+                    .push_bind(a.gpu.as_str())
+                    .push_bind(i64::from(a.index))
+                    .push_bind(a.memory.0 as i64)
+                    .push_bind(i64::from(a.compute.0))
+                    .push_bind(i64::from(a.dedicated));
+            });
+            q.build().execute(&mut *conn).await?;
         }
+        for chunk in accepted.chunks(1000) {
+            let mut q = QueryBuilder::<Sqlite>::new(
+                "UPDATE tasks SET state = 'assigned', host_id = placed.column2, placement_message = NULL
+                 FROM (",
+            );
+            q.push_values(chunk, |mut b, c| {
+                b.push_bind(c.task_id.as_str()).push_bind(c.host.as_str());
+            });
+            q.push(") AS placed WHERE tasks.id = placed.column1");
+            q.build().execute(&mut *conn).await?;
+        }
+        let committed = accepted.iter().map(|c| c.task_id.clone()).collect();
         tx.commit().await?;
         Ok(committed)
     }
