@@ -242,9 +242,9 @@ pub struct Pruned {
     pub deployments: u64,
 }
 
-/// Everything the control plane persists.
 #[async_trait]
-pub trait Store: AuthStore {
+/// Pools and hosts: what the fleet is made of, and each host's lifecycle.
+pub trait HostStore: Send + Sync + 'static {
     // Pools.
     /// Creates the pool, or updates its policy and limits if it exists.
     async fn upsert_pool(&self, pool: &PoolInfo) -> Result<(), StoreError>;
@@ -323,7 +323,11 @@ pub trait Store: AuthStore {
     async fn hosts_silent_since(&self, cutoff: &str) -> Result<Vec<HostId>, StoreError>;
     /// The status reason of a host, if any.
     async fn host_status_reason(&self, id: &HostId) -> Result<Option<String>, StoreError>;
+}
 
+#[async_trait]
+/// Task definitions, services and their deployments: what should run.
+pub trait ServiceStore: Send + Sync + 'static {
     // Task definitions.
     /// Stores `spec` as the next revision of its family.
     async fn register_task_definition(
@@ -368,7 +372,11 @@ pub trait Store: AuthStore {
         id: i64,
         status: DeploymentStatus,
     ) -> Result<(), StoreError>;
+}
 
+#[async_trait]
+/// Tasks: their placement (commits re-checked with the engine's rules), states and use.
+pub trait TaskStore: Send + Sync + 'static {
     // Tasks.
     async fn create_tasks(&self, tasks: &[NewTask]) -> Result<(), StoreError>;
     async fn list_tasks(&self, filter: &TaskFilter) -> Result<Vec<Task>, StoreError>;
@@ -416,7 +424,11 @@ pub trait Store: AuthStore {
     /// Deletes stopped tasks, events, and finished deployments without tasks, written
     /// before `before` (a stored time); returns how many of each.
     async fn prune(&self, before: &str) -> Result<Pruned, StoreError>;
+}
 
+#[async_trait]
+/// Events and settings.
+pub trait EventStore: Send + Sync + 'static {
     // Events and settings.
     async fn add_event(
         &self,
@@ -428,6 +440,12 @@ pub trait Store: AuthStore {
     async fn get_setting(&self, key: &str) -> Result<Option<String>, StoreError>;
     async fn set_setting(&self, key: &str, value: &str) -> Result<(), StoreError>;
 }
+
+/// Everything the control plane persists, one trait per aggregate. Callers hold an `Arc<dyn Store>`;
+/// a backend implements the parts and gets this for free.
+pub trait Store: AuthStore + HostStore + ServiceStore + TaskStore + EventStore {}
+
+impl<T: AuthStore + HostStore + ServiceStore + TaskStore + EventStore> Store for T {}
 
 /// Opens the store named by `url`: `sqlite://PATH` (the file and its directory are created
 /// if missing; migrations run at open).

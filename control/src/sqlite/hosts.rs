@@ -1,0 +1,500 @@
+//! Pools and hosts: registration, inventory and health reports, status changes (compare
+//! and set), lost hosts (marked and their tasks stopped in one transaction).
+use super::tasks::stop_task_rows;
+use super::*;
+
+pub(super) async fn write_gpus(
+    conn: &mut SqliteConnection,
+    host: &HostId,
+    gpus: &[GpuInfo],
+) -> Result<(), StoreError> {
+    sqlx::query("DELETE FROM gpus WHERE host_id = ?")
+        .bind(host.as_str())
+        .execute(&mut *conn)
+        .await?;
+    for gpu in gpus {
+        sqlx::query(&format!(
+            "INSERT INTO gpus ({GPU_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+        ))
+        .bind(gpu.uuid.as_str())
+        .bind(host.as_str())
+        .bind(i64::from(gpu.index))
+        .bind(&gpu.model)
+        .bind(gpu.memory.0 as i64)
+        .bind(i64::from(gpu.mps_client_limit))
+        .bind(gpu.health.as_str())
+        .bind(gpu.sharing_mode.as_str())
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| match &e {
+            sqlx::Error::Database(db) if db.is_unique_violation() => StoreError::Conflict(format!(
+                "GPU {} (index {}) is already registered",
+                gpu.uuid, gpu.index
+            )),
+            _ => StoreError::Database(e),
+        })?;
+    }
+    Ok(())
+}
+
+/// Stops, inside `tx`, the tasks matching `which` (an SQL condition on `tasks`, with at most
+/// one `?` bound to `arg`) that hold capacity: reason `host lost`, allocations released.
+pub(super) async fn stop_holding_tasks(
+    tx: &mut sqlx::Transaction<'static, Sqlite>,
+    which: &str,
+    arg: Option<&str>,
+) -> Result<Vec<String>, StoreError> {
+    let holding = holding_states();
+    let select = format!("SELECT id FROM tasks WHERE {which} AND {holding}");
+    let mut q = sqlx::query(&select);
+    if let Some(a) = arg {
+        q = q.bind(a);
+    }
+    let ids: Vec<String> = q
+        .fetch_all(&mut **tx)
+        .await?
+        .iter()
+        .map(|r| r.try_get("id"))
+        .collect::<Result<_, _>>()?;
+    stop_task_rows(tx, &ids, "host lost").await?;
+    Ok(ids)
+}
+
+/// Stops, inside `tx`, the tasks holding an allocation on GPU `uuid`, with `reason`.
+pub(super) async fn stop_tasks_on_gpu(
+    tx: &mut sqlx::Transaction<'static, Sqlite>,
+    uuid: &str,
+    reason: &str,
+) -> Result<Vec<String>, StoreError> {
+    let ids: Vec<String> = sqlx::query("SELECT DISTINCT task_id FROM task_gpus WHERE gpu_uuid = ?")
+        .bind(uuid)
+        .fetch_all(&mut **tx)
+        .await?
+        .iter()
+        .map(|r| r.try_get("task_id"))
+        .collect::<Result<_, _>>()?;
+    stop_task_rows(tx, &ids, reason).await?;
+    Ok(ids)
+}
+
+impl SqliteStore {
+    async fn write_host(
+        &self,
+        host: &HostInfo,
+        token_hash: Option<&str>,
+        seen_at: Option<&str>,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.begin_immediate().await?;
+        if sqlx::query("SELECT 1 FROM pools WHERE name = ?")
+            .bind(host.pool.as_str())
+            .fetch_optional(&mut *tx)
+            .await?
+            .is_none()
+        {
+            return Err(StoreError::NotFound {
+                what: "pool",
+                id: host.pool.to_string(),
+            });
+        }
+        let labels = serde_json::to_string(&host.labels)
+            .map_err(|e| StoreError::corrupt("host labels", e))?;
+        sqlx::query(
+            "INSERT INTO hosts (id, pool, status, simulated, cpu_milli, memory_mib, labels, agent_token_hash, last_seen_at)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+             ON CONFLICT (id) DO UPDATE SET pool = excluded.pool, status = excluded.status,
+                 simulated = excluded.simulated, cpu_milli = excluded.cpu_milli,
+                 memory_mib = excluded.memory_mib, labels = excluded.labels",
+        )
+        .bind(host.id.as_str())
+        .bind(host.pool.as_str())
+        .bind(host.status.as_str())
+        .bind(i64::from(host.simulated))
+        .bind(host.cpu.0 as i64)
+        .bind(host.memory.0 as i64)
+        .bind(labels)
+        .bind(token_hash)
+        .bind(seen_at)
+        .execute(&mut *tx)
+        .await?;
+        write_gpus(&mut tx, &host.id, &host.gpus).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl HostStore for SqliteStore {
+    async fn upsert_pool(&self, pool: &PoolInfo) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO pools (name, policy, compute_overcommit, mps_client_limit) VALUES (?, ?, ?, ?)
+             ON CONFLICT (name) DO UPDATE SET policy = excluded.policy,
+                 compute_overcommit = excluded.compute_overcommit, mps_client_limit = excluded.mps_client_limit",
+        )
+        .bind(pool.name.as_str())
+        .bind(pool.policy.as_str())
+        .bind(pool.compute_overcommit)
+        .bind(pool.mps_client_limit.map(i64::from))
+        .execute(&self.db)
+        .await?;
+        Ok(())
+    }
+
+    async fn list_pools(&self) -> Result<Vec<PoolInfo>, StoreError> {
+        sqlx::query(
+            "SELECT name, policy, compute_overcommit, mps_client_limit FROM pools ORDER BY name",
+        )
+        .fetch_all(&self.db)
+        .await?
+        .iter()
+        .map(pool_from_row)
+        .collect()
+    }
+
+    async fn get_pool(&self, name: &PoolName) -> Result<PoolInfo, StoreError> {
+        let row = sqlx::query(
+            "SELECT name, policy, compute_overcommit, mps_client_limit FROM pools WHERE name = ?",
+        )
+        .bind(name.as_str())
+        .fetch_optional(&self.db)
+        .await?
+        .ok_or_else(|| not_found("pool", name))?;
+        pool_from_row(&row)
+    }
+
+    async fn pool_exists(&self, name: &PoolName) -> Result<bool, StoreError> {
+        let found = sqlx::query("SELECT 1 FROM pools WHERE name = ?")
+            .bind(name.as_str())
+            .fetch_optional(&self.db)
+            .await?;
+        Ok(found.is_some())
+    }
+
+    async fn upsert_host(&self, host: &HostInfo) -> Result<(), StoreError> {
+        self.write_host(host, None, None).await
+    }
+
+    async fn register_host(
+        &self,
+        host: &HostInfo,
+        token_hash: &str,
+        seen_at: &str,
+    ) -> Result<(), StoreError> {
+        self.write_host(host, Some(token_hash), Some(seen_at)).await
+    }
+
+    async fn host_by_token_hash(&self, token_hash: &str) -> Result<Option<HostId>, StoreError> {
+        let row = sqlx::query("SELECT id FROM hosts WHERE agent_token_hash = ?")
+            .bind(token_hash)
+            .fetch_optional(&self.db)
+            .await?;
+        row.map(|r| host_id(r.try_get("id")?)).transpose()
+    }
+
+    async fn revoke_agent_token(&self, id: &HostId) -> Result<(), StoreError> {
+        let done = sqlx::query("UPDATE hosts SET agent_token_hash = NULL WHERE id = ?")
+            .bind(id.as_str())
+            .execute(&self.db)
+            .await?;
+        updated(done, "host", id)
+    }
+
+    async fn host_with_gpus(
+        &self,
+        uuids: &[GpuUuid],
+    ) -> Result<Option<(HostId, bool)>, StoreError> {
+        for uuid in uuids {
+            let row = sqlx::query(
+                "SELECT h.id, h.agent_token_hash IS NULL AS revoked FROM gpus g JOIN hosts h ON h.id = g.host_id
+                 WHERE g.uuid = ?",
+            )
+            .bind(uuid.as_str())
+            .fetch_optional(&self.db)
+            .await?;
+            if let Some(r) = row {
+                return Ok(Some((
+                    host_id(r.try_get("id")?)?,
+                    r.try_get::<i64, _>("revoked")? != 0,
+                )));
+            }
+        }
+        Ok(None)
+    }
+
+    async fn reissue_agent_token(&self, id: &HostId, token_hash: &str) -> Result<(), StoreError> {
+        let done = sqlx::query("UPDATE hosts SET agent_token_hash = ? WHERE id = ?")
+            .bind(token_hash)
+            .bind(id.as_str())
+            .execute(&self.db)
+            .await?;
+        updated(done, "host", id)
+    }
+
+    async fn delete_host(&self, id: &HostId) -> Result<(), StoreError> {
+        let mut tx = self.begin_immediate().await?;
+        let holding: i64 =
+            sqlx::query("SELECT COUNT(*) AS n FROM tasks WHERE host_id = ? AND state <> 'stopped'")
+                .bind(id.as_str())
+                .fetch_one(&mut *tx)
+                .await?
+                .try_get("n")?;
+        if holding > 0 {
+            return Err(StoreError::Conflict(format!(
+                "host {id} still has {holding} task(s); drain it and wait until they have stopped"
+            )));
+        }
+        sqlx::query("UPDATE tasks SET host_id = NULL WHERE host_id = ?")
+            .bind(id.as_str())
+            .execute(&mut *tx)
+            .await?;
+        let done = sqlx::query("DELETE FROM hosts WHERE id = ?")
+            .bind(id.as_str())
+            .execute(&mut *tx)
+            .await?;
+        updated(done, "host", id)?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn list_hosts(&self) -> Result<Vec<HostInfo>, StoreError> {
+        let mut hosts: Vec<HostInfo> = sqlx::query(&format!(
+            "SELECT {HOST_COLUMNS} FROM hosts ORDER BY pool, id"
+        ))
+        .fetch_all(&self.db)
+        .await?
+        .iter()
+        .map(host_from_row)
+        .collect::<Result<_, _>>()?;
+        let position: HashMap<String, usize> = hosts
+            .iter()
+            .enumerate()
+            .map(|(i, h)| (h.id.to_string(), i))
+            .collect();
+        for row in sqlx::query(&format!(
+            "SELECT {GPU_COLUMNS} FROM gpus ORDER BY host_id, idx"
+        ))
+        .fetch_all(&self.db)
+        .await?
+        {
+            let host_id: String = row.try_get("host_id")?;
+            if let Some(&i) = position.get(&host_id) {
+                hosts[i].gpus.push(gpu_from_row(&row)?);
+            }
+        }
+        Ok(hosts)
+    }
+
+    async fn host_statuses(&self) -> Result<Vec<HostState>, StoreError> {
+        sqlx::query("SELECT id, pool, status FROM hosts ORDER BY pool, id")
+            .fetch_all(&self.db)
+            .await?
+            .iter()
+            .map(|row| {
+                Ok(HostState {
+                    id: host_id(row.try_get("id")?)?,
+                    pool: PoolName::new(row.try_get::<String, _>("pool")?)
+                        .map_err(|e| StoreError::corrupt("host pool", e))?,
+                    status: parse::<HostStatus>("host status", row.try_get("status")?)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn get_host(&self, id: &HostId) -> Result<HostInfo, StoreError> {
+        let row = sqlx::query(&format!("SELECT {HOST_COLUMNS} FROM hosts WHERE id = ?"))
+            .bind(id.as_str())
+            .fetch_optional(&self.db)
+            .await?
+            .ok_or_else(|| not_found("host", id))?;
+        let mut host = host_from_row(&row)?;
+        host.gpus = sqlx::query(&format!(
+            "SELECT {GPU_COLUMNS} FROM gpus WHERE host_id = ? ORDER BY idx"
+        ))
+        .bind(id.as_str())
+        .fetch_all(&self.db)
+        .await?
+        .iter()
+        .map(gpu_from_row)
+        .collect::<Result<_, _>>()?;
+        Ok(host)
+    }
+
+    async fn set_host_status(
+        &self,
+        id: &HostId,
+        status: HostStatus,
+        reason: Option<&str>,
+    ) -> Result<(), StoreError> {
+        let done = sqlx::query("UPDATE hosts SET status = ?, status_reason = ? WHERE id = ?")
+            .bind(status.as_str())
+            .bind(reason)
+            .bind(id.as_str())
+            .execute(&self.db)
+            .await?;
+        updated(done, "host", id)
+    }
+
+    async fn set_host_status_if(
+        &self,
+        id: &HostId,
+        expected: HostStatus,
+        status: HostStatus,
+        reason: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "UPDATE hosts SET status = ?, status_reason = ? WHERE id = ? AND status = ?",
+        )
+        .bind(status.as_str())
+        .bind(reason)
+        .bind(id.as_str())
+        .bind(expected.as_str())
+        .execute(&self.db)
+        .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn mark_host_lost(
+        &self,
+        id: &HostId,
+        reason: &str,
+        silent_since: &str,
+    ) -> Result<Option<Vec<String>>, StoreError> {
+        let mut tx = self.begin_immediate().await?;
+        let marked = sqlx::query(
+            "UPDATE hosts SET status = 'lost', status_reason = ?
+             WHERE id = ? AND status != 'lost' AND last_seen_at IS NOT NULL AND last_seen_at < ?",
+        )
+        .bind(reason)
+        .bind(id.as_str())
+        .bind(silent_since)
+        .execute(&mut *tx)
+        .await?;
+        if marked.rows_affected() == 0 {
+            return Ok(None);
+        }
+        let stopped = stop_holding_tasks(&mut tx, "host_id = ?", Some(id.as_str())).await?;
+        tx.commit().await?;
+        Ok(Some(stopped))
+    }
+
+    async fn stop_tasks_on_lost_hosts(&self) -> Result<Vec<String>, StoreError> {
+        const ON_LOST: &str = "host_id IN (SELECT id FROM hosts WHERE status = 'lost')";
+        // Every pass sweeps: look first, so a pass with nothing to do takes no write lock.
+        let any = sqlx::query(&format!(
+            "SELECT 1 FROM tasks WHERE {ON_LOST} AND {} LIMIT 1",
+            holding_states()
+        ))
+        .fetch_optional(&self.db)
+        .await?;
+        if any.is_none() {
+            return Ok(Vec::new());
+        }
+        let mut tx = self.begin_immediate().await?;
+        let stopped = stop_holding_tasks(&mut tx, ON_LOST, None).await?;
+        tx.commit().await?;
+        Ok(stopped)
+    }
+
+    async fn record_host_report(
+        &self,
+        id: &HostId,
+        report: &HostReport,
+    ) -> Result<Vec<GpuChange>, StoreError> {
+        let mut tx = self.begin_immediate().await?;
+        sqlx::query("UPDATE hosts SET last_seen_at = ? WHERE id = ?")
+            .bind(&report.seen_at)
+            .bind(id.as_str())
+            .execute(&mut *tx)
+            .await?;
+        let known: Vec<(String, i64, String)> =
+            sqlx::query("SELECT uuid, idx, health FROM gpus WHERE host_id = ?")
+                .bind(id.as_str())
+                .fetch_all(&mut *tx)
+                .await?
+                .iter()
+                .map(|r| Ok((r.try_get("uuid")?, r.try_get("idx")?, r.try_get("health")?)))
+                .collect::<Result<_, sqlx::Error>>()?;
+        let mut changes = Vec::new();
+        for (uuid, idx, health) in &known {
+            let reported_here = report.gpus.iter().find(|g| i64::from(g.index) == *idx);
+            let still_reported = report.gpus.iter().any(|g| g.uuid.as_str() == uuid);
+            match reported_here {
+                Some(g) if g.uuid.as_str() != uuid => {
+                    // Replaced at this index: the old GPU and what ran on it are gone.
+                    let stopped = stop_tasks_on_gpu(&mut tx, uuid, "GPU replaced").await?;
+                    sqlx::query("DELETE FROM gpus WHERE uuid = ?")
+                        .bind(uuid)
+                        .execute(&mut *tx)
+                        .await?;
+                    changes.push(GpuChange::Replaced {
+                        index: *idx as u32,
+                        old: uuid.clone(),
+                        new: g.uuid.to_string(),
+                        stopped,
+                    });
+                }
+                None if !still_reported && health == "healthy" => {
+                    let stopped = stop_tasks_on_gpu(&mut tx, uuid, "GPU missing").await?;
+                    sqlx::query("UPDATE gpus SET health = 'unhealthy' WHERE uuid = ?")
+                        .bind(uuid)
+                        .execute(&mut *tx)
+                        .await?;
+                    changes.push(GpuChange::Missing {
+                        index: *idx as u32,
+                        uuid: uuid.clone(),
+                        stopped,
+                    });
+                }
+                _ => {}
+            }
+        }
+        for g in &report.gpus {
+            sqlx::query(
+                "INSERT INTO gpus (uuid, host_id, idx, model, memory_mib, mps_client_limit, health) VALUES (?, ?, ?, ?, ?, ?, ?)
+                 ON CONFLICT (uuid) DO UPDATE SET health = excluded.health, model = excluded.model,
+                     mps_client_limit = excluded.mps_client_limit
+                 WHERE gpus.host_id = excluded.host_id",
+            )
+            .bind(g.uuid.as_str())
+            .bind(id.as_str())
+            .bind(i64::from(g.index))
+            .bind(&g.model)
+            .bind(g.memory_mib.0 as i64)
+            .bind(i64::from(g.mps_client_limit))
+            .bind(if g.healthy { "healthy" } else { "unhealthy" })
+            .execute(&mut *tx)
+            .await?;
+        }
+        // Sharing modes follow from what is allocated.
+        sqlx::query(
+            "UPDATE gpus SET sharing_mode =
+                 (SELECT CASE WHEN COUNT(*) = 0 THEN 'idle' WHEN MAX(tg.dedicated) = 1 THEN 'dedicated' ELSE 'mps' END
+                  FROM task_gpus tg WHERE tg.gpu_uuid = gpus.uuid)
+             WHERE host_id = ?",
+        )
+        .bind(id.as_str())
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(changes)
+    }
+
+    async fn hosts_silent_since(&self, cutoff: &str) -> Result<Vec<HostId>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT id FROM hosts WHERE status != 'lost' AND last_seen_at IS NOT NULL
+             AND last_seen_at < ? ORDER BY id",
+        )
+        .bind(cutoff)
+        .fetch_all(&self.db)
+        .await?;
+        rows.iter().map(|r| host_id(r.try_get("id")?)).collect()
+    }
+
+    async fn host_status_reason(&self, id: &HostId) -> Result<Option<String>, StoreError> {
+        let row = sqlx::query("SELECT status_reason FROM hosts WHERE id = ?")
+            .bind(id.as_str())
+            .fetch_optional(&self.db)
+            .await?
+            .ok_or_else(|| not_found("host", id))?;
+        Ok(row.try_get("status_reason")?)
+    }
+}

@@ -1,0 +1,205 @@
+//! Row mapping: stored rows to the model's types, the column lists that go with them, and
+//! the small helpers every aggregate's queries share.
+use super::*;
+
+pub(super) const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
+
+pub(super) const HOST_COLUMNS: &str =
+    "id, pool, status, simulated, cpu_milli, memory_mib, labels, status_reason, last_seen_at";
+
+pub(super) const GPU_COLUMNS: &str =
+    "uuid, host_id, idx, model, memory_mib, mps_client_limit, health, sharing_mode";
+
+pub(super) const TASK_COLUMNS: &str = "id, service, deployment_id, family, revision, pool, cpu_milli, memory_mib, state, migrating, host_id, placement_message, \
+     stop_reason, exit_code, gpu_memory_peak_mib, sm_percent, created_at, started_at, stopped_at";
+
+pub(super) const SERVICE_COLUMNS: &str = "name, family, revision, pool, desired_count, strategy, constraints, \
+     minimum_healthy_percent, maximum_percent, stop_timeout_secs, deleting, created_at";
+
+pub(super) fn allocation_from_row(row: &SqliteRow) -> Result<GpuAllocation, StoreError> {
+    Ok(GpuAllocation {
+        gpu: GpuUuid::new(row.try_get::<String, _>("gpu_uuid")?)
+            .map_err(|e| StoreError::corrupt("GPU UUID", e))?,
+        index: row.try_get::<i64, _>("idx")? as u32,
+        memory: MiB(row.try_get::<i64, _>("memory_mib")? as u64),
+        compute: ComputeMilli(row.try_get::<i64, _>("compute_milli")? as u32),
+        dedicated: row.try_get::<i64, _>("dedicated")? != 0,
+    })
+}
+
+/// `state IN (...)` over the states that hold capacity.
+pub(super) fn holding_states() -> String {
+    let states: Vec<String> = TaskState::HOLDING
+        .iter()
+        .map(|s| format!("'{}'", s.as_str()))
+        .collect();
+    format!("state IN ({})", states.join(", "))
+}
+
+pub(super) fn parse<T: FromStr>(what: &'static str, raw: &str) -> Result<T, StoreError>
+where
+    T::Err: std::fmt::Display,
+{
+    raw.parse().map_err(|e| StoreError::corrupt(what, e))
+}
+
+pub(super) fn pool_from_row(row: &SqliteRow) -> Result<PoolInfo, StoreError> {
+    let limit: Option<i64> = row.try_get("mps_client_limit")?;
+    Ok(PoolInfo {
+        name: PoolName::new(row.try_get::<String, _>("name")?)
+            .map_err(|e| StoreError::corrupt("pool name", e))?,
+        policy: parse::<PlacementPolicy>("pool policy", row.try_get("policy")?)?,
+        compute_overcommit: row.try_get("compute_overcommit")?,
+        mps_client_limit: limit.map(|l| l as u32),
+    })
+}
+
+pub(super) fn gpu_from_row(row: &SqliteRow) -> Result<GpuInfo, StoreError> {
+    Ok(GpuInfo {
+        uuid: GpuUuid::new(row.try_get::<String, _>("uuid")?)
+            .map_err(|e| StoreError::corrupt("GPU UUID", e))?,
+        index: row.try_get::<i64, _>("idx")? as u32,
+        model: row.try_get("model")?,
+        memory: MiB(row.try_get::<i64, _>("memory_mib")? as u64),
+        mps_client_limit: row.try_get::<i64, _>("mps_client_limit")? as u32,
+        health: parse::<GpuHealth>("GPU health", row.try_get("health")?)?,
+        sharing_mode: parse::<SharingMode>("GPU sharing mode", row.try_get("sharing_mode")?)?,
+    })
+}
+
+pub(super) fn host_from_row(row: &SqliteRow) -> Result<HostInfo, StoreError> {
+    let labels: String = row.try_get("labels")?;
+    Ok(HostInfo {
+        id: host_id(row.try_get::<String, _>("id")?)?,
+        pool: PoolName::new(row.try_get::<String, _>("pool")?)
+            .map_err(|e| StoreError::corrupt("host pool", e))?,
+        status: parse::<HostStatus>("host status", row.try_get("status")?)?,
+        simulated: row.try_get::<i64, _>("simulated")? != 0,
+        cpu: MilliCpu(row.try_get::<i64, _>("cpu_milli")? as u64),
+        memory: MiB(row.try_get::<i64, _>("memory_mib")? as u64),
+        labels: serde_json::from_str::<BTreeMap<String, String>>(&labels)
+            .map_err(|e| StoreError::corrupt("host labels", e))?,
+        gpus: Vec::new(),
+        status_reason: row.try_get("status_reason")?,
+        last_seen: row.try_get("last_seen_at")?,
+    })
+}
+
+pub(super) fn host_id(s: String) -> Result<HostId, StoreError> {
+    HostId::new(s).map_err(|e| StoreError::corrupt("host id", e))
+}
+
+/// A stored definition with its secret values put back (they are kept in their own column).
+pub(super) fn task_def_from_row(row: &SqliteRow) -> Result<TaskDefinition, StoreError> {
+    let spec: String = row.try_get("spec")?;
+    let secrets: String = row.try_get("secrets")?;
+    let mut spec = serde_json::from_str::<TaskDefinitionSpec>(&spec)
+        .map_err(|e| StoreError::corrupt("task definition", e))?;
+    let secrets: SecretValues = serde_json::from_str(&secrets)
+        .map_err(|e| StoreError::corrupt("task definition secrets", e))?;
+    if let Some(missing) = spec.fill_secrets(&secrets).first() {
+        return Err(StoreError::corrupt(
+            "task definition secrets",
+            &missing.field,
+        ));
+    }
+    Ok(TaskDefinition {
+        family: row.try_get("family")?,
+        revision: row.try_get::<i64, _>("revision")? as u32,
+        active: row.try_get::<i64, _>("active")? != 0,
+        spec,
+        registered_at: row.try_get("registered_at")?,
+    })
+}
+
+pub(super) fn service_from_row(row: &SqliteRow) -> Result<Service, StoreError> {
+    let strategy: Option<String> = row.try_get("strategy")?;
+    let constraints: String = row.try_get("constraints")?;
+    Ok(Service {
+        name: row.try_get("name")?,
+        task_definition: TaskDefRef {
+            family: row.try_get("family")?,
+            revision: row.try_get::<i64, _>("revision")? as u32,
+        },
+        pool: PoolName::new(row.try_get::<String, _>("pool")?)
+            .map_err(|e| StoreError::corrupt("service pool", e))?,
+        desired_count: row.try_get::<i64, _>("desired_count")? as u32,
+        strategy: strategy
+            .map(|s| parse::<PlacementPolicy>("service strategy", &s))
+            .transpose()?,
+        constraints: serde_json::from_str::<ServiceConstraints>(&constraints)
+            .map_err(|e| StoreError::corrupt("service constraints", e))?,
+        deployment: DeploymentConfig {
+            minimum_healthy_percent: row.try_get::<i64, _>("minimum_healthy_percent")? as u32,
+            maximum_percent: row.try_get::<i64, _>("maximum_percent")? as u32,
+        },
+        stop_timeout_secs: row.try_get::<i64, _>("stop_timeout_secs")? as u32,
+        deleting: row.try_get::<i64, _>("deleting")? != 0,
+        created_at: row.try_get("created_at")?,
+    })
+}
+
+pub(super) fn task_from_row(row: &SqliteRow) -> Result<Task, StoreError> {
+    let host: Option<String> = row.try_get("host_id")?;
+    let peak: Option<i64> = row.try_get("gpu_memory_peak_mib")?;
+    let sm: Option<i64> = row.try_get("sm_percent")?;
+    let exit: Option<i64> = row.try_get("exit_code")?;
+    Ok(Task {
+        id: row.try_get("id")?,
+        service: row.try_get("service")?,
+        deployment_id: row.try_get("deployment_id")?,
+        task_definition: TaskDefRef {
+            family: row.try_get("family")?,
+            revision: row.try_get::<i64, _>("revision")? as u32,
+        },
+        pool: PoolName::new(row.try_get::<String, _>("pool")?)
+            .map_err(|e| StoreError::corrupt("task pool", e))?,
+        cpu: MilliCpu(row.try_get::<i64, _>("cpu_milli")? as u64),
+        memory: MiB(row.try_get::<i64, _>("memory_mib")? as u64),
+        state: parse::<TaskState>("task state", row.try_get("state")?)?,
+        migrating: row.try_get::<i64, _>("migrating")? != 0,
+        host: host.map(host_id).transpose()?,
+        allocations: Vec::new(),
+        placement_message: row.try_get("placement_message")?,
+        stop_reason: row.try_get("stop_reason")?,
+        exit_code: exit.map(|c| c as i32),
+        measured: Measured {
+            gpu_memory_peak: peak.map(|p| MiB(p as u64)),
+            sm_percent: sm.map(|s| s as u32),
+        },
+        created_at: row.try_get("created_at")?,
+        started_at: row.try_get("started_at")?,
+        stopped_at: row.try_get("stopped_at")?,
+    })
+}
+
+pub(super) fn event_from_row(row: &SqliteRow) -> Result<Event, StoreError> {
+    let host: Option<String> = row.try_get("host_id")?;
+    Ok(Event {
+        id: row.try_get("id")?,
+        at: row.try_get("at")?,
+        service: row.try_get("service")?,
+        host: host.map(host_id).transpose()?,
+        message: row.try_get("message")?,
+    })
+}
+
+pub(super) fn not_found(what: &'static str, id: impl ToString) -> StoreError {
+    StoreError::NotFound {
+        what,
+        id: id.to_string(),
+    }
+}
+
+/// An update of one row by key: no row changed means no such `what`.
+pub(super) fn updated(
+    done: sqlx::sqlite::SqliteQueryResult,
+    what: &'static str,
+    id: impl ToString,
+) -> Result<(), StoreError> {
+    if done.rows_affected() == 0 {
+        Err(not_found(what, id))
+    } else {
+        Ok(())
+    }
+}

@@ -1,0 +1,451 @@
+//! Tasks: creation, listing, placement commits (re-checked by `crate::capacity` inside
+//! the transaction), state changes, measured use, retention.
+use super::*;
+
+/// Reads, on `conn` (inside the commit's transaction), what the re-check of `commits` needs.
+pub(super) async fn commit_context(
+    conn: &mut SqliteConnection,
+    commits: &[PlacementCommit],
+) -> Result<CommitContext, StoreError> {
+    let mut host_ids: Vec<&str> = commits.iter().map(|c| c.host.as_str()).collect();
+    host_ids.sort_unstable();
+    host_ids.dedup();
+    let in_list = |q: &mut QueryBuilder<'_, Sqlite>, items: &[&str]| {
+        q.push(" (");
+        let mut sep = q.separated(", ");
+        for item in items {
+            sep.push_bind(item.to_string());
+        }
+        q.push(")");
+    };
+    let mut ctx = CommitContext::default();
+    let mut q =
+        QueryBuilder::<Sqlite>::new(format!("SELECT {HOST_COLUMNS} FROM hosts WHERE id IN"));
+    in_list(&mut q, &host_ids);
+    for row in q.build().fetch_all(&mut *conn).await? {
+        ctx.hosts.push(host_from_row(&row)?);
+    }
+    let mut q =
+        QueryBuilder::<Sqlite>::new(format!("SELECT {GPU_COLUMNS} FROM gpus WHERE host_id IN"));
+    in_list(&mut q, &host_ids);
+    q.push(" ORDER BY host_id, idx");
+    for row in q.build().fetch_all(&mut *conn).await? {
+        let host: String = row.try_get("host_id")?;
+        if let Some(h) = ctx.hosts.iter_mut().find(|h| h.id.as_str() == host) {
+            h.gpus.push(gpu_from_row(&row)?);
+        }
+    }
+    for row in sqlx::query(
+        "SELECT name, policy, compute_overcommit, mps_client_limit FROM pools ORDER BY name",
+    )
+    .fetch_all(&mut *conn)
+    .await?
+    {
+        let pool = pool_from_row(&row)?;
+        if ctx.hosts.iter().any(|h| h.pool == pool.name) {
+            ctx.pools.push(pool);
+        }
+    }
+    let holding = holding_states();
+    let mut q = QueryBuilder::<Sqlite>::new(format!(
+        "SELECT id, host_id, cpu_milli, memory_mib FROM tasks WHERE {holding} AND host_id IN"
+    ));
+    in_list(&mut q, &host_ids);
+    let mut index: HashMap<String, usize> = HashMap::new();
+    for row in q.build().fetch_all(&mut *conn).await? {
+        let task_id: String = row.try_get("id")?;
+        index.insert(task_id.clone(), ctx.holding.len());
+        ctx.holding.push(HeldCapacity {
+            task_id,
+            host: host_id(row.try_get("host_id")?)?,
+            cpu: MilliCpu(row.try_get::<i64, _>("cpu_milli")? as u64),
+            memory: MiB(row.try_get::<i64, _>("memory_mib")? as u64),
+            allocations: Vec::new(),
+        });
+    }
+    let mut q = QueryBuilder::<Sqlite>::new(format!(
+        "SELECT tg.task_id, tg.gpu_uuid, tg.idx, tg.memory_mib, tg.compute_milli, tg.dedicated
+         FROM task_gpus tg JOIN tasks t ON t.id = tg.task_id WHERE t.{holding} AND t.host_id IN"
+    ));
+    in_list(&mut q, &host_ids);
+    q.push(" ORDER BY tg.task_id, tg.idx");
+    for row in q.build().fetch_all(&mut *conn).await? {
+        let task: String = row.try_get("task_id")?;
+        if let Some(&i) = index.get(&task) {
+            ctx.holding[i].allocations.push(allocation_from_row(&row)?);
+        }
+    }
+    let task_ids: Vec<&str> = commits.iter().map(|c| c.task_id.as_str()).collect();
+    // A large plan is checked against every pending task in one query, a small one by id.
+    let chunks: Vec<Option<&[&str]>> = if task_ids.len() > 500 {
+        vec![None]
+    } else {
+        vec![Some(&task_ids[..])]
+    };
+    let wanted: std::collections::HashSet<&str> = task_ids.iter().copied().collect();
+    for chunk in chunks {
+        let mut q = QueryBuilder::<Sqlite>::new(
+            "SELECT id, cpu_milli, memory_mib FROM tasks WHERE state = 'pending'",
+        );
+        if let Some(ids) = chunk {
+            q.push(" AND id IN");
+            in_list(&mut q, ids);
+        }
+        for row in q.build().fetch_all(&mut *conn).await? {
+            let id: String = row.try_get("id")?;
+            if !wanted.contains(id.as_str()) {
+                continue;
+            }
+            ctx.pending.insert(
+                id,
+                (
+                    MilliCpu(row.try_get::<i64, _>("cpu_milli")? as u64),
+                    MiB(row.try_get::<i64, _>("memory_mib")? as u64),
+                ),
+            );
+        }
+    }
+    Ok(ctx)
+}
+
+/// `WHERE ...` for `filter` (everything but its limit).
+pub(super) fn task_conditions(q: &mut QueryBuilder<'_, Sqlite>, filter: &TaskFilter) {
+    q.push(" WHERE 1 = 1");
+    if let Some(s) = &filter.service {
+        q.push(" AND service = ").push_bind(s.clone());
+    }
+    if let Some(h) = &filter.host {
+        q.push(" AND host_id = ").push_bind(h.to_string());
+    }
+    if let Some(p) = &filter.pool {
+        q.push(" AND pool = ").push_bind(p.to_string());
+    }
+    if !filter.hosts.is_empty() {
+        q.push(" AND host_id IN (");
+        let mut sep = q.separated(", ");
+        for h in &filter.hosts {
+            sep.push_bind(h.to_string());
+        }
+        q.push(")");
+    }
+    if !filter.states.is_empty() {
+        q.push(" AND state IN (");
+        let mut sep = q.separated(", ");
+        for s in &filter.states {
+            sep.push_bind(s.as_str());
+        }
+        q.push(")");
+    }
+}
+
+/// Inside `tx`: tasks `ids` stopped now with `reason` (unless stopped already), their GPU
+/// allocations released.
+pub(super) async fn stop_task_rows(
+    tx: &mut sqlx::Transaction<'static, Sqlite>,
+    ids: &[String],
+    reason: &str,
+) -> Result<(), StoreError> {
+    for id in ids {
+        sqlx::query(&format!(
+            "UPDATE tasks SET state = 'stopped', stopped_at = {NOW},
+                 stop_reason = COALESCE(stop_reason, ?) WHERE id = ? AND state != 'stopped'"
+        ))
+        .bind(reason)
+        .bind(id)
+        .execute(&mut **tx)
+        .await?;
+        sqlx::query("DELETE FROM task_gpus WHERE task_id = ?")
+            .bind(id)
+            .execute(&mut **tx)
+            .await?;
+    }
+    Ok(())
+}
+
+#[async_trait]
+impl TaskStore for SqliteStore {
+    async fn create_tasks(&self, tasks: &[NewTask]) -> Result<(), StoreError> {
+        let mut tx = self.begin_immediate().await?;
+        for chunk in tasks.chunks(200) {
+            let mut q = QueryBuilder::<Sqlite>::new(
+                "INSERT INTO tasks (id, service, deployment_id, family, revision, pool, cpu_milli, memory_mib, state) ",
+            );
+            q.push_values(chunk, |mut b, t| {
+                b.push_bind(&t.id)
+                    .push_bind(&t.service)
+                    .push_bind(t.deployment_id)
+                    .push_bind(&t.task_definition.family)
+                    .push_bind(i64::from(t.task_definition.revision))
+                    .push_bind(t.pool.as_str())
+                    .push_bind(t.cpu.0 as i64)
+                    .push_bind(t.memory.0 as i64)
+                    .push_bind("pending");
+            });
+            q.build().execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn list_tasks(&self, filter: &TaskFilter) -> Result<Vec<Task>, StoreError> {
+        let mut q = QueryBuilder::<Sqlite>::new(format!("SELECT {TASK_COLUMNS} FROM tasks"));
+        task_conditions(&mut q, filter);
+        q.push(" ORDER BY created_at, id");
+        if let Some(limit) = filter.limit {
+            q.push(" LIMIT ").push_bind(i64::from(limit));
+        }
+        let mut tasks: Vec<Task> = q
+            .build()
+            .fetch_all(&self.db)
+            .await?
+            .iter()
+            .map(task_from_row)
+            .collect::<Result<_, _>>()?;
+        let placed: Vec<String> = tasks
+            .iter()
+            .filter(|t| t.state.holds_capacity())
+            .map(|t| t.id.clone())
+            .collect();
+        let mut allocations = self.load_allocations(&placed).await?;
+        for t in &mut tasks {
+            if let Some(a) = allocations.remove(&t.id) {
+                t.allocations = a;
+            }
+        }
+        Ok(tasks)
+    }
+
+    async fn list_pending(&self) -> Result<Vec<PendingTask>, StoreError> {
+        sqlx::query(
+            "SELECT id, service, family, revision, pool FROM tasks WHERE state = 'pending'
+             ORDER BY created_at, id",
+        )
+        .fetch_all(&self.db)
+        .await?
+        .iter()
+        .map(|row| {
+            Ok(PendingTask {
+                id: row.try_get("id")?,
+                service: row.try_get("service")?,
+                task_definition: TaskDefRef {
+                    family: row.try_get("family")?,
+                    revision: row.try_get::<i64, _>("revision")? as u32,
+                },
+                pool: PoolName::new(row.try_get::<String, _>("pool")?)
+                    .map_err(|e| StoreError::corrupt("task pool", e))?,
+            })
+        })
+        .collect()
+    }
+
+    async fn count_tasks(&self, filter: &TaskFilter) -> Result<u64, StoreError> {
+        let mut q = QueryBuilder::<Sqlite>::new("SELECT COUNT(*) AS n FROM tasks");
+        task_conditions(&mut q, filter);
+        let n: i64 = q.build().fetch_one(&self.db).await?.try_get("n")?;
+        Ok(n as u64)
+    }
+
+    async fn get_task(&self, id: &str) -> Result<Task, StoreError> {
+        let row = sqlx::query(&format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?"))
+            .bind(id)
+            .fetch_optional(&self.db)
+            .await?
+            .ok_or_else(|| not_found("task", id))?;
+        let mut task = task_from_row(&row)?;
+        task.allocations = self
+            .load_allocations(&[task.id.clone()])
+            .await?
+            .remove(&task.id)
+            .unwrap_or_default();
+        Ok(task)
+    }
+
+    async fn commit_placements(
+        &self,
+        commits: &[PlacementCommit],
+    ) -> Result<Vec<String>, StoreError> {
+        if commits.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut tx = self.begin_immediate().await?;
+        let conn = tx.acquire().await?;
+        let ctx = commit_context(conn, commits).await?;
+        let accepted = crate::capacity::verify_commits(&ctx, commits);
+        let accepted: Vec<&PlacementCommit> = commits
+            .iter()
+            .zip(accepted)
+            .filter_map(|(c, ok)| ok.then_some(c))
+            .collect();
+        // Written in batches (a statement per row costs more than the rest of the commit).
+        let rows: Vec<(&str, &GpuAllocation)> = accepted
+            .iter()
+            .flat_map(|c| c.allocations.iter().map(|a| (c.task_id.as_str(), a)))
+            .collect();
+        for chunk in rows.chunks(1000) {
+            let mut q = QueryBuilder::<Sqlite>::new(
+                "INSERT INTO task_gpus (task_id, gpu_uuid, idx, memory_mib, compute_milli, dedicated) ",
+            );
+            q.push_values(chunk, |mut b, (task, a)| {
+                b.push_bind(*task)
+                    .push_bind(a.gpu.as_str())
+                    .push_bind(i64::from(a.index))
+                    .push_bind(a.memory.0 as i64)
+                    .push_bind(i64::from(a.compute.0))
+                    .push_bind(i64::from(a.dedicated));
+            });
+            q.build().execute(&mut *conn).await?;
+        }
+        for chunk in accepted.chunks(1000) {
+            let mut q = QueryBuilder::<Sqlite>::new(
+                "UPDATE tasks SET state = 'assigned', host_id = placed.column2, placement_message = NULL
+                 FROM (",
+            );
+            q.push_values(chunk, |mut b, c| {
+                b.push_bind(c.task_id.as_str()).push_bind(c.host.as_str());
+            });
+            q.push(") AS placed WHERE tasks.id = placed.column1");
+            q.build().execute(&mut *conn).await?;
+        }
+        let committed = accepted.iter().map(|c| c.task_id.clone()).collect();
+        tx.commit().await?;
+        Ok(committed)
+    }
+
+    async fn set_placement_message(
+        &self,
+        task_ids: &[String],
+        message: &str,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.begin_immediate().await?;
+        for chunk in task_ids.chunks(500) {
+            let mut q = QueryBuilder::<Sqlite>::new("UPDATE tasks SET placement_message = ");
+            q.push_bind(message)
+                .push(" WHERE state = 'pending' AND id IN (");
+            let mut sep = q.separated(", ");
+            for id in chunk {
+                sep.push_bind(id);
+            }
+            q.push(")");
+            q.build().execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn mark_task_running(&self, id: &str) -> Result<(), StoreError> {
+        sqlx::query(&format!(
+            "UPDATE tasks SET state = 'running', started_at = COALESCE(started_at, {NOW}) WHERE id = ? AND state = 'assigned'"
+        ))
+        .bind(id)
+        .execute(&self.db)
+        .await?;
+        Ok(())
+    }
+
+    async fn mark_task_stopped(
+        &self,
+        id: &str,
+        reason: &str,
+        exit_code: Option<i32>,
+        failed: bool,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.begin_immediate().await?;
+        let done = sqlx::query(&format!(
+            "UPDATE tasks SET state = 'stopped', stopped_at = {NOW}, stop_reason = COALESCE(stop_reason, ?),
+                 exit_code = COALESCE(?, exit_code) WHERE id = ? AND state != 'stopped'"
+        ))
+        .bind(reason)
+        .bind(exit_code)
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+        if done.rows_affected() > 0 {
+            sqlx::query("DELETE FROM task_gpus WHERE task_id = ?")
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+            if failed {
+                sqlx::query(
+                    "UPDATE deployments SET failed_tasks = failed_tasks + 1 WHERE id = (SELECT deployment_id FROM tasks WHERE id = ?)",
+                )
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+            }
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn request_task_stop(&self, id: &str, reason: &str) -> Result<(), StoreError> {
+        let task = self.get_task(id).await?;
+        match task.state {
+            TaskState::Pending => self.mark_task_stopped(id, reason, None, false).await,
+            TaskState::Assigned | TaskState::Running => {
+                sqlx::query("UPDATE tasks SET state = 'stopping', stop_reason = ? WHERE id = ? AND state IN ('assigned', 'running')")
+                    .bind(reason)
+                    .bind(id)
+                    .execute(&self.db)
+                    .await?;
+                Ok(())
+            }
+            TaskState::Stopping | TaskState::Stopped => Ok(()),
+        }
+    }
+
+    async fn set_task_migrating(&self, id: &str) -> Result<(), StoreError> {
+        sqlx::query("UPDATE tasks SET migrating = 1 WHERE id = ?")
+            .bind(id)
+            .execute(&self.db)
+            .await?;
+        Ok(())
+    }
+
+    async fn record_task_usage(
+        &self,
+        id: &str,
+        gpu_memory_peak: Option<MiB>,
+        sm_percent: Option<u32>,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE tasks SET gpu_memory_peak_mib = MAX(COALESCE(gpu_memory_peak_mib, 0), COALESCE(?, 0)),
+                 sm_percent = COALESCE(?, sm_percent) WHERE id = ?",
+        )
+        .bind(gpu_memory_peak.map(|m| m.0 as i64))
+        .bind(sm_percent.map(i64::from))
+        .bind(id)
+        .execute(&self.db)
+        .await?;
+        Ok(())
+    }
+
+    async fn prune(&self, before: &str) -> Result<Pruned, StoreError> {
+        let mut tx = self.begin_immediate().await?;
+        let tasks = sqlx::query(
+            "DELETE FROM tasks WHERE state = 'stopped' AND COALESCE(stopped_at, created_at) < ?",
+        )
+        .bind(before)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        let events = sqlx::query("DELETE FROM events WHERE at < ?")
+            .bind(before)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        let deployments = sqlx::query(
+            "DELETE FROM deployments WHERE status IN ('completed', 'rolled_back') AND created_at < ?
+             AND NOT EXISTS (SELECT 1 FROM tasks WHERE tasks.deployment_id = deployments.id)",
+        )
+        .bind(before)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        tx.commit().await?;
+        Ok(Pruned {
+            tasks,
+            events,
+            deployments,
+        })
+    }
+}
