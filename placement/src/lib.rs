@@ -3,12 +3,14 @@
 //! Pure: it reads a snapshot of a pool's capacity and task requests and returns placements
 //! or explained rejections. No I/O, no clock, no async; the seed for random tie-breaks is a
 //! parameter, so the same input and seed always give the same result. The control plane
-//! keeps an engine in step with its store and re-checks capacity when it commits.
+//! builds an engine from its store and re-checks every commit with the snapshot's own rules
+//! (`Snapshot::verify`).
 //!
 //! # Layout
 //! - [`snapshot`]: hosts, GPUs, allocations; `assign` / `release` and the capacity checks.
 //! - [`request`]: what a task asks for (CPU, memory, whole GPUs or an MPS slot) and its constraints.
-//! - [`engine`]: filter, score, choose; the policies; batches and dry runs.
+//! - [`engine`]: filter, score, choose; the policies (`policy`), binpack's index (`index`),
+//!   scoring (`scoring`), rejections explained (`explain`); batches and dry runs.
 //! - [`profile`]: the workload's shape and the fragmentation measure built on it.
 //! - `gaps`: what a GPU's free share is worth to the workload, learned from its shape.
 //! - `classes`: hosts grouped by identical state, so each state is scored once.
