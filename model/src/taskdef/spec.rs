@@ -1,0 +1,203 @@
+//! The task definition itself: containers, their commands, environment, secrets and
+//! GPU needs, and what a whole task asks of a host.
+
+use super::rules::kind;
+use super::*;
+
+/// The GPU a container needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GpuRequirement {
+    /// Whole GPUs, used by this container alone.
+    Gpus(u32),
+    /// A slot on one GPU shared through MPS. All MPS containers of a task share one GPU.
+    Mps {
+        memory_mib: MiB,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        max_compute_percent: Option<Percent>,
+    },
+}
+
+/// A secret value of a container: write-only. It serializes as `{"set": true}` and prints as
+/// `***`, so no response, page, event or log can show it by accident; the one way to read it
+/// is [`Secret::expose`], which the agent API's sync answer uses.
+#[derive(Clone, PartialEq, Eq)]
+pub enum Secret {
+    Value(String),
+    /// On input: keep the value the family's previous revision has (what a described
+    /// definition sends back). Resolved at registration; never stored.
+    Unchanged,
+}
+
+/// What `{"valueFrom": ...}` of ECS's `secrets` says to keep the previous revision's value.
+pub const ECS_UNCHANGED_SECRET: &str = "tessera:unchanged";
+pub(super) const MAX_SECRET_BYTES: usize = 64 * 1024;
+
+impl Secret {
+    /// The value, for the one place that must send it (a host's sync answer).
+    pub fn expose(&self) -> Option<&str> {
+        match self {
+            Secret::Value(v) => Some(v),
+            Secret::Unchanged => None,
+        }
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
+}
+
+impl Serialize for Secret {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(Some(1))?;
+        m.serialize_entry("set", &true)?;
+        m.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for Secret {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match Value::deserialize(d)? {
+            Value::String(v) => Ok(Secret::Value(v)),
+            v if v == serde_json::json!({"set": true}) => Ok(Secret::Unchanged),
+            other => Err(serde::de::Error::custom(format!(
+                "a secret is a string, or {{\"set\": true}} to keep the previous value; got {}",
+                kind(&other)
+            ))),
+        }
+    }
+}
+
+/// One process of a task.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerSpec {
+    pub name: String,
+    /// argv; the first element is the program.
+    pub command: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Environment variables whose values are write-only (see [`Secret`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub secrets: BTreeMap<String, Secret>,
+    pub cpu_milli: MilliCpu,
+    pub memory_mib: MiB,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<GpuRequirement>,
+}
+
+/// What a task runs; registered as a new revision of its family.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskDefinitionSpec {
+    pub family: String,
+    pub containers: Vec<ContainerSpec>,
+}
+
+/// The GPU a whole task needs: the sum over its containers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskGpu {
+    None,
+    Whole {
+        count: u32,
+    },
+    Shared {
+        memory: MiB,
+        compute: Option<ComputeMilli>,
+    },
+}
+
+/// Secret values by container name, then variable name: how the store keeps them apart from
+/// the rest of a definition.
+pub type SecretValues = BTreeMap<String, BTreeMap<String, String>>;
+
+impl TaskDefinitionSpec {
+    /// Every secret that has a value, for the store.
+    pub fn secret_values(&self) -> SecretValues {
+        self.containers
+            .iter()
+            .filter(|c| !c.secrets.is_empty())
+            .map(|c| {
+                let values = c
+                    .secrets
+                    .iter()
+                    .filter_map(|(k, v)| Some((k.clone(), v.expose()?.to_owned())))
+                    .collect();
+                (c.name.clone(), values)
+            })
+            .collect()
+    }
+
+    /// Gives every secret marked [`Secret::Unchanged`] its value from `values` (a stored
+    /// revision's). Returns the fields of those that have none there.
+    pub fn fill_secrets(&mut self, values: &SecretValues) -> Vec<FieldError> {
+        let mut missing = Vec::new();
+        for (i, c) in self.containers.iter_mut().enumerate() {
+            for (k, v) in c.secrets.iter_mut() {
+                if *v == Secret::Unchanged {
+                    match values.get(&c.name).and_then(|m| m.get(k)) {
+                        Some(value) => *v = Secret::Value(value.clone()),
+                        None => missing.push(FieldError {
+                            field: format!("containers[{i}].secrets.{k}"),
+                            message: format!(
+                                "no earlier revision of {} has a value for this secret in container {:?}; give its value",
+                                self.family, c.name
+                            ),
+                        }),
+                    }
+                }
+            }
+        }
+        missing
+    }
+
+    pub fn cpu(&self) -> MilliCpu {
+        self.containers.iter().map(|c| c.cpu_milli).sum()
+    }
+
+    pub fn memory(&self) -> MiB {
+        self.containers.iter().map(|c| c.memory_mib).sum()
+    }
+
+    /// Whole GPUs add up; MPS slots add up on one GPU, and so do their compute caps (a
+    /// container without a cap reserves no compute).
+    pub fn gpu(&self) -> TaskGpu {
+        let mut whole = 0;
+        let mut memory = MiB::ZERO;
+        let mut compute: Option<ComputeMilli> = None;
+        for c in &self.containers {
+            match c.gpu {
+                Some(GpuRequirement::Gpus(n)) => whole += n,
+                Some(GpuRequirement::Mps {
+                    memory_mib,
+                    max_compute_percent,
+                }) => {
+                    memory += memory_mib;
+                    if let Some(p) = max_compute_percent {
+                        compute = Some(compute.unwrap_or_default() + p.to_compute_milli());
+                    }
+                }
+                None => {}
+            }
+        }
+        if whole > 0 {
+            TaskGpu::Whole { count: whole }
+        } else if memory > MiB::ZERO {
+            TaskGpu::Shared { memory, compute }
+        } else {
+            TaskGpu::None
+        }
+    }
+}
+
+/// Environment variables the agent sets itself; a definition may not override them.
+pub const RESERVED_ENV: &[&str] = &[
+    "CUDA_VISIBLE_DEVICES",
+    "NVIDIA_VISIBLE_DEVICES",
+    "CUDA_MPS_PIPE_DIRECTORY",
+    "CUDA_MPS_LOG_DIRECTORY",
+    "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+    "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+];
