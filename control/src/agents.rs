@@ -5,6 +5,7 @@
 use crate::clock::stamp;
 use crate::control::Control;
 use crate::error::ControlError;
+use crate::lifecycle;
 use crate::store::{HostReport, TaskFilter};
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, HashMap};
@@ -307,23 +308,7 @@ impl Control {
         req.validate().map_err(ControlError::Invalid)?;
         let host = self.store.get_host(host_id).await?;
         let mut changed = false;
-        // Health.
-        let sick: Vec<String> = req
-            .gpus
-            .iter()
-            .filter(|g| !g.healthy)
-            .map(|g| format!("GPU {}", g.index))
-            .collect();
-        let problem = if !req.mps.healthy {
-            Some(format!(
-                "MPS control daemon unhealthy: {}",
-                req.mps.reason.as_deref().unwrap_or("no reason given")
-            ))
-        } else if !sick.is_empty() {
-            Some(format!("{} unhealthy", sick.join(", ")))
-        } else {
-            None
-        };
+        let problem = lifecycle::problem(req);
         let gpu_changes = self
             .store
             .record_host_report(
@@ -339,37 +324,20 @@ impl Control {
                 .await;
             changed = true;
         }
-        let next = match (host.status, &problem) {
-            (HostStatus::Lost, None) => Some((
-                HostStatus::Active,
-                format!("host {host_id} is back after being lost"),
-            )),
-            (HostStatus::Lost, Some(p)) | (HostStatus::Active, Some(p)) => Some((
-                HostStatus::Impaired,
-                format!("host {host_id} impaired: {p}"),
-            )),
-            (HostStatus::Impaired, None) => {
-                Some((HostStatus::Active, format!("host {host_id} recovered")))
-            }
-            (HostStatus::Impaired, Some(p)) => {
-                let old = self.store.host_status_reason(host_id).await?;
-                (old.as_deref() != Some(p.as_str())).then(|| {
-                    (
-                        HostStatus::Impaired,
-                        format!("host {host_id} impaired: {p}"),
-                    )
-                })
-            }
-            _ => None,
+        let event = lifecycle::HostEvent::Synced {
+            problem: problem.as_deref(),
+            reason: host.status_reason.as_deref(),
         };
-        if let Some((status, message)) = next {
+        if let Some(t) =
+            lifecycle::next(host_id.as_str(), host.status, event).map_err(ControlError::Conflict)?
+        {
             // Only from the status read above: an operator's drain that came in between wins.
             if self
                 .store
-                .set_host_status_if(host_id, host.status, status, problem.as_deref())
+                .set_host_status_if(host_id, host.status, t.to, t.reason.as_deref())
                 .await?
             {
-                self.event(None, Some(host_id), &message).await;
+                self.event(None, Some(host_id), &t.message).await;
                 changed = true;
             }
         }

@@ -5,6 +5,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::error::ControlError;
 use crate::error::StoreError;
 use crate::inputs::{PoolInput, ServiceDetail, ServiceInput, ServicePatch};
+use crate::lifecycle::{self, HostEvent};
 use crate::store::{EventFilter, Store, TaskFilter};
 use chrono::{DateTime, Utc};
 use serde_json::Value;
@@ -13,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tessera_model::service::{Service, TaskDefRef, TaskDefinition, TaskState};
 use tessera_model::taskdef::{Secret, ValidationErrors, parse_task_definition};
-use tessera_model::{HostId, HostStatus, PoolInfo};
+use tessera_model::{HostId, PoolInfo};
 use tokio::sync::{Notify, broadcast};
 
 /// Runs `pass` as a task of its own and says how it ended: a failure or a panic is
@@ -43,6 +44,21 @@ fn changed_meanwhile(id: &HostId) -> ControlError {
     ControlError::Conflict(format!(
         "host {id} changed status meanwhile; look again and retry"
     ))
+}
+
+/// What the reconcile passes last reported of one service.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct ServiceState {
+    /// Why its pending tasks could not be placed.
+    pub pending: Option<String>,
+    /// Why the last pass could not reconcile it.
+    pub failure: Option<String>,
+    /// Failures of the primary deployment already answered with a restart delay.
+    pub backoff: Option<u32>,
+    /// During a rollout: (deployment, its running tasks) as last reported.
+    pub progress: Option<(i64, usize)>,
+    /// Every desired task runs the primary revision.
+    pub steady: bool,
 }
 
 /// A deployment's crash-loop backoff: the failures already answered with a delay, and
@@ -94,9 +110,9 @@ pub struct Control {
     wake: Arc<Notify>,
     /// Tells live views (SSE) that state changed; the payload is a coarse topic.
     changes: broadcast::Sender<&'static str>,
-    /// What the last pass reported per service (placement complaint, rollout progress,
-    /// steady state), so an event is written when it changes, not on every pass.
-    pub(crate) last_complaint: Arc<Mutex<HashMap<String, String>>>,
+    /// What the last passes reported per service, so an event is written when it
+    /// changes, not on every pass.
+    pub(crate) service_state: Arc<Mutex<HashMap<String, ServiceState>>>,
     /// Serialises reconcile passes: the loop and tests calling `reconcile_once` directly.
     pub(crate) pass: Arc<tokio::sync::Mutex<()>>,
     /// Recent failed sign-ins, to limit password guessing.
@@ -118,7 +134,7 @@ impl Control {
             store,
             wake: Arc::new(Notify::new()),
             changes,
-            last_complaint: Arc::default(),
+            service_state: Arc::default(),
             pass: Arc::default(),
             failed_sign_ins: Arc::default(),
             started: config.clock.now(),
@@ -126,6 +142,20 @@ impl Control {
             last_prune: Arc::default(),
             config,
         }
+    }
+
+    /// Changes what is remembered of service `name` with `change`; true when that changed
+    /// anything (then it is news worth an event).
+    pub(crate) fn service_state_changed(
+        &self,
+        name: &str,
+        change: impl FnOnce(&mut ServiceState),
+    ) -> bool {
+        let mut states = self.service_state.lock().expect("not poisoned");
+        let state = states.entry(name.to_owned()).or_default();
+        let before = state.clone();
+        change(state);
+        *state != before
     }
 
     /// Now, by the configured clock.
@@ -397,42 +427,31 @@ impl Control {
 
     /// Operator drain: no new tasks; running ones move elsewhere (start before stop).
     pub async fn drain_host(&self, id: &HostId) -> Result<(), ControlError> {
-        let host = self.store.get_host(id).await?;
-        if !self
-            .store
-            .set_host_status_if(
-                id,
-                host.status,
-                HostStatus::Draining,
-                Some("drained by an operator"),
-            )
-            .await?
-        {
-            return Err(changed_meanwhile(id));
-        }
-        self.event(None, Some(id), &format!("host {id} is draining"))
-            .await;
-        self.wake();
-        Ok(())
+        self.operate_host(id, HostEvent::Drain).await
     }
 
     /// Operator activate: the host takes new tasks again.
     pub async fn activate_host(&self, id: &HostId) -> Result<(), ControlError> {
+        self.operate_host(id, HostEvent::Activate).await
+    }
+
+    /// An operator's change of a host's status, by the host lifecycle's rules, written
+    /// only over the status it read.
+    async fn operate_host(&self, id: &HostId, event: HostEvent<'_>) -> Result<(), ControlError> {
         let host = self.store.get_host(id).await?;
-        if host.status == HostStatus::Lost {
-            return Err(ControlError::Conflict(format!(
-                "host {id} is lost; it becomes active again when its agent syncs"
-            )));
-        }
+        let Some(t) =
+            lifecycle::next(id.as_str(), host.status, event).map_err(ControlError::Conflict)?
+        else {
+            return Ok(());
+        };
         if !self
             .store
-            .set_host_status_if(id, host.status, HostStatus::Active, None)
+            .set_host_status_if(id, host.status, t.to, t.reason.as_deref())
             .await?
         {
             return Err(changed_meanwhile(id));
         }
-        self.event(None, Some(id), &format!("host {id} activated"))
-            .await;
+        self.event(None, Some(id), &t.message).await;
         self.wake();
         Ok(())
     }

@@ -7,6 +7,8 @@
 //! - [`sqlite`]: the embedded SQLite backend (the default), with its migrations.
 //! - [`control`]: `Control`, the entry point: pools, task definitions, services, hosts, and
 //!   the reconcile loop.
+//! - `lifecycle`: a host's status as a state machine (sync, drain, activate, silence).
+//! - `plan`: what a service needs next (stops, starts, rollback), as a pure function.
 //! - `reconcile`: one reconcile pass: lost hosts, migrations, services and deployments.
 //! - [`capacity`]: the one place capacity is counted: a pool's hosts and what tasks hold,
 //!   as the engine's snapshot; the commit's re-check and every usage figure come from it.
@@ -34,6 +36,8 @@ pub mod clock;
 pub mod control;
 pub mod error;
 pub mod inputs;
+mod lifecycle;
+mod plan;
 mod reconcile;
 mod scheduler;
 pub mod sqlite;

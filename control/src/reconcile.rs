@@ -5,23 +5,14 @@
 use crate::clock::{since, stamp, to_chrono};
 use crate::control::Control;
 use crate::error::ControlError;
+use crate::plan::{DELETED, ServicePlan, plan_service};
 use crate::store::{HostState, NewTask, Pruned, TaskFilter};
 
 /// How often old rows are pruned.
 const PRUNE_EVERY: std::time::Duration = std::time::Duration::from_secs(600);
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use tessera_model::service::{DeploymentStatus, Service, Task, TaskState};
 use tessera_model::{HostId, HostStatus};
-
-/// Orders tasks for stopping: ones not yet running first, then the newest.
-fn stop_order(tasks: &mut [&Task]) {
-    tasks.sort_by_key(|t| {
-        (
-            t.state == TaskState::Running,
-            std::cmp::Reverse(t.created_at.clone()),
-        )
-    });
-}
 
 impl Control {
     /// One pass over everything. Serialised: concurrent callers wait for each other.
@@ -32,17 +23,18 @@ impl Control {
         for service in self.store.list_services().await? {
             // Each service on its own: one that fails (a definition that no longer parses,
             // say) is reported and the others are still reconciled.
-            if let Err(e) = self.reconcile_service(&service).await {
-                let message = format!("reconciling service {} failed: {e}", service.name);
-                tracing::error!(service = %service.name, error = %e, "reconciling a service failed");
-                let key = format!("failed:{}", service.name);
-                let before = self
-                    .last_complaint
-                    .lock()
-                    .expect("not poisoned")
-                    .insert(key, message.clone());
-                if before.as_deref() != Some(message.as_str()) {
-                    self.event(Some(&service.name), None, &message).await;
+            match self.reconcile_service(&service).await {
+                Ok(()) => {
+                    self.service_state_changed(&service.name, |s| s.failure = None);
+                }
+                Err(e) => {
+                    let message = format!("reconciling service {} failed: {e}", service.name);
+                    tracing::error!(service = %service.name, error = %e, "reconciling a service failed");
+                    if self
+                        .service_state_changed(&service.name, |s| s.failure = Some(message.clone()))
+                    {
+                        self.event(Some(&service.name), None, &message).await;
+                    }
                 }
             }
         }
@@ -110,7 +102,7 @@ impl Control {
         let secs = timeout.as_secs_f64();
         let cutoff = stamp(now - to_chrono(timeout));
         for id in self.store.hosts_silent_since(&cutoff).await? {
-            let reason = format!("no agent sync for {secs:.0} s");
+            let reason = crate::lifecycle::lost_reason(secs);
             // Marked and its tasks stopped in one transaction, and only if it is still
             // silent: a sync that arrived meanwhile wins.
             let Some(stopped) = self.store.mark_host_lost(&id, &reason, &cutoff).await? else {
@@ -192,157 +184,92 @@ impl Control {
         Ok(())
     }
 
-    /// Brings one service toward its desired state.
+    /// Brings one service toward its desired state: carries out [`plan_service`]'s plan.
     async fn reconcile_service(&self, service: &Service) -> Result<(), ControlError> {
         let name = service.name.as_str();
         let tasks = self.live_tasks(name).await?;
-        if service.deleting {
-            let mut stopping = 0;
-            for t in &tasks {
-                if t.state != TaskState::Stopping {
-                    self.store
-                        .request_task_stop(&t.id, "service deleted")
-                        .await?;
-                    stopping += 1;
-                }
-            }
-            if tasks.is_empty() {
-                self.store.delete_service(name).await?;
-                self.event(Some(name), None, &format!("service {name} deleted"))
-                    .await;
-            } else if stopping > 0 {
-                self.wake();
-            }
-            return Ok(());
-        }
-        let deployments = self.store.list_deployments(name).await?;
-        let Some(primary) = deployments
-            .iter()
-            .find(|d| d.status == DeploymentStatus::Primary)
-        else {
-            tracing::warn!(service = name, "service has no primary deployment");
-            return Ok(());
+        let deployments = if service.deleting {
+            Vec::new()
+        } else {
+            self.store.list_deployments(name).await?
         };
-        // Circuit breaker: a deployment whose tasks keep failing rolls back to the last
-        // revision that ran.
-        let previous = deployments.iter().find(|d| {
-            d.id != primary.id
-                && d.status != DeploymentStatus::RolledBack
-                && d.task_definition != primary.task_definition
-        });
-        if primary.failed_tasks >= self.config.failure_threshold
-            && let Some(prev) = previous
-        {
-            let id = self
-                .store
-                .start_deployment(name, &prev.task_definition, true)
-                .await?;
-            self.event(
-                Some(name),
-                None,
-                &format!(
-                    "deployment {} rolled back after {} failed tasks: {} → {} (deployment {id})",
-                    primary.id, primary.failed_tasks, primary.task_definition, prev.task_definition
-                ),
-            )
-            .await;
-            self.wake();
-            return Ok(());
-        }
-        let desired = service.desired_count as usize;
-        // Tasks being moved off a host and tasks already stopping do not count.
-        let counted: Vec<&Task> = tasks
-            .iter()
-            .filter(|t| !t.migrating && t.state != TaskState::Stopping)
-            .collect();
-        let (new, old): (Vec<&Task>, Vec<&Task>) =
-            counted.iter().partition(|t| t.deployment_id == primary.id);
-        let running = |ts: &[&Task]| ts.iter().filter(|t| t.state == TaskState::Running).count();
-        let running_total = running(&new) + running(&old);
-        let max_total = (desired * service.deployment.maximum_percent as usize)
-            .div_ceil(100)
-            .max(desired);
-        let min_healthy =
-            (desired * service.deployment.minimum_healthy_percent as usize).div_ceil(100);
-        let mut stop: Vec<(String, &str)> = Vec::new();
-
-        // Too many new tasks (scaled down): stop the surplus.
-        if new.len() > desired {
-            let mut surplus = new.clone();
-            stop_order(&mut surplus);
-            stop.extend(
-                surplus
-                    .iter()
-                    .take(new.len() - desired)
-                    .map(|t| (t.id.clone(), "scaled down")),
-            );
-        }
-        // Old tasks: those not running can go at once; running ones only while at least
-        // minimum_healthy_percent of the desired count stays running.
-        let mut old_sorted = old.clone();
-        stop_order(&mut old_sorted);
-        let mut may_stop_running = running_total.saturating_sub(min_healthy);
-        for t in old_sorted {
-            if t.state == TaskState::Running {
-                if may_stop_running == 0 {
-                    break;
+        let actions = match plan_service(
+            service,
+            &tasks,
+            &deployments,
+            self.config.failure_threshold,
+        ) {
+            ServicePlan::Delete { stop, gone } => {
+                for id in &stop {
+                    self.store.request_task_stop(id, DELETED).await?;
                 }
-                may_stop_running -= 1;
+                if gone {
+                    self.store.delete_service(name).await?;
+                    self.service_state
+                        .lock()
+                        .expect("not poisoned")
+                        .remove(name);
+                    self.event(Some(name), None, &format!("service {name} deleted"))
+                        .await;
+                } else if !stop.is_empty() {
+                    self.wake();
+                }
+                return Ok(());
             }
-            stop.push((t.id.clone(), "replaced by a newer deployment"));
-        }
-        // Start new tasks up to the desired count, within maximum_percent of live tasks.
-        let live_after_stops = counted.len() - stop.len();
-        let start = desired
-            .saturating_sub(new.len())
-            .min(max_total.saturating_sub(live_after_stops));
-
-        // Migrating tasks stop once the service has enough running tasks without them.
-        let migrating: Vec<&Task> = tasks
+            ServicePlan::NoPrimary => {
+                tracing::warn!(service = name, "service has no primary deployment");
+                return Ok(());
+            }
+            ServicePlan::RollBack {
+                from,
+                failing,
+                failed,
+                to,
+            } => {
+                let id = self.store.start_deployment(name, &to, true).await?;
+                self.event(
+                    Some(name),
+                    None,
+                    &format!(
+                        "deployment {from} rolled back after {failed} failed tasks: {failing} → {to} (deployment {id})"
+                    ),
+                )
+                .await;
+                self.wake();
+                return Ok(());
+            }
+            ServicePlan::Converge(actions) => actions,
+        };
+        let primary = deployments
             .iter()
-            .filter(|t| t.migrating && t.state != TaskState::Stopping)
-            .collect();
-        if !migrating.is_empty() && running_total >= desired {
-            stop.extend(
-                migrating
-                    .iter()
-                    .map(|t| (t.id.clone(), "moved off a draining or impaired host")),
-            );
-        }
-
-        for (id, reason) in &stop {
+            .find(|d| d.id == actions.primary)
+            .expect("the plan's primary is one of them");
+        for (id, reason) in &actions.stop {
             self.store.request_task_stop(id, reason).await?;
         }
         // With a revision to roll back to, the circuit breaker answers failures; without
         // one, restarts slow down.
-        let wait = if start > 0 && previous.is_none() {
+        let wait = if actions.start > 0 && !actions.can_roll_back {
             self.may_start_tasks(primary.id, primary.failed_tasks)
         } else {
             None
         };
         if let Some(wait) = wait {
-            let key = format!("backoff:{name}");
             let message = format!(
                 "deployment {} has {} failed task(s): new tasks wait {:.0} s before they start",
                 primary.id,
                 primary.failed_tasks,
                 wait.as_secs_f64().ceil()
             );
-            let first = self
-                .last_complaint
-                .lock()
-                .expect("not poisoned")
-                .insert(key, primary.failed_tasks.to_string())
-                != Some(primary.failed_tasks.to_string());
-            if first {
+            if self.service_state_changed(name, |s| s.backoff = Some(primary.failed_tasks)) {
                 self.event(Some(name), None, &message).await;
             }
-        } else if start > 0 {
+        } else if actions.start > 0 {
             let def = self
                 .store
                 .get_task_definition(&primary.task_definition)
                 .await?;
-            let tasks: Vec<NewTask> = (0..start)
+            let tasks: Vec<NewTask> = (0..actions.start)
                 .map(|_| NewTask {
                     id: uuid::Uuid::new_v4().to_string(),
                     service: name.to_owned(),
@@ -355,70 +282,38 @@ impl Control {
                 .collect();
             self.store.create_tasks(&tasks).await?;
         }
-        if !stop.is_empty() || start > 0 {
+        if !actions.stop.is_empty() || actions.start > 0 {
             self.wake();
         }
-        // Old deployments without live tasks are done.
-        let live_by_deployment: HashMap<i64, usize> =
-            tasks.iter().fold(HashMap::new(), |mut m, t| {
-                *m.entry(t.deployment_id).or_insert(0) += 1;
-                m
-            });
-        for d in deployments
-            .iter()
-            .filter(|d| d.status == DeploymentStatus::Active)
-        {
-            if live_by_deployment.get(&d.id).copied().unwrap_or(0) == 0 {
-                self.store
-                    .set_deployment_status(d.id, DeploymentStatus::Completed)
-                    .await?;
+        for &id in &actions.completed {
+            self.store
+                .set_deployment_status(id, DeploymentStatus::Completed)
+                .await?;
+            if let Some(d) = deployments.iter().find(|d| d.id == id) {
                 self.event(
                     Some(name),
                     None,
-                    &format!("deployment {} ({}) drained", d.id, d.task_definition),
+                    &format!("deployment {id} ({}) drained", d.task_definition),
                 )
                 .await;
             }
         }
+        let desired = service.desired_count;
         // Progress of a rollout, when the new revision's running count changes.
-        if !old.is_empty() {
-            let key = format!("progress:{}", primary.id);
-            let now = running(&new).to_string();
-            let before = self
-                .last_complaint
-                .lock()
-                .expect("not poisoned")
-                .insert(key, now.clone());
-            if before.as_deref() != Some(now.as_str()) {
-                self.event(
-                    Some(name),
-                    None,
-                    &format!(
-                        "deployment {} in progress: {now} of {desired} task(s) of {} running, {} old task(s) left",
-                        primary.id,
-                        primary.task_definition,
-                        old.len()
-                    ),
-                )
-                .await;
-            }
+        if let Some((running, old_left)) = actions.progress
+            && self.service_state_changed(name, |s| s.progress = Some((primary.id, running)))
+        {
+            self.event(
+                Some(name),
+                None,
+                &format!(
+                    "deployment {} in progress: {running} of {desired} task(s) of {} running, {old_left} old task(s) left",
+                    primary.id, primary.task_definition
+                ),
+            )
+            .await;
         }
-        let steady = old.is_empty()
-            && new.len() == desired
-            && running(&new) == desired
-            && migrating.is_empty();
-        let key = format!("steady:{name}");
-        let was_steady = self
-            .last_complaint
-            .lock()
-            .expect("not poisoned")
-            .get(&key)
-            .is_some();
-        if steady && !was_steady {
-            self.last_complaint
-                .lock()
-                .expect("not poisoned")
-                .insert(key, String::new());
+        if self.service_state_changed(name, |s| s.steady = actions.steady) && actions.steady {
             self.event(
                 Some(name),
                 None,
@@ -428,11 +323,6 @@ impl Control {
                 ),
             )
             .await;
-        } else if !steady && was_steady {
-            self.last_complaint
-                .lock()
-                .expect("not poisoned")
-                .remove(&key);
         }
         Ok(())
     }

@@ -208,10 +208,7 @@ impl Control {
                 if !unplaced.is_empty() {
                     complaints.push((name, unplaced, sentence));
                 } else {
-                    self.last_complaint
-                        .lock()
-                        .expect("not poisoned")
-                        .remove(&name);
+                    self.service_state_changed(&name, |s| s.pending = None);
                 }
             }
             let committed = self.store.commit_placements(&commits).await?;
@@ -225,12 +222,7 @@ impl Control {
             }
             for (service, ids, sentence) in complaints {
                 self.store.set_placement_message(&ids, &sentence).await?;
-                let repeat = self
-                    .last_complaint
-                    .lock()
-                    .expect("not poisoned")
-                    .insert(service.clone(), sentence.clone());
-                if repeat.as_deref() != Some(sentence.as_str()) {
+                if self.service_state_changed(&service, |s| s.pending = Some(sentence.clone())) {
                     self.event(
                         Some(&service),
                         None,

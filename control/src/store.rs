@@ -321,8 +321,6 @@ pub trait HostStore: Send + Sync + 'static {
     ) -> Result<Vec<GpuChange>, StoreError>;
     /// Hosts not `lost` whose last sync is older than `cutoff` (a stored time).
     async fn hosts_silent_since(&self, cutoff: &str) -> Result<Vec<HostId>, StoreError>;
-    /// The status reason of a host, if any.
-    async fn host_status_reason(&self, id: &HostId) -> Result<Option<String>, StoreError>;
 }
 
 #[async_trait]

@@ -488,13 +488,4 @@ impl HostStore for SqliteStore {
         .await?;
         rows.iter().map(|r| host_id(r.try_get("id")?)).collect()
     }
-
-    async fn host_status_reason(&self, id: &HostId) -> Result<Option<String>, StoreError> {
-        let row = sqlx::query("SELECT status_reason FROM hosts WHERE id = ?")
-            .bind(id.as_str())
-            .fetch_optional(&self.db)
-            .await?
-            .ok_or_else(|| not_found("host", id))?;
-        Ok(row.try_get("status_reason")?)
-    }
 }

@@ -1,0 +1,445 @@
+//! What a service needs next, decided without I/O: from its live tasks and deployments,
+//! which tasks to stop and why, how many to start, whether to roll back, which old
+//! deployments are done, and how far a rollout has come. The reconcile pass carries the
+//! plan out; these rules are table-tested here without a database.
+
+use tessera_model::service::{Deployment, DeploymentStatus, Service, Task, TaskDefRef, TaskState};
+
+/// Why a task is stopped.
+pub(crate) const SCALED_DOWN: &str = "scaled down";
+pub(crate) const REPLACED: &str = "replaced by a newer deployment";
+pub(crate) const MOVED: &str = "moved off a draining or impaired host";
+pub(crate) const DELETED: &str = "service deleted";
+
+/// What to do for one service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ServicePlan {
+    /// The service is being deleted: stop these; once nothing is live, delete it.
+    Delete {
+        stop: Vec<String>,
+        gone: bool,
+    },
+    /// The service has no primary deployment (a bug or a hand edit): nothing to do.
+    NoPrimary,
+    /// The primary deployment `from` (of revision `failing`) failed too often: roll back
+    /// to revision `to`.
+    RollBack {
+        from: i64,
+        failing: TaskDefRef,
+        failed: u32,
+        to: TaskDefRef,
+    },
+    Converge(Actions),
+}
+
+/// How a service converges on its desired state in this pass.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct Actions {
+    /// The primary deployment, whose revision new tasks run.
+    pub primary: i64,
+    /// Tasks to stop, with the reason.
+    pub stop: Vec<(String, &'static str)>,
+    /// New tasks to start.
+    pub start: usize,
+    /// Whether an earlier revision exists to roll back to (then failures are answered by
+    /// the circuit breaker; without one, restarts back off).
+    pub can_roll_back: bool,
+    /// Active deployments with no live task left: completed.
+    pub completed: Vec<i64>,
+    /// While old tasks remain: (running tasks of the primary, old tasks left).
+    pub progress: Option<(usize, usize)>,
+    /// Every desired task runs the primary revision and nothing is moving.
+    pub steady: bool,
+}
+
+/// Orders tasks for stopping: ones not yet running first, then the newest.
+fn stop_order(tasks: &mut [&Task]) {
+    tasks.sort_by_key(|t| {
+        (
+            t.state == TaskState::Running,
+            std::cmp::Reverse(t.created_at.clone()),
+        )
+    });
+}
+
+/// The plan for `service`, given its live tasks (not stopped) and its deployments (newest
+/// first); a primary deployment with `failure_threshold` failed tasks rolls back when an
+/// earlier revision exists.
+pub(crate) fn plan_service(
+    service: &Service,
+    tasks: &[Task],
+    deployments: &[Deployment],
+    failure_threshold: u32,
+) -> ServicePlan {
+    if service.deleting {
+        return ServicePlan::Delete {
+            stop: tasks
+                .iter()
+                .filter(|t| t.state != TaskState::Stopping)
+                .map(|t| t.id.clone())
+                .collect(),
+            gone: tasks.is_empty(),
+        };
+    }
+    let Some(primary) = deployments
+        .iter()
+        .find(|d| d.status == DeploymentStatus::Primary)
+    else {
+        return ServicePlan::NoPrimary;
+    };
+    // Circuit breaker: a deployment whose tasks keep failing rolls back to the last
+    // revision that ran.
+    let previous = deployments.iter().find(|d| {
+        d.id != primary.id
+            && d.status != DeploymentStatus::RolledBack
+            && d.task_definition != primary.task_definition
+    });
+    if primary.failed_tasks >= failure_threshold
+        && let Some(prev) = previous
+    {
+        return ServicePlan::RollBack {
+            from: primary.id,
+            failing: primary.task_definition.clone(),
+            failed: primary.failed_tasks,
+            to: prev.task_definition.clone(),
+        };
+    }
+    let desired = service.desired_count as usize;
+    // Tasks being moved off a host and tasks already stopping do not count.
+    let counted: Vec<&Task> = tasks
+        .iter()
+        .filter(|t| !t.migrating && t.state != TaskState::Stopping)
+        .collect();
+    let (new, old): (Vec<&Task>, Vec<&Task>) =
+        counted.iter().partition(|t| t.deployment_id == primary.id);
+    let running = |ts: &[&Task]| ts.iter().filter(|t| t.state == TaskState::Running).count();
+    let running_total = running(&new) + running(&old);
+    let max_total = (desired * service.deployment.maximum_percent as usize)
+        .div_ceil(100)
+        .max(desired);
+    let min_healthy = (desired * service.deployment.minimum_healthy_percent as usize).div_ceil(100);
+    let mut stop: Vec<(String, &'static str)> = Vec::new();
+
+    // Too many new tasks (scaled down): stop the surplus.
+    if new.len() > desired {
+        let mut surplus = new.clone();
+        stop_order(&mut surplus);
+        stop.extend(
+            surplus
+                .iter()
+                .take(new.len() - desired)
+                .map(|t| (t.id.clone(), SCALED_DOWN)),
+        );
+    }
+    // Old tasks: those not running can go at once; running ones only while at least
+    // minimum_healthy_percent of the desired count stays running.
+    let mut old_sorted = old.clone();
+    stop_order(&mut old_sorted);
+    let mut may_stop_running = running_total.saturating_sub(min_healthy);
+    for t in old_sorted {
+        if t.state == TaskState::Running {
+            if may_stop_running == 0 {
+                break;
+            }
+            may_stop_running -= 1;
+        }
+        stop.push((t.id.clone(), REPLACED));
+    }
+    // Start new tasks up to the desired count, within maximum_percent of live tasks.
+    let live_after_stops = counted.len() - stop.len();
+    let start = desired
+        .saturating_sub(new.len())
+        .min(max_total.saturating_sub(live_after_stops));
+
+    // Migrating tasks stop once the service has enough running tasks without them.
+    let migrating = tasks
+        .iter()
+        .filter(|t| t.migrating && t.state != TaskState::Stopping);
+    let any_migrating = migrating.clone().next().is_some();
+    if running_total >= desired {
+        stop.extend(migrating.map(|t| (t.id.clone(), MOVED)));
+    }
+    let completed = deployments
+        .iter()
+        .filter(|d| d.status == DeploymentStatus::Active)
+        .filter(|d| !tasks.iter().any(|t| t.deployment_id == d.id))
+        .map(|d| d.id)
+        .collect();
+    ServicePlan::Converge(Actions {
+        primary: primary.id,
+        stop,
+        start,
+        can_roll_back: previous.is_some(),
+        completed,
+        progress: (!old.is_empty()).then(|| (running(&new), old.len())),
+        steady: old.is_empty()
+            && new.len() == desired
+            && running(&new) == desired
+            && !any_migrating,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_model::service::{DeploymentConfig, ServiceConstraints};
+    use tessera_model::{MiB, MilliCpu, PoolName};
+
+    fn rev(n: u32) -> TaskDefRef {
+        TaskDefRef {
+            family: "web".into(),
+            revision: n,
+        }
+    }
+
+    fn service(desired: u32, min_healthy: u32, max: u32) -> Service {
+        Service {
+            name: "web".into(),
+            task_definition: rev(2),
+            pool: PoolName::new("gpu").expect("valid"),
+            desired_count: desired,
+            strategy: None,
+            constraints: ServiceConstraints::default(),
+            deployment: DeploymentConfig {
+                minimum_healthy_percent: min_healthy,
+                maximum_percent: max,
+            },
+            stop_timeout_secs: 10,
+            deleting: false,
+            created_at: String::new(),
+        }
+    }
+
+    fn deployment(id: i64, r: u32, status: DeploymentStatus, failed: u32) -> Deployment {
+        Deployment {
+            id,
+            service: "web".into(),
+            task_definition: rev(r),
+            status,
+            pending: 0,
+            running: 0,
+            failed_tasks: failed,
+            created_at: String::new(),
+        }
+    }
+
+    /// Task `id` of deployment `d` in `state`, created at second `at`.
+    fn task(id: &str, d: i64, state: TaskState, at: u32) -> Task {
+        Task {
+            id: id.into(),
+            service: "web".into(),
+            deployment_id: d,
+            task_definition: rev(if d == 2 { 2 } else { 1 }),
+            pool: PoolName::new("gpu").expect("valid"),
+            cpu: MilliCpu(1000),
+            memory: MiB(1024),
+            state,
+            migrating: false,
+            host: None,
+            allocations: vec![],
+            placement_message: None,
+            stop_reason: None,
+            exit_code: None,
+            measured: Default::default(),
+            created_at: format!("2026-11-30T12:00:{at:02}.000Z"),
+            started_at: None,
+            stopped_at: None,
+        }
+    }
+
+    fn actions(p: ServicePlan) -> Actions {
+        match p {
+            ServicePlan::Converge(a) => a,
+            other => panic!("expected actions, got {other:?}"),
+        }
+    }
+
+    fn stopped(a: &Actions) -> Vec<(&str, &str)> {
+        a.stop.iter().map(|(id, why)| (id.as_str(), *why)).collect()
+    }
+
+    use TaskState::{Pending, Running, Stopping};
+
+    #[test]
+    fn the_plan_for_each_situation() {
+        let primary_only = [deployment(2, 2, DeploymentStatus::Primary, 0)];
+        let rolling = [
+            deployment(2, 2, DeploymentStatus::Primary, 0),
+            deployment(1, 1, DeploymentStatus::Active, 0),
+        ];
+        // (what, service, tasks, deployments, stops, starts, steady)
+        type Case<'a> = (
+            &'a str,
+            Service,
+            Vec<Task>,
+            &'a [Deployment],
+            Vec<(&'a str, &'a str)>,
+            usize,
+            bool,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                "a new service starts its count",
+                service(3, 100, 200),
+                vec![],
+                &primary_only,
+                vec![],
+                3,
+                false,
+            ),
+            (
+                "a running service at its count is steady",
+                service(2, 100, 200),
+                vec![task("a", 2, Running, 1), task("b", 2, Running, 2)],
+                &primary_only,
+                vec![],
+                0,
+                true,
+            ),
+            (
+                "scaled down: pending tasks go first, then the newest",
+                service(1, 100, 200),
+                vec![
+                    task("a", 2, Running, 1),
+                    task("b", 2, Running, 3),
+                    task("c", 2, Pending, 2),
+                ],
+                &primary_only,
+                vec![("c", SCALED_DOWN), ("b", SCALED_DOWN)],
+                0,
+                false,
+            ),
+            (
+                "rolling at 100 % healthy: start new ones first, stop no running old one",
+                service(2, 100, 200),
+                vec![task("o1", 1, Running, 1), task("o2", 1, Running, 2)],
+                &rolling,
+                vec![],
+                2,
+                false,
+            ),
+            (
+                "rolling at 50 % healthy and 100 % max: stop one old, start one new",
+                service(2, 50, 100),
+                vec![task("o1", 1, Running, 1), task("o2", 1, Running, 2)],
+                &rolling,
+                vec![("o2", REPLACED)],
+                1,
+                false,
+            ),
+            (
+                "old tasks that never ran go at once",
+                service(2, 100, 200),
+                vec![
+                    task("n1", 2, Running, 3),
+                    task("n2", 2, Running, 4),
+                    task("o1", 1, Pending, 1),
+                ],
+                &rolling,
+                vec![("o1", REPLACED)],
+                0,
+                false,
+            ),
+            (
+                "tasks already stopping do not count",
+                service(1, 100, 200),
+                vec![task("a", 2, Stopping, 1)],
+                &primary_only,
+                vec![],
+                1,
+                false,
+            ),
+        ];
+        for (what, s, tasks, deployments, stops, starts, steady) in cases {
+            let a = actions(plan_service(&s, &tasks, deployments, 3));
+            assert_eq!(stopped(&a), stops, "{what}: stops");
+            assert_eq!(a.start, starts, "{what}: starts");
+            assert_eq!(a.steady, steady, "{what}: steady");
+        }
+    }
+
+    #[test]
+    fn migrating_tasks_stop_once_their_replacements_run() {
+        let deployments = [deployment(2, 2, DeploymentStatus::Primary, 0)];
+        let mut moving = task("m", 2, Running, 1);
+        moving.migrating = true;
+        let a = actions(plan_service(
+            &service(1, 100, 200),
+            &[moving.clone()],
+            &deployments,
+            3,
+        ));
+        assert_eq!((a.start, a.stop.len()), (1, 0), "a replacement first");
+        let a = actions(plan_service(
+            &service(1, 100, 200),
+            &[moving, task("r", 2, Running, 2)],
+            &deployments,
+            3,
+        ));
+        assert_eq!(stopped(&a), [("m", MOVED)]);
+        assert!(!a.steady, "not steady while one is still moving");
+    }
+
+    #[test]
+    fn failures_roll_back_when_there_is_a_revision_to_go_back_to() {
+        let failing = [
+            deployment(2, 2, DeploymentStatus::Primary, 3),
+            deployment(1, 1, DeploymentStatus::Active, 0),
+        ];
+        assert_eq!(
+            plan_service(&service(2, 100, 200), &[], &failing, 3),
+            ServicePlan::RollBack {
+                from: 2,
+                failing: rev(2),
+                failed: 3,
+                to: rev(1)
+            }
+        );
+        // Below the threshold, or with nothing to go back to, it keeps converging.
+        assert!(matches!(
+            plan_service(&service(2, 100, 200), &[], &failing, 4),
+            ServicePlan::Converge(_)
+        ));
+        let alone = [deployment(2, 2, DeploymentStatus::Primary, 9)];
+        let a = actions(plan_service(&service(2, 100, 200), &[], &alone, 3));
+        assert!(!a.can_roll_back);
+        assert_eq!(a.start, 2);
+    }
+
+    #[test]
+    fn drained_deployments_complete_and_deletion_stops_everything() {
+        let deployments = [
+            deployment(2, 2, DeploymentStatus::Primary, 0),
+            deployment(1, 1, DeploymentStatus::Active, 0),
+        ];
+        let a = actions(plan_service(
+            &service(1, 100, 200),
+            &[task("n", 2, Running, 1)],
+            &deployments,
+            3,
+        ));
+        assert_eq!(a.completed, [1]);
+        assert_eq!(a.progress, None);
+        let mut deleting = service(1, 100, 200);
+        deleting.deleting = true;
+        assert_eq!(
+            plan_service(
+                &deleting,
+                &[task("n", 2, Running, 1), task("s", 2, Stopping, 2)],
+                &deployments,
+                3
+            ),
+            ServicePlan::Delete {
+                stop: vec!["n".into()],
+                gone: false
+            }
+        );
+        assert_eq!(
+            plan_service(&deleting, &[], &deployments, 3),
+            ServicePlan::Delete {
+                stop: vec![],
+                gone: true
+            }
+        );
+    }
+}
