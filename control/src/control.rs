@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tessera_model::service::{Service, TaskDefRef, TaskDefinition, TaskState};
 use tessera_model::taskdef::{Secret, ValidationErrors, parse_task_definition};
-use tessera_model::{HostId, PoolInfo};
+use tessera_model::{HostId, PoolInfo, PoolName};
 use tokio::sync::{Notify, broadcast};
 
 /// Runs `pass` as a task of its own and says how it ended: a failure or a panic is
@@ -279,34 +279,8 @@ impl Control {
 
     pub async fn create_service(&self, input: &ServiceInput) -> Result<Service, ControlError> {
         let service = crate::inputs::validate_service(input)?;
-        let def = self
-            .store
-            .get_task_definition(&service.task_definition)
-            .await
-            .map_err(|_| {
-                ControlError::invalid(
-                    "task_definition",
-                    format!(
-                        "no task definition {} is registered",
-                        service.task_definition
-                    ),
-                )
-            })?;
-        if !def.active {
-            return Err(ControlError::invalid(
-                "task_definition",
-                format!(
-                    "{} is deregistered; use an active revision",
-                    service.task_definition
-                ),
-            ));
-        }
-        if !self.store.pool_exists(&service.pool).await? {
-            return Err(ControlError::invalid(
-                "pool",
-                format!("no pool named {:?}", service.pool.as_str()),
-            ));
-        }
+        self.usable_definition(&service.task_definition).await?;
+        self.existing_pool(&service.pool).await?;
         self.store.create_service(&service).await?;
         self.event(
             Some(&service.name),
@@ -319,6 +293,35 @@ impl Control {
         .await;
         self.wake();
         Ok(self.store.get_service(&service.name).await?)
+    }
+
+    /// The definition `r` names, if new tasks may use it (registered and active); the error
+    /// names the `task_definition` field. The one check the API, the console, the preview
+    /// and the scheduler's inputs share.
+    pub(crate) async fn usable_definition(
+        &self,
+        r: &TaskDefRef,
+    ) -> Result<TaskDefinition, ControlError> {
+        let def = self.store.get_task_definition(r).await.map_err(|_| {
+            ControlError::invalid(
+                "task_definition",
+                format!("no task definition {r} is registered"),
+            )
+        })?;
+        if !def.active {
+            return Err(ControlError::invalid(
+                "task_definition",
+                format!("{r} is deregistered; use an active revision"),
+            ));
+        }
+        Ok(def)
+    }
+
+    /// The pool named `name`, or an error naming the `pool` field.
+    pub(crate) async fn existing_pool(&self, name: &PoolName) -> Result<PoolInfo, ControlError> {
+        self.store.get_pool(name).await.map_err(|_| {
+            ControlError::invalid("pool", format!("no pool named {:?}", name.as_str()))
+        })
     }
 
     /// Scales a service and/or starts a rolling deployment of a new revision.
@@ -352,18 +355,7 @@ impl Control {
         }
         e.finish()?;
         if let Some(r) = &new_def {
-            let def = self.store.get_task_definition(r).await.map_err(|_| {
-                ControlError::invalid(
-                    "task_definition",
-                    format!("no task definition {r} is registered"),
-                )
-            })?;
-            if !def.active {
-                return Err(ControlError::invalid(
-                    "task_definition",
-                    format!("{r} is deregistered"),
-                ));
-            }
+            self.usable_definition(r).await?;
         }
         if let Some(d) = patch.desired_count.filter(|&d| d != service.desired_count) {
             self.store.set_desired_count(name, d).await?;

@@ -252,18 +252,8 @@ impl Control {
         }
         e.finish()?;
         let (r, pool) = (r.expect("validated"), pool.expect("validated"));
-        let def = self.store.get_task_definition(&r).await.map_err(|_| {
-            ControlError::invalid(
-                "task_definition",
-                format!("no task definition {r} is registered"),
-            )
-        })?;
-        if !self.store.pool_exists(&pool).await? {
-            return Err(ControlError::invalid(
-                "pool",
-                format!("no pool named {:?}", pool.as_str()),
-            ));
-        }
+        let def = self.usable_definition(&r).await?;
+        self.existing_pool(&pool).await?;
         let req = request_for(&def.spec, &input.constraints, BTreeSet::new());
         let batch = vec![req; input.count as usize];
         let PoolEngine {

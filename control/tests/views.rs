@@ -87,3 +87,29 @@ async fn a_gpu_is_shown_as_the_scheduler_counts_it_with_the_pools_overcommit() {
         overview.pending[0].message
     );
 }
+
+#[tokio::test]
+async fn a_deregistered_revision_is_refused_by_the_preview_as_by_the_service_forms() {
+    let env = common::env(fast()).await;
+    let control = &env.control;
+    let def = register_def(control, "old", 4, 20).await;
+    let r: tessera_model::service::TaskDefRef = def.parse().expect("valid");
+    control
+        .deregister_task_definition(&r)
+        .await
+        .expect("deregister");
+    let preview = control
+        .preview(&tessera_control::inputs::PreviewInput {
+            task_definition: def.clone(),
+            pool: "gpu".into(),
+            count: 1,
+            strategy: None,
+            constraints: ServiceConstraints::default(),
+        })
+        .await;
+    let Err(tessera_control::ControlError::Invalid(errors)) = preview else {
+        panic!("a preview of a deregistered revision: {preview:?}");
+    };
+    assert_eq!(errors.errors[0].field, "task_definition");
+    assert!(errors.errors[0].message.contains("deregistered"));
+}
