@@ -5,5 +5,7 @@
 # checkouts sharing a target directory could each run test binaries the other compiled.
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/tessera/target-$(printf %s "$root" | sha256sum | cut -c1-12)}"
-# wasm-opt comes from npm's binaryen 132 (Debian's binaryen 108 breaks hydration).
-export PATH="$root/end2end/node_modules/.bin:$HOME/.cargo/bin:$PATH"
+# wasm-opt: scripts/bin/wasm-opt keeps the output of every input it has optimised (an
+# unchanged release build then takes seconds) in front of npm's binaryen 132 (Debian's
+# binaryen 108 breaks hydration).
+export PATH="$root/scripts/bin:$root/end2end/node_modules/.bin:$HOME/.cargo/bin:$PATH"

@@ -246,6 +246,7 @@ impl Control {
         self.store
             .register_host(&host, &hash_token(&token), &stamp(self.now()))
             .await?;
+        self.capacity_changed();
         let kind = if req.simulated {
             "simulated host"
         } else {
@@ -308,6 +309,9 @@ impl Control {
         req.validate().map_err(ControlError::Invalid)?;
         let host = self.store.get_host(host_id).await?;
         let mut changed = false;
+        // Whether capacity changed (a GPU, the host's status, a task gone): the scheduler's
+        // cached engine is then rebuilt.
+        let mut capacity = false;
         let problem = lifecycle::problem(req);
         let gpu_changes = self
             .store
@@ -323,6 +327,7 @@ impl Control {
             self.event(None, Some(host_id), &format!("host {host_id}: {change}"))
                 .await;
             changed = true;
+            capacity = true;
         }
         let event = lifecycle::HostEvent::Synced {
             problem: problem.as_deref(),
@@ -339,6 +344,7 @@ impl Control {
             {
                 self.event(None, Some(host_id), &t.message).await;
                 changed = true;
+                capacity = true;
             }
         }
         // Tasks.
@@ -369,6 +375,7 @@ impl Control {
                     .mark_task_stopped(&t.id, "stopped", r.exit_code, false)
                     .await?;
                 changed = true;
+                capacity = true;
             } else {
                 let code = r.exit_code.map_or("unknown".to_owned(), |c| c.to_string());
                 let reason = format!("essential container exited with code {code}");
@@ -376,6 +383,7 @@ impl Control {
                 self.task_ended(t, host_id, &reason, r.exit_code, failed)
                     .await?;
                 changed = true;
+                capacity = true;
             }
         }
         for t in mine.values().filter(|t| !reported.contains(t.id.as_str())) {
@@ -385,14 +393,19 @@ impl Control {
                         .mark_task_stopped(&t.id, "stopped", None, false)
                         .await?;
                     changed = true;
+                    capacity = true;
                 }
                 TaskState::Running => {
                     self.task_ended(t, host_id, "task no longer running on its host", None, true)
                         .await?;
                     changed = true;
+                    capacity = true;
                 }
                 _ => {}
             }
+        }
+        if capacity {
+            self.capacity_changed();
         }
         if changed {
             self.wake();

@@ -438,6 +438,7 @@ impl Control {
     /// Removes a host that runs nothing, freeing its GPU UUIDs for a reinstalled machine.
     pub async fn delete_host(&self, id: &HostId) -> Result<(), ControlError> {
         self.store.delete_host(id).await?;
+        self.capacity_changed();
         self.event(None, Some(id), &format!("host {id} deleted"))
             .await;
         self.wake();

@@ -1,10 +1,11 @@
-//! What the benchmark programs share (`scale-bench` here, `console-bench` in the server):
+//! What the benchmark programs share (`scale-bench` here, `console-bench` and `sync-bench`
+//! in the server):
 //! their command-line numbers, a large simulated fleet admitted through the same path
 //! agents register by, and the task definition whose tasks they place.
 
 use crate::{Control, ControlError};
 use serde_json::json;
-use tessera_model::agent::{GpuReport, RegisterRequest};
+use tessera_model::agent::{GpuReport, RegisterRequest, RegisterResponse};
 use tessera_model::service::TaskDefinition;
 use tessera_model::{GpuUuid, MiB, MilliCpu, PoolName};
 
@@ -25,15 +26,17 @@ pub fn arg(name: &str, default: usize) -> usize {
 }
 
 /// Admits `hosts` simulated hosts (192 vCPU, 2 TiB, `gpus_per_host` GPUs of 80 GiB each)
-/// named `sim-0000`…, host `h` into pool `pool_of(h)`.
+/// named `sim-0000`…, host `h` into pool `pool_of(h)`; returns what each was told (its id
+/// and agent token).
 pub async fn admit_simulated_hosts(
     control: &Control,
     hosts: usize,
     gpus_per_host: usize,
     pool_of: impl Fn(usize) -> PoolName,
-) -> Result<(), ControlError> {
+) -> Result<Vec<RegisterResponse>, ControlError> {
+    let mut admitted = Vec::with_capacity(hosts);
     for h in 0..hosts {
-        control
+        let response = control
             .admit_host(&RegisterRequest {
                 join_token: String::new(),
                 pool: pool_of(h),
@@ -41,21 +44,27 @@ pub async fn admit_simulated_hosts(
                 memory_mib: MiB(2 * 1024 * 1024),
                 simulated: true,
                 labels: Default::default(),
-                gpus: (0..gpus_per_host as u32)
-                    .map(|i| GpuReport {
-                        uuid: GpuUuid::new(format!("GPU-SIM-{h}-{i}")).expect("non-empty"),
-                        index: i,
-                        model: "H100 80GB (simulated)".into(),
-                        memory_mib: MiB(80 * 1024),
-                        mps_client_limit: 48,
-                        healthy: true,
-                    })
-                    .collect(),
+                gpus: simulated_gpus(h, gpus_per_host),
                 name: Some(format!("sim-{h:04}")),
             })
             .await?;
+        admitted.push(response);
     }
-    Ok(())
+    Ok(admitted)
+}
+
+/// The GPUs `admit_simulated_hosts` gave host `h`, as its agent reports them.
+pub fn simulated_gpus(h: usize, gpus_per_host: usize) -> Vec<GpuReport> {
+    (0..gpus_per_host as u32)
+        .map(|i| GpuReport {
+            uuid: GpuUuid::new(format!("GPU-SIM-{h}-{i}")).expect("non-empty"),
+            index: i,
+            model: "H100 80GB (simulated)".into(),
+            memory_mib: MiB(80 * 1024),
+            mps_client_limit: 48,
+            healthy: true,
+        })
+        .collect()
 }
 
 /// Registers `bench:1`: one container of 2 vCPU and 8 GiB with an MPS slot of 10 GiB and

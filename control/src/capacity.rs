@@ -402,4 +402,66 @@ mod tests {
             }
         }
     }
+
+    fn builds(c: &Control) -> u64 {
+        c.engine_builds.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    async fn scale(c: &Control, desired: u32) {
+        c.update_service(
+            "s",
+            &ServicePatch {
+                desired_count: Some(desired),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("scale");
+        c.reconcile_once().await.expect("pass");
+    }
+
+    #[tokio::test]
+    async fn the_engine_is_kept_between_passes_and_rebuilt_when_capacity_changes() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (a, b) = two_servers(&dir).await;
+        scale(&a, 2).await;
+        assert_eq!(builds(&a), 1);
+        // More tasks: placed by the same engine, which already holds the first two.
+        scale(&a, 3).await;
+        assert_eq!(builds(&a), 1, "not rebuilt for a scale-up");
+        assert_eq!(assert_not_overcommitted(&a).await, 3);
+        // Another server takes the last slot, which a's engine believes free (a hears
+        // nothing of it): a's next placement is refused by the commit's re-check, and its
+        // engine rebuilt from the store on the pass after.
+        let theirs = pending(&b, "b", 1).await;
+        let plan_b = plan(&b, &theirs).await;
+        assert_eq!(
+            b.store
+                .commit_placements(&plan_b)
+                .await
+                .expect("commit")
+                .len(),
+            1
+        );
+        // (b's task is one of the service's: five wanted, one new.)
+        scale(&a, 5).await;
+        assert_eq!(builds(&a), 1, "the stale engine was used once");
+        assert_eq!(
+            assert_not_overcommitted(&a).await,
+            4,
+            "and its placement refused"
+        );
+        a.reconcile_once().await.expect("pass");
+        assert_eq!(builds(&a), 2, "then rebuilt from the store");
+        assert_eq!(assert_not_overcommitted(&a).await, 4);
+        a.reconcile_once().await.expect("pass");
+        assert_eq!(builds(&a), 2, "kept while nothing changes");
+        // Capacity changed here (an operator drains the host, then reactivates it).
+        let host = a.list_hosts().await.expect("hosts")[0].id.clone();
+        a.drain_host(&host).await.expect("drain");
+        a.activate_host(&host).await.expect("activate");
+        a.reconcile_once().await.expect("pass");
+        assert_eq!(builds(&a), 3, "rebuilt after the host changed");
+        assert_eq!(assert_not_overcommitted(&a).await, 4);
+    }
 }

@@ -6,6 +6,7 @@ use crate::error::ControlError;
 use crate::error::StoreError;
 use crate::inputs::{PoolInput, ServiceDetail, ServiceInput, ServicePatch};
 use crate::lifecycle::{self, HostEvent};
+use crate::scheduler::CachedEngine;
 use crate::store::{EventFilter, Store, TaskFilter};
 use chrono::{DateTime, Utc};
 use serde_json::Value;
@@ -125,6 +126,14 @@ pub struct Control {
     pub(crate) restart_backoff: Arc<Mutex<HashMap<i64, Backoff>>>,
     /// When old rows were last pruned.
     pub(crate) last_prune: Arc<Mutex<Option<DateTime<Utc>>>>,
+    /// Per pool, the scheduler's engine, kept in step with its own commits from one pass
+    /// to the next while nothing else changes capacity.
+    pub(crate) engines: Arc<tokio::sync::Mutex<HashMap<PoolName, CachedEngine>>>,
+    /// Bumped by every change of capacity the scheduler did not make itself (a task gone,
+    /// a host's status or GPUs, a pool's limits): a cached engine older than it is rebuilt.
+    pub(crate) capacity_epoch: Arc<std::sync::atomic::AtomicU64>,
+    /// How many times the scheduler built an engine from the store (for tests and logs).
+    pub(crate) engine_builds: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Control {
@@ -140,6 +149,9 @@ impl Control {
             started: config.clock.now(),
             restart_backoff: Arc::default(),
             last_prune: Arc::default(),
+            engines: Arc::default(),
+            capacity_epoch: Arc::default(),
+            engine_builds: Arc::default(),
             config,
         }
     }
@@ -156,6 +168,12 @@ impl Control {
         let before = state.clone();
         change(state);
         *state != before
+    }
+
+    /// Capacity changed outside the scheduler: its cached engines are rebuilt next pass.
+    pub(crate) fn capacity_changed(&self) {
+        self.capacity_epoch
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Now, by the configured clock.
@@ -228,6 +246,7 @@ impl Control {
             )));
         }
         self.store.upsert_pool(&pool).await?;
+        self.capacity_changed();
         Ok(pool)
     }
 
@@ -443,6 +462,7 @@ impl Control {
         {
             return Err(changed_meanwhile(id));
         }
+        self.capacity_changed();
         self.event(None, Some(id), &t.message).await;
         self.wake();
         Ok(())

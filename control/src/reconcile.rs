@@ -91,6 +91,7 @@ impl Control {
     async fn detect_lost_hosts(&self) -> Result<(), ControlError> {
         let swept = self.store.stop_tasks_on_lost_hosts().await?;
         if !swept.is_empty() {
+            self.capacity_changed();
             tracing::warn!(tasks = swept.len(), "stopped tasks left on lost hosts");
             self.wake();
         }
@@ -108,6 +109,7 @@ impl Control {
             let Some(stopped) = self.store.mark_host_lost(&id, &reason, &cutoff).await? else {
                 continue;
             };
+            self.capacity_changed();
             self.event(
                 None,
                 Some(&id),

@@ -8,7 +8,7 @@ use crate::control::Control;
 use crate::error::ControlError;
 use crate::inputs::{Density, PreviewInput, PreviewResult, PreviewTask};
 use crate::store::{PendingTask, PlacementCommit, TaskFilter};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use tessera_model::service::{GpuAllocation, Service, ServiceConstraints, TaskDefRef, TaskState};
 use tessera_model::taskdef::{TaskDefinitionSpec, TaskGpu};
 use tessera_model::{HostId, PlacementPolicy, PoolInfo, PoolName, SharingMode};
@@ -51,6 +51,20 @@ pub(crate) fn request_for(
 pub(crate) struct PoolEngine {
     pub engine: Engine,
     pub pool: PoolInfo,
+    /// The revisions its workload profile was built from.
+    pub profiled: HashSet<TaskDefRef>,
+}
+
+/// A pool's engine kept from one scheduling pass to the next: it already holds every
+/// placement the scheduler committed since it was built. It is rebuilt from the store when
+/// capacity changed elsewhere (`Control::capacity_changed`, after `epoch`), when a
+/// revision its profile does not know is pending, and when a commit refused one of its
+/// placements (its picture drifted from the store; the commit's re-check caught it).
+pub(crate) struct CachedEngine {
+    pub engine: Engine,
+    pub pool: PoolInfo,
+    pub epoch: u64,
+    pub profiled: HashSet<TaskDefRef>,
 }
 
 impl Control {
@@ -112,7 +126,11 @@ impl Control {
         let profile = DemandProfile::from_requests(&profile_requests);
         let policy = Policy::from(policy.unwrap_or(info.policy));
         let engine = Engine::new(capacity.snapshot, policy, &profile, 0x7e55e7a);
-        Ok(PoolEngine { engine, pool: info })
+        Ok(PoolEngine {
+            engine,
+            pool: info,
+            profiled: holding.into_iter().map(|t| t.task_definition).collect(),
+        })
     }
 
     /// Places every pending task and commits what fits.
@@ -147,10 +165,34 @@ impl Control {
                     )
                 })
                 .collect();
-            let PoolEngine {
-                mut engine,
-                pool: info,
-            } = self.pool_engine(&pool, None, &extra).await?;
+            let epoch = self
+                .capacity_epoch
+                .load(std::sync::atomic::Ordering::SeqCst);
+            let pending_refs: HashSet<TaskDefRef> =
+                tasks.iter().map(|t| t.task_definition.clone()).collect();
+            let mut cache = self.engines.lock().await;
+            let stale = cache
+                .get(&pool)
+                .is_none_or(|c| c.epoch != epoch || !pending_refs.is_subset(&c.profiled));
+            if stale {
+                let built = self.pool_engine(&pool, None, &extra).await?;
+                self.engine_builds
+                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let mut profiled = built.profiled;
+                profiled.extend(pending_refs);
+                cache.insert(
+                    pool.clone(),
+                    CachedEngine {
+                        engine: built.engine,
+                        pool: built.pool,
+                        epoch,
+                        profiled,
+                    },
+                );
+            }
+            let CachedEngine {
+                engine, pool: info, ..
+            } = cache.get_mut(&pool).expect("inserted above");
             // One service at a time, in the order its tasks were created.
             let mut by_service: Vec<(String, Vec<&PendingTask>)> = Vec::new();
             for t in tasks {
@@ -211,15 +253,25 @@ impl Control {
                     self.service_state_changed(&name, |s| s.pending = None);
                 }
             }
-            let committed = self.store.commit_placements(&commits).await?;
+            let committed = match self.store.commit_placements(&commits).await {
+                Ok(committed) => committed,
+                Err(e) => {
+                    // Nothing was stored: the engine holds placements that are not.
+                    cache.remove(&pool);
+                    return Err(e.into());
+                }
+            };
             placed_total += committed.len();
             if committed.len() < commits.len() {
-                tracing::info!(
-                    skipped = commits.len() - committed.len(),
-                    "placements changed under us; retrying next pass"
+                tracing::warn!(
+                    pool = %pool,
+                    refused = commits.len() - committed.len(),
+                    "the engine's picture drifted from the store (the commit's re-check refused placements); rebuilding it"
                 );
+                cache.remove(&pool);
                 self.wake();
             }
+            drop(cache);
             for (service, ids, sentence) in complaints {
                 self.store.set_placement_message(&ids, &sentence).await?;
                 if self.service_state_changed(&service, |s| s.pending = Some(sentence.clone())) {
@@ -259,6 +311,7 @@ impl Control {
         let PoolEngine {
             mut engine,
             pool: info,
+            ..
         } = self.pool_engine(&pool, strategy, &batch).await?;
         let density_before = density(engine.snapshot());
         let outcome = engine.place_batch(&batch);

@@ -6,12 +6,15 @@
 
 use serde_json::json;
 use std::collections::BTreeMap;
+#[cfg(feature = "demo")]
 use std::path::Path;
+#[cfg(feature = "demo")]
 use tessera_agent::{Agent, AgentConfig, AgentError};
 use tessera_control::inputs::{PoolInput, ServiceInput};
 use tessera_control::{Control, ControlError};
 use tessera_model::service::{DeploymentConfig, ServiceConstraints};
 use tessera_model::{MiB, MilliCpu, PoolName};
+#[cfg(feature = "demo")]
 use tokio::sync::watch;
 
 /// One demo host: its agent's name, pool, simulated GPUs, size and zone label.
@@ -105,8 +108,12 @@ pub async fn seed(control: &Control) -> Result<(), ControlError> {
     Ok(())
 }
 
+/// Whether this build has the demo fleet's agents (the `demo` feature, on by default).
+pub const AVAILABLE: bool = cfg!(feature = "demo");
+
 /// Runs one agent per demo host against `server` until `shutdown` flips; each keeps its
 /// state under `data_dir/demo-agents/<name>` and stops its tasks when it exits.
+#[cfg(feature = "demo")]
 pub async fn run_agents(
     server: String,
     ca_cert: Option<std::path::PathBuf>,

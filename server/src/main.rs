@@ -165,6 +165,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     let (stop_tx, stop_rx) = watch::channel(false);
     if args.demo {
+        anyhow::ensure!(
+            demo::AVAILABLE,
+            "--demo needs a build with the `demo` feature (on by default); this one has none"
+        );
         demo::seed(&control).await.context("seeding the demo")?;
     }
     let reconciler = {
@@ -189,6 +193,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .map(|(cert, key)| TlsFiles { cert, key });
     let scheme = if tls.is_some() { "https" } else { "http" };
     tracing::info!("listening on {scheme}://{addr}");
+    #[cfg(feature = "demo")]
     let demo_agents = match (args.demo, join_token) {
         (true, Some(token)) => {
             // Under TLS the demo's agents trust the server's own certificate, by name.
@@ -206,6 +211,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             }))
         }
         _ => None,
+    };
+    #[cfg(not(feature = "demo"))]
+    let demo_agents: Option<tokio::task::JoinHandle<()>> = {
+        let _ = join_token;
+        None
     };
     let mut auth = AuthSettings::for_bind(args.bind, tls.is_some());
     if !args.allowed_hosts.is_empty() {

@@ -1,0 +1,204 @@
+//! `sync-bench`: how long an agent's sync takes when a large fleet syncs at its normal
+//! pace, through the real router (agent-token authentication included) and store, with the
+//! reconcile loop running, and whether any host is wrongly declared lost.
+//!
+//! ```text
+//! sync-bench [--hosts 10000] [--gpus-per-host 8] [--tasks 20000] [--interval 5] [--seconds 30]
+//! ```
+//!
+//! Every host syncs once per interval, spread evenly over it (10,000 hosts every 5 s is
+//! 2,000 syncs/s), reporting its GPUs and the tasks placed on it as running. Printed: the
+//! rate reached, p50/p99/max sync latency, and hosts lost (should be 0).
+
+use axum::body::Body;
+use axum::http::Request;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tessera_control::bench::{
+    admit_simulated_hosts, arg, register_task_definition, simulated_gpus,
+};
+use tessera_control::inputs::{PoolInput, ServiceInput};
+use tessera_control::store::TaskFilter;
+use tessera_control::{Control, ControlConfig};
+use tessera_model::HostStatus;
+use tessera_model::agent::{MpsReport, SyncRequest, TaskReport};
+use tessera_model::service::{DeploymentConfig, ServiceConstraints, TaskState};
+use tessera_model::{HostId, PoolName};
+use tessera_server::{AppState, app};
+use tower::ServiceExt;
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let hosts = arg("--hosts", 10_000);
+    let per_host = arg("--gpus-per-host", 8);
+    let tasks = arg("--tasks", 20_000);
+    let interval = Duration::from_secs(arg("--interval", 5) as u64);
+    let seconds = arg("--seconds", 30) as u64;
+    let dir = std::env::temp_dir().join(format!("tessera-sync-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let store = tessera_control::open(&format!("sqlite://{}/bench.db", dir.display())).await?;
+    let control = Control::new(
+        store,
+        ControlConfig {
+            sync_interval: interval,
+            ..ControlConfig::default()
+        },
+    );
+    control.create_pool(&PoolInput::named("bench")).await?;
+    let pool = PoolName::new("bench")?;
+    let admitted = admit_simulated_hosts(&control, hosts, per_host, |_| pool.clone()).await?;
+    register_task_definition(&control).await?;
+    control
+        .create_service(&ServiceInput {
+            name: "bench".into(),
+            task_definition: "bench:1".into(),
+            pool: "bench".into(),
+            desired_count: tasks as u32,
+            strategy: None,
+            constraints: ServiceConstraints::default(),
+            deployment: Some(DeploymentConfig::default()),
+            stop_timeout_secs: 30,
+        })
+        .await?;
+    control.reconcile_once().await?;
+    // Each host's sync body: its GPUs and the tasks placed on it, running.
+    let placed = control
+        .list_tasks(&TaskFilter {
+            states: TaskState::HOLDING.to_vec(),
+            ..Default::default()
+        })
+        .await?;
+    let mut by_host: std::collections::HashMap<HostId, Vec<TaskReport>> = Default::default();
+    for t in placed {
+        if let Some(h) = t.host {
+            by_host.entry(h).or_default().push(TaskReport {
+                task_id: t.id,
+                running: true,
+                exit_code: None,
+                gpu_memory_peak_mib: Some(tessera_model::MiB(4096)),
+                sm_percent: Some(10),
+            });
+        }
+    }
+    let bodies: Arc<Vec<(String, String)>> = Arc::new(
+        admitted
+            .iter()
+            .enumerate()
+            .map(|(h, r)| {
+                let body = SyncRequest {
+                    gpus: simulated_gpus(h, per_host),
+                    mps: MpsReport {
+                        healthy: true,
+                        reason: None,
+                    },
+                    tasks: by_host.remove(&r.host_id).unwrap_or_default(),
+                };
+                (
+                    r.agent_token.clone(),
+                    serde_json::to_string(&body).expect("serializes"),
+                )
+            })
+            .collect(),
+    );
+    let state = AppState::new(control.clone(), "127.0.0.1:0".parse()?);
+    let router = app(state);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let reconciler = {
+        let control = control.clone();
+        let mut stop = stop_rx.clone();
+        tokio::spawn(async move {
+            control
+                .run(async move {
+                    let _ = stop.changed().await;
+                })
+                .await;
+        })
+    };
+    println!(
+        "sync-bench: {hosts} hosts × {per_host} GPUs, {tasks} tasks, each host syncing every {} s ({:.0} syncs/s) for {seconds} s",
+        interval.as_secs(),
+        hosts as f64 / interval.as_secs_f64()
+    );
+    // One sender per host slot would be 10,000 tasks; a few hundred workers each take
+    // every n-th host and keep its schedule, so a slow answer delays only that worker.
+    let workers = 256.min(hosts.max(1));
+    let start = Instant::now();
+    let end = start + Duration::from_secs(seconds);
+    let mut handles = Vec::new();
+    for w in 0..workers {
+        let router = router.clone();
+        let bodies = bodies.clone();
+        handles.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            let mut errors = 0u64;
+            let mut round = 0u32;
+            'outer: loop {
+                for h in (w..bodies.len()).step_by(workers) {
+                    let due =
+                        start + interval * round + interval.mul_f64(h as f64 / bodies.len() as f64);
+                    if due >= end {
+                        break 'outer;
+                    }
+                    tokio::time::sleep_until(due.into()).await;
+                    let (token, body) = &bodies[h];
+                    let req = Request::post("/agent/v1/sync")
+                        .header("host", "127.0.0.1:3000")
+                        .header("authorization", format!("Bearer {token}"))
+                        .header("content-type", "application/json")
+                        .body(Body::from(body.clone()))
+                        .expect("request");
+                    let t0 = Instant::now();
+                    let response = router.clone().oneshot(req).await.expect("answers");
+                    if !response.status().is_success() {
+                        errors += 1;
+                    }
+                    let _ = axum::body::to_bytes(response.into_body(), usize::MAX).await;
+                    latencies.push(t0.elapsed());
+                }
+                round += 1;
+            }
+            (latencies, errors)
+        }));
+    }
+    let mut latencies = Vec::new();
+    let mut errors = 0;
+    for h in handles {
+        let (l, e) = h.await?;
+        latencies.extend(l);
+        errors += e;
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let _ = stop_tx.send(true);
+    let _ = reconciler.await;
+    latencies.sort();
+    let lost = control
+        .list_hosts()
+        .await?
+        .iter()
+        .filter(|h| h.status == HostStatus::Lost)
+        .count();
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    println!(
+        "  {} syncs in {elapsed:.1} s = {:.0} syncs/s; latency p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; {errors} errors; hosts lost: {lost}",
+        latencies.len(),
+        latencies.len() as f64 / elapsed,
+        ms(percentile(&latencies, 0.5)),
+        ms(percentile(&latencies, 0.99)),
+        ms(latencies.last().copied().unwrap_or_default()),
+    );
+    println!(
+        "{}",
+        serde_json::json!({"hosts": hosts, "syncs": latencies.len(), "syncs_per_sec": latencies.len() as f64 / elapsed,
+            "p50_ms": ms(percentile(&latencies, 0.5)), "p99_ms": ms(percentile(&latencies, 0.99)),
+            "max_ms": ms(latencies.last().copied().unwrap_or_default()), "errors": errors, "hosts_lost": lost})
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
