@@ -77,6 +77,28 @@ pub async fn register_task_definition(control: &Control) -> Result<TaskDefinitio
         .await
 }
 
+/// Creates service `name` of `bench:1` in `pool` with `desired` tasks.
+pub async fn create_service(
+    control: &Control,
+    name: &str,
+    pool: &str,
+    desired: usize,
+) -> Result<(), ControlError> {
+    control
+        .create_service(&crate::inputs::ServiceInput {
+            name: name.into(),
+            task_definition: "bench:1".into(),
+            pool: pool.into(),
+            desired_count: desired as u32,
+            strategy: None,
+            constraints: Default::default(),
+            deployment: Some(Default::default()),
+            stop_timeout_secs: 30,
+        })
+        .await
+        .map(|_| ())
+}
+
 /// An API token of the given role, made by a user of that role created for it: benchmarks
 /// and tests call the router through the same authentication as everyone else.
 pub async fn api_token(

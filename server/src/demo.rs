@@ -5,6 +5,7 @@
 //! each task's budget), and hosts, API and console say so.
 
 use serde_json::json;
+#[cfg(feature = "demo")]
 use std::collections::BTreeMap;
 #[cfg(feature = "demo")]
 use std::path::Path;
@@ -12,12 +13,15 @@ use std::path::Path;
 use tessera_agent::{Agent, AgentConfig, AgentError};
 use tessera_control::inputs::{PoolInput, ServiceInput};
 use tessera_control::{Control, ControlError};
+use tessera_model::PoolName;
 use tessera_model::service::{DeploymentConfig, ServiceConstraints};
-use tessera_model::{MiB, MilliCpu, PoolName};
+#[cfg(feature = "demo")]
+use tessera_model::{MiB, MilliCpu};
 #[cfg(feature = "demo")]
 use tokio::sync::watch;
 
 /// One demo host: its agent's name, pool, simulated GPUs, size and zone label.
+#[cfg(feature = "demo")]
 struct DemoHost {
     name: &'static str,
     pool: &'static str,
@@ -27,6 +31,7 @@ struct DemoHost {
     zone: &'static str,
 }
 
+#[cfg(feature = "demo")]
 const FLEET: &[DemoHost] = &[
     DemoHost {
         name: "sim-h100-1",

@@ -251,8 +251,7 @@ async fn a_remembered_process_id_is_not_adopted_without_the_mark() {
         stranger.try_wait().expect("wait").is_none(),
         "and is never signalled"
     );
-    let _ = stranger.kill();
-    let _ = stranger.wait();
+    end(stranger);
 }
 
 #[tokio::test]
@@ -308,8 +307,7 @@ async fn a_group_id_taken_over_by_another_process_is_never_signalled() {
         stranger.try_wait().expect("wait").is_none(),
         "the stranger was not signalled"
     );
-    let _ = stranger.kill();
-    let _ = stranger.wait();
+    end(stranger);
 }
 
 #[tokio::test]
@@ -374,4 +372,10 @@ async fn nothing_is_adopted_after_a_reboot() {
             let _ = killpg(Pid::from_raw(g), Signal::SIGKILL);
         }
     }
+}
+
+/// Ends a process a test started.
+fn end(mut child: std::process::Child) {
+    let _ = child.kill();
+    let _ = child.wait();
 }

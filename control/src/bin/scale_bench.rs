@@ -12,11 +12,13 @@
 
 use serde_json::json;
 use std::time::Instant;
-use tessera_control::bench::{admit_simulated_hosts, arg, register_task_definition};
-use tessera_control::inputs::{PoolInput, ServiceInput, ServicePatch};
+use tessera_control::bench::{
+    admit_simulated_hosts, arg, create_service, register_task_definition,
+};
+use tessera_control::inputs::{PoolInput, ServicePatch};
 use tessera_control::store::TaskFilter;
 use tessera_control::{Control, ControlConfig};
-use tessera_model::service::{DeploymentConfig, ServiceConstraints, TaskState};
+use tessera_model::service::TaskState;
 use tessera_model::{GpuUuid, MiB, MilliCpu, PoolName};
 
 /// Resident memory now and at its peak, in MiB (Linux).
@@ -48,18 +50,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     admit_simulated_hosts(&control, hosts, per_host, |_| bench_pool.clone()).await?;
     let registered = started.elapsed();
     register_task_definition(&control).await?;
-    control
-        .create_service(&ServiceInput {
-            name: "bench".into(),
-            task_definition: "bench:1".into(),
-            pool: "bench".into(),
-            desired_count: 0,
-            strategy: None,
-            constraints: ServiceConstraints::default(),
-            deployment: Some(DeploymentConfig::default()),
-            stop_timeout_secs: 30,
-        })
-        .await?;
+    create_service(&control, "bench", "bench", 0).await?;
     control.reconcile_once().await?;
     let (rss_before, _) = memory_mib();
 

@@ -14,12 +14,13 @@ use axum::body::Body;
 use axum::http::Request;
 use serde_json::json;
 use std::time::Instant;
-use tessera_control::bench::{admit_simulated_hosts, api_token, arg, register_task_definition};
-use tessera_control::inputs::{PoolInput, ServiceInput};
+use tessera_control::bench::{
+    admit_simulated_hosts, api_token, arg, create_service, register_task_definition,
+};
+use tessera_control::inputs::PoolInput;
 use tessera_control::{Control, ControlConfig};
 use tessera_model::PoolName;
 use tessera_model::auth::Role;
-use tessera_model::service::{DeploymentConfig, ServiceConstraints};
 use tessera_server::{AppState, app};
 use tower::ServiceExt;
 
@@ -40,18 +41,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     admit_simulated_hosts(&control, hosts, per_host, |h| pools[h % 2].clone()).await?;
     register_task_definition(&control).await?;
     for pool in ["a", "b"] {
-        control
-            .create_service(&ServiceInput {
-                name: format!("svc-{pool}"),
-                task_definition: "bench:1".into(),
-                pool: pool.into(),
-                desired_count: (tasks / 2) as u32,
-                strategy: None,
-                constraints: ServiceConstraints::default(),
-                deployment: Some(DeploymentConfig::default()),
-                stop_timeout_secs: 30,
-            })
-            .await?;
+        create_service(&control, &format!("svc-{pool}"), pool, tasks / 2).await?;
     }
     control.reconcile_once().await?;
     let token = api_token(&control, Role::Viewer).await?;

@@ -15,14 +15,14 @@ use axum::http::Request;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tessera_control::bench::{
-    admit_simulated_hosts, arg, register_task_definition, simulated_gpus,
+    admit_simulated_hosts, arg, create_service, register_task_definition, simulated_gpus,
 };
-use tessera_control::inputs::{PoolInput, ServiceInput};
+use tessera_control::inputs::PoolInput;
 use tessera_control::store::TaskFilter;
 use tessera_control::{Control, ControlConfig};
 use tessera_model::HostStatus;
 use tessera_model::agent::{MpsReport, SyncRequest, TaskReport};
-use tessera_model::service::{DeploymentConfig, ServiceConstraints, TaskState};
+use tessera_model::service::TaskState;
 use tessera_model::{HostId, PoolName};
 use tessera_server::{AppState, app};
 use tower::ServiceExt;
@@ -55,18 +55,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let pool = PoolName::new("bench")?;
     let admitted = admit_simulated_hosts(&control, hosts, per_host, |_| pool.clone()).await?;
     register_task_definition(&control).await?;
-    control
-        .create_service(&ServiceInput {
-            name: "bench".into(),
-            task_definition: "bench:1".into(),
-            pool: "bench".into(),
-            desired_count: tasks as u32,
-            strategy: None,
-            constraints: ServiceConstraints::default(),
-            deployment: Some(DeploymentConfig::default()),
-            stop_timeout_secs: 30,
-        })
-        .await?;
+    create_service(&control, "bench", "bench", tasks).await?;
     control.reconcile_once().await?;
     // Each host's sync body: its GPUs and the tasks placed on it, running.
     let placed = control
