@@ -320,6 +320,12 @@ impl Control {
                 &HostReport {
                     gpus: req.gpus.clone(),
                     seen_at: stamp(self.now()),
+                    usage: req
+                        .tasks
+                        .iter()
+                        .filter(|r| r.gpu_memory_peak_mib.is_some() || r.sm_percent.is_some())
+                        .map(|r| (r.task_id.clone(), r.gpu_memory_peak_mib, r.sm_percent))
+                        .collect(),
                 },
             )
             .await?;
@@ -360,11 +366,6 @@ impl Control {
             let Some(t) = mine.get(&r.task_id) else {
                 continue;
             };
-            if r.gpu_memory_peak_mib.is_some() || r.sm_percent.is_some() {
-                self.store
-                    .record_task_usage(&t.id, r.gpu_memory_peak_mib, r.sm_percent)
-                    .await?;
-            }
             if r.running {
                 if t.state == TaskState::Assigned {
                     self.store.mark_task_running(&t.id).await?;

@@ -468,7 +468,7 @@ impl Control {
         Ok(())
     }
 
-    /// Live tasks of a service (not stopped).
+    /// Live tasks of a service (not stopped), without their allocations.
     pub(crate) async fn live_tasks(
         &self,
         service: &str,
@@ -483,6 +483,7 @@ impl Control {
                     TaskState::Running,
                     TaskState::Stopping,
                 ],
+                without_allocations: true,
                 ..Default::default()
             })
             .await?)

@@ -124,12 +124,14 @@ impl Control {
         Ok(())
     }
 
+    /// Tasks holding capacity on `host`, without their allocations.
     pub(crate) async fn tasks_on(&self, host: &HostId) -> Result<Vec<Task>, ControlError> {
         Ok(self
             .store
             .list_tasks(&TaskFilter {
                 host: Some(host.clone()),
-                states: vec![TaskState::Assigned, TaskState::Running, TaskState::Stopping],
+                states: TaskState::HOLDING.to_vec(),
+                without_allocations: true,
                 ..Default::default()
             })
             .await?)

@@ -37,6 +37,8 @@ pub struct TaskFilter {
     pub states: Vec<TaskState>,
     pub pool: Option<PoolName>,
     pub limit: Option<u32>,
+    /// Leave `allocations` empty (a pass that needs only states reads less).
+    pub without_allocations: bool,
 }
 
 /// A placement to commit: the task goes to `host` holding `allocations`.
@@ -102,6 +104,9 @@ pub struct HostReport {
     pub gpus: Vec<GpuReport>,
     /// When the report arrived, as stored (`crate::clock::stamp`).
     pub seen_at: String,
+    /// What its tasks used: (task id, peak GPU memory, SM %); ids of tasks not on this
+    /// host are ignored.
+    pub usage: Vec<(String, Option<MiB>, Option<u32>)>,
 }
 
 /// What to change of a user; `None` leaves it as it is.
@@ -412,12 +417,6 @@ pub trait TaskStore: Send + Sync + 'static {
     /// Asks for a task to stop: `stopping` if an agent may be running it, else `stopped`.
     async fn request_task_stop(&self, id: &str, reason: &str) -> Result<(), StoreError>;
     async fn set_task_migrating(&self, id: &str) -> Result<(), StoreError>;
-    async fn record_task_usage(
-        &self,
-        id: &str,
-        gpu_memory_peak: Option<MiB>,
-        sm_percent: Option<u32>,
-    ) -> Result<(), StoreError>;
 
     /// Deletes stopped tasks, events, and finished deployments without tasks, written
     /// before `before` (a stored time); returns how many of each.

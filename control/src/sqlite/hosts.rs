@@ -405,6 +405,20 @@ impl HostStore for SqliteStore {
             .bind(id.as_str())
             .execute(&mut *tx)
             .await?;
+        // Measured use, in the same transaction: one write per sync, however many tasks.
+        for (task, peak, sm) in &report.usage {
+            sqlx::query(
+                "UPDATE tasks SET gpu_memory_peak_mib = MAX(COALESCE(gpu_memory_peak_mib, 0), COALESCE(?, 0)),
+                     sm_percent = COALESCE(?, sm_percent)
+                 WHERE id = ? AND host_id = ?",
+            )
+            .bind(peak.map(|m| m.0 as i64))
+            .bind(sm.map(i64::from))
+            .bind(task)
+            .bind(id.as_str())
+            .execute(&mut *tx)
+            .await?;
+        }
         let known: Vec<(String, i64, String)> =
             sqlx::query("SELECT uuid, idx, health FROM gpus WHERE host_id = ?")
                 .bind(id.as_str())

@@ -201,6 +201,9 @@ impl TaskStore for SqliteStore {
             .iter()
             .map(task_from_row)
             .collect::<Result<_, _>>()?;
+        if filter.without_allocations {
+            return Ok(tasks);
+        }
         let placed: Vec<String> = tasks
             .iter()
             .filter(|t| t.state.holds_capacity())
@@ -401,23 +404,6 @@ impl TaskStore for SqliteStore {
         Ok(())
     }
 
-    async fn record_task_usage(
-        &self,
-        id: &str,
-        gpu_memory_peak: Option<MiB>,
-        sm_percent: Option<u32>,
-    ) -> Result<(), StoreError> {
-        sqlx::query(
-            "UPDATE tasks SET gpu_memory_peak_mib = MAX(COALESCE(gpu_memory_peak_mib, 0), COALESCE(?, 0)),
-                 sm_percent = COALESCE(?, sm_percent) WHERE id = ?",
-        )
-        .bind(gpu_memory_peak.map(|m| m.0 as i64))
-        .bind(sm_percent.map(i64::from))
-        .bind(id)
-        .execute(&self.db)
-        .await?;
-        Ok(())
-    }
 
     async fn prune(&self, before: &str) -> Result<Pruned, StoreError> {
         let mut tx = self.begin_immediate().await?;

@@ -4,6 +4,7 @@
 //!
 //! ```text
 //! sync-bench [--hosts 10000] [--gpus-per-host 8] [--tasks 20000] [--interval 5] [--seconds 30]
+//!            [--no-reconcile 1]
 //! ```
 //!
 //! Every host syncs once per interval, spread evenly over it (10,000 hosts every 5 s is
@@ -26,6 +27,16 @@ use tessera_model::service::TaskState;
 use tessera_model::{HostId, PoolName};
 use tessera_server::{AppState, app};
 use tower::ServiceExt;
+
+/// An agent's sync through the router, with its token.
+fn sync_request(token: &str, body: &str) -> Request<Body> {
+    Request::post("/agent/v1/sync")
+        .header("host", "127.0.0.1:3000")
+        .header("authorization", format!("Bearer {token}"))
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_owned()))
+        .expect("request")
+}
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
@@ -96,24 +107,39 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             })
             .collect(),
     );
+    let t = Instant::now();
+    control.reconcile_once().await?;
+    let pass = t.elapsed();
     let state = AppState::new(control.clone(), "127.0.0.1:0".parse()?);
     let router = app(state);
+    // Warm-up, not measured: every host syncs once (its tasks start running), and the
+    // control plane settles, so what follows is the steady state of a running fleet.
+    for (token, body) in bodies.iter() {
+        let response = router.clone().oneshot(sync_request(token, body)).await?;
+        assert!(response.status().is_success(), "warm-up sync: {}", response.status());
+    }
+    control.reconcile_once().await?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    // `--no-reconcile 1`: the sync path alone, as a baseline.
+    let reconcile = arg("--no-reconcile", 0) == 0;
     let reconciler = {
         let control = control.clone();
         let mut stop = stop_rx.clone();
         tokio::spawn(async move {
-            control
-                .run(async move {
-                    let _ = stop.changed().await;
-                })
-                .await;
+            if reconcile {
+                control
+                    .run(async move {
+                        let _ = stop.changed().await;
+                    })
+                    .await;
+            }
         })
     };
     println!(
-        "sync-bench: {hosts} hosts × {per_host} GPUs, {tasks} tasks, each host syncing every {} s ({:.0} syncs/s) for {seconds} s",
+        "sync-bench: {hosts} hosts × {per_host} GPUs, {tasks} tasks, each host syncing every {} s ({:.0} syncs/s) for {seconds} s; a reconcile pass with nothing to do takes {:.1} ms",
         interval.as_secs(),
-        hosts as f64 / interval.as_secs_f64()
+        hosts as f64 / interval.as_secs_f64(),
+        pass.as_secs_f64() * 1000.0
     );
     // One sender per host slot would be 10,000 tasks; a few hundred workers each take
     // every n-th host and keep its schedule, so a slow answer delays only that worker.
@@ -137,12 +163,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     }
                     tokio::time::sleep_until(due.into()).await;
                     let (token, body) = &bodies[h];
-                    let req = Request::post("/agent/v1/sync")
-                        .header("host", "127.0.0.1:3000")
-                        .header("authorization", format!("Bearer {token}"))
-                        .header("content-type", "application/json")
-                        .body(Body::from(body.clone()))
-                        .expect("request");
+                    let req = sync_request(token, body);
                     let t0 = Instant::now();
                     let response = router.clone().oneshot(req).await.expect("answers");
                     if !response.status().is_success() {
