@@ -404,7 +404,6 @@ impl TaskStore for SqliteStore {
         Ok(())
     }
 
-
     async fn prune(&self, before: &str) -> Result<Pruned, StoreError> {
         let mut tx = self.begin_immediate().await?;
         let tasks = sqlx::query(
