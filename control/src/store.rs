@@ -69,6 +69,29 @@ pub struct PendingTask {
     pub pool: PoolName,
 }
 
+/// Which hosts a page of the hosts view shows: empty strings match anything.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HostPageQuery {
+    pub pool: String,
+    pub status: String,
+    /// Hosts with at least one GPU of this model.
+    pub model: String,
+    pub offset: u32,
+    pub limit: u32,
+}
+
+/// One page of hosts, and what the filters choose from.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HostPage {
+    pub hosts: Vec<HostInfo>,
+    /// Hosts matching the filters, on every page.
+    pub matched: u64,
+    /// Hosts in the fleet.
+    pub total: u64,
+    pub pools: Vec<String>,
+    pub models: Vec<String>,
+}
+
 /// A host's status and pool, without its inventory.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostState {
@@ -282,6 +305,9 @@ pub trait HostStore: Send + Sync + 'static {
     async fn delete_host(&self, id: &HostId) -> Result<(), StoreError>;
     /// All hosts with their GPUs, ordered by pool then id.
     async fn list_hosts(&self) -> Result<Vec<HostInfo>, StoreError>;
+    /// One page of hosts matching `q` (ordered by pool then id) with their GPUs, read in a
+    /// handful of queries whatever the fleet's size.
+    async fn host_page(&self, q: &HostPageQuery) -> Result<HostPage, StoreError>;
     /// Every host's pool and status, ordered by pool then id (what a reconcile pass needs
     /// of each host, in one light query).
     async fn host_statuses(&self) -> Result<Vec<HostState>, StoreError>;

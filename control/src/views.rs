@@ -6,7 +6,7 @@
 use crate::capacity::{Held, PoolCapacity};
 use crate::control::Control;
 use crate::error::ControlError;
-use crate::store::{EventFilter, TaskFilter};
+use crate::store::{EventFilter, HostPageQuery, TaskFilter};
 use std::collections::{BTreeMap, HashMap};
 use tessera_model::api::ServiceDetail;
 use tessera_model::service::{Event, Task, TaskDefRef, TaskDefinition, TaskState};
@@ -224,43 +224,31 @@ impl Control {
         Ok((view, events))
     }
 
-    /// The hosts page: filtered, one page of host views.
+    /// The hosts page: filtered, one page of host views, read a page at a time.
     pub async fn hosts_page(&self, q: &HostQuery) -> Result<HostsPage, ControlError> {
-        let all = self.store.list_hosts().await?;
-        let total = all.len() as u32;
-        let mut pools: Vec<String> = all.iter().map(|h| h.pool.to_string()).collect();
-        pools.sort();
-        pools.dedup();
-        let mut models: Vec<String> = all
-            .iter()
-            .flat_map(|h| h.gpus.iter().map(|g| g.model.clone()))
-            .collect();
-        models.sort();
-        models.dedup();
-        let matched: Vec<HostInfo> = all
-            .into_iter()
-            .filter(|h| {
-                (q.pool.is_empty() || h.pool.as_str() == q.pool)
-                    && (q.status.is_empty() || h.status.as_str() == q.status)
-                    && (q.model.is_empty() || h.gpus.iter().any(|g| g.model == q.model))
-            })
-            .collect();
-        let pages = (matched.len().div_ceil(HOSTS_PER_PAGE)).max(1) as u32;
+        let per_page = HOSTS_PER_PAGE as u32;
+        let query = |page: u32| HostPageQuery {
+            pool: q.pool.clone(),
+            status: q.status.clone(),
+            model: q.model.clone(),
+            offset: page * per_page,
+            limit: per_page,
+        };
+        let mut found = self.store.host_page(&query(q.page)).await?;
+        let pages = (found.matched.div_ceil(u64::from(per_page))).max(1) as u32;
         let page = q.page.min(pages - 1);
-        let matched_count = matched.len() as u32;
-        let shown: Vec<HostInfo> = matched
-            .into_iter()
-            .skip(page as usize * HOSTS_PER_PAGE)
-            .take(HOSTS_PER_PAGE)
-            .collect();
+        if page != q.page {
+            // Past the last page: show the last one.
+            found = self.store.host_page(&query(page)).await?;
+        }
         Ok(HostsPage {
-            hosts: self.host_views(shown).await?,
-            total,
-            matched: matched_count,
+            hosts: self.host_views(found.hosts).await?,
+            total: found.total as u32,
+            matched: found.matched as u32,
             page,
             pages,
-            pools,
-            models,
+            pools: found.pools,
+            models: found.models,
         })
     }
 

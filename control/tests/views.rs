@@ -113,3 +113,47 @@ async fn a_deregistered_revision_is_refused_by_the_preview_as_by_the_service_for
     assert_eq!(errors.errors[0].field, "task_definition");
     assert!(errors.errors[0].message.contains("deregistered"));
 }
+
+#[tokio::test]
+async fn the_hosts_page_is_read_a_page_at_a_time_with_its_filters() {
+    let env = common::env(fast()).await;
+    let control = &env.control;
+    for i in 0..30 {
+        common::host(control, &format!("h{i:02}"), 1, 24).await;
+    }
+    let page = |page: u32, status: &str| {
+        let q = HostQuery {
+            status: status.into(),
+            page,
+            ..Default::default()
+        };
+        async move { control.hosts_page(&q).await.expect("page") }
+    };
+    let first = page(0, "").await;
+    assert_eq!((first.total, first.matched, first.pages), (30, 30, 2));
+    assert_eq!(first.hosts.len(), 24);
+    assert_eq!(first.hosts[0].host.id.as_str(), "h00");
+    assert_eq!(first.hosts[0].gpus.len(), 1, "with its GPUs");
+    assert_eq!(
+        (first.pools.clone(), first.models.clone()),
+        (vec!["gpu".to_owned()], vec!["NVIDIA L4".to_owned()])
+    );
+    let second = page(1, "").await;
+    assert_eq!(second.hosts.len(), 6);
+    assert_eq!(second.hosts[0].host.id.as_str(), "h24");
+    let past = page(9, "").await;
+    assert_eq!(
+        (past.page, past.hosts.len()),
+        (1, 6),
+        "past the end: the last page"
+    );
+    let none = page(0, "draining").await;
+    assert_eq!((none.matched, none.pages, none.hosts.len()), (0, 1, 0));
+    control
+        .drain_host(&tessera_model::HostId::new("h07").expect("valid"))
+        .await
+        .expect("drain");
+    let draining = page(0, "draining").await;
+    assert_eq!(draining.hosts.len(), 1);
+    assert_eq!(draining.hosts[0].host.id.as_str(), "h07");
+}

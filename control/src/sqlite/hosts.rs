@@ -283,6 +283,86 @@ impl HostStore for SqliteStore {
         Ok(hosts)
     }
 
+    async fn host_page(&self, q: &HostPageQuery) -> Result<HostPage, StoreError> {
+        let strings = |rows: Vec<SqliteRow>| -> Result<Vec<String>, StoreError> {
+            rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
+        };
+        let total: i64 = sqlx::query("SELECT COUNT(*) FROM hosts")
+            .fetch_one(&self.db)
+            .await?
+            .try_get(0)?;
+        let pools = strings(
+            sqlx::query("SELECT DISTINCT pool FROM hosts ORDER BY pool")
+                .fetch_all(&self.db)
+                .await?,
+        )?;
+        let models = strings(
+            sqlx::query("SELECT DISTINCT model FROM gpus ORDER BY model")
+                .fetch_all(&self.db)
+                .await?,
+        )?;
+        let filtered = |select: &str| {
+            let mut b = QueryBuilder::<Sqlite>::new(select);
+            b.push(" FROM hosts h WHERE 1 = 1");
+            if !q.pool.is_empty() {
+                b.push(" AND h.pool = ").push_bind(q.pool.clone());
+            }
+            if !q.status.is_empty() {
+                b.push(" AND h.status = ").push_bind(q.status.clone());
+            }
+            if !q.model.is_empty() {
+                b.push(" AND EXISTS (SELECT 1 FROM gpus g WHERE g.host_id = h.id AND g.model = ")
+                    .push_bind(q.model.clone())
+                    .push(")");
+            }
+            b
+        };
+        let matched: i64 = filtered("SELECT COUNT(*)")
+            .build()
+            .fetch_one(&self.db)
+            .await?
+            .try_get(0)?;
+        let columns: Vec<String> = HOST_COLUMNS
+            .split(", ")
+            .map(|c| format!("h.{}", c.trim()))
+            .collect();
+        let mut page = filtered(&format!("SELECT {}", columns.join(", ")));
+        page.push(" ORDER BY h.pool, h.id LIMIT ")
+            .push_bind(i64::from(q.limit))
+            .push(" OFFSET ")
+            .push_bind(i64::from(q.offset));
+        let mut hosts: Vec<HostInfo> = page
+            .build()
+            .fetch_all(&self.db)
+            .await?
+            .iter()
+            .map(host_from_row)
+            .collect::<Result<_, _>>()?;
+        if !hosts.is_empty() {
+            let mut g = QueryBuilder::<Sqlite>::new(format!(
+                "SELECT {GPU_COLUMNS} FROM gpus WHERE host_id IN ("
+            ));
+            let mut sep = g.separated(", ");
+            for h in &hosts {
+                sep.push_bind(h.id.as_str());
+            }
+            g.push(") ORDER BY host_id, idx");
+            for row in g.build().fetch_all(&self.db).await? {
+                let id: String = row.try_get("host_id")?;
+                if let Some(h) = hosts.iter_mut().find(|h| h.id.as_str() == id) {
+                    h.gpus.push(gpu_from_row(&row)?);
+                }
+            }
+        }
+        Ok(HostPage {
+            hosts,
+            matched: matched as u64,
+            total: total as u64,
+            pools,
+            models,
+        })
+    }
+
     async fn host_statuses(&self) -> Result<Vec<HostState>, StoreError> {
         sqlx::query("SELECT id, pool, status FROM hosts ORDER BY pool, id")
             .fetch_all(&self.db)

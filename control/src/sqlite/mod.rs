@@ -16,8 +16,9 @@ use rows::*;
 
 use crate::error::StoreError;
 use crate::store::{
-    CommitContext, EventFilter, EventStore, GpuChange, HeldCapacity, HostReport, HostState,
-    HostStore, NewTask, PendingTask, PlacementCommit, Pruned, ServiceStore, TaskFilter, TaskStore,
+    CommitContext, EventFilter, EventStore, GpuChange, HeldCapacity, HostPage, HostPageQuery,
+    HostReport, HostState, HostStore, NewTask, PendingTask, PlacementCommit, Pruned, ServiceStore,
+    TaskFilter, TaskStore,
 };
 use async_trait::async_trait;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow};
