@@ -420,19 +420,13 @@ impl Control {
                 ..Default::default()
             })
             .await?;
-        let mut specs: HashMap<String, TaskDefinitionSpec> = HashMap::new();
+        let mut specs: HashMap<String, std::sync::Arc<TaskDefinitionSpec>> = HashMap::new();
         let mut stop_timeouts: HashMap<String, u32> = HashMap::new();
         let mut tasks = Vec::with_capacity(wanted.len());
         for t in &wanted {
             let key = t.task_definition.to_string();
             if !specs.contains_key(&key) {
-                specs.insert(
-                    key.clone(),
-                    self.store
-                        .get_task_definition(&t.task_definition)
-                        .await?
-                        .spec,
-                );
+                specs.insert(key.clone(), self.spec_of(&t.task_definition).await?);
             }
             if !stop_timeouts.contains_key(&t.service) {
                 let timeout = self

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tessera_model::service::{Service, TaskDefRef, TaskDefinition, TaskState};
-use tessera_model::taskdef::{Secret, ValidationErrors, parse_task_definition};
+use tessera_model::taskdef::{Secret, TaskDefinitionSpec, ValidationErrors, parse_task_definition};
 use tessera_model::{HostId, PoolInfo, PoolName};
 use tokio::sync::{Notify, broadcast};
 
@@ -132,6 +132,9 @@ pub struct Control {
     /// Bumped by every change of capacity the scheduler did not make itself (a task gone,
     /// a host's status or GPUs, a pool's limits): a cached engine older than it is rebuilt.
     pub(crate) capacity_epoch: Arc<std::sync::atomic::AtomicU64>,
+    /// Specs of task definition revisions, which never change once registered: every
+    /// sync and scheduling pass needs them.
+    pub(crate) specs: Arc<Mutex<HashMap<TaskDefRef, Arc<TaskDefinitionSpec>>>>,
     /// How many times the scheduler built an engine from the store (for tests and logs).
     pub(crate) engine_builds: Arc<std::sync::atomic::AtomicU64>,
 }
@@ -152,6 +155,7 @@ impl Control {
             engines: Arc::default(),
             capacity_epoch: Arc::default(),
             engine_builds: Arc::default(),
+            specs: Arc::default(),
             config,
         }
     }
@@ -168,6 +172,24 @@ impl Control {
         let before = state.clone();
         change(state);
         *state != before
+    }
+
+    /// The spec of revision `r`, from memory after the first read (revisions are
+    /// immutable; only whether new tasks may use them changes).
+    pub(crate) async fn spec_of(
+        &self,
+        r: &TaskDefRef,
+    ) -> Result<Arc<TaskDefinitionSpec>, ControlError> {
+        if let Some(spec) = self.specs.lock().expect("not poisoned").get(r) {
+            return Ok(spec.clone());
+        }
+        let spec = Arc::new(self.store.get_task_definition(r).await?.spec);
+        let mut specs = self.specs.lock().expect("not poisoned");
+        if specs.len() >= 4096 {
+            specs.clear();
+        }
+        specs.insert(r.clone(), spec.clone());
+        Ok(spec)
     }
 
     /// Capacity changed outside the scheduler: its cached engines are rebuilt next pass.

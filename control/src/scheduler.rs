@@ -76,8 +76,8 @@ impl Control {
         let mut out = HashMap::new();
         for r in refs {
             if let std::collections::hash_map::Entry::Vacant(slot) = out.entry(r) {
-                let def = self.store.get_task_definition(slot.key()).await?;
-                slot.insert(def.spec);
+                let spec = self.spec_of(slot.key()).await?;
+                slot.insert(TaskDefinitionSpec::clone(&spec));
             }
         }
         Ok(out)

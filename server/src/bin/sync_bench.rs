@@ -157,7 +157,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         })
     };
     println!(
-        "sync-bench: {hosts} hosts × {per_host} GPUs, {tasks} tasks, each host syncing every {} s ({:.0} syncs/s) for {seconds} s; a reconcile pass with nothing to do takes {:.1} ms",
+        "sync-bench: {hosts} hosts × {per_host} GPUs, {tasks} tasks, each host syncing every {} s ({:.0} syncs/s) for {seconds} s; one reconcile pass after the warm-up took {:.1} ms",
         interval.as_secs(),
         hosts as f64 / interval.as_secs_f64(),
         pass.as_secs_f64() * 1000.0
