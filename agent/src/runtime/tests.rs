@@ -233,12 +233,7 @@ async fn a_task_started_just_before_a_crash_is_adopted_not_started_twice() {
 async fn a_remembered_process_id_is_not_adopted_without_the_mark() {
     let dir = tempfile::tempdir().expect("dir");
     // A process that is not a task of this agent, in a group of its own.
-    use std::os::unix::process::CommandExt;
-    let mut stranger = std::process::Command::new("sleep")
-        .arg("30")
-        .process_group(0)
-        .spawn()
-        .expect("spawn");
+    let mut stranger = stranger();
     let pgid = stranger.id() as i32;
     let state =
         format!(r#"{{"tasks": {{"t-old": {{"pgids": [{pgid}], "stop_timeout_secs": 1}}}}}}"#);
@@ -260,46 +255,17 @@ async fn a_group_id_taken_over_by_another_process_is_never_signalled() {
     let mut rt = Runtime::open(dir.path(), 1 << 20, None).expect("open");
     // A process that now leads a group whose id a task of ours once had: same id,
     // another start time (ids are reused; start times after boot are not).
-    use std::os::unix::process::CommandExt;
-    let mut stranger = std::process::Command::new("sleep")
-        .arg("30")
-        .process_group(0)
-        .spawn()
-        .expect("spawn");
+    let mut stranger = stranger();
     let pgid = stranger.id() as i32;
     let start = group_born(pgid).expect("the stranger leads its group");
     rt.tasks.insert(
         String::from("t-gone"),
-        Task {
-            procs: vec![Proc {
-                name: String::from("main"),
-                pgid,
-                child: None,
-                exit: None,
-                born: Some(start.saturating_sub(1)),
-            }],
-            env: BTreeMap::new(),
-            stop_timeout: Duration::from_millis(100),
-            ending: None,
-        },
+        remembered(pgid, Some(start.saturating_sub(1))),
     );
     rt.poll();
     assert!(rt.tasks.is_empty(), "its group is gone: the task has ended");
-    rt.tasks.insert(
-        String::from("t-stop"),
-        Task {
-            procs: vec![Proc {
-                name: String::from("main"),
-                pgid,
-                child: None,
-                exit: None,
-                born: None,
-            }],
-            env: BTreeMap::new(),
-            stop_timeout: Duration::from_millis(100),
-            ending: None,
-        },
-    );
+    rt.tasks
+        .insert(String::from("t-stop"), remembered(pgid, None));
     rt.converge(&[]);
     tokio::time::sleep(Duration::from_millis(300)).await;
     rt.poll();
@@ -378,4 +344,30 @@ async fn nothing_is_adopted_after_a_reboot() {
 fn end(mut child: std::process::Child) {
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// A process that is not a task of any agent, leading a process group of its own.
+fn stranger() -> std::process::Child {
+    use std::os::unix::process::CommandExt;
+    std::process::Command::new("sleep")
+        .arg("30")
+        .process_group(0)
+        .spawn()
+        .expect("spawn")
+}
+
+/// A task this runtime remembers as process group `pgid`, whose leader started at `born`.
+fn remembered(pgid: i32, born: Option<u64>) -> Task {
+    Task {
+        procs: vec![Proc {
+            name: String::from("main"),
+            pgid,
+            child: None,
+            exit: None,
+            born,
+        }],
+        env: BTreeMap::new(),
+        stop_timeout: Duration::from_millis(100),
+        ending: None,
+    }
 }
