@@ -181,7 +181,7 @@ pub fn HostCard(view: HostView, #[prop(optional)] link: bool) -> impl IntoView {
                 <span class=format!("mps mps-{mps}")>{format!("MPS daemon {mps}")}</span>
                 <span class=format!("agent agent-{agent}")>{format!("agent {agent}")}</span>
             </p>
-            {view.status_reason.clone().map(|r| view! { <p class="host-reason">{r}</p> })}
+            {view.host.status_reason.clone().map(|r| view! { <p class="host-reason">{r}</p> })}
             <ul class="gpu-list">{view.gpus.into_iter().map(|gpu| view! { <GpuBars gpu /> }).collect_view()}</ul>
         </li>
     }

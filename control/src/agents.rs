@@ -308,10 +308,9 @@ impl Control {
     ) -> Result<SyncResponse, ControlError> {
         req.validate().map_err(ControlError::Invalid)?;
         let host = self.store.get_host(host_id).await?;
+        // Something to reconcile. Capacity changes (a GPU, the host's status, a task gone)
+        // are also told at once to the scheduler, whose cached engine is then rebuilt.
         let mut changed = false;
-        // Whether capacity changed (a GPU, the host's status, a task gone): the scheduler's
-        // cached engine is then rebuilt.
-        let mut capacity = false;
         let problem = lifecycle::problem(req);
         let gpu_changes = self
             .store
@@ -333,7 +332,7 @@ impl Control {
             self.event(None, Some(host_id), &format!("host {host_id}: {change}"))
                 .await;
             changed = true;
-            capacity = true;
+            self.capacity_changed();
         }
         let event = lifecycle::HostEvent::Synced {
             problem: problem.as_deref(),
@@ -350,7 +349,7 @@ impl Control {
             {
                 self.event(None, Some(host_id), &t.message).await;
                 changed = true;
-                capacity = true;
+                self.capacity_changed();
             }
         }
         // Tasks.
@@ -376,7 +375,7 @@ impl Control {
                     .mark_task_stopped(&t.id, "stopped", r.exit_code, false)
                     .await?;
                 changed = true;
-                capacity = true;
+                self.capacity_changed();
             } else {
                 let code = r.exit_code.map_or("unknown".to_owned(), |c| c.to_string());
                 let reason = format!("essential container exited with code {code}");
@@ -384,7 +383,7 @@ impl Control {
                 self.task_ended(t, host_id, &reason, r.exit_code, failed)
                     .await?;
                 changed = true;
-                capacity = true;
+                self.capacity_changed();
             }
         }
         for t in mine.values().filter(|t| !reported.contains(t.id.as_str())) {
@@ -394,19 +393,16 @@ impl Control {
                         .mark_task_stopped(&t.id, "stopped", None, false)
                         .await?;
                     changed = true;
-                    capacity = true;
+                    self.capacity_changed();
                 }
                 TaskState::Running => {
                     self.task_ended(t, host_id, "task no longer running on its host", None, true)
                         .await?;
                     changed = true;
-                    capacity = true;
+                    self.capacity_changed();
                 }
                 _ => {}
             }
-        }
-        if capacity {
-            self.capacity_changed();
         }
         if changed {
             self.wake();

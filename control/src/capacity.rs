@@ -26,16 +26,14 @@ pub struct Held<'a> {
 impl<'a> Held<'a> {
     /// What `task` holds, if it holds anything (it is placed and in a holding state).
     pub fn of(task: &'a Task) -> Option<Self> {
-        (task.state.holds_capacity())
-            .then_some(())
-            .and(task.host.as_ref())
-            .map(|host| Held {
-                task_id: &task.id,
-                host,
-                cpu: task.cpu,
-                memory: task.memory,
-                allocations: &task.allocations,
-            })
+        let host = task.host.as_ref().filter(|_| task.state.holds_capacity())?;
+        Some(Held {
+            task_id: &task.id,
+            host,
+            cpu: task.cpu,
+            memory: task.memory,
+            allocations: &task.allocations,
+        })
     }
 
     fn of_stored(h: &'a HeldCapacity) -> Self {

@@ -128,7 +128,7 @@ pub struct Control {
     pub(crate) last_prune: Arc<Mutex<Option<DateTime<Utc>>>>,
     /// Per pool, the scheduler's engine, kept in step with its own commits from one pass
     /// to the next while nothing else changes capacity.
-    pub(crate) engines: Arc<tokio::sync::Mutex<HashMap<PoolName, CachedEngine>>>,
+    pub(crate) engines: Arc<Mutex<HashMap<PoolName, CachedEngine>>>,
     /// Bumped by every change of capacity the scheduler did not make itself (a task gone,
     /// a host's status or GPUs, a pool's limits): a cached engine older than it is rebuilt.
     pub(crate) capacity_epoch: Arc<std::sync::atomic::AtomicU64>,

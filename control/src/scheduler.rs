@@ -56,15 +56,15 @@ pub(crate) struct PoolEngine {
 }
 
 /// A pool's engine kept from one scheduling pass to the next: it already holds every
-/// placement the scheduler committed since it was built. It is rebuilt from the store when
-/// capacity changed elsewhere (`Control::capacity_changed`, after `epoch`), when a
-/// revision its profile does not know is pending, and when a commit refused one of its
-/// placements (its picture drifted from the store; the commit's re-check caught it).
+/// placement the scheduler committed since it was built. A pass takes it out of the cache
+/// and puts it back only after all its placements were committed, so a pass that fails
+/// midway or whose commit was refused in part (the engine's picture drifted from the store;
+/// the commit's re-check caught it) leaves nothing behind. It is also rebuilt when capacity
+/// changed elsewhere (`Control::capacity_changed`, after `epoch`) and when a revision its
+/// profile does not know is pending.
 pub(crate) struct CachedEngine {
-    pub engine: Engine,
-    pub pool: PoolInfo,
+    pub built: PoolEngine,
     pub epoch: u64,
-    pub profiled: HashSet<TaskDefRef>,
 }
 
 impl Control {
@@ -170,29 +170,25 @@ impl Control {
                 .load(std::sync::atomic::Ordering::SeqCst);
             let pending_refs: HashSet<TaskDefRef> =
                 tasks.iter().map(|t| t.task_definition.clone()).collect();
-            let mut cache = self.engines.lock().await;
-            let stale = cache
-                .get(&pool)
-                .is_none_or(|c| c.epoch != epoch || !pending_refs.is_subset(&c.profiled));
-            if stale {
-                let built = self.pool_engine(&pool, None, &extra).await?;
-                self.engine_builds
-                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                let mut profiled = built.profiled;
-                profiled.extend(pending_refs);
-                cache.insert(
-                    pool.clone(),
-                    CachedEngine {
-                        engine: built.engine,
-                        pool: built.pool,
-                        epoch,
-                        profiled,
-                    },
-                );
-            }
-            let CachedEngine {
+            let kept = self
+                .engines
+                .lock()
+                .expect("not poisoned")
+                .remove(&pool)
+                .filter(|c| c.epoch == epoch && pending_refs.is_subset(&c.built.profiled));
+            let mut cached = match kept {
+                Some(cached) => cached,
+                None => {
+                    let mut built = self.pool_engine(&pool, None, &extra).await?;
+                    self.engine_builds
+                        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    built.profiled.extend(pending_refs);
+                    CachedEngine { built, epoch }
+                }
+            };
+            let PoolEngine {
                 engine, pool: info, ..
-            } = cache.get_mut(&pool).expect("inserted above");
+            } = &mut cached.built;
             // One service at a time, in the order its tasks were created.
             let mut by_service: Vec<(String, Vec<&PendingTask>)> = Vec::new();
             for t in tasks {
@@ -253,14 +249,7 @@ impl Control {
                     self.service_state_changed(&name, |s| s.pending = None);
                 }
             }
-            let committed = match self.store.commit_placements(&commits).await {
-                Ok(committed) => committed,
-                Err(e) => {
-                    // Nothing was stored: the engine holds placements that are not.
-                    cache.remove(&pool);
-                    return Err(e.into());
-                }
-            };
+            let committed = self.store.commit_placements(&commits).await?;
             placed_total += committed.len();
             if committed.len() < commits.len() {
                 tracing::warn!(
@@ -268,10 +257,13 @@ impl Control {
                     refused = commits.len() - committed.len(),
                     "the engine's picture drifted from the store (the commit's re-check refused placements); rebuilding it"
                 );
-                cache.remove(&pool);
                 self.wake();
+            } else {
+                self.engines
+                    .lock()
+                    .expect("not poisoned")
+                    .insert(pool.clone(), cached);
             }
-            drop(cache);
             for (service, ids, sentence) in complaints {
                 self.store.set_placement_message(&ids, &sentence).await?;
                 if self.service_state_changed(&service, |s| s.pending = Some(sentence.clone())) {

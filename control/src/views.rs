@@ -203,7 +203,6 @@ impl Control {
                 HostView {
                     host: host.clone(),
                     gpus,
-                    status_reason: host.status_reason.clone(),
                 }
             })
             .collect())

@@ -46,8 +46,6 @@ impl GpuView {
 pub struct HostView {
     pub host: HostInfo,
     pub gpus: Vec<GpuView>,
-    /// Why it is impaired, lost or draining.
-    pub status_reason: Option<String>,
 }
 
 impl HostView {
@@ -64,7 +62,7 @@ impl HostView {
 
     /// The MPS daemon's state in words, from what the agent reported.
     pub fn mps_state(&self) -> &'static str {
-        match (&self.host.status, &self.status_reason) {
+        match (&self.host.status, &self.host.status_reason) {
             (HostStatus::Lost, _) => "unknown",
             (_, Some(r)) if r.contains("MPS") => "unhealthy",
             _ => "healthy",

@@ -140,24 +140,20 @@ impl HostStore for SqliteStore {
     }
 
     async fn list_pools(&self) -> Result<Vec<PoolInfo>, StoreError> {
-        sqlx::query(
-            "SELECT name, policy, compute_overcommit, mps_client_limit FROM pools ORDER BY name",
-        )
-        .fetch_all(&self.db)
-        .await?
-        .iter()
-        .map(pool_from_row)
-        .collect()
+        sqlx::query(&format!("SELECT {POOL_COLUMNS} FROM pools ORDER BY name"))
+            .fetch_all(&self.db)
+            .await?
+            .iter()
+            .map(pool_from_row)
+            .collect()
     }
 
     async fn get_pool(&self, name: &PoolName) -> Result<PoolInfo, StoreError> {
-        let row = sqlx::query(
-            "SELECT name, policy, compute_overcommit, mps_client_limit FROM pools WHERE name = ?",
-        )
-        .bind(name.as_str())
-        .fetch_optional(&self.db)
-        .await?
-        .ok_or_else(|| not_found("pool", name))?;
+        let row = sqlx::query(&format!("SELECT {POOL_COLUMNS} FROM pools WHERE name = ?"))
+            .bind(name.as_str())
+            .fetch_optional(&self.db)
+            .await?
+            .ok_or_else(|| not_found("pool", name))?;
         pool_from_row(&row)
     }
 
@@ -338,22 +334,7 @@ impl HostStore for SqliteStore {
             .iter()
             .map(host_from_row)
             .collect::<Result<_, _>>()?;
-        if !hosts.is_empty() {
-            let mut g = QueryBuilder::<Sqlite>::new(format!(
-                "SELECT {GPU_COLUMNS} FROM gpus WHERE host_id IN ("
-            ));
-            let mut sep = g.separated(", ");
-            for h in &hosts {
-                sep.push_bind(h.id.as_str());
-            }
-            g.push(") ORDER BY host_id, idx");
-            for row in g.build().fetch_all(&self.db).await? {
-                let id: String = row.try_get("host_id")?;
-                if let Some(h) = hosts.iter_mut().find(|h| h.id.as_str() == id) {
-                    h.gpus.push(gpu_from_row(&row)?);
-                }
-            }
-        }
+        load_gpus(&mut *self.db.acquire().await?, &mut hosts).await?;
         Ok(HostPage {
             hosts,
             matched: matched as u64,

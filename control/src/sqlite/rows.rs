@@ -2,6 +2,8 @@
 //! the small helpers every aggregate's queries share.
 use super::*;
 
+pub(super) const POOL_COLUMNS: &str = "name, policy, compute_overcommit, mps_client_limit";
+
 pub(super) const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
 
 pub(super) const HOST_COLUMNS: &str =
@@ -202,4 +204,34 @@ pub(super) fn updated(
     } else {
         Ok(())
     }
+}
+
+/// Fills in the GPUs of `hosts` (ordered by index), read on `conn`.
+pub(super) async fn load_gpus(
+    conn: &mut SqliteConnection,
+    hosts: &mut [HostInfo],
+) -> Result<(), StoreError> {
+    let position: HashMap<String, usize> = hosts
+        .iter()
+        .enumerate()
+        .map(|(i, h)| (h.id.to_string(), i))
+        .collect();
+    let ids: Vec<String> = position.keys().cloned().collect();
+    for chunk in ids.chunks(500) {
+        let mut q = QueryBuilder::<Sqlite>::new(format!(
+            "SELECT {GPU_COLUMNS} FROM gpus WHERE host_id IN ("
+        ));
+        let mut sep = q.separated(", ");
+        for id in chunk {
+            sep.push_bind(id.as_str());
+        }
+        q.push(") ORDER BY host_id, idx");
+        for row in q.build().fetch_all(&mut *conn).await? {
+            let host: String = row.try_get("host_id")?;
+            if let Some(&i) = position.get(&host) {
+                hosts[i].gpus.push(gpu_from_row(&row)?);
+            }
+        }
+    }
+    Ok(())
 }

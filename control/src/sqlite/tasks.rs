@@ -25,21 +25,10 @@ pub(super) async fn commit_context(
     for row in q.build().fetch_all(&mut *conn).await? {
         ctx.hosts.push(host_from_row(&row)?);
     }
-    let mut q =
-        QueryBuilder::<Sqlite>::new(format!("SELECT {GPU_COLUMNS} FROM gpus WHERE host_id IN"));
-    in_list(&mut q, &host_ids);
-    q.push(" ORDER BY host_id, idx");
-    for row in q.build().fetch_all(&mut *conn).await? {
-        let host: String = row.try_get("host_id")?;
-        if let Some(h) = ctx.hosts.iter_mut().find(|h| h.id.as_str() == host) {
-            h.gpus.push(gpu_from_row(&row)?);
-        }
-    }
-    for row in sqlx::query(
-        "SELECT name, policy, compute_overcommit, mps_client_limit FROM pools ORDER BY name",
-    )
-    .fetch_all(&mut *conn)
-    .await?
+    load_gpus(conn, &mut ctx.hosts).await?;
+    for row in sqlx::query(&format!("SELECT {POOL_COLUMNS} FROM pools ORDER BY name"))
+        .fetch_all(&mut *conn)
+        .await?
     {
         let pool = pool_from_row(&row)?;
         if ctx.hosts.iter().any(|h| h.pool == pool.name) {
