@@ -25,8 +25,7 @@ use tessera_model::ids::{NAME_RULE, is_valid_name};
 
 /// The account made on first start.
 pub const ADMIN_USER: &str = "admin";
-/// Passwords shorter than this are refused.
-pub const MIN_PASSWORD_LEN: usize = 12;
+pub use tessera_model::auth::MIN_PASSWORD_LEN;
 /// What every API token starts with, so a leaked one is recognisable (and so the server
 /// tells them from agent tokens without a lookup).
 pub const API_TOKEN_PREFIX: &str = "tsr_";
@@ -317,7 +316,7 @@ impl Control {
         expires_in_days: Option<u32>,
     ) -> Result<NewApiToken, ControlError> {
         let mut e = crate::inputs::Errors::default();
-        if name.trim().is_empty() || name.len() > 100 {
+        if name.trim().is_empty() || name.chars().count() > 100 {
             e.add("name", "give the token a name of 1 to 100 characters");
         }
         if !creator.role.allows(role) {

@@ -92,8 +92,7 @@ pub fn validate_pool(input: &PoolInput) -> Result<PoolInfo, ControlError> {
     })
 }
 
-/// Most tasks one service may ask for.
-pub const MAX_DESIRED: u32 = 100_000;
+pub use tessera_model::api::MAX_DESIRED;
 
 /// Checks the fields of a service body that need no store; returns the service to store.
 pub(crate) fn validate_service(input: &ServiceInput) -> Result<Service, ControlError> {

@@ -9,13 +9,19 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// One GPU as the agent sees it.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GpuReport {
     pub uuid: GpuUuid,
+    /// Unique on the host.
+    #[cfg_attr(feature = "openapi", schema(maximum = 1023))]
     pub index: u32,
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::agent_text))]
     pub model: String,
+    #[cfg_attr(feature = "openapi", schema(value_type = u64, minimum = 1, maximum = 16_777_216))]
     pub memory_mib: MiB,
     #[serde(default = "default_client_limit")]
+    #[cfg_attr(feature = "openapi", schema(default = 48, minimum = 1, maximum = 48))]
     pub mps_client_limit: u32,
     pub healthy: bool,
 }
@@ -25,22 +31,33 @@ fn default_client_limit() -> u32 {
 }
 
 /// `POST /agent/v1/register`.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RegisterRequest {
     pub join_token: String,
     pub pool: PoolName,
+    #[cfg_attr(feature = "openapi", schema(value_type = u64, maximum = 100_000_000))]
     pub cpu_milli: MilliCpu,
+    #[cfg_attr(feature = "openapi", schema(value_type = u64, maximum = 1_099_511_627_776_u64))]
     pub memory_mib: MiB,
     #[serde(default)]
     pub simulated: bool,
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::agent_labels))]
     pub labels: BTreeMap<String, String>,
+    /// GPU indices unique.
+    #[cfg_attr(feature = "openapi", schema(max_items = 64))]
     pub gpus: Vec<GpuReport>,
     /// A name to base the host id on (e.g. the hostname).
     #[serde(default)]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(max_length = 256, pattern = "^[^\\u0000]*$")
+    )]
     pub name: Option<String>,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RegisterResponse {
     pub host_id: HostId,
@@ -50,37 +67,54 @@ pub struct RegisterResponse {
 }
 
 /// The MPS control daemon's health on the host.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MpsReport {
     pub healthy: bool,
     #[serde(default)]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(max_length = 4096, pattern = "^[^\\u0000]*$")
+    )]
     pub reason: Option<String>,
 }
 
 /// A task as the agent has it.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskReport {
+    #[cfg_attr(
+        feature = "openapi",
+        schema(max_length = 256, pattern = "^[^\\u0000]*$")
+    )]
     pub task_id: String,
     /// `running`, or `exited` with its exit code.
     pub running: bool,
     #[serde(default)]
     pub exit_code: Option<i32>,
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<u64>, maximum = 16_777_216))]
     pub gpu_memory_peak_mib: Option<MiB>,
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(maximum = 100))]
     pub sm_percent: Option<u32>,
 }
 
 /// `POST /agent/v1/sync`.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SyncRequest {
+    /// GPU indices unique.
+    #[cfg_attr(feature = "openapi", schema(max_items = 64))]
     pub gpus: Vec<GpuReport>,
     pub mps: MpsReport,
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(max_items = 10_000))]
     pub tasks: Vec<TaskReport>,
 }
 
 /// A process the agent should run for a task.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WantedContainer {
     pub name: String,
@@ -97,6 +131,7 @@ pub struct WantedContainer {
 
 /// Secret environment values on their way to the one agent that runs the task. `Debug`
 /// hides the values; serialization (the sync answer) carries them.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct SecretEnv(pub BTreeMap<String, String>);
@@ -115,6 +150,7 @@ impl std::fmt::Debug for SecretEnv {
     }
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WantedTask {
     pub task_id: String,
@@ -124,6 +160,7 @@ pub struct WantedTask {
     pub stop_timeout_secs: u32,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SyncResponse {
     pub host_id: HostId,
@@ -138,8 +175,9 @@ const MAX_GPU_MEMORY_MIB: u64 = 16 * 1024 * 1024;
 const MAX_GPU_INDEX: u32 = 1023;
 const MAX_TEXT: usize = 256;
 
+/// At most [`MAX_TEXT`] characters (as JSON Schema's `maxLength` counts them), no NUL.
 fn text_ok(s: &str) -> bool {
-    s.len() <= MAX_TEXT && !s.contains('\0')
+    s.chars().count() <= MAX_TEXT && !s.contains('\0')
 }
 
 fn check_gpus(gpus: &[GpuReport], errors: &mut Vec<FieldError>) {
@@ -250,7 +288,7 @@ impl SyncRequest {
             .mps
             .reason
             .as_deref()
-            .is_some_and(|r| r.len() > 4096 || r.contains('\0'))
+            .is_some_and(|r| r.chars().count() > 4096 || r.contains('\0'))
         {
             errors.push(FieldError {
                 field: "mps.reason".into(),

@@ -9,6 +9,9 @@ use crate::service::{
 };
 use serde::{Deserialize, Serialize};
 
+/// Most tasks one service may ask for.
+pub const MAX_DESIRED: u32 = 100_000;
+
 fn default_stop_timeout() -> u32 {
     30
 }
@@ -18,15 +21,22 @@ fn default_desired() -> u32 {
 }
 
 /// `POST /api/v1/pools`.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PoolInput {
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::name))]
     pub name: String,
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::optional_policy))]
     pub policy: Option<String>,
+    /// 1.0 (the default): compute caps are reserved; up to 10.0 times a GPU.
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1.0, maximum = 10.0))]
     pub compute_overcommit: Option<f64>,
+    /// Overrides the GPUs' own MPS client limit.
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 48))]
     pub mps_client_limit: Option<u32>,
 }
 
@@ -44,26 +54,39 @@ impl PoolInput {
 }
 
 /// `POST /api/v1/services`.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServiceInput {
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::name))]
     pub name: String,
     /// `family:revision`.
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::task_def_ref))]
     pub task_definition: String,
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::name))]
     pub pool: String,
     #[serde(default = "default_desired")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(default = 1, minimum = 0, maximum = 100_000)
+    )] // MAX_DESIRED
     pub desired_count: u32,
+    /// Overrides the pool's placement policy.
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::optional_policy))]
     pub strategy: Option<String>,
     #[serde(default)]
     pub constraints: ServiceConstraints,
     #[serde(default)]
     pub deployment: Option<DeploymentConfig>,
+    /// How long a task gets between SIGTERM and SIGKILL.
     #[serde(default = "default_stop_timeout")]
+    #[cfg_attr(feature = "openapi", schema(default = 30, minimum = 1, maximum = 600))]
     pub stop_timeout_secs: u32,
 }
 
-/// `PATCH /api/v1/services/{name}`.
+/// `PATCH /api/v1/services/{name}`: at least one of the two (its schema is in
+/// `crate::schema`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServicePatch {
@@ -75,19 +98,25 @@ pub struct ServicePatch {
 }
 
 /// `POST /api/v1/placement-preview`.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PreviewInput {
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::task_def_ref))]
     pub task_definition: String,
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::name))]
     pub pool: String,
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 1000))]
     pub count: u32,
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::optional_policy))]
     pub strategy: Option<String>,
     #[serde(default)]
     pub constraints: ServiceConstraints,
 }
 
 /// Where one previewed task would go, or why it would not.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PreviewTask {
     pub index: u32,
@@ -99,6 +128,7 @@ pub struct PreviewTask {
 }
 
 /// How densely a pool is packed.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Density {
     pub gpus: u32,
@@ -111,6 +141,7 @@ pub struct Density {
     pub memory_allocated_pct: f64,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PreviewResult {
     pub task_definition: TaskDefRef,
@@ -124,6 +155,7 @@ pub struct PreviewResult {
 }
 
 /// `GET /api/v1/services/{name}`.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ServiceDetail {
     #[serde(flatten)]

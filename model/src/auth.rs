@@ -6,6 +6,9 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
 
+/// Passwords shorter than this (in characters) are refused.
+pub const MIN_PASSWORD_LEN: usize = 12;
+
 text_enum!(
     /// What a caller may do. Each role can do everything the one before it can.
     Role, "role" {
@@ -33,6 +36,7 @@ impl Role {
 }
 
 /// An operator's account.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UserInfo {
     pub username: String,
@@ -43,6 +47,7 @@ pub struct UserInfo {
 }
 
 /// An API token as lists show it: never its value.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ApiTokenInfo {
     pub id: String,
@@ -55,6 +60,7 @@ pub struct ApiTokenInfo {
 }
 
 /// A token just made: the only time its value is shown.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NewApiToken {
     #[serde(flatten)]
@@ -64,6 +70,7 @@ pub struct NewApiToken {
 }
 
 /// How a caller proved who it is.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CallerKind {
@@ -74,6 +81,7 @@ pub enum CallerKind {
 }
 
 /// Who is calling, once authenticated.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Caller {
     /// The user, or the token's name.
@@ -96,6 +104,7 @@ impl Caller {
 }
 
 /// One accepted mutation.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AuditEntry {
     pub id: i64,

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 
 /// One rule broken at one place in the input.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FieldError {
     /// Where, e.g. `containers[0].gpu.mps.memory_mib`.
@@ -14,6 +15,7 @@ pub struct FieldError {
 }
 
 /// Every error found in one input; empty never escapes a validator.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 pub struct ValidationErrors {
     pub errors: Vec<FieldError>,

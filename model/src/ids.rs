@@ -20,10 +20,15 @@ pub struct IdError {
 pub const NAME_RULE: &str =
     "use 1 to 63 lowercase letters, digits or '-', starting with a letter or digit";
 
+/// [`NAME_RULE`] as a JSON Schema pattern (with [`NAME_MAX`]).
+pub const NAME_PATTERN: &str = "^[a-z0-9][a-z0-9-]*$";
+/// The longest name [`NAME_RULE`] allows.
+pub const NAME_MAX: usize = 63;
+
 /// Whether `value` follows [`NAME_RULE`].
 pub fn is_valid_name(value: &str) -> bool {
     !value.is_empty()
-        && value.len() <= 63
+        && value.len() <= NAME_MAX
         && value
             .chars()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')

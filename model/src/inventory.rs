@@ -21,6 +21,7 @@ pub struct ParseEnumError {
 macro_rules! text_enum {
     ($(#[$doc:meta])* $name:ident, $what:literal { $($(#[$vdoc:meta])* $variant:ident => $text:literal),+ $(,)? }) => {
         $(#[$doc])*
+        #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
         #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
         #[serde(rename_all = "snake_case")]
         pub enum $name {
@@ -117,6 +118,7 @@ impl Default for PlacementPolicy {
 }
 
 /// A named group of hosts with its packing policy and limits.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PoolInfo {
     pub name: PoolName,
@@ -129,6 +131,7 @@ pub struct PoolInfo {
 }
 
 /// One GPU as its host's agent reported it.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GpuInfo {
     pub uuid: GpuUuid,
@@ -144,6 +147,7 @@ pub struct GpuInfo {
 }
 
 /// A GPU host and its devices.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HostInfo {
     pub id: HostId,

@@ -14,6 +14,7 @@
 //! - [`auth`]: roles, operators' accounts, API tokens, callers and the audit log.
 //! - [`agent`]: the agent protocol (register, sync) spoken over `/agent/v1`.
 //! - [`views`]: read models of the console's pages (hosts with GPU segments, overview).
+//! - `schema` (feature `openapi`): the JSON Schemas of the API's bodies, with the validators' rules.
 //! - [`urlenc`]: percent-encoding of query values and form fields.
 //! - [`taskdef`]: task definitions, their validation (errors name their field) and the ECS JSON shape.
 
@@ -25,6 +26,8 @@ pub mod auth;
 pub mod error;
 pub mod ids;
 pub mod inventory;
+#[cfg(feature = "openapi")]
+pub mod schema;
 pub mod service;
 pub mod taskdef;
 pub mod units;

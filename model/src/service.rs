@@ -63,6 +63,7 @@ impl fmt::Display for TaskDefRef {
 }
 
 /// A registered revision. Immutable except for its status.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskDefinition {
     pub family: String,
@@ -83,12 +84,14 @@ impl TaskDefinition {
 }
 
 /// Where a service's tasks may run, beyond the pool.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct ServiceConstraints {
     /// GPU models allowed; empty means any.
     pub gpu_models: Vec<String>,
     /// Host labels that must equal these values.
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::labels))]
     pub labels: BTreeMap<String, String>,
     /// At most one task of the service per host.
     pub distinct_hosts: bool,
@@ -113,6 +116,7 @@ impl Default for DeploymentConfig {
 }
 
 /// A service as stored.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Service {
     pub name: String,
@@ -132,6 +136,7 @@ pub struct Service {
 macro_rules! word_enum {
     ($(#[$doc:meta])* $name:ident { $($variant:ident => $text:literal),+ $(,)? }) => {
         $(#[$doc])*
+        #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
         #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
         #[serde(rename_all = "snake_case")]
         pub enum $name { $($variant),+ }
@@ -202,6 +207,7 @@ word_enum!(
 );
 
 /// What a placed task holds on one GPU.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GpuAllocation {
     pub gpu: GpuUuid,
@@ -212,6 +218,7 @@ pub struct GpuAllocation {
 }
 
 /// What the agent measured for a task.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Measured {
     pub gpu_memory_peak: Option<MiB>,
@@ -219,6 +226,7 @@ pub struct Measured {
 }
 
 /// One running copy of a task definition.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Task {
     pub id: String,
@@ -245,6 +253,7 @@ pub struct Task {
 }
 
 /// A revision being rolled out (or out) for a service, with its task counts.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Deployment {
     pub id: i64,
@@ -259,6 +268,7 @@ pub struct Deployment {
 }
 
 /// A timestamped, human-readable record on a service or a host.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Event {
     pub id: i64,

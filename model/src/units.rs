@@ -7,6 +7,7 @@ use std::ops::{Add, AddAssign, Sub, SubAssign};
 macro_rules! quantity {
     ($(#[$doc:meta])* $name:ident($inner:ty)) => {
         $(#[$doc])*
+        #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
         #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
         #[serde(transparent)]
         pub struct $name(pub $inner);

@@ -27,6 +27,9 @@ pub enum Command {
         #[command(subcommand)]
         command: UserCommand,
     },
+    /// Print the API's OpenAPI document (what `/api/v1/openapi.json` serves), for client
+    /// generators and schema-driven testers.
+    Openapi,
 }
 
 /// Where the database is.

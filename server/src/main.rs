@@ -17,7 +17,7 @@ async fn main() -> anyhow::Result<()> {
     // The server logs what it does; `tessera user` prints its answer and only warnings.
     let default_filter = match command {
         Command::Serve(_) => "info,sqlx=warn",
-        Command::User { .. } => "warn",
+        Command::User { .. } | Command::Openapi => "warn",
     };
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -27,6 +27,13 @@ async fn main() -> anyhow::Result<()> {
     match command {
         Command::Serve(args) => serve(args).await,
         Command::User { db, command } => user(db, command).await,
+        Command::Openapi => {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&tessera_server::openapi::document())?
+            );
+            Ok(())
+        }
     }
 }
 

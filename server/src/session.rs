@@ -5,23 +5,27 @@
 //! page's WASM has loaded.
 
 use crate::AppState;
+use crate::api::bodies::{AuditList, ErrorBody, TokenList, UserList};
+use crate::api::{Params, Segment};
 use crate::auth::{Authn, start_session};
 use crate::error::ApiError;
 use axum::Json;
-use axum::extract::{ConnectInfo, Path, Query, Request, State};
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use serde::Deserialize;
-use serde_json::Value;
 use std::net::SocketAddr;
 use tessera_control::store::AuditFilter;
-use tessera_model::auth::{Caller, Role};
+use tessera_model::auth::{Caller, NewApiToken, Role, UserInfo};
+use tessera_model::schema::Username;
 use tessera_model::urlenc::{encode, form_field};
 use tower_sessions::Session;
 
-#[derive(Deserialize)]
+/// Credentials, as JSON or as the console's sign-in form (which may add `next`, the page
+/// to go to).
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct SignIn {
+pub struct SignIn {
     username: String,
     password: String,
 }
@@ -49,6 +53,18 @@ fn caller_of(authn: Option<&Authn>) -> Result<Caller, ApiError> {
     }
 }
 
+/// Sign in: JSON gets the user and a session cookie; the console's form gets a redirect
+#[utoipa::path(post, path = "/api/v1/session", tag = "session",
+    request_body(content(
+        (SignIn = "application/json"),
+        (SignIn = "application/x-www-form-urlencoded"),
+    )),
+    responses(
+        (status = 200, description = "Signed in (JSON)", body = UserInfo),
+        (status = 303, description = "Signed in, or refused, from the form: to the next page or back to the sign-in page"),
+        (status = 401, description = "Wrong username or password", body = ErrorBody),
+        (status = 429, description = "Too many failed sign-ins from this address (see Retry-After)", body = ErrorBody),
+    ))]
 pub async fn sign_in(State(state): State<AppState>, req: Request) -> Response {
     let session = match session_of(&req) {
         Ok(s) => s,
@@ -118,13 +134,29 @@ pub async fn sign_in(State(state): State<AppState>, req: Request) -> Response {
     }
 }
 
-/// `GET /api/v1/session`: who is calling.
+/// Who is calling
+#[utoipa::path(get, path = "/api/v1/session", tag = "session",
+    responses((status = 200, description = "The caller", body = Caller)))]
 pub async fn who_am_i(req: Request) -> Result<Json<Caller>, ApiError> {
     Ok(Json(caller_of(req.extensions().get::<Authn>())?))
 }
 
+/// Sign out: ends the session, if any
+#[utoipa::path(delete, path = "/api/v1/session", tag = "session",
+    responses((status = 204, description = "Signed out")))]
+pub async fn sign_out_api(req: Request) -> Response {
+    sign_out(req).await
+}
+
+/// Sign out from the console's form: to the sign-in page
+#[utoipa::path(post, path = "/api/v1/session/end", tag = "session",
+    responses((status = 303, description = "To the sign-in page")))]
+pub async fn sign_out_form(req: Request) -> Response {
+    sign_out(req).await
+}
+
 /// Ends the session (if any). A form post is sent to the sign-in page.
-pub async fn sign_out(req: Request) -> Response {
+async fn sign_out(req: Request) -> Response {
     let form = req.method() == axum::http::Method::POST;
     if let Some(session) = req.extensions().get::<Session>()
         && let Err(e) = session.flush().await
@@ -138,75 +170,94 @@ pub async fn sign_out(req: Request) -> Response {
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TokenInput {
+    /// What the token is for.
+    #[schema(min_length = 1, max_length = 100, pattern = "\\S")]
     name: String,
+    /// At most the caller's own role.
     #[serde(default)]
+    #[schema(default = "viewer")]
     role: Role,
+    /// Left out: it does not expire.
+    #[schema(nullable = false, minimum = 1, maximum = 3650)]
     expires_in_days: Option<u32>,
 }
 
-/// `POST /api/v1/tokens`: the token's value is in this answer only.
+/// Make an API token; its value is in this answer only
+#[utoipa::path(post, path = "/api/v1/tokens", tag = "session", request_body = TokenInput,
+    responses((status = 201, description = "Made", body = NewApiToken)))]
 pub async fn create_token(
     State(state): State<AppState>,
     axum::Extension(authn): axum::Extension<Authn>,
     crate::api::Body(input): crate::api::Body<TokenInput>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Json<NewApiToken>), ApiError> {
     let caller = caller_of(Some(&authn))?;
     let token = state
         .control
         .create_api_token(&caller, &input.name, input.role, input.expires_in_days)
         .await?;
-    Ok((
-        StatusCode::CREATED,
-        Json(serde_json::to_value(token).expect("tokens serialize")),
-    ))
+    Ok((StatusCode::CREATED, Json(token)))
 }
 
-pub async fn list_tokens(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
-    Ok(Json(
-        serde_json::json!({ "tokens": state.control.list_api_tokens().await? }),
-    ))
+/// API tokens (never their values)
+#[utoipa::path(get, path = "/api/v1/tokens", tag = "session",
+    responses((status = 200, description = "Tokens", body = TokenList)))]
+pub async fn list_tokens(State(state): State<AppState>) -> Result<Json<TokenList>, ApiError> {
+    Ok(Json(TokenList {
+        tokens: state.control.list_api_tokens().await?,
+    }))
 }
 
+/// Delete an API token: it stops working at once
+#[utoipa::path(delete, path = "/api/v1/tokens/{id}", tag = "session",
+    params(("id" = tessera_model::schema::TokenId, Path, description = "token id")),
+    responses((status = 204, description = "Deleted"), (status = 404, description = "No such token", body = ErrorBody)))]
 pub async fn delete_token(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    Segment(id): Segment,
 ) -> Result<StatusCode, ApiError> {
     state.control.delete_api_token(&id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
-pub async fn list_users(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
-    Ok(Json(
-        serde_json::json!({ "users": state.control.list_users().await? }),
-    ))
+/// Operators' accounts
+#[utoipa::path(get, path = "/api/v1/users", tag = "session",
+    responses((status = 200, description = "Users", body = UserList)))]
+pub async fn list_users(State(state): State<AppState>) -> Result<Json<UserList>, ApiError> {
+    Ok(Json(UserList {
+        users: state.control.list_users().await?,
+    }))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UserInput {
+    #[schema(schema_with = tessera_model::schema::name)]
     username: String,
+    #[schema(schema_with = tessera_model::schema::password)]
     password: String,
     #[serde(default)]
+    #[schema(default = "viewer")]
     role: Role,
 }
 
+/// Add a user
+#[utoipa::path(post, path = "/api/v1/users", tag = "session", request_body = UserInput,
+    responses((status = 201, description = "Added", body = UserInfo), (status = 409, description = "A user of that name exists", body = ErrorBody)))]
 pub async fn add_user(
     State(state): State<AppState>,
     crate::api::Body(input): crate::api::Body<UserInput>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Json<UserInfo>), ApiError> {
     let user = state
         .control
         .add_user(&input.username, &input.password, input.role)
         .await?;
-    Ok((
-        StatusCode::CREATED,
-        Json(serde_json::to_value(user).expect("users serialize")),
-    ))
+    Ok((StatusCode::CREATED, Json(user)))
 }
 
+/// What to change about a user: at least one of the three.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UserPatch {
@@ -215,11 +266,34 @@ pub struct UserPatch {
     password: Option<String>,
 }
 
+// By hand: utoipa 5.5 writes `min_properties` out as `maxProperties`.
+impl utoipa::PartialSchema for UserPatch {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        tessera_model::schema::from_json(serde_json::json!({
+            "type": "object",
+            "description": "What to change about a user: at least one of the three.",
+            "minProperties": 1,
+            "additionalProperties": false,
+            "properties": {
+                "role": {"$ref": "#/components/schemas/Role"},
+                "disabled": {"type": "boolean"},
+                "password": tessera_model::schema::password(),
+            }
+        }))
+        .into()
+    }
+}
+impl utoipa::ToSchema for UserPatch {}
+
+/// Change a user's role, password or disabled flag (the last enabled admin stays)
+#[utoipa::path(patch, path = "/api/v1/users/{username}", tag = "session", request_body = UserPatch,
+    params(("username" = Username, Path, description = "user")),
+    responses((status = 200, description = "Changed", body = UserInfo), (status = 404, description = "No such user", body = ErrorBody), (status = 409, description = "It would leave no enabled admin", body = ErrorBody)))]
 pub async fn update_user(
     State(state): State<AppState>,
-    Path(username): Path<String>,
+    Segment(username): Segment,
     crate::api::Body(patch): crate::api::Body<UserPatch>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<UserInfo>, ApiError> {
     let user = state
         .control
         .update_user(
@@ -229,21 +303,30 @@ pub async fn update_user(
             patch.password.as_deref(),
         )
         .await?;
-    Ok(Json(serde_json::to_value(user).expect("users serialize")))
+    Ok(Json(user))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct AuditQuery {
+    /// Who (a substring of the actor).
     actor: Option<String>,
+    /// A substring of the action or target.
     q: Option<String>,
+    /// Only entries with ids below this.
     before: Option<i64>,
+    /// At most this many (default 100).
+    #[param(minimum = 0, maximum = 1000)]
     limit: Option<u32>,
 }
 
+/// Accepted changes, newest first
+#[utoipa::path(get, path = "/api/v1/audit", tag = "session", params(AuditQuery),
+    responses((status = 200, description = "Entries", body = AuditList)))]
 pub async fn list_audit(
     State(state): State<AppState>,
-    Query(q): Query<AuditQuery>,
-) -> Result<Json<Value>, ApiError> {
+    Params(q): Params<AuditQuery>,
+) -> Result<Json<AuditList>, ApiError> {
     let entries = state
         .control
         .list_audit(&AuditFilter {
@@ -253,5 +336,5 @@ pub async fn list_audit(
             limit: q.limit.unwrap_or(100).min(1000),
         })
         .await?;
-    Ok(Json(serde_json::json!({ "entries": entries })))
+    Ok(Json(AuditList { entries }))
 }

@@ -255,8 +255,10 @@ async fn task_definitions_register_describe_convert_and_deregister() {
         as_ecs["containerDefinitions"][0]["resourceRequirements"],
         ecs["containerDefinitions"][0]["resourceRequirements"]
     );
-    let (status, _) = get(&state, "/api/v1/task-definitions/llm:1?format=yaml").await;
-    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    let (status, err) = get(&state, "/api/v1/task-definitions/llm:1?format=yaml").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let why = err["error"].as_str().expect("error");
+    assert!(why.contains("format") && why.contains("ecs"), "{why}");
 
     let (status, gone) = call(
         &state,

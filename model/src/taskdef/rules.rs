@@ -4,9 +4,14 @@
 use super::spec::MAX_SECRET_BYTES;
 use super::*;
 
-pub(super) const MAX_CONTAINERS: usize = 10;
-pub(super) const MAX_GPUS: u64 = 16;
-pub(super) const MAX_MEMORY_MIB: u64 = 16 * 1024 * 1024;
+/// Most containers in one task.
+pub const MAX_CONTAINERS: usize = 10;
+/// Most whole GPUs one task may ask for (what fits on one host).
+pub const MAX_GPUS: u64 = 16;
+/// Largest memory (host or GPU) a container may ask for: 16 TiB.
+pub const MAX_MEMORY_MIB: u64 = 16 * 1024 * 1024;
+/// What [`valid_name`] accepts, as a JSON Schema pattern (families and container names).
+pub const FAMILY_PATTERN: &str = r"^[A-Za-z0-9_-]{1,255}$";
 
 /// Collects errors while walking a JSON document.
 pub(super) struct Checker {

@@ -5,6 +5,7 @@ use super::rules::kind;
 use super::*;
 
 /// The GPU a container needs.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum GpuRequirement {
@@ -31,7 +32,8 @@ pub enum Secret {
 
 /// What `{"valueFrom": ...}` of ECS's `secrets` says to keep the previous revision's value.
 pub const ECS_UNCHANGED_SECRET: &str = "tessera:unchanged";
-pub(super) const MAX_SECRET_BYTES: usize = 64 * 1024;
+/// Longest secret value.
+pub const MAX_SECRET_BYTES: usize = 64 * 1024;
 
 impl Secret {
     /// The value, for the one place that must send it (a host's sync answer).
@@ -72,6 +74,7 @@ impl<'de> Deserialize<'de> for Secret {
 }
 
 /// One process of a task.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ContainerSpec {
     pub name: String,
@@ -89,6 +92,7 @@ pub struct ContainerSpec {
 }
 
 /// What a task runs; registered as a new revision of its family.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskDefinitionSpec {
     pub family: String,

@@ -1,0 +1,328 @@
+//! JSON Schemas for the API's bodies (feature `openapi`): the rules the validators enforce,
+//! written once more as schemas so schema-driven clients and fuzzers know them. Every
+//! pattern and bound here comes from the constant the validator itself uses; the server's
+//! tests check that what a schema allows, the validator accepts.
+//!
+//! Rules that span several fields or items (container names unique within a task, a
+//! variable either plain or secret, a task's GPUs of one kind) cannot be said in JSON
+//! Schema; the descriptions name them.
+
+use crate::ids::{GpuUuid, HostId, NAME_MAX, NAME_PATTERN, PoolName};
+use crate::service::{DeploymentConfig, TaskDefRef};
+use crate::taskdef::{
+    ECS_UNCHANGED_SECRET, FAMILY_PATTERN, MAX_CONTAINERS, MAX_GPUS, MAX_MEMORY_MIB,
+    MAX_SECRET_BYTES, RESERVED_ENV, Secret,
+};
+use crate::units::Percent;
+use serde_json::{Value, json};
+use std::borrow::Cow;
+use utoipa::openapi::schema::{Schema, SchemaType, Type};
+use utoipa::openapi::{ObjectBuilder, RefOr};
+use utoipa::{PartialSchema, ToSchema};
+
+/// `family:revision`, e.g. `llm-serve:3`.
+pub const TASK_DEF_REF_PATTERN: &str = r"^[A-Za-z0-9_-]{1,255}:[1-9][0-9]{0,8}$";
+/// A family, or one revision of it.
+pub const FAMILY_OR_REF_PATTERN: &str = r"^[A-Za-z0-9_-]{1,255}(:[1-9][0-9]{0,8})?$";
+
+/// A schema written as JSON. Only keywords utoipa's model knows survive (it has no `not`
+/// or `contains`), so the schemas below keep to those.
+pub fn from_json(v: Value) -> Schema {
+    serde_json::from_value(v).expect("a schema utoipa can read")
+}
+
+/// A name that follows [`crate::ids::NAME_RULE`] (pools, hosts, services).
+pub fn name() -> Schema {
+    ObjectBuilder::new()
+        .schema_type(SchemaType::new(Type::String))
+        .pattern(Some(NAME_PATTERN))
+        .max_length(Some(NAME_MAX))
+        .description(Some(crate::ids::NAME_RULE))
+        .into()
+}
+
+/// A new password: at least [`crate::auth::MIN_PASSWORD_LEN`] characters.
+pub fn password() -> Schema {
+    ObjectBuilder::new()
+        .schema_type(SchemaType::new(Type::String))
+        .min_length(Some(crate::auth::MIN_PASSWORD_LEN))
+        .into()
+}
+
+/// A `family:revision` reference.
+pub fn task_def_ref() -> Schema {
+    ObjectBuilder::new()
+        .schema_type(SchemaType::new(Type::String))
+        .pattern(Some(TASK_DEF_REF_PATTERN))
+        .description(Some("family:revision, e.g. llm-serve:3"))
+        .into()
+}
+
+/// An optional `family:revision` reference.
+pub fn optional_task_def_ref() -> Schema {
+    from_json(json!({
+        "type": ["string", "null"],
+        "pattern": TASK_DEF_REF_PATTERN,
+        "description": "family:revision, e.g. llm-serve:3",
+    }))
+}
+
+/// Host labels a service requires: keys are not empty.
+pub fn labels() -> Schema {
+    from_json(
+        json!({"type": "object", "propertyNames": {"type": "string", "minLength": 1}, "additionalProperties": {"type": "string"}}),
+    )
+}
+
+/// Text an agent reports: at most 256 characters, no NUL.
+pub fn agent_text() -> Schema {
+    from_json(
+        json!({"type": "string", "minLength": 1, "maxLength": 256, "pattern": "^[^\\u0000]*$"}),
+    )
+}
+
+/// An agent's host labels: keys and values are agent text.
+pub fn agent_labels() -> Schema {
+    from_json(json!({"type": "object", "maxProperties": 64,
+        "propertyNames": {"type": "string", "minLength": 1, "maxLength": 256, "pattern": "^[^\\u0000]*$"},
+        "additionalProperties": {"type": "string", "maxLength": 256, "pattern": "^[^\\u0000]*$"}}))
+}
+
+/// An optional placement policy given as text.
+pub fn optional_policy() -> Schema {
+    let names: Vec<&str> = crate::PlacementPolicy::ALL
+        .iter()
+        .map(|p| p.as_str())
+        .collect();
+    from_json(json!({ "type": ["string", "null"], "enum": names }))
+}
+
+macro_rules! string_schema {
+    ($ty:ty, $name:literal, $schema:expr) => {
+        impl PartialSchema for $ty {
+            fn schema() -> RefOr<Schema> {
+                RefOr::T($schema)
+            }
+        }
+        impl ToSchema for $ty {
+            fn name() -> Cow<'static, str> {
+                Cow::Borrowed($name)
+            }
+        }
+    };
+}
+
+string_schema!(PoolName, "PoolName", name());
+string_schema!(HostId, "HostId", name());
+string_schema!(
+    GpuUuid,
+    "GpuUuid",
+    from_json(
+        json!({"type": "string", "pattern": r"\S", "description": "as NVML reports it, e.g. GPU-8f5c..."})
+    )
+);
+string_schema!(TaskDefRef, "TaskDefRef", task_def_ref());
+string_schema!(
+    Percent,
+    "Percent",
+    from_json(json!({"type": "integer", "minimum": 0, "maximum": 100}))
+);
+string_schema!(
+    Secret,
+    "Secret",
+    from_json(json!({
+        "description": "write-only: the value (a string) on input; shown as {\"set\": true}, which sent back keeps the value the family's previous revision has",
+        "oneOf": [
+            {"type": "string", "maxLength": MAX_SECRET_BYTES},
+            {"type": "object", "required": ["set"], "additionalProperties": false, "properties": {"set": {"type": "boolean", "enum": [true]}}}
+        ]
+    }))
+);
+string_schema!(
+    DeploymentConfig,
+    "DeploymentConfig",
+    from_json(json!({
+        "description": "How a new revision replaces the old one. With minimum_healthy_percent 100, maximum_percent must exceed 100.",
+        "allOf": [
+            {
+                "type": "object",
+                "required": ["minimum_healthy_percent", "maximum_percent"],
+                "additionalProperties": false,
+                "properties": {
+                    "minimum_healthy_percent": {"type": "integer", "minimum": 0, "maximum": 100, "description": "running tasks never drop below this share of the desired count"},
+                    "maximum_percent": {"type": "integer", "minimum": 100, "maximum": 200, "description": "live tasks never exceed this share of the desired count"}
+                }
+            },
+            {
+                "anyOf": [
+                    {"type": "object", "properties": {"minimum_healthy_percent": {"type": "integer", "maximum": 99}}},
+                    {"type": "object", "properties": {"maximum_percent": {"type": "integer", "minimum": 101}}}
+                ]
+            }
+        ]
+    }))
+);
+
+string_schema!(
+    crate::api::ServicePatch,
+    "ServicePatch",
+    from_json(json!({
+        "type": "object",
+        "description": "Scale (desired_count) and/or deploy a new revision (task_definition): at least one.",
+        "minProperties": 1,
+        "additionalProperties": false,
+        "properties": {
+            "desired_count": {"type": "integer", "minimum": 0, "maximum": crate::api::MAX_DESIRED},
+            "task_definition": {"type": "string", "pattern": TASK_DEF_REF_PATTERN, "description": "family:revision; a new revision starts a rolling deployment"}
+        }
+    }))
+);
+
+/// An environment variable's name that a task may set.
+fn env_name() -> Value {
+    json!({
+        "type": "string",
+        "pattern": format!("^(?!({})$)[A-Za-z_][A-Za-z0-9_]*$", RESERVED_ENV.join("|")),
+        "description": format!("letters, digits and '_', not starting with a digit; not one the agent sets ({})", RESERVED_ENV.join(", ")),
+    })
+}
+
+fn whole(min: u64, max: u64) -> Value {
+    json!({"type": "integer", "minimum": min, "maximum": max})
+}
+
+fn family() -> Value {
+    json!({"type": "string", "pattern": FAMILY_PATTERN, "description": "1 to 255 letters, digits, '-' or '_'"})
+}
+
+fn command() -> Value {
+    json!({
+        "type": "array",
+        "minItems": 1,
+        "prefixItems": [{"type": "string", "pattern": r"\S", "description": "the program"}],
+        "items": {"type": "string"},
+        "description": "argv: the program, then its arguments"
+    })
+}
+
+// The ECS GPU count's pattern spells 1 to MAX_GPUS as 1-9 and 10-1x.
+const _: () = assert!(MAX_GPUS >= 10 && MAX_GPUS <= 19);
+
+/// `POST /api/v1/task-definitions` in Tessera's shape.
+pub fn native_task_definition() -> Schema {
+    from_json(json!({
+        "type": "object",
+        "required": ["family", "containers"],
+        "additionalProperties": false,
+        "properties": {
+            "family": family(),
+            "containers": {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": MAX_CONTAINERS,
+                "description": "Names unique within the task; a variable is either in env or in secrets; the task's GPU containers use either whole GPUs (at most 16 in all) or MPS slots (compute caps adding up to at most 100 %), not both.",
+                "items": {
+                    "type": "object",
+                    "required": ["name", "command", "cpu_milli", "memory_mib"],
+                    "additionalProperties": false,
+                    "properties": {
+                        "name": family(),
+                        "command": command(),
+                        "env": {"type": "object", "propertyNames": env_name(), "additionalProperties": {"type": "string"}},
+                        "secrets": {"type": "object", "propertyNames": env_name(), "additionalProperties": {"$ref": "#/components/schemas/Secret"}},
+                        "cpu_milli": whole(1, 1_000_000),
+                        "memory_mib": whole(1, MAX_MEMORY_MIB),
+                        "gpu": {
+                            "oneOf": [
+                                {"type": "object", "required": ["gpus"], "additionalProperties": false, "properties": {"gpus": whole(1, MAX_GPUS)}},
+                                {"type": "object", "required": ["mps"], "additionalProperties": false, "properties": {"mps": {
+                                    "type": "object", "required": ["memory_mib"], "additionalProperties": false,
+                                    "properties": {"memory_mib": whole(1, MAX_MEMORY_MIB), "max_compute_percent": whole(1, 100)}
+                                }}}
+                            ]
+                        }
+                    }
+                }
+            }
+        }
+    }))
+}
+
+/// The same in ECS's shape (`containerDefinitions`; fields Tessera does not use are
+/// ignored); also what `?format=ecs` answers.
+pub fn ecs_task_definition() -> Schema {
+    let variable = json!({"type": "object", "required": ["name", "value"], "properties": {"name": env_name(), "value": {"type": "string"}}});
+    let secret = json!({"type": "object", "required": ["name", "valueFrom"], "properties": {
+        "name": env_name(),
+        "valueFrom": {"type": "string", "pattern": "^(?!arn:)", "maxLength": MAX_SECRET_BYTES, "description": format!("the value itself (Tessera reads no AWS ARN), or {ECS_UNCHANGED_SECRET:?} to keep the previous revision's")}
+    }});
+    let gpu = json!({"oneOf": [
+        {"type": "object", "required": ["type", "value"], "additionalProperties": false, "properties": {
+            "type": {"type": "string", "enum": ["GPU"]},
+            "value": {"type": "string", "pattern": format!("^([1-9]|1[0-{}])$", MAX_GPUS - 10), "description": format!("whole GPUs, 1 to {MAX_GPUS}")}
+        }},
+        {"type": "object", "required": ["type", "value", "sharingStrategy"], "additionalProperties": false, "properties": {
+            "type": {"type": "string", "enum": ["GPU"]},
+            "value": {"type": "string", "enum": ["1"]},
+            "sharingStrategy": {"type": "object", "required": ["nvidiaMps"], "properties": {"nvidiaMps": {
+                "type": "object", "required": ["memory"],
+                "properties": {"memory": whole(1, MAX_MEMORY_MIB), "maxComputePercent": whole(1, 100)}
+            }}}
+        }}
+    ]});
+    from_json(json!({
+        "type": "object",
+        "required": ["family", "containerDefinitions"],
+        "properties": {
+            "family": family(),
+            "containerDefinitions": {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": MAX_CONTAINERS,
+                "description": "The same cross-container rules as Tessera's shape.",
+                "items": {
+                    "type": "object",
+                    "required": ["name", "command", "cpu", "memory"],
+                    "properties": {
+                        "name": family(),
+                        "command": command(),
+                        "cpu": {"type": "integer", "minimum": 1, "maximum": 1_024_000, "description": "1/1024 vCPU"},
+                        "memory": whole(1, MAX_MEMORY_MIB),
+                        "environment": {"type": "array", "items": variable},
+                        "secrets": {"type": "array", "items": secret},
+                        "resourceRequirements": {
+                            "type": "array",
+                            "maxItems": 1,
+                            "items": gpu,
+                        }
+                    }
+                }
+            }
+        }
+    }))
+}
+
+/// The name of a service (path parameter).
+pub struct ServiceName;
+string_schema!(ServiceName, "ServiceName", name());
+/// The name of an operator's account (path parameter).
+pub struct Username;
+string_schema!(Username, "Username", name());
+/// A family, or one revision of it as `family:revision` (path parameter).
+pub struct FamilyOrRef;
+string_schema!(
+    FamilyOrRef,
+    "FamilyOrRef",
+    from_json(
+        json!({"type": "string", "pattern": FAMILY_OR_REF_PATTERN, "description": "a family (its revisions), or family:revision (that revision)"})
+    )
+);
+/// An API token's id (path parameter).
+pub struct TokenId;
+string_schema!(
+    TokenId,
+    "TokenId",
+    from_json(
+        json!({"type": "string", "pattern": "^[0-9a-f]{12}$", "description": "as the token list shows it"})
+    )
+);

@@ -1,0 +1,47 @@
+//! The agent API: a host registers with the join token, then syncs with its own token.
+
+use super::Body;
+use crate::AppState;
+use crate::error::ApiError;
+use axum::Json;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use tessera_model::agent::{RegisterRequest, RegisterResponse, SyncRequest, SyncResponse};
+
+/// Register a host with the join token
+#[utoipa::path(post, path = "/agent/v1/register", tag = "agents", request_body = RegisterRequest,
+    responses(
+        (status = 201, description = "Registered: the agent's token, shown once", body = RegisterResponse),
+        (status = 401, description = "Wrong join token", body = crate::api::bodies::ErrorBody),
+        (status = 409, description = "These GPUs belong to another host whose agent is still registered", body = crate::api::bodies::ErrorBody),
+    ))]
+pub async fn agent_register(
+    State(state): State<AppState>,
+    Body(req): Body<RegisterRequest>,
+) -> Result<(StatusCode, Json<RegisterResponse>), ApiError> {
+    Ok((
+        StatusCode::CREATED,
+        Json(state.control.register_agent(&req).await?),
+    ))
+}
+
+/// The agent token from `Authorization: Bearer ...`.
+fn bearer(headers: &HeaderMap) -> Result<&str, ApiError> {
+    headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .ok_or_else(|| ApiError::Unauthorized("missing Authorization: Bearer <agent token>".into()))
+}
+
+/// Report the host's state; the answer is every task it should run
+#[utoipa::path(post, path = "/agent/v1/sync", tag = "agents", request_body = SyncRequest,
+    responses((status = 200, description = "The tasks to run", body = SyncResponse)))]
+pub async fn agent_sync(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Body(req): Body<SyncRequest>,
+) -> Result<Json<SyncResponse>, ApiError> {
+    let host = state.control.authenticate_agent(bearer(&headers)?).await?;
+    Ok(Json(state.control.sync_agent(&host, &req).await?))
+}

@@ -1,0 +1,111 @@
+//! The REST API's own response bodies: lists wrapped in an object (so fields can be added
+//! later), and the error body. Everything else the API sends is a `tessera_model` type.
+
+use serde::{Deserialize, Serialize};
+use tessera_model::auth::{ApiTokenInfo, AuditEntry, UserInfo};
+use tessera_model::service::{Event, Task, TaskDefinition};
+use tessera_model::taskdef::FieldError;
+use tessera_model::{HostInfo, PoolInfo};
+use utoipa::ToSchema;
+
+/// `GET /healthz`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Health {
+    #[schema(examples("ok"))]
+    pub status: String,
+}
+
+/// Every error: what was wrong, and for invalid input each field with its rule.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[schema(as = Error)]
+pub struct ErrorBody {
+    pub error: String,
+    /// Present for `422` invalid input: every broken rule with its field path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub errors: Option<Vec<FieldError>>,
+}
+
+macro_rules! list {
+    ($(#[$doc:meta])* $name:ident { $field:ident: $item:ty }) => {
+        $(#[$doc])*
+        #[derive(Debug, Serialize, Deserialize, ToSchema)]
+        pub struct $name {
+            pub $field: Vec<$item>,
+        }
+    };
+}
+
+list!(/// `GET /api/v1/hosts`.
+    HostList { hosts: HostInfo });
+list!(/// `GET /api/v1/pools`.
+    PoolList { pools: PoolInfo });
+list!(/// `GET /api/v1/task-definitions`: the newest revision of each family.
+    FamilyList { task_definitions: TaskDefinition });
+list!(/// `GET /api/v1/task-definitions/{family}`: every revision.
+    RevisionList { revisions: TaskDefinition });
+list!(/// `GET /api/v1/services`.
+    ServiceList { services: tessera_model::api::ServiceDetail });
+list!(/// `GET /api/v1/tasks`.
+    TaskList { tasks: Task });
+list!(/// `GET /api/v1/events`, newest first.
+    EventList { events: Event });
+list!(/// `GET /api/v1/tokens` (never their values).
+    TokenList { tokens: ApiTokenInfo });
+list!(/// `GET /api/v1/users`.
+    UserList { users: UserInfo });
+list!(/// `GET /api/v1/audit`, newest first.
+    AuditList { entries: AuditEntry });
+
+/// `GET /api/v1/hosts/{id}`: the host and the tasks that hold capacity on it.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct HostDetail {
+    #[serde(flatten)]
+    pub host: HostInfo,
+    pub tasks: Vec<Task>,
+}
+
+/// `POST /api/v1/join-token`: shown this once.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct JoinToken {
+    pub join_token: String,
+}
+
+/// A task definition in ECS's shape (`?format=ecs`).
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct EcsTaskDefinition(pub serde_json::Value);
+
+impl utoipa::PartialSchema for EcsTaskDefinition {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        tessera_model::schema::ecs_task_definition().into()
+    }
+}
+impl ToSchema for EcsTaskDefinition {}
+
+/// A task definition to register, in Tessera's shape or ECS's (told apart by
+/// `containerDefinitions`); read by the task-definition parser, which names every
+/// broken rule.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct TaskDefinitionInput(pub serde_json::Value);
+
+impl utoipa::PartialSchema for TaskDefinitionInput {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::schema::OneOfBuilder::new()
+            .item(tessera_model::schema::native_task_definition())
+            .item(utoipa::openapi::Ref::from_schema_name("EcsTaskDefinition"))
+            .into()
+    }
+}
+impl ToSchema for TaskDefinitionInput {}
+
+/// `GET /api/v1/task-definitions/{id}`: one revision (`family:revision`, in either
+/// shape), or a family's revisions (`family`).
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum TaskDefinitionAnswer {
+    Revision(TaskDefinition),
+    Ecs(EcsTaskDefinition),
+    Revisions(RevisionList),
+}

@@ -1,0 +1,123 @@
+//! Hosts, pools and the join token.
+
+use super::bodies::{HostDetail, HostList, JoinToken, PoolList};
+use super::{Body, Segment, host_id};
+use crate::AppState;
+use crate::error::ApiError;
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use tessera_control::inputs::PoolInput;
+use tessera_control::store::TaskFilter;
+use tessera_model::service::TaskState;
+use tessera_model::{HostId, HostInfo, PoolInfo};
+
+/// Every host with its GPUs
+#[utoipa::path(get, path = "/api/v1/hosts", tag = "fleet",
+    responses((status = 200, description = "Hosts", body = HostList)))]
+pub async fn list_hosts(State(state): State<AppState>) -> Result<Json<HostList>, ApiError> {
+    Ok(Json(HostList {
+        hosts: state.control.list_hosts().await?,
+    }))
+}
+
+/// One host and the tasks that hold capacity on it
+#[utoipa::path(get, path = "/api/v1/hosts/{id}", tag = "fleet",
+    params(("id" = HostId, Path, description = "host id")),
+    responses((status = 200, description = "Host", body = HostDetail), (status = 404, description = "No such host", body = crate::api::bodies::ErrorBody)))]
+pub async fn get_host(
+    State(state): State<AppState>,
+    Segment(id): Segment,
+) -> Result<Json<HostDetail>, ApiError> {
+    let id = host_id(id)?;
+    let host = state.control.get_host(&id).await?;
+    let tasks = state
+        .control
+        .list_tasks(&TaskFilter {
+            host: Some(id),
+            states: TaskState::HOLDING.to_vec(),
+            ..Default::default()
+        })
+        .await?;
+    Ok(Json(HostDetail { host, tasks }))
+}
+
+/// Drain a host: no new tasks; its tasks are replaced elsewhere first, then stopped
+#[utoipa::path(post, path = "/api/v1/hosts/{id}/drain", tag = "fleet",
+    params(("id" = HostId, Path, description = "host id")),
+    responses((status = 200, description = "Host", body = HostInfo), (status = 404, description = "No such host", body = crate::api::bodies::ErrorBody), (status = 409, description = "Not possible in the host's state", body = crate::api::bodies::ErrorBody)))]
+pub async fn drain_host(
+    State(state): State<AppState>,
+    Segment(id): Segment,
+) -> Result<Json<HostInfo>, ApiError> {
+    let id = host_id(id)?;
+    state.control.drain_host(&id).await?;
+    Ok(Json(state.control.get_host(&id).await?))
+}
+
+/// Make a drained host active again
+#[utoipa::path(post, path = "/api/v1/hosts/{id}/activate", tag = "fleet",
+    params(("id" = HostId, Path, description = "host id")),
+    responses((status = 200, description = "Host", body = HostInfo), (status = 404, description = "No such host", body = crate::api::bodies::ErrorBody), (status = 409, description = "Not possible in the host's state", body = crate::api::bodies::ErrorBody)))]
+pub async fn activate_host(
+    State(state): State<AppState>,
+    Segment(id): Segment,
+) -> Result<Json<HostInfo>, ApiError> {
+    let id = host_id(id)?;
+    state.control.activate_host(&id).await?;
+    Ok(Json(state.control.get_host(&id).await?))
+}
+
+/// Revoke the host's agent token: the agent must register again
+#[utoipa::path(post, path = "/api/v1/hosts/{id}/revoke", tag = "fleet",
+    params(("id" = HostId, Path, description = "host id")),
+    responses((status = 200, description = "Host", body = HostInfo), (status = 404, description = "No such host", body = crate::api::bodies::ErrorBody)))]
+pub async fn revoke_host(
+    State(state): State<AppState>,
+    Segment(id): Segment,
+) -> Result<Json<HostInfo>, ApiError> {
+    let id = host_id(id)?;
+    state.control.revoke_host(&id).await?;
+    Ok(Json(state.control.get_host(&id).await?))
+}
+
+/// Forget a host that holds no tasks
+#[utoipa::path(delete, path = "/api/v1/hosts/{id}", tag = "fleet",
+    params(("id" = HostId, Path, description = "host id")),
+    responses((status = 204, description = "Deleted"), (status = 404, description = "No such host", body = crate::api::bodies::ErrorBody), (status = 409, description = "Tasks still hold capacity on it", body = crate::api::bodies::ErrorBody)))]
+pub async fn delete_host(
+    State(state): State<AppState>,
+    Segment(id): Segment,
+) -> Result<StatusCode, ApiError> {
+    state.control.delete_host(&host_id(id)?).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// A new join token, shown this once; the old one stops working at once
+#[utoipa::path(post, path = "/api/v1/join-token", tag = "fleet",
+    responses((status = 200, description = "Join token", body = JoinToken)))]
+pub async fn rotate_join_token(State(state): State<AppState>) -> Result<Json<JoinToken>, ApiError> {
+    Ok(Json(JoinToken {
+        join_token: state.control.rotate_join_token().await?,
+    }))
+}
+
+/// Pools and their placement policies
+#[utoipa::path(get, path = "/api/v1/pools", tag = "fleet",
+    responses((status = 200, description = "Pools", body = PoolList)))]
+pub async fn list_pools(State(state): State<AppState>) -> Result<Json<PoolList>, ApiError> {
+    Ok(Json(PoolList {
+        pools: state.control.list_pools().await?,
+    }))
+}
+
+/// Create a pool
+#[utoipa::path(post, path = "/api/v1/pools", tag = "fleet", request_body = PoolInput,
+    responses((status = 201, description = "Created", body = PoolInfo), (status = 409, description = "A pool of that name exists", body = crate::api::bodies::ErrorBody)))]
+pub async fn create_pool(
+    State(state): State<AppState>,
+    Body(input): Body<PoolInput>,
+) -> Result<(StatusCode, Json<PoolInfo>), ApiError> {
+    let pool = state.control.create_pool(&input).await?;
+    Ok((StatusCode::CREATED, Json(pool)))
+}

@@ -1,0 +1,773 @@
+//! The generated OpenAPI document against the server itself, both ways:
+//! - every route is documented and every documented operation is routed;
+//! - a sample answer of every GET validates against its documented schema;
+//! - a schema-driven fuzzer: requests generated from the document's own schemas (checked
+//!   valid against them before they are sent) are never refused for their shape (`400`,
+//!   or `422` other than for the few rules JSON Schema cannot say, listed below), never
+//!   answered with a server error, and every answer's status and content type is one the
+//!   document lists for that operation.
+
+mod common;
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode, header};
+use http_body_util::BodyExt;
+use proptest::strategy::{Strategy, ValueTree};
+use proptest::test_runner::TestRunner;
+use serde_json::{Map, Value, json};
+use std::collections::BTreeSet;
+use tessera_control::bench::api_token;
+use tessera_model::auth::Role;
+use tessera_server::{AppState, app};
+use tower::ServiceExt;
+
+const JOIN: &str = "openapi-test-join-token";
+
+/// Refusals of a schema-valid request that depend on state or span several fields, which
+/// JSON Schema cannot say (the schemas' descriptions name them).
+const NOT_SHAPE: &[&str] = &[
+    "no task definition",
+    "is deregistered",
+    "no pool named",
+    "is used by another container",
+    "is also in env",
+    "either whole GPUs or MPS slots",
+    "whole GPUs; at most",
+    "compute caps add up",
+    "has a value for this secret",
+    "is reported twice",
+];
+
+struct Server {
+    state: AppState,
+    admin: String,
+    agent: String,
+    host: String,
+}
+
+struct Answer {
+    status: StatusCode,
+    content_type: Option<String>,
+    body: Value,
+}
+
+impl Server {
+    async fn new() -> Server {
+        let control = common::control(JOIN).await;
+        for pool in ["training", "inference"] {
+            control
+                .create_pool(&tessera_control::inputs::PoolInput::named(pool))
+                .await
+                .expect("pool");
+        }
+        let tokens = common::register_hosts(&control, JOIN, &common::DEMO_HOSTS).await;
+        let admin = api_token(&control, Role::Admin).await.expect("token");
+        let state = AppState::new(control, "127.0.0.1:0".parse().expect("valid"));
+        Server {
+            state,
+            admin,
+            agent: tokens[2].clone(),
+            host: common::DEMO_HOSTS[2].0.to_owned(),
+        }
+    }
+
+    /// Something of everything: a pool, a task definition, a service with placed tasks, a
+    /// user. Each answer is checked against the document.
+    async fn populate(&self, doc: &Value) {
+        let setup = [
+            (
+                Method::POST,
+                "/api/v1/pools",
+                json!({"name": "batch", "policy": "binpack"}),
+            ),
+            (
+                Method::POST,
+                "/api/v1/task-definitions",
+                json!({"family": "llm", "containers": [{"name": "serve", "command": ["python", "serve.py"],
+                    "cpu_milli": 1000, "memory_mib": 2048, "env": {"MODEL": "7b"}, "secrets": {"HF_TOKEN": "hf_x"},
+                    "gpu": {"mps": {"memory_mib": 4096, "max_compute_percent": 25}}}]}),
+            ),
+            (
+                Method::POST,
+                "/api/v1/services",
+                json!({"name": "chat", "task_definition": "llm:1", "pool": "inference", "desired_count": 2}),
+            ),
+            (
+                Method::POST,
+                "/api/v1/users",
+                json!({"username": "ops", "password": "a long enough password", "role": "operator"}),
+            ),
+        ];
+        for (method, path, body) in &setup {
+            let a = self.send(method, path, Some(body)).await;
+            assert!(a.status.is_success(), "{method} {path}: {}", a.body);
+            check_documented(
+                doc,
+                path,
+                &method.as_str().to_ascii_lowercase(),
+                &a,
+                "setup",
+            );
+        }
+        self.state.control.reconcile_once().await.expect("placed");
+    }
+
+    async fn send(&self, method: &Method, uri: &str, body: Option<&Value>) -> Answer {
+        let token = if uri.starts_with("/agent/") {
+            &self.agent
+        } else {
+            &self.admin
+        };
+        let mut req = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header(header::HOST, "127.0.0.1:3000")
+            .header(header::AUTHORIZATION, format!("Bearer {token}"));
+        if body.is_some() {
+            req = req.header(header::CONTENT_TYPE, "application/json");
+        }
+        let body = body.map_or_else(Body::empty, |b| Body::from(b.to_string()));
+        let resp = app(self.state.clone())
+            .oneshot(req.body(body).expect("request"))
+            .await
+            .expect("answer");
+        let status = resp.status();
+        let content_type = resp
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(|v| v.split(';').next().unwrap_or(v).trim().to_owned());
+        if content_type.as_deref() == Some("text/event-stream") {
+            // A live stream never ends; its headers are the answer.
+            return Answer {
+                status,
+                content_type,
+                body: Value::Null,
+            };
+        }
+        let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+        let body = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes)
+                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()))
+        };
+        Answer {
+            status,
+            content_type,
+            body,
+        }
+    }
+}
+
+fn pointer_escape(s: &str) -> String {
+    s.replace('~', "~0").replace('/', "~1")
+}
+
+/// A validator for the schema at `pointer` in `doc`, with every `$ref` resolving within it.
+fn validator_at(doc: &Value, pointer: &str) -> jsonschema::Validator {
+    let mut root = doc.clone();
+    let fragment = pointer.replace('{', "%7B").replace('}', "%7D");
+    root["$ref"] = json!(format!("#{fragment}"));
+    jsonschema::draft202012::new(&root)
+        .unwrap_or_else(|e| panic!("the schema at {pointer} compiles: {e}"))
+}
+
+/// Every operation in the document: (path, method).
+fn operations(doc: &Value) -> BTreeSet<(String, String)> {
+    let mut out = BTreeSet::new();
+    for (path, item) in doc["paths"].as_object().expect("paths") {
+        for method in item.as_object().expect("path item").keys() {
+            out.insert((path.clone(), method.clone()));
+        }
+    }
+    out
+}
+
+/// Checks `answer` is documented for the operation: its status, and its content type with
+/// a body that validates against that response's schema.
+fn check_documented(doc: &Value, path: &str, method: &str, answer: &Answer, what: &str) {
+    let status = answer.status.as_u16().to_string();
+    let op = format!("/paths/{}/{method}", pointer_escape(path));
+    let response = doc
+        .pointer(&format!("{op}/responses/{status}"))
+        .unwrap_or_else(|| {
+            panic!(
+                "{what}: {status} is not documented for {method} {path}: {}",
+                answer.body
+            )
+        });
+    match (&answer.content_type, response.get("content")) {
+        (None, None) => {}
+        (Some(ct), Some(content)) => {
+            assert!(
+                content.get(ct).is_some(),
+                "{what}: {status} {ct} is not documented for {method} {path}"
+            );
+            if answer.body.is_null() {
+                return;
+            }
+            let pointer = format!(
+                "{op}/responses/{status}/content/{}/schema",
+                pointer_escape(ct)
+            );
+            let v = validator_at(doc, &pointer);
+            let errors: Vec<String> = v
+                .iter_errors(&answer.body)
+                .map(|e| format!("{} at {}", e, e.instance_path()))
+                .collect();
+            assert!(
+                errors.is_empty(),
+                "{what}: the {status} answer of {method} {path} does not match its schema: {errors:?}\n{}",
+                answer.body
+            );
+        }
+        (Some(ct), None) => panic!(
+            "{what}: {method} {path} answered {status} with {ct}, documented without a body: {}",
+            answer.body
+        ),
+        (None, Some(_)) => {
+            assert!(
+                answer.body.is_null(),
+                "{what}: {method} {path} answered {status} without a content type"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_document_and_the_router_agree_and_answers_match_their_schemas() {
+    let server = Server::new().await;
+    let doc = server
+        .send(&Method::GET, "/api/v1/openapi.json", None)
+        .await
+        .body;
+    assert_eq!(doc["openapi"], "3.1.0");
+    assert_eq!(doc, tessera_server::openapi::document());
+
+    // Every reference resolves.
+    fn refs(v: &Value, out: &mut Vec<String>) {
+        match v {
+            Value::Object(o) => {
+                if let Some(Value::String(r)) = o.get("$ref") {
+                    out.push(r.clone());
+                }
+                o.values().for_each(|v| refs(v, out));
+            }
+            Value::Array(a) => a.iter().for_each(|v| refs(v, out)),
+            _ => {}
+        }
+    }
+    let mut all = Vec::new();
+    refs(&doc, &mut all);
+    assert!(all.len() > 50, "{} references", all.len());
+    for r in &all {
+        assert!(
+            doc.pointer(r.trim_start_matches('#')).is_some(),
+            "{r} resolves"
+        );
+    }
+
+    // Both directions: routes and documented operations are the same set.
+    let routed: BTreeSet<(String, String)> = tessera_server::api::routes()
+        .rules()
+        .iter()
+        .map(|r| (r.path.to_owned(), r.method.as_str().to_ascii_lowercase()))
+        .collect();
+    let documented = operations(&doc);
+    let undocumented: Vec<_> = routed.difference(&documented).collect();
+    let unrouted: Vec<_> = documented.difference(&routed).collect();
+    assert!(
+        undocumented.is_empty(),
+        "routes without a description: {undocumented:?}"
+    );
+    assert!(
+        unrouted.is_empty(),
+        "described operations nobody serves: {unrouted:?}"
+    );
+    server.populate(&doc).await;
+    for rule in tessera_server::api::routes().rules() {
+        let op = &doc["paths"][rule.path][rule.method.as_str().to_ascii_lowercase()];
+        let role = match rule.access {
+            tessera_server::auth::Access::Public => "none",
+            tessera_server::auth::Access::Agent => "agent",
+            tessera_server::auth::Access::Role(r) => r.as_str(),
+        };
+        assert_eq!(op["x-required-role"], role, "{} {}", rule.method, rule.path);
+        assert!(
+            op["summary"].as_str().is_some_and(|s| !s.is_empty()),
+            "{} {} has a summary",
+            rule.method,
+            rule.path
+        );
+        // Every response names its content type (or has no body).
+        for (status, r) in op["responses"].as_object().expect("responses") {
+            if let Some(content) = r.get("content") {
+                assert!(
+                    !content.as_object().expect("content").is_empty(),
+                    "{status}"
+                );
+            }
+        }
+    }
+
+    // A sample answer of every GET against its schema.
+    let host = server.host.clone();
+    let samples = [
+        ("/healthz", "/healthz".to_owned()),
+        ("/api/v1/openapi.json", "/api/v1/openapi.json".to_owned()),
+        ("/api/v1/session", "/api/v1/session".to_owned()),
+        ("/api/v1/hosts", "/api/v1/hosts".to_owned()),
+        ("/api/v1/hosts/{id}", format!("/api/v1/hosts/{host}")),
+        ("/api/v1/pools", "/api/v1/pools".to_owned()),
+        (
+            "/api/v1/task-definitions",
+            "/api/v1/task-definitions".to_owned(),
+        ),
+        (
+            "/api/v1/task-definitions/{id}",
+            "/api/v1/task-definitions/llm".to_owned(),
+        ),
+        (
+            "/api/v1/task-definitions/{id}",
+            "/api/v1/task-definitions/llm:1".to_owned(),
+        ),
+        (
+            "/api/v1/task-definitions/{id}",
+            "/api/v1/task-definitions/llm:1?format=ecs".to_owned(),
+        ),
+        ("/api/v1/services", "/api/v1/services".to_owned()),
+        (
+            "/api/v1/services/{name}",
+            "/api/v1/services/chat".to_owned(),
+        ),
+        (
+            "/api/v1/tasks",
+            "/api/v1/tasks?service=chat&state=assigned,running".to_owned(),
+        ),
+        ("/api/v1/events", "/api/v1/events?limit=5".to_owned()),
+        ("/api/v1/tokens", "/api/v1/tokens".to_owned()),
+        ("/api/v1/users", "/api/v1/users".to_owned()),
+        ("/api/v1/audit", "/api/v1/audit".to_owned()),
+        ("/api/v1/live", "/api/v1/live".to_owned()),
+    ];
+    let mut sampled = BTreeSet::new();
+    for (path, uri) in &samples {
+        let a = server.send(&Method::GET, uri, None).await;
+        assert_eq!(a.status, StatusCode::OK, "GET {uri}: {}", a.body);
+        check_documented(&doc, path, "get", &a, "sample");
+        sampled.insert(path.to_string());
+    }
+    let gets: BTreeSet<String> = documented
+        .iter()
+        .filter(|(_, m)| m == "get")
+        .map(|(p, _)| p.clone())
+        .collect();
+    let missing: Vec<_> = gets.difference(&sampled).collect();
+    assert!(missing.is_empty(), "GETs without a sample: {missing:?}");
+    // The samples said something: tasks were placed and shown with their allocations.
+    let tasks = server
+        .send(&Method::GET, "/api/v1/tasks?service=chat", None)
+        .await;
+    assert_eq!(tasks.body["tasks"].as_array().map(Vec::len), Some(2));
+}
+
+/// A small deterministic generator (xorshift), so a failing case can be replayed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        if n == 0 { 0 } else { self.next() % n }
+    }
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.below(items.len() as u64) as usize]
+    }
+}
+
+/// Generates instances of JSON Schemas (the subset the document uses). Approximate on
+/// purpose: every instance is checked against the schema before it is sent.
+struct Generator {
+    doc: &'static Value,
+    rng: Rng,
+    runner: TestRunner,
+}
+
+impl Generator {
+    fn deref<'a>(&self, schema: &'a Value) -> &'a Value {
+        match schema.get("$ref").and_then(Value::as_str) {
+            Some(r) => self.deref(
+                self.doc
+                    .pointer(r.trim_start_matches('#'))
+                    .unwrap_or_else(|| panic!("{r} resolves")),
+            ),
+            None => schema,
+        }
+    }
+
+    /// `allOf`, and a chosen branch of each `anyOf`, merged into one schema.
+    fn flatten(&mut self, schema: &Value) -> Map<String, Value> {
+        let schema = self.deref(schema);
+        let Some(mut out) = schema.as_object().cloned() else {
+            return Map::new();
+        };
+        for key in ["allOf", "anyOf"] {
+            let Some(Value::Array(parts)) = out.remove(key) else {
+                continue;
+            };
+            let parts = if key == "anyOf" {
+                vec![self.rng.pick(&parts).clone()]
+            } else {
+                parts
+            };
+            for part in parts {
+                let part = self.flatten(&part);
+                merge(&mut out, part);
+            }
+        }
+        out
+    }
+
+    fn string_from(&mut self, pattern: &str) -> Option<String> {
+        let p = pattern.trim_start_matches('^').trim_end_matches('$');
+        let strategy = proptest::string::string_regex(p).ok()?;
+        Some(strategy.new_tree(&mut self.runner).ok()?.current())
+    }
+
+    fn plain_string(&mut self, min: u64, max: u64) -> String {
+        const ALPHABET: &[char] = &['a', 'b', 'z', 'A', 'Q', '0', '7', '-', '_', ' ', 'é', '字'];
+        let len = min + self.rng.below(max.min(min + 12) - min + 1);
+        (0..len).map(|_| *self.rng.pick(ALPHABET)).collect()
+    }
+
+    fn value(&mut self, schema: &Value, depth: u32) -> Value {
+        let s = self.flatten(schema);
+        if let Some(Value::Array(items)) = s.get("oneOf") {
+            let chosen = self.rng.pick(items).clone();
+            return self.value(&chosen, depth);
+        }
+        if let Some(Value::Array(options)) = s.get("enum") {
+            return self.rng.pick(options).clone();
+        }
+        if let Some(c) = s.get("const") {
+            return c.clone();
+        }
+        let types: Vec<String> = match s.get("type") {
+            Some(Value::String(t)) => vec![t.clone()],
+            Some(Value::Array(ts)) => ts
+                .iter()
+                .filter_map(|t| t.as_str().map(str::to_owned))
+                .collect(),
+            _ if s.contains_key("properties") => vec!["object".into()],
+            _ => vec!["string".into()],
+        };
+        let non_null: Vec<String> = types.iter().filter(|t| *t != "null").cloned().collect();
+        if non_null.is_empty() || (types.len() > non_null.len() && self.rng.chance(15)) {
+            return Value::Null;
+        }
+        let num = |k: &str| s.get(k).and_then(Value::as_f64);
+        match self.rng.pick(&non_null).as_str() {
+            "boolean" => json!(self.rng.chance(50)),
+            "integer" => {
+                let lo = num("minimum").unwrap_or(0.0) as i64;
+                let hi = num("maximum").unwrap_or(lo as f64 + 1000.0) as i64;
+                let span = (hi - lo) as u64;
+                json!(match self.rng.below(4) {
+                    0 => lo,
+                    1 => hi,
+                    _ => lo + self.rng.below(span + 1) as i64,
+                })
+            }
+            "number" => {
+                let lo = num("minimum").unwrap_or(0.0);
+                let hi = num("maximum").unwrap_or(lo + 1000.0);
+                json!(lo + (hi - lo) * (self.rng.below(1001) as f64 / 1000.0))
+            }
+            "array" => {
+                let min = num("minItems").unwrap_or(0.0) as u64;
+                let max = (num("maxItems").unwrap_or(3.0).min(3.0) as u64).max(min);
+                let n = min + self.rng.below(max - min + 1);
+                let prefix = s
+                    .get("prefixItems")
+                    .and_then(Value::as_array)
+                    .cloned()
+                    .unwrap_or_default();
+                let items = s.get("items").cloned().unwrap_or(json!({}));
+                (0..n as usize)
+                    .map(|i| self.value(prefix.get(i).unwrap_or(&items), depth + 1))
+                    .collect()
+            }
+            "object" => {
+                let mut out = Map::new();
+                let required: BTreeSet<String> = s
+                    .get("required")
+                    .and_then(Value::as_array)
+                    .map(|r| {
+                        r.iter()
+                            .filter_map(|v| v.as_str().map(str::to_owned))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let props = s
+                    .get("properties")
+                    .and_then(Value::as_object)
+                    .cloned()
+                    .unwrap_or_default();
+                for (k, p) in &props {
+                    if required.contains(k) || (depth < 4 && self.rng.chance(50)) {
+                        out.insert(k.clone(), self.value(p, depth + 1));
+                    }
+                }
+                if let Some(extra) = s.get("additionalProperties").filter(|a| a.is_object()) {
+                    let names = s
+                        .get("propertyNames")
+                        .cloned()
+                        .unwrap_or(json!({"type": "string", "minLength": 1}));
+                    for _ in 0..self.rng.below(3) {
+                        let key = match self.value(&names, depth + 1) {
+                            Value::String(k) => k,
+                            other => other.to_string(),
+                        };
+                        out.insert(key, self.value(extra, depth + 1));
+                    }
+                }
+                Value::Object(out)
+            }
+            _ => {
+                let min = num("minLength").unwrap_or(0.0) as u64;
+                let max = (num("maxLength").unwrap_or(24.0).min(64.0) as u64).max(min);
+                if let Some(p) = s.get("pattern").and_then(Value::as_str)
+                    && let Some(v) = self.string_from(p)
+                {
+                    return json!(v);
+                }
+                json!(self.plain_string(min, max))
+            }
+        }
+    }
+}
+
+/// `b` into `a`: properties merged key by key (`b`'s keywords win), `required` unioned.
+fn merge(a: &mut Map<String, Value>, b: Map<String, Value>) {
+    for (k, v) in b {
+        match (k.as_str(), a.get_mut(&k), v) {
+            ("properties", Some(Value::Object(mine)), Value::Object(theirs)) => {
+                for (name, schema) in theirs {
+                    match (mine.get_mut(&name), schema) {
+                        (Some(Value::Object(m)), Value::Object(t)) => m.extend(t),
+                        (_, schema) => {
+                            mine.insert(name, schema);
+                        }
+                    }
+                }
+            }
+            ("required", Some(Value::Array(mine)), Value::Array(theirs)) => {
+                for r in theirs {
+                    if !mine.contains(&r) {
+                        mine.push(r);
+                    }
+                }
+            }
+            (_, _, v) => {
+                a.insert(k, v);
+            }
+        }
+    }
+}
+
+fn percent_encode(s: &str) -> String {
+    tessera_model::urlenc::encode(s)
+}
+
+/// Whether a refusal names only rules the schema cannot say.
+fn not_for_shape(answer: &Answer) -> bool {
+    answer.status == StatusCode::UNPROCESSABLE_ENTITY
+        && answer.body["errors"].as_array().is_some_and(|errors| {
+            !errors.is_empty()
+                && errors.iter().all(|e| {
+                    let m = e["message"].as_str().unwrap_or_default();
+                    NOT_SHAPE.iter().any(|known| m.contains(known))
+                })
+        })
+}
+
+#[tokio::test]
+async fn requests_the_schemas_allow_are_never_refused_for_their_shape() {
+    let server = Server::new().await;
+    let doc = tessera_server::openapi::document();
+    let doc: &'static Value = Box::leak(Box::new(doc));
+    let seed = std::env::var("TESSERA_FUZZ_SEED")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0x5eed_1234_abcd_0042)
+        | 1;
+    let mut generator = Generator {
+        doc,
+        rng: Rng(seed),
+        runner: TestRunner::new_with_rng(
+            proptest::test_runner::Config::default(),
+            proptest::test_runner::TestRng::from_seed(
+                proptest::test_runner::RngAlgorithm::ChaCha,
+                &[seed.to_le_bytes(), seed.to_be_bytes(), [7; 8], [42; 8]].concat(),
+            ),
+        ),
+    };
+    let env = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok());
+    // Longer runs: TESSERA_FUZZ_SEED=<n> TESSERA_FUZZ_CASES=<n> cargo test --test openapi
+    let cases = env("TESSERA_FUZZ_CASES").unwrap_or(25) as usize;
+    eprintln!("seed {seed:#x}, {cases} cases per operation");
+    server.populate(doc).await;
+    let mut tried = 0;
+    let mut accepted = 0;
+    // Deletions last, so the things that exist are there for the others.
+    let mut ops: Vec<(String, String)> = operations(doc).into_iter().collect();
+    ops.sort_by_key(|(_, m)| m == "delete");
+    for (path, method) in ops {
+        if path == "/api/v1/session/end" || (path == "/api/v1/session" && method == "delete") {
+            continue; // sign-outs: no input to vary
+        }
+        let op = &doc["paths"][&path][&method];
+        let params: Vec<&Value> = op["parameters"]
+            .as_array()
+            .map(|p| p.iter().collect())
+            .unwrap_or_default();
+        let body_pointer = op["requestBody"]["content"]["application/json"]["schema"]
+            .is_object()
+            .then(|| {
+                format!(
+                    "/paths/{}/{method}/requestBody/content/application~1json/schema",
+                    pointer_escape(&path)
+                )
+            });
+        if params.is_empty() && body_pointer.is_none() {
+            continue;
+        }
+        let body_validator = body_pointer.as_ref().map(|p| validator_at(doc, p));
+        let http_method =
+            Method::from_bytes(method.to_ascii_uppercase().as_bytes()).expect("method");
+        let mut valid = 0;
+        let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
+        for attempt in 0..cases * 8 {
+            if valid == cases {
+                break;
+            }
+            let mut uri = path.clone();
+            let mut query = Vec::new();
+            let mut ok = true;
+            for p in &params {
+                let name = p["name"].as_str().expect("name");
+                let schema = &p["schema"];
+                let v = generator.value(schema, 0);
+                let check = jsonschema::draft202012::new(&{
+                    let mut root = doc.clone();
+                    root["$ref"] = json!("#/$defs/p");
+                    root["$defs"] = json!({"p": schema});
+                    root
+                })
+                .expect("parameter schema compiles");
+                if !check.is_valid(&v) {
+                    ok = false;
+                    break;
+                }
+                let text = match &v {
+                    Value::String(s) => s.clone(),
+                    Value::Null => continue,
+                    other => other.to_string(),
+                };
+                if p["in"] == "path" {
+                    // Half the time a thing that exists.
+                    let real = match name {
+                        "id" if path.starts_with("/api/v1/hosts") => Some(server.host.clone()),
+                        "id" if path.starts_with("/api/v1/task-definitions") => Some(
+                            if method == "get" && attempt % 4 == 0 {
+                                "llm"
+                            } else {
+                                "llm:1"
+                            }
+                            .to_owned(),
+                        ),
+                        "name" => Some("chat".to_owned()),
+                        "username" => Some("ops".to_owned()),
+                        _ => None,
+                    };
+                    let text = real.filter(|_| attempt % 2 == 0).unwrap_or(text);
+                    uri = uri.replace(&format!("{{{name}}}"), &percent_encode(&text));
+                } else if p["required"] == true || generator.rng.chance(60) {
+                    query.push(format!("{name}={}", percent_encode(&text)));
+                }
+            }
+            if !ok {
+                continue;
+            }
+            if !query.is_empty() {
+                uri = format!("{uri}?{}", query.join("&"));
+            }
+            let body = match (&body_pointer, &body_validator) {
+                (Some(p), Some(v)) => {
+                    let schema = doc.pointer(p).expect("body schema");
+                    let mut b = generator.value(schema, 0);
+                    // Half the time, references to things that exist.
+                    if attempt % 2 == 0
+                        && let Some(o) = b.as_object_mut()
+                    {
+                        for (field, real) in [
+                            ("join_token", JOIN),
+                            ("pool", "inference"),
+                            ("task_definition", "llm:1"),
+                        ] {
+                            if o.contains_key(field) {
+                                o.insert(field.into(), json!(real));
+                            }
+                        }
+                    }
+                    if !v.is_valid(&b) {
+                        continue;
+                    }
+                    Some(b)
+                }
+                _ => None,
+            };
+            valid += 1;
+            let answer = server.send(&http_method, &uri, body.as_ref()).await;
+            *statuses.entry(answer.status.as_u16()).or_default() += 1;
+            let what = format!(
+                "{method} {uri} with {}",
+                body.clone().unwrap_or(Value::Null)
+            );
+            check_documented(doc, &path, &method, &answer, &what);
+            assert!(
+                !answer.status.is_server_error(),
+                "{what}: {} {}",
+                answer.status,
+                answer.body
+            );
+            assert!(
+                answer.status != StatusCode::BAD_REQUEST
+                    && (answer.status != StatusCode::UNPROCESSABLE_ENTITY
+                        || not_for_shape(&answer)),
+                "{what}: a request its schema allows was refused for its shape: {} {}",
+                answer.status,
+                answer.body
+            );
+            if answer.status.is_success() {
+                accepted += 1;
+            }
+        }
+        eprintln!("{method} {path}: {valid} requests, answers {statuses:?}");
+        assert!(
+            valid >= cases / 2,
+            "{method} {path}: only {valid} generated requests matched the schema"
+        );
+        tried += valid;
+    }
+    assert!(tried > 300, "{tried} requests tried");
+    assert!(accepted > 50, "only {accepted} of {tried} were accepted");
+}
