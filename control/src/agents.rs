@@ -13,9 +13,9 @@ use tessera_model::agent::{
     RegisterRequest, RegisterResponse, SecretEnv, SyncRequest, SyncResponse, WantedContainer,
     WantedTask,
 };
-use tessera_model::service::{Task, TaskState};
+use tessera_model::service::{Measured, Task, TaskDefRef, TaskState};
 use tessera_model::taskdef::{GpuRequirement, TaskDefinitionSpec};
-use tessera_model::{GpuHealth, GpuInfo, HostId, HostInfo, HostStatus, SharingMode};
+use tessera_model::{GpuHealth, GpuInfo, HostId, HostInfo, HostStatus, MiB, SharingMode};
 
 const JOIN_TOKEN_SETTING: &str = "join_token_sha256";
 
@@ -301,6 +301,11 @@ impl Control {
     }
 
     /// `POST /agent/v1/sync` for `host` (already authenticated).
+    ///
+    /// A fleet syncs thousands of times a second, so a sync that changes nothing costs a
+    /// handful of statements: the host and its tasks are read once (the answer is built
+    /// from the same read), and only the time is written. A report that changes GPUs or
+    /// measured use takes the full write transaction.
     pub async fn sync_agent(
         &self,
         host_id: &HostId,
@@ -308,31 +313,61 @@ impl Control {
     ) -> Result<SyncResponse, ControlError> {
         req.validate().map_err(ControlError::Invalid)?;
         let host = self.store.get_host(host_id).await?;
+        // What holds capacity on the host, with its allocations: what the report is checked
+        // against, and (as it stands after the report) what the answer names.
+        let mut mine: Vec<Task> = self
+            .store
+            .list_tasks(&TaskFilter {
+                host: Some(host_id.clone()),
+                states: TaskState::HOLDING.to_vec(),
+                ..Default::default()
+            })
+            .await?;
         // Something to reconcile. Capacity changes (a GPU, the host's status, a task gone)
         // are also told at once to the scheduler, whose cached engine is then rebuilt.
         let mut changed = false;
         let problem = lifecycle::problem(req);
-        let gpu_changes = self
-            .store
-            .record_host_report(
-                host_id,
-                &HostReport {
-                    gpus: req.gpus.clone(),
-                    seen_at: stamp(self.now()),
-                    usage: req
-                        .tasks
-                        .iter()
-                        .filter(|r| r.gpu_memory_peak_mib.is_some() || r.sm_percent.is_some())
-                        .map(|r| (r.task_id.clone(), r.gpu_memory_peak_mib, r.sm_percent))
-                        .collect(),
-                },
-            )
-            .await?;
-        for change in &gpu_changes {
-            self.event(None, Some(host_id), &format!("host {host_id}: {change}"))
-                .await;
-            changed = true;
-            self.capacity_changed();
+        let usage: Vec<(String, Option<MiB>, Option<u32>)> = req
+            .tasks
+            .iter()
+            .filter(|r| {
+                mine.iter()
+                    .any(|t| t.id == r.task_id && usage_is_new(&t.measured, r))
+            })
+            .map(|r| (r.task_id.clone(), r.gpu_memory_peak_mib, r.sm_percent))
+            .collect();
+        let seen_at = stamp(self.now());
+        if usage.is_empty() && same_gpus(&host.gpus, &req.gpus) {
+            self.store.touch_host(host_id, &seen_at).await?;
+        } else {
+            let gpu_changes = self
+                .store
+                .record_host_report(
+                    host_id,
+                    &HostReport {
+                        gpus: req.gpus.clone(),
+                        seen_at,
+                        usage,
+                    },
+                )
+                .await?;
+            for change in &gpu_changes {
+                self.event(None, Some(host_id), &format!("host {host_id}: {change}"))
+                    .await;
+            }
+            if !gpu_changes.is_empty() {
+                changed = true;
+                self.capacity_changed();
+                // Tasks on a replaced or missing GPU were stopped with it.
+                mine = self
+                    .store
+                    .list_tasks(&TaskFilter {
+                        host: Some(host_id.clone()),
+                        states: TaskState::HOLDING.to_vec(),
+                        ..Default::default()
+                    })
+                    .await?;
+            }
         }
         let event = lifecycle::HostEvent::Synced {
             problem: problem.as_deref(),
@@ -352,91 +387,81 @@ impl Control {
                 self.capacity_changed();
             }
         }
-        // Tasks.
-        let mine: HashMap<String, Task> = self
-            .tasks_on(host_id)
-            .await?
-            .into_iter()
-            .map(|t| (t.id.clone(), t))
+        // Tasks: each one's new state is kept in `mine` for the answer.
+        let reported: HashMap<&str, &tessera_model::agent::TaskReport> = req
+            .tasks
+            .iter()
+            .map(|r| (r.task_id.as_str(), r))
             .collect();
-        let mut reported = std::collections::HashSet::new();
-        for r in &req.tasks {
-            reported.insert(r.task_id.as_str());
-            let Some(t) = mine.get(&r.task_id) else {
-                continue;
-            };
-            if r.running {
-                if t.state == TaskState::Assigned {
+        for t in &mut mine {
+            let gone = match (reported.get(t.id.as_str()), t.state) {
+                (Some(r), TaskState::Assigned) if r.running => {
                     self.store.mark_task_running(&t.id).await?;
+                    t.state = TaskState::Running;
                     changed = true;
+                    false
                 }
-            } else if t.state == TaskState::Stopping {
-                self.store
-                    .mark_task_stopped(&t.id, "stopped", r.exit_code, false)
-                    .await?;
-                changed = true;
-                self.capacity_changed();
-            } else {
-                let code = r.exit_code.map_or("unknown".to_owned(), |c| c.to_string());
-                let reason = format!("essential container exited with code {code}");
-                let failed = r.exit_code != Some(0);
-                self.task_ended(t, host_id, &reason, r.exit_code, failed)
-                    .await?;
-                changed = true;
-                self.capacity_changed();
-            }
-        }
-        for t in mine.values().filter(|t| !reported.contains(t.id.as_str())) {
-            match t.state {
-                TaskState::Stopping => {
+                (Some(r), _) if r.running => false,
+                (Some(r), TaskState::Stopping) => {
+                    self.store
+                        .mark_task_stopped(&t.id, "stopped", r.exit_code, false)
+                        .await?;
+                    true
+                }
+                (Some(r), _) => {
+                    let code = r.exit_code.map_or("unknown".to_owned(), |c| c.to_string());
+                    let reason = format!("essential container exited with code {code}");
+                    let failed = r.exit_code != Some(0);
+                    self.task_ended(t, host_id, &reason, r.exit_code, failed)
+                        .await?;
+                    true
+                }
+                (None, TaskState::Stopping) => {
                     self.store
                         .mark_task_stopped(&t.id, "stopped", None, false)
                         .await?;
-                    changed = true;
-                    self.capacity_changed();
+                    true
                 }
-                TaskState::Running => {
+                (None, TaskState::Running) => {
                     self.task_ended(t, host_id, "task no longer running on its host", None, true)
                         .await?;
-                    changed = true;
-                    self.capacity_changed();
+                    true
                 }
-                _ => {}
+                (None, _) => false,
+            };
+            if gone {
+                t.state = TaskState::Stopped;
+                changed = true;
+                self.capacity_changed();
             }
         }
         if changed {
             self.wake();
         }
         // The answer: everything this host should run now.
-        let wanted = self
-            .store
-            .list_tasks(&TaskFilter {
-                host: Some(host_id.clone()),
-                states: vec![TaskState::Assigned, TaskState::Running],
-                ..Default::default()
-            })
-            .await?;
-        let mut specs: HashMap<String, std::sync::Arc<TaskDefinitionSpec>> = HashMap::new();
-        let mut stop_timeouts: HashMap<String, u32> = HashMap::new();
+        let wanted: Vec<&Task> = mine
+            .iter()
+            .filter(|t| matches!(t.state, TaskState::Assigned | TaskState::Running))
+            .collect();
+        let mut services: Vec<&str> = wanted.iter().map(|t| t.service.as_str()).collect();
+        services.sort_unstable();
+        services.dedup();
+        let stop_timeouts = if services.is_empty() {
+            HashMap::new()
+        } else {
+            self.store.stop_timeouts(&services).await?
+        };
+        let mut specs: HashMap<&TaskDefRef, std::sync::Arc<TaskDefinitionSpec>> = HashMap::new();
         let mut tasks = Vec::with_capacity(wanted.len());
-        for t in &wanted {
-            let key = t.task_definition.to_string();
-            if !specs.contains_key(&key) {
-                specs.insert(key.clone(), self.spec_of(&t.task_definition).await?);
-            }
-            if !stop_timeouts.contains_key(&t.service) {
-                let timeout = self
-                    .store
-                    .get_service(&t.service)
-                    .await
-                    .map_or(30, |s| s.stop_timeout_secs);
-                stop_timeouts.insert(t.service.clone(), timeout);
+        for t in wanted {
+            if !specs.contains_key(&t.task_definition) {
+                specs.insert(&t.task_definition, self.spec_of(&t.task_definition).await?);
             }
             tasks.push(WantedTask {
                 task_id: t.id.clone(),
-                containers: container_env(&specs[&key], t),
+                containers: container_env(&specs[&t.task_definition], t),
                 mps: t.allocations.iter().any(|a| !a.dedicated),
-                stop_timeout_secs: stop_timeouts[&t.service],
+                stop_timeout_secs: stop_timeouts.get(&t.service).copied().unwrap_or(30),
             });
         }
         Ok(SyncResponse {
@@ -445,6 +470,29 @@ impl Control {
             sync_interval_secs: self.config.sync_interval.as_secs().max(1) as u32,
         })
     }
+}
+
+/// Whether a report says more than what is stored of a task's use: a higher peak, or
+/// another SM share.
+fn usage_is_new(stored: &Measured, r: &tessera_model::agent::TaskReport) -> bool {
+    r.gpu_memory_peak_mib
+        .is_some_and(|p| stored.gpu_memory_peak.is_none_or(|old| p > old))
+        || r.sm_percent.is_some_and(|s| stored.sm_percent != Some(s))
+}
+
+/// Whether the reported GPUs are the stored ones, as the store keeps them (index, model,
+/// client limit, health); anything else takes the full report path.
+fn same_gpus(stored: &[GpuInfo], reported: &[tessera_model::agent::GpuReport]) -> bool {
+    stored.len() == reported.len()
+        && reported.iter().all(|g| {
+            stored.iter().any(|k| {
+                k.uuid == g.uuid
+                    && k.index == g.index
+                    && k.model == g.model
+                    && k.mps_client_limit == g.mps_client_limit
+                    && (k.health == GpuHealth::Healthy) == g.healthy
+            })
+        })
 }
 
 #[cfg(test)]

@@ -51,12 +51,43 @@ impl Control {
         Ok(self.store.list_pools().await?)
     }
 
+    /// Every host, each GPU's sharing mode as its allocations make it now.
     pub async fn list_hosts(&self) -> Result<Vec<HostInfo>, ControlError> {
-        Ok(self.store.list_hosts().await?)
+        let hosts = self.store.list_hosts().await?;
+        self.with_sharing_modes(hosts).await
     }
 
+    /// One host, each GPU's sharing mode as its allocations make it now.
     pub async fn get_host(&self, id: &HostId) -> Result<HostInfo, ControlError> {
-        Ok(self.store.get_host(id).await?)
+        let host = self.store.get_host(id).await?;
+        let mut one = self.with_sharing_modes(vec![host]).await?;
+        Ok(one.pop().expect("the host given"))
+    }
+
+    /// Sets each GPU's sharing mode from what is allocated on it, by the rule every view
+    /// uses (`capacity`), not from a stored copy.
+    async fn with_sharing_modes(
+        &self,
+        mut hosts: Vec<HostInfo>,
+    ) -> Result<Vec<HostInfo>, ControlError> {
+        let holding = self.holding(Some(&hosts)).await?;
+        let pools = self.store.list_pools().await?;
+        let capacities = capacities(&pools, &hosts, &holding);
+        let modes: Vec<Vec<SharingMode>> = hosts
+            .iter()
+            .map(|host| {
+                host.gpus
+                    .iter()
+                    .map(|g| usage_of(&capacities, host, &g.uuid).map_or(SharingMode::Idle, |u| u.mode))
+                    .collect()
+            })
+            .collect();
+        for (host, modes) in hosts.iter_mut().zip(modes) {
+            for (gpu, mode) in host.gpus.iter_mut().zip(modes) {
+                gpu.sharing_mode = mode;
+            }
+        }
+        Ok(hosts)
     }
 
     pub async fn list_tasks(&self, filter: &TaskFilter) -> Result<Vec<Task>, ControlError> {

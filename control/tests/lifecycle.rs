@@ -406,3 +406,70 @@ async fn many_clients_scaling_at_once_never_overcommit_a_gpu() {
         .expect("tasks");
     assert!(!placed.is_empty(), "the contest placed something");
 }
+
+#[tokio::test]
+async fn a_sync_that_changes_nothing_still_counts_and_new_use_or_gpus_are_recorded() {
+    use tessera_model::agent::{MpsReport, SyncRequest, TaskReport};
+    let env = env(fast()).await;
+    let c = &env.control;
+    let a = host(c, "a", 2, 24).await;
+    let def = register_def(c, "infer", 10, 40).await;
+    service(c, "infer", &def, 2, DeploymentConfig::default()).await;
+    c.reconcile_once().await.expect("pass");
+    let first = sync(c, &a).await;
+    assert_eq!(first.tasks.len(), 2);
+    let seen = c.get_host(&a.id).await.expect("host").last_seen;
+    let report = |peak: u64, sm: u32| SyncRequest {
+        gpus: a.gpus.clone(),
+        mps: MpsReport {
+            healthy: true,
+            reason: None,
+        },
+        tasks: first
+            .tasks
+            .iter()
+            .map(|t| TaskReport {
+                task_id: t.task_id.clone(),
+                running: true,
+                exit_code: None,
+                gpu_memory_peak_mib: Some(tessera_model::MiB(peak)),
+                sm_percent: Some(sm),
+            })
+            .collect(),
+    };
+    let measured = || async {
+        tasks(c, "infer", &[TaskState::Running])
+            .await
+            .iter()
+            .map(|t| (t.measured.gpu_memory_peak.map(|m| m.0), t.measured.sm_percent))
+            .collect::<Vec<_>>()
+    };
+    // Use is recorded: a peak only grows, the SM share is the latest.
+    env.clock.advance(std::time::Duration::from_secs(1));
+    c.sync_agent(&a.id, &report(3000, 20)).await.expect("sync");
+    assert_eq!(measured().await, [(Some(3000), Some(20)); 2]);
+    env.clock.advance(std::time::Duration::from_secs(1));
+    let again = c.sync_agent(&a.id, &report(2000, 30)).await.expect("sync");
+    assert_eq!(measured().await, [(Some(3000), Some(30)); 2]);
+    // Nothing new: only the time is written, and the answer is the same.
+    env.clock.advance(std::time::Duration::from_secs(1));
+    let same = c.sync_agent(&a.id, &report(3000, 30)).await.expect("sync");
+    assert_eq!(same, again);
+    assert_eq!(measured().await, [(Some(3000), Some(30)); 2]);
+    let later = c.get_host(&a.id).await.expect("host").last_seen;
+    assert!(later > seen, "{later:?} after {seen:?}");
+    // A GPU that goes missing is still caught, and its tasks stop with it.
+    let mut one_gone = report(3000, 30);
+    let gone = one_gone.gpus.remove(0);
+    let after = c.sync_agent(&a.id, &one_gone).await.expect("sync");
+    let host = c.get_host(&a.id).await.expect("host");
+    let g = host.gpus.iter().find(|g| g.uuid == gone.uuid).expect("kept");
+    assert_eq!(g.health, tessera_model::GpuHealth::Unhealthy);
+    assert!(
+        after
+            .tasks
+            .iter()
+            .all(|t| !t.containers[0].env["CUDA_VISIBLE_DEVICES"].contains(gone.uuid.as_str())),
+        "no task left on the missing GPU in the answer"
+    );
+}

@@ -67,6 +67,14 @@ async fn a_gpu_is_shown_as_the_scheduler_counts_it_with_the_pools_overcommit() {
     assert_eq!(gpu.memory_allocated, MiB(8 * 1024));
     assert_eq!((gpu.clients, gpu.client_limit), (2, 3));
     assert_eq!(gpu.slots.len(), 2);
+    // The API's host reads say the same: the mode follows from the allocations, before any
+    // agent has synced.
+    let id = &page.hosts[0].host.id;
+    let host = control.get_host(id).await.expect("host");
+    assert_eq!(host.gpus[0].sharing_mode, SharingMode::Mps);
+    let listed = control.list_hosts().await.expect("hosts");
+    let same = listed.iter().find(|h| &h.id == id).expect("listed");
+    assert_eq!(same.gpus, host.gpus);
 
     let overview = control.overview().await.expect("overview");
     assert_eq!(

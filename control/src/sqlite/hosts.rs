@@ -539,18 +539,17 @@ impl HostStore for SqliteStore {
             .execute(&mut *tx)
             .await?;
         }
-        // Sharing modes follow from what is allocated.
-        sqlx::query(
-            "UPDATE gpus SET sharing_mode =
-                 (SELECT CASE WHEN COUNT(*) = 0 THEN 'idle' WHEN MAX(tg.dedicated) = 1 THEN 'dedicated' ELSE 'mps' END
-                  FROM task_gpus tg WHERE tg.gpu_uuid = gpus.uuid)
-             WHERE host_id = ?",
-        )
-        .bind(id.as_str())
-        .execute(&mut *tx)
-        .await?;
         tx.commit().await?;
         Ok(changes)
+    }
+
+    async fn touch_host(&self, id: &HostId, seen_at: &str) -> Result<(), StoreError> {
+        sqlx::query("UPDATE hosts SET last_seen_at = ? WHERE id = ?")
+            .bind(seen_at)
+            .bind(id.as_str())
+            .execute(&self.db)
+            .await?;
+        Ok(())
     }
 
     async fn hosts_silent_since(&self, cutoff: &str) -> Result<Vec<HostId>, StoreError> {

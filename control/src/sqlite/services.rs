@@ -186,6 +186,25 @@ impl ServiceStore for SqliteStore {
         service_from_row(&row)
     }
 
+    async fn stop_timeouts(&self, services: &[&str]) -> Result<HashMap<String, u32>, StoreError> {
+        let mut out = HashMap::new();
+        for chunk in services.chunks(500) {
+            let mut q = QueryBuilder::<Sqlite>::new(
+                "SELECT name, stop_timeout_secs FROM services WHERE name IN (",
+            );
+            let mut sep = q.separated(", ");
+            for name in chunk {
+                sep.push_bind(*name);
+            }
+            q.push(")");
+            for row in q.build().fetch_all(&self.db).await? {
+                let secs: i64 = row.try_get("stop_timeout_secs")?;
+                out.insert(row.try_get("name")?, secs as u32);
+            }
+        }
+        Ok(out)
+    }
+
     async fn set_desired_count(&self, name: &str, desired: u32) -> Result<(), StoreError> {
         let done = sqlx::query("UPDATE services SET desired_count = ? WHERE name = ?")
             .bind(i64::from(desired))
