@@ -338,7 +338,10 @@ impl Control {
             .collect();
         let seen_at = stamp(self.now());
         if usage.is_empty() && same_gpus(&host.gpus, &req.gpus) {
-            self.store.touch_host(host_id, &seen_at).await?;
+            self.heartbeats
+                .lock()
+                .expect("not poisoned")
+                .insert(host_id.clone(), seen_at);
         } else {
             let gpu_changes = self
                 .store
@@ -388,11 +391,8 @@ impl Control {
             }
         }
         // Tasks: each one's new state is kept in `mine` for the answer.
-        let reported: HashMap<&str, &tessera_model::agent::TaskReport> = req
-            .tasks
-            .iter()
-            .map(|r| (r.task_id.as_str(), r))
-            .collect();
+        let reported: HashMap<&str, &tessera_model::agent::TaskReport> =
+            req.tasks.iter().map(|r| (r.task_id.as_str(), r)).collect();
         for t in &mut mine {
             let gone = match (reported.get(t.id.as_str()), t.state) {
                 (Some(r), TaskState::Assigned) if r.running => {
@@ -443,14 +443,9 @@ impl Control {
             .iter()
             .filter(|t| matches!(t.state, TaskState::Assigned | TaskState::Running))
             .collect();
-        let mut services: Vec<&str> = wanted.iter().map(|t| t.service.as_str()).collect();
-        services.sort_unstable();
-        services.dedup();
-        let stop_timeouts = if services.is_empty() {
-            HashMap::new()
-        } else {
-            self.store.stop_timeouts(&services).await?
-        };
+        let stop_timeouts = self
+            .stop_timeouts_of(wanted.iter().map(|t| t.deployment_id))
+            .await?;
         let mut specs: HashMap<&TaskDefRef, std::sync::Arc<TaskDefinitionSpec>> = HashMap::new();
         let mut tasks = Vec::with_capacity(wanted.len());
         for t in wanted {
@@ -461,7 +456,7 @@ impl Control {
                 task_id: t.id.clone(),
                 containers: container_env(&specs[&t.task_definition], t),
                 mps: t.allocations.iter().any(|a| !a.dedicated),
-                stop_timeout_secs: stop_timeouts.get(&t.service).copied().unwrap_or(30),
+                stop_timeout_secs: stop_timeouts.get(&t.deployment_id).copied().unwrap_or(30),
             });
         }
         Ok(SyncResponse {
@@ -469,6 +464,60 @@ impl Control {
             tasks,
             sync_interval_secs: self.config.sync_interval.as_secs().max(1) as u32,
         })
+    }
+}
+
+impl Control {
+    /// Writes the times of the quiet syncs received since the last call, in one statement.
+    /// On failure they are kept for the next call (a newer time for a host wins).
+    pub(crate) async fn flush_heartbeats(&self) -> Result<(), ControlError> {
+        let seen: Vec<(HostId, String)> =
+            std::mem::take(&mut *self.heartbeats.lock().expect("not poisoned"))
+                .into_iter()
+                .collect();
+        if seen.is_empty() {
+            return Ok(());
+        }
+        if let Err(e) = self.store.touch_hosts(&seen).await {
+            let mut pending = self.heartbeats.lock().expect("not poisoned");
+            for (id, at) in seen {
+                pending.entry(id).or_insert(at);
+            }
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
+    /// Each deployment's stop timeout: from memory, the rest in one read.
+    async fn stop_timeouts_of(
+        &self,
+        deployments: impl Iterator<Item = i64>,
+    ) -> Result<HashMap<i64, u32>, ControlError> {
+        let mut out = HashMap::new();
+        let mut missing = Vec::new();
+        {
+            let known = self.stop_timeouts.lock().expect("not poisoned");
+            for d in deployments {
+                match known.get(&d) {
+                    Some(&secs) => {
+                        out.insert(d, secs);
+                    }
+                    None => missing.push(d),
+                }
+            }
+        }
+        missing.sort_unstable();
+        missing.dedup();
+        if !missing.is_empty() {
+            let read = self.store.stop_timeouts(&missing).await?;
+            let mut known = self.stop_timeouts.lock().expect("not poisoned");
+            if known.len() > 100_000 {
+                known.clear();
+            }
+            known.extend(read.iter().map(|(&d, &s)| (d, s)));
+            out.extend(read);
+        }
+        Ok(out)
     }
 }
 

@@ -135,6 +135,13 @@ pub struct Control {
     /// Specs of task definition revisions, which never change once registered: every
     /// sync and scheduling pass needs them.
     pub(crate) specs: Arc<Mutex<HashMap<TaskDefRef, Arc<TaskDefinitionSpec>>>>,
+    /// When each host last synced with nothing else to say, not yet written: written
+    /// together at the start of every pass (before lost hosts are looked for), so a quiet
+    /// sync costs no write of its own.
+    pub(crate) heartbeats: Arc<Mutex<HashMap<HostId, String>>>,
+    /// Each deployment's stop timeout (its service's, which never changes; deployment ids
+    /// are never reused).
+    pub(crate) stop_timeouts: Arc<Mutex<HashMap<i64, u32>>>,
     /// How many times the scheduler built an engine from the store (for tests and logs).
     pub(crate) engine_builds: Arc<std::sync::atomic::AtomicU64>,
 }
@@ -156,6 +163,8 @@ impl Control {
             capacity_epoch: Arc::default(),
             engine_builds: Arc::default(),
             specs: Arc::default(),
+            heartbeats: Arc::default(),
+            stop_timeouts: Arc::default(),
             config,
         }
     }
@@ -245,6 +254,9 @@ impl Control {
                 _ = self.wake.notified() => {}
                 _ = tokio::time::sleep(self.config.tick) => {}
             }
+        }
+        if let Err(e) = self.flush_heartbeats().await {
+            tracing::error!(error = %e, "writing the last syncs' times failed");
         }
         tracing::info!("reconcile loop stopped");
     }

@@ -18,6 +18,7 @@ impl Control {
     /// One pass over everything. Serialised: concurrent callers wait for each other.
     pub async fn reconcile_once(&self) -> Result<(), ControlError> {
         let _pass = self.pass.lock().await;
+        self.flush_heartbeats().await?;
         self.detect_lost_hosts().await?;
         self.migrate_off_unhealthy_hosts().await?;
         for service in self.store.list_services().await? {

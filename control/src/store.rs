@@ -350,8 +350,9 @@ pub trait HostStore: Send + Sync + 'static {
         id: &HostId,
         report: &HostReport,
     ) -> Result<Vec<GpuChange>, StoreError>;
-    /// Records a sync that changed nothing but the time: one statement, the common case.
-    async fn touch_host(&self, id: &HostId, seen_at: &str) -> Result<(), StoreError>;
+    /// Records syncs that changed nothing but the time, many hosts at once; a time never
+    /// goes back (a later full report may have been written first).
+    async fn touch_hosts(&self, seen: &[(HostId, String)]) -> Result<(), StoreError>;
     /// Hosts not `lost` whose last sync is older than `cutoff` (a stored time).
     async fn hosts_silent_since(&self, cutoff: &str) -> Result<Vec<HostId>, StoreError>;
 }
@@ -383,11 +384,12 @@ pub trait ServiceStore: Send + Sync + 'static {
     async fn create_service(&self, service: &Service) -> Result<(), StoreError>;
     async fn list_services(&self) -> Result<Vec<Service>, StoreError>;
     async fn get_service(&self, name: &str) -> Result<Service, StoreError>;
-    /// Each named service's stop timeout, in one read (services not found are left out).
+    /// The stop timeout of each deployment's service, in one read (deployments not found
+    /// are left out).
     async fn stop_timeouts(
         &self,
-        services: &[&str],
-    ) -> Result<std::collections::HashMap<String, u32>, StoreError>;
+        deployments: &[i64],
+    ) -> Result<std::collections::HashMap<i64, u32>, StoreError>;
     async fn set_desired_count(&self, name: &str, desired: u32) -> Result<(), StoreError>;
     /// Points the service at `r` and makes a new primary deployment for it; the old
     /// primary becomes `active` (or `rolled_back` when `rollback_from` names it).

@@ -78,7 +78,9 @@ impl Control {
             .map(|host| {
                 host.gpus
                     .iter()
-                    .map(|g| usage_of(&capacities, host, &g.uuid).map_or(SharingMode::Idle, |u| u.mode))
+                    .map(|g| {
+                        usage_of(&capacities, host, &g.uuid).map_or(SharingMode::Idle, |u| u.mode)
+                    })
                     .collect()
             })
             .collect();

@@ -441,7 +441,12 @@ async fn a_sync_that_changes_nothing_still_counts_and_new_use_or_gpus_are_record
         tasks(c, "infer", &[TaskState::Running])
             .await
             .iter()
-            .map(|t| (t.measured.gpu_memory_peak.map(|m| m.0), t.measured.sm_percent))
+            .map(|t| {
+                (
+                    t.measured.gpu_memory_peak.map(|m| m.0),
+                    t.measured.sm_percent,
+                )
+            })
             .collect::<Vec<_>>()
     };
     // Use is recorded: a peak only grows, the SM share is the latest.
@@ -456,6 +461,8 @@ async fn a_sync_that_changes_nothing_still_counts_and_new_use_or_gpus_are_record
     let same = c.sync_agent(&a.id, &report(3000, 30)).await.expect("sync");
     assert_eq!(same, again);
     assert_eq!(measured().await, [(Some(3000), Some(30)); 2]);
+    // Its time is written with the others' at the start of the next pass.
+    c.reconcile_once().await.expect("pass");
     let later = c.get_host(&a.id).await.expect("host").last_seen;
     assert!(later > seen, "{later:?} after {seen:?}");
     // A GPU that goes missing is still caught, and its tasks stop with it.
@@ -463,7 +470,11 @@ async fn a_sync_that_changes_nothing_still_counts_and_new_use_or_gpus_are_record
     let gone = one_gone.gpus.remove(0);
     let after = c.sync_agent(&a.id, &one_gone).await.expect("sync");
     let host = c.get_host(&a.id).await.expect("host");
-    let g = host.gpus.iter().find(|g| g.uuid == gone.uuid).expect("kept");
+    let g = host
+        .gpus
+        .iter()
+        .find(|g| g.uuid == gone.uuid)
+        .expect("kept");
     assert_eq!(g.health, tessera_model::GpuHealth::Unhealthy);
     assert!(
         after

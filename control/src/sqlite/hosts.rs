@@ -543,12 +543,24 @@ impl HostStore for SqliteStore {
         Ok(changes)
     }
 
-    async fn touch_host(&self, id: &HostId, seen_at: &str) -> Result<(), StoreError> {
-        sqlx::query("UPDATE hosts SET last_seen_at = ? WHERE id = ?")
-            .bind(seen_at)
-            .bind(id.as_str())
-            .execute(&self.db)
-            .await?;
+    async fn touch_hosts(&self, seen: &[(HostId, String)]) -> Result<(), StoreError> {
+        // One statement per thousand hosts: (id, time) pairs as a table of values.
+        for chunk in seen.chunks(1000) {
+            let mut q = QueryBuilder::<Sqlite>::new("WITH seen (id, at) AS (VALUES ");
+            let mut sep = q.separated(", ");
+            for (id, at) in chunk {
+                sep.push("(")
+                    .push_bind_unseparated(id.as_str())
+                    .push_unseparated(", ")
+                    .push_bind_unseparated(at)
+                    .push_unseparated(")");
+            }
+            q.push(
+                ") UPDATE hosts SET last_seen_at = MAX(COALESCE(last_seen_at, ''), (SELECT at FROM seen WHERE seen.id = hosts.id))
+                 WHERE id IN (SELECT id FROM seen)",
+            );
+            q.build().execute(&self.db).await?;
+        }
         Ok(())
     }
 

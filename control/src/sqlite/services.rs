@@ -186,20 +186,20 @@ impl ServiceStore for SqliteStore {
         service_from_row(&row)
     }
 
-    async fn stop_timeouts(&self, services: &[&str]) -> Result<HashMap<String, u32>, StoreError> {
+    async fn stop_timeouts(&self, deployments: &[i64]) -> Result<HashMap<i64, u32>, StoreError> {
         let mut out = HashMap::new();
-        for chunk in services.chunks(500) {
+        for chunk in deployments.chunks(500) {
             let mut q = QueryBuilder::<Sqlite>::new(
-                "SELECT name, stop_timeout_secs FROM services WHERE name IN (",
+                "SELECT d.id, s.stop_timeout_secs FROM deployments d JOIN services s ON s.name = d.service WHERE d.id IN (",
             );
             let mut sep = q.separated(", ");
-            for name in chunk {
-                sep.push_bind(*name);
+            for id in chunk {
+                sep.push_bind(*id);
             }
             q.push(")");
             for row in q.build().fetch_all(&self.db).await? {
                 let secs: i64 = row.try_get("stop_timeout_secs")?;
-                out.insert(row.try_get("name")?, secs as u32);
+                out.insert(row.try_get("id")?, secs as u32);
             }
         }
         Ok(out)
