@@ -556,8 +556,8 @@ impl HostStore for SqliteStore {
                     .push_unseparated(")");
             }
             q.push(
-                ") UPDATE hosts SET last_seen_at = MAX(COALESCE(last_seen_at, ''), (SELECT at FROM seen WHERE seen.id = hosts.id))
-                 WHERE id IN (SELECT id FROM seen)",
+                ") UPDATE hosts SET last_seen_at = MAX(COALESCE(hosts.last_seen_at, ''), seen.at)
+                 FROM seen WHERE hosts.id = seen.id",
             );
             q.build().execute(&self.db).await?;
         }

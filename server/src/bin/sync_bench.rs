@@ -119,13 +119,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     let state = AppState::new(control.clone(), "127.0.0.1:0".parse()?);
     let router = app(state);
-    // Warm-up, not measured: every host syncs once (its tasks start running), and the
-    // control plane settles, so what follows is the steady state of a running fleet.
+    // Warm-up, not measured: every host syncs twice (its tasks start running, then a quiet
+    // sync), and the control plane settles, so what follows is the steady state of a
+    // running fleet.
     let warm: Vec<_> = (0..64)
         .map(|w| {
             let (router, bodies) = (router.clone(), bodies.clone());
             tokio::spawn(async move {
-                for (token, body) in bodies.iter().skip(w).step_by(64) {
+                let twice = bodies
+                    .iter()
+                    .skip(w)
+                    .step_by(64)
+                    .chain(bodies.iter().skip(w).step_by(64));
+                for (token, body) in twice {
                     let response = router.clone().oneshot(sync_request(token, body)).await;
                     let status = response.expect("answers").status();
                     assert!(status.is_success(), "warm-up sync: {status}");
@@ -191,20 +197,27 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                         errors += 1;
                     }
                     let _ = axum::body::to_bytes(response.into_body(), usize::MAX).await;
-                    latencies.push(t0.elapsed());
+                    latencies.push((t0.duration_since(start), t0.elapsed()));
                 }
                 round += 1;
             }
             (latencies, errors)
         }));
     }
-    let mut latencies = Vec::new();
+    let mut timed: Vec<(Duration, Duration)> = Vec::new();
     let mut errors = 0;
     for h in handles {
         let (l, e) = h.await?;
-        latencies.extend(l);
+        timed.extend(l);
         errors += e;
     }
+    // The slowest answer of each second, to tell a steady tail from a stall.
+    let mut worst = vec![Duration::ZERO; seconds as usize + 1];
+    for (at, took) in &timed {
+        let s = (at.as_secs() as usize).min(worst.len() - 1);
+        worst[s] = worst[s].max(*took);
+    }
+    let mut latencies: Vec<Duration> = timed.into_iter().map(|(_, took)| took).collect();
     let elapsed = start.elapsed().as_secs_f64();
     let _ = stop_tx.send(true);
     let _ = reconciler.await;
@@ -216,6 +229,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .filter(|h| h.status == HostStatus::Lost)
         .count();
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    let worst: Vec<String> = worst.iter().map(|d| format!("{:.0}", ms(*d))).collect();
+    println!("  slowest answer per second (ms): {}", worst.join(" "));
     println!(
         "  {} syncs in {elapsed:.1} s = {:.0} syncs/s; latency p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; {errors} errors; hosts lost: {lost}",
         latencies.len(),
