@@ -18,7 +18,9 @@ use tessera_model::{MiB, MilliCpu, PoolName};
 /// How an agent runs.
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
-    /// The control plane's base URL, e.g. `https://tessera.example:3000`.
+    /// The control plane's base URL, e.g. `https://tessera.example:3000`, or several
+    /// separated by commas: servers of one control plane (one database), used one at a
+    /// time; when one does not answer, the next is tried at once.
     pub server: String,
     /// A PEM file of the CA (or self-signed certificate) that the server's certificate
     /// must chain to, for a private CA; the system's roots are trusted as well.
@@ -106,34 +108,59 @@ fn jitter(d: Duration) -> Duration {
     d.mul_f64(factor)
 }
 
-/// The HTTPS client for `config.server`: rustls, the system's roots plus `--ca-cert`. A
-/// plain `http://` server is refused unless it is on loopback or `--insecure-http` says so.
-fn http_client(config: &AgentConfig) -> Result<reqwest::Client, AgentError> {
+/// The servers `--server` names (one URL, or several separated by commas), each checked:
+/// a plain `http://` server is refused unless it is on loopback or `--insecure-http` says
+/// so.
+fn server_urls(config: &AgentConfig) -> Result<Vec<reqwest::Url>, AgentError> {
+    let mut urls = Vec::new();
+    for raw in config
+        .server
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+    {
+        let err = |why: String| AgentError::Server {
+            server: raw.to_owned(),
+            why,
+        };
+        let url = reqwest::Url::parse(raw).map_err(|e| err(format!("not a URL: {e}")))?;
+        match url.scheme() {
+            "https" => {}
+            "http" => {
+                let loopback = match url.host() {
+                    Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+                    Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+                    Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+                    None => false,
+                };
+                if !loopback && !config.insecure_http {
+                    return Err(err(
+                        "plain http:// would send tokens, commands and secrets in clear; use https:// (with --ca-cert for a private CA), or pass --insecure-http".into(),
+                    ));
+                }
+            }
+            other => return Err(err(format!("scheme {other:?}: use https:// or http://"))),
+        }
+        urls.push(url);
+    }
+    if urls.is_empty() {
+        return Err(AgentError::Server {
+            server: config.server.clone(),
+            why: "names no server".into(),
+        });
+    }
+    Ok(urls)
+}
+
+/// The HTTPS client for the servers: rustls, the system's roots plus `--ca-cert`.
+fn http_client(config: &AgentConfig, urls: &[reqwest::Url]) -> Result<reqwest::Client, AgentError> {
     let err = |why: String| AgentError::Server {
         server: config.server.clone(),
         why,
     };
-    let url = reqwest::Url::parse(&config.server).map_err(|e| err(format!("not a URL: {e}")))?;
-    match url.scheme() {
-        "https" => {}
-        "http" => {
-            let loopback = match url.host() {
-                Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
-                Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
-                Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
-                None => false,
-            };
-            if !loopback && !config.insecure_http {
-                return Err(err(
-                    "plain http:// would send tokens, commands and secrets in clear; use https:// (with --ca-cert for a private CA), or pass --insecure-http".into(),
-                ));
-            }
-        }
-        other => return Err(err(format!("scheme {other:?}: use https:// or http://"))),
-    }
     let mut builder = reqwest::Client::builder()
         .use_rustls_tls()
-        .https_only(url.scheme() == "https")
+        .https_only(urls.iter().all(|u| u.scheme() == "https"))
         .timeout(Duration::from_secs(10));
     if let Some(path) = &config.ca_cert {
         let pem = std::fs::read(path)
@@ -181,6 +208,14 @@ fn next_backoff(current: Duration, sync_interval: Duration) -> Duration {
         .max(Duration::from_secs(1))
 }
 
+/// Whether an answer says this server cannot serve now (another may): it is overloaded,
+/// shutting down, or cut off from the database.
+fn server_unavailable(status: reqwest::StatusCode) -> bool {
+    status.is_server_error()
+        || status == reqwest::StatusCode::REQUEST_TIMEOUT
+        || status == reqwest::StatusCode::TOO_MANY_REQUESTS
+}
+
 /// A request that failed: whether the server refused our credentials.
 enum SyncFailure {
     Unauthorized,
@@ -191,6 +226,9 @@ enum SyncFailure {
 pub struct Agent {
     config: AgentConfig,
     http: reqwest::Client,
+    /// The servers of the control plane, and the one in use.
+    servers: Vec<reqwest::Url>,
+    current: usize,
     probe: Box<dyn GpuProbe>,
     mps: Option<MpsSupervisor>,
     runtime: Runtime,
@@ -246,8 +284,11 @@ impl Agent {
                     source,
                 })?;
         }
+        let servers = server_urls(&config)?;
         Ok(Agent {
-            http: http_client(&config)?,
+            http: http_client(&config, &servers)?,
+            servers,
+            current: 0,
             config,
             probe,
             mps,
@@ -257,7 +298,25 @@ impl Agent {
     }
 
     fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.config.server.trim_end_matches('/'))
+        format!(
+            "{}{path}",
+            self.servers[self.current].as_str().trim_end_matches('/')
+        )
+    }
+
+    /// The server in use did not answer (or cannot serve now): the next one is used from
+    /// now on.
+    fn fail_over(&mut self, why: &str) {
+        if self.servers.len() > 1 {
+            let from = self.current;
+            self.current = (self.current + 1) % self.servers.len();
+            tracing::warn!(
+                from = %self.servers[from],
+                to = %self.servers[self.current],
+                error = %why,
+                "server unavailable; trying the next"
+            );
+        }
     }
 
     async fn register(&mut self) -> Result<Credentials, String> {
@@ -278,13 +337,25 @@ impl Agent {
             gpus: inventory.reports(),
             name: Some(self.config.name.clone()),
         };
-        let resp = self
+        let resp = match self
             .http
             .post(self.url("/agent/v1/register"))
             .json(&req)
             .send()
             .await
-            .map_err(|e| with_causes(&e))?;
+        {
+            Ok(r) => r,
+            Err(e) => {
+                let why = with_causes(&e);
+                self.fail_over(&why);
+                return Err(why);
+            }
+        };
+        if server_unavailable(resp.status()) {
+            let why = format!("registration not answered ({})", resp.status());
+            self.fail_over(&why);
+            return Err(why);
+        }
         if !resp.status().is_success() {
             let status = resp.status();
             return Err(format!(
@@ -295,7 +366,7 @@ impl Agent {
         let r: RegisterResponse = resp.json().await.map_err(|e| e.to_string())?;
         tracing::info!(host = %r.host_id, "registered with the control plane");
         Ok(Credentials {
-            server: self.config.server.clone(),
+            server: self.servers[self.current].to_string(),
             host_id: r.host_id.to_string(),
             agent_token: r.agent_token,
         })
@@ -337,16 +408,28 @@ impl Agent {
             },
             tasks,
         };
-        let resp = self
+        let resp = match self
             .http
             .post(self.url("/agent/v1/sync"))
             .bearer_auth(&creds.agent_token)
             .json(&req)
             .send()
             .await
-            .map_err(|e| SyncFailure::Other(with_causes(&e)))?;
+        {
+            Ok(r) => r,
+            Err(e) => {
+                let why = with_causes(&e);
+                self.fail_over(&why);
+                return Err(SyncFailure::Other(why));
+            }
+        };
         if resp.status() == reqwest::StatusCode::UNAUTHORIZED {
             return Err(SyncFailure::Unauthorized);
+        }
+        if server_unavailable(resp.status()) {
+            let why = format!("sync not answered ({})", resp.status());
+            self.fail_over(&why);
+            return Err(SyncFailure::Other(why));
         }
         if !resp.status().is_success() {
             return Err(SyncFailure::Other(format!(
@@ -385,6 +468,9 @@ impl Agent {
         }
         let mut pruned_at: Option<std::time::Instant> = None;
         let mut backoff = Duration::from_secs(1);
+        // Failures in a row: while some server of the list is untried, the next is tried
+        // at once; after a whole round, the agent backs off.
+        let mut failures = 0usize;
         // The server's sync interval, from its last answer (its default until then).
         let mut interval = Duration::from_secs(5);
         loop {
@@ -400,8 +486,13 @@ impl Agent {
                         // The saved credentials (if any) are tried again next: the server
                         // that refused them may be the wrong one.
                         creds = load_credentials(&creds_path);
-                        backoff = next_backoff(backoff, interval);
-                        jitter(backoff)
+                        failures += 1;
+                        if failures % self.servers.len() != 0 {
+                            Duration::ZERO
+                        } else {
+                            backoff = next_backoff(backoff, interval);
+                            jitter(backoff)
+                        }
                     }
                 },
                 Some(c) => {
@@ -409,6 +500,7 @@ impl Agent {
                     match self.sync(&c).await {
                         Ok(answer) => {
                             backoff = Duration::from_secs(1);
+                            failures = 0;
                             interval =
                                 Duration::from_secs(u64::from(answer.sync_interval_secs.max(1)));
                             jitter(interval)
@@ -425,9 +517,15 @@ impl Agent {
                             Duration::ZERO
                         }
                         Err(SyncFailure::Other(e)) => {
-                            backoff = next_backoff(backoff, interval);
-                            tracing::warn!(error = %e, retry_in = ?backoff, "sync failed; tasks keep running");
-                            jitter(backoff)
+                            failures += 1;
+                            if failures % self.servers.len() != 0 {
+                                // Another server of the list has not been tried yet.
+                                Duration::ZERO
+                            } else {
+                                backoff = next_backoff(backoff, interval);
+                                tracing::warn!(error = %e, retry_in = ?backoff, "sync failed; tasks keep running");
+                                jitter(backoff)
+                            }
                         }
                     }
                 }
@@ -548,7 +646,7 @@ mod tests {
             insecure_http,
             ..bare_config(server, dir.path())
         };
-        match http_client(&config) {
+        match server_urls(&config).and_then(|urls| http_client(&config, &urls)) {
             Ok(_) => "ok".into(),
             Err(e) => e.to_string(),
         }
@@ -567,6 +665,17 @@ mod tests {
         assert!(refused.contains("--insecure-http"), "{refused}");
         assert_eq!(client_for("http://10.0.0.5:3000", true, None), "ok");
         assert!(client_for("ftp://x", true, None).contains("scheme"));
+        // Several servers: each is checked, and the one refused is named.
+        assert_eq!(
+            client_for("http://127.0.0.1:3000, http://localhost:3001", false, None),
+            "ok"
+        );
+        let refused = client_for("https://a.example,http://10.0.0.5:3000", false, None);
+        assert!(
+            refused.contains("http://10.0.0.5:3000") && refused.contains("--insecure-http"),
+            "{refused}"
+        );
+        assert!(client_for(" , ", false, None).contains("names no server"));
     }
 
     #[test]

@@ -16,7 +16,9 @@ use tracing_subscriber::EnvFilter;
     about = "Tessera host agent: GPUs, MPS, tasks"
 )]
 struct Cli {
-    /// The control plane's URL.
+    /// The control plane's URL, or the URLs of several of its servers separated by commas
+    /// (one database behind them): one is used at a time, and when it does not answer the
+    /// agent moves to the next at once.
     #[arg(long, env = "TESSERA_AGENT_SERVER", required_unless_present = "probe")]
     server: Option<String>,
     /// Trust this CA certificate (PEM) for the server's HTTPS, besides the system's roots.

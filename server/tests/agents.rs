@@ -562,3 +562,85 @@ async fn a_revoked_agent_rejoins_under_its_old_id_and_keeps_its_tasks() {
     assert_eq!(after, before, "its tasks were never stopped");
     a.stop().await;
 }
+
+/// Another server on `c`'s database (as behind a load balancer), serving the API and the
+/// agent API without a reconcile loop of its own; its stop handle.
+async fn second_server(c: &Cluster) -> (Control, String, watch::Sender<bool>) {
+    let store = tessera_control::open(&format!("sqlite://{}/server.db", c.dir.path().display()))
+        .await
+        .expect("store");
+    let control = Control::new(
+        store,
+        ControlConfig {
+            sync_interval: Duration::from_secs(1),
+            lost_after_intervals: 3,
+            tick: Duration::from_millis(100),
+            ..ControlConfig::default()
+        },
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (stop, mut rx) = watch::channel(false);
+    tokio::spawn(run(
+        listener,
+        AppState::new(control.clone(), addr),
+        None,
+        async move {
+            let _ = rx.changed().await;
+        },
+    ));
+    (control, format!("http://{addr}"), stop)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_given_two_servers_carries_on_through_the_other_when_one_stops() {
+    let c = cluster().await;
+    let (other, other_url, _other_stop) = second_server(&c).await;
+    let mut config = agent_config(&c, "a");
+    config.server = format!("{},{}", c.url, other_url);
+    let out = c.dir.path().join("out");
+    std::fs::create_dir_all(&out).expect("out");
+    register(&c, "web", "exec sleep 60", &out).await;
+    let agent = start_agent(config);
+    wait_for("host a", || async {
+        c.control.get_host(&host("a")).await.is_ok()
+    })
+    .await;
+    create_service(&c, "web", 1).await;
+    wait_for("the task to run", || async {
+        tasks(&c, &[TaskState::Running]).await.len() == 1
+    })
+    .await;
+    let running = tasks(&c, &[TaskState::Running]).await;
+    // The first server goes away; the agent's syncs reach the other, which writes the
+    // times of quiet syncs when its passes run: here, by hand, as it has no loop.
+    let _ = c._stop.send(true);
+    for _ in 0..3 {
+        let before = other.get_host(&host("a")).await.expect("host").last_seen;
+        wait_for("a sync through the other server", || async {
+            other.reconcile_once().await.expect("pass");
+            other.get_host(&host("a")).await.expect("host").last_seen != before
+        })
+        .await;
+    }
+    let now = other.get_host(&host("a")).await.expect("host");
+    assert_eq!(now.status, HostStatus::Active);
+    let still: Vec<String> = other
+        .list_tasks(&TaskFilter {
+            states: vec![TaskState::Running],
+            ..Default::default()
+        })
+        .await
+        .expect("tasks")
+        .into_iter()
+        .map(|t| t.id)
+        .collect();
+    assert_eq!(
+        still,
+        running.into_iter().map(|t| t.id).collect::<Vec<_>>(),
+        "the same task runs on, never restarted"
+    );
+    agent.stop().await;
+}
