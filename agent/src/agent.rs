@@ -487,7 +487,7 @@ impl Agent {
                         // that refused them may be the wrong one.
                         creds = load_credentials(&creds_path);
                         failures += 1;
-                        if failures % self.servers.len() != 0 {
+                        if !failures.is_multiple_of(self.servers.len()) {
                             Duration::ZERO
                         } else {
                             backoff = next_backoff(backoff, interval);
@@ -518,7 +518,7 @@ impl Agent {
                         }
                         Err(SyncFailure::Other(e)) => {
                             failures += 1;
-                            if failures % self.servers.len() != 0 {
+                            if !failures.is_multiple_of(self.servers.len()) {
                                 // Another server of the list has not been tried yet.
                                 Duration::ZERO
                             } else {
