@@ -85,6 +85,11 @@ pub struct ControlConfig {
     pub max_restart_delay: Duration,
     /// What time it is: the machine's, or a test's [`crate::clock::ManualClock`].
     pub clock: Arc<dyn Clock>,
+    /// How long the scheduler lease lasts without renewal (it is renewed every tick): the
+    /// longest another server waits to take over from one that died.
+    pub lease_ttl: Duration,
+    /// Where this server is reached, as `GET /api/v1/cluster` shows it.
+    pub address: String,
 }
 
 impl Default for ControlConfig {
@@ -98,6 +103,8 @@ impl Default for ControlConfig {
             retention: Duration::from_secs(7 * 24 * 3600),
             max_restart_delay: Duration::from_secs(300),
             clock: Arc::new(SystemClock),
+            lease_ttl: Duration::from_secs(10),
+            address: String::new(),
         }
     }
 }
@@ -144,6 +151,10 @@ pub struct Control {
     pub(crate) stop_timeouts: Arc<Mutex<HashMap<i64, u32>>>,
     /// How many times the scheduler built an engine from the store (for tests and logs).
     pub(crate) engine_builds: Arc<std::sync::atomic::AtomicU64>,
+    /// This server's id among the servers sharing the database.
+    pub(crate) server_id: Arc<str>,
+    /// The scheduler lease as this server last took or renewed it.
+    pub(crate) lease: Arc<Mutex<Option<crate::store::Lease>>>,
 }
 
 impl Control {
@@ -165,6 +176,13 @@ impl Control {
             specs: Arc::default(),
             heartbeats: Arc::default(),
             stop_timeouts: Arc::default(),
+            server_id: format!(
+                "{}-{}",
+                crate::cluster::host_name(),
+                &uuid::Uuid::new_v4().simple().to_string()[..6]
+            )
+            .into(),
+            lease: Arc::default(),
             config,
         }
     }
@@ -239,14 +257,16 @@ impl Control {
         self.changes.subscribe()
     }
 
-    /// Runs reconcile passes until `shutdown` resolves: on every wake-up and every tick.
-    /// Each pass runs as its own task, so a pass that fails or panics is logged and the
-    /// next one runs as usual: scheduling never stops silently.
+    /// Runs until `shutdown` resolves: every tick (and on every wake-up) this server
+    /// announces itself, writes the times of the quiet syncs it received, and takes or
+    /// renews the scheduler lease; the server holding it runs a reconcile pass whose writes
+    /// carry the lease's epoch (see [`crate::cluster`]). Each pass runs as its own task, so
+    /// a pass that fails or panics is logged and the next one runs as usual: scheduling
+    /// never stops silently.
     pub async fn run(&self, shutdown: impl std::future::Future<Output = ()>) {
         tokio::pin!(shutdown);
         loop {
-            let this = self.clone();
-            if let Err(why) = supervised(async move { this.reconcile_once().await }).await {
+            if let Err(why) = self.tick().await {
                 tracing::error!(error = %why, "reconcile pass failed; the next pass runs as usual");
             }
             tokio::select! {
@@ -258,7 +278,20 @@ impl Control {
         if let Err(e) = self.flush_heartbeats().await {
             tracing::error!(error = %e, "writing the last syncs' times failed");
         }
+        self.let_go_of_lease().await;
         tracing::info!("reconcile loop stopped");
+    }
+
+    /// One turn of [`Control::run`]: announce this server, write the quiet syncs' times,
+    /// take or renew the scheduler lease and, holding it, run a reconcile pass whose writes
+    /// carry its epoch. Whether this server scheduled; the pass's failure or panic as text.
+    pub async fn tick(&self) -> Result<bool, String> {
+        match self.tick_cluster().await {
+            Some(fenced) => supervised(async move { fenced.reconcile_once().await })
+                .await
+                .map(|()| true),
+            None => Ok(false),
+        }
     }
 
     pub(crate) async fn event(&self, service: Option<&str>, host: Option<&HostId>, message: &str) {

@@ -27,6 +27,10 @@ pub enum StoreError {
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
+    /// A scheduler's write after another server took the scheduler lease: refused, so a
+    /// paused former holder can never commit.
+    #[error("refused: server {holder} no longer holds the scheduler lease (epoch {epoch})")]
+    Fenced { holder: String, epoch: i64 },
 }
 
 impl StoreError {

@@ -13,6 +13,8 @@
 //! - [`capacity`]: the one place capacity is counted: a pool's hosts and what tasks hold,
 //!   as the engine's snapshot; the commit's re-check and every usage figure come from it.
 //! - [`clock`]: the control plane's time (the machine's, or a test's manual clock).
+//! - `cluster`: several servers on one database: announcements, the scheduler lease and
+//!   the fenced store its holder's passes write through; `Control::cluster`.
 //! - `scheduler`: placement against the live fleet through `tessera-placement`, commits
 //!   that re-check capacity, and previews.
 //! - [`auth`]: operators' accounts, sign-in limits, API tokens, session records, the audit
@@ -33,6 +35,7 @@ pub mod auth;
 pub mod bench;
 pub mod capacity;
 pub mod clock;
+mod cluster;
 pub mod control;
 pub mod error;
 pub mod inputs;

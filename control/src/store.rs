@@ -475,9 +475,71 @@ pub trait EventStore: Send + Sync + 'static {
 
 /// Everything the control plane persists, one trait per aggregate. Callers hold an `Arc<dyn Store>`;
 /// a backend implements the parts and gets this for free.
-pub trait Store: AuthStore + HostStore + ServiceStore + TaskStore + EventStore {}
+/// Who holds the scheduler lease, from when, until when, and its epoch (which grows with
+/// every new holder).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub holder: String,
+    pub epoch: i64,
+    /// When this holder took it (stored time).
+    pub since: String,
+    pub expires_at: String,
+}
 
-impl<T: AuthStore + HostStore + ServiceStore + TaskStore + EventStore> Store for T {}
+/// A server of the control plane as it last announced itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerRow {
+    pub id: String,
+    pub address: String,
+    pub started_at: String,
+    pub last_seen_at: String,
+}
+
+#[async_trait]
+/// Several servers on one database: their announcements and the scheduler lease.
+pub trait ClusterStore: Send + Sync + 'static {
+    /// Records that server `id` (reachable at `address`, up since `started_at`) is alive.
+    async fn server_seen(
+        &self,
+        id: &str,
+        address: &str,
+        started_at: &str,
+        now: &str,
+    ) -> Result<(), StoreError>;
+    /// Servers seen at `since` or later, by id.
+    async fn list_servers(&self, since: &str) -> Result<Vec<ServerRow>, StoreError>;
+    /// Takes or renews the lease for `holder` until `expires_at`, atomically: taken when
+    /// nobody holds it or it expired before `now` (a new epoch), renewed when `holder`
+    /// holds it. `None` when another server holds it.
+    async fn acquire_lease(
+        &self,
+        holder: &str,
+        now: &str,
+        expires_at: &str,
+    ) -> Result<Option<Lease>, StoreError>;
+    /// Lets go of the lease if `holder` has it (a clean shutdown: another server takes
+    /// over at its next tick).
+    async fn release_lease(&self, holder: &str) -> Result<(), StoreError>;
+    async fn lease(&self) -> Result<Option<Lease>, StoreError>;
+    /// The same store, whose scheduler writes (the ones a reconcile pass makes) each check
+    /// in their own transaction that `fence` still holds the lease, and are refused with
+    /// [`StoreError::Fenced`] otherwise.
+    fn fenced(&self, fence: Fence) -> Arc<dyn Store>;
+}
+
+/// What a lease holder's writes carry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    pub holder: String,
+    pub epoch: i64,
+}
+
+pub trait Store:
+    AuthStore + HostStore + ServiceStore + TaskStore + EventStore + ClusterStore
+{
+}
+
+impl<T: AuthStore + HostStore + ServiceStore + TaskStore + EventStore + ClusterStore> Store for T {}
 
 /// Opens the store named by `url`: `sqlite://PATH` (the file and its directory are created
 /// if missing; migrations run at open).

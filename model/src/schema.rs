@@ -90,10 +90,12 @@ pub fn agent_labels() -> Schema {
 
 /// An optional placement policy given as text.
 pub fn optional_policy() -> Schema {
-    let names: Vec<&str> = crate::PlacementPolicy::ALL
+    // `null` is listed too: an enum admits only what it lists, whatever `type` says.
+    let mut names: Vec<Value> = crate::PlacementPolicy::ALL
         .iter()
-        .map(|p| p.as_str())
+        .map(|p| json!(p.as_str()))
         .collect();
+    names.push(Value::Null);
     from_json(json!({ "type": ["string", "null"], "enum": names }))
 }
 

@@ -132,3 +132,26 @@ pub struct OverviewData {
     pub pending: Vec<PendingView>,
     pub events: Vec<Event>,
 }
+
+/// A server of the control plane (`GET /api/v1/cluster`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ServerView {
+    pub id: String,
+    /// Where it serves, as it announced.
+    pub address: String,
+    /// Whether it holds the scheduler lease: it runs the reconcile and scheduling loop.
+    pub scheduling: bool,
+    /// Since when it schedules (RFC 3339 UTC), when it does.
+    pub since: Option<String>,
+    pub started_at: String,
+    /// Its last announcement (every tick).
+    pub last_seen: String,
+}
+
+/// The servers sharing the database, and which one schedules.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ClusterView {
+    pub servers: Vec<ServerView>,
+}

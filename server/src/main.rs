@@ -120,6 +120,15 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         ControlConfig {
             sync_interval: std::time::Duration::from_secs(args.sync_interval_secs.max(1)),
             retention: std::time::Duration::from_secs(args.retention_days * 24 * 3600),
+            address: format!(
+                "{}://{}",
+                if args.tls_cert.is_some() {
+                    "https"
+                } else {
+                    "http"
+                },
+                args.bind
+            ),
             ..ControlConfig::default()
         },
     )

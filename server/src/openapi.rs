@@ -26,7 +26,7 @@ use utoipa::OpenApi;
         session::create_token, session::list_tokens, session::delete_token,
         session::list_users, session::add_user, session::update_user, session::list_audit,
         fleet::list_hosts, fleet::get_host, fleet::drain_host, fleet::activate_host,
-        fleet::revoke_host, fleet::delete_host, fleet::rotate_join_token,
+        fleet::revoke_host, fleet::delete_host, fleet::rotate_join_token, fleet::cluster,
         fleet::list_pools, fleet::create_pool,
         workloads::register_task_definition, workloads::list_families,
         workloads::get_task_definition, workloads::deregister_task_definition,

@@ -322,6 +322,7 @@ async fn the_document_and_the_router_agree_and_answers_match_their_schemas() {
         ("/api/v1/hosts", "/api/v1/hosts".to_owned()),
         ("/api/v1/hosts/{id}", format!("/api/v1/hosts/{host}")),
         ("/api/v1/pools", "/api/v1/pools".to_owned()),
+        ("/api/v1/cluster", "/api/v1/cluster".to_owned()),
         (
             "/api/v1/task-definitions",
             "/api/v1/task-definitions".to_owned(),

@@ -101,7 +101,7 @@ impl AuthStore for SqliteStore {
         let disabled = change.disabled.map(i64::from);
         // One statement, so two admins demoting each other at once cannot both succeed:
         // the change applies unless it would leave no enabled admin.
-        let done = sqlx::query(
+        let done = self.write_one(sqlx::query(
             "UPDATE users SET
                  role = COALESCE(?1, role),
                  disabled = COALESCE(?2, disabled),
@@ -117,7 +117,7 @@ impl AuthStore for SqliteStore {
         .bind(disabled)
         .bind(change.password_hash.as_deref())
         .bind(username)
-        .execute(&self.db)
+        )
         .await?;
         if done.rows_affected() == 0 && self.user_credentials(username).await?.is_some() {
             return Err(StoreError::Conflict(format!(
@@ -180,9 +180,8 @@ impl AuthStore for SqliteStore {
     }
 
     async fn delete_api_token(&self, id: &str) -> Result<(), StoreError> {
-        let done = sqlx::query("DELETE FROM api_tokens WHERE id = ?")
-            .bind(id)
-            .execute(&self.db)
+        let done = self
+            .write_one(sqlx::query("DELETE FROM api_tokens WHERE id = ?").bind(id))
             .await?;
         updated(done, "API token", id)
     }
@@ -222,21 +221,22 @@ impl AuthStore for SqliteStore {
     }
 
     async fn delete_session(&self, id_hash: &str) -> Result<(), StoreError> {
-        sqlx::query("DELETE FROM sessions WHERE id_hash = ?")
-            .bind(id_hash)
-            .execute(&self.db)
+        self.write_one(sqlx::query("DELETE FROM sessions WHERE id_hash = ?").bind(id_hash))
             .await?;
         Ok(())
     }
 
     async fn add_audit(&self, e: &NewAuditEntry) -> Result<(), StoreError> {
-        sqlx::query("INSERT INTO audit_log (actor, action, target, address) VALUES (?, ?, ?, ?)")
+        self.write_one(
+            sqlx::query(
+                "INSERT INTO audit_log (actor, action, target, address) VALUES (?, ?, ?, ?)",
+            )
             .bind(&e.actor)
             .bind(&e.action)
             .bind(e.target.as_deref())
-            .bind(e.address.as_deref())
-            .execute(&self.db)
-            .await?;
+            .bind(e.address.as_deref()),
+        )
+        .await?;
         Ok(())
     }
 

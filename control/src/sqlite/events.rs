@@ -9,12 +9,13 @@ impl EventStore for SqliteStore {
         host: Option<&HostId>,
         message: &str,
     ) -> Result<(), StoreError> {
-        sqlx::query("INSERT INTO events (service, host_id, message) VALUES (?, ?, ?)")
-            .bind(service)
-            .bind(host.map(HostId::as_str))
-            .bind(message)
-            .execute(&self.db)
-            .await?;
+        self.write_one(
+            sqlx::query("INSERT INTO events (service, host_id, message) VALUES (?, ?, ?)")
+                .bind(service)
+                .bind(host.map(HostId::as_str))
+                .bind(message),
+        )
+        .await?;
         Ok(())
     }
 

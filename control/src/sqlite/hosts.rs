@@ -125,7 +125,7 @@ impl SqliteStore {
 #[async_trait]
 impl HostStore for SqliteStore {
     async fn upsert_pool(&self, pool: &PoolInfo) -> Result<(), StoreError> {
-        sqlx::query(
+        self.write_one(sqlx::query(
             "INSERT INTO pools (name, policy, compute_overcommit, mps_client_limit) VALUES (?, ?, ?, ?)
              ON CONFLICT (name) DO UPDATE SET policy = excluded.policy,
                  compute_overcommit = excluded.compute_overcommit, mps_client_limit = excluded.mps_client_limit",
@@ -134,7 +134,7 @@ impl HostStore for SqliteStore {
         .bind(pool.policy.as_str())
         .bind(pool.compute_overcommit)
         .bind(pool.mps_client_limit.map(i64::from))
-        .execute(&self.db)
+        )
         .await?;
         Ok(())
     }
@@ -187,9 +187,11 @@ impl HostStore for SqliteStore {
     }
 
     async fn revoke_agent_token(&self, id: &HostId) -> Result<(), StoreError> {
-        let done = sqlx::query("UPDATE hosts SET agent_token_hash = NULL WHERE id = ?")
-            .bind(id.as_str())
-            .execute(&self.db)
+        let done = self
+            .write_one(
+                sqlx::query("UPDATE hosts SET agent_token_hash = NULL WHERE id = ?")
+                    .bind(id.as_str()),
+            )
             .await?;
         updated(done, "host", id)
     }
@@ -217,10 +219,12 @@ impl HostStore for SqliteStore {
     }
 
     async fn reissue_agent_token(&self, id: &HostId, token_hash: &str) -> Result<(), StoreError> {
-        let done = sqlx::query("UPDATE hosts SET agent_token_hash = ? WHERE id = ?")
-            .bind(token_hash)
-            .bind(id.as_str())
-            .execute(&self.db)
+        let done = self
+            .write_one(
+                sqlx::query("UPDATE hosts SET agent_token_hash = ? WHERE id = ?")
+                    .bind(token_hash)
+                    .bind(id.as_str()),
+            )
             .await?;
         updated(done, "host", id)
     }
@@ -385,11 +389,13 @@ impl HostStore for SqliteStore {
         status: HostStatus,
         reason: Option<&str>,
     ) -> Result<(), StoreError> {
-        let done = sqlx::query("UPDATE hosts SET status = ?, status_reason = ? WHERE id = ?")
-            .bind(status.as_str())
-            .bind(reason)
-            .bind(id.as_str())
-            .execute(&self.db)
+        let done = self
+            .write_one(
+                sqlx::query("UPDATE hosts SET status = ?, status_reason = ? WHERE id = ?")
+                    .bind(status.as_str())
+                    .bind(reason)
+                    .bind(id.as_str()),
+            )
             .await?;
         updated(done, "host", id)
     }
@@ -401,15 +407,17 @@ impl HostStore for SqliteStore {
         status: HostStatus,
         reason: Option<&str>,
     ) -> Result<bool, StoreError> {
-        let done = sqlx::query(
-            "UPDATE hosts SET status = ?, status_reason = ? WHERE id = ? AND status = ?",
-        )
-        .bind(status.as_str())
-        .bind(reason)
-        .bind(id.as_str())
-        .bind(expected.as_str())
-        .execute(&self.db)
-        .await?;
+        let done = self
+            .write_one(
+                sqlx::query(
+                    "UPDATE hosts SET status = ?, status_reason = ? WHERE id = ? AND status = ?",
+                )
+                .bind(status.as_str())
+                .bind(reason)
+                .bind(id.as_str())
+                .bind(expected.as_str()),
+            )
+            .await?;
         Ok(done.rows_affected() > 0)
     }
 

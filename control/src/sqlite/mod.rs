@@ -6,6 +6,7 @@
 //! - `rows`: row mapping and column lists shared by them.
 
 mod auth;
+mod cluster;
 mod events;
 mod hosts;
 mod rows;
@@ -41,6 +42,9 @@ use tessera_model::{
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     db: SqlitePool,
+    /// Set on the store a lease holder's reconcile passes use: each of their writes checks
+    /// it in its own transaction (see [`crate::store::ClusterStore::fenced`]).
+    fence: Option<crate::store::Fence>,
 }
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
@@ -73,12 +77,43 @@ impl SqliteStore {
             .await?;
         MIGRATOR.run(&db).await?;
         tracing::info!(path = %path.display(), "store opened");
-        Ok(SqliteStore { db })
+        Ok(SqliteStore { db, fence: None })
     }
 
-    /// A transaction holding SQLite's write lock from its first statement.
+    /// A transaction holding SQLite's write lock from its first statement. On a fenced
+    /// store it first checks that its holder still holds the scheduler lease: under the
+    /// write lock nobody can take the lease before this transaction ends, so a write made
+    /// in it can never land after a newer holder's.
     async fn begin_immediate(&self) -> Result<sqlx::Transaction<'static, Sqlite>, StoreError> {
-        Ok(self.db.begin_with("BEGIN IMMEDIATE").await?)
+        let mut tx = self.db.begin_with("BEGIN IMMEDIATE").await?;
+        if let Some(fence) = &self.fence {
+            let current: Option<(String, i64)> =
+                sqlx::query_as("SELECT holder, epoch FROM scheduler_lease WHERE one = 1")
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            if current.as_ref() != Some(&(fence.holder.clone(), fence.epoch)) {
+                return Err(StoreError::Fenced {
+                    holder: fence.holder.clone(),
+                    epoch: fence.epoch,
+                });
+            }
+        }
+        Ok(tx)
+    }
+
+    /// Runs one write statement in its own write transaction (on a fenced store, after
+    /// the fence check). A caller that gives up (a request past its timeout, its future
+    /// dropped) leaves nothing behind: sqlx rolls back a transaction whose BEGIN or body
+    /// was never acknowledged, where a bare statement would still run once the database
+    /// lets it.
+    async fn write_one<'q>(
+        &self,
+        q: sqlx::query::Query<'q, Sqlite, sqlx::sqlite::SqliteArguments<'q>>,
+    ) -> Result<sqlx::sqlite::SqliteQueryResult, StoreError> {
+        let mut tx = self.begin_immediate().await?;
+        let done = q.execute(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(done)
     }
 
     async fn load_allocations(

@@ -118,13 +118,16 @@ impl ServiceStore for SqliteStore {
         r: &TaskDefRef,
         active: bool,
     ) -> Result<(), StoreError> {
-        let done =
-            sqlx::query("UPDATE task_definitions SET active = ? WHERE family = ? AND revision = ?")
+        let done = self
+            .write_one(
+                sqlx::query(
+                    "UPDATE task_definitions SET active = ? WHERE family = ? AND revision = ?",
+                )
                 .bind(i64::from(active))
                 .bind(&r.family)
-                .bind(i64::from(r.revision))
-                .execute(&self.db)
-                .await?;
+                .bind(i64::from(r.revision)),
+            )
+            .await?;
         updated(done, "task definition", r)
     }
 
@@ -206,10 +209,12 @@ impl ServiceStore for SqliteStore {
     }
 
     async fn set_desired_count(&self, name: &str, desired: u32) -> Result<(), StoreError> {
-        let done = sqlx::query("UPDATE services SET desired_count = ? WHERE name = ?")
-            .bind(i64::from(desired))
-            .bind(name)
-            .execute(&self.db)
+        let done = self
+            .write_one(
+                sqlx::query("UPDATE services SET desired_count = ? WHERE name = ?")
+                    .bind(i64::from(desired))
+                    .bind(name),
+            )
             .await?;
         updated(done, "service", name)
     }
@@ -254,18 +259,17 @@ impl ServiceStore for SqliteStore {
     }
 
     async fn mark_service_deleting(&self, name: &str) -> Result<(), StoreError> {
-        let done =
-            sqlx::query("UPDATE services SET deleting = 1, desired_count = 0 WHERE name = ?")
-                .bind(name)
-                .execute(&self.db)
-                .await?;
+        let done = self
+            .write_one(
+                sqlx::query("UPDATE services SET deleting = 1, desired_count = 0 WHERE name = ?")
+                    .bind(name),
+            )
+            .await?;
         updated(done, "service", name)
     }
 
     async fn delete_service(&self, name: &str) -> Result<(), StoreError> {
-        sqlx::query("DELETE FROM services WHERE name = ?")
-            .bind(name)
-            .execute(&self.db)
+        self.write_one(sqlx::query("DELETE FROM services WHERE name = ?").bind(name))
             .await?;
         Ok(())
     }
@@ -283,11 +287,12 @@ impl ServiceStore for SqliteStore {
         id: i64,
         status: DeploymentStatus,
     ) -> Result<(), StoreError> {
-        sqlx::query("UPDATE deployments SET status = ? WHERE id = ?")
-            .bind(status.as_str())
-            .bind(id)
-            .execute(&self.db)
-            .await?;
+        self.write_one(
+            sqlx::query("UPDATE deployments SET status = ? WHERE id = ?")
+                .bind(status.as_str())
+                .bind(id),
+        )
+        .await?;
         Ok(())
     }
 }

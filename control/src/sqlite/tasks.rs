@@ -325,11 +325,11 @@ impl TaskStore for SqliteStore {
     }
 
     async fn mark_task_running(&self, id: &str) -> Result<(), StoreError> {
-        sqlx::query(&format!(
+        self.write_one(sqlx::query(&format!(
             "UPDATE tasks SET state = 'running', started_at = COALESCE(started_at, {NOW}) WHERE id = ? AND state = 'assigned'"
         ))
         .bind(id)
-        .execute(&self.db)
+        )
         .await?;
         Ok(())
     }
@@ -374,11 +374,12 @@ impl TaskStore for SqliteStore {
         match task.state {
             TaskState::Pending => self.mark_task_stopped(id, reason, None, false).await,
             TaskState::Assigned | TaskState::Running => {
-                sqlx::query("UPDATE tasks SET state = 'stopping', stop_reason = ? WHERE id = ? AND state IN ('assigned', 'running')")
-                    .bind(reason)
-                    .bind(id)
-                    .execute(&self.db)
-                    .await?;
+                self.write_one(
+                    sqlx::query("UPDATE tasks SET state = 'stopping', stop_reason = ? WHERE id = ? AND state IN ('assigned', 'running')")
+                        .bind(reason)
+                        .bind(id),
+                )
+                .await?;
                 Ok(())
             }
             TaskState::Stopping | TaskState::Stopped => Ok(()),
@@ -386,9 +387,7 @@ impl TaskStore for SqliteStore {
     }
 
     async fn set_task_migrating(&self, id: &str) -> Result<(), StoreError> {
-        sqlx::query("UPDATE tasks SET migrating = 1 WHERE id = ?")
-            .bind(id)
-            .execute(&self.db)
+        self.write_one(sqlx::query("UPDATE tasks SET migrating = 1 WHERE id = ?").bind(id))
             .await?;
         Ok(())
     }

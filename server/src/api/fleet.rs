@@ -10,6 +10,7 @@ use axum::http::StatusCode;
 use tessera_control::inputs::PoolInput;
 use tessera_control::store::TaskFilter;
 use tessera_model::service::TaskState;
+use tessera_model::views::ClusterView;
 use tessera_model::{HostId, HostInfo, PoolInfo};
 
 /// Every host with its GPUs
@@ -91,6 +92,13 @@ pub async fn delete_host(
 ) -> Result<StatusCode, ApiError> {
     state.control.delete_host(&host_id(id)?).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// The servers sharing the database, and which one schedules since when
+#[utoipa::path(get, path = "/api/v1/cluster", tag = "fleet",
+    responses((status = 200, description = "Servers", body = ClusterView)))]
+pub async fn cluster(State(state): State<AppState>) -> Result<Json<ClusterView>, ApiError> {
+    Ok(Json(state.control.cluster().await?))
 }
 
 /// A new join token, shown this once; the old one stops working at once

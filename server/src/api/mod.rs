@@ -129,6 +129,7 @@ pub fn routes() -> Routes {
             revoke_host,
         )
         .add(Method::POST, "/api/v1/join-token", ADMIN, rotate_join_token)
+        .add(Method::GET, "/api/v1/cluster", VIEW, cluster)
         .add(Method::GET, "/api/v1/pools", VIEW, list_pools)
         .add(Method::POST, "/api/v1/pools", ADMIN, create_pool)
         .add(Method::GET, "/api/v1/task-definitions", VIEW, list_families)

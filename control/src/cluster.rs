@@ -1,0 +1,142 @@
+//! Several servers on one database, one scheduler at a time.
+//!
+//! Every server serves the console, the API and the agent API. Each tick every server
+//! announces itself, writes the times of the quiet syncs it received, and tries to take or
+//! renew the scheduler lease (a row: holder, epoch, since, expiry). The holder renews it
+//! every tick; when it dies, another server takes it once it expires (`lease_ttl`), with a
+//! new epoch. Only the holder runs reconcile passes, and a pass writes through a fenced
+//! store: each of its writes checks, in its own transaction, that the pass's epoch is
+//! still the lease's, so a paused former holder can never commit after a newer one.
+
+use crate::clock::{stamp, to_chrono};
+use crate::control::Control;
+use crate::error::ControlError;
+use crate::store::Fence;
+use tessera_model::views::{ClusterView, ServerView};
+
+/// This machine's name, for server ids that say where a server runs.
+pub(crate) fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "server".to_owned())
+}
+
+impl Control {
+    /// This server's id among the servers sharing the database.
+    pub fn server_id(&self) -> &str {
+        &self.server_id
+    }
+
+    /// One tick: announce this server, write the quiet syncs' times, take or renew the
+    /// lease. Returns the control plane to run a pass with (its writes fenced by the
+    /// lease's epoch) when this server holds the lease.
+    pub(crate) async fn tick_cluster(&self) -> Option<Control> {
+        let now = self.now();
+        if let Err(e) = self
+            .store
+            .server_seen(
+                &self.server_id,
+                &self.config.address,
+                &stamp(self.started),
+                &stamp(now),
+            )
+            .await
+        {
+            tracing::warn!(error = %e, "announcing this server failed");
+        }
+        if let Err(e) = self.flush_heartbeats().await {
+            tracing::warn!(error = %e, "writing the last syncs' times failed");
+        }
+        let expires = stamp(now + to_chrono(self.config.lease_ttl));
+        let lease = match self
+            .store
+            .acquire_lease(&self.server_id, &stamp(now), &expires)
+            .await
+        {
+            Ok(Some(lease)) => lease,
+            Ok(None) => {
+                if self.lease.lock().expect("not poisoned").take().is_some() {
+                    tracing::warn!("another server holds the scheduler lease now");
+                }
+                return None;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "taking the scheduler lease failed");
+                return None;
+            }
+        };
+        let taken = {
+            let mut held = self.lease.lock().expect("not poisoned");
+            let taken = held.as_ref().is_none_or(|l| l.epoch != lease.epoch);
+            *held = Some(lease.clone());
+            taken
+        };
+        if taken {
+            tracing::info!(epoch = lease.epoch, "this server holds the scheduler lease");
+            // Others may have scheduled since this server's engines were built.
+            self.capacity_changed();
+        } else if self.others_alive().await {
+            // Other servers' agents change capacity too (tasks ending, GPUs going) without
+            // telling this one: with company, each pass builds its engines afresh.
+            self.capacity_changed();
+        }
+        let mut fenced = self.clone();
+        fenced.store = self.store.fenced(Fence {
+            holder: lease.holder,
+            epoch: lease.epoch,
+        });
+        Some(fenced)
+    }
+
+    /// Whether another server announced itself within a lease time.
+    async fn others_alive(&self) -> bool {
+        let since = stamp(self.now() - to_chrono(self.config.lease_ttl));
+        self.store
+            .list_servers(&since)
+            .await
+            .map_or(true, |s| s.iter().any(|s| *s.id != *self.server_id))
+    }
+
+    /// Lets go of the lease on a clean shutdown, so another server takes over at its next
+    /// tick instead of after the lease time.
+    pub(crate) async fn let_go_of_lease(&self) {
+        let held = self.lease.lock().expect("not poisoned").take();
+        if held.is_some()
+            && let Err(e) = self.store.release_lease(&self.server_id).await
+        {
+            tracing::warn!(error = %e, "letting go of the scheduler lease failed");
+        }
+    }
+
+    /// `GET /api/v1/cluster`: the servers seen within three lease times, and which one
+    /// schedules since when.
+    pub async fn cluster(&self) -> Result<ClusterView, ControlError> {
+        let now = self.now();
+        let since = stamp(now - to_chrono(self.config.lease_ttl * 3));
+        let lease = self
+            .store
+            .lease()
+            .await?
+            .filter(|l| l.expires_at >= stamp(now));
+        let servers = self
+            .store
+            .list_servers(&since)
+            .await?
+            .into_iter()
+            .map(|s| {
+                let scheduling = lease.as_ref().filter(|l| l.holder == s.id);
+                ServerView {
+                    scheduling: scheduling.is_some(),
+                    since: scheduling.map(|l| l.since.clone()),
+                    id: s.id,
+                    address: s.address,
+                    started_at: s.started_at,
+                    last_seen: s.last_seen_at,
+                }
+            })
+            .collect();
+        Ok(ClusterView { servers })
+    }
+}
