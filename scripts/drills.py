@@ -46,6 +46,11 @@ class Fleet:
         self.work = work
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        # A second server on the same database, started by the failover drill; agents know
+        # both addresses from the start.
+        self.port2 = free_port()
+        self.url2 = f"http://127.0.0.1:{self.port2}"
+        self.server2 = None
         self.run_id = uuid.uuid4().hex[:12]
         self.server = None
         self.agents = {}
@@ -53,15 +58,22 @@ class Fleet:
 
     # Processes.
 
-    def start_server(self):
-        log = open(os.path.join(self.work, "server.log"), "a")
+    def _serve(self, port, log_name):
+        log = open(os.path.join(self.work, log_name), "a")
         env = dict(os.environ, TESSERA_ADMIN_PASSWORD=ADMIN_PASSWORD, RUST_LOG="warn")
-        self.server = subprocess.Popen(
-            [os.path.join(self.bin, "tessera"), "serve", "--bind", f"127.0.0.1:{self.port}",
+        return subprocess.Popen(
+            [os.path.join(self.bin, "tessera"), "serve", "--bind", f"127.0.0.1:{port}",
              "--data-dir", os.path.join(self.work, "server"), "--join-token", JOIN,
              "--sync-interval-secs", str(SYNC)],
             stdout=log, stderr=log, env=env)
+
+    def start_server(self):
+        self.server = self._serve(self.port, "server.log")
         self.wait(lambda: self.healthy(), 30, "the server to answer")
+
+    def start_second_server(self):
+        self.server2 = self._serve(self.port2, "server2.log")
+        self.wait(lambda: self.healthy(self.url2), 30, "the second server to answer")
 
     def kill_server(self):
         self.server.send_signal(signal.SIGKILL)
@@ -71,7 +83,7 @@ class Fleet:
         log = open(os.path.join(self.work, f"{name}.log"), "a")
         env = dict(os.environ, RUST_LOG="warn")
         self.agents[name] = subprocess.Popen(
-            [os.path.join(self.bin, "tessera-agent"), "--server", self.url,
+            [os.path.join(self.bin, "tessera-agent"), "--server", f"{self.url},{self.url2}",
              "--join-token", JOIN, "--state-dir", os.path.join(self.work, name),
              "--pool", "drill", "--name", name, "--simulate", "2xL4-24GB",
              "--mps-control", FAKE_MPS, "--cpu-milli", "32000", "--memory-mib", "65536"],
@@ -83,7 +95,7 @@ class Fleet:
             self.agents[name].wait()
 
     def stop(self):
-        for p in list(self.agents.values()) + [self.server]:
+        for p in list(self.agents.values()) + [self.server, self.server2]:
             if p and p.poll() is None:
                 p.send_signal(signal.SIGKILL)
                 p.wait()
@@ -100,16 +112,16 @@ class Fleet:
 
     # HTTP.
 
-    def healthy(self):
+    def healthy(self, url=None):
         try:
-            with urllib.request.urlopen(self.url + "/healthz", timeout=2) as r:
+            with urllib.request.urlopen((url or self.url) + "/healthz", timeout=2) as r:
                 return r.status == 200
         except OSError:
             return False
 
-    def api(self, method, path, body=None):
+    def api(self, method, path, body=None, url=None):
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.url + path, data=data, method=method)
+        req = urllib.request.Request((url or self.url) + path, data=data, method=method)
         req.add_header("content-type", "application/json")
         if self.token:
             req.add_header("authorization", f"Bearer {self.token}")
@@ -315,6 +327,43 @@ def drill_scale_and_crash(f, results):
     results.append(("", "tasks running (processes)", len(f.processes()), 10))
 
 
+def drill_failover(f, results):
+    """A second server on the same database; the one holding the scheduler lease is
+    killed (-9) right after a scale-up. The other takes the lease and finishes it."""
+    f.start_second_server()
+    f.wait(lambda: len(f.api("GET", "/api/v1/cluster")[1]["servers"]) == 2, 30,
+           "both servers in the cluster view")
+    holder = [s for s in f.api("GET", "/api/v1/cluster")[1]["servers"] if s["scheduling"]]
+    assert holder and holder[0]["address"].endswith(f":{f.port}"), holder
+    target = len(f.running("web")) + 3
+    f.api("PATCH", "/api/v1/services/web", {"desired_count": target})
+    start = time.time()
+    f.kill_server()
+
+    def taken_over():
+        status, view = f.api("GET", "/api/v1/cluster", url=f.url2)
+        return status == 200 and any(
+            s["scheduling"] and s["address"].endswith(f":{f.port2}") for s in view["servers"])
+    f.wait(taken_over, 30, "the second server to take the lease")
+    took = time.time() - start
+
+    def done():
+        _, body = f.api("GET", "/api/v1/tasks?service=web&state=running", url=f.url2)
+        running = body["tasks"] if body else []
+        procs = f.processes()
+        return len(running) == target and all(t["id"] in procs for t in running)
+    f.wait(done, 60, f"{target} tasks running through the second server")
+    converged = time.time() - start
+    f.start_server()  # back, for the drills after this one (the other keeps the lease)
+    time.sleep(1)
+    results.append(("two servers; the scheduling one kill -9 right after a scale-up to %d"
+                    % target, "seconds until the other schedules", round(took, 1), None))
+    results.append(("", "seconds until all %d run" % target, round(converged, 1), None))
+    results.append(("", "lease taken within its 10 s (+2 s)", int(took <= 12), 1))
+    results.append(("", "GPUs overcommitted", f.overcommitted(), 0))
+    results.append(("", "duplicate processes", f.duplicates(), 0))
+
+
 def drill_contention(f, results):
     """Many clients create services at once, beyond capacity."""
     peak = [0]
@@ -408,7 +457,8 @@ def main():
     work = tempfile.mkdtemp(prefix="tessera-drills-")
     f = Fleet(bin_dir, work)
     results = []
-    drills = [drill_server_restart, drill_agent_kill, drill_scale_and_crash, drill_contention]
+    drills = [drill_server_restart, drill_agent_kill, drill_scale_and_crash, drill_contention,
+              drill_failover]
     if not args.short:
         drills[2:2] = [drill_agent_freeze]
         drills.append(drill_mps_daemon)

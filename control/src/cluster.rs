@@ -23,6 +23,22 @@ pub(crate) fn host_name() -> String {
         .unwrap_or_else(|| "server".to_owned())
 }
 
+/// A server's id: its machine and address, so a restarted server is the same server (it
+/// takes its lease back at once, with a new epoch that fences off its earlier run); one
+/// without an address (tests, tools) gets a random one.
+pub(crate) fn server_id(address: &str) -> String {
+    let address = address.split("://").last().unwrap_or(address);
+    if address.is_empty() {
+        format!(
+            "{}-{}",
+            host_name(),
+            &uuid::Uuid::new_v4().simple().to_string()[..6]
+        )
+    } else {
+        format!("{}/{address}", host_name())
+    }
+}
+
 impl Control {
     /// This server's id among the servers sharing the database.
     pub fn server_id(&self) -> &str {
@@ -50,9 +66,15 @@ impl Control {
             tracing::warn!(error = %e, "writing the last syncs' times failed");
         }
         let expires = stamp(now + to_chrono(self.config.lease_ttl));
+        let held = self
+            .lease
+            .lock()
+            .expect("not poisoned")
+            .as_ref()
+            .map(|l| l.epoch);
         let lease = match self
             .store
-            .acquire_lease(&self.server_id, &stamp(now), &expires)
+            .acquire_lease(&self.server_id, held, &stamp(now), &expires)
             .await
         {
             Ok(Some(lease)) => lease,

@@ -176,12 +176,7 @@ impl Control {
             specs: Arc::default(),
             heartbeats: Arc::default(),
             stop_timeouts: Arc::default(),
-            server_id: format!(
-                "{}-{}",
-                crate::cluster::host_name(),
-                &uuid::Uuid::new_v4().simple().to_string()[..6]
-            )
-            .into(),
+            server_id: crate::cluster::server_id(&config.address).into(),
             lease: Arc::default(),
             config,
         }

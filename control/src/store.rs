@@ -508,12 +508,15 @@ pub trait ClusterStore: Send + Sync + 'static {
     ) -> Result<(), StoreError>;
     /// Servers seen at `since` or later, by id.
     async fn list_servers(&self, since: &str) -> Result<Vec<ServerRow>, StoreError>;
-    /// Takes or renews the lease for `holder` until `expires_at`, atomically: taken when
-    /// nobody holds it or it expired before `now` (a new epoch), renewed when `holder`
-    /// holds it. `None` when another server holds it.
+    /// Takes or renews the lease for `holder` until `expires_at`, atomically. Renewed when
+    /// `holder` holds it at epoch `held` (what this process took); taken with a new epoch
+    /// when nobody holds it, when it expired before `now`, or when `holder` holds it at
+    /// another epoch (an earlier run of the same server, killed or frozen: its writes are
+    /// fenced off from now on). `None` when another server holds it.
     async fn acquire_lease(
         &self,
         holder: &str,
+        held: Option<i64>,
         now: &str,
         expires_at: &str,
     ) -> Result<Option<Lease>, StoreError>;

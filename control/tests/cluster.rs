@@ -127,3 +127,33 @@ async fn a_server_that_stops_cleanly_hands_the_lease_over_at_once() {
     let lease = b.store().lease().await.expect("lease").expect("taken");
     assert_eq!((lease.holder.as_str(), lease.epoch), (b.server_id(), 2));
 }
+
+#[tokio::test]
+async fn a_restarted_server_takes_its_lease_back_at_once_and_fences_off_its_earlier_run() {
+    let same = ControlConfig {
+        address: "http://127.0.0.1:3000".into(),
+        ..config()
+    };
+    let env = env(same.clone()).await;
+    let first = env.control.clone();
+    assert_eq!(first.tick().await, Ok(true));
+    // Killed, and started again on the same address: no wait for the lease time.
+    let second = env.restart(same).await;
+    assert_eq!(second.server_id(), first.server_id());
+    assert_eq!(second.tick().await, Ok(true));
+    let lease = second.store().lease().await.expect("lease").expect("held");
+    assert_eq!(lease.epoch, 2, "a new epoch for the new run");
+    // The earlier run, if it was only frozen, can no longer write.
+    let stale = first.store().fenced(Fence {
+        holder: first.server_id().to_owned(),
+        epoch: 1,
+    });
+    let refused = stale.add_event(None, None, "from the earlier run").await;
+    assert!(
+        matches!(refused, Err(StoreError::Fenced { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(second.tick().await, Ok(true), "renewed, same epoch");
+    let again = second.store().lease().await.expect("lease").expect("held");
+    assert_eq!(again.epoch, 2);
+}

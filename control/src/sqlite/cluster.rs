@@ -57,6 +57,7 @@ impl ClusterStore for SqliteStore {
     async fn acquire_lease(
         &self,
         holder: &str,
+        held: Option<i64>,
         now: &str,
         expires_at: &str,
     ) -> Result<Option<Lease>, StoreError> {
@@ -69,11 +70,11 @@ impl ClusterStore for SqliteStore {
         .map(|r| lease_from_row(&r))
         .transpose()?;
         let lease = match current {
-            Some(l) if l.holder == holder => Lease {
+            Some(l) if l.holder == holder && Some(l.epoch) == held => Lease {
                 expires_at: expires_at.to_owned(),
                 ..l
             },
-            Some(l) if l.expires_at.as_str() >= now => {
+            Some(l) if l.holder != holder && l.expires_at.as_str() >= now => {
                 tx.commit().await?;
                 return Ok(None);
             }
