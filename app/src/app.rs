@@ -23,6 +23,13 @@ pub async fn current_caller() -> Result<Option<Caller>, ServerFnError> {
     Ok(crate::data::ssr::caller())
 }
 
+/// The servers sharing the database and which one schedules, for the footer.
+#[server]
+pub async fn cluster_status() -> Result<crate::data::ClusterView, ServerFnError> {
+    let control = crate::data::ssr::control()?;
+    control.cluster().await.map_err(crate::data::ssr::failed)
+}
+
 /// The signed-in caller, loaded once per page load; pages ask [`needs`] what it may do.
 #[derive(Clone, Copy)]
 pub struct SignedIn(pub Resource<Result<Option<Caller>, ServerFnError>>);
@@ -142,6 +149,12 @@ pub fn App() -> impl IntoView {
                     <Route path=path!("/audit") view={ Lazy::<AuditRoute>::new() } />
                 </Routes>
             </main>
+            <Transition fallback=|| ()>
+                {move || Suspend::new(async move {
+                    let caller = signed_in.0.await.ok().flatten();
+                    caller.map(|_| view! { <ClusterFooter /> })
+                })}
+            </Transition>
         </Router>
     }
 }
@@ -163,6 +176,53 @@ fn MainNav(caller: Caller) -> impl IntoView {
             <span class=format!("badge role-{}", caller.role)>{caller.role.as_str()}</span>
             <button type="submit" class="link">"Sign out"</button>
         </form>
+    }
+}
+
+/// The footer of a signed-in page: how many servers share the database, and which one
+/// schedules since when (refreshed with the live view).
+#[component]
+fn ClusterFooter() -> impl IntoView {
+    let live = crate::live::use_live();
+    let cluster = Resource::new(live, |_| cluster_status());
+    view! {
+        <footer class="cluster" aria-label="Servers">
+            <Transition fallback=|| ()>
+                {move || Suspend::new(async move {
+                    cluster.await.ok().map(|c| view! { <ClusterLine c /> })
+                })}
+            </Transition>
+        </footer>
+    }
+}
+
+#[component]
+fn ClusterLine(c: crate::data::ClusterView) -> impl IntoView {
+    let count = c.servers.len();
+    let servers = if count == 1 {
+        "1 server".to_owned()
+    } else {
+        format!("{count} servers")
+    };
+    let scheduler = c.servers.into_iter().find(|s| s.scheduling);
+    let scheduling = match scheduler {
+        Some(s) => {
+            let since = s.since.unwrap_or_default();
+            let since = since.get(..19).unwrap_or(&since).replace('T', " ");
+            // An id already names its address (machine/host:port); else show both.
+            let address = s.address.split("://").last().unwrap_or(&s.address);
+            if s.id.ends_with(address) {
+                format!("scheduling: {} since {since} UTC", s.id)
+            } else {
+                format!("scheduling: {} ({}) since {since} UTC", s.id, s.address)
+            }
+        }
+        None => "no server schedules right now".to_owned(),
+    };
+    view! {
+        <span>{servers}</span>
+        <span class="sep" aria-hidden="true">"·"</span>
+        <span>{scheduling}</span>
     }
 }
 

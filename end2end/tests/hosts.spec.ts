@@ -20,6 +20,10 @@ test("hosts page shows the demo fleet and filters it after hydration", async ({ 
   await expect(page.getByText("No host matches these filters.")).toBeVisible();
   await page.getByLabel("Status").selectOption("");
 
+  // The footer names the servers and the one that schedules.
+  const footer = page.getByRole("contentinfo", { name: "Servers" });
+  await expect(footer).toContainText("1 server");
+  await expect(footer).toContainText("scheduling:");
   await page.screenshot({ path: "screenshots/hosts.png", fullPage: true });
   expect(errors).toEqual([]);
 });

@@ -219,6 +219,11 @@ pub fn server_fn_rules() -> &'static HashMap<&'static str, (&'static str, Access
                 Access::Public,
             ),
             (overview::GetOverview::PATH, "get_overview", VIEW),
+            (
+                tessera_app::app::ClusterStatus::PATH,
+                "cluster_status",
+                VIEW,
+            ),
             (hosts::ListHostsPage::PATH, "list_hosts_page", VIEW),
             (host::GetHostView::PATH, "get_host_view", VIEW),
             (host::SetHostDraining::PATH, "set_host_draining", OPERATE),
