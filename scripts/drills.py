@@ -359,7 +359,8 @@ def drill_failover(f, results):
     results.append(("two servers; the scheduling one kill -9 right after a scale-up to %d"
                     % target, "seconds until the other schedules", round(took, 1), None))
     results.append(("", "seconds until all %d run" % target, round(converged, 1), None))
-    results.append(("", "lease taken within its 10 s (+2 s)", int(took <= 12), 1))
+    # The lease lasts 8 s and is tried every second: taken over within 10 s.
+    results.append(("", "taken over within 10 s", int(took <= 10), 1))
     results.append(("", "GPUs overcommitted", f.overcommitted(), 0))
     results.append(("", "duplicate processes", f.duplicates(), 0))
 

@@ -103,7 +103,7 @@ impl Default for ControlConfig {
             retention: Duration::from_secs(7 * 24 * 3600),
             max_restart_delay: Duration::from_secs(300),
             clock: Arc::new(SystemClock),
-            lease_ttl: Duration::from_secs(10),
+            lease_ttl: Duration::from_secs(8),
             address: String::new(),
         }
     }
