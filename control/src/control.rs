@@ -143,8 +143,8 @@ pub struct Control {
     /// sync and scheduling pass needs them.
     pub(crate) specs: Arc<Mutex<HashMap<TaskDefRef, Arc<TaskDefinitionSpec>>>>,
     /// When each host last synced with nothing else to say, not yet written: written
-    /// together at the start of every pass (before lost hosts are looked for), so a quiet
-    /// sync costs no write of its own.
+    /// together every tick, and at the start of every pass (before lost hosts are looked
+    /// for), so a quiet sync costs no write of its own.
     pub(crate) heartbeats: Arc<Mutex<HashMap<HostId, String>>>,
     /// Each deployment's stop timeout (its service's, which never changes; deployment ids
     /// are never reused).
