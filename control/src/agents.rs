@@ -13,7 +13,7 @@ use tessera_model::agent::{
     RegisterRequest, RegisterResponse, SecretEnv, SyncRequest, SyncResponse, WantedContainer,
     WantedTask,
 };
-use tessera_model::service::{Measured, Task, TaskDefRef, TaskState};
+use tessera_model::service::{Measured, Task, TaskState};
 use tessera_model::taskdef::{GpuRequirement, TaskDefinitionSpec};
 use tessera_model::{GpuHealth, GpuInfo, HostId, HostInfo, HostStatus, MiB, SharingMode};
 
@@ -315,14 +315,7 @@ impl Control {
         let host = self.store.get_host(host_id).await?;
         // What holds capacity on the host, with its allocations: what the report is checked
         // against, and (as it stands after the report) what the answer names.
-        let mut mine: Vec<Task> = self
-            .store
-            .list_tasks(&TaskFilter {
-                host: Some(host_id.clone()),
-                states: TaskState::HOLDING.to_vec(),
-                ..Default::default()
-            })
-            .await?;
+        let mut mine = self.held_on(host_id).await?;
         // Something to reconcile. Capacity changes (a GPU, the host's status, a task gone)
         // are also told at once to the scheduler, whose cached engine is then rebuilt.
         let mut changed = false;
@@ -362,14 +355,7 @@ impl Control {
                 changed = true;
                 self.capacity_changed();
                 // Tasks on a replaced or missing GPU were stopped with it.
-                mine = self
-                    .store
-                    .list_tasks(&TaskFilter {
-                        host: Some(host_id.clone()),
-                        states: TaskState::HOLDING.to_vec(),
-                        ..Default::default()
-                    })
-                    .await?;
+                mine = self.held_on(host_id).await?;
             }
         }
         let event = lifecycle::HostEvent::Synced {
@@ -446,15 +432,13 @@ impl Control {
         let stop_timeouts = self
             .stop_timeouts_of(wanted.iter().map(|t| t.deployment_id))
             .await?;
-        let mut specs: HashMap<&TaskDefRef, std::sync::Arc<TaskDefinitionSpec>> = HashMap::new();
         let mut tasks = Vec::with_capacity(wanted.len());
         for t in wanted {
-            if !specs.contains_key(&t.task_definition) {
-                specs.insert(&t.task_definition, self.spec_of(&t.task_definition).await?);
-            }
+            // Specs are kept in memory (revisions never change).
+            let spec = self.spec_of(&t.task_definition).await?;
             tasks.push(WantedTask {
                 task_id: t.id.clone(),
-                containers: container_env(&specs[&t.task_definition], t),
+                containers: container_env(&spec, t),
                 mps: t.allocations.iter().any(|a| !a.dedicated),
                 stop_timeout_secs: stop_timeouts.get(&t.deployment_id).copied().unwrap_or(30),
             });
@@ -468,6 +452,18 @@ impl Control {
 }
 
 impl Control {
+    /// What holds capacity on a host, with its allocations.
+    async fn held_on(&self, host: &HostId) -> Result<Vec<Task>, ControlError> {
+        Ok(self
+            .store
+            .list_tasks(&TaskFilter {
+                host: Some(host.clone()),
+                states: TaskState::HOLDING.to_vec(),
+                ..Default::default()
+            })
+            .await?)
+    }
+
     /// Writes the times of the quiet syncs received since the last call, in one statement.
     /// On failure they are kept for the next call (a newer time for a host wins).
     pub(crate) async fn flush_heartbeats(&self) -> Result<(), ControlError> {

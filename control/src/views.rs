@@ -46,6 +46,11 @@ fn usage_of(
     capacities.get(&host.pool)?.gpu_usage(gpu)
 }
 
+/// A GPU's sharing mode as its allocations make it now (idle when nothing is allocated).
+fn mode_of(usage: Option<GpuUsage>) -> SharingMode {
+    usage.map_or(SharingMode::Idle, |u| u.mode)
+}
+
 impl Control {
     pub async fn list_pools(&self) -> Result<Vec<tessera_model::PoolInfo>, ControlError> {
         Ok(self.store.list_pools().await?)
@@ -78,9 +83,7 @@ impl Control {
             .map(|host| {
                 host.gpus
                     .iter()
-                    .map(|g| {
-                        usage_of(&capacities, host, &g.uuid).map_or(SharingMode::Idle, |u| u.mode)
-                    })
+                    .map(|g| mode_of(usage_of(&capacities, host, &g.uuid)))
                     .collect()
             })
             .collect();
@@ -217,7 +220,7 @@ impl Control {
                         let usage = usage_of(&capacities, host, &g.uuid);
                         let mut gpu = g.clone();
                         // The mode follows from the allocations now, not from the last sync.
-                        gpu.sharing_mode = usage.map_or(SharingMode::Idle, |u| u.mode);
+                        gpu.sharing_mode = mode_of(usage);
                         GpuView {
                             gpu,
                             slots: slots.remove(&g.uuid).unwrap_or_default(),

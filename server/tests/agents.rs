@@ -27,13 +27,12 @@ async fn cluster() -> Cluster {
     cluster_over(false).await
 }
 
-/// A server over HTTPS (a certificate made now for `localhost`) or plain HTTP.
-async fn cluster_over(https: bool) -> Cluster {
-    let dir = tempfile::tempdir().expect("dir");
-    let store = tessera_control::open(&format!("sqlite://{}/server.db", dir.path().display()))
+/// A control plane on the database in `dir`, with fast timings.
+async fn control_on(dir: &Path) -> Control {
+    let store = tessera_control::open(&format!("sqlite://{}/server.db", dir.display()))
         .await
         .expect("store");
-    let control = Control::new(
+    Control::new(
         store,
         ControlConfig {
             sync_interval: Duration::from_secs(1),
@@ -41,7 +40,13 @@ async fn cluster_over(https: bool) -> Cluster {
             tick: Duration::from_millis(100),
             ..ControlConfig::default()
         },
-    );
+    )
+}
+
+/// A server over HTTPS (a certificate made now for `localhost`) or plain HTTP.
+async fn cluster_over(https: bool) -> Cluster {
+    let dir = tempfile::tempdir().expect("dir");
+    let control = control_on(dir.path()).await;
     control
         .ensure_join_token(Some(JOIN))
         .await
@@ -566,18 +571,7 @@ async fn a_revoked_agent_rejoins_under_its_old_id_and_keeps_its_tasks() {
 /// Another server on `c`'s database (as behind a load balancer), serving the API and the
 /// agent API without a reconcile loop of its own; its stop handle.
 async fn second_server(c: &Cluster) -> (Control, String, watch::Sender<bool>) {
-    let store = tessera_control::open(&format!("sqlite://{}/server.db", c.dir.path().display()))
-        .await
-        .expect("store");
-    let control = Control::new(
-        store,
-        ControlConfig {
-            sync_interval: Duration::from_secs(1),
-            lost_after_intervals: 3,
-            tick: Duration::from_millis(100),
-            ..ControlConfig::default()
-        },
-    );
+    let control = control_on(c.dir.path()).await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
