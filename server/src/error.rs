@@ -1,6 +1,7 @@
 //! How failures become HTTP responses: a 4xx names what was wrong (every invalid field with
 //! its rule), a 5xx logs its cause and tells the client nothing internal.
 
+use crate::api::bodies::ErrorBody;
 use axum::Json;
 use axum::extract::rejection::JsonRejection;
 use axum::http::StatusCode;
@@ -77,39 +78,32 @@ impl From<JsonRejection> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let (status, body) = match &self {
-            ApiError::BadRequest(m) => (StatusCode::BAD_REQUEST, serde_json::json!({ "error": m })),
-            ApiError::WrongShape(m) => (
-                StatusCode::UNPROCESSABLE_ENTITY,
-                serde_json::json!({ "error": m }),
-            ),
+        let body = |error: String| ErrorBody {
+            error,
+            errors: None,
+        };
+        let (status, body) = match self {
+            ApiError::BadRequest(m) => (StatusCode::BAD_REQUEST, body(m)),
+            ApiError::WrongShape(m) => (StatusCode::UNPROCESSABLE_ENTITY, body(m)),
             ApiError::Invalid(errors) => (
                 StatusCode::UNPROCESSABLE_ENTITY,
-                serde_json::json!({ "error": "invalid input", "errors": errors }),
+                ErrorBody {
+                    error: "invalid input".into(),
+                    errors: Some(errors),
+                },
             ),
-            ApiError::NotFound(m) => (StatusCode::NOT_FOUND, serde_json::json!({ "error": m })),
-            ApiError::Conflict(m) => (StatusCode::CONFLICT, serde_json::json!({ "error": m })),
-            ApiError::Unauthorized(m) => {
-                (StatusCode::UNAUTHORIZED, serde_json::json!({ "error": m }))
-            }
-            ApiError::Forbidden(m) => (StatusCode::FORBIDDEN, serde_json::json!({ "error": m })),
-            ApiError::Unavailable(m) => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                serde_json::json!({ "error": m }),
-            ),
-            ApiError::PayloadTooLarge(m) => (
-                StatusCode::PAYLOAD_TOO_LARGE,
-                serde_json::json!({ "error": m }),
-            ),
+            ApiError::NotFound(m) => (StatusCode::NOT_FOUND, body(m)),
+            ApiError::Conflict(m) => (StatusCode::CONFLICT, body(m)),
+            ApiError::Unauthorized(m) => (StatusCode::UNAUTHORIZED, body(m)),
+            ApiError::Forbidden(m) => (StatusCode::FORBIDDEN, body(m)),
+            ApiError::Unavailable(m) => (StatusCode::SERVICE_UNAVAILABLE, body(m)),
+            ApiError::PayloadTooLarge(m) => (StatusCode::PAYLOAD_TOO_LARGE, body(m)),
             ApiError::TooManyAttempts(secs) => {
-                let mut r = (
-                    StatusCode::TOO_MANY_REQUESTS,
-                    Json(serde_json::json!({ "error": self.to_string() })),
-                )
-                    .into_response();
+                let message = ApiError::TooManyAttempts(secs).to_string();
+                let mut r = (StatusCode::TOO_MANY_REQUESTS, Json(body(message))).into_response();
                 r.headers_mut().insert(
                     axum::http::header::RETRY_AFTER,
-                    axum::http::HeaderValue::from(*secs),
+                    axum::http::HeaderValue::from(secs),
                 );
                 return r;
             }
@@ -117,7 +111,7 @@ impl IntoResponse for ApiError {
                 tracing::error!(error = %e, "request failed");
                 (
                     StatusCode::INTERNAL_SERVER_ERROR,
-                    serde_json::json!({ "error": "internal error; the server log has the cause" }),
+                    body("internal error; the server log has the cause".into()),
                 )
             }
         };
