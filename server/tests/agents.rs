@@ -259,24 +259,25 @@ async fn a_task_starts_with_its_gpu_and_mps_environment_and_is_measured() {
     register(
         &c,
         "envdump",
-        "env > \"$OUT/$TESSERA_TASK_ID.env\"; exec sleep 60",
+        // Written aside, then renamed: the test never reads a half-written file.
+        "env > \"$OUT/$TESSERA_TASK_ID.part\" && mv \"$OUT/$TESSERA_TASK_ID.part\" \"$OUT/$TESSERA_TASK_ID.env\"; exec sleep 60",
         &out,
     )
     .await;
     let a = start_agent(agent_config(&c, "a"));
     create_service(&c, "envdump", 1).await;
+    let written = || {
+        std::fs::read_dir(&out).ok().and_then(|d| {
+            d.filter_map(Result::ok)
+                .map(|e| e.path())
+                .find(|p| p.extension().is_some_and(|x| x == "env"))
+        })
+    };
     wait_for("the task to write its environment", || async {
-        std::fs::read_dir(&out)
-            .map(|d| d.count() > 0)
-            .unwrap_or(false)
+        written().is_some()
     })
     .await;
-    let file = std::fs::read_dir(&out)
-        .expect("out")
-        .next()
-        .expect("file")
-        .expect("entry")
-        .path();
+    let file = written().expect("file");
     let env: std::collections::HashMap<String, String> = std::fs::read_to_string(&file)
         .expect("env")
         .lines()
