@@ -528,6 +528,16 @@ pub trait ClusterStore: Send + Sync + 'static {
     /// in their own transaction that `fence` still holds the lease, and are refused with
     /// [`StoreError::Fenced`] otherwise.
     fn fenced(&self, fence: Fence) -> Arc<dyn Store>;
+    /// Tells every server on this database that server `from` changed something
+    /// (PostgreSQL: NOTIFY, delivered once the publishing transaction ends); nothing where
+    /// servers cannot hear each other (SQLite).
+    async fn publish_change(&self, from: &str) -> Result<(), StoreError>;
+    /// What servers publish: the id of the server that changed something (this one's own
+    /// included), or `None` for "some may have been missed" (the listening connection was
+    /// lost and made again). `None` where the database carries no such news (SQLite).
+    async fn listen_changes(
+        &self,
+    ) -> Result<Option<tokio::sync::mpsc::Receiver<Option<String>>>, StoreError>;
 }
 
 /// What a lease holder's writes carry.

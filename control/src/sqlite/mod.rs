@@ -1,40 +1,19 @@
 //! The embedded SQLite backend: one file, created on first start, migrated at open.
 //!
-//! - `auth`: users, API tokens, console sessions and the audit log.
-//! - `hosts`: pools and hosts; `services`: task definitions, services, deployments;
-//!   `tasks`: tasks and placement commits; `events`: events and settings.
-//! - `rows`: row mapping and column lists shared by them.
+//! The queries are the ones in `src/sql/`, shared with the PostgreSQL backend; this
+//! module says what is SQLite's own: its types, its clock expression, and how a write
+//! transaction takes the database's one write lock.
 
-mod auth;
-mod cluster;
-mod events;
-mod hosts;
-mod rows;
-mod services;
-mod tasks;
-
-use rows::*;
+#[path = "../sql/mod.rs"]
+mod sql;
 
 use crate::error::StoreError;
-use crate::store::{
-    CommitContext, EventFilter, EventStore, GpuChange, HeldCapacity, HostPage, HostPageQuery,
-    HostReport, HostState, HostStore, NewTask, PendingTask, PlacementCommit, Pruned, ServiceStore,
-    TaskFilter, TaskStore,
+use sqlx::sqlite::{
+    SqliteArguments, SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteQueryResult,
+    SqliteRow,
 };
-use async_trait::async_trait;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow};
-use sqlx::{Acquire, QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool};
-use std::collections::{BTreeMap, HashMap};
+use sqlx::{Sqlite, SqliteConnection, SqlitePool};
 use std::str::FromStr;
-use tessera_model::service::{
-    Deployment, DeploymentConfig, DeploymentStatus, Event, GpuAllocation, Measured, Service,
-    ServiceConstraints, Task, TaskDefRef, TaskDefinition, TaskState,
-};
-use tessera_model::taskdef::{SecretValues, TaskDefinitionSpec};
-use tessera_model::{
-    ComputeMilli, GpuHealth, GpuInfo, GpuUuid, HostId, HostInfo, HostStatus, MiB, MilliCpu,
-    PlacementPolicy, PoolInfo, PoolName, SharingMode,
-};
 
 /// The SQLite store. The pool of connections is shared by every request; SQLite in WAL mode
 /// lets readers run beside the one writer, and writes that re-check capacity take the
@@ -80,62 +59,44 @@ impl SqliteStore {
         Ok(SqliteStore { db, fence: None })
     }
 
-    /// A transaction holding SQLite's write lock from its first statement. On a fenced
-    /// store it first checks that its holder still holds the scheduler lease: under the
-    /// write lock nobody can take the lease before this transaction ends, so a write made
-    /// in it can never land after a newer holder's.
-    async fn begin_immediate(&self) -> Result<sqlx::Transaction<'static, Sqlite>, StoreError> {
-        let mut tx = self.db.begin_with("BEGIN IMMEDIATE").await?;
-        if let Some(fence) = &self.fence {
-            let current: Option<(String, i64)> =
-                sqlx::query_as("SELECT holder, epoch FROM scheduler_lease WHERE one = 1")
-                    .fetch_optional(&mut *tx)
-                    .await?;
-            if current.as_ref() != Some(&(fence.holder.clone(), fence.epoch)) {
-                return Err(StoreError::Fenced {
-                    holder: fence.holder.clone(),
-                    epoch: fence.epoch,
-                });
-            }
-        }
-        Ok(tx)
+    /// A transaction holding SQLite's write lock from its first statement: writes that
+    /// span rows never interleave, and what they read is what they write over.
+    async fn lock_writes(&self) -> Result<sqlx::Transaction<'static, Sqlite>, StoreError> {
+        Ok(self.db.begin_with("BEGIN IMMEDIATE").await?)
     }
 
-    /// Runs one write statement in its own write transaction (on a fenced store, after
-    /// the fence check). A caller that gives up (a request past its timeout, its future
-    /// dropped) leaves nothing behind: sqlx rolls back a transaction whose BEGIN or body
-    /// was never acknowledged, where a bare statement would still run once the database
-    /// lets it.
-    async fn write_one<'q>(
-        &self,
-        q: sqlx::query::Query<'q, Sqlite, sqlx::sqlite::SqliteArguments<'q>>,
-    ) -> Result<sqlx::sqlite::SqliteQueryResult, StoreError> {
-        let mut tx = self.begin_immediate().await?;
-        let done = q.execute(&mut *tx).await?;
-        tx.commit().await?;
-        Ok(done)
+    /// The same store on the same connections, with `fence` on its writes.
+    fn with_fence(&self, fence: crate::store::Fence) -> Self {
+        SqliteStore {
+            db: self.db.clone(),
+            fence: Some(fence),
+        }
+    }
+}
+
+type This = SqliteStore;
+type Db = Sqlite;
+type DbRow = SqliteRow;
+type DbConn = SqliteConnection;
+type DbPool = SqlitePool;
+type DbResult = SqliteQueryResult;
+type DbArguments<'q> = SqliteArguments<'q>;
+
+/// Now, as stored times are written (`crate::clock::stamp`).
+const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
+/// `INSTR(haystack, needle)`: the needle's position, 0 when absent.
+const INSTR: &str = "instr";
+
+/// Servers sharing one SQLite file (one machine) tell each other nothing: their live
+/// views follow their own changes and the scheduler's ticks.
+impl This {
+    async fn publish(&self, _from: &str) -> Result<(), StoreError> {
+        Ok(())
     }
 
-    async fn load_allocations(
+    async fn listen(
         &self,
-        ids: &[String],
-    ) -> Result<HashMap<String, Vec<GpuAllocation>>, StoreError> {
-        let mut out: HashMap<String, Vec<GpuAllocation>> = HashMap::new();
-        for chunk in ids.chunks(500) {
-            let mut q = QueryBuilder::<Sqlite>::new(
-                "SELECT task_id, gpu_uuid, idx, memory_mib, compute_milli, dedicated FROM task_gpus WHERE task_id IN (",
-            );
-            let mut sep = q.separated(", ");
-            for id in chunk {
-                sep.push_bind(id);
-            }
-            q.push(") ORDER BY task_id, idx");
-            for row in q.build().fetch_all(&self.db).await? {
-                out.entry(row.try_get("task_id")?)
-                    .or_default()
-                    .push(allocation_from_row(&row)?);
-            }
-        }
-        Ok(out)
+    ) -> Result<Option<tokio::sync::mpsc::Receiver<Option<String>>>, StoreError> {
+        Ok(None)
     }
 }

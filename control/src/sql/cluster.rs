@@ -4,7 +4,7 @@ use super::*;
 use crate::store::{ClusterStore, Fence, Lease, ServerRow, Store};
 use std::sync::Arc;
 
-fn lease_from_row(row: &SqliteRow) -> Result<Lease, StoreError> {
+fn lease_from_row(row: &DbRow) -> Result<Lease, StoreError> {
     Ok(Lease {
         holder: row.try_get("holder")?,
         epoch: row.try_get("epoch")?,
@@ -14,7 +14,7 @@ fn lease_from_row(row: &SqliteRow) -> Result<Lease, StoreError> {
 }
 
 #[async_trait]
-impl ClusterStore for SqliteStore {
+impl ClusterStore for This {
     async fn server_seen(
         &self,
         id: &str,
@@ -23,7 +23,7 @@ impl ClusterStore for SqliteStore {
         now: &str,
     ) -> Result<(), StoreError> {
         sqlx::query(
-            "INSERT INTO servers (id, address, started_at, last_seen_at) VALUES (?, ?, ?, ?)
+            "INSERT INTO servers (id, address, started_at, last_seen_at) VALUES ($1, $2, $3, $4)
              ON CONFLICT (id) DO UPDATE SET address = excluded.address, last_seen_at = excluded.last_seen_at",
         )
         .bind(id)
@@ -37,7 +37,7 @@ impl ClusterStore for SqliteStore {
 
     async fn list_servers(&self, since: &str) -> Result<Vec<ServerRow>, StoreError> {
         let rows = sqlx::query(
-            "SELECT id, address, started_at, last_seen_at FROM servers WHERE last_seen_at >= ? ORDER BY id",
+            "SELECT id, address, started_at, last_seen_at FROM servers WHERE last_seen_at >= $1 ORDER BY id",
         )
         .bind(since)
         .fetch_all(&self.db)
@@ -61,7 +61,7 @@ impl ClusterStore for SqliteStore {
         now: &str,
         expires_at: &str,
     ) -> Result<Option<Lease>, StoreError> {
-        let mut tx = self.db.begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = self.lock_writes().await?;
         let current = sqlx::query(
             "SELECT holder, epoch, since, expires_at FROM scheduler_lease WHERE one = 1",
         )
@@ -86,7 +86,7 @@ impl ClusterStore for SqliteStore {
             },
         };
         sqlx::query(
-            "INSERT INTO scheduler_lease (one, holder, epoch, since, expires_at) VALUES (1, ?, ?, ?, ?)
+            "INSERT INTO scheduler_lease (one, holder, epoch, since, expires_at) VALUES (1, $1, $2, $3, $4)
              ON CONFLICT (one) DO UPDATE SET holder = excluded.holder, epoch = excluded.epoch,
                  since = excluded.since, expires_at = excluded.expires_at",
         )
@@ -101,7 +101,7 @@ impl ClusterStore for SqliteStore {
     }
 
     async fn release_lease(&self, holder: &str) -> Result<(), StoreError> {
-        sqlx::query("UPDATE scheduler_lease SET expires_at = '' WHERE one = 1 AND holder = ?")
+        sqlx::query("UPDATE scheduler_lease SET expires_at = '' WHERE one = 1 AND holder = $1")
             .bind(holder)
             .execute(&self.db)
             .await?;
@@ -117,9 +117,16 @@ impl ClusterStore for SqliteStore {
     }
 
     fn fenced(&self, fence: Fence) -> Arc<dyn Store> {
-        Arc::new(SqliteStore {
-            db: self.db.clone(),
-            fence: Some(fence),
-        })
+        Arc::new(self.with_fence(fence))
+    }
+
+    async fn publish_change(&self, from: &str) -> Result<(), StoreError> {
+        self.publish(from).await
+    }
+
+    async fn listen_changes(
+        &self,
+    ) -> Result<Option<tokio::sync::mpsc::Receiver<Option<String>>>, StoreError> {
+        self.listen().await
     }
 }

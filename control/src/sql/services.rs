@@ -3,7 +3,7 @@ use super::*;
 
 /// Deployments of `service` (all when `None`), newest first, with their task counts.
 pub(super) async fn deployments_where(
-    db: &SqlitePool,
+    db: &DbPool,
     service: Option<&str>,
 ) -> Result<Vec<Deployment>, StoreError> {
     let sql = format!(
@@ -11,7 +11,7 @@ pub(super) async fn deployments_where(
              (SELECT COUNT(*) FROM tasks t WHERE t.deployment_id = d.id AND t.state IN ('pending', 'assigned')) AS pending,
              (SELECT COUNT(*) FROM tasks t WHERE t.deployment_id = d.id AND t.state = 'running') AS running
          FROM deployments d {} ORDER BY d.id DESC",
-        if service.is_some() { "WHERE d.service = ?" } else { "" }
+        if service.is_some() { "WHERE d.service = $1" } else { "" }
     );
     let rows = match service {
         Some(name) => sqlx::query(&sql).bind(name).fetch_all(db).await?,
@@ -37,7 +37,7 @@ pub(super) async fn deployments_where(
 }
 
 #[async_trait]
-impl ServiceStore for SqliteStore {
+impl ServiceStore for This {
     async fn register_task_definition(
         &self,
         spec: &TaskDefinitionSpec,
@@ -49,14 +49,14 @@ impl ServiceStore for SqliteStore {
             .map_err(|e| StoreError::corrupt("task definition secrets", e))?;
         let mut tx = self.begin_immediate().await?;
         let next: i64 = sqlx::query(
-            "SELECT COALESCE(MAX(revision), 0) + 1 AS next FROM task_definitions WHERE family = ?",
+            "SELECT COALESCE(MAX(revision), 0) + 1 AS next FROM task_definitions WHERE family = $1",
         )
         .bind(&spec.family)
         .fetch_one(&mut *tx)
         .await?
         .try_get("next")?;
         let row = sqlx::query(
-            "INSERT INTO task_definitions (family, revision, spec, secrets) VALUES (?, ?, ?, ?)
+            "INSERT INTO task_definitions (family, revision, spec, secrets) VALUES ($1, $2, $3, $4)
              RETURNING family, revision, active, spec, secrets, registered_at",
         )
         .bind(&spec.family)
@@ -87,7 +87,7 @@ impl ServiceStore for SqliteStore {
         family: &str,
     ) -> Result<Vec<TaskDefinition>, StoreError> {
         let defs: Vec<TaskDefinition> = sqlx::query(
-            "SELECT family, revision, active, spec, secrets, registered_at FROM task_definitions WHERE family = ? ORDER BY revision",
+            "SELECT family, revision, active, spec, secrets, registered_at FROM task_definitions WHERE family = $1 ORDER BY revision",
         )
         .bind(family)
         .fetch_all(&self.db)
@@ -103,7 +103,7 @@ impl ServiceStore for SqliteStore {
 
     async fn get_task_definition(&self, r: &TaskDefRef) -> Result<TaskDefinition, StoreError> {
         let row = sqlx::query(
-            "SELECT family, revision, active, spec, secrets, registered_at FROM task_definitions WHERE family = ? AND revision = ?",
+            "SELECT family, revision, active, spec, secrets, registered_at FROM task_definitions WHERE family = $1 AND revision = $2",
         )
         .bind(&r.family)
         .bind(i64::from(r.revision))
@@ -121,7 +121,7 @@ impl ServiceStore for SqliteStore {
         let done = self
             .write_one(
                 sqlx::query(
-                    "UPDATE task_definitions SET active = ? WHERE family = ? AND revision = ?",
+                    "UPDATE task_definitions SET active = $1 WHERE family = $2 AND revision = $3",
                 )
                 .bind(i64::from(active))
                 .bind(&r.family)
@@ -137,7 +137,7 @@ impl ServiceStore for SqliteStore {
         let mut tx = self.begin_immediate().await?;
         sqlx::query(
             "INSERT INTO services (name, family, revision, pool, desired_count, strategy, constraints,
-                 minimum_healthy_percent, maximum_percent, stop_timeout_secs) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                 minimum_healthy_percent, maximum_percent, stop_timeout_secs) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
         )
         .bind(&s.name)
         .bind(&s.task_definition.family)
@@ -157,7 +157,7 @@ impl ServiceStore for SqliteStore {
             }
             _ => StoreError::Database(e),
         })?;
-        sqlx::query("INSERT INTO deployments (service, family, revision, status) VALUES (?, ?, ?, 'primary')")
+        sqlx::query("INSERT INTO deployments (service, family, revision, status) VALUES ($1, $2, $3, 'primary')")
             .bind(&s.name)
             .bind(&s.task_definition.family)
             .bind(i64::from(s.task_definition.revision))
@@ -180,7 +180,7 @@ impl ServiceStore for SqliteStore {
 
     async fn get_service(&self, name: &str) -> Result<Service, StoreError> {
         let row = sqlx::query(&format!(
-            "SELECT {SERVICE_COLUMNS} FROM services WHERE name = ?"
+            "SELECT {SERVICE_COLUMNS} FROM services WHERE name = $1"
         ))
         .bind(name)
         .fetch_optional(&self.db)
@@ -192,7 +192,7 @@ impl ServiceStore for SqliteStore {
     async fn stop_timeouts(&self, deployments: &[i64]) -> Result<HashMap<i64, u32>, StoreError> {
         let mut out = HashMap::new();
         for chunk in deployments.chunks(500) {
-            let mut q = QueryBuilder::<Sqlite>::new(
+            let mut q = QueryBuilder::<Db>::new(
                 "SELECT d.id, s.stop_timeout_secs FROM deployments d JOIN services s ON s.name = d.service WHERE d.id IN (",
             );
             let mut sep = q.separated(", ");
@@ -211,7 +211,7 @@ impl ServiceStore for SqliteStore {
     async fn set_desired_count(&self, name: &str, desired: u32) -> Result<(), StoreError> {
         let done = self
             .write_one(
-                sqlx::query("UPDATE services SET desired_count = ? WHERE name = ?")
+                sqlx::query("UPDATE services SET desired_count = $1 WHERE name = $2")
                     .bind(i64::from(desired))
                     .bind(name),
             )
@@ -226,7 +226,7 @@ impl ServiceStore for SqliteStore {
         failed_primary: bool,
     ) -> Result<i64, StoreError> {
         let mut tx = self.begin_immediate().await?;
-        let done = sqlx::query("UPDATE services SET family = ?, revision = ? WHERE name = ?")
+        let done = sqlx::query("UPDATE services SET family = $1, revision = $2 WHERE name = $3")
             .bind(&r.family)
             .bind(i64::from(r.revision))
             .bind(name)
@@ -240,13 +240,13 @@ impl ServiceStore for SqliteStore {
         } else {
             "active"
         };
-        sqlx::query("UPDATE deployments SET status = ? WHERE service = ? AND status = 'primary'")
+        sqlx::query("UPDATE deployments SET status = $1 WHERE service = $2 AND status = 'primary'")
             .bind(old)
             .bind(name)
             .execute(&mut *tx)
             .await?;
         let id: i64 = sqlx::query(
-            "INSERT INTO deployments (service, family, revision, status) VALUES (?, ?, ?, 'primary') RETURNING id",
+            "INSERT INTO deployments (service, family, revision, status) VALUES ($1, $2, $3, 'primary') RETURNING id",
         )
         .bind(name)
         .bind(&r.family)
@@ -261,7 +261,7 @@ impl ServiceStore for SqliteStore {
     async fn mark_service_deleting(&self, name: &str) -> Result<(), StoreError> {
         let done = self
             .write_one(
-                sqlx::query("UPDATE services SET deleting = 1, desired_count = 0 WHERE name = ?")
+                sqlx::query("UPDATE services SET deleting = 1, desired_count = 0 WHERE name = $1")
                     .bind(name),
             )
             .await?;
@@ -269,7 +269,7 @@ impl ServiceStore for SqliteStore {
     }
 
     async fn delete_service(&self, name: &str) -> Result<(), StoreError> {
-        self.write_one(sqlx::query("DELETE FROM services WHERE name = ?").bind(name))
+        self.write_one(sqlx::query("DELETE FROM services WHERE name = $1").bind(name))
             .await?;
         Ok(())
     }
@@ -288,7 +288,7 @@ impl ServiceStore for SqliteStore {
         status: DeploymentStatus,
     ) -> Result<(), StoreError> {
         self.write_one(
-            sqlx::query("UPDATE deployments SET status = ? WHERE id = ?")
+            sqlx::query("UPDATE deployments SET status = $1 WHERE id = $2")
                 .bind(status.as_str())
                 .bind(id),
         )

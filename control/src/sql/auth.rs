@@ -1,19 +1,15 @@
-//! The SQLite side of [`AuthStore`]: users, API tokens, console sessions, the audit log.
+//! Users, API tokens, console sessions, the audit log.
 
-use super::{SqliteStore, updated};
-use crate::error::StoreError;
+use super::*;
 use crate::store::{AuditFilter, AuthStore, NewAuditEntry, UserChange, UserCredentials};
-use async_trait::async_trait;
-use sqlx::sqlite::SqliteRow;
-use sqlx::{QueryBuilder, Row, Sqlite};
 use tessera_model::auth::{ApiTokenInfo, AuditEntry, Role, UserInfo};
 
-fn role(row: &SqliteRow) -> Result<Role, StoreError> {
+fn role(row: &DbRow) -> Result<Role, StoreError> {
     let raw: String = row.try_get("role")?;
     raw.parse().map_err(|e| StoreError::corrupt("role", e))
 }
 
-fn user_from_row(row: &SqliteRow) -> Result<UserInfo, StoreError> {
+fn user_from_row(row: &DbRow) -> Result<UserInfo, StoreError> {
     Ok(UserInfo {
         username: row.try_get("username")?,
         role: role(row)?,
@@ -22,7 +18,7 @@ fn user_from_row(row: &SqliteRow) -> Result<UserInfo, StoreError> {
     })
 }
 
-fn token_from_row(row: &SqliteRow) -> Result<ApiTokenInfo, StoreError> {
+fn token_from_row(row: &DbRow) -> Result<ApiTokenInfo, StoreError> {
     Ok(ApiTokenInfo {
         id: row.try_get("id")?,
         name: row.try_get("name")?,
@@ -37,7 +33,7 @@ const USER_COLUMNS: &str = "username, role, disabled, created_at";
 const TOKEN_COLUMNS: &str = "t.id, t.name, t.role, t.created_by, t.created_at, t.expires_at";
 
 #[async_trait]
-impl AuthStore for SqliteStore {
+impl AuthStore for This {
     async fn count_users(&self) -> Result<u64, StoreError> {
         let n: i64 = sqlx::query("SELECT COUNT(*) AS n FROM users")
             .fetch_one(&self.db)
@@ -53,7 +49,7 @@ impl AuthStore for SqliteStore {
         password_hash: &str,
     ) -> Result<UserInfo, StoreError> {
         let row = sqlx::query(&format!(
-            "INSERT INTO users (username, role, password_hash) VALUES (?, ?, ?)
+            "INSERT INTO users (username, role, password_hash) VALUES ($1, $2, $3)
              ON CONFLICT (username) DO NOTHING RETURNING {USER_COLUMNS}"
         ))
         .bind(username)
@@ -70,7 +66,7 @@ impl AuthStore for SqliteStore {
         username: &str,
     ) -> Result<Option<UserCredentials>, StoreError> {
         let row = sqlx::query(&format!(
-            "SELECT {USER_COLUMNS}, password_hash, sessions_after FROM users WHERE username = ?"
+            "SELECT {USER_COLUMNS}, password_hash, sessions_after FROM users WHERE username = $1"
         ))
         .bind(username)
         .fetch_optional(&self.db)
@@ -101,24 +97,27 @@ impl AuthStore for SqliteStore {
         let disabled = change.disabled.map(i64::from);
         // One statement, so two admins demoting each other at once cannot both succeed:
         // the change applies unless it would leave no enabled admin.
-        let done = self.write_one(sqlx::query(
-            "UPDATE users SET
-                 role = COALESCE(?1, role),
-                 disabled = COALESCE(?2, disabled),
-                 password_hash = COALESCE(?3, password_hash),
-                 sessions_after = CASE WHEN ?3 IS NULL THEN sessions_after ELSE CAST(strftime('%s', 'now') AS INTEGER) END
-             WHERE username = ?4
+        let done = self
+            .write_one(
+                sqlx::query(
+                    "UPDATE users SET
+                 role = COALESCE($1, role),
+                 disabled = COALESCE($2, disabled),
+                 password_hash = COALESCE($3, password_hash),
+                 sessions_after = CASE WHEN $3 IS NULL THEN sessions_after ELSE $5 END
+             WHERE username = $4
                AND NOT (role = 'admin' AND disabled = 0
-                        AND (COALESCE(?1, role) != 'admin' OR COALESCE(?2, disabled) = 1)
+                        AND (COALESCE($1, role) != 'admin' OR COALESCE($2, disabled) = 1)
                         AND (SELECT COUNT(*) FROM users u
-                             WHERE u.role = 'admin' AND u.disabled = 0 AND u.username != ?4) = 0)",
-        )
-        .bind(role)
-        .bind(disabled)
-        .bind(change.password_hash.as_deref())
-        .bind(username)
-        )
-        .await?;
+                             WHERE u.role = 'admin' AND u.disabled = 0 AND u.username != $4) = 0)",
+                )
+                .bind(role)
+                .bind(disabled)
+                .bind(change.password_hash.as_deref())
+                .bind(username)
+                .bind(chrono::Utc::now().timestamp()),
+            )
+            .await?;
         if done.rows_affected() == 0 && self.user_credentials(username).await?.is_some() {
             return Err(StoreError::Conflict(format!(
                 "{username} is the last enabled admin; make another admin first"
@@ -138,8 +137,7 @@ impl AuthStore for SqliteStore {
     ) -> Result<ApiTokenInfo, StoreError> {
         let row = sqlx::query(
             "INSERT INTO api_tokens (id, name, role, created_by, token_hash, expires_at)
-             VALUES (?, ?, ?, ?, ?, CASE WHEN ? IS NULL THEN NULL
-                 ELSE strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '+' || ? || ' days') END)
+             VALUES ($1, $2, $3, $4, $5, $6)
              RETURNING id, name, role, created_by, created_at, expires_at",
         )
         .bind(id)
@@ -147,8 +145,9 @@ impl AuthStore for SqliteStore {
         .bind(role.as_str())
         .bind(created_by)
         .bind(token_hash)
-        .bind(expires_in_days)
-        .bind(expires_in_days)
+        .bind(expires_in_days.map(|days| {
+            crate::clock::stamp(chrono::Utc::now() + chrono::Duration::days(i64::from(days)))
+        }))
         .fetch_one(&self.db)
         .await?;
         token_from_row(&row)
@@ -157,10 +156,11 @@ impl AuthStore for SqliteStore {
     async fn valid_api_token(&self, token_hash: &str) -> Result<Option<ApiTokenInfo>, StoreError> {
         sqlx::query(&format!(
             "SELECT {TOKEN_COLUMNS} FROM api_tokens t JOIN users u ON u.username = t.created_by
-             WHERE t.token_hash = ? AND u.disabled = 0
-               AND (t.expires_at IS NULL OR t.expires_at > strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))"
+             WHERE t.token_hash = $1 AND u.disabled = 0
+               AND (t.expires_at IS NULL OR t.expires_at > $2)"
         ))
         .bind(token_hash)
+        .bind(crate::clock::stamp(chrono::Utc::now()))
         .fetch_optional(&self.db)
         .await?
         .as_ref()
@@ -181,13 +181,13 @@ impl AuthStore for SqliteStore {
 
     async fn delete_api_token(&self, id: &str) -> Result<(), StoreError> {
         let done = self
-            .write_one(sqlx::query("DELETE FROM api_tokens WHERE id = ?").bind(id))
+            .write_one(sqlx::query("DELETE FROM api_tokens WHERE id = $1").bind(id))
             .await?;
         updated(done, "API token", id)
     }
 
     async fn load_session(&self, id_hash: &str, now: i64) -> Result<Option<String>, StoreError> {
-        let row = sqlx::query("SELECT data FROM sessions WHERE id_hash = ? AND expires_at > ?")
+        let row = sqlx::query("SELECT data FROM sessions WHERE id_hash = $1 AND expires_at > $2")
             .bind(id_hash)
             .bind(now)
             .fetch_optional(&self.db)
@@ -203,12 +203,12 @@ impl AuthStore for SqliteStore {
         now: i64,
     ) -> Result<(), StoreError> {
         let mut tx = self.db.begin().await?;
-        sqlx::query("DELETE FROM sessions WHERE expires_at <= ?")
+        sqlx::query("DELETE FROM sessions WHERE expires_at <= $1")
             .bind(now)
             .execute(&mut *tx)
             .await?;
         sqlx::query(
-            "INSERT INTO sessions (id_hash, data, expires_at) VALUES (?, ?, ?)
+            "INSERT INTO sessions (id_hash, data, expires_at) VALUES ($1, $2, $3)
              ON CONFLICT (id_hash) DO UPDATE SET data = excluded.data, expires_at = excluded.expires_at",
         )
         .bind(id_hash)
@@ -221,7 +221,7 @@ impl AuthStore for SqliteStore {
     }
 
     async fn delete_session(&self, id_hash: &str) -> Result<(), StoreError> {
-        self.write_one(sqlx::query("DELETE FROM sessions WHERE id_hash = ?").bind(id_hash))
+        self.write_one(sqlx::query("DELETE FROM sessions WHERE id_hash = $1").bind(id_hash))
             .await?;
         Ok(())
     }
@@ -229,7 +229,7 @@ impl AuthStore for SqliteStore {
     async fn add_audit(&self, e: &NewAuditEntry) -> Result<(), StoreError> {
         self.write_one(
             sqlx::query(
-                "INSERT INTO audit_log (actor, action, target, address) VALUES (?, ?, ?, ?)",
+                "INSERT INTO audit_log (actor, action, target, address) VALUES ($1, $2, $3, $4)",
             )
             .bind(&e.actor)
             .bind(&e.action)
@@ -241,18 +241,18 @@ impl AuthStore for SqliteStore {
     }
 
     async fn list_audit(&self, filter: &AuditFilter) -> Result<Vec<AuditEntry>, StoreError> {
-        let mut q = QueryBuilder::<Sqlite>::new(
+        let mut q = QueryBuilder::<Db>::new(
             "SELECT id, at, actor, action, target, address FROM audit_log WHERE 1 = 1",
         );
         if let Some(actor) = &filter.actor {
-            q.push(" AND instr(actor, ")
+            q.push(format_args!(" AND {INSTR}(actor, "))
                 .push_bind(actor.clone())
                 .push(") > 0");
         }
         if let Some(text) = &filter.text {
-            q.push(" AND (instr(action, ")
+            q.push(format_args!(" AND ({INSTR}(action, "))
                 .push_bind(text.clone())
-                .push(") > 0 OR instr(COALESCE(target, ''), ")
+                .push(format_args!(") > 0 OR {INSTR}(COALESCE(target, ''), "))
                 .push_bind(text.clone())
                 .push(") > 0)");
         }

@@ -2,7 +2,7 @@
 use super::*;
 
 #[async_trait]
-impl EventStore for SqliteStore {
+impl EventStore for This {
     async fn add_event(
         &self,
         service: Option<&str>,
@@ -10,7 +10,7 @@ impl EventStore for SqliteStore {
         message: &str,
     ) -> Result<(), StoreError> {
         self.write_one(
-            sqlx::query("INSERT INTO events (service, host_id, message) VALUES (?, ?, ?)")
+            sqlx::query("INSERT INTO events (service, host_id, message) VALUES ($1, $2, $3)")
                 .bind(service)
                 .bind(host.map(HostId::as_str))
                 .bind(message),
@@ -20,7 +20,7 @@ impl EventStore for SqliteStore {
     }
 
     async fn list_events(&self, filter: &EventFilter) -> Result<Vec<Event>, StoreError> {
-        let mut q = QueryBuilder::<Sqlite>::new(
+        let mut q = QueryBuilder::<Db>::new(
             "SELECT id, at, service, host_id, message FROM events WHERE 1 = 1",
         );
         if let Some(s) = &filter.service {
@@ -43,7 +43,7 @@ impl EventStore for SqliteStore {
     }
 
     async fn get_setting(&self, key: &str) -> Result<Option<String>, StoreError> {
-        let row = sqlx::query("SELECT value FROM settings WHERE key = ?")
+        let row = sqlx::query("SELECT value FROM settings WHERE key = $1")
             .bind(key)
             .fetch_optional(&self.db)
             .await?;
@@ -51,7 +51,7 @@ impl EventStore for SqliteStore {
     }
 
     async fn set_setting(&self, key: &str, value: &str) -> Result<(), StoreError> {
-        sqlx::query("INSERT INTO settings (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value")
+        sqlx::query("INSERT INTO settings (key, value) VALUES ($1, $2) ON CONFLICT (key) DO UPDATE SET value = excluded.value")
             .bind(key)
             .bind(value)
             .execute(&self.db)

@@ -4,8 +4,6 @@ use super::*;
 
 pub(super) const POOL_COLUMNS: &str = "name, policy, compute_overcommit, mps_client_limit";
 
-pub(super) const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
-
 pub(super) const HOST_COLUMNS: &str =
     "id, pool, status, simulated, cpu_milli, memory_mib, labels, status_reason, last_seen_at";
 
@@ -18,7 +16,7 @@ pub(super) const TASK_COLUMNS: &str = "id, service, deployment_id, family, revis
 pub(super) const SERVICE_COLUMNS: &str = "name, family, revision, pool, desired_count, strategy, constraints, \
      minimum_healthy_percent, maximum_percent, stop_timeout_secs, deleting, created_at";
 
-pub(super) fn allocation_from_row(row: &SqliteRow) -> Result<GpuAllocation, StoreError> {
+pub(super) fn allocation_from_row(row: &DbRow) -> Result<GpuAllocation, StoreError> {
     Ok(GpuAllocation {
         gpu: GpuUuid::new(row.try_get::<String, _>("gpu_uuid")?)
             .map_err(|e| StoreError::corrupt("GPU UUID", e))?,
@@ -45,7 +43,7 @@ where
     raw.parse().map_err(|e| StoreError::corrupt(what, e))
 }
 
-pub(super) fn pool_from_row(row: &SqliteRow) -> Result<PoolInfo, StoreError> {
+pub(super) fn pool_from_row(row: &DbRow) -> Result<PoolInfo, StoreError> {
     let limit: Option<i64> = row.try_get("mps_client_limit")?;
     Ok(PoolInfo {
         name: PoolName::new(row.try_get::<String, _>("name")?)
@@ -56,7 +54,7 @@ pub(super) fn pool_from_row(row: &SqliteRow) -> Result<PoolInfo, StoreError> {
     })
 }
 
-pub(super) fn gpu_from_row(row: &SqliteRow) -> Result<GpuInfo, StoreError> {
+pub(super) fn gpu_from_row(row: &DbRow) -> Result<GpuInfo, StoreError> {
     Ok(GpuInfo {
         uuid: GpuUuid::new(row.try_get::<String, _>("uuid")?)
             .map_err(|e| StoreError::corrupt("GPU UUID", e))?,
@@ -69,7 +67,7 @@ pub(super) fn gpu_from_row(row: &SqliteRow) -> Result<GpuInfo, StoreError> {
     })
 }
 
-pub(super) fn host_from_row(row: &SqliteRow) -> Result<HostInfo, StoreError> {
+pub(super) fn host_from_row(row: &DbRow) -> Result<HostInfo, StoreError> {
     let labels: String = row.try_get("labels")?;
     Ok(HostInfo {
         id: host_id(row.try_get::<String, _>("id")?)?,
@@ -92,7 +90,7 @@ pub(super) fn host_id(s: String) -> Result<HostId, StoreError> {
 }
 
 /// A stored definition with its secret values put back (they are kept in their own column).
-pub(super) fn task_def_from_row(row: &SqliteRow) -> Result<TaskDefinition, StoreError> {
+pub(super) fn task_def_from_row(row: &DbRow) -> Result<TaskDefinition, StoreError> {
     let spec: String = row.try_get("spec")?;
     let secrets: String = row.try_get("secrets")?;
     let mut spec = serde_json::from_str::<TaskDefinitionSpec>(&spec)
@@ -114,7 +112,7 @@ pub(super) fn task_def_from_row(row: &SqliteRow) -> Result<TaskDefinition, Store
     })
 }
 
-pub(super) fn service_from_row(row: &SqliteRow) -> Result<Service, StoreError> {
+pub(super) fn service_from_row(row: &DbRow) -> Result<Service, StoreError> {
     let strategy: Option<String> = row.try_get("strategy")?;
     let constraints: String = row.try_get("constraints")?;
     Ok(Service {
@@ -141,7 +139,7 @@ pub(super) fn service_from_row(row: &SqliteRow) -> Result<Service, StoreError> {
     })
 }
 
-pub(super) fn task_from_row(row: &SqliteRow) -> Result<Task, StoreError> {
+pub(super) fn task_from_row(row: &DbRow) -> Result<Task, StoreError> {
     let host: Option<String> = row.try_get("host_id")?;
     let peak: Option<i64> = row.try_get("gpu_memory_peak_mib")?;
     let sm: Option<i64> = row.try_get("sm_percent")?;
@@ -175,7 +173,7 @@ pub(super) fn task_from_row(row: &SqliteRow) -> Result<Task, StoreError> {
     })
 }
 
-pub(super) fn event_from_row(row: &SqliteRow) -> Result<Event, StoreError> {
+pub(super) fn event_from_row(row: &DbRow) -> Result<Event, StoreError> {
     let host: Option<String> = row.try_get("host_id")?;
     Ok(Event {
         id: row.try_get("id")?,
@@ -195,7 +193,7 @@ pub(super) fn not_found(what: &'static str, id: impl ToString) -> StoreError {
 
 /// An update of one row by key: no row changed means no such `what`.
 pub(super) fn updated(
-    done: sqlx::sqlite::SqliteQueryResult,
+    done: DbResult,
     what: &'static str,
     id: impl ToString,
 ) -> Result<(), StoreError> {
@@ -207,10 +205,7 @@ pub(super) fn updated(
 }
 
 /// Fills in the GPUs of `hosts` (ordered by index), read on `conn`.
-pub(super) async fn load_gpus(
-    conn: &mut SqliteConnection,
-    hosts: &mut [HostInfo],
-) -> Result<(), StoreError> {
+pub(super) async fn load_gpus(conn: &mut DbConn, hosts: &mut [HostInfo]) -> Result<(), StoreError> {
     let position: HashMap<String, usize> = hosts
         .iter()
         .enumerate()
@@ -218,9 +213,8 @@ pub(super) async fn load_gpus(
         .collect();
     let ids: Vec<String> = position.keys().cloned().collect();
     for chunk in ids.chunks(500) {
-        let mut q = QueryBuilder::<Sqlite>::new(format!(
-            "SELECT {GPU_COLUMNS} FROM gpus WHERE host_id IN ("
-        ));
+        let mut q =
+            QueryBuilder::<Db>::new(format!("SELECT {GPU_COLUMNS} FROM gpus WHERE host_id IN ("));
         let mut sep = q.separated(", ");
         for id in chunk {
             sep.push_bind(id.as_str());

@@ -4,13 +4,13 @@ use super::*;
 
 /// Reads, on `conn` (inside the commit's transaction), what the re-check of `commits` needs.
 pub(super) async fn commit_context(
-    conn: &mut SqliteConnection,
+    conn: &mut DbConn,
     commits: &[PlacementCommit],
 ) -> Result<CommitContext, StoreError> {
     let mut host_ids: Vec<&str> = commits.iter().map(|c| c.host.as_str()).collect();
     host_ids.sort_unstable();
     host_ids.dedup();
-    let in_list = |q: &mut QueryBuilder<'_, Sqlite>, items: &[&str]| {
+    let in_list = |q: &mut QueryBuilder<'_, Db>, items: &[&str]| {
         q.push(" (");
         let mut sep = q.separated(", ");
         for item in items {
@@ -19,8 +19,7 @@ pub(super) async fn commit_context(
         q.push(")");
     };
     let mut ctx = CommitContext::default();
-    let mut q =
-        QueryBuilder::<Sqlite>::new(format!("SELECT {HOST_COLUMNS} FROM hosts WHERE id IN"));
+    let mut q = QueryBuilder::<Db>::new(format!("SELECT {HOST_COLUMNS} FROM hosts WHERE id IN"));
     in_list(&mut q, &host_ids);
     for row in q.build().fetch_all(&mut *conn).await? {
         ctx.hosts.push(host_from_row(&row)?);
@@ -36,7 +35,7 @@ pub(super) async fn commit_context(
         }
     }
     let holding = holding_states();
-    let mut q = QueryBuilder::<Sqlite>::new(format!(
+    let mut q = QueryBuilder::<Db>::new(format!(
         "SELECT id, host_id, cpu_milli, memory_mib FROM tasks WHERE {holding} AND host_id IN"
     ));
     in_list(&mut q, &host_ids);
@@ -52,7 +51,7 @@ pub(super) async fn commit_context(
             allocations: Vec::new(),
         });
     }
-    let mut q = QueryBuilder::<Sqlite>::new(format!(
+    let mut q = QueryBuilder::<Db>::new(format!(
         "SELECT tg.task_id, tg.gpu_uuid, tg.idx, tg.memory_mib, tg.compute_milli, tg.dedicated
          FROM task_gpus tg JOIN tasks t ON t.id = tg.task_id WHERE t.{holding} AND t.host_id IN"
     ));
@@ -73,7 +72,7 @@ pub(super) async fn commit_context(
     };
     let wanted: std::collections::HashSet<&str> = task_ids.iter().copied().collect();
     for chunk in chunks {
-        let mut q = QueryBuilder::<Sqlite>::new(
+        let mut q = QueryBuilder::<Db>::new(
             "SELECT id, cpu_milli, memory_mib FROM tasks WHERE state = 'pending'",
         );
         if let Some(ids) = chunk {
@@ -98,7 +97,7 @@ pub(super) async fn commit_context(
 }
 
 /// `WHERE ...` for `filter` (everything but its limit).
-pub(super) fn task_conditions(q: &mut QueryBuilder<'_, Sqlite>, filter: &TaskFilter) {
+pub(super) fn task_conditions(q: &mut QueryBuilder<'_, Db>, filter: &TaskFilter) {
     q.push(" WHERE 1 = 1");
     if let Some(s) = &filter.service {
         q.push(" AND service = ").push_bind(s.clone());
@@ -130,20 +129,20 @@ pub(super) fn task_conditions(q: &mut QueryBuilder<'_, Sqlite>, filter: &TaskFil
 /// Inside `tx`: tasks `ids` stopped now with `reason` (unless stopped already), their GPU
 /// allocations released.
 pub(super) async fn stop_task_rows(
-    tx: &mut sqlx::Transaction<'static, Sqlite>,
+    tx: &mut sqlx::Transaction<'static, Db>,
     ids: &[String],
     reason: &str,
 ) -> Result<(), StoreError> {
     for id in ids {
         sqlx::query(&format!(
             "UPDATE tasks SET state = 'stopped', stopped_at = {NOW},
-                 stop_reason = COALESCE(stop_reason, ?) WHERE id = ? AND state != 'stopped'"
+                 stop_reason = COALESCE(stop_reason, $1) WHERE id = $2 AND state != 'stopped'"
         ))
         .bind(reason)
         .bind(id)
         .execute(&mut **tx)
         .await?;
-        sqlx::query("DELETE FROM task_gpus WHERE task_id = ?")
+        sqlx::query("DELETE FROM task_gpus WHERE task_id = $1")
             .bind(id)
             .execute(&mut **tx)
             .await?;
@@ -152,11 +151,11 @@ pub(super) async fn stop_task_rows(
 }
 
 #[async_trait]
-impl TaskStore for SqliteStore {
+impl TaskStore for This {
     async fn create_tasks(&self, tasks: &[NewTask]) -> Result<(), StoreError> {
         let mut tx = self.begin_immediate().await?;
         for chunk in tasks.chunks(200) {
-            let mut q = QueryBuilder::<Sqlite>::new(
+            let mut q = QueryBuilder::<Db>::new(
                 "INSERT INTO tasks (id, service, deployment_id, family, revision, pool, cpu_milli, memory_mib, state) ",
             );
             q.push_values(chunk, |mut b, t| {
@@ -177,7 +176,7 @@ impl TaskStore for SqliteStore {
     }
 
     async fn list_tasks(&self, filter: &TaskFilter) -> Result<Vec<Task>, StoreError> {
-        let mut q = QueryBuilder::<Sqlite>::new(format!("SELECT {TASK_COLUMNS} FROM tasks"));
+        let mut q = QueryBuilder::<Db>::new(format!("SELECT {TASK_COLUMNS} FROM tasks"));
         task_conditions(&mut q, filter);
         q.push(" ORDER BY created_at, id");
         if let Some(limit) = filter.limit {
@@ -231,14 +230,14 @@ impl TaskStore for SqliteStore {
     }
 
     async fn count_tasks(&self, filter: &TaskFilter) -> Result<u64, StoreError> {
-        let mut q = QueryBuilder::<Sqlite>::new("SELECT COUNT(*) AS n FROM tasks");
+        let mut q = QueryBuilder::<Db>::new("SELECT COUNT(*) AS n FROM tasks");
         task_conditions(&mut q, filter);
         let n: i64 = q.build().fetch_one(&self.db).await?.try_get("n")?;
         Ok(n as u64)
     }
 
     async fn get_task(&self, id: &str) -> Result<Task, StoreError> {
-        let row = sqlx::query(&format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?"))
+        let row = sqlx::query(&format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = $1"))
             .bind(id)
             .fetch_optional(&self.db)
             .await?
@@ -274,7 +273,7 @@ impl TaskStore for SqliteStore {
             .flat_map(|c| c.allocations.iter().map(|a| (c.task_id.as_str(), a)))
             .collect();
         for chunk in rows.chunks(1000) {
-            let mut q = QueryBuilder::<Sqlite>::new(
+            let mut q = QueryBuilder::<Db>::new(
                 "INSERT INTO task_gpus (task_id, gpu_uuid, idx, memory_mib, compute_milli, dedicated) ",
             );
             q.push_values(chunk, |mut b, (task, a)| {
@@ -288,7 +287,7 @@ impl TaskStore for SqliteStore {
             q.build().execute(&mut *conn).await?;
         }
         for chunk in accepted.chunks(1000) {
-            let mut q = QueryBuilder::<Sqlite>::new(
+            let mut q = QueryBuilder::<Db>::new(
                 "UPDATE tasks SET state = 'assigned', host_id = placed.column2, placement_message = NULL
                  FROM (",
             );
@@ -310,7 +309,7 @@ impl TaskStore for SqliteStore {
     ) -> Result<(), StoreError> {
         let mut tx = self.begin_immediate().await?;
         for chunk in task_ids.chunks(500) {
-            let mut q = QueryBuilder::<Sqlite>::new("UPDATE tasks SET placement_message = ");
+            let mut q = QueryBuilder::<Db>::new("UPDATE tasks SET placement_message = ");
             q.push_bind(message)
                 .push(" WHERE state = 'pending' AND id IN (");
             let mut sep = q.separated(", ");
@@ -326,7 +325,7 @@ impl TaskStore for SqliteStore {
 
     async fn mark_task_running(&self, id: &str) -> Result<(), StoreError> {
         self.write_one(sqlx::query(&format!(
-            "UPDATE tasks SET state = 'running', started_at = COALESCE(started_at, {NOW}) WHERE id = ? AND state = 'assigned'"
+            "UPDATE tasks SET state = 'running', started_at = COALESCE(started_at, {NOW}) WHERE id = $1 AND state = 'assigned'"
         ))
         .bind(id)
         )
@@ -343,22 +342,22 @@ impl TaskStore for SqliteStore {
     ) -> Result<(), StoreError> {
         let mut tx = self.begin_immediate().await?;
         let done = sqlx::query(&format!(
-            "UPDATE tasks SET state = 'stopped', stopped_at = {NOW}, stop_reason = COALESCE(stop_reason, ?),
-                 exit_code = COALESCE(?, exit_code) WHERE id = ? AND state != 'stopped'"
+            "UPDATE tasks SET state = 'stopped', stopped_at = {NOW}, stop_reason = COALESCE(stop_reason, $1),
+                 exit_code = COALESCE($2, exit_code) WHERE id = $3 AND state != 'stopped'"
         ))
         .bind(reason)
-        .bind(exit_code)
+        .bind(exit_code.map(i64::from))
         .bind(id)
         .execute(&mut *tx)
         .await?;
         if done.rows_affected() > 0 {
-            sqlx::query("DELETE FROM task_gpus WHERE task_id = ?")
+            sqlx::query("DELETE FROM task_gpus WHERE task_id = $1")
                 .bind(id)
                 .execute(&mut *tx)
                 .await?;
             if failed {
                 sqlx::query(
-                    "UPDATE deployments SET failed_tasks = failed_tasks + 1 WHERE id = (SELECT deployment_id FROM tasks WHERE id = ?)",
+                    "UPDATE deployments SET failed_tasks = failed_tasks + 1 WHERE id = (SELECT deployment_id FROM tasks WHERE id = $1)",
                 )
                 .bind(id)
                 .execute(&mut *tx)
@@ -375,7 +374,7 @@ impl TaskStore for SqliteStore {
             TaskState::Pending => self.mark_task_stopped(id, reason, None, false).await,
             TaskState::Assigned | TaskState::Running => {
                 self.write_one(
-                    sqlx::query("UPDATE tasks SET state = 'stopping', stop_reason = ? WHERE id = ? AND state IN ('assigned', 'running')")
+                    sqlx::query("UPDATE tasks SET state = 'stopping', stop_reason = $1 WHERE id = $2 AND state IN ('assigned', 'running')")
                         .bind(reason)
                         .bind(id),
                 )
@@ -387,7 +386,7 @@ impl TaskStore for SqliteStore {
     }
 
     async fn set_task_migrating(&self, id: &str) -> Result<(), StoreError> {
-        self.write_one(sqlx::query("UPDATE tasks SET migrating = 1 WHERE id = ?").bind(id))
+        self.write_one(sqlx::query("UPDATE tasks SET migrating = 1 WHERE id = $1").bind(id))
             .await?;
         Ok(())
     }
@@ -395,19 +394,19 @@ impl TaskStore for SqliteStore {
     async fn prune(&self, before: &str) -> Result<Pruned, StoreError> {
         let mut tx = self.begin_immediate().await?;
         let tasks = sqlx::query(
-            "DELETE FROM tasks WHERE state = 'stopped' AND COALESCE(stopped_at, created_at) < ?",
+            "DELETE FROM tasks WHERE state = 'stopped' AND COALESCE(stopped_at, created_at) < $1",
         )
         .bind(before)
         .execute(&mut *tx)
         .await?
         .rows_affected();
-        let events = sqlx::query("DELETE FROM events WHERE at < ?")
+        let events = sqlx::query("DELETE FROM events WHERE at < $1")
             .bind(before)
             .execute(&mut *tx)
             .await?
             .rows_affected();
         let deployments = sqlx::query(
-            "DELETE FROM deployments WHERE status IN ('completed', 'rolled_back') AND created_at < ?
+            "DELETE FROM deployments WHERE status IN ('completed', 'rolled_back') AND created_at < $1
              AND NOT EXISTS (SELECT 1 FROM tasks WHERE tasks.deployment_id = deployments.id)",
         )
         .bind(before)

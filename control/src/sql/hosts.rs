@@ -4,17 +4,17 @@ use super::tasks::stop_task_rows;
 use super::*;
 
 pub(super) async fn write_gpus(
-    conn: &mut SqliteConnection,
+    conn: &mut DbConn,
     host: &HostId,
     gpus: &[GpuInfo],
 ) -> Result<(), StoreError> {
-    sqlx::query("DELETE FROM gpus WHERE host_id = ?")
+    sqlx::query("DELETE FROM gpus WHERE host_id = $1")
         .bind(host.as_str())
         .execute(&mut *conn)
         .await?;
     for gpu in gpus {
         sqlx::query(&format!(
-            "INSERT INTO gpus ({GPU_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+            "INSERT INTO gpus ({GPU_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
         ))
         .bind(gpu.uuid.as_str())
         .bind(host.as_str())
@@ -40,7 +40,7 @@ pub(super) async fn write_gpus(
 /// Stops, inside `tx`, the tasks matching `which` (an SQL condition on `tasks`, with at most
 /// one `?` bound to `arg`) that hold capacity: reason `host lost`, allocations released.
 pub(super) async fn stop_holding_tasks(
-    tx: &mut sqlx::Transaction<'static, Sqlite>,
+    tx: &mut sqlx::Transaction<'static, Db>,
     which: &str,
     arg: Option<&str>,
 ) -> Result<Vec<String>, StoreError> {
@@ -62,22 +62,23 @@ pub(super) async fn stop_holding_tasks(
 
 /// Stops, inside `tx`, the tasks holding an allocation on GPU `uuid`, with `reason`.
 pub(super) async fn stop_tasks_on_gpu(
-    tx: &mut sqlx::Transaction<'static, Sqlite>,
+    tx: &mut sqlx::Transaction<'static, Db>,
     uuid: &str,
     reason: &str,
 ) -> Result<Vec<String>, StoreError> {
-    let ids: Vec<String> = sqlx::query("SELECT DISTINCT task_id FROM task_gpus WHERE gpu_uuid = ?")
-        .bind(uuid)
-        .fetch_all(&mut **tx)
-        .await?
-        .iter()
-        .map(|r| r.try_get("task_id"))
-        .collect::<Result<_, _>>()?;
+    let ids: Vec<String> =
+        sqlx::query("SELECT DISTINCT task_id FROM task_gpus WHERE gpu_uuid = $1")
+            .bind(uuid)
+            .fetch_all(&mut **tx)
+            .await?
+            .iter()
+            .map(|r| r.try_get("task_id"))
+            .collect::<Result<_, _>>()?;
     stop_task_rows(tx, &ids, reason).await?;
     Ok(ids)
 }
 
-impl SqliteStore {
+impl This {
     async fn write_host(
         &self,
         host: &HostInfo,
@@ -85,7 +86,7 @@ impl SqliteStore {
         seen_at: Option<&str>,
     ) -> Result<(), StoreError> {
         let mut tx = self.begin_immediate().await?;
-        if sqlx::query("SELECT 1 FROM pools WHERE name = ?")
+        if sqlx::query("SELECT 1 FROM pools WHERE name = $1")
             .bind(host.pool.as_str())
             .fetch_optional(&mut *tx)
             .await?
@@ -100,7 +101,7 @@ impl SqliteStore {
             .map_err(|e| StoreError::corrupt("host labels", e))?;
         sqlx::query(
             "INSERT INTO hosts (id, pool, status, simulated, cpu_milli, memory_mib, labels, agent_token_hash, last_seen_at)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
              ON CONFLICT (id) DO UPDATE SET pool = excluded.pool, status = excluded.status,
                  simulated = excluded.simulated, cpu_milli = excluded.cpu_milli,
                  memory_mib = excluded.memory_mib, labels = excluded.labels",
@@ -123,10 +124,10 @@ impl SqliteStore {
 }
 
 #[async_trait]
-impl HostStore for SqliteStore {
+impl HostStore for This {
     async fn upsert_pool(&self, pool: &PoolInfo) -> Result<(), StoreError> {
         self.write_one(sqlx::query(
-            "INSERT INTO pools (name, policy, compute_overcommit, mps_client_limit) VALUES (?, ?, ?, ?)
+            "INSERT INTO pools (name, policy, compute_overcommit, mps_client_limit) VALUES ($1, $2, $3, $4)
              ON CONFLICT (name) DO UPDATE SET policy = excluded.policy,
                  compute_overcommit = excluded.compute_overcommit, mps_client_limit = excluded.mps_client_limit",
         )
@@ -149,7 +150,7 @@ impl HostStore for SqliteStore {
     }
 
     async fn get_pool(&self, name: &PoolName) -> Result<PoolInfo, StoreError> {
-        let row = sqlx::query(&format!("SELECT {POOL_COLUMNS} FROM pools WHERE name = ?"))
+        let row = sqlx::query(&format!("SELECT {POOL_COLUMNS} FROM pools WHERE name = $1"))
             .bind(name.as_str())
             .fetch_optional(&self.db)
             .await?
@@ -158,7 +159,7 @@ impl HostStore for SqliteStore {
     }
 
     async fn pool_exists(&self, name: &PoolName) -> Result<bool, StoreError> {
-        let found = sqlx::query("SELECT 1 FROM pools WHERE name = ?")
+        let found = sqlx::query("SELECT 1 FROM pools WHERE name = $1")
             .bind(name.as_str())
             .fetch_optional(&self.db)
             .await?;
@@ -179,7 +180,7 @@ impl HostStore for SqliteStore {
     }
 
     async fn host_by_token_hash(&self, token_hash: &str) -> Result<Option<HostId>, StoreError> {
-        let row = sqlx::query("SELECT id FROM hosts WHERE agent_token_hash = ?")
+        let row = sqlx::query("SELECT id FROM hosts WHERE agent_token_hash = $1")
             .bind(token_hash)
             .fetch_optional(&self.db)
             .await?;
@@ -189,7 +190,7 @@ impl HostStore for SqliteStore {
     async fn revoke_agent_token(&self, id: &HostId) -> Result<(), StoreError> {
         let done = self
             .write_one(
-                sqlx::query("UPDATE hosts SET agent_token_hash = NULL WHERE id = ?")
+                sqlx::query("UPDATE hosts SET agent_token_hash = NULL WHERE id = $1")
                     .bind(id.as_str()),
             )
             .await?;
@@ -202,8 +203,8 @@ impl HostStore for SqliteStore {
     ) -> Result<Option<(HostId, bool)>, StoreError> {
         for uuid in uuids {
             let row = sqlx::query(
-                "SELECT h.id, h.agent_token_hash IS NULL AS revoked FROM gpus g JOIN hosts h ON h.id = g.host_id
-                 WHERE g.uuid = ?",
+                "SELECT h.id, h.agent_token_hash FROM gpus g JOIN hosts h ON h.id = g.host_id
+                 WHERE g.uuid = $1",
             )
             .bind(uuid.as_str())
             .fetch_optional(&self.db)
@@ -211,7 +212,8 @@ impl HostStore for SqliteStore {
             if let Some(r) = row {
                 return Ok(Some((
                     host_id(r.try_get("id")?)?,
-                    r.try_get::<i64, _>("revoked")? != 0,
+                    r.try_get::<Option<String>, _>("agent_token_hash")?
+                        .is_none(),
                 )));
             }
         }
@@ -221,7 +223,7 @@ impl HostStore for SqliteStore {
     async fn reissue_agent_token(&self, id: &HostId, token_hash: &str) -> Result<(), StoreError> {
         let done = self
             .write_one(
-                sqlx::query("UPDATE hosts SET agent_token_hash = ? WHERE id = ?")
+                sqlx::query("UPDATE hosts SET agent_token_hash = $1 WHERE id = $2")
                     .bind(token_hash)
                     .bind(id.as_str()),
             )
@@ -231,22 +233,23 @@ impl HostStore for SqliteStore {
 
     async fn delete_host(&self, id: &HostId) -> Result<(), StoreError> {
         let mut tx = self.begin_immediate().await?;
-        let holding: i64 =
-            sqlx::query("SELECT COUNT(*) AS n FROM tasks WHERE host_id = ? AND state <> 'stopped'")
-                .bind(id.as_str())
-                .fetch_one(&mut *tx)
-                .await?
-                .try_get("n")?;
+        let holding: i64 = sqlx::query(
+            "SELECT COUNT(*) AS n FROM tasks WHERE host_id = $1 AND state <> 'stopped'",
+        )
+        .bind(id.as_str())
+        .fetch_one(&mut *tx)
+        .await?
+        .try_get("n")?;
         if holding > 0 {
             return Err(StoreError::Conflict(format!(
                 "host {id} still has {holding} task(s); drain it and wait until they have stopped"
             )));
         }
-        sqlx::query("UPDATE tasks SET host_id = NULL WHERE host_id = ?")
+        sqlx::query("UPDATE tasks SET host_id = NULL WHERE host_id = $1")
             .bind(id.as_str())
             .execute(&mut *tx)
             .await?;
-        let done = sqlx::query("DELETE FROM hosts WHERE id = ?")
+        let done = sqlx::query("DELETE FROM hosts WHERE id = $1")
             .bind(id.as_str())
             .execute(&mut *tx)
             .await?;
@@ -284,7 +287,7 @@ impl HostStore for SqliteStore {
     }
 
     async fn host_page(&self, q: &HostPageQuery) -> Result<HostPage, StoreError> {
-        let strings = |rows: Vec<SqliteRow>| -> Result<Vec<String>, StoreError> {
+        let strings = |rows: Vec<DbRow>| -> Result<Vec<String>, StoreError> {
             rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
         };
         let total: i64 = sqlx::query("SELECT COUNT(*) FROM hosts")
@@ -302,7 +305,7 @@ impl HostStore for SqliteStore {
                 .await?,
         )?;
         let filtered = |select: &str| {
-            let mut b = QueryBuilder::<Sqlite>::new(select);
+            let mut b = QueryBuilder::<Db>::new(select);
             b.push(" FROM hosts h WHERE 1 = 1");
             if !q.pool.is_empty() {
                 b.push(" AND h.pool = ").push_bind(q.pool.clone());
@@ -365,14 +368,14 @@ impl HostStore for SqliteStore {
     }
 
     async fn get_host(&self, id: &HostId) -> Result<HostInfo, StoreError> {
-        let row = sqlx::query(&format!("SELECT {HOST_COLUMNS} FROM hosts WHERE id = ?"))
+        let row = sqlx::query(&format!("SELECT {HOST_COLUMNS} FROM hosts WHERE id = $1"))
             .bind(id.as_str())
             .fetch_optional(&self.db)
             .await?
             .ok_or_else(|| not_found("host", id))?;
         let mut host = host_from_row(&row)?;
         host.gpus = sqlx::query(&format!(
-            "SELECT {GPU_COLUMNS} FROM gpus WHERE host_id = ? ORDER BY idx"
+            "SELECT {GPU_COLUMNS} FROM gpus WHERE host_id = $1 ORDER BY idx"
         ))
         .bind(id.as_str())
         .fetch_all(&self.db)
@@ -391,7 +394,7 @@ impl HostStore for SqliteStore {
     ) -> Result<(), StoreError> {
         let done = self
             .write_one(
-                sqlx::query("UPDATE hosts SET status = ?, status_reason = ? WHERE id = ?")
+                sqlx::query("UPDATE hosts SET status = $1, status_reason = $2 WHERE id = $3")
                     .bind(status.as_str())
                     .bind(reason)
                     .bind(id.as_str()),
@@ -410,7 +413,7 @@ impl HostStore for SqliteStore {
         let done = self
             .write_one(
                 sqlx::query(
-                    "UPDATE hosts SET status = ?, status_reason = ? WHERE id = ? AND status = ?",
+                    "UPDATE hosts SET status = $1, status_reason = $2 WHERE id = $3 AND status = $4",
                 )
                 .bind(status.as_str())
                 .bind(reason)
@@ -429,8 +432,8 @@ impl HostStore for SqliteStore {
     ) -> Result<Option<Vec<String>>, StoreError> {
         let mut tx = self.begin_immediate().await?;
         let marked = sqlx::query(
-            "UPDATE hosts SET status = 'lost', status_reason = ?
-             WHERE id = ? AND status != 'lost' AND last_seen_at IS NOT NULL AND last_seen_at < ?",
+            "UPDATE hosts SET status = 'lost', status_reason = $1
+             WHERE id = $2 AND status != 'lost' AND last_seen_at IS NOT NULL AND last_seen_at < $3",
         )
         .bind(reason)
         .bind(id.as_str())
@@ -440,7 +443,7 @@ impl HostStore for SqliteStore {
         if marked.rows_affected() == 0 {
             return Ok(None);
         }
-        let stopped = stop_holding_tasks(&mut tx, "host_id = ?", Some(id.as_str())).await?;
+        let stopped = stop_holding_tasks(&mut tx, "host_id = $1", Some(id.as_str())).await?;
         tx.commit().await?;
         Ok(Some(stopped))
     }
@@ -469,7 +472,7 @@ impl HostStore for SqliteStore {
         report: &HostReport,
     ) -> Result<Vec<GpuChange>, StoreError> {
         let mut tx = self.begin_immediate().await?;
-        sqlx::query("UPDATE hosts SET last_seen_at = ? WHERE id = ?")
+        sqlx::query("UPDATE hosts SET last_seen_at = $1 WHERE id = $2")
             .bind(&report.seen_at)
             .bind(id.as_str())
             .execute(&mut *tx)
@@ -477,9 +480,10 @@ impl HostStore for SqliteStore {
         // Measured use, in the same transaction: one write per sync, however many tasks.
         for (task, peak, sm) in &report.usage {
             sqlx::query(
-                "UPDATE tasks SET gpu_memory_peak_mib = MAX(COALESCE(gpu_memory_peak_mib, 0), COALESCE(?, 0)),
-                     sm_percent = COALESCE(?, sm_percent)
-                 WHERE id = ? AND host_id = ?",
+                "UPDATE tasks SET gpu_memory_peak_mib = CASE WHEN COALESCE(gpu_memory_peak_mib, 0) > COALESCE($1, 0)
+                         THEN COALESCE(gpu_memory_peak_mib, 0) ELSE COALESCE($1, 0) END,
+                     sm_percent = COALESCE($2, sm_percent)
+                 WHERE id = $3 AND host_id = $4",
             )
             .bind(peak.map(|m| m.0 as i64))
             .bind(sm.map(i64::from))
@@ -489,7 +493,7 @@ impl HostStore for SqliteStore {
             .await?;
         }
         let known: Vec<(String, i64, String)> =
-            sqlx::query("SELECT uuid, idx, health FROM gpus WHERE host_id = ?")
+            sqlx::query("SELECT uuid, idx, health FROM gpus WHERE host_id = $1")
                 .bind(id.as_str())
                 .fetch_all(&mut *tx)
                 .await?
@@ -504,7 +508,7 @@ impl HostStore for SqliteStore {
                 Some(g) if g.uuid.as_str() != uuid => {
                     // Replaced at this index: the old GPU and what ran on it are gone.
                     let stopped = stop_tasks_on_gpu(&mut tx, uuid, "GPU replaced").await?;
-                    sqlx::query("DELETE FROM gpus WHERE uuid = ?")
+                    sqlx::query("DELETE FROM gpus WHERE uuid = $1")
                         .bind(uuid)
                         .execute(&mut *tx)
                         .await?;
@@ -517,7 +521,7 @@ impl HostStore for SqliteStore {
                 }
                 None if !still_reported && health == "healthy" => {
                     let stopped = stop_tasks_on_gpu(&mut tx, uuid, "GPU missing").await?;
-                    sqlx::query("UPDATE gpus SET health = 'unhealthy' WHERE uuid = ?")
+                    sqlx::query("UPDATE gpus SET health = 'unhealthy' WHERE uuid = $1")
                         .bind(uuid)
                         .execute(&mut *tx)
                         .await?;
@@ -532,7 +536,7 @@ impl HostStore for SqliteStore {
         }
         for g in &report.gpus {
             sqlx::query(
-                "INSERT INTO gpus (uuid, host_id, idx, model, memory_mib, mps_client_limit, health) VALUES (?, ?, ?, ?, ?, ?, ?)
+                "INSERT INTO gpus (uuid, host_id, idx, model, memory_mib, mps_client_limit, health) VALUES ($1, $2, $3, $4, $5, $6, $7)
                  ON CONFLICT (uuid) DO UPDATE SET health = excluded.health, model = excluded.model,
                      mps_client_limit = excluded.mps_client_limit
                  WHERE gpus.host_id = excluded.host_id",
@@ -554,7 +558,7 @@ impl HostStore for SqliteStore {
     async fn touch_hosts(&self, seen: &[(HostId, String)]) -> Result<(), StoreError> {
         // One statement per thousand hosts: (id, time) pairs as a table of values.
         for chunk in seen.chunks(1000) {
-            let mut q = QueryBuilder::<Sqlite>::new("WITH seen (id, at) AS (VALUES ");
+            let mut q = QueryBuilder::<Db>::new("WITH seen (id, at) AS (VALUES ");
             let mut sep = q.separated(", ");
             for (id, at) in chunk {
                 sep.push("(")
@@ -564,8 +568,9 @@ impl HostStore for SqliteStore {
                     .push_unseparated(")");
             }
             q.push(
-                ") UPDATE hosts SET last_seen_at = MAX(COALESCE(hosts.last_seen_at, ''), seen.at)
-                 FROM seen WHERE hosts.id = seen.id",
+                ") UPDATE hosts SET last_seen_at = seen.at
+                 FROM seen WHERE hosts.id = seen.id
+                   AND (hosts.last_seen_at IS NULL OR hosts.last_seen_at < seen.at)",
             );
             q.build().execute(&self.db).await?;
         }
@@ -575,7 +580,7 @@ impl HostStore for SqliteStore {
     async fn hosts_silent_since(&self, cutoff: &str) -> Result<Vec<HostId>, StoreError> {
         let rows = sqlx::query(
             "SELECT id FROM hosts WHERE status != 'lost' AND last_seen_at IS NOT NULL
-             AND last_seen_at < ? ORDER BY id",
+             AND last_seen_at < $1 ORDER BY id",
         )
         .bind(cutoff)
         .fetch_all(&self.db)
