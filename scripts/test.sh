@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up what is missing, then runs every check: formatting, clippy, the Rust tests
-# (unit, store, HTTP, hostile input), the browser tests in headless Chromium against a fresh
-# demo server, and the short fault drills on the real binaries.
+# (unit, store, HTTP, hostile input), the control plane's tests again on a throwaway
+# PostgreSQL server, the browser tests in headless Chromium against a fresh demo server,
+# and the short fault drills on the real binaries.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -14,6 +15,8 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo test"
 cargo test --workspace --locked
+echo "== cargo test, control plane on PostgreSQL"
+scripts/with-postgres.sh env TESSERA_TEST_STORE=postgres cargo test -p tessera-control --locked
 echo "== browser tests"
 # Pages are lazy routes: their code must be split out of the bundle, in debug too.
 cargo leptos build --split

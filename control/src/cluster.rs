@@ -7,12 +7,19 @@
 //! new epoch. Only the holder runs reconcile passes, and a pass writes through a fenced
 //! store: each of its writes checks, in its own transaction, that the pass's epoch is
 //! still the lease's, so a paused former holder can never commit after a newer one.
+//!
+//! Changes made through one server reach every other server's live views (and, when it
+//! schedules, its reconcile loop) through the database: PostgreSQL's LISTEN/NOTIFY (see
+//! [`Control::relay_changes`]).
 
 use crate::clock::{stamp, to_chrono};
 use crate::control::Control;
 use crate::error::ControlError;
 use crate::store::Fence;
 use tessera_model::views::{ClusterView, ServerView};
+
+/// The topic of a change another server made (never published again).
+pub(crate) const ELSEWHERE: &str = "elsewhere";
 
 /// This machine's name, for server ids that say where a server runs.
 pub(crate) fn host_name() -> String {
@@ -119,6 +126,58 @@ impl Control {
             .list_servers(&since)
             .await
             .map_or(true, |s| s.iter().any(|s| *s.id != *self.server_id))
+    }
+
+    /// Carries changes between the servers on this database, until the returned tasks are
+    /// aborted: this server's changes are published (one notice per 100 ms at most, however
+    /// many there were), and every other server's wake this one's live views and, while it
+    /// holds the lease, its reconcile loop (a scale made through another server is acted on
+    /// at once, not at the next tick). Nothing to do where the database carries no news
+    /// (SQLite).
+    pub(crate) async fn relay_changes(&self) -> Vec<tokio::task::JoinHandle<()>> {
+        let mut news = match self.store.listen_changes().await {
+            Ok(Some(news)) => news,
+            Ok(None) => return Vec::new(),
+            Err(e) => {
+                tracing::warn!(error = %e, "listening for other servers' changes failed; live views show this server's changes only");
+                return Vec::new();
+            }
+        };
+        let listen = {
+            let control = self.clone();
+            tokio::spawn(async move {
+                while let Some(from) = news.recv().await {
+                    // `None`: notices may have been lost; look again, as for a change.
+                    if from.as_deref() == Some(&*control.server_id) {
+                        continue;
+                    }
+                    if control.lease.lock().expect("not poisoned").is_some() {
+                        control.wake.notify_one();
+                    }
+                    let _ = control.changes.send(ELSEWHERE);
+                }
+            })
+        };
+        let publish = {
+            let control = self.clone();
+            let mut changes = self.subscribe();
+            tokio::spawn(async move {
+                use tokio::sync::broadcast::error::RecvError;
+                loop {
+                    match changes.recv().await {
+                        Ok(ELSEWHERE) => continue,
+                        Ok(_) | Err(RecvError::Lagged(_)) => {}
+                        Err(RecvError::Closed) => break,
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    while changes.try_recv().is_ok() {}
+                    if let Err(e) = control.store.publish_change(&control.server_id).await {
+                        tracing::warn!(error = %e, "telling the other servers of a change failed");
+                    }
+                }
+            })
+        };
+        vec![listen, publish]
     }
 
     /// Lets go of the lease on a clean shutdown, so another server takes over at its next

@@ -115,9 +115,9 @@ pub struct Control {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) config: ControlConfig,
     /// Wakes the reconcile loop when something changed (a scale, a sync with news).
-    wake: Arc<Notify>,
+    pub(crate) wake: Arc<Notify>,
     /// Tells live views (SSE) that state changed; the payload is a coarse topic.
-    changes: broadcast::Sender<&'static str>,
+    pub(crate) changes: broadcast::Sender<&'static str>,
     /// What the last passes reported per service, so an event is written when it
     /// changes, not on every pass.
     pub(crate) service_state: Arc<Mutex<HashMap<String, ServiceState>>>,
@@ -260,6 +260,7 @@ impl Control {
     /// never stops silently.
     pub async fn run(&self, shutdown: impl std::future::Future<Output = ()>) {
         tokio::pin!(shutdown);
+        let relay = self.relay_changes().await;
         loop {
             if let Err(why) = self.tick().await {
                 tracing::error!(error = %why, "reconcile pass failed; the next pass runs as usual");
@@ -274,6 +275,9 @@ impl Control {
             tracing::error!(error = %e, "writing the last syncs' times failed");
         }
         self.let_go_of_lease().await;
+        for task in relay {
+            task.abort();
+        }
         tracing::info!("reconcile loop stopped");
     }
 

@@ -41,6 +41,7 @@ pub mod error;
 pub mod inputs;
 mod lifecycle;
 mod plan;
+pub mod postgres;
 mod reconcile;
 mod scheduler;
 pub mod sqlite;

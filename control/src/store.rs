@@ -1,8 +1,8 @@
 //! The store interface. Callers hold an `Arc<dyn Store>` and never see which database is
-//! behind it, so the PostgreSQL backend for fleets that outgrow one machine slots in here
-//! without touching them.
+//! behind it: embedded SQLite, or PostgreSQL for fleets that outgrow one machine.
 
 use crate::error::StoreError;
+use crate::postgres::PgStore;
 use crate::sqlite::SqliteStore;
 use async_trait::async_trait;
 use std::sync::Arc;
@@ -554,20 +554,18 @@ pub trait Store:
 
 impl<T: AuthStore + HostStore + ServiceStore + TaskStore + EventStore + ClusterStore> Store for T {}
 
-/// Opens the store named by `url`: `sqlite://PATH` (the file and its directory are created
-/// if missing; migrations run at open).
+/// Opens the store named by `url`, applying pending migrations: `sqlite://PATH` (the file
+/// and its directory are created if missing) or `postgres://USER@HOST[:PORT]/DATABASE`
+/// (the database must exist).
 pub async fn open(url: &str) -> Result<Arc<dyn Store>, StoreError> {
     if url.starts_with("sqlite:") {
         Ok(Arc::new(SqliteStore::open(url).await?))
     } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
-        Err(StoreError::UnsupportedUrl {
-            url: url.to_owned(),
-            why: "this build has only the embedded SQLite backend; use sqlite://PATH",
-        })
+        Ok(Arc::new(PgStore::open(url).await?))
     } else {
         Err(StoreError::UnsupportedUrl {
             url: url.to_owned(),
-            why: "expected sqlite://PATH",
+            why: "expected sqlite://PATH or postgres://USER@HOST/DATABASE",
         })
     }
 }

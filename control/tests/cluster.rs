@@ -157,3 +157,47 @@ async fn a_restarted_server_takes_its_lease_back_at_once_and_fences_off_its_earl
     let again = second.store().lease().await.expect("lease").expect("held");
     assert_eq!(again.epoch, 2);
 }
+
+/// A change made through one server reaches the live views of another on the same
+/// PostgreSQL database (LISTEN/NOTIFY), and wakes the scheduler there. SQLite's servers
+/// share one file on one machine and carry no such news.
+#[tokio::test]
+async fn a_change_made_through_one_server_reaches_the_live_views_of_another() {
+    let env = env(config()).await;
+    let a = env.control.clone();
+    let b = env.restart(config()).await;
+    if !env.db.is_postgres() {
+        let news = a.store().listen_changes().await.expect("listen");
+        assert!(news.is_none(), "SQLite carries no news between servers");
+        return;
+    }
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let run = |c: tessera_control::Control| {
+        let mut stop = stop_rx.clone();
+        tokio::spawn(async move {
+            c.run(async move {
+                let _ = stop.changed().await;
+            })
+            .await
+        })
+    };
+    let (ra, rb) = (run(a.clone()), run(b.clone()));
+    let mut live_b = b.subscribe();
+    // Both loops listen once they run; give them a moment to start.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    while live_b.try_recv().is_ok() {}
+    let def = register_def(&a, "infer", 10, 40).await;
+    service(&a, "infer", &def, 1, DeploymentConfig::default()).await;
+    let heard = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            if live_b.recv().await.expect("open") == "elsewhere" {
+                break;
+            }
+        }
+    })
+    .await;
+    assert!(heard.is_ok(), "b's live views heard of a's change");
+    stop_tx.send(true).expect("stop");
+    ra.await.expect("a stops");
+    rb.await.expect("b stops");
+}

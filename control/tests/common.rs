@@ -1,5 +1,6 @@
-//! Helpers shared by the control-plane tests: a store on a temporary file, pools, hosts
-//! registered through the agent API, and a stand-in agent that syncs.
+//! Helpers shared by the control-plane tests: a fresh database (SQLite in a temporary
+//! directory, or PostgreSQL: see [`TestDb`]), pools, hosts registered through the agent
+//! API, and a stand-in agent that syncs.
 
 #![allow(dead_code)]
 
@@ -18,17 +19,84 @@ use tessera_model::{GpuUuid, HostId, MiB, MilliCpu, PoolName};
 
 pub const JOIN: &str = "test-join-token-0123456789";
 
+/// A fresh, empty database for one test. SQLite in a temporary directory, unless
+/// `TESSERA_TEST_STORE=postgres`: then a new database on the PostgreSQL server at
+/// `TESSERA_TEST_POSTGRES` (`scripts/with-postgres.sh` starts a throwaway one), so the same
+/// tests run against both backends.
+pub struct TestDb {
+    pub url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl TestDb {
+    pub async fn new() -> TestDb {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = match std::env::var("TESSERA_TEST_STORE").as_deref() {
+            Ok("postgres") => postgres_database().await,
+            Ok("sqlite") | Err(_) => format!("sqlite://{}/t.db", dir.path().display()),
+            Ok(other) => panic!("TESSERA_TEST_STORE={other:?}: expected sqlite or postgres"),
+        };
+        TestDb { url, _dir: dir }
+    }
+
+    pub fn is_postgres(&self) -> bool {
+        self.url.starts_with("postgres")
+    }
+
+    pub async fn open(&self) -> Arc<dyn tessera_control::Store> {
+        tessera_control::open(&self.url).await.expect("store")
+    }
+
+    /// Runs `sql` on the database behind the store's back (a hand edit, a corruption).
+    pub async fn execute(&self, sql: &str) {
+        use sqlx::Connection;
+        if self.is_postgres() {
+            let mut conn = sqlx::PgConnection::connect(&self.url).await.expect("db");
+            sqlx::query(sql)
+                .execute(&mut conn)
+                .await
+                .expect("statement");
+        } else {
+            let mut conn = sqlx::SqliteConnection::connect(&self.url)
+                .await
+                .expect("db");
+            sqlx::query(sql)
+                .execute(&mut conn)
+                .await
+                .expect("statement");
+        }
+    }
+}
+
+/// A new database on the server at `TESSERA_TEST_POSTGRES`; its URL.
+async fn postgres_database() -> String {
+    use sqlx::Connection;
+    let admin = std::env::var("TESSERA_TEST_POSTGRES").expect(
+        "TESSERA_TEST_STORE=postgres needs TESSERA_TEST_POSTGRES: run the tests under scripts/with-postgres.sh",
+    );
+    let name = format!("t_{}", uuid::Uuid::new_v4().simple());
+    let mut conn = sqlx::PgConnection::connect(&admin)
+        .await
+        .expect("the test PostgreSQL server answers");
+    sqlx::query(&format!("CREATE DATABASE {name}"))
+        .execute(&mut conn)
+        .await
+        .expect("create a test database");
+    let base = admin.rsplit_once('/').expect("a URL with a database").0;
+    format!("{base}/{name}")
+}
+
 pub struct Env {
     pub control: Control,
     /// The control plane's time: tests move it instead of sleeping.
     pub clock: Arc<ManualClock>,
-    _dir: tempfile::TempDir,
+    pub db: TestDb,
 }
 
 impl Env {
     /// The database's URL.
     pub fn url(&self) -> String {
-        format!("sqlite://{}/t.db", self._dir.path().display())
+        self.db.url.clone()
     }
 
     /// A new control plane on the same database: the server restarted.
@@ -45,10 +113,8 @@ impl Env {
 }
 
 pub async fn env(config: ControlConfig) -> Env {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let store = tessera_control::open(&format!("sqlite://{}/t.db", dir.path().display()))
-        .await
-        .expect("store");
+    let db = TestDb::new().await;
+    let store = db.open().await;
     let clock = Arc::new(ManualClock::default());
     let control = Control::new(
         store,
@@ -65,11 +131,7 @@ pub async fn env(config: ControlConfig) -> Env {
         .create_pool(&PoolInput::named("gpu"))
         .await
         .expect("pool");
-    Env {
-        control,
-        clock,
-        _dir: dir,
-    }
+    Env { control, clock, db }
 }
 
 pub fn fast() -> ControlConfig {

@@ -111,11 +111,9 @@ async fn a_service_that_cannot_be_reconciled_does_not_stop_the_others() {
     // Reconciled first (by name), and its definition no longer parses.
     service(c, "a-broken", &bad, 1, DeploymentConfig::default()).await;
     service(c, "b-good", &good, 2, DeploymentConfig::default()).await;
-    let db = sqlx::SqlitePool::connect(&env.url()).await.expect("db");
-    sqlx::query("UPDATE task_definitions SET spec = 'not json' WHERE family = 'bad'")
-        .execute(&db)
-        .await
-        .expect("corrupt");
+    env.db
+        .execute("UPDATE task_definitions SET spec = 'not json' WHERE family = 'bad'")
+        .await;
     c.reconcile_once().await.expect("the pass goes on");
     sync(c, &a).await;
     assert_eq!(tasks(c, "b-good", &[TaskState::Running]).await.len(), 2);

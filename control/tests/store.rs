@@ -1,0 +1,221 @@
+//! The store itself, on a fresh database: SQLite, or PostgreSQL with
+//! `TESSERA_TEST_STORE=postgres` (see `common::TestDb`).
+
+mod common;
+
+use common::TestDb;
+use std::collections::BTreeMap;
+use tessera_control::store::{NewTask, PlacementCommit};
+use tessera_control::{StoreError, open};
+use tessera_model::ComputeMilli;
+use tessera_model::service::{GpuAllocation, TaskDefRef};
+use tessera_model::{
+    GpuHealth, GpuInfo, GpuUuid, HostId, HostInfo, HostStatus, MiB, MilliCpu, PlacementPolicy,
+    PoolInfo, PoolName, SharingMode,
+};
+
+fn pool(name: &str) -> PoolInfo {
+    PoolInfo {
+        name: PoolName::new(name).expect("valid"),
+        policy: PlacementPolicy::Fragmentation,
+        compute_overcommit: 1.0,
+        mps_client_limit: None,
+    }
+}
+
+fn host(id: &str, pool: &str, gpus: u32) -> HostInfo {
+    HostInfo {
+        id: HostId::new(id).expect("valid"),
+        pool: PoolName::new(pool).expect("valid"),
+        status: HostStatus::Active,
+        simulated: true,
+        cpu: MilliCpu(32_000),
+        memory: MiB(128 * 1024),
+        labels: BTreeMap::from([("zone".to_owned(), "a".to_owned())]),
+        gpus: (0..gpus)
+            .map(|i| GpuInfo {
+                uuid: GpuUuid::new(format!("GPU-{id}-{i}")).expect("valid"),
+                index: i,
+                model: "NVIDIA L4".into(),
+                memory: MiB(24 * 1024),
+                mps_client_limit: 48,
+                health: GpuHealth::Healthy,
+                sharing_mode: SharingMode::Idle,
+            })
+            .collect(),
+        status_reason: None,
+        last_seen: None,
+    }
+}
+
+#[tokio::test]
+async fn hosts_round_trip_and_survive_reopening_the_database() {
+    let db = TestDb::new().await;
+    {
+        let store = db.open().await;
+        store.upsert_pool(&pool("gpu-a")).await.expect("pool");
+        store
+            .upsert_host(&host("host-2", "gpu-a", 4))
+            .await
+            .expect("host");
+        store
+            .upsert_host(&host("host-1", "gpu-a", 2))
+            .await
+            .expect("host");
+    }
+    let store = db.open().await;
+    let hosts = store.list_hosts().await.expect("list");
+    assert_eq!(
+        hosts.iter().map(|h| h.id.as_str()).collect::<Vec<_>>(),
+        ["host-1", "host-2"]
+    );
+    assert_eq!(hosts[1], host("host-2", "gpu-a", 4));
+    assert_eq!(hosts[1].gpus[3].index, 3);
+
+    store
+        .set_host_status(
+            &HostId::new("host-1").expect("valid"),
+            HostStatus::Draining,
+            Some("test"),
+        )
+        .await
+        .expect("status");
+    let h1 = store
+        .get_host(&HostId::new("host-1").expect("valid"))
+        .await
+        .expect("get");
+    assert_eq!(h1.status, HostStatus::Draining);
+}
+
+#[tokio::test]
+async fn host_in_unknown_pool_is_refused_and_nothing_is_stored() {
+    let db = TestDb::new().await;
+    let store = db.open().await;
+    let err = store
+        .upsert_host(&host("host-1", "nope", 1))
+        .await
+        .expect_err("no such pool");
+    assert!(
+        matches!(err, StoreError::NotFound { what: "pool", .. }),
+        "{err}"
+    );
+    assert!(store.list_hosts().await.expect("list").is_empty());
+}
+
+#[tokio::test]
+async fn a_gpu_uuid_cannot_belong_to_two_hosts() {
+    let db = TestDb::new().await;
+    let store = db.open().await;
+    store.upsert_pool(&pool("gpu-a")).await.expect("pool");
+    store
+        .upsert_host(&host("host-1", "gpu-a", 1))
+        .await
+        .expect("host");
+    let mut twin = host("host-2", "gpu-a", 1);
+    twin.gpus[0].uuid = GpuUuid::new("GPU-host-1-0").expect("valid");
+    let err = store.upsert_host(&twin).await.expect_err("duplicate UUID");
+    assert!(err.to_string().contains("already registered"), "{err}");
+    let ids: Vec<String> = store
+        .list_hosts()
+        .await
+        .expect("list")
+        .iter()
+        .map(|h| h.id.to_string())
+        .collect();
+    assert_eq!(ids, ["host-1"], "the failed host was rolled back");
+}
+
+#[tokio::test]
+async fn sqlite_creates_its_file_and_directories() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let url = format!("sqlite://{}/nested/deeper/tessera.db", dir.path().display());
+    let store = open(&url).await.expect("opens and creates the file");
+    store.upsert_pool(&pool("gpu-a")).await.expect("pool");
+    assert!(dir.path().join("nested/deeper/tessera.db").is_file());
+}
+
+#[tokio::test]
+async fn unusable_urls_get_clear_errors() {
+    let err = open("mysql://localhost/tessera")
+        .await
+        .err()
+        .expect("no such backend");
+    assert!(
+        err.to_string()
+            .contains("expected sqlite://PATH or postgres://"),
+        "{err}"
+    );
+    // Nothing listens on port 1.
+    let err = open("postgres://tessera@127.0.0.1:1/tessera")
+        .await
+        .err()
+        .expect("no server");
+    assert!(matches!(err, StoreError::Database(_)), "{err}");
+}
+
+/// Two servers on one database commit placements on the same GPU at the same moment: the
+/// commits' re-checks run one after the other, so the GPU's memory is never overcommitted.
+#[tokio::test]
+async fn racing_commits_from_two_stores_never_overcommit_a_gpu() {
+    let env = common::env(common::fast()).await;
+    let h = common::host(&env.control, "h1", 1, 24).await;
+    let def = common::register_def(&env.control, "racer", 1, 1).await;
+    common::service(&env.control, "svc", &def, 0, Default::default()).await;
+    let a = env.control.store().clone();
+    let b = env.db.open().await;
+    let deployment = a.list_deployments("svc").await.expect("deployments")[0].id;
+    let r: TaskDefRef = def.parse().expect("family:revision");
+    // 40 tasks of 1 GiB each; the GPU has 24 GiB.
+    let tasks: Vec<NewTask> = (0..40)
+        .map(|i| NewTask {
+            id: format!("task-{i:02}"),
+            service: "svc".into(),
+            deployment_id: deployment,
+            task_definition: r.clone(),
+            pool: PoolName::new("gpu").expect("valid"),
+            cpu: MilliCpu(10),
+            memory: MiB(16),
+        })
+        .collect();
+    a.create_tasks(&tasks).await.expect("tasks");
+    let gpu = a.get_host(&h.id).await.expect("host").gpus[0].uuid.clone();
+    let commit = |i: usize| PlacementCommit {
+        task_id: format!("task-{i:02}"),
+        host: h.id.clone(),
+        allocations: vec![GpuAllocation {
+            gpu: gpu.clone(),
+            index: 0,
+            memory: MiB(1024),
+            compute: ComputeMilli(0),
+            dedicated: false,
+        }],
+    };
+    // Each store commits 20 placements, one at a time, both at once: 40 GiB asked of 24.
+    let run = |store: std::sync::Arc<dyn tessera_control::Store>, offset: usize| {
+        let commits: Vec<PlacementCommit> = (offset..offset + 20).map(commit).collect();
+        async move {
+            let mut committed = 0;
+            for c in commits {
+                committed += store.commit_placements(&[c]).await.expect("commit").len();
+            }
+            committed
+        }
+    };
+    let (na, nb) = tokio::join!(tokio::spawn(run(a.clone(), 0)), tokio::spawn(run(b, 20)));
+    let committed = na.expect("a") + nb.expect("b");
+    assert_eq!(committed, 24, "exactly what fits was committed");
+    let placed = a
+        .list_tasks(&tessera_control::store::TaskFilter {
+            host: Some(h.id.clone()),
+            ..Default::default()
+        })
+        .await
+        .expect("tasks");
+    let held: u64 = placed
+        .iter()
+        .flat_map(|t| &t.allocations)
+        .map(|a| a.memory.0)
+        .sum();
+    assert_eq!(held, 24 * 1024);
+    common::assert_no_overcommit(&env.control).await;
+}
