@@ -4,7 +4,13 @@ the stand-in MPS control program), with faults injected by signals. Every figure
 counted on what runs on this machine (processes found in /proc by their task's
 environment), not only on what the API says.
 
-    scripts/drills.py [--short] [--bin DIR]
+    scripts/drills.py [--short] [--bin DIR] [--postgres URL] [--failover-trials N]
+
+With --postgres (a server whose user may create databases) the servers share a fresh
+PostgreSQL database instead of an SQLite file, and three drills more run: two servers
+taking racing clients, PostgreSQL restarted under load (with TESSERA_TEST_POSTGRES_DIR and
+TESSERA_TEST_POSTGRES_CTL, as scripts/with-postgres.sh sets them), and, with
+--failover-trials, the scheduling server killed N times over (time to the next placement).
 
 Prints a table (and JSON with --json) and exits 1 when a figure that must be 0 is not.
 """
@@ -41,9 +47,11 @@ def free_port():
 class Fleet:
     """A server and its agents, in a temporary directory."""
 
-    def __init__(self, bin_dir, work):
+    def __init__(self, bin_dir, work, database=None):
         self.bin = bin_dir
         self.work = work
+        # A PostgreSQL URL, or None for the SQLite file in the data directory.
+        self.database = database
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         # A second server on the same database, started by the failover drill; agents know
@@ -61,10 +69,11 @@ class Fleet:
     def _serve(self, port, log_name):
         log = open(os.path.join(self.work, log_name), "a")
         env = dict(os.environ, TESSERA_ADMIN_PASSWORD=ADMIN_PASSWORD, RUST_LOG="warn")
+        database = ["--database", self.database] if self.database else []
         return subprocess.Popen(
             [os.path.join(self.bin, "tessera"), "serve", "--bind", f"127.0.0.1:{port}",
              "--data-dir", os.path.join(self.work, "server"), "--join-token", JOIN,
-             "--sync-interval-secs", str(SYNC)],
+             "--sync-interval-secs", str(SYNC)] + database,
             stdout=log, stderr=log, env=env)
 
     def start_server(self):
@@ -78,6 +87,19 @@ class Fleet:
     def kill_server(self):
         self.server.send_signal(signal.SIGKILL)
         self.server.wait()
+
+    def holder_port(self):
+        """The port of the server holding the scheduler lease, asked of any that answers."""
+        for url in (self.url, self.url2):
+            try:
+                status, view = self.api("GET", "/api/v1/cluster", url=url)
+            except OSError:
+                continue
+            if status == 200:
+                for s in view["servers"]:
+                    if s["scheduling"]:
+                        return int(s["address"].rsplit(":", 1)[1])
+        return None
 
     def start_agent(self, name):
         log = open(os.path.join(self.work, f"{name}.log"), "a")
@@ -119,14 +141,14 @@ class Fleet:
         except OSError:
             return False
 
-    def api(self, method, path, body=None, url=None):
+    def api(self, method, path, body=None, url=None, timeout=10):
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request((url or self.url) + path, data=data, method=method)
         req.add_header("content-type", "application/json")
         if self.token:
             req.add_header("authorization", f"Bearer {self.token}")
         try:
-            with urllib.request.urlopen(req, timeout=10) as r:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
                 raw = r.read()
                 return r.status, (json.loads(raw) if raw else None)
         except urllib.error.HTTPError as e:
@@ -448,15 +470,179 @@ def drill_gpu_removed(f, results):
     results.append(("", "GPUs overcommitted", f.overcommitted(), 0))
 
 
+def drill_racing_servers(f, results):
+    """Two servers take racing clients at once: half the services are created through
+    each, beyond capacity."""
+    peak = [0]
+    stop = threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            peak[0] = max(peak[0], len(f.processes()))
+            time.sleep(0.1)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    threads = []
+    for i in range(16):
+        url = f.url if i % 2 == 0 else f.url2
+
+        def create(i=i, url=url):
+            f.api("POST", "/api/v1/services", {
+                "name": f"race-{i}", "task_definition": "drill:1", "pool": "drill",
+                "desired_count": 3, "stop_timeout_secs": 2}, url=url)
+        threads.append(threading.Thread(target=create))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    time.sleep(6)
+    stop.set()
+    sampler.join()
+    capacity = len(f.agents) * 2 * 3
+    results.append(("two servers, 16 clients split between them, 3-task services at once "
+                    "(capacity %d)" % capacity, "GPUs overcommitted", f.overcommitted(), 0))
+    results.append(("", "processes above capacity at any sample", max(0, peak[0] - capacity), 0))
+    results.append(("", "duplicate processes", f.duplicates(), 0))
+    for i in range(16):
+        f.api("DELETE", f"/api/v1/services/race-{i}")
+    f.wait(lambda: len(f.processes()) <= len(f.running("web")), 60, "the racing services to drain")
+
+
+def drill_postgres_restart(f, results):
+    """PostgreSQL restarted (immediate shutdown: as a crash) while clients write through
+    both servers: every write a server acknowledged is there afterwards, the servers carry
+    on without being restarted, and no host is lost for it."""
+    ctl = os.environ["TESSERA_TEST_POSTGRES_CTL"].split()
+    data = os.environ["TESSERA_TEST_POSTGRES_DIR"]
+    options = os.environ["TESSERA_TEST_POSTGRES_OPTIONS"]
+    acknowledged = []
+    failures = [0]
+    stop = threading.Event()
+
+    def writer(url):
+        n = 0
+        while not stop.is_set():
+            n += 1
+            try:
+                status, body = f.api("POST", "/api/v1/task-definitions", {
+                    "family": "ledger", "containers": [{
+                        "name": "main", "command": ["true"], "cpu_milli": 10, "memory_mib": 8,
+                        "env": {"WRITE": f"{url}-{n}"}}]}, url=url, timeout=30)
+            except OSError:
+                status, body = None, None
+            if status == 201:
+                acknowledged.append(body["revision"])
+            else:
+                failures[0] += 1
+                time.sleep(0.1)
+
+    writers = [threading.Thread(target=writer, args=(u,), daemon=True) for u in (f.url, f.url2)]
+    before = {t["id"] for t in f.running("web")}
+    for w in writers:
+        w.start()
+    time.sleep(2)
+    subprocess.run(ctl + ["-D", data, "-m", "immediate", "stop"], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    down = time.time()
+    time.sleep(5)  # longer than the lost timeout (3 s)
+    subprocess.run(ctl + ["-D", data, "-o", options, "-l",
+                          os.path.join(os.path.dirname(data), "server.log"), "-w", "start"],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    back = time.time()
+    count_before = len(acknowledged)
+
+    def writes_again():
+        return len(acknowledged) > count_before
+    try:
+        f.wait(writes_again, 60, "writes to be acknowledged again")
+        recovered = time.time() - back
+        time.sleep(2)
+    finally:
+        stop.set()
+    for w in writers:
+        w.join()
+    _, revs = f.api("GET", "/api/v1/task-definitions/ledger")
+    stored = {r["revision"] for r in revs["revisions"]} if revs and "revisions" in revs else set()
+    lost = len(set(acknowledged) - stored)
+    # Scheduling carries on: one more task, placed and running.
+    target = len(f.running("web")) + 1
+    f.api("PATCH", "/api/v1/services/web", {"desired_count": target})
+    f.wait(lambda: f.converged("web", target), 60, f"{target} tasks running after the restart")
+    kept = len(before & {t["id"] for t in f.running("web")})
+    _, hosts = f.api("GET", "/api/v1/hosts")
+    lost_hosts = sum(1 for h in hosts["hosts"] if h["status"] == "lost")
+    results.append(("PostgreSQL killed for %.0f s under writes through both servers"
+                    % (back - down), "acknowledged writes", len(acknowledged), None))
+    results.append(("", "acknowledged writes missing afterwards", lost, 0))
+    results.append(("", "seconds from its start to the next write", round(recovered, 1), None))
+    results.append(("", "servers that had to be restarted",
+                    sum(1 for p in (f.server, f.server2) if p.poll() is not None), 0))
+    results.append(("", "hosts declared lost", lost_hosts, 0))
+    results.append(("", "tasks that were running and stopped", len(before) - kept, 0))
+    if kept < len(before):
+        _, events = f.api("GET", "/api/v1/events?limit=40")
+        for e in reversed((events or {}).get("events", [])):
+            print(f"    event {e['at']} {e['message']}", file=sys.stderr)
+    results.append(("", "GPUs overcommitted", f.overcommitted(), 0))
+    results.append(("", "duplicate processes", f.duplicates(), 0))
+
+
+def failover_trials(f, trials):
+    """The scheduling server killed (-9) `trials` times, each time the other one holding
+    the lease: seconds from the kill to the next committed placement (a task asked for
+    through the surviving server, assigned)."""
+    times = []
+    for _ in range(trials):
+        f.wait(lambda: f.holder_port() is not None, 30, "a scheduling server")
+        holder = f.holder_port()
+        victim, survivor = ("server", f.url2) if holder == f.port else ("server2", f.url)
+        proc = getattr(f, victim)
+        _, body = f.api("GET", "/api/v1/services/web", url=survivor)
+        target = body["desired_count"] + 1
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        killed = time.time()
+        f.api("PATCH", "/api/v1/services/web", {"desired_count": target}, url=survivor)
+
+        def placed():
+            _, tasks = f.api("GET", "/api/v1/tasks?service=web&state=assigned,running&limit=1000",
+                             url=survivor)
+            return tasks is not None and len(tasks["tasks"]) >= target
+        f.wait(placed, 60, "the next placement")
+        times.append(time.time() - killed)
+        if victim == "server":
+            f.start_server()
+        else:
+            f.start_second_server()
+        # Back to a count the fleet holds (3 hosts x 6 slots), once the new task runs.
+        f.wait(lambda: f.converged("web", target), 60, f"{target} tasks running")
+        if target >= 15:
+            f.api("PATCH", "/api/v1/services/web", {"desired_count": 10}, url=survivor)
+            f.wait(lambda: f.converged("web", 10), 60, "10 tasks running")
+    times.sort()
+    return times
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--short", action="store_true", help="the drills CI runs")
     parser.add_argument("--bin", default=None, help="folder with tessera and tessera-agent")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--postgres", default=None,
+                        help="a PostgreSQL server URL (its user may create databases)")
+    parser.add_argument("--failover-trials", type=int, default=0,
+                        help="with --postgres: kill the scheduling server this many times")
     args = parser.parse_args()
     bin_dir = args.bin or os.environ.get("TESSERA_BIN_DIR")
     work = tempfile.mkdtemp(prefix="tessera-drills-")
-    f = Fleet(bin_dir, work)
+    database = None
+    if args.postgres:
+        name = "tessera_drills_" + uuid.uuid4().hex[:8]
+        subprocess.run(["psql", "-q", args.postgres, "-c", f"CREATE DATABASE {name}"],
+                       check=True)
+        database = args.postgres.rsplit("/", 1)[0] + "/" + name
+    f = Fleet(bin_dir, work, database)
     results = []
     drills = [drill_server_restart, drill_agent_kill, drill_scale_and_crash, drill_contention,
               drill_failover]
@@ -464,6 +650,8 @@ def main():
         drills[2:2] = [drill_agent_freeze]
         drills.append(drill_mps_daemon)
         drills.append(drill_gpu_removed)
+    if database:
+        drills += [drill_racing_servers, drill_postgres_restart]
     ok = True
     try:
         f.setup(["a", "b", "c"])
@@ -471,11 +659,21 @@ def main():
             t0 = time.time()
             d(f, results)
             print(f"  {d.__name__} done in {time.time() - t0:.1f} s", file=sys.stderr)
+        if database and args.failover_trials:
+            times = failover_trials(f, args.failover_trials)
+            p50 = times[len(times) // 2]
+            results.append(("the scheduling server kill -9, %d trials" % len(times),
+                            "seconds to the next placement, p50", round(p50, 1), None))
+            results.append(("", "seconds to the next placement, max", round(times[-1], 1), None))
+            results.append(("", "max within 10 s", int(times[-1] <= 10), 1))
+            results.append(("", "GPUs overcommitted", f.overcommitted(), 0))
+            results.append(("", "duplicate processes", f.duplicates(), 0))
     except Exception as e:  # a drill that cannot finish is a failure, with its logs kept
         ok = False
         print(f"drill failed: {e}; logs in {work}", file=sys.stderr)
     finally:
         f.stop()
+    print(f"store: {'PostgreSQL' if database else 'SQLite'}")
     print(f"{'drill':<72} {'figure':<42} {'value':>6}  expected")
     for drill, figure, value, expected in results:
         bad = expected is not None and value != expected

@@ -25,3 +25,5 @@ trap 'rm -rf "$data"' EXIT
 TESSERA_BIN="$CARGO_TARGET_DIR/debug/tessera" TESSERA_DATA_DIR="$data" npm --prefix end2end test
 echo "== fault drills (short)"
 scripts/drills.sh --short
+echo "== fault drills on PostgreSQL, several servers (short)"
+scripts/drills.sh --short --postgres

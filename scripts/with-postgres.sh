@@ -9,6 +9,7 @@
 #   TESSERA_TEST_POSTGRES_DIR  the server's data directory (pg_ctl -D), for drills that
 #                              restart it
 #   TESSERA_TEST_POSTGRES_CTL  the pg_ctl to run as the server's owner
+#   TESSERA_TEST_POSTGRES_OPTIONS  the server's options (pg_ctl -o), to start it again
 # Tests run it without fsync (a throwaway database need not survive a power cut);
 # --durable keeps PostgreSQL's defaults, for benchmarks and drills.
 set -euo pipefail
@@ -61,6 +62,7 @@ options="-c listen_addresses=127.0.0.1 -p $port -k $dir -c max_connections=300"
 export TESSERA_TEST_POSTGRES="postgres://postgres@127.0.0.1:$port/postgres"
 export TESSERA_TEST_POSTGRES_DIR="$dir/data"
 export TESSERA_TEST_POSTGRES_CTL="${as_owner[*]} $bin/pg_ctl"
+export TESSERA_TEST_POSTGRES_OPTIONS="$options"
 echo "[with-postgres] PostgreSQL $("$bin/postgres" --version | awk '{print $3}') on 127.0.0.1:$port" >&2
 set +e
 "$@"

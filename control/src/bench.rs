@@ -25,6 +25,33 @@ pub fn arg(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
+/// The text after `name` on the command line, if given.
+pub fn arg_text(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .cloned()
+}
+
+/// A new, empty database on the PostgreSQL server at `server` (a URL whose user may create
+/// databases), named `name` after dropping any left from an earlier run; its URL.
+pub async fn fresh_postgres_database(
+    server: &str,
+    name: &str,
+) -> Result<String, crate::StoreError> {
+    use sqlx::Connection;
+    let mut conn = sqlx::PgConnection::connect(server).await?;
+    sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        .execute(&mut conn)
+        .await?;
+    sqlx::query(&format!("CREATE DATABASE {name}"))
+        .execute(&mut conn)
+        .await?;
+    let base = server.rsplit_once('/').map_or(server, |(base, _)| base);
+    Ok(format!("{base}/{name}"))
+}
+
 /// Admits `hosts` simulated hosts (192 vCPU, 2 TiB, `gpus_per_host` GPUs of 80 GiB each)
 /// named `sim-0000`…, host `h` into pool `pool_of(h)`; returns what each was told (its id
 /// and agent token).

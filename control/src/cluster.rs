@@ -18,6 +18,10 @@ use crate::error::ControlError;
 use crate::store::Fence;
 use tessera_model::views::{ClusterView, ServerView};
 
+/// How long a one-row write may take before the database counts as having been
+/// unavailable (hosts then get one lost timeout to sync again).
+const SLOW_STORE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// The topic of a change another server made (never published again).
 pub(crate) const ELSEWHERE: &str = "elsewhere";
 
@@ -57,7 +61,8 @@ impl Control {
     /// lease's epoch) when this server holds the lease.
     pub(crate) async fn tick_cluster(&self) -> Option<Control> {
         let now = self.now();
-        if let Err(e) = self
+        let asked = std::time::Instant::now();
+        let seen = self
             .store
             .server_seen(
                 &self.server_id,
@@ -65,10 +70,17 @@ impl Control {
                 &stamp(self.started),
                 &stamp(now),
             )
-            .await
-        {
+            .await;
+        if let Err(e) = &seen {
             tracing::warn!(error = %e, "announcing this server failed");
         }
+        // A database that failed or kept this one-row write waiting (down, restarting,
+        // unreachable: requests wait for a connection rather than fail at once) could not
+        // record agents' syncs either.
+        if seen.is_err() || asked.elapsed() > SLOW_STORE {
+            *self.store_failed_at.lock().expect("not poisoned") = Some(self.now());
+        }
+        let now = self.now();
         if let Err(e) = self.flush_heartbeats().await {
             tracing::warn!(error = %e, "writing the last syncs' times failed");
         }

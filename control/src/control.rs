@@ -128,6 +128,9 @@ pub struct Control {
     /// When this control plane started: hosts are not declared lost for one lost timeout
     /// after it, since their agents could not reach a server that was down.
     pub(crate) started: DateTime<Utc>,
+    /// When this server last found the database unreachable: agents could not sync through
+    /// any server meanwhile, so hosts get one lost timeout after it too.
+    pub(crate) store_failed_at: Arc<Mutex<Option<DateTime<Utc>>>>,
     /// Per deployment: the failures already answered with a delay, and until when new
     /// tasks wait (crash-loop backoff).
     pub(crate) restart_backoff: Arc<Mutex<HashMap<i64, Backoff>>>,
@@ -168,6 +171,7 @@ impl Control {
             pass: Arc::default(),
             failed_sign_ins: Arc::default(),
             started: config.clock.now(),
+            store_failed_at: Arc::default(),
             restart_backoff: Arc::default(),
             last_prune: Arc::default(),
             engines: Arc::default(),

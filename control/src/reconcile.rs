@@ -87,8 +87,9 @@ impl Control {
     }
 
     /// Hosts silent past the timeout become lost; their tasks stop and are replaced. For one
-    /// lost timeout after this control plane started nothing is declared lost: agents
-    /// could not reach a server that was down, and get that long to sync again.
+    /// lost timeout after this control plane started, or after it last found the database
+    /// unreachable, nothing is declared lost: agents could not reach a server that was
+    /// down (or record a sync without its database), and get that long to sync again.
     async fn detect_lost_hosts(&self) -> Result<(), ControlError> {
         let swept = self.store.stop_tasks_on_lost_hosts().await?;
         if !swept.is_empty() {
@@ -98,7 +99,9 @@ impl Control {
         }
         let timeout = self.lost_timeout();
         let now = self.now();
-        if since(now, self.started) < timeout {
+        let outage = *self.store_failed_at.lock().expect("not poisoned");
+        let back = outage.map_or(self.started, |t| t.max(self.started));
+        if since(now, back) < timeout {
             return Ok(());
         }
         let secs = timeout.as_secs_f64();

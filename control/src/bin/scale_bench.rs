@@ -2,18 +2,21 @@
 //! it holds, when one service on a large simulated fleet is scaled from 0 to many tasks.
 //!
 //! ```text
-//! scale-bench [--hosts 1000] [--gpus-per-host 8] [--tasks 10000]
+//! scale-bench [--hosts 1000] [--gpus-per-host 8] [--tasks 10000] [--postgres URL]
 //! ```
 //!
 //! Hosts join through the same registration path as agents; the service's tasks are
 //! created, placed by the fragmentation-aware engine and committed by the real reconcile
-//! pass on an SQLite file. The baseline in the same run is the placement engine alone on
-//! the same fleet (no store), which bounds what the store path could reach.
+//! pass on an SQLite file and, given `--postgres` (a server whose user may create
+//! databases), on a fresh PostgreSQL database too, printed side by side. The baseline in
+//! the same run is the placement engine alone on the same fleet (no store), which bounds
+//! what the store path could reach.
 
 use serde_json::json;
 use std::time::Instant;
 use tessera_control::bench::{
-    admit_simulated_hosts, arg, create_service, register_task_definition,
+    admit_simulated_hosts, arg, arg_text, create_service, fresh_postgres_database,
+    register_task_definition,
 };
 use tessera_control::inputs::{PoolInput, ServicePatch};
 use tessera_control::store::TaskFilter;
@@ -35,20 +38,31 @@ fn memory_mib() -> (f64, f64) {
     (field("VmRSS:"), field("VmHWM:"))
 }
 
-#[tokio::main(flavor = "current_thread")]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let hosts = arg("--hosts", 1000);
-    let per_host = arg("--gpus-per-host", 8);
-    let tasks = arg("--tasks", 10_000);
-    let dir = std::env::temp_dir().join(format!("tessera-scale-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    let store = tessera_control::open(&format!("sqlite://{}/bench.db", dir.display())).await?;
-    let control = Control::new(store, ControlConfig::default());
+/// What one scale-up on one store measured.
+struct Run {
+    store: &'static str,
+    registered: f64,
+    placed: usize,
+    seconds: f64,
+    passes: usize,
+    rss_before: f64,
+    rss_after: f64,
+}
+
+/// Admits the fleet and scales the service from 0 to `tasks` on the store at `url`.
+async fn scale_up(
+    store: &'static str,
+    url: &str,
+    hosts: usize,
+    per_host: usize,
+    tasks: usize,
+) -> Result<Run, Box<dyn std::error::Error>> {
+    let control = Control::new(tessera_control::open(url).await?, ControlConfig::default());
     control.create_pool(&PoolInput::named("bench")).await?;
     let started = Instant::now();
     let bench_pool = PoolName::new("bench")?;
     admit_simulated_hosts(&control, hosts, per_host, |_| bench_pool.clone()).await?;
-    let registered = started.elapsed();
+    let registered = started.elapsed().as_secs_f64();
     register_task_definition(&control).await?;
     create_service(&control, "bench", "bench", 0).await?;
     control.reconcile_once().await?;
@@ -79,8 +93,42 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             break placed;
         }
     };
-    let elapsed = start.elapsed().as_secs_f64();
-    let (rss, peak) = memory_mib();
+    let seconds = start.elapsed().as_secs_f64();
+    let (rss_after, _) = memory_mib();
+    Ok(Run {
+        store,
+        registered,
+        placed,
+        seconds,
+        passes,
+        rss_before,
+        rss_after,
+    })
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let hosts = arg("--hosts", 1000);
+    let per_host = arg("--gpus-per-host", 8);
+    let tasks = arg("--tasks", 10_000);
+    let dir = std::env::temp_dir().join(format!("tessera-scale-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let mut runs = vec![
+        scale_up(
+            "SQLite file",
+            &format!("sqlite://{}/bench.db", dir.display()),
+            hosts,
+            per_host,
+            tasks,
+        )
+        .await?,
+    ];
+    let _ = std::fs::remove_dir_all(&dir);
+    if let Some(server) = arg_text("--postgres") {
+        let url = fresh_postgres_database(&server, "tessera_scale_bench").await?;
+        runs.push(scale_up("PostgreSQL", &url, hosts, per_host, tasks).await?);
+    }
+    let (_, peak) = memory_mib();
 
     // Baseline: the engine alone on the same fleet.
     let engine_rate = {
@@ -123,28 +171,41 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
 
     println!(
-        "scale-bench: {hosts} hosts × {per_host} GPUs = {} GPUs, SQLite file store",
+        "scale-bench: {hosts} hosts × {per_host} GPUs = {} GPUs, 0 → {tasks} tasks",
         hosts * per_host
     );
+    for r in &runs {
+        println!(
+            "  {:<12} {} tasks created, placed and committed in {:.2} s over {} reconcile pass(es) = {:.0} tasks/s \
+             (hosts registered in {:.2} s; {:.0} → {:.0} MiB resident)",
+            r.store,
+            r.placed,
+            r.seconds,
+            r.passes,
+            r.placed as f64 / r.seconds,
+            r.registered,
+            r.rss_before,
+            r.rss_after
+        );
+    }
     println!(
-        "  registering the hosts through the admission path: {:.2} s",
-        registered.as_secs_f64()
+        "  {:<12} {engine_rate:.0} tasks/s (placement engine alone, no store)",
+        "baseline"
     );
-    println!(
-        "  scale 0 → {tasks}: {placed} tasks created, placed and committed in {elapsed:.2} s over {passes} reconcile pass(es) = {:.0} tasks/s",
-        placed as f64 / elapsed
-    );
-    println!("  baseline, placement engine alone (no store): {engine_rate:.0} tasks/s");
-    println!(
-        "  memory: {rss_before:.0} MiB resident before the scale-up, {rss:.0} MiB after, peak {peak:.0} MiB"
-    );
+    println!("  peak resident memory of the whole run: {peak:.0} MiB");
+    let stores: Vec<_> = runs
+        .iter()
+        .map(|r| {
+            json!({"store": r.store, "tasks": r.placed, "seconds": r.seconds,
+                   "tasks_per_sec": r.placed as f64 / r.seconds, "passes": r.passes,
+                   "register_seconds": r.registered,
+                   "rss_mib_before": r.rss_before, "rss_mib_after": r.rss_after})
+        })
+        .collect();
     println!(
         "{}",
-        json!({"hosts": hosts, "gpus": hosts * per_host, "tasks": placed, "seconds": elapsed,
-               "tasks_per_sec": placed as f64 / elapsed, "engine_only_tasks_per_sec": engine_rate,
-               "rss_mib_before": rss_before, "rss_mib_after": rss, "peak_rss_mib": peak})
+        json!({"hosts": hosts, "gpus": hosts * per_host, "stores": stores,
+               "engine_only_tasks_per_sec": engine_rate, "peak_rss_mib": peak})
     );
-    drop(control);
-    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
