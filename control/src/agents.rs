@@ -466,7 +466,7 @@ impl Control {
 
     /// Writes the times of the quiet syncs received since the last call, in one statement.
     /// On failure they are kept for the next call (a newer time for a host wins).
-    pub(crate) async fn flush_heartbeats(&self) -> Result<(), ControlError> {
+    pub async fn flush_heartbeats(&self) -> Result<(), ControlError> {
         let seen: Vec<(HostId, String)> =
             std::mem::take(&mut *self.heartbeats.lock().expect("not poisoned"))
                 .into_iter()

@@ -52,6 +52,19 @@ pub async fn fresh_postgres_database(
     Ok(format!("{base}/{name}"))
 }
 
+/// Vacuums the database at `url` and updates its statistics (PostgreSQL; nothing on
+/// SQLite), as after any bulk load: a benchmark that loads a whole fleet at once and
+/// measures at once would otherwise measure autovacuum catching up with the load, and
+/// plans made for empty tables.
+pub async fn analyze(url: &str) -> Result<(), crate::StoreError> {
+    use sqlx::Connection;
+    if url.starts_with("postgres") {
+        let mut conn = sqlx::PgConnection::connect(url).await?;
+        sqlx::query("VACUUM (ANALYZE)").execute(&mut conn).await?;
+    }
+    Ok(())
+}
+
 /// Admits `hosts` simulated hosts (192 vCPU, 2 TiB, `gpus_per_host` GPUs of 80 GiB each)
 /// named `sim-0000`…, host `h` into pool `pool_of(h)`; returns what each was told (its id
 /// and agent token).

@@ -118,9 +118,13 @@ impl Control {
             tracing::info!(epoch = lease.epoch, "this server holds the scheduler lease");
             // Others may have scheduled since this server's engines were built.
             self.capacity_changed();
-        } else if self.others_alive().await {
-            // Other servers' agents change capacity too (tasks ending, GPUs going) without
-            // telling this one: with company, each pass builds its engines afresh.
+        } else if !self.relayed.load(std::sync::atomic::Ordering::SeqCst)
+            && self.others_alive().await
+        {
+            // Other servers' agents change capacity too (tasks ending, GPUs going), and
+            // this database does not tell this one: with company, each pass builds its
+            // engines afresh. (Where it does, `relay_changes` marks them stale on each
+            // change another server makes.)
             self.capacity_changed();
         }
         let mut fenced = self.clone();
@@ -155,6 +159,8 @@ impl Control {
                 return Vec::new();
             }
         };
+        self.relayed
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         let listen = {
             let control = self.clone();
             tokio::spawn(async move {
@@ -163,6 +169,12 @@ impl Control {
                     if from.as_deref() == Some(&*control.server_id) {
                         continue;
                     }
+                    // Capacity may have changed there: this server's engines are stale
+                    // (bumped here, not through `capacity_changed`, which would publish
+                    // the change again).
+                    control
+                        .capacity_epoch
+                        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                     if control.lease.lock().expect("not poisoned").is_some() {
                         control.wake.notify_one();
                     }

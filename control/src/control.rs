@@ -158,6 +158,10 @@ pub struct Control {
     pub(crate) server_id: Arc<str>,
     /// The scheduler lease as this server last took or renewed it.
     pub(crate) lease: Arc<Mutex<Option<crate::store::Lease>>>,
+    /// Whether the database carries the other servers' changes to this one (see
+    /// [`Control::relay_changes`]); without it, a scheduler with company rebuilds its
+    /// engines every pass.
+    pub(crate) relayed: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Control {
@@ -182,6 +186,7 @@ impl Control {
             stop_timeouts: Arc::default(),
             server_id: crate::cluster::server_id(&config.address).into(),
             lease: Arc::default(),
+            relayed: Arc::default(),
             config,
         }
     }
@@ -218,10 +223,12 @@ impl Control {
         Ok(spec)
     }
 
-    /// Capacity changed outside the scheduler: its cached engines are rebuilt next pass.
+    /// Capacity changed outside the scheduler: its cached engines are rebuilt next pass,
+    /// and the other servers on this database hear of it (theirs are too).
     pub(crate) fn capacity_changed(&self) {
         self.capacity_epoch
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let _ = self.changes.send("capacity");
     }
 
     /// Now, by the configured clock.
@@ -282,6 +289,8 @@ impl Control {
         for task in relay {
             task.abort();
         }
+        self.relayed
+            .store(false, std::sync::atomic::Ordering::SeqCst);
         tracing::info!("reconcile loop stopped");
     }
 

@@ -4,19 +4,25 @@
 //!
 //! ```text
 //! sync-bench [--hosts 10000] [--gpus-per-host 8] [--tasks 20000] [--interval 5] [--seconds 30]
-//!            [--no-reconcile 1]
+//!            [--no-reconcile 1] [--postgres URL] [--servers 1]
 //! ```
 //!
 //! Every host syncs once per interval, spread evenly over it (10,000 hosts every 5 s is
 //! 2,000 syncs/s), reporting its GPUs and the tasks placed on it as running. Printed: the
 //! rate reached, p50/p99/max sync latency, and hosts lost (should be 0).
+//!
+//! On an SQLite file, or with `--postgres` (a server whose user may create databases) on a
+//! fresh PostgreSQL database; `--servers N` runs N control planes on that database, each
+//! with its own connections, router and loop (one of them schedules), and spreads the
+//! hosts over them (host h syncs with server h mod N).
 
 use axum::body::Body;
 use axum::http::Request;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tessera_control::bench::{
-    admit_simulated_hosts, arg, create_service, register_task_definition, simulated_gpus,
+    admit_simulated_hosts, analyze, arg, arg_text, create_service, fresh_postgres_database,
+    register_task_definition, simulated_gpus,
 };
 use tessera_control::inputs::PoolInput;
 use tessera_control::store::TaskFilter;
@@ -54,7 +60,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let seconds = arg("--seconds", 30) as u64;
     let dir = std::env::temp_dir().join(format!("tessera-sync-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let url = format!("sqlite://{}/bench.db", dir.display());
+    let url = match arg_text("--postgres") {
+        Some(server) => fresh_postgres_database(&server, "tessera_sync_bench").await?,
+        None => format!("sqlite://{}/bench.db", dir.display()),
+    };
+    let store_name = if url.starts_with("postgres") {
+        "PostgreSQL"
+    } else {
+        "SQLite file"
+    };
+    let servers = arg("--servers", 1).max(1);
     // The fleet is built by a control plane that declares nobody lost (registering 10,000
     // hosts takes longer than a lost timeout); the one measured then starts on the same
     // database, as after a restart, and its hosts sync within its grace.
@@ -110,31 +125,36 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             })
             .collect(),
     );
-    let control = Control::new(
-        tessera_control::open(&url).await?,
-        ControlConfig {
-            sync_interval: interval,
-            ..ControlConfig::default()
-        },
-    );
-    let state = AppState::new(control.clone(), "127.0.0.1:0".parse()?);
-    let router = app(state);
+    let mut controls = Vec::new();
+    let mut routers = Vec::new();
+    for _ in 0..servers {
+        let control = Control::new(
+            tessera_control::open(&url).await?,
+            ControlConfig {
+                sync_interval: interval,
+                ..ControlConfig::default()
+            },
+        );
+        routers.push(app(AppState::new(control.clone(), "127.0.0.1:0".parse()?)));
+        controls.push(control);
+    }
+    let control = controls[0].clone();
+    let routers = Arc::new(routers);
     // Warm-up, not measured: every host syncs twice (its tasks start running, then a quiet
     // sync), and the control plane settles, so what follows is the steady state of a
     // running fleet.
     let warm: Vec<_> = (0..64)
         .map(|w| {
-            let (router, bodies) = (router.clone(), bodies.clone());
+            let (routers, bodies) = (routers.clone(), bodies.clone());
             tokio::spawn(async move {
-                let twice = bodies
-                    .iter()
-                    .skip(w)
-                    .step_by(64)
-                    .chain(bodies.iter().skip(w).step_by(64));
-                for (token, body) in twice {
-                    let response = router.clone().oneshot(sync_request(token, body)).await;
-                    let status = response.expect("answers").status();
-                    assert!(status.is_success(), "warm-up sync: {status}");
+                for _ in 0..2 {
+                    for h in (w..bodies.len()).step_by(64) {
+                        let (token, body) = &bodies[h];
+                        let router = routers[h % routers.len()].clone();
+                        let response = router.oneshot(sync_request(token, body)).await;
+                        let status = response.expect("answers").status();
+                        assert!(status.is_success(), "warm-up sync: {status}");
+                    }
                 }
             })
         })
@@ -142,6 +162,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     for w in warm {
         w.await?;
     }
+    // The other servers write the times of the warm-up's quiet syncs they received (they
+    // keep them for up to a tick), then the first takes the lease and runs a pass: as in a
+    // running cluster, where every server writes them every tick.
+    for c in controls.iter().skip(1) {
+        c.flush_heartbeats().await?;
+    }
+    control.tick().await?;
+    analyze(&url).await?;
     control.reconcile_once().await?;
     let t = Instant::now();
     control.reconcile_once().await?;
@@ -149,21 +177,24 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     // `--no-reconcile 1`: the sync path alone, as a baseline.
     let reconcile = arg("--no-reconcile", 0) == 0;
-    let reconciler = {
-        let control = control.clone();
-        let mut stop = stop_rx.clone();
-        tokio::spawn(async move {
-            if reconcile {
-                control
-                    .run(async move {
-                        let _ = stop.changed().await;
-                    })
-                    .await;
-            }
+    let reconcilers: Vec<_> = controls
+        .iter()
+        .map(|control| {
+            let control = control.clone();
+            let mut stop = stop_rx.clone();
+            tokio::spawn(async move {
+                if reconcile {
+                    control
+                        .run(async move {
+                            let _ = stop.changed().await;
+                        })
+                        .await;
+                }
+            })
         })
-    };
+        .collect();
     println!(
-        "sync-bench: {hosts} hosts × {per_host} GPUs, {tasks} tasks, each host syncing every {} s ({:.0} syncs/s) for {seconds} s; one reconcile pass after the warm-up took {:.1} ms",
+        "sync-bench: {hosts} hosts × {per_host} GPUs, {tasks} tasks, each host syncing every {} s ({:.0} syncs/s) for {seconds} s, {store_name}, {servers} server(s); one reconcile pass after the warm-up took {:.1} ms",
         interval.as_secs(),
         hosts as f64 / interval.as_secs_f64(),
         pass.as_secs_f64() * 1000.0
@@ -175,7 +206,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let end = start + Duration::from_secs(seconds);
     let mut handles = Vec::new();
     for w in 0..workers {
-        let router = router.clone();
+        let routers = routers.clone();
         let bodies = bodies.clone();
         handles.push(tokio::spawn(async move {
             let mut latencies = Vec::new();
@@ -192,7 +223,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     let (token, body) = &bodies[h];
                     let req = sync_request(token, body);
                     let t0 = Instant::now();
-                    let response = router.clone().oneshot(req).await.expect("answers");
+                    let router = routers[h % routers.len()].clone();
+                    let response = router.oneshot(req).await.expect("answers");
                     if !response.status().is_success() {
                         errors += 1;
                     }
@@ -220,7 +252,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut latencies: Vec<Duration> = timed.into_iter().map(|(_, took)| took).collect();
     let elapsed = start.elapsed().as_secs_f64();
     let _ = stop_tx.send(true);
-    let _ = reconciler.await;
+    for r in reconcilers {
+        let _ = r.await;
+    }
     latencies.sort();
     let lost = control
         .list_hosts()
@@ -241,7 +275,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     println!(
         "{}",
-        serde_json::json!({"hosts": hosts, "syncs": latencies.len(), "syncs_per_sec": latencies.len() as f64 / elapsed,
+        serde_json::json!({"store": store_name, "servers": servers, "hosts": hosts, "syncs": latencies.len(), "syncs_per_sec": latencies.len() as f64 / elapsed,
             "p50_ms": ms(percentile(&latencies, 0.5)), "p99_ms": ms(percentile(&latencies, 0.99)),
             "max_ms": ms(latencies.last().copied().unwrap_or_default()), "errors": errors, "hosts_lost": lost})
     );
