@@ -151,6 +151,10 @@ async fn unusable_urls_get_clear_errors() {
         .err()
         .expect("no server");
     assert!(matches!(err, StoreError::Database(_)), "{err}");
+    assert!(
+        err.to_string().contains("refused"),
+        "the cause, at once: {err}"
+    );
 }
 
 /// Two servers on one database commit placements on the same GPU at the same moment: the

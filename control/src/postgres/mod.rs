@@ -21,7 +21,7 @@ use crate::error::StoreError;
 use sqlx::postgres::{
     PgArguments, PgConnectOptions, PgListener, PgPoolOptions, PgQueryResult, PgRow,
 };
-use sqlx::{PgConnection, PgPool, Postgres};
+use sqlx::{Connection, PgConnection, PgPool, Postgres};
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -48,6 +48,10 @@ impl PgStore {
     /// migrator holds an advisory lock while it works).
     pub async fn open(url: &str) -> Result<Self, StoreError> {
         let options = PgConnectOptions::from_str(url)?.application_name("tessera");
+        // One connection first: a wrong address, password or database name is told as
+        // PostgreSQL or the network tells it, at once (the pool would retry it until its
+        // acquire timeout, then say only that it timed out).
+        PgConnection::connect_with(&options).await?.close().await?;
         let db = PgPoolOptions::new()
             .max_connections(16)
             .acquire_timeout(Duration::from_secs(10))
