@@ -47,6 +47,46 @@ impl TestDb {
         tessera_control::open(&self.url).await.expect("store")
     }
 
+    /// Stalls the database for `how_long` from now: another connection holds what the
+    /// control plane's every-tick write needs (SQLite's write lock; PostgreSQL's `servers`
+    /// table), as a database restarting or overloaded would keep it waiting.
+    pub async fn stall(&self, how_long: Duration) -> tokio::task::JoinHandle<()> {
+        use sqlx::Connection;
+        if self.is_postgres() {
+            let mut conn = sqlx::PgConnection::connect(&self.url).await.expect("db");
+            sqlx::query("BEGIN")
+                .execute(&mut conn)
+                .await
+                .expect("begin");
+            sqlx::query("LOCK TABLE servers IN ACCESS EXCLUSIVE MODE")
+                .execute(&mut conn)
+                .await
+                .expect("lock");
+            tokio::spawn(async move {
+                tokio::time::sleep(how_long).await;
+                sqlx::query("COMMIT")
+                    .execute(&mut conn)
+                    .await
+                    .expect("commit");
+            })
+        } else {
+            let mut conn = sqlx::SqliteConnection::connect(&self.url)
+                .await
+                .expect("db");
+            sqlx::query("BEGIN IMMEDIATE")
+                .execute(&mut conn)
+                .await
+                .expect("lock");
+            tokio::spawn(async move {
+                tokio::time::sleep(how_long).await;
+                sqlx::query("COMMIT")
+                    .execute(&mut conn)
+                    .await
+                    .expect("commit");
+            })
+        }
+    }
+
     /// Runs `sql` on the database behind the store's back (a hand edit, a corruption).
     pub async fn execute(&self, sql: &str) {
         use sqlx::Connection;

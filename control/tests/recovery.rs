@@ -322,3 +322,30 @@ fn silent_for(c: &tessera_control::Control, secs: u64) -> String {
     let d = tessera_control::clock::to_chrono(Duration::from_secs(secs));
     tessera_control::clock::stamp(c.config().clock.now() - d)
 }
+
+/// The database stalled (restarting, overloaded): agents could not have a sync recorded
+/// anywhere meanwhile, so a host silent past the lost timeout gets one more timeout to sync
+/// again before it is declared lost, as after the server's own restart.
+#[tokio::test]
+async fn after_the_database_stalled_hosts_get_a_lost_timeout_to_sync_again() {
+    let env = env(fast()).await;
+    let c = &env.control;
+    let a = host(c, "a", 1, 24).await;
+    sync(c, &a).await;
+    // Past the grace after the control plane's start, and past the host's lost timeout.
+    env.clock.advance(c.lost_timeout() + Duration::from_secs(1));
+    // The database keeps this tick's write waiting past 2 s.
+    let stall = env.db.stall(Duration::from_millis(2500)).await;
+    c.tick().await.expect("tick");
+    stall.await.expect("stall ends");
+    c.tick().await.expect("tick");
+    assert_eq!(
+        status(c, &a).await,
+        HostStatus::Active,
+        "one more timeout to sync"
+    );
+    // Still silent a whole lost timeout after the stall: lost.
+    env.clock.advance(c.lost_timeout() + Duration::from_secs(1));
+    c.tick().await.expect("tick");
+    assert_eq!(status(c, &a).await, HostStatus::Lost);
+}
