@@ -299,9 +299,13 @@ impl Control {
     /// carry its epoch. Whether this server scheduled; the pass's failure or panic as text.
     pub async fn tick(&self) -> Result<bool, String> {
         match self.tick_cluster().await {
-            Some(fenced) => supervised(async move { fenced.reconcile_once().await })
-                .await
-                .map(|()| true),
+            Some(fenced) => {
+                let started = std::time::Instant::now();
+                let pass = supervised(async move { fenced.reconcile_once().await }).await;
+                metrics::histogram!("tessera_reconcile_pass_seconds")
+                    .record(started.elapsed().as_secs_f64());
+                pass.map(|()| true)
+            }
             None => Ok(false),
         }
     }

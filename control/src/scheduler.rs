@@ -249,7 +249,10 @@ impl Control {
                     self.service_state_changed(&name, |s| s.pending = None);
                 }
             }
+            let started = std::time::Instant::now();
             let committed = self.store.commit_placements(&commits).await?;
+            metrics::histogram!("tessera_placement_commit_seconds")
+                .record(started.elapsed().as_secs_f64());
             placed_total += committed.len();
             if committed.len() < commits.len() {
                 tracing::warn!(

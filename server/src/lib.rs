@@ -24,6 +24,7 @@ pub mod auth;
 pub mod config;
 pub mod demo;
 pub mod error;
+pub mod metrics;
 pub mod openapi;
 pub mod session;
 
@@ -81,6 +82,8 @@ impl Default for Limits {
 impl AppState {
     /// Served on `bind` over plain HTTP, with the default allowed hosts and limits.
     pub fn new(control: Control, bind: SocketAddr) -> Self {
+        // Timings are recorded from the start (the recorder is the process's, made once).
+        crate::metrics::handle();
         AppState {
             control,
             leptos: leptos_options(bind),

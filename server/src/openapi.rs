@@ -21,7 +21,7 @@ use utoipa::OpenApi;
         license(name = "Apache-2.0"),
     ),
     paths(
-        api::healthz, spec,
+        api::healthz, api::metrics, spec,
         session::sign_in, session::who_am_i, session::sign_out_api, session::sign_out_form,
         session::create_token, session::list_tokens, session::delete_token,
         session::list_users, session::add_user, session::update_user, session::list_audit,

@@ -42,6 +42,9 @@ pub async fn agent_sync(
     headers: HeaderMap,
     Body(req): Body<SyncRequest>,
 ) -> Result<Json<SyncResponse>, ApiError> {
+    let started = std::time::Instant::now();
     let host = state.control.authenticate_agent(bearer(&headers)?).await?;
-    Ok(Json(state.control.sync_agent(&host, &req).await?))
+    let answer = state.control.sync_agent(&host, &req).await?;
+    metrics::histogram!("tessera_agent_sync_seconds").record(started.elapsed().as_secs_f64());
+    Ok(Json(answer))
 }

@@ -19,6 +19,7 @@ use agents::*;
 use axum::Json;
 use axum::extract::State;
 use axum::http::Method;
+use axum::response::IntoResponse;
 use bodies::Health;
 use fleet::*;
 use tessera_model::HostId;
@@ -77,6 +78,7 @@ pub fn routes() -> Routes {
     const ADMIN: Access = Access::Role(Role::Admin);
     Routes::default()
         .add(Method::GET, "/healthz", Access::Public, healthz)
+        .add(Method::GET, "/metrics", VIEW, metrics)
         .add(
             Method::GET,
             "/api/v1/openapi.json",
@@ -229,6 +231,22 @@ pub async fn healthz(State(state): State<AppState>) -> Result<Json<Health>, ApiE
     Ok(Json(Health {
         status: "ok".into(),
     }))
+}
+
+/// Prometheus metrics: the fleet's gauges (GPU memory and compute, tasks' measured use,
+/// hosts, pending tasks, deployments) and the timings of passes, commits and syncs. Scrape
+/// with a viewer's API token (`authorization: Bearer …`).
+#[utoipa::path(get, path = "/metrics", tag = "server",
+    responses((status = 200, description = "Prometheus text exposition format", content_type = "text/plain; version=0.0.4", body = String)))]
+pub async fn metrics(State(state): State<AppState>) -> Result<impl IntoResponse, ApiError> {
+    let text = crate::metrics::render(&state.control).await?;
+    Ok((
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    ))
 }
 
 /// A host id from the path; one that cannot exist is simply not found.

@@ -425,6 +425,7 @@ pub async fn authenticate(State(state): State<AppState>, mut req: Request, next:
         && !path.starts_with("/api/")
         && !path.starts_with("/agent/")
         && path != "/healthz"
+        && path != "/metrics"
         && !is_public_asset(&path);
     if is_page && authn.caller().is_none() {
         let next_page = req

@@ -1,0 +1,225 @@
+//! `GET /metrics`: Prometheus text that parses, with the fleet's gauges and the timings of
+//! passes, commits and syncs, for a viewer's token only.
+
+mod common;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode, header};
+use http_body_util::BodyExt;
+use serde_json::json;
+use std::collections::HashMap;
+use tessera_control::bench::api_token;
+use tessera_model::auth::Role;
+use tessera_server::{AppState, app};
+use tower::ServiceExt;
+
+const JOIN: &str = "metrics-join-token-0123456789";
+
+async fn send(
+    state: &AppState,
+    method: &str,
+    uri: &str,
+    token: Option<&str>,
+    body: Option<serde_json::Value>,
+) -> (StatusCode, String, Option<String>) {
+    let mut req = Request::builder()
+        .method(method)
+        .uri(uri)
+        .header(header::HOST, "127.0.0.1:3000");
+    if let Some(t) = token {
+        req = req.header(header::AUTHORIZATION, format!("Bearer {t}"));
+    }
+    if body.is_some() {
+        req = req.header(header::CONTENT_TYPE, "application/json");
+    }
+    let body = body.map_or_else(Body::empty, |b| Body::from(b.to_string()));
+    let resp = app(state.clone())
+        .oneshot(req.body(body).expect("request"))
+        .await
+        .expect("answer");
+    let status = resp.status();
+    let content_type = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+    (
+        status,
+        String::from_utf8_lossy(&bytes).into_owned(),
+        content_type,
+    )
+}
+
+/// Samples of the exposition text: `name{labels}` → value. Panics on a line that is not a
+/// comment, blank, or `name{k="v",...} value` (the text format Prometheus parses).
+fn parse(text: &str) -> HashMap<String, f64> {
+    let mut samples = HashMap::new();
+    for line in text.lines() {
+        if line.is_empty() || line.starts_with("# HELP ") || line.starts_with("# TYPE ") {
+            continue;
+        }
+        let (series, value) = line
+            .rsplit_once(' ')
+            .unwrap_or_else(|| panic!("no value: {line:?}"));
+        let value: f64 = value
+            .parse()
+            .unwrap_or_else(|_| panic!("value is not a number: {line:?}"));
+        let name_end = series.find('{').unwrap_or(series.len());
+        let name = &series[..name_end];
+        assert!(
+            !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
+            "metric name: {line:?}"
+        );
+        if name_end < series.len() {
+            let labels = &series[name_end..];
+            assert!(
+                labels.starts_with('{') && labels.ends_with('}'),
+                "labels: {line:?}"
+            );
+            for pair in labels[1..labels.len() - 1]
+                .split("\",")
+                .filter(|p| !p.is_empty())
+            {
+                let (k, v) = pair
+                    .split_once("=\"")
+                    .unwrap_or_else(|| panic!("label: {line:?}"));
+                assert!(
+                    k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
+                    "label name: {line:?}"
+                );
+                assert!(
+                    !v.trim_end_matches('"').contains('\n'),
+                    "label value: {line:?}"
+                );
+            }
+        }
+        samples.insert(series.to_owned(), value);
+    }
+    samples
+}
+
+fn sum(samples: &HashMap<String, f64>, name: &str, with: &str) -> f64 {
+    samples
+        .iter()
+        .filter(|(s, _)| (s.starts_with(&format!("{name}{{")) || *s == name) && s.contains(with))
+        .map(|(_, v)| v)
+        .sum()
+}
+
+#[tokio::test]
+async fn metrics_parse_and_show_the_fleet_its_tasks_and_the_timings() {
+    let control = common::control(JOIN).await;
+    control
+        .create_pool(&tessera_control::inputs::PoolInput::named("inference"))
+        .await
+        .expect("pool");
+    let tokens = common::register_hosts(&control, JOIN, &common::DEMO_HOSTS[2..3]).await;
+    let viewer = api_token(&control, Role::Viewer).await.expect("token");
+    let operator = api_token(&control, Role::Operator).await.expect("token");
+    let state = AppState::new(control.clone(), "127.0.0.1:0".parse().expect("valid"));
+
+    let (status, _, _) = send(&state, "GET", "/metrics", None, None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "no token, no metrics");
+
+    let (status, body, _) = send(
+        &state,
+        "POST",
+        "/api/v1/task-definitions",
+        Some(&operator),
+        Some(json!({
+        "family": "infer", "containers": [{"name": "main", "command": ["sleep", "600"],
+            "cpu_milli": 1000, "memory_mib": 1024,
+            "gpu": {"mps": {"memory_mib": 10240, "max_compute_percent": 30}}}]})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let (status, body, _) = send(
+        &state,
+        "POST",
+        "/api/v1/services",
+        Some(&operator),
+        Some(json!({
+        "name": "infer", "task_definition": "infer:1", "pool": "inference", "desired_count": 3})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(control.tick().await, Ok(true));
+    // The host's agent syncs: its tasks run, and it reports what they use.
+    let host = tessera_model::HostId::new("sim-l4-1").expect("valid");
+    let tasks = control.service_tasks("infer").await.expect("tasks");
+    let mut sync = common::sync_body(&control, &host).await;
+    sync["tasks"] = json!(tasks
+        .iter()
+        .filter(|t| t.host.as_ref() == Some(&host))
+        .map(|t| json!({"task_id": t.id, "running": true, "gpu_memory_peak_mib": 4096, "sm_percent": 12}))
+        .collect::<Vec<_>>());
+    let placed_here = sync["tasks"].as_array().expect("array").len();
+    assert!(placed_here > 0);
+    for _ in 0..2 {
+        let (status, body, _) = send(
+            &state,
+            "POST",
+            "/agent/v1/sync",
+            Some(&tokens[0]),
+            Some(sync.clone()),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+
+    let (status, text, content_type) = send(&state, "GET", "/metrics", Some(&viewer), None).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert!(
+        content_type
+            .expect("a content type")
+            .starts_with("text/plain; version=0.0.4")
+    );
+    let samples = parse(&text);
+    // 4 L4 GPUs of 24 GiB, 3 tasks of 10 GiB each reserved on them.
+    assert_eq!(
+        sum(&samples, "tessera_gpu_memory_total_mib", "sim-l4-1"),
+        4.0 * 24576.0
+    );
+    assert_eq!(
+        sum(&samples, "tessera_gpu_memory_reserved_mib", "sim-l4-1"),
+        3.0 * 10240.0
+    );
+    assert_eq!(
+        sum(&samples, "tessera_gpu_memory_used_mib", "sim-l4-1"),
+        placed_here as f64 * 4096.0
+    );
+    assert_eq!(
+        sum(
+            &samples,
+            "tessera_task_gpu_memory_peak_mib",
+            "service=\"infer\""
+        ),
+        placed_here as f64 * 4096.0
+    );
+    assert_eq!(
+        sum(&samples, "tessera_task_sm_percent", "service=\"infer\""),
+        placed_here as f64 * 12.0
+    );
+    assert_eq!(sum(&samples, "tessera_hosts", "status=\"active\""), 1.0);
+    assert_eq!(sum(&samples, "tessera_hosts", "status=\"lost\""), 0.0);
+    assert!(
+        sum(&samples, "tessera_reconcile_pass_seconds_count", "") >= 1.0,
+        "{text}"
+    );
+    assert!(
+        sum(&samples, "tessera_placement_commit_seconds_count", "") >= 1.0,
+        "{text}"
+    );
+    assert!(
+        sum(&samples, "tessera_agent_sync_seconds_count", "") >= 2.0,
+        "{text}"
+    );
+    assert!(
+        text.contains("# TYPE tessera_reconcile_pass_seconds histogram"),
+        "{text}"
+    );
+}
