@@ -237,7 +237,7 @@ pub async fn healthz(State(state): State<AppState>) -> Result<Json<Health>, ApiE
 /// hosts, pending tasks, deployments) and the timings of passes, commits and syncs. Scrape
 /// with a viewer's API token (`authorization: Bearer …`).
 #[utoipa::path(get, path = "/metrics", tag = "server",
-    responses((status = 200, description = "Prometheus text exposition format", content_type = "text/plain; version=0.0.4", body = String)))]
+    responses((status = 200, description = "Prometheus text exposition format", content_type = "text/plain", body = String)))]
 pub async fn metrics(State(state): State<AppState>) -> Result<impl IntoResponse, ApiError> {
     let text = crate::metrics::render(&state.control).await?;
     Ok((
