@@ -20,7 +20,7 @@ use tessera_model::views::{ClusterView, ServerView};
 
 /// How long a one-row write may take before the database counts as having been
 /// unavailable (hosts then get one lost timeout to sync again).
-const SLOW_STORE: std::time::Duration = std::time::Duration::from_secs(2);
+pub(crate) const SLOW_STORE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The topic of a change another server made (never published again).
 pub(crate) const ELSEWHERE: &str = "elsewhere";

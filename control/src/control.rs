@@ -128,9 +128,12 @@ pub struct Control {
     /// When this control plane started: hosts are not declared lost for one lost timeout
     /// after it, since their agents could not reach a server that was down.
     pub(crate) started: DateTime<Utc>,
-    /// When this server last found the database unreachable: agents could not sync through
-    /// any server meanwhile, so hosts get one lost timeout after it too.
+    /// When this server last found itself unable to do its work on time: the database
+    /// failed or stalled (agents could not have a sync recorded through any server
+    /// meanwhile), or a tick came late. Hosts get one lost timeout after it too.
     pub(crate) store_failed_at: Arc<Mutex<Option<DateTime<Utc>>>>,
+    /// When the last tick began.
+    pub(crate) last_tick: Arc<Mutex<Option<std::time::Instant>>>,
     /// Per deployment: the failures already answered with a delay, and until when new
     /// tasks wait (crash-loop backoff).
     pub(crate) restart_backoff: Arc<Mutex<HashMap<i64, Backoff>>>,
@@ -176,6 +179,7 @@ impl Control {
             failed_sign_ins: Arc::default(),
             started: config.clock.now(),
             store_failed_at: Arc::default(),
+            last_tick: Arc::default(),
             restart_backoff: Arc::default(),
             last_prune: Arc::default(),
             engines: Arc::default(),
@@ -298,6 +302,17 @@ impl Control {
     /// take or renew the scheduler lease and, holding it, run a reconcile pass whose writes
     /// carry its epoch. Whether this server scheduled; the pass's failure or panic as text.
     pub async fn tick(&self) -> Result<bool, String> {
+        // A tick that comes late (the last one waited on a database that was down, or the
+        // process was paused) says this server could not judge hosts' silence meanwhile.
+        let began = std::time::Instant::now();
+        let previous = self.last_tick.lock().expect("not poisoned").replace(began);
+        let late = (self.lost_timeout() / 2).max(crate::cluster::SLOW_STORE);
+        if previous.is_some_and(|p| began.duration_since(p) > self.config.tick + late) {
+            tracing::warn!(
+                "this server's last tick took too long; hosts get a lost timeout to sync again"
+            );
+            *self.store_failed_at.lock().expect("not poisoned") = Some(self.now());
+        }
         match self.tick_cluster().await {
             Some(fenced) => {
                 let started = std::time::Instant::now();

@@ -87,9 +87,10 @@ impl Control {
     }
 
     /// Hosts silent past the timeout become lost; their tasks stop and are replaced. For one
-    /// lost timeout after this control plane started, or after it last found the database
-    /// unreachable, nothing is declared lost: agents could not reach a server that was
-    /// down (or record a sync without its database), and get that long to sync again.
+    /// lost timeout after this control plane started, or after it last found itself unable
+    /// to work on time (the database down or stalled, a tick late), nothing is declared
+    /// lost: agents could not reach a server that was down (or record a sync without its
+    /// database), and get that long to sync again.
     async fn detect_lost_hosts(&self) -> Result<(), ControlError> {
         let swept = self.store.stop_tasks_on_lost_hosts().await?;
         if !swept.is_empty() {

@@ -1,5 +1,6 @@
 //! `GET /metrics`: Prometheus text that parses, with the fleet's gauges and the timings of
-//! passes, commits and syncs, for a viewer's token only.
+//! passes, commits and syncs, for a viewer's token only; and the sample Grafana dashboard
+//! queries nothing else.
 
 mod common;
 
@@ -143,7 +144,7 @@ async fn metrics_parse_and_show_the_fleet_its_tasks_and_the_timings() {
         "/api/v1/services",
         Some(&operator),
         Some(json!({
-        "name": "infer", "task_definition": "infer:1", "pool": "inference", "desired_count": 3})),
+        "name": "infer", "task_definition": "infer:1", "pool": "inference", "desired_count": 9})),
     )
     .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
@@ -179,14 +180,14 @@ async fn metrics_parse_and_show_the_fleet_its_tasks_and_the_timings() {
             .starts_with("text/plain; version=0.0.4")
     );
     let samples = parse(&text);
-    // 4 L4 GPUs of 24 GiB, 3 tasks of 10 GiB each reserved on them.
+    // 4 L4 GPUs of 24 GiB: 8 tasks of 10 GiB each reserved on them, the ninth waits.
     assert_eq!(
         sum(&samples, "tessera_gpu_memory_total_mib", "sim-l4-1"),
         4.0 * 24576.0
     );
     assert_eq!(
         sum(&samples, "tessera_gpu_memory_reserved_mib", "sim-l4-1"),
-        3.0 * 10240.0
+        8.0 * 10240.0
     );
     assert_eq!(
         sum(&samples, "tessera_gpu_memory_used_mib", "sim-l4-1"),
@@ -205,6 +206,7 @@ async fn metrics_parse_and_show_the_fleet_its_tasks_and_the_timings() {
         placed_here as f64 * 12.0
     );
     assert_eq!(sum(&samples, "tessera_hosts", "status=\"active\""), 1.0);
+    assert_eq!(sum(&samples, "tessera_tasks_pending", "reason=\""), 1.0);
     assert_eq!(sum(&samples, "tessera_hosts", "status=\"lost\""), 0.0);
     assert!(
         sum(&samples, "tessera_reconcile_pass_seconds_count", "") >= 1.0,
@@ -221,5 +223,46 @@ async fn metrics_parse_and_show_the_fleet_its_tasks_and_the_timings() {
     assert!(
         text.contains("# TYPE tessera_reconcile_pass_seconds histogram"),
         "{text}"
+    );
+    assert_dashboard_queries_exist(&text);
+}
+
+/// Every metric the sample Grafana dashboard (`server/grafana/tessera-dashboard.json`)
+/// queries is one that `text` (a whole `/metrics` answer) exposes.
+fn assert_dashboard_queries_exist(text: &str) {
+    let dashboard: serde_json::Value =
+        serde_json::from_str(include_str!("../grafana/tessera-dashboard.json"))
+            .expect("the dashboard is JSON");
+    let exposed: std::collections::BTreeSet<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split(' ').next())
+        .collect();
+    let mut queried = std::collections::BTreeSet::new();
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        for target in panel["targets"].as_array().expect("targets") {
+            let expr = target["expr"].as_str().expect("an expression");
+            for (i, _) in expr.match_indices("tessera_") {
+                let name: String = expr[i..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                let base = ["_bucket", "_count", "_sum"]
+                    .iter()
+                    .find_map(|s| name.strip_suffix(s))
+                    .unwrap_or(&name)
+                    .to_owned();
+                queried.insert(base);
+            }
+        }
+    }
+    assert!(queried.len() >= 10, "{queried:?}");
+    let missing: Vec<_> = queried
+        .iter()
+        .filter(|q| !exposed.contains(q.as_str()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "the dashboard queries what /metrics lacks: {missing:?}"
     );
 }
