@@ -258,6 +258,29 @@ class Fleet:
             time.sleep(0.2)
         raise RuntimeError(f"timed out after {seconds} s waiting for {what}")
 
+    def burst(self, calls, settle=6):
+        """Runs `calls` all at once, waits `settle` seconds, and returns the most task
+        processes seen running at any moment meanwhile (sampled every 0.1 s)."""
+        peak = [0]
+        stop = threading.Event()
+
+        def sample():
+            while not stop.is_set():
+                peak[0] = max(peak[0], len(self.processes()))
+                time.sleep(0.1)
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        threads = [threading.Thread(target=c) for c in calls]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        time.sleep(settle)
+        stop.set()
+        sampler.join()
+        return peak[0]
+
     # Setup.
 
     def setup(self, agents):
@@ -389,29 +412,12 @@ def drill_failover(f, results):
 
 def drill_contention(f, results):
     """Many clients create services at once, beyond capacity."""
-    peak = [0]
-    stop = threading.Event()
-
-    def sample():
-        while not stop.is_set():
-            peak[0] = max(peak[0], len(f.processes()))
-            time.sleep(0.1)
-
-    sampler = threading.Thread(target=sample)
-    sampler.start()
-    threads = [threading.Thread(target=f.service, args=(f"burst-{i}", 3)) for i in range(16)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    time.sleep(6)
-    stop.set()
-    sampler.join()
+    peak = f.burst([lambda i=i: f.service(f"burst-{i}", 3) for i in range(16)])
     # 3 hosts x 2 GPUs x 3 slots of 8 GiB (24 GiB each).
     capacity = len(f.agents) * 2 * 3
     results.append(("16 clients create 3-task services at once (48 tasks + 10, capacity %d)" % capacity,
                     "GPUs overcommitted", f.overcommitted(), 0))
-    results.append(("", "processes above capacity at any sample", max(0, peak[0] - capacity), 0))
+    results.append(("", "processes above capacity at any sample", max(0, peak - capacity), 0))
     for i in range(16):
         f.api("DELETE", f"/api/v1/services/burst-{i}")
     f.wait(lambda: len(f.processes()) <= 10, 60, "the burst services to drain")
@@ -473,36 +479,15 @@ def drill_gpu_removed(f, results):
 def drill_racing_servers(f, results):
     """Two servers take racing clients at once: half the services are created through
     each, beyond capacity."""
-    peak = [0]
-    stop = threading.Event()
-
-    def sample():
-        while not stop.is_set():
-            peak[0] = max(peak[0], len(f.processes()))
-            time.sleep(0.1)
-
-    sampler = threading.Thread(target=sample)
-    sampler.start()
-    threads = []
-    for i in range(16):
-        url = f.url if i % 2 == 0 else f.url2
-
-        def create(i=i, url=url):
-            f.api("POST", "/api/v1/services", {
-                "name": f"race-{i}", "task_definition": "drill:1", "pool": "drill",
-                "desired_count": 3, "stop_timeout_secs": 2}, url=url)
-        threads.append(threading.Thread(target=create))
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    time.sleep(6)
-    stop.set()
-    sampler.join()
+    def create(i):
+        f.api("POST", "/api/v1/services", {
+            "name": f"race-{i}", "task_definition": "drill:1", "pool": "drill",
+            "desired_count": 3, "stop_timeout_secs": 2}, url=f.url if i % 2 == 0 else f.url2)
+    peak = f.burst([lambda i=i: create(i) for i in range(16)])
     capacity = len(f.agents) * 2 * 3
     results.append(("two servers, 16 clients split between them, 3-task services at once "
                     "(capacity %d)" % capacity, "GPUs overcommitted", f.overcommitted(), 0))
-    results.append(("", "processes above capacity at any sample", max(0, peak[0] - capacity), 0))
+    results.append(("", "processes above capacity at any sample", max(0, peak - capacity), 0))
     results.append(("", "duplicate processes", f.duplicates(), 0))
     for i in range(16):
         f.api("DELETE", f"/api/v1/services/race-{i}")

@@ -110,20 +110,13 @@ impl TestDb {
 
 /// A new database on the server at `TESSERA_TEST_POSTGRES`; its URL.
 async fn postgres_database() -> String {
-    use sqlx::Connection;
     let admin = std::env::var("TESSERA_TEST_POSTGRES").expect(
         "TESSERA_TEST_STORE=postgres needs TESSERA_TEST_POSTGRES: run the tests under scripts/with-postgres.sh",
     );
     let name = format!("t_{}", uuid::Uuid::new_v4().simple());
-    let mut conn = sqlx::PgConnection::connect(&admin)
+    tessera_control::bench::fresh_postgres_database(&admin, &name)
         .await
-        .expect("the test PostgreSQL server answers");
-    sqlx::query(&format!("CREATE DATABASE {name}"))
-        .execute(&mut conn)
-        .await
-        .expect("create a test database");
-    let base = admin.rsplit_once('/').expect("a URL with a database").0;
-    format!("{base}/{name}")
+        .expect("a test database on the test PostgreSQL server")
 }
 
 pub struct Env {
