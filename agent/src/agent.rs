@@ -222,6 +222,13 @@ enum SyncFailure {
     Other(String),
 }
 
+/// A task's use since the last sync that reached the server.
+#[derive(Debug, Clone, Copy, Default)]
+struct UsageWindow {
+    peak: MiB,
+    memory_errors: u32,
+}
+
 /// The agent.
 pub struct Agent {
     config: AgentConfig,
@@ -232,8 +239,8 @@ pub struct Agent {
     probe: Box<dyn GpuProbe>,
     mps: Option<MpsSupervisor>,
     runtime: Runtime,
-    /// Peak GPU memory seen per task.
-    peaks: HashMap<String, MiB>,
+    /// What each task used since the last sync that reached the server.
+    windows: HashMap<String, UsageWindow>,
 }
 
 impl Agent {
@@ -293,7 +300,7 @@ impl Agent {
             probe,
             mps,
             runtime,
-            peaks: HashMap::new(),
+            windows: HashMap::new(),
         })
     }
 
@@ -382,22 +389,25 @@ impl Agent {
             .probe
             .inventory()
             .map_err(|e| SyncFailure::Other(e.to_string()))?;
-        let mut usage = HashMap::new();
+        let mut now = HashMap::new();
         for t in self.runtime.processes() {
             if let Some(u) = self.probe.task_usage(&TaskView {
                 pids: &t.pids,
                 env: &t.env,
             }) {
-                let peak = self.peaks.entry(t.task_id.clone()).or_insert(MiB::ZERO);
-                *peak = (*peak).max(u.gpu_memory);
-                usage.insert(t.task_id, (*peak, u.sm_percent));
+                let w = self.windows.entry(t.task_id.clone()).or_default();
+                w.peak = w.peak.max(u.gpu_memory);
+                w.memory_errors = w.memory_errors.saturating_add(u.memory_errors);
+                now.insert(t.task_id, u);
             }
         }
         let mut tasks = self.runtime.reports();
         for r in &mut tasks {
-            if let Some((peak, sm)) = usage.get(&r.task_id) {
-                r.gpu_memory_peak_mib = Some(*peak);
-                r.sm_percent = *sm;
+            if let (Some(u), Some(w)) = (now.get(&r.task_id), self.windows.get(&r.task_id)) {
+                r.gpu_memory_peak_mib = Some(w.peak);
+                r.gpu_memory_mib = Some(u.gpu_memory);
+                r.sm_percent = u.sm_percent;
+                r.memory_errors = (w.memory_errors > 0).then_some(w.memory_errors);
             }
         }
         let req = SyncRequest {
@@ -442,8 +452,8 @@ impl Agent {
             .await
             .map_err(|e| SyncFailure::Other(e.to_string()))?;
         self.runtime.converge(&answer.tasks);
-        self.peaks
-            .retain(|id, _| answer.tasks.iter().any(|t| t.task_id == *id));
+        // Reported: the next sync measures a new window.
+        self.windows.clear();
         Ok(answer)
     }
 

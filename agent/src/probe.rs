@@ -61,6 +61,9 @@ impl Inventory {
 pub struct Usage {
     pub gpu_memory: MiB,
     pub sm_percent: Option<u32>,
+    /// GPU memory allocations refused at the task's limit since the last measure (a
+    /// simulated task that wants more than its budget; NVML cannot see them).
+    pub memory_errors: u32,
 }
 
 /// What a probe needs to know about a running task to measure it.
@@ -259,7 +262,8 @@ impl NvmlProbe {
         self.last_sample_us = newest;
         Some(Usage {
             gpu_memory: MiB(memory),
-            sm_percent: sm,
+            sm_percent: sm.map(|s| s.min(100)),
+            memory_errors: 0,
         })
     }
 }
@@ -277,9 +281,22 @@ pub struct SimulatedProbe {
     removed: Option<std::path::PathBuf>,
 }
 
-/// The share of its GPU memory budget a simulated task uses: from this variable in the
-/// task's environment (e.g. `1.3` to show a task over budget), 0.6 when unset.
+/// The share of its GPU memory budget a simulated task uses at its peak: from this
+/// variable in the task's environment, 0.6 when unset. Use varies over a five-minute cycle
+/// between 88 % and 100 % of that peak. Above 1 (e.g. `1.3`) the task wants more than its
+/// budget: as under MPS, it holds at most the budget and each measure counts an
+/// allocation refused at the limit.
 pub const SIM_USE_ENV: &str = "TESSERA_SIM_GPU_USE";
+
+/// Where in its cycle a simulated task is: 0 to 1, from the clock and a phase that
+/// differs per task (its first process id).
+fn sim_wave(pids: &[u32]) -> f64 {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    let phase = pids.first().copied().unwrap_or(0) as f64 * 0.7;
+    0.5 + 0.5 * (secs * std::f64::consts::TAU / 300.0 + phase).sin()
+}
 
 impl SimulatedProbe {
     /// Parses `COUNTxMODEL-MEMORYGB`, e.g. `8xH100-80GB` or `4xL4-24GB`.
@@ -381,9 +398,19 @@ impl GpuProbe for SimulatedProbe {
             .get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
             .and_then(|v| v.parse().ok())
             .unwrap_or(100.0);
+        // Between 88 % and 100 % of the peak share along the cycle; without processes
+        // (tests) at the peak.
+        let level = if task.pids.is_empty() {
+            1.0
+        } else {
+            1.0 - 0.12 * sim_wave(task.pids)
+        };
+        let wanted = budget as f64 * share * level;
+        let refused = wanted > budget as f64;
         Some(Usage {
-            gpu_memory: MiB((budget as f64 * share).round() as u64),
-            sm_percent: Some((cap * share.min(1.0)).round() as u32),
+            gpu_memory: MiB(wanted.min(budget as f64).round() as u64),
+            sm_percent: Some((cap * (share * level).min(1.0)).round() as u32),
+            memory_errors: u32::from(refused),
         })
     }
 
@@ -489,9 +516,9 @@ mod tests {
             })
             .expect("budgeted");
         assert_eq!(
-            over.gpu_memory,
-            MiB(10240),
-            "a task can be shown over its budget"
+            (over.gpu_memory, over.memory_errors),
+            (MiB(8192), 1),
+            "a task over its budget holds the budget and has an allocation refused"
         );
     }
 

@@ -329,6 +329,7 @@ impl Control {
             })
             .map(|r| (r.task_id.clone(), r.gpu_memory_peak_mib, r.sm_percent))
             .collect();
+        self.record_reports(&mine, &req.tasks);
         let seen_at = stamp(self.now());
         if usage.is_empty() && same_gpus(&host.gpus, &req.gpus) {
             self.heartbeats

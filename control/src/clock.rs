@@ -64,6 +64,11 @@ pub fn since(later: DateTime<Utc>, earlier: DateTime<Utc>) -> Duration {
     (later - earlier).to_std().unwrap_or_default()
 }
 
+/// Unix seconds of `t`.
+pub fn since_epoch(t: DateTime<Utc>) -> i64 {
+    t.timestamp()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

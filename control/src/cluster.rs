@@ -84,6 +84,9 @@ impl Control {
         if let Err(e) = self.flush_heartbeats().await {
             tracing::warn!(error = %e, "writing the last syncs' times failed");
         }
+        if let Err(e) = self.flush_usage(false).await {
+            tracing::warn!(error = %e, "writing usage buckets failed; they are written at the next tick");
+        }
         let expires = stamp(now + to_chrono(self.config.lease_ttl));
         let held = self
             .lease

@@ -90,6 +90,8 @@ pub struct ControlConfig {
     pub lease_ttl: Duration,
     /// Where this server is reached, as `GET /api/v1/cluster` shows it.
     pub address: String,
+    /// Usage history: bucket widths, retention, the fit rules.
+    pub usage: crate::usage::UsageConfig,
 }
 
 impl Default for ControlConfig {
@@ -105,6 +107,7 @@ impl Default for ControlConfig {
             clock: Arc::new(SystemClock),
             lease_ttl: Duration::from_secs(8),
             address: String::new(),
+            usage: crate::usage::UsageConfig::default(),
         }
     }
 }
@@ -165,6 +168,8 @@ pub struct Control {
     /// [`Control::relay_changes`]); without it, a scheduler with company rebuilds its
     /// engines every pass.
     pub(crate) relayed: Arc<std::sync::atomic::AtomicBool>,
+    /// Measured use received by this server and not written yet.
+    pub(crate) usage: Arc<Mutex<crate::usage::UsageBuffer>>,
 }
 
 impl Control {
@@ -191,6 +196,7 @@ impl Control {
             server_id: crate::cluster::server_id(&config.address).into(),
             lease: Arc::default(),
             relayed: Arc::default(),
+            usage: Arc::default(),
             config,
         }
     }
@@ -288,6 +294,9 @@ impl Control {
         }
         if let Err(e) = self.flush_heartbeats().await {
             tracing::error!(error = %e, "writing the last syncs' times failed");
+        }
+        if let Err(e) = self.flush_usage(true).await {
+            tracing::error!(error = %e, "writing the last usage buckets failed");
         }
         self.let_go_of_lease().await;
         for task in relay {

@@ -22,6 +22,9 @@
 //! - [`agents`]: the agent API, server side: join token, registration, sync.
 //! - `views`: read models of the console's pages (hosts with GPU segments, the overview,
 //!   a service's tasks), as `Control` methods.
+//! - [`usage`]: usage history: agents' measures gathered into buckets, written and pruned.
+//! - `fit`: fit verdicts per task, service and pool, with what suggested budgets would free.
+//! - `consolidate`: consolidation plans (moves that free GPUs or hosts) and their execution.
 //! - [`inputs`]: request bodies and computed views, with their validation.
 //! - [`error`]: `StoreError` and `ControlError`.
 //! - `bench` (feature `bench`): the simulated fleet and arguments the benchmark programs
@@ -38,6 +41,7 @@ pub mod clock;
 mod cluster;
 pub mod control;
 pub mod error;
+mod fit;
 pub mod inputs;
 mod lifecycle;
 mod plan;
@@ -46,6 +50,7 @@ mod reconcile;
 mod scheduler;
 pub mod sqlite;
 pub mod store;
+pub mod usage;
 mod views;
 
 pub use control::{Control, ControlConfig};

@@ -65,6 +65,10 @@ impl Control {
         if pruned != Pruned::default() {
             tracing::info!(?pruned, "pruned rows past the retention");
         }
+        let buckets = self.prune_usage().await?;
+        if buckets > 0 {
+            tracing::info!(buckets, "pruned usage buckets past their retention");
+        }
         Ok(pruned)
     }
 

@@ -547,12 +547,89 @@ pub struct Fence {
     pub epoch: i64,
 }
 
+/// One bucket of a task's measured use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageRow {
+    pub task_id: String,
+    pub width_secs: i64,
+    /// Unix seconds, a multiple of `width_secs`.
+    pub bucket_start: i64,
+    pub service: String,
+    pub task_definition: TaskDefRef,
+    pub host: Option<HostId>,
+    pub memory_max: MiB,
+    pub memory_last: MiB,
+    pub sm_p50: Option<u32>,
+    pub sm_p95: Option<u32>,
+    pub sm_max: Option<u32>,
+    pub samples: u32,
+    pub memory_errors: u32,
+}
+
+/// Which usage buckets to read: one width, from `since` (unix seconds), oldest first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UsageQuery {
+    pub service: Option<String>,
+    pub width_secs: i64,
+    pub since: i64,
+}
+
+#[async_trait]
+/// Measured use over time, in buckets.
+pub trait UsageStore: Send + Sync + 'static {
+    /// Stores buckets; a bucket already stored (written by another server, or before a
+    /// restart) is merged: the larger of each figure, the samples and errors added.
+    async fn record_usage(&self, rows: &[UsageRow]) -> Result<(), StoreError>;
+    async fn list_usage(&self, q: &UsageQuery) -> Result<Vec<UsageRow>, StoreError>;
+    /// Deletes buckets of `width_secs` that start before `before`; returns how many.
+    async fn prune_usage(&self, width_secs: i64, before: i64) -> Result<u64, StoreError>;
+}
+
+/// A consolidation plan as stored: its moves and progress are the JSON `body`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredPlan {
+    pub id: String,
+    pub pool: String,
+    pub goal: String,
+    pub status: String,
+    pub created_at: String,
+    pub body: String,
+}
+
+#[async_trait]
+/// Consolidation plans.
+pub trait PlanStore: Send + Sync + 'static {
+    /// Creates the plan or replaces it.
+    async fn save_plan(&self, plan: &StoredPlan) -> Result<(), StoreError>;
+    async fn get_plan(&self, id: &str) -> Result<StoredPlan, StoreError>;
+    /// The newest plans first.
+    async fn list_plans(&self, limit: u32) -> Result<Vec<StoredPlan>, StoreError>;
+}
+
 pub trait Store:
-    AuthStore + HostStore + ServiceStore + TaskStore + EventStore + ClusterStore
+    AuthStore
+    + HostStore
+    + ServiceStore
+    + TaskStore
+    + EventStore
+    + ClusterStore
+    + UsageStore
+    + PlanStore
 {
 }
 
-impl<T: AuthStore + HostStore + ServiceStore + TaskStore + EventStore + ClusterStore> Store for T {}
+impl<
+    T: AuthStore
+        + HostStore
+        + ServiceStore
+        + TaskStore
+        + EventStore
+        + ClusterStore
+        + UsageStore
+        + PlanStore,
+> Store for T
+{
+}
 
 /// Opens the store named by `url`, applying pending migrations: `sqlite://PATH` (the file
 /// and its directory are created if missing) or `postgres://USER@HOST[:PORT]/DATABASE`

@@ -250,6 +250,8 @@ pub async fn sync_with(
             exit_code: None,
             gpu_memory_peak_mib: None,
             sm_percent: None,
+            gpu_memory_mib: None,
+            memory_errors: None,
         })
         .collect();
     tasks.extend(exited.iter().map(|(id, code)| TaskReport {
@@ -258,6 +260,8 @@ pub async fn sync_with(
         exit_code: Some(*code),
         gpu_memory_peak_mib: None,
         sm_percent: None,
+        gpu_memory_mib: None,
+        memory_errors: None,
     }));
     control
         .sync_agent(

@@ -434,6 +434,8 @@ async fn a_sync_that_changes_nothing_still_counts_and_new_use_or_gpus_are_record
                 exit_code: None,
                 gpu_memory_peak_mib: Some(tessera_model::MiB(peak)),
                 sm_percent: Some(sm),
+                gpu_memory_mib: None,
+                memory_errors: None,
             })
             .collect(),
     };

@@ -92,12 +92,21 @@ pub struct TaskReport {
     pub running: bool,
     #[serde(default)]
     pub exit_code: Option<i32>,
+    /// The highest GPU memory measured since the last sync.
     #[serde(default)]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<u64>, maximum = 16_777_216))]
     pub gpu_memory_peak_mib: Option<MiB>,
+    /// GPU memory in use now.
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<u64>, maximum = 16_777_216))]
+    pub gpu_memory_mib: Option<MiB>,
     #[serde(default)]
     #[cfg_attr(feature = "openapi", schema(maximum = 100))]
     pub sm_percent: Option<u32>,
+    /// GPU memory allocations that failed at the task's limit since the last sync.
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(maximum = 1_000_000))]
+    pub memory_errors: Option<u32>,
 }
 
 /// `POST /agent/v1/sync`.
@@ -275,12 +284,21 @@ impl SyncRequest {
                     message: "must be between 0 and 100".into(),
                 });
             }
-            if t.gpu_memory_peak_mib
-                .is_some_and(|m| m.0 > MAX_GPU_MEMORY_MIB)
-            {
+            for (name, value) in [
+                ("gpu_memory_peak_mib", t.gpu_memory_peak_mib),
+                ("gpu_memory_mib", t.gpu_memory_mib),
+            ] {
+                if value.is_some_and(|m| m.0 > MAX_GPU_MEMORY_MIB) {
+                    errors.push(FieldError {
+                        field: format!("tasks[{i}].{name}"),
+                        message: "is larger than any GPU".into(),
+                    });
+                }
+            }
+            if t.memory_errors.is_some_and(|n| n > 1_000_000) {
                 errors.push(FieldError {
-                    field: format!("tasks[{i}].gpu_memory_peak_mib"),
-                    message: "is larger than any GPU".into(),
+                    field: format!("tasks[{i}].memory_errors"),
+                    message: "must be at most 1000000".into(),
                 });
             }
         }

@@ -10,6 +10,7 @@
 //! - [`inventory`]: hosts, GPUs, pools and their statuses, as the store and the API see them.
 //! - [`service`]: services, deployments, tasks and their states, events.
 //! - [`api`]: REST bodies the console shares: service and pool inputs, previews, service detail.
+//! - [`fit`]: fit evidence: verdicts of measured use against budgets, suggested budgets.
 //! - [`error`]: `FieldError` and `ValidationErrors`, every validator's answer.
 //! - [`auth`]: roles, operators' accounts, API tokens, callers and the audit log.
 //! - [`agent`]: the agent protocol (register, sync) spoken over `/agent/v1`.
@@ -24,6 +25,7 @@ pub mod agent;
 pub mod api;
 pub mod auth;
 pub mod error;
+pub mod fit;
 pub mod ids;
 pub mod inventory;
 #[cfg(feature = "openapi")]

@@ -11,6 +11,7 @@
 //! - [`request`]: what a task asks for (CPU, memory, whole GPUs or an MPS slot) and its constraints.
 //! - [`engine`]: filter, score, choose; the policies (`policy`), binpack's index (`index`),
 //!   scoring (`scoring`), rejections explained (`explain`); batches and dry runs.
+//! - [`consolidate`]: consolidation plans: moves that empty partly used GPUs or hosts.
 //! - [`profile`]: the workload's shape and the fragmentation measure built on it.
 //! - `gaps`: what a GPU's free share is worth to the workload, learned from its shape.
 //! - `classes`: hosts grouped by identical state, so each state is scored once.
@@ -21,6 +22,7 @@
 #![forbid(unsafe_code)]
 
 mod classes;
+pub mod consolidate;
 pub mod engine;
 mod gaps;
 pub mod openb;

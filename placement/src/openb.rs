@@ -18,6 +18,10 @@ pub struct TraceTask {
     pub request: TaskRequest,
     pub num_gpu: u32,
     pub gpu_milli: u32,
+    /// When the task arrived and left, in trace seconds, where the file says (the
+    /// `creation_time` and `deletion_time` columns).
+    pub created: Option<u64>,
+    pub deleted: Option<u64>,
 }
 
 impl TraceTask {
@@ -124,6 +128,12 @@ pub fn parse_tasks(file: &str, text: &str) -> Result<Vec<TraceTask>, TraceError>
     let mut lines = text.lines();
     let csv = Csv::new(file, lines.next().unwrap_or(""));
     let spec = csv.header.get("gpu_spec").copied();
+    let time = |fields: &[&str], column: &str| {
+        csv.header
+            .get(column)
+            .and_then(|&i| fields.get(i))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+    };
     let mut tasks = Vec::new();
     for (row, line) in lines.enumerate().filter(|(_, l)| !l.trim().is_empty()) {
         let line_no = row + 2;
@@ -172,6 +182,8 @@ pub fn parse_tasks(file: &str, text: &str) -> Result<Vec<TraceTask>, TraceError>
             },
             num_gpu: if gpu == GpuDemand::None { 0 } else { num_gpu },
             gpu_milli: if gpu == GpuDemand::None { 0 } else { gpu_milli },
+            created: time(&fields, "creation_time"),
+            deleted: time(&fields, "deletion_time"),
         });
     }
     Ok(tasks)
@@ -206,6 +218,13 @@ mod tests {
         assert_eq!(tasks[1].request.gpu, GpuDemand::Whole { count: 2 });
         assert_eq!(tasks[2].request.gpu, GpuDemand::None);
         assert_eq!(tasks[1].gpu_request_milli(), 2000);
+        assert_eq!((tasks[0].created, tasks[0].deleted), (None, None));
+        let timed = parse_tasks(
+            "t.csv",
+            "name,cpu_milli,memory_mib,num_gpu,gpu_milli,creation_time,deletion_time\np0,1000,10,1,460,5,90\n",
+        )
+        .expect("valid");
+        assert_eq!((timed[0].created, timed[0].deleted), (Some(5), Some(90)));
     }
 
     #[test]

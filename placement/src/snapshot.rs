@@ -376,6 +376,31 @@ impl Snapshot {
 
     /// Takes what `p` holds. Checks every capacity first and changes nothing if one is short,
     /// so a stale plan can never overcommit.
+    /// Takes GPU `g` out of service (a consolidation plan keeps it empty) or puts it back.
+    pub fn set_gpu_available(&mut self, g: GpuIdx, available: bool) {
+        self.gpus[g as usize].healthy = available;
+    }
+
+    /// Whether host `h` takes new tasks.
+    pub fn set_host_active(&mut self, h: HostIdx, active: bool) {
+        self.hosts[h as usize].active = active;
+    }
+
+    /// Whether GPU `g` takes tasks (healthy and not taken out of service).
+    pub fn gpu_available(&self, g: GpuIdx) -> bool {
+        self.gpus[g as usize].healthy
+    }
+
+    /// Whether host `h` takes new tasks.
+    pub fn host_active(&self, h: HostIdx) -> bool {
+        self.hosts[h as usize].active
+    }
+
+    /// The host GPU `g` is on.
+    pub fn host_of(&self, g: GpuIdx) -> HostIdx {
+        self.gpus[g as usize].host
+    }
+
     pub fn assign(&mut self, p: &Placement) -> Result<(), CapacityError> {
         let host = self
             .hosts

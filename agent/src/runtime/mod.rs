@@ -473,6 +473,8 @@ impl Runtime {
                 exit_code: None,
                 gpu_memory_peak_mib: None,
                 sm_percent: None,
+                gpu_memory_mib: None,
+                memory_errors: None,
             });
         let exited = self
             .tasks
@@ -488,6 +490,8 @@ impl Runtime {
                 exit_code,
                 gpu_memory_peak_mib: None,
                 sm_percent: None,
+                gpu_memory_mib: None,
+                memory_errors: None,
             });
         running.chain(exited).collect()
     }

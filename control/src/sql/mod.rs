@@ -10,7 +10,8 @@
 //! - `auth`: users, API tokens, console sessions and the audit log.
 //! - `hosts`: pools and hosts; `services`: task definitions, services, deployments;
 //!   `tasks`: tasks and placement commits; `events`: events and settings; `cluster`:
-//!   servers and the scheduler lease.
+//!   servers and the scheduler lease; `usage`: measured use in buckets, consolidation
+//!   plans.
 //! - `rows`: row mapping and column lists shared by them.
 
 mod auth;
@@ -20,6 +21,7 @@ mod hosts;
 mod rows;
 mod services;
 mod tasks;
+mod usage;
 
 use rows::*;
 

@@ -138,6 +138,18 @@ impl Engine {
         Ok(())
     }
 
+    /// Takes GPU `g` out of service or puts it back (see [`Snapshot::set_gpu_available`]).
+    pub fn set_gpu_available(&mut self, g: crate::snapshot::GpuIdx, available: bool) {
+        self.snap.set_gpu_available(g, available);
+        self.refresh(self.snap.host_of(g));
+    }
+
+    /// Cordons host `h` (no new tasks) or opens it again.
+    pub fn set_host_active(&mut self, h: HostIdx, active: bool) {
+        self.snap.set_host_active(h, active);
+        self.refresh(h);
+    }
+
     /// Places and assigns each request in turn (a service scale-up). With distinct-host
     /// constraints, each placed host is avoided by the tasks after it.
     pub fn place_batch(&mut self, requests: &[TaskRequest]) -> BatchOutcome {

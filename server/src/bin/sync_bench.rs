@@ -102,6 +102,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 exit_code: None,
                 gpu_memory_peak_mib: Some(tessera_model::MiB(4096)),
                 sm_percent: Some(10),
+                gpu_memory_mib: None,
+                memory_errors: None,
             });
         }
     }

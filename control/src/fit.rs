@@ -1,0 +1,474 @@
+//! Fit verdicts: each task's and each service's measured use (the usage history) judged
+//! against its GPU budget by [`tessera_model::fit::judge`], and what a pool would hold with
+//! the suggested budgets, computed by the placement engine on the pool's hosts.
+
+use crate::capacity::{Held, PoolCapacity};
+use crate::control::Control;
+use crate::error::ControlError;
+use crate::inputs::Errors;
+use crate::scheduler::request_for;
+use crate::store::{TaskFilter, UsageRow};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use tessera_model::fit::{
+    Evidence, PoolFit, ServiceFit, ServiceFitSummary, TaskFit, UsagePoint, Verdict, judge,
+    percentile,
+};
+use tessera_model::service::{Service, Task, TaskState};
+use tessera_model::taskdef::{TaskDefinitionSpec, TaskGpu};
+use tessera_model::{MiB, SharingMode};
+use tessera_placement::{DemandProfile, Engine, GpuDemand, Policy, TaskRequest};
+
+/// The ranges a service's history is drawn over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Range {
+    Hour,
+    Day,
+    Month,
+}
+
+impl Range {
+    pub fn parse(s: &str) -> Result<Range, ControlError> {
+        match s {
+            "" | "hour" => Ok(Range::Hour),
+            "day" => Ok(Range::Day),
+            "month" => Ok(Range::Month),
+            other => {
+                let mut e = Errors::default();
+                e.add(
+                    "range",
+                    format!("must be hour, day or month, got {other:?}"),
+                );
+                e.finish()?;
+                unreachable!("an error was added")
+            }
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Range::Hour => "hour",
+            Range::Day => "day",
+            Range::Month => "month",
+        }
+    }
+
+    fn secs(self) -> i64 {
+        match self {
+            Range::Hour => 3600,
+            Range::Day => 86_400,
+            Range::Month => 30 * 86_400,
+        }
+    }
+}
+
+/// The GPU memory a task of `spec` reserves per copy, and its compute cap in percent.
+fn budget_of(spec: &TaskDefinitionSpec, gpu_memory: Option<MiB>) -> (MiB, Option<u32>, bool) {
+    match spec.gpu() {
+        TaskGpu::Shared { memory, compute } => (memory, compute.map(|c| c.0.div_ceil(10)), true),
+        TaskGpu::Whole { .. } => (gpu_memory.unwrap_or(MiB::ZERO), None, false),
+        TaskGpu::None => (MiB::ZERO, None, false),
+    }
+}
+
+/// Evidence from a task's buckets (or a service's: all its tasks' together).
+fn evidence_of<'a>(rows: impl IntoIterator<Item = &'a UsageRow>, now: i64) -> Evidence {
+    let mut peak: Option<MiB> = None;
+    let mut first: Option<i64> = None;
+    let mut p95s = Vec::new();
+    let mut errors = 0u64;
+    for r in rows {
+        if r.samples > 0 {
+            peak = Some(peak.map_or(r.memory_max, |p| p.max(r.memory_max)));
+        }
+        first = Some(first.map_or(r.bucket_start, |f| f.min(r.bucket_start)));
+        p95s.extend(r.sm_p95);
+        errors += u64::from(r.memory_errors);
+    }
+    Evidence {
+        peak,
+        sm_p95: percentile(&mut p95s, 95),
+        span_secs: first.map_or(0, |f| (now - f).max(0) as u64),
+        memory_errors: errors,
+    }
+}
+
+/// A task's figures in one bucket of a chart: highest memory, SM median, SM p95.
+type TaskInBucket = (u64, Option<u32>, Option<u32>);
+
+/// Verdicts counted, worst first, leaving out those with no task.
+fn count_verdicts(verdicts: impl IntoIterator<Item = Verdict>) -> Vec<(Verdict, u32)> {
+    let mut counts: BTreeMap<Verdict, u32> = BTreeMap::new();
+    for v in verdicts {
+        *counts.entry(v).or_default() += 1;
+    }
+    Verdict::ALL
+        .iter()
+        .filter_map(|v| counts.get(v).map(|&n| (*v, n)))
+        .collect()
+}
+
+/// Every bucket of the evidence: the fine ones, and the coarse ones that ended before the
+/// first fine one (so no sample counts twice).
+fn evidence_rows(fine: &[UsageRow], coarse: &[UsageRow]) -> Vec<UsageRow> {
+    let first_fine: HashMap<&str, i64> = fine.iter().fold(HashMap::new(), |mut m, r| {
+        let e = m.entry(r.task_id.as_str()).or_insert(r.bucket_start);
+        *e = (*e).min(r.bucket_start);
+        m
+    });
+    let mut out: Vec<UsageRow> = coarse
+        .iter()
+        .filter(|r| {
+            first_fine
+                .get(r.task_id.as_str())
+                .is_none_or(|&f| r.bucket_start + r.width_secs <= f)
+        })
+        .cloned()
+        .collect();
+    out.extend(fine.iter().cloned());
+    out
+}
+
+impl Control {
+    /// The evidence buckets of `service` (or every service), fine and coarse, within their
+    /// retention.
+    async fn evidence(&self, service: Option<&str>) -> Result<Vec<UsageRow>, ControlError> {
+        let now = self.unix_now();
+        let c = &self.config.usage;
+        let [fine_w, coarse_w] = c.widths();
+        let fine = self
+            .usage_rows(service, fine_w, now - c.fine_keep.as_secs() as i64)
+            .await?;
+        let coarse = self
+            .usage_rows(service, coarse_w, now - c.coarse_keep.as_secs() as i64)
+            .await?;
+        Ok(evidence_rows(&fine, &coarse))
+    }
+
+    /// `GET /api/v1/services/{name}/fit`: the verdict over the service's evidence, each
+    /// live task's, and its history over `range`.
+    pub async fn service_fit(&self, name: &str, range: &str) -> Result<ServiceFit, ControlError> {
+        let range = Range::parse(range)?;
+        let service = self.store.get_service(name).await?;
+        let rows = self.evidence(Some(name)).await?;
+        let tasks = self.holding_tasks_of(name).await?;
+        let spec = self.spec_of(&service.task_definition).await?;
+        let mut fit = self.judge_service(&service, &spec, &tasks, &rows);
+        let (bucket_secs, history) = self.history(name, range).await?;
+        fit.range = range.name().to_owned();
+        fit.bucket_secs = bucket_secs;
+        fit.history = history;
+        Ok(fit)
+    }
+
+    async fn holding_tasks_of(&self, service: &str) -> Result<Vec<Task>, ControlError> {
+        Ok(self
+            .store
+            .list_tasks(&TaskFilter {
+                service: Some(service.to_owned()),
+                states: TaskState::HOLDING.to_vec(),
+                ..Default::default()
+            })
+            .await?)
+    }
+
+    /// A service's fit from its buckets `rows` and its holding `tasks` (no history).
+    fn judge_service(
+        &self,
+        service: &Service,
+        spec: &TaskDefinitionSpec,
+        tasks: &[Task],
+        rows: &[UsageRow],
+    ) -> ServiceFit {
+        let now = self.unix_now();
+        let rules = &self.config.usage.rules;
+        let whole_memory = tasks
+            .iter()
+            .map(|t| t.allocations.iter().map(|a| a.memory).sum::<MiB>())
+            .max();
+        let (budget, cap, shared) = budget_of(spec, whole_memory);
+        let mut by_task: HashMap<&str, Vec<&UsageRow>> = HashMap::new();
+        for r in rows {
+            by_task.entry(r.task_id.as_str()).or_default().push(r);
+        }
+        let task_fits: Vec<TaskFit> = tasks
+            .iter()
+            .map(|t| {
+                let mine = by_task.get(t.id.as_str()).cloned().unwrap_or_default();
+                let mut ev = evidence_of(mine.iter().copied(), now);
+                // The stored running peak covers syncs whose bucket is not written yet.
+                if let Some(p) = t.measured.gpu_memory_peak {
+                    ev.peak = Some(ev.peak.map_or(p, |e| e.max(p)));
+                }
+                let task_budget = t.allocations.iter().map(|a| a.memory).sum::<MiB>();
+                let task_budget = if shared { budget } else { task_budget };
+                TaskFit {
+                    task_id: t.id.clone(),
+                    host: t.host.as_ref().map(|h| h.to_string()),
+                    budget_mib: task_budget,
+                    compute_cap_percent: cap,
+                    peak_mib: ev.peak,
+                    now_mib: mine
+                        .iter()
+                        .max_by_key(|r| r.bucket_start)
+                        .map(|r| r.memory_last),
+                    sm_p95: ev.sm_p95,
+                    evidence_secs: ev.span_secs,
+                    memory_errors: ev.memory_errors,
+                    judgement: judge(task_budget, &ev, rules),
+                }
+            })
+            .collect();
+        // The service's verdict: every task's evidence of the revision it runs now.
+        let current: Vec<&UsageRow> = rows
+            .iter()
+            .filter(|r| r.task_definition == service.task_definition)
+            .collect();
+        let mut ev = evidence_of(current.iter().copied(), now);
+        for t in tasks
+            .iter()
+            .filter(|t| t.task_definition == service.task_definition)
+        {
+            if let Some(p) = t.measured.gpu_memory_peak {
+                ev.peak = Some(ev.peak.map_or(p, |e| e.max(p)));
+            }
+        }
+        let judgement = judge(budget, &ev, rules);
+        let used = task_fits.iter().filter_map(|t| t.peak_mib).sum();
+        ServiceFit {
+            service: service.name.clone(),
+            pool: service.pool.to_string(),
+            task_definition: service.task_definition.to_string(),
+            budget_mib: budget,
+            compute_cap_percent: cap,
+            shared,
+            judgement,
+            by_verdict: count_verdicts(task_fits.iter().map(|t| t.judgement.verdict)),
+            reserved_mib: task_fits.iter().map(|t| t.budget_mib).sum(),
+            used_mib: used,
+            tasks: task_fits,
+            range: String::new(),
+            bucket_secs: 0,
+            history: Vec::new(),
+            min_evidence_secs: rules.min_evidence_secs,
+            time_note: self.config.usage.time_note.clone(),
+        }
+    }
+
+    /// The service's history over `range`: per bucket, across its tasks.
+    async fn history(
+        &self,
+        name: &str,
+        range: Range,
+    ) -> Result<(u64, Vec<UsagePoint>), ControlError> {
+        let now = self.unix_now();
+        let [fine, coarse] = self.config.usage.widths();
+        let (width, group) = match range {
+            Range::Hour => (fine, fine),
+            // At most ~300 points a chart.
+            Range::Day => (fine, fine.max(((86_400 / 288) / fine).max(1) * fine)),
+            Range::Month => (
+                coarse,
+                coarse.max(((30 * 86_400 / 720) / coarse).max(1) * coarse),
+            ),
+        };
+        let rows = self
+            .usage_rows(Some(name), width, now - range.secs())
+            .await?;
+        // Per bucket group, per task: the task's highest memory and SM figures.
+        let mut groups: BTreeMap<i64, HashMap<&str, TaskInBucket>> = BTreeMap::new();
+        for r in &rows {
+            let g = r.bucket_start - r.bucket_start.rem_euclid(group);
+            let e = groups
+                .entry(g)
+                .or_default()
+                .entry(r.task_id.as_str())
+                .or_insert((0, None, None));
+            e.0 = e.0.max(r.memory_max.0);
+            e.1 = e.1.max(r.sm_p50);
+            e.2 = e.2.max(r.sm_p95);
+        }
+        let points = groups
+            .into_iter()
+            .map(|(t, per_task)| {
+                let mut mem: Vec<u64> = per_task.values().map(|v| v.0).collect();
+                mem.sort_unstable();
+                let mut sm50: Vec<u32> = per_task.values().filter_map(|v| v.1).collect();
+                UsagePoint {
+                    t,
+                    memory_p50_mib: mem[(mem.len() - 1) / 2],
+                    memory_max_mib: *mem.last().expect("a group has a task"),
+                    sm_p50: percentile(&mut sm50, 50),
+                    sm_p95: per_task.values().filter_map(|v| v.2).max(),
+                    tasks: per_task.len() as u32,
+                }
+            })
+            .collect();
+        Ok((group as u64, points))
+    }
+
+    /// `GET /api/v1/fit?pool=NAME`: each service's verdict, and what the pool would hold
+    /// with the suggested budgets: its tasks placed afresh on its hosts by the placement
+    /// engine (best fit, largest first), and then as many more tasks of each service as fit.
+    pub async fn pool_fit(&self, pool: &str) -> Result<PoolFit, ControlError> {
+        let mut e = Errors::default();
+        let pool_name = e.pool(pool);
+        e.finish()?;
+        let pool_name = pool_name.expect("validated");
+        let info = self.existing_pool(&pool_name).await?;
+        let services: Vec<Service> = self
+            .store
+            .list_services()
+            .await?
+            .into_iter()
+            .filter(|s| s.pool == pool_name)
+            .collect();
+        let rows = self.evidence(None).await?;
+        let hosts: Vec<_> = self
+            .store
+            .list_hosts()
+            .await?
+            .into_iter()
+            .filter(|h| h.pool == pool_name)
+            .collect();
+        let holding = self
+            .store
+            .list_tasks(&TaskFilter {
+                pool: Some(pool_name.clone()),
+                states: TaskState::HOLDING.to_vec(),
+                ..Default::default()
+            })
+            .await?;
+        let now_capacity = PoolCapacity::build(&info, &hosts, holding.iter().filter_map(Held::of));
+        let gpus_total = hosts.iter().map(|h| h.gpus.len() as u32).sum();
+        let gpus_in_use = hosts
+            .iter()
+            .flat_map(|h| &h.gpus)
+            .filter(|g| {
+                now_capacity
+                    .gpu_usage(&g.uuid)
+                    .is_some_and(|u| u.mode != SharingMode::Idle)
+            })
+            .count() as u32;
+
+        let mut fits = Vec::new();
+        let mut requests: Vec<(String, TaskRequest)> = Vec::new();
+        let mut suggested: HashMap<String, TaskRequest> = HashMap::new();
+        for s in &services {
+            let tasks: Vec<Task> = holding
+                .iter()
+                .filter(|t| t.service == s.name)
+                .cloned()
+                .collect();
+            let spec = self.spec_of(&s.task_definition).await?;
+            let service_rows: Vec<UsageRow> = rows
+                .iter()
+                .filter(|r| r.service == s.name)
+                .cloned()
+                .collect();
+            let fit = self.judge_service(s, &spec, &tasks, &service_rows);
+            let mut req = request_for(&spec, &s.constraints, BTreeSet::new());
+            if let (GpuDemand::Shared { memory, compute }, Some(m)) =
+                (&mut req.gpu, fit.judgement.suggested_memory_mib)
+            {
+                *memory = m;
+                if compute.is_some()
+                    && let Some(c) = fit.judgement.suggested_compute_percent
+                {
+                    *compute = Some(tessera_model::ComputeMilli(c * 10));
+                }
+            }
+            for t in &tasks {
+                let own = self.spec_of(&t.task_definition).await?;
+                let mut r = request_for(&own, &s.constraints, BTreeSet::new());
+                if t.task_definition == s.task_definition {
+                    r = req.clone();
+                }
+                requests.push((s.name.clone(), r));
+            }
+            suggested.insert(s.name.clone(), req);
+            fits.push(fit);
+        }
+        // Largest GPU demand first: best fit decreasing.
+        let size = |r: &TaskRequest| match r.gpu {
+            GpuDemand::Whole { count } => u64::from(count) * 1_000_000_000,
+            GpuDemand::Shared { memory, .. } => memory.0,
+            GpuDemand::None => 0,
+        };
+        requests.sort_by_key(|(_, r)| std::cmp::Reverse(size(r)));
+        let empty = PoolCapacity::build(&info, &hosts, std::iter::empty());
+        let profile = DemandProfile::from_requests(requests.iter().map(|(_, r)| r));
+        let mut engine = Engine::new(empty.snapshot, Policy::Binpack, &profile, 0x7e55e7a);
+        for (_, r) in &requests {
+            if let Ok(p) = engine.place(r) {
+                engine.assign(&p).expect("a fresh placement fits");
+            }
+        }
+        let snap = engine.snapshot();
+        let gpus_in_use_suggested = (0..snap.gpu_count() as u32)
+            .filter(|&g| snap.gpu_usage(g).mode != SharingMode::Idle)
+            .count() as u32;
+        let summaries = fits
+            .iter()
+            .map(|f| {
+                let extra = suggested.get(&f.service).map_or(0, |r| {
+                    let mut e = engine.clone();
+                    let mut n = 0;
+                    while n < 1000 {
+                        match e.try_place(r) {
+                            Some(p) => {
+                                e.assign(&p).expect("a fresh placement fits");
+                                n += 1;
+                            }
+                            None => break,
+                        }
+                    }
+                    n
+                });
+                ServiceFitSummary {
+                    service: f.service.clone(),
+                    verdict: f.judgement.verdict,
+                    tasks: f.tasks.len() as u32,
+                    budget_mib: f.budget_mib,
+                    suggested_memory_mib: f.judgement.suggested_memory_mib.filter(|_| f.shared),
+                    extra_tasks: extra,
+                }
+            })
+            .collect();
+        Ok(PoolFit {
+            pool: pool.to_owned(),
+            services: summaries,
+            by_verdict: count_verdicts(
+                fits.iter()
+                    .flat_map(|f| f.tasks.iter().map(|t| t.judgement.verdict)),
+            ),
+            reserved_mib: fits.iter().map(|f| f.reserved_mib).sum(),
+            used_mib: fits.iter().map(|f| f.used_mib).sum(),
+            gpus_in_use,
+            gpus_in_use_suggested,
+            gpus_freed: gpus_in_use.saturating_sub(gpus_in_use_suggested),
+            gpus_total,
+        })
+    }
+
+    /// Each holding task's verdict, by task id (what the hosts page marks).
+    pub async fn task_verdicts(&self) -> Result<HashMap<String, Verdict>, ControlError> {
+        let rows = self.evidence(None).await?;
+        let mut out = HashMap::new();
+        for s in self.store.list_services().await? {
+            let tasks = self.holding_tasks_of(&s.name).await?;
+            if tasks.is_empty() {
+                continue;
+            }
+            let spec = self.spec_of(&s.task_definition).await?;
+            let mine: Vec<UsageRow> = rows
+                .iter()
+                .filter(|r| r.service == s.name)
+                .cloned()
+                .collect();
+            for t in self.judge_service(&s, &spec, &tasks, &mine).tasks {
+                out.insert(t.task_id, t.judgement.verdict);
+            }
+        }
+        Ok(out)
+    }
+}

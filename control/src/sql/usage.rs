@@ -1,0 +1,174 @@
+//! Measured use in buckets, and consolidation plans.
+use super::*;
+use crate::store::{PlanStore, StoredPlan, UsageQuery, UsageRow, UsageStore};
+
+fn opt_u32(v: Option<i64>) -> Option<u32> {
+    v.map(|x| x.clamp(0, i64::from(u32::MAX)) as u32)
+}
+
+fn usage_from_row(row: &DbRow) -> Result<UsageRow, StoreError> {
+    let host: Option<String> = row.try_get("host_id")?;
+    Ok(UsageRow {
+        task_id: row.try_get("task_id")?,
+        width_secs: row.try_get("width_secs")?,
+        bucket_start: row.try_get("bucket_start")?,
+        service: row.try_get("service")?,
+        task_definition: TaskDefRef {
+            family: row.try_get("family")?,
+            revision: row.try_get::<i64, _>("revision")? as u32,
+        },
+        host: host.and_then(|h| HostId::new(h).ok()),
+        memory_max: MiB(row.try_get::<i64, _>("memory_max_mib")?.max(0) as u64),
+        memory_last: MiB(row.try_get::<i64, _>("memory_last_mib")?.max(0) as u64),
+        sm_p50: opt_u32(row.try_get("sm_p50")?),
+        sm_p95: opt_u32(row.try_get("sm_p95")?),
+        sm_max: opt_u32(row.try_get("sm_max")?),
+        samples: row.try_get::<i64, _>("samples")?.max(0) as u32,
+        memory_errors: row.try_get::<i64, _>("memory_errors")?.max(0) as u32,
+    })
+}
+
+/// The larger of the stored and the new value of `col` (NULL counts as smaller).
+fn larger(col: &str) -> String {
+    format!(
+        "{col} = CASE WHEN task_usage.{col} IS NULL OR (excluded.{col} IS NOT NULL AND excluded.{col} > task_usage.{col}) THEN excluded.{col} ELSE task_usage.{col} END"
+    )
+}
+
+#[async_trait]
+impl UsageStore for This {
+    async fn record_usage(&self, rows: &[UsageRow]) -> Result<(), StoreError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let merge = [
+            larger("memory_max_mib"),
+            larger("sm_p50"),
+            larger("sm_p95"),
+            larger("sm_max"),
+        ]
+        .join(", ");
+        let mut tx = self.lock_writes().await?;
+        for chunk in rows.chunks(200) {
+            let mut q = QueryBuilder::<Db>::new(
+                "INSERT INTO task_usage (task_id, width_secs, bucket_start, service, family, revision, host_id,
+                 memory_max_mib, memory_last_mib, sm_p50, sm_p95, sm_max, samples, memory_errors) ",
+            );
+            q.push_values(chunk, |mut b, r| {
+                b.push_bind(r.task_id.clone())
+                    .push_bind(r.width_secs)
+                    .push_bind(r.bucket_start)
+                    .push_bind(r.service.clone())
+                    .push_bind(r.task_definition.family.clone())
+                    .push_bind(i64::from(r.task_definition.revision))
+                    .push_bind(r.host.as_ref().map(|h| h.to_string()))
+                    .push_bind(r.memory_max.0 as i64)
+                    .push_bind(r.memory_last.0 as i64)
+                    .push_bind(r.sm_p50.map(i64::from))
+                    .push_bind(r.sm_p95.map(i64::from))
+                    .push_bind(r.sm_max.map(i64::from))
+                    .push_bind(i64::from(r.samples))
+                    .push_bind(i64::from(r.memory_errors));
+            });
+            q.push(format!(
+                " ON CONFLICT (task_id, width_secs, bucket_start) DO UPDATE SET {merge},
+                 memory_last_mib = excluded.memory_last_mib,
+                 samples = task_usage.samples + excluded.samples,
+                 memory_errors = task_usage.memory_errors + excluded.memory_errors"
+            ));
+            q.build().execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn list_usage(&self, q: &UsageQuery) -> Result<Vec<UsageRow>, StoreError> {
+        let mut b = QueryBuilder::<Db>::new(
+            "SELECT task_id, width_secs, bucket_start, service, family, revision, host_id, memory_max_mib,
+             memory_last_mib, sm_p50, sm_p95, sm_max, samples, memory_errors FROM task_usage WHERE width_secs = ",
+        );
+        b.push_bind(q.width_secs)
+            .push(" AND bucket_start >= ")
+            .push_bind(q.since);
+        if let Some(s) = &q.service {
+            b.push(" AND service = ").push_bind(s.clone());
+        }
+        b.push(" ORDER BY bucket_start, task_id");
+        b.build()
+            .fetch_all(&self.db)
+            .await?
+            .iter()
+            .map(usage_from_row)
+            .collect()
+    }
+
+    async fn prune_usage(&self, width_secs: i64, before: i64) -> Result<u64, StoreError> {
+        Ok(self
+            .write_one(
+                sqlx::query("DELETE FROM task_usage WHERE width_secs = $1 AND bucket_start < $2")
+                    .bind(width_secs)
+                    .bind(before),
+            )
+            .await?
+            .rows_affected())
+    }
+}
+
+fn plan_from_row(row: &DbRow) -> Result<StoredPlan, StoreError> {
+    Ok(StoredPlan {
+        id: row.try_get("id")?,
+        pool: row.try_get("pool")?,
+        goal: row.try_get("goal")?,
+        status: row.try_get("status")?,
+        created_at: row.try_get("created_at")?,
+        body: row.try_get("body")?,
+    })
+}
+
+#[async_trait]
+impl PlanStore for This {
+    async fn save_plan(&self, p: &StoredPlan) -> Result<(), StoreError> {
+        self.write_one(
+            sqlx::query(
+                "INSERT INTO consolidation_plans (id, pool, goal, status, created_at, body)
+                 VALUES ($1, $2, $3, $4, $5, $6)
+                 ON CONFLICT (id) DO UPDATE SET status = excluded.status, body = excluded.body",
+            )
+            .bind(&p.id)
+            .bind(&p.pool)
+            .bind(&p.goal)
+            .bind(&p.status)
+            .bind(&p.created_at)
+            .bind(&p.body),
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn get_plan(&self, id: &str) -> Result<StoredPlan, StoreError> {
+        let row = sqlx::query(
+            "SELECT id, pool, goal, status, created_at, body FROM consolidation_plans WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_optional(&self.db)
+        .await?
+        .ok_or_else(|| StoreError::NotFound {
+            what: "consolidation plan",
+            id: id.to_owned(),
+        })?;
+        plan_from_row(&row)
+    }
+
+    async fn list_plans(&self, limit: u32) -> Result<Vec<StoredPlan>, StoreError> {
+        sqlx::query(
+            "SELECT id, pool, goal, status, created_at, body FROM consolidation_plans
+             ORDER BY created_at DESC, id DESC LIMIT $1",
+        )
+        .bind(i64::from(limit.max(1)))
+        .fetch_all(&self.db)
+        .await?
+        .iter()
+        .map(plan_from_row)
+        .collect()
+    }
+}

@@ -1,0 +1,378 @@
+//! Usage history: what agents measure of each task, gathered into buckets of two widths
+//! (by default a minute, kept a day, and an hour, kept a month) and written when a bucket
+//! closes. Each server gathers the syncs it receives in memory (`UsageBuffer`) and writes
+//! them from its tick; buckets written by two servers (an agent that failed over) are
+//! merged by the store.
+
+use crate::clock::since_epoch;
+use crate::control::Control;
+use crate::error::ControlError;
+use crate::store::{UsageQuery, UsageRow};
+use std::collections::HashMap;
+use std::time::Duration;
+use tessera_model::agent::TaskReport;
+use tessera_model::fit::FitRules;
+use tessera_model::service::Task;
+use tessera_model::{HostId, MiB};
+
+/// How usage is bucketed, kept and judged.
+#[derive(Debug, Clone)]
+pub struct UsageConfig {
+    /// The fine buckets' width (60 s) and how long they are kept (24 h).
+    pub fine: Duration,
+    pub fine_keep: Duration,
+    /// The coarse buckets' width (1 h) and how long they are kept (30 days).
+    pub coarse: Duration,
+    pub coarse_keep: Duration,
+    pub rules: FitRules,
+    /// Set where time is compressed (the demo), shown beside the figures.
+    pub time_note: Option<String>,
+}
+
+impl Default for UsageConfig {
+    fn default() -> Self {
+        UsageConfig {
+            fine: Duration::from_secs(60),
+            fine_keep: Duration::from_secs(24 * 3600),
+            coarse: Duration::from_secs(3600),
+            coarse_keep: Duration::from_secs(30 * 24 * 3600),
+            rules: FitRules::default(),
+            time_note: None,
+        }
+    }
+}
+
+impl UsageConfig {
+    /// The demo's: ten-second buckets and `oversized` after three minutes of evidence, so a
+    /// newcomer sees verdicts within minutes; labelled wherever the figures are shown.
+    pub fn compressed() -> Self {
+        UsageConfig {
+            fine: Duration::from_secs(10),
+            coarse: Duration::from_secs(300),
+            rules: FitRules {
+                min_evidence_secs: 180,
+                ..FitRules::default()
+            },
+            time_note: Some(
+                "demo: time is compressed — 10-second buckets, 5-minute long-range buckets, \
+                 and `oversized` judged after 3 minutes of evidence (defaults: 1 minute, 1 hour, 6 hours)"
+                    .into(),
+            ),
+            ..UsageConfig::default()
+        }
+    }
+
+    pub fn widths(&self) -> [i64; 2] {
+        [
+            self.fine.as_secs().max(1) as i64,
+            self.coarse.as_secs().max(1) as i64,
+        ]
+    }
+}
+
+/// SM use samples of one bucket, as a histogram over 0..=100 %: exact percentiles in
+/// bounded memory.
+#[derive(Debug, Clone)]
+struct SmHistogram([u32; 101]);
+
+impl Default for SmHistogram {
+    fn default() -> Self {
+        SmHistogram([0; 101])
+    }
+}
+
+impl SmHistogram {
+    fn add(&mut self, pct: u32) {
+        self.0[pct.min(100) as usize] += 1;
+    }
+
+    fn count(&self) -> u64 {
+        self.0.iter().map(|&c| u64::from(c)).sum()
+    }
+
+    /// Nearest-rank percentile `q`.
+    fn percentile(&self, q: u32) -> Option<u32> {
+        let n = self.count();
+        if n == 0 {
+            return None;
+        }
+        let rank = (u64::from(q.min(100)) * n).div_ceil(100).max(1);
+        let mut seen = 0;
+        for (pct, &c) in self.0.iter().enumerate() {
+            seen += u64::from(c);
+            if seen >= rank {
+                return Some(pct as u32);
+            }
+        }
+        Some(100)
+    }
+
+    fn max(&self) -> Option<u32> {
+        self.0.iter().rposition(|&c| c > 0).map(|p| p as u32)
+    }
+}
+
+/// One open bucket.
+#[derive(Debug, Clone)]
+struct Bucket {
+    service: String,
+    task_definition: tessera_model::service::TaskDefRef,
+    host: Option<HostId>,
+    memory_max: MiB,
+    memory_last: MiB,
+    sm: SmHistogram,
+    samples: u32,
+    memory_errors: u32,
+}
+
+/// The buckets not written yet, by (task, width, start).
+#[derive(Debug, Default)]
+pub(crate) struct UsageBuffer {
+    open: HashMap<(String, i64, i64), Bucket>,
+}
+
+/// A bound on what the buffer holds (tasks × open buckets): past it, the oldest are written
+/// at the next flush whatever their state.
+const MAX_OPEN: usize = 400_000;
+
+impl UsageBuffer {
+    /// Adds one sync's report of `task` at `now` (unix seconds) to its buckets.
+    pub(crate) fn ingest(&mut self, now: i64, widths: [i64; 2], task: &Task, r: &TaskReport) {
+        let memory = r.gpu_memory_peak_mib.or(r.gpu_memory_mib);
+        if memory.is_none() && r.sm_percent.is_none() && r.memory_errors.is_none() {
+            return;
+        }
+        for width in widths {
+            let start = now - now.rem_euclid(width);
+            let b = self
+                .open
+                .entry((task.id.clone(), width, start))
+                .or_insert_with(|| Bucket {
+                    service: task.service.clone(),
+                    task_definition: task.task_definition.clone(),
+                    host: task.host.clone(),
+                    memory_max: MiB::ZERO,
+                    memory_last: MiB::ZERO,
+                    sm: SmHistogram::default(),
+                    samples: 0,
+                    memory_errors: 0,
+                });
+            if let Some(m) = memory {
+                b.memory_max = b.memory_max.max(m);
+            }
+            if let Some(m) = r.gpu_memory_mib.or(memory) {
+                b.memory_last = m;
+            }
+            if let Some(s) = r.sm_percent {
+                b.sm.add(s);
+            }
+            b.samples += 1;
+            b.memory_errors = b.memory_errors.saturating_add(r.memory_errors.unwrap_or(0));
+        }
+    }
+
+    /// Takes the buckets that ended by `now` (all of them with `all`) as rows to write.
+    pub(crate) fn take_closed(&mut self, now: i64, all: bool) -> Vec<UsageRow> {
+        let crowded = self.open.len() > MAX_OPEN;
+        let closed: Vec<(String, i64, i64)> = self
+            .open
+            .keys()
+            .filter(|(_, width, start)| all || crowded || start + width <= now)
+            .cloned()
+            .collect();
+        closed
+            .into_iter()
+            .filter_map(|key| {
+                let b = self.open.remove(&key)?;
+                Some(UsageRow {
+                    task_id: key.0,
+                    width_secs: key.1,
+                    bucket_start: key.2,
+                    service: b.service,
+                    task_definition: b.task_definition,
+                    host: b.host,
+                    memory_max: b.memory_max,
+                    memory_last: b.memory_last,
+                    sm_p50: b.sm.percentile(50),
+                    sm_p95: b.sm.percentile(95),
+                    sm_max: b.sm.max(),
+                    samples: b.samples,
+                    memory_errors: b.memory_errors,
+                })
+            })
+            .collect()
+    }
+
+    /// Puts rows back after a failed write, so the next flush tries again.
+    pub(crate) fn put_back(&mut self, rows: Vec<UsageRow>) {
+        for r in rows {
+            let mut sm = SmHistogram::default();
+            for p in [r.sm_p50, r.sm_p95, r.sm_max].into_iter().flatten() {
+                sm.add(p);
+            }
+            self.open
+                .entry((r.task_id, r.width_secs, r.bucket_start))
+                .or_insert(Bucket {
+                    service: r.service,
+                    task_definition: r.task_definition,
+                    host: r.host,
+                    memory_max: r.memory_max,
+                    memory_last: r.memory_last,
+                    sm,
+                    samples: r.samples,
+                    memory_errors: r.memory_errors,
+                });
+        }
+    }
+}
+
+impl Control {
+    /// Unix seconds now, by the control plane's clock.
+    pub(crate) fn unix_now(&self) -> i64 {
+        since_epoch(self.now())
+    }
+
+    /// Adds what a sync reported of `tasks` (the host's, as stored) to the usage buffer.
+    pub(crate) fn record_reports(&self, tasks: &[Task], reports: &[TaskReport]) {
+        let now = self.unix_now();
+        let widths = self.config.usage.widths();
+        let mut buffer = self.usage.lock().expect("not poisoned");
+        for r in reports {
+            if let Some(t) = tasks.iter().find(|t| t.id == r.task_id) {
+                buffer.ingest(now, widths, t, r);
+            }
+        }
+    }
+
+    /// Writes the usage buckets that closed (every bucket with `all`, at shutdown). Rows
+    /// that could not be written go back to the buffer for the next flush.
+    pub async fn flush_usage(&self, all: bool) -> Result<usize, ControlError> {
+        let rows = self
+            .usage
+            .lock()
+            .expect("not poisoned")
+            .take_closed(self.unix_now(), all);
+        if rows.is_empty() {
+            return Ok(0);
+        }
+        let n = rows.len();
+        if let Err(e) = self.store.record_usage(&rows).await {
+            self.usage.lock().expect("not poisoned").put_back(rows);
+            return Err(e.into());
+        }
+        Ok(n)
+    }
+
+    /// Deletes buckets older than their retention.
+    pub(crate) async fn prune_usage(&self) -> Result<u64, ControlError> {
+        let now = self.unix_now();
+        let c = &self.config.usage;
+        let [fine, coarse] = c.widths();
+        let mut n = self
+            .store
+            .prune_usage(fine, now - c.fine_keep.as_secs() as i64)
+            .await?;
+        n += self
+            .store
+            .prune_usage(coarse, now - c.coarse_keep.as_secs() as i64)
+            .await?;
+        Ok(n)
+    }
+
+    /// Usage buckets of `service` (or all) of one width from `since`.
+    pub(crate) async fn usage_rows(
+        &self,
+        service: Option<&str>,
+        width: i64,
+        since: i64,
+    ) -> Result<Vec<UsageRow>, ControlError> {
+        Ok(self
+            .store
+            .list_usage(&UsageQuery {
+                service: service.map(str::to_owned),
+                width_secs: width,
+                since,
+            })
+            .await?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_model::PoolName;
+    use tessera_model::service::{Measured, TaskDefRef, TaskState};
+
+    fn task(id: &str) -> Task {
+        Task {
+            id: id.into(),
+            service: "web".into(),
+            deployment_id: 1,
+            task_definition: TaskDefRef {
+                family: "web".into(),
+                revision: 1,
+            },
+            pool: PoolName::new("gpu").expect("valid"),
+            cpu: tessera_model::MilliCpu(100),
+            memory: MiB(100),
+            state: TaskState::Running,
+            migrating: false,
+            host: None,
+            allocations: vec![],
+            placement_message: None,
+            stop_reason: None,
+            exit_code: None,
+            measured: Measured::default(),
+            created_at: String::new(),
+            started_at: None,
+            stopped_at: None,
+        }
+    }
+
+    fn report(peak: u64, sm: u32, errors: u32) -> TaskReport {
+        TaskReport {
+            task_id: "t1".into(),
+            running: true,
+            exit_code: None,
+            gpu_memory_peak_mib: Some(MiB(peak)),
+            gpu_memory_mib: Some(MiB(peak - 1)),
+            sm_percent: Some(sm),
+            memory_errors: (errors > 0).then_some(errors),
+        }
+    }
+
+    #[test]
+    fn buckets_close_at_their_end_with_percentiles_and_the_peak() {
+        let mut b = UsageBuffer::default();
+        let t = task("t1");
+        for (i, sm) in (0..20).zip([10u32, 20, 30, 40, 50, 60, 70, 80, 90, 100].iter().cycle()) {
+            b.ingest(120 + i, [60, 3600], &t, &report(1000 + i as u64, *sm, 0));
+        }
+        b.ingest(130, [60, 3600], &t, &report(500, 10, 2));
+        assert!(b.take_closed(179, false).is_empty(), "nothing ended yet");
+        let rows = b.take_closed(180, false);
+        assert_eq!(rows.len(), 1, "the minute bucket ended, the hour did not");
+        let r = &rows[0];
+        assert_eq!((r.width_secs, r.bucket_start), (60, 120));
+        assert_eq!(r.memory_max, MiB(1019));
+        assert_eq!(r.samples, 21);
+        assert_eq!(r.memory_errors, 2);
+        assert_eq!(r.sm_max, Some(100));
+        assert_eq!(r.sm_p50, Some(50));
+        assert_eq!(r.sm_p95, Some(100));
+        let rest = b.take_closed(180, true);
+        assert_eq!(rest.len(), 1);
+        assert_eq!((rest[0].width_secs, rest[0].bucket_start), (3600, 0));
+    }
+
+    #[test]
+    fn a_report_without_measures_adds_nothing() {
+        let mut b = UsageBuffer::default();
+        let mut r = report(10, 10, 0);
+        r.gpu_memory_peak_mib = None;
+        r.gpu_memory_mib = None;
+        r.sm_percent = None;
+        b.ingest(5, [60, 3600], &task("t1"), &r);
+        assert!(b.take_closed(10_000, true).is_empty());
+    }
+}

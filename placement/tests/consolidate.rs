@@ -1,0 +1,250 @@
+//! Property tests of consolidation plans: whatever the fleet and the churn that left it
+//! fragmented, replaying a plan's moves in order, start before stop (each replacement holds
+//! its capacity while its original still holds its own), never overcommits anything, never
+//! breaks a task's constraints, never moves a task that must stay, and frees what it says.
+
+use proptest::prelude::*;
+use std::collections::{BTreeMap, HashMap};
+use tessera_model::{ComputeMilli, GpuUuid, HostId, MiB, MilliCpu, SharingMode};
+use tessera_placement::consolidate::{Goal, Movable, gpu_bound, plan};
+use tessera_placement::{
+    DemandProfile, Engine, GpuSpec, HostSpec, Policy, PoolLimits, Snapshot, TaskRequest,
+};
+
+const MODELS: [(&str, u64); 2] = [("A16", 16), ("B80", 80)];
+
+fn fleet() -> impl Strategy<Value = Vec<HostSpec>> {
+    prop::collection::vec((8u64..64, 1usize..=8, 0usize..2), 2..8).prop_map(|specs| {
+        specs
+            .into_iter()
+            .enumerate()
+            .map(|(i, (cpu, gpus, model))| HostSpec {
+                id: HostId::new(format!("host-{i}")).expect("valid"),
+                cpu: MilliCpu(cpu * 1000),
+                memory: MiB(512 * 1024),
+                labels: Default::default(),
+                active: true,
+                gpus: (0..gpus)
+                    .map(|g| GpuSpec {
+                        uuid: GpuUuid::new(format!("GPU-{i}-{g}")).expect("valid"),
+                        model: MODELS[model].0.to_owned(),
+                        memory: MiB(MODELS[model].1 * 1024),
+                        mps_client_limit: 8,
+                        healthy: true,
+                    })
+                    .collect(),
+            })
+            .collect()
+    })
+}
+
+/// A service: its task shape, whether it wants one GPU model, distinct hosts, whether its
+/// tasks must stay (it cannot run an extra copy).
+#[derive(Debug, Clone)]
+struct Service {
+    request: TaskRequest,
+    fixed: bool,
+}
+
+fn service() -> impl Strategy<Value = Service> {
+    (
+        0u64..4,
+        prop_oneof![
+            4 => (1u64..16_000, prop::option::of(50u32..=600)).prop_map(|(m, c)| (Some((m, c)), 0u32)),
+            1 => (1u32..3).prop_map(|n| (None, n)),
+        ],
+        0usize..3,
+        any::<bool>(),
+        0u32..10,
+    )
+        .prop_map(|(cpu, (shared, whole), model, distinct, fixed)| {
+            let mut request = match shared {
+                Some((m, c)) => TaskRequest::shared(
+                    MilliCpu(cpu * 1000),
+                    MiB(1024),
+                    MiB(m),
+                    c.map(ComputeMilli),
+                ),
+                None => TaskRequest::whole(MilliCpu(cpu * 1000), MiB(1024), whole),
+            };
+            if model < 2 {
+                request.constraints.gpu_models = vec![MODELS[model].0.to_owned()];
+            }
+            request.constraints.distinct_hosts = distinct;
+            Service {
+                request,
+                fixed: fixed == 0,
+            }
+        })
+}
+
+/// Checks that `to` obeys the request's constraints given where the group's other tasks
+/// are (`group_hosts`, the task itself excluded).
+fn obeys(
+    req: &TaskRequest,
+    to: &tessera_placement::Placement,
+    models: &HashMap<GpuUuid, String>,
+    group_hosts: &BTreeMap<HostId, u32>,
+) -> Result<(), String> {
+    for s in &to.gpus {
+        let m = &models[&s.uuid];
+        if !req.constraints.gpu_models.is_empty() && !req.constraints.gpu_models.contains(m) {
+            return Err(format!(
+                "moved onto model {m}, not in {:?}",
+                req.constraints.gpu_models
+            ));
+        }
+    }
+    if req.constraints.distinct_hosts && group_hosts.get(&to.host_id).copied().unwrap_or(0) > 0 {
+        return Err(format!(
+            "two tasks of a distinct-hosts service on {}",
+            to.host_id
+        ));
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(96))]
+
+    #[test]
+    fn plans_keep_capacity_constraints_and_start_before_stop(
+        hosts in fleet(),
+        services in prop::collection::vec(service(), 1..5),
+        arrivals in prop::collection::vec((0usize..5, any::<bool>()), 1..80),
+        goal_hosts in any::<bool>(),
+    ) {
+        let models: HashMap<GpuUuid, String> = hosts
+            .iter()
+            .flat_map(|h| h.gpus.iter().map(|g| (g.uuid.clone(), g.model.clone())))
+            .collect();
+        // Spread placement, then churn: a fragmented fleet.
+        let mut engine = Engine::new(
+            Snapshot::new(hosts.clone(), PoolLimits::default()),
+            Policy::SpreadGpu,
+            &DemandProfile::default(),
+            7,
+        );
+        let mut live: Vec<(usize, tessera_placement::Placement)> = Vec::new();
+        let mut group_hosts: Vec<BTreeMap<HostId, u32>> = vec![BTreeMap::new(); services.len()];
+        for (s, leaves) in &arrivals {
+            let s = s % services.len();
+            let mut req = services[s].request.clone();
+            if req.constraints.distinct_hosts {
+                req.constraints.avoid_hosts.extend(group_hosts[s].keys().cloned());
+            }
+            if let Some(p) = engine.try_place(&req) {
+                engine.assign(&p).expect("fits");
+                *group_hosts[s].entry(p.host_id.clone()).or_default() += 1;
+                live.push((s, p));
+            }
+            if *leaves && live.len() > 1 {
+                let (s, p) = live.remove(live.len() / 2);
+                engine.release(&p).expect("held");
+                let n = group_hosts[s].get_mut(&p.host_id).expect("counted");
+                *n -= 1;
+                if *n == 0 {
+                    group_hosts[s].remove(&p.host_id);
+                }
+            }
+        }
+        let before = engine.snapshot().clone();
+        let tasks: Vec<Movable> = live
+            .iter()
+            .map(|(s, p)| Movable {
+                placement: p.clone(),
+                request: services[*s].request.clone(),
+                group: *s as u32,
+                fixed: services[*s].fixed,
+            })
+            .collect();
+        let goal = if goal_hosts { Goal::Hosts } else { Goal::Gpus };
+        let out = plan(&mut engine, &tasks, goal, usize::MAX);
+
+        // Replay in order on the state before, start before stop.
+        let mut snap = before.clone();
+        let mut at: Vec<tessera_placement::Placement> =
+            tasks.iter().map(|t| t.placement.clone()).collect();
+        let mut groups = group_hosts.clone();
+        for m in &out.moves {
+            let t = &tasks[m.task];
+            prop_assert!(!t.fixed, "a task that must stay was moved");
+            prop_assert_eq!(&m.from, &at[m.task], "a move starts where the task is");
+            let mut others = groups[t.group as usize].clone();
+            if let Some(n) = others.get_mut(&m.from.host_id) {
+                *n -= 1;
+            }
+            if let Err(why) = obeys(&t.request, &m.to, &models, &others) {
+                prop_assert!(false, "{}", why);
+            }
+            prop_assert!(snap.assign(&m.to).is_ok(), "the replacement does not fit while its original runs");
+            snap.release(&m.from).expect("the original held this");
+            let g = &mut groups[t.group as usize];
+            *g.entry(m.to.host_id.clone()).or_default() += 1;
+            let n = g.get_mut(&m.from.host_id).expect("counted");
+            *n -= 1;
+            if *n == 0 {
+                g.remove(&m.from.host_id);
+            }
+            at[m.task] = m.to.clone();
+        }
+        // The replay ends where the planner's engine does, and what it frees is empty.
+        for g in 0..snap.gpu_count() as u32 {
+            prop_assert_eq!(snap.gpu_usage(g), engine.snapshot().gpu_usage(g));
+        }
+        for &g in &out.freed_gpus {
+            prop_assert_eq!(before.gpu_usage(g).mode, SharingMode::Mps, "only partly used GPUs are freed");
+            prop_assert_eq!(snap.gpu_usage(g).mode, SharingMode::Idle);
+        }
+        for &h in &out.freed_hosts {
+            prop_assert!(at.iter().all(|p| p.host != h), "a freed host still holds a task");
+        }
+    }
+}
+
+#[test]
+fn two_half_empty_gpus_become_one() {
+    let host = HostSpec {
+        id: HostId::new("h").expect("valid"),
+        cpu: MilliCpu(64_000),
+        memory: MiB(256 * 1024),
+        labels: Default::default(),
+        active: true,
+        gpus: (0..2)
+            .map(|g| GpuSpec {
+                uuid: GpuUuid::new(format!("GPU-{g}")).expect("valid"),
+                model: "A16".into(),
+                memory: MiB(16 * 1024),
+                mps_client_limit: 8,
+                healthy: true,
+            })
+            .collect(),
+    };
+    let mut engine = Engine::new(
+        Snapshot::new(vec![host], PoolLimits::default()),
+        Policy::SpreadGpu,
+        &DemandProfile::default(),
+        1,
+    );
+    let req = TaskRequest::shared(MilliCpu(1000), MiB(1024), MiB(6 * 1024), None);
+    let tasks: Vec<Movable> = (0..2)
+        .map(|_| {
+            let p = engine.try_place(&req).expect("room");
+            engine.assign(&p).expect("fits");
+            Movable {
+                placement: p,
+                request: req.clone(),
+                group: 0,
+                fixed: false,
+            }
+        })
+        .collect();
+    assert_ne!(
+        tasks[0].placement.gpus[0].gpu, tasks[1].placement.gpus[0].gpu,
+        "spread"
+    );
+    assert_eq!(gpu_bound(engine.snapshot()), 1);
+    let out = plan(&mut engine, &tasks, Goal::Gpus, 10);
+    assert_eq!(out.moves.len(), 1);
+    assert_eq!(out.freed_gpus.len(), 1);
+}
