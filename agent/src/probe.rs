@@ -288,6 +288,9 @@ pub struct SimulatedProbe {
 /// allocation refused at the limit.
 pub const SIM_USE_ENV: &str = "TESSERA_SIM_GPU_USE";
 
+/// The GPU memory a simulated task uses at its peak, in MiB; wins over [`SIM_USE_ENV`].
+pub const SIM_MIB_ENV: &str = "TESSERA_SIM_GPU_MIB";
+
 /// Where in its cycle a simulated task is: 0 to 1, from the clock and a phase that
 /// differs per task (its first process id).
 fn sim_wave(pids: &[u32]) -> f64 {
@@ -388,11 +391,20 @@ impl GpuProbe for SimulatedProbe {
 
     fn task_usage(&mut self, task: &TaskView<'_>) -> Option<Usage> {
         let budget = pinned_limit(task.env)?;
-        let share: f64 = task
+        // An amount in MiB wins over a share of the budget: it stays what the task needs
+        // when its budget changes (a right-sized revision).
+        let share: f64 = match task
             .env
-            .get(SIM_USE_ENV)
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0.6);
+            .get(SIM_MIB_ENV)
+            .and_then(|v| v.parse::<f64>().ok())
+        {
+            Some(mib) => mib / (budget as f64).max(1.0),
+            None => task
+                .env
+                .get(SIM_USE_ENV)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0.6),
+        };
         let cap: f64 = task
             .env
             .get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
@@ -519,6 +531,18 @@ mod tests {
             (over.gpu_memory, over.memory_errors),
             (MiB(8192), 1),
             "a task over its budget holds the budget and has an allocation refused"
+        );
+        env.insert(SIM_MIB_ENV.into(), "2048".into());
+        let amount = probe
+            .task_usage(&TaskView {
+                pids: &[],
+                env: &env,
+            })
+            .expect("budgeted");
+        assert_eq!(
+            (amount.gpu_memory, amount.sm_percent, amount.memory_errors),
+            (MiB(2048), Some(13), 0),
+            "an amount in MiB wins over the share"
         );
     }
 

@@ -2,6 +2,7 @@
 
 use crate::live::provide_live;
 use crate::pages::audit::AuditPage;
+use crate::pages::consolidation::ConsolidationPage;
 use crate::pages::host::HostPage;
 use crate::pages::hosts::HostsPage;
 use crate::pages::overview::OverviewPage;
@@ -86,6 +87,7 @@ lazy_page!(TaskDefinitionEditorRoute, TaskDefinitionEditorPage);
 lazy_page!(TaskDefinitionRoute, TaskDefinitionPage);
 lazy_page!(SignInRoute, SignInPage);
 lazy_page!(AuditRoute, AuditPage);
+lazy_page!(ConsolidationRoute, ConsolidationPage);
 
 /// The document around the app, rendered on the server only.
 pub fn shell(options: LeptosOptions) -> impl IntoView {
@@ -147,6 +149,7 @@ pub fn App() -> impl IntoView {
                     <Route path=path!("/task-definitions/:family") view={ Lazy::<TaskDefinitionRoute>::new() } />
                     <Route path=path!("/sign-in") view={ Lazy::<SignInRoute>::new() } />
                     <Route path=path!("/audit") view={ Lazy::<AuditRoute>::new() } />
+                    <Route path=path!("/consolidation") view={ Lazy::<ConsolidationRoute>::new() } />
                 </Routes>
             </main>
             <Transition fallback=|| ()>
@@ -169,6 +172,7 @@ fn MainNav(caller: Caller) -> impl IntoView {
             <A href="/hosts">"Hosts"</A>
             <A href="/services">"Services"</A>
             <A href="/task-definitions">"Task definitions"</A>
+            <A href="/consolidation">"Consolidation"</A>
             {admin.then(|| view! { <A href="/audit">"Audit log"</A> })}
         </nav>
         <form class="whoami" method="post" action="/api/v1/session/end">

@@ -110,17 +110,23 @@ pub fn GpuBars(gpu: GpuView) -> impl IntoView {
             } else {
                 format!("{} compute cap", s.compute)
             };
+            let risk = s.verdict.filter(|v| v.at_risk());
             let detail = format!(
-                "task {} · service {} · {} GPU memory · {cap} · measured peak {peak} · {}",
+                "task {} · service {} · {} GPU memory · {cap} · measured peak {peak} · {}{}",
                 &s.task_id[..8.min(s.task_id.len())],
                 s.service,
                 s.memory,
-                s.state
+                s.state,
+                risk.map(|v| format!(" · {v}")).unwrap_or_default()
             );
             let tip = detail.clone();
+            let class = match risk {
+                Some(v) => format!("segment verdict-{}", v.slug()),
+                None => "segment".to_owned(),
+            };
             view! {
                 <span
-                    class="segment"
+                    class=class
                     tabindex="0"
                     style=format!("width: {width:.2}%; background: hsl({hue} 60% 55%)")
                     aria-label=detail

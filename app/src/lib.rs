@@ -7,6 +7,7 @@
 //! - [`app`]: the HTML shell, the router and the navigation shared by every page.
 //! - [`pages`]: one route per file (`HostsPage`, ...), each with the server functions it calls.
 //! - [`components`]: pieces shared by pages (badges, GPU bars, meters, events, field errors).
+//! - [`fit`]: fit evidence on the service page: verdicts, usage charts, blast radius, right-size.
 //! - [`data`]: the views pages show, and (under `ssr`) how they are built from the control plane.
 //! - [`live`]: live updates from the server's event stream.
 
@@ -17,6 +18,7 @@
 pub mod app;
 pub mod components;
 pub mod data;
+pub mod fit;
 pub mod live;
 pub mod pages;
 

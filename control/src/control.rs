@@ -170,7 +170,15 @@ pub struct Control {
     pub(crate) relayed: Arc<std::sync::atomic::AtomicBool>,
     /// Measured use received by this server and not written yet.
     pub(crate) usage: Arc<Mutex<crate::usage::UsageBuffer>>,
+    /// Fit verdicts by task, and when they were read (see `cached_verdicts`).
+    pub(crate) verdicts: Arc<Mutex<Option<CachedVerdicts>>>,
 }
+
+/// When fit verdicts were read, and what they were.
+pub(crate) type CachedVerdicts = (
+    std::time::Instant,
+    Arc<HashMap<String, tessera_model::fit::Verdict>>,
+);
 
 impl Control {
     pub fn new(store: Arc<dyn Store>, config: ControlConfig) -> Control {
@@ -197,6 +205,7 @@ impl Control {
             lease: Arc::default(),
             relayed: Arc::default(),
             usage: Arc::default(),
+            verdicts: Arc::default(),
             config,
         }
     }

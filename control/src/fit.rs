@@ -10,13 +10,16 @@ use crate::scheduler::request_for;
 use crate::store::{TaskFilter, UsageRow};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use tessera_model::fit::{
-    Evidence, PoolFit, ServiceFit, ServiceFitSummary, TaskFit, UsagePoint, Verdict, judge,
-    percentile,
+    Evidence, FieldChange, PoolFit, RightSize, ServiceFit, ServiceFitSummary, TaskFit, UsagePoint,
+    Verdict, VerdictCount, judge, percentile,
 };
 use tessera_model::service::{Service, Task, TaskState};
 use tessera_model::taskdef::{TaskDefinitionSpec, TaskGpu};
 use tessera_model::{MiB, SharingMode};
 use tessera_placement::{DemandProfile, Engine, GpuDemand, Policy, TaskRequest};
+
+/// How long the hosts pages reuse the verdicts they mark segments with.
+const VERDICTS_FRESH: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The ranges a service's history is drawn over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,14 +99,19 @@ fn evidence_of<'a>(rows: impl IntoIterator<Item = &'a UsageRow>, now: i64) -> Ev
 type TaskInBucket = (u64, Option<u32>, Option<u32>);
 
 /// Verdicts counted, worst first, leaving out those with no task.
-fn count_verdicts(verdicts: impl IntoIterator<Item = Verdict>) -> Vec<(Verdict, u32)> {
+fn count_verdicts(verdicts: impl IntoIterator<Item = Verdict>) -> Vec<VerdictCount> {
     let mut counts: BTreeMap<Verdict, u32> = BTreeMap::new();
     for v in verdicts {
         *counts.entry(v).or_default() += 1;
     }
     Verdict::ALL
         .iter()
-        .filter_map(|v| counts.get(v).map(|&n| (*v, n)))
+        .filter_map(|v| {
+            counts.get(v).map(|&n| VerdictCount {
+                verdict: *v,
+                tasks: n,
+            })
+        })
         .collect()
 }
 
@@ -314,7 +322,8 @@ impl Control {
         let pool_name = e.pool(pool);
         e.finish()?;
         let pool_name = pool_name.expect("validated");
-        let info = self.existing_pool(&pool_name).await?;
+        // Not found (404) rather than invalid: the pool is what is asked for.
+        let info = self.store.get_pool(&pool_name).await?;
         let services: Vec<Service> = self
             .store
             .list_services()
@@ -450,6 +459,26 @@ impl Control {
         })
     }
 
+    /// Each holding task's verdict, as read at most [`VERDICTS_FRESH`] ago (pages that mark
+    /// segments read it on every render); empty when it cannot be read.
+    pub(crate) async fn cached_verdicts(&self) -> std::sync::Arc<HashMap<String, Verdict>> {
+        if let Some((at, v)) = self.verdicts.lock().expect("not poisoned").as_ref()
+            && at.elapsed() < VERDICTS_FRESH
+        {
+            return v.clone();
+        }
+        let fresh = match self.task_verdicts().await {
+            Ok(v) => std::sync::Arc::new(v),
+            Err(e) => {
+                tracing::warn!(error = %e, "reading fit verdicts failed; segments go unmarked");
+                std::sync::Arc::default()
+            }
+        };
+        *self.verdicts.lock().expect("not poisoned") =
+            Some((std::time::Instant::now(), fresh.clone()));
+        fresh
+    }
+
     /// Each holding task's verdict, by task id (what the hosts page marks).
     pub async fn task_verdicts(&self) -> Result<HashMap<String, Verdict>, ControlError> {
         let rows = self.evidence(None).await?;
@@ -470,5 +499,133 @@ impl Control {
             }
         }
         Ok(out)
+    }
+}
+
+/// `spec` with its MPS budget set to `memory` in total (split over its MPS containers in
+/// proportion, each rounded up to 256 MiB) and, where containers have a compute cap, the
+/// cap set to `compute` percent; with the changes listed.
+fn resized(
+    spec: &TaskDefinitionSpec,
+    memory: MiB,
+    compute: Option<u32>,
+) -> (TaskDefinitionSpec, Vec<FieldChange>) {
+    use tessera_model::taskdef::GpuRequirement;
+    let total: u64 = spec
+        .containers
+        .iter()
+        .filter_map(|c| match c.gpu {
+            Some(GpuRequirement::Mps { memory_mib, .. }) => Some(memory_mib.0),
+            _ => None,
+        })
+        .sum();
+    let mut out = spec.clone();
+    let mut changes = Vec::new();
+    for (i, c) in out.containers.iter_mut().enumerate() {
+        if let Some(GpuRequirement::Mps {
+            memory_mib,
+            max_compute_percent,
+        }) = &mut c.gpu
+        {
+            let share = memory_mib.0 as f64 / total.max(1) as f64;
+            let new = MiB(((memory.0 as f64 * share).ceil() as u64)
+                .div_ceil(256)
+                .max(1)
+                * 256);
+            if new != *memory_mib {
+                changes.push(FieldChange {
+                    field: format!("containers[{i}].gpu.mps.memory_mib"),
+                    from: memory_mib.0.to_string(),
+                    to: new.0.to_string(),
+                });
+                *memory_mib = new;
+            }
+            if let (Some(cap), Some(to)) = (max_compute_percent.as_mut(), compute)
+                && cap.get() != to
+                && let Ok(new) = tessera_model::Percent::new(to)
+            {
+                changes.push(FieldChange {
+                    field: format!("containers[{i}].gpu.mps.max_compute_percent"),
+                    from: cap.get().to_string(),
+                    to: to.to_string(),
+                });
+                *cap = new;
+            }
+        }
+    }
+    (out, changes)
+}
+
+impl Control {
+    /// What right-sizing service `name` would register: `Conflict` when its tasks do not
+    /// share GPUs, when there is no evidence yet, or when the budget already matches.
+    pub async fn right_size_proposal(&self, name: &str) -> Result<RightSize, ControlError> {
+        let fit = self.service_fit(name, "hour").await?;
+        let service = self.store.get_service(name).await?;
+        if !fit.shared {
+            return Err(ControlError::Conflict(format!(
+                "service {name} does not use an MPS slot; only MPS budgets are right-sized"
+            )));
+        }
+        let Some(memory) = fit.judgement.suggested_memory_mib else {
+            return Err(ControlError::Conflict(format!(
+                "service {name} has no usage evidence yet; nothing to suggest"
+            )));
+        };
+        let spec = self.spec_of(&service.task_definition).await?;
+        let (new, changes) = resized(&spec, memory, fit.judgement.suggested_compute_percent);
+        if changes.is_empty() {
+            return Err(ControlError::Conflict(format!(
+                "service {name} already runs the suggested budget"
+            )));
+        }
+        Ok(RightSize {
+            service: name.to_owned(),
+            current: service.task_definition.to_string(),
+            verdict: fit.judgement.verdict,
+            reason: fit.judgement.reason,
+            changes,
+            definition: serde_json::to_value(&new).map_err(|e| {
+                ControlError::Store(crate::StoreError::Corrupt {
+                    what: "task definition",
+                    message: e.to_string(),
+                })
+            })?,
+        })
+    }
+
+    /// Right-sizes service `name` in one step: registers the proposal as its family's next
+    /// revision and rolls it out through the service's normal deployment.
+    pub async fn right_size(
+        &self,
+        name: &str,
+    ) -> Result<(RightSize, tessera_model::service::TaskDefinition), ControlError> {
+        let proposal = self.right_size_proposal(name).await?;
+        let def = self.register_task_definition(&proposal.definition).await?;
+        self.update_service(
+            name,
+            &crate::inputs::ServicePatch {
+                desired_count: None,
+                task_definition: Some(def.reference().to_string()),
+            },
+        )
+        .await?;
+        self.event(
+            Some(name),
+            None,
+            &format!(
+                "right-sized: {} registered from {} ({}), rolling out",
+                def.reference(),
+                proposal.current,
+                proposal
+                    .changes
+                    .iter()
+                    .map(|c| format!("{} {} → {}", c.field, c.from, c.to))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        )
+        .await;
+        Ok((proposal, def))
     }
 }

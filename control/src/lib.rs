@@ -39,6 +39,7 @@ pub mod bench;
 pub mod capacity;
 pub mod clock;
 mod cluster;
+mod consolidate;
 pub mod control;
 pub mod error;
 mod fit;

@@ -8,7 +8,7 @@ use tessera_model::service::{Deployment, DeploymentStatus, Service, Task, TaskDe
 /// Why a task is stopped.
 pub(crate) const SCALED_DOWN: &str = "scaled down";
 pub(crate) const REPLACED: &str = "replaced by a newer deployment";
-pub(crate) const MOVED: &str = "moved off a draining or impaired host";
+pub(crate) const MOVED: &str = "moved: its replacement runs elsewhere";
 pub(crate) const DELETED: &str = "service deleted";
 
 /// What to do for one service.

@@ -39,6 +39,7 @@ impl Control {
                 }
             }
         }
+        self.advance_consolidation().await?;
         self.schedule().await?;
         let due = {
             let mut last = self.last_prune.lock().expect("not poisoned");
@@ -181,7 +182,7 @@ impl Control {
             }
             for (host, ids) in candidates.into_iter().take(limit.saturating_sub(moving)) {
                 for id in &ids {
-                    self.store.set_task_migrating(id).await?;
+                    self.store.set_task_migrating(id, true).await?;
                 }
                 self.event(
                     None,

@@ -451,7 +451,8 @@ pub trait TaskStore: Send + Sync + 'static {
     ) -> Result<(), StoreError>;
     /// Asks for a task to stop: `stopping` if an agent may be running it, else `stopped`.
     async fn request_task_stop(&self, id: &str, reason: &str) -> Result<(), StoreError>;
-    async fn set_task_migrating(&self, id: &str) -> Result<(), StoreError>;
+    /// Marks a task as being moved (its replacement starts first), or no longer.
+    async fn set_task_migrating(&self, id: &str, migrating: bool) -> Result<(), StoreError>;
 
     /// Deletes stopped tasks, events, and finished deployments without tasks, written
     /// before `before` (a stored time); returns how many of each.

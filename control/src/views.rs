@@ -196,6 +196,7 @@ impl Control {
         let holding = self.holding(Some(&hosts)).await?;
         let pools = self.store.list_pools().await?;
         let capacities = capacities(&pools, &hosts, &holding);
+        let verdicts = self.cached_verdicts().await;
         let mut slots: HashMap<&GpuUuid, Vec<SlotView>> = HashMap::new();
         for t in &holding {
             for a in &t.allocations {
@@ -207,6 +208,7 @@ impl Control {
                     dedicated: a.dedicated,
                     measured_peak: t.measured.gpu_memory_peak,
                     state: t.state,
+                    verdict: verdicts.get(&t.id).copied(),
                 });
             }
         }

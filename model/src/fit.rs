@@ -246,6 +246,40 @@ pub struct TaskFit {
     pub judgement: Judgement,
 }
 
+/// How many tasks have one verdict.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VerdictCount {
+    pub verdict: Verdict,
+    pub tasks: u32,
+}
+
+/// One field a right-sized revision changes.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FieldChange {
+    /// Where in the task definition, e.g. `containers[0].gpu.mps.memory_mib`.
+    pub field: String,
+    pub from: String,
+    pub to: String,
+}
+
+/// What right-sizing a service would register: its current revision with the suggested
+/// GPU budget, as a diff.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RightSize {
+    pub service: String,
+    /// The revision it runs now.
+    pub current: String,
+    pub verdict: Verdict,
+    pub reason: String,
+    pub changes: Vec<FieldChange>,
+    /// The new revision's definition (Tessera's JSON; secrets kept as they are).
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    pub definition: serde_json::Value,
+}
+
 /// One point of a service's usage history: across its tasks in one bucket.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -279,7 +313,7 @@ pub struct ServiceFit {
     pub judgement: Judgement,
     pub tasks: Vec<TaskFit>,
     /// Tasks by verdict, worst first; verdicts with no task are left out.
-    pub by_verdict: Vec<(Verdict, u32)>,
+    pub by_verdict: Vec<VerdictCount>,
     /// GPU memory its live tasks reserve, and the sum of their peaks.
     #[cfg_attr(feature = "openapi", schema(value_type = u64))]
     pub reserved_mib: MiB,
@@ -303,7 +337,7 @@ pub struct PoolFit {
     pub pool: String,
     pub services: Vec<ServiceFitSummary>,
     /// Tasks by verdict over the pool, worst first.
-    pub by_verdict: Vec<(Verdict, u32)>,
+    pub by_verdict: Vec<VerdictCount>,
     #[cfg_attr(feature = "openapi", schema(value_type = u64))]
     pub reserved_mib: MiB,
     #[cfg_attr(feature = "openapi", schema(value_type = u64))]

@@ -10,6 +10,7 @@
 //! - [`inventory`]: hosts, GPUs, pools and their statuses, as the store and the API see them.
 //! - [`service`]: services, deployments, tasks and their states, events.
 //! - [`api`]: REST bodies the console shares: service and pool inputs, previews, service detail.
+//! - [`consolidation`]: consolidation plans: moves that free GPUs or hosts.
 //! - [`fit`]: fit evidence: verdicts of measured use against budgets, suggested budgets.
 //! - [`error`]: `FieldError` and `ValidationErrors`, every validator's answer.
 //! - [`auth`]: roles, operators' accounts, API tokens, callers and the audit log.
@@ -24,6 +25,7 @@
 pub mod agent;
 pub mod api;
 pub mod auth;
+pub mod consolidation;
 pub mod error;
 pub mod fit;
 pub mod ids;

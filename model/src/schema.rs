@@ -319,6 +319,15 @@ string_schema!(
         json!({"type": "string", "pattern": FAMILY_OR_REF_PATTERN, "description": "a family (its revisions), or family:revision (that revision)"})
     )
 );
+/// A consolidation plan's id (path parameter).
+pub struct PlanId;
+string_schema!(
+    PlanId,
+    "PlanId",
+    from_json(
+        json!({"type": "string", "pattern": "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", "description": "as the plan list shows it"})
+    )
+);
 /// An API token's id (path parameter).
 pub struct TokenId;
 string_schema!(

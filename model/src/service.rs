@@ -238,7 +238,8 @@ pub struct Task {
     pub cpu: crate::units::MilliCpu,
     pub memory: MiB,
     pub state: TaskState,
-    /// Being moved off a draining or impaired host: its replacement starts first.
+    /// Being moved (off a draining or impaired host, or by a consolidation plan): its
+    /// replacement starts first.
     pub migrating: bool,
     pub host: Option<HostId>,
     pub allocations: Vec<GpuAllocation>,

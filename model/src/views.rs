@@ -17,6 +17,9 @@ pub struct SlotView {
     pub dedicated: bool,
     pub measured_peak: Option<MiB>,
     pub state: TaskState,
+    /// Its fit verdict, where one was read.
+    #[serde(default)]
+    pub verdict: Option<crate::fit::Verdict>,
 }
 
 /// A GPU and what is allocated on it. Its sharing mode (in `gpu`) and the figures below

@@ -67,7 +67,60 @@ const FLEET: &[DemoHost] = &[
     },
 ];
 
-/// Adds the demo pools, two sample task definitions and a sample service where they are
+/// The GPU memory each sample's tasks use at their peak, in MiB (the agent's simulated
+/// probe reads it from the task's environment; right-sized revisions keep it).
+const SIM_MIB_ENV: &str = "TESSERA_SIM_GPU_MIB";
+
+/// A sample service: family (and service name), pool, desired count, its container, and
+/// the GPU memory its tasks use at their peak (MiB).
+struct Sample {
+    family: &'static str,
+    pool: &'static str,
+    count: u32,
+    container: serde_json::Value,
+    peak_mib: &'static str,
+}
+
+/// The sample services, using at their peak 95 % of the budget (near), 35 % (oversized),
+/// 120 % (over: allocations refused at the limit) and 70 % (fits).
+fn samples() -> Vec<Sample> {
+    vec![
+        Sample {
+            family: "embeddings",
+            pool: "inference",
+            count: 5,
+            container: json!({"name": "worker", "command": ["sleep", "infinity"], "cpu_milli": 2000, "memory_mib": 8192,
+                   "env": {}, "gpu": {"mps": {"memory_mib": 6144, "max_compute_percent": 25}}}),
+            peak_mib: "5837",
+        },
+        Sample {
+            family: "llm-inference",
+            pool: "training",
+            count: 4,
+            container: json!({"name": "server", "command": ["sleep", "infinity"], "cpu_milli": 4000, "memory_mib": 16384,
+                   "env": {"MODEL": "llama-3-8b"}, "gpu": {"mps": {"memory_mib": 20480, "max_compute_percent": 50}}}),
+            peak_mib: "7168",
+        },
+        Sample {
+            family: "reranker",
+            pool: "inference",
+            count: 2,
+            container: json!({"name": "ranker", "command": ["sleep", "infinity"], "cpu_milli": 1000, "memory_mib": 4096,
+                   "env": {}, "gpu": {"mps": {"memory_mib": 3072, "max_compute_percent": 20}}}),
+            peak_mib: "3686",
+        },
+        Sample {
+            family: "vision",
+            pool: "training",
+            count: 3,
+            container: json!({"name": "detector", "command": ["sleep", "infinity"], "cpu_milli": 2000, "memory_mib": 8192,
+                   "env": {}, "gpu": {"mps": {"memory_mib": 8192, "max_compute_percent": 30}}}),
+            peak_mib: "5734",
+        },
+    ]
+}
+
+/// Adds the demo pools and the sample task definitions and services where they are
 /// missing. Safe to run on every start. The hosts come from [`run_agents`].
 pub async fn seed(control: &Control) -> Result<(), ControlError> {
     let pools = control.list_pools().await?;
@@ -78,37 +131,37 @@ pub async fn seed(control: &Control) -> Result<(), ControlError> {
         }
     }
     if control.list_task_definition_families().await?.is_empty() {
-        control
-            .register_task_definition(&json!({
-                "family": "llm-inference",
-                "containers": [{
-                    "name": "server", "command": ["sleep", "infinity"], "cpu_milli": 4000, "memory_mib": 16384,
-                    "env": {"MODEL": "llama-3-8b"},
-                    "gpu": {"mps": {"memory_mib": 20480, "max_compute_percent": 50}}
-                }]
-            }))
-            .await?;
-        control
-            .register_task_definition(&json!({
-                "family": "embeddings",
-                "containers": [{
-                    "name": "worker", "command": ["sleep", "infinity"], "cpu_milli": 2000, "memory_mib": 8192,
-                    "gpu": {"mps": {"memory_mib": 6144, "max_compute_percent": 25}}
-                }]
-            }))
-            .await?;
-        control
-            .create_service(&ServiceInput {
-                name: "embeddings".into(),
-                task_definition: "embeddings:1".into(),
-                pool: "inference".into(),
-                desired_count: 5,
-                strategy: None,
-                constraints: ServiceConstraints::default(),
-                deployment: Some(DeploymentConfig::default()),
-                stop_timeout_secs: 10,
-            })
-            .await?;
+        // Four sample services whose simulated use differs, so the fit view has something
+        // to say from the first minutes: one near its budget, one oversized, one over it
+        // (allocations refused at the limit), one that fits.
+        for Sample {
+            family,
+            pool,
+            count,
+            container,
+            peak_mib,
+        } in samples()
+        {
+            let mut c = container;
+            c["env"][SIM_MIB_ENV] = json!(peak_mib);
+            control
+                .register_task_definition(&json!({"family": family, "containers": [c]}))
+                .await?;
+            control
+                .create_service(&ServiceInput {
+                    name: family.into(),
+                    task_definition: format!("{family}:1"),
+                    pool: pool.into(),
+                    desired_count: count,
+                    // One service spreads its tasks over GPUs, as operators do for
+                    // isolation: the consolidation page then has GPUs to free.
+                    strategy: (family == "llm-inference").then(|| "spread_gpu".to_owned()),
+                    constraints: ServiceConstraints::default(),
+                    deployment: Some(DeploymentConfig::default()),
+                    stop_timeout_secs: 10,
+                })
+                .await?;
+        }
     }
     Ok(())
 }
@@ -160,4 +213,12 @@ pub async fn run_agents(
         }
     }
     Ok(())
+}
+
+#[cfg(all(test, feature = "demo"))]
+mod tests {
+    #[test]
+    fn the_samples_name_the_variable_the_simulated_probe_reads() {
+        assert_eq!(super::SIM_MIB_ENV, tessera_agent::probe::SIM_MIB_ENV);
+    }
 }

@@ -129,6 +129,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 },
                 args.bind
             ),
+            // The demo compresses time so its fit verdicts show within minutes (labelled
+            // wherever they are shown).
+            usage: if args.demo {
+                tessera_control::usage::UsageConfig::compressed()
+            } else {
+                tessera_control::usage::UsageConfig::default()
+            },
             ..ControlConfig::default()
         },
     )

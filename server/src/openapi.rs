@@ -6,7 +6,7 @@
 //! The tests check both directions: every route is documented, every documented operation
 //! is routed, and answers match their schemas.
 
-use crate::api::{self, agents, bodies, fleet, workloads};
+use crate::api::{self, agents, bodies, evidence, fleet, workloads};
 use crate::auth::Access;
 use crate::session;
 use axum::Json;
@@ -33,6 +33,9 @@ use utoipa::OpenApi;
         workloads::list_services, workloads::create_service, workloads::get_service,
         workloads::update_service, workloads::delete_service, workloads::preview,
         workloads::list_tasks, workloads::list_events, workloads::live,
+        evidence::service_fit, evidence::pool_fit, evidence::right_size_proposal,
+        evidence::right_size, evidence::plan_consolidation, evidence::list_plans,
+        evidence::get_plan, evidence::execute_plan, evidence::cancel_plan,
         agents::agent_register, agents::agent_sync,
     ),
     components(schemas(
@@ -40,12 +43,14 @@ use utoipa::OpenApi;
         tessera_model::schema::ServiceName, tessera_model::schema::Username,
         tessera_model::schema::FamilyOrRef, tessera_model::service::TaskDefRef,
         tessera_model::HostId, workloads::Format, tessera_model::schema::TokenId,
+        tessera_model::schema::PlanId,
     )),
     tags(
         (name = "server", description = "Health and this document"),
         (name = "session", description = "Signing in, API tokens, users, the audit log"),
         (name = "fleet", description = "Hosts, pools, the join token"),
         (name = "workloads", description = "Task definitions, services, placement, tasks, events"),
+        (name = "evidence", description = "Fit of measured use against budgets, right-sizing, consolidation plans"),
         (name = "agents", description = "What host agents call"),
     )
 )]

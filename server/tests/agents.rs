@@ -299,10 +299,14 @@ async fn a_task_starts_with_its_gpu_and_mps_environment_and_is_measured() {
     );
     assert_eq!(env["TESSERA_TASK_ID"], task.id);
     assert!(!env.contains_key("TESSERA_AGENT_JOIN_TOKEN"));
-    // The agent reports what the task uses (simulated: 60 % of its budget).
+    // The agent reports what the task uses (simulated: at its peak 60 % of its budget,
+    // 88 % to 100 % of that along its cycle).
     wait_for("the task's measured use", || async {
         let t = c.control.store().get_task(&task.id).await.expect("task");
-        t.state == TaskState::Running && t.measured.gpu_memory_peak.is_some_and(|m| m.0 == 4915)
+        t.state == TaskState::Running
+            && t.measured
+                .gpu_memory_peak
+                .is_some_and(|m| (4325..=4915).contains(&m.0))
     })
     .await;
     a.stop().await;

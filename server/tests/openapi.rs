@@ -45,6 +45,8 @@ struct Server {
     admin: String,
     agent: String,
     host: String,
+    /// The consolidation plan `populate` made.
+    plan: std::sync::Mutex<String>,
 }
 
 struct Answer {
@@ -70,6 +72,7 @@ impl Server {
             admin,
             agent: tokens[2].clone(),
             host: common::DEMO_HOSTS[2].0.to_owned(),
+            plan: Default::default(),
         }
     }
 
@@ -112,6 +115,53 @@ impl Server {
             );
         }
         self.state.control.reconcile_once().await.expect("placed");
+        // Measured use of the service's tasks, as agents' syncs leave it: fit verdicts and
+        // a right-size proposal have evidence to speak of.
+        let control = &self.state.control;
+        let tasks = control
+            .store()
+            .list_tasks(&tessera_control::store::TaskFilter {
+                service: Some("chat".into()),
+                ..Default::default()
+            })
+            .await
+            .expect("tasks");
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_secs() as i64;
+        let rows: Vec<_> = tasks
+            .iter()
+            .flat_map(|t| {
+                [60, 3600].map(|w| tessera_control::store::UsageRow {
+                    task_id: t.id.clone(),
+                    width_secs: w,
+                    bucket_start: now - now.rem_euclid(w) - w,
+                    service: t.service.clone(),
+                    task_definition: t.task_definition.clone(),
+                    host: t.host.clone(),
+                    memory_max: tessera_model::MiB(1500),
+                    memory_last: tessera_model::MiB(1400),
+                    sm_p50: Some(8),
+                    sm_p95: Some(12),
+                    sm_max: Some(15),
+                    samples: 12,
+                    memory_errors: 0,
+                })
+            })
+            .collect();
+        control.store().record_usage(&rows).await.expect("usage");
+        // A consolidation plan to describe.
+        let a = self
+            .send(
+                &Method::POST,
+                "/api/v1/consolidation-plans",
+                Some(&json!({"pool": "inference", "goal": "gpus"})),
+            )
+            .await;
+        assert_eq!(a.status, StatusCode::CREATED, "{}", a.body);
+        check_documented(doc, "/api/v1/consolidation-plans", "post", &a, "setup");
+        *self.plan.lock().expect("not poisoned") = a.body["id"].as_str().expect("id").to_owned();
     }
 
     async fn send(&self, method: &Method, uri: &str, body: Option<&Value>) -> Answer {
@@ -354,6 +404,26 @@ async fn the_document_and_the_router_agree_and_answers_match_their_schemas() {
         ("/api/v1/audit", "/api/v1/audit".to_owned()),
         ("/api/v1/live", "/api/v1/live".to_owned()),
         ("/metrics", "/metrics".to_owned()),
+        (
+            "/api/v1/services/{name}/fit",
+            "/api/v1/services/chat/fit?range=day".to_owned(),
+        ),
+        ("/api/v1/fit", "/api/v1/fit?pool=inference".to_owned()),
+        (
+            "/api/v1/services/{name}/right-size",
+            "/api/v1/services/chat/right-size".to_owned(),
+        ),
+        (
+            "/api/v1/consolidation-plans",
+            "/api/v1/consolidation-plans".to_owned(),
+        ),
+        (
+            "/api/v1/consolidation-plans/{id}",
+            format!(
+                "/api/v1/consolidation-plans/{}",
+                server.plan.lock().expect("not poisoned")
+            ),
+        ),
     ];
     let mut sampled = BTreeSet::new();
     for (path, uri) in &samples {

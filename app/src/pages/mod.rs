@@ -1,6 +1,7 @@
 //! One route per file.
 
 pub mod audit;
+pub mod consolidation;
 pub mod host;
 pub mod hosts;
 pub mod overview;

@@ -1,5 +1,6 @@
-//! One service: deployments with their progress, tasks with their placements, events;
-//! scale it, roll out another revision, or delete it.
+//! One service: deployments with their progress, tasks with their placements and how widely
+//! they spread, the fit of their measured use (`crate::fit`), events; scale it, roll out
+//! another revision, right-size it, or delete it.
 
 use crate::components::{ErrorList, EventList, measured_text};
 use crate::live::use_live;
@@ -81,6 +82,19 @@ pub fn ServicePage() -> impl IntoView {
             <ErrorBoundary fallback=|errors| view! { <ErrorList errors /> }>
                 {move || Suspend::new(async move {
                     data.await.map(|(detail, tasks, revisions)| view! { <Detail detail tasks revisions patch delete /> })
+                })}
+            </ErrorBoundary>
+        </Transition>
+        <crate::fit::FitPanel name=Signal::derive(name) live=Signal::derive(live) />
+        <Transition fallback=|| ()>
+            <ErrorBoundary fallback=|_| ()>
+                {move || Suspend::new(async move {
+                    data.await.map(|(detail, _, _)| view! {
+                        <section class="panel">
+                            <h2>"Events"</h2>
+                            <EventList events=detail.events />
+                        </section>
+                    })
                 })}
             </ErrorBoundary>
         </Transition>
@@ -175,6 +189,7 @@ fn Detail(
         </section>
         <section class="panel">
             <h2>"Tasks"</h2>
+            <crate::fit::BlastRadius tasks=tasks.clone() />
             <table class="table tasks">
                 <thead><tr><th>"Task"</th><th>"Revision"</th><th>"State"</th><th>"Host"</th><th>"GPUs"</th><th>"Measured peak"</th><th>"Note"</th></tr></thead>
                 <tbody>
@@ -198,10 +213,6 @@ fn Detail(
                         .collect_view()}
                 </tbody>
             </table>
-        </section>
-        <section class="panel">
-            <h2>"Events"</h2>
-            <EventList events=detail.events />
         </section>
     }
 }

@@ -385,9 +385,13 @@ impl TaskStore for This {
         }
     }
 
-    async fn set_task_migrating(&self, id: &str) -> Result<(), StoreError> {
-        self.write_one(sqlx::query("UPDATE tasks SET migrating = 1 WHERE id = $1").bind(id))
-            .await?;
+    async fn set_task_migrating(&self, id: &str, migrating: bool) -> Result<(), StoreError> {
+        self.write_one(
+            sqlx::query("UPDATE tasks SET migrating = $2 WHERE id = $1")
+                .bind(id)
+                .bind(i64::from(migrating)),
+        )
+        .await?;
         Ok(())
     }
 

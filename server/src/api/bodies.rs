@@ -109,3 +109,13 @@ pub enum TaskDefinitionAnswer {
     Ecs(EcsTaskDefinition),
     Revisions(RevisionList),
 }
+
+list!(/// `GET /api/v1/consolidation-plans`, newest first.
+    PlanList { plans: tessera_model::consolidation::ConsolidationPlan });
+
+/// `POST /api/v1/services/{name}/right-size`: the revision registered and what it changed.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct RightSized {
+    pub proposal: tessera_model::fit::RightSize,
+    pub task_definition: TaskDefinition,
+}

@@ -5,10 +5,12 @@
 //!
 //! - `fleet`: hosts, pools, the join token. `workloads`: task definitions, services,
 //!   placement preview, tasks, events, the live stream. `agents`: register and sync.
+//! - `evidence`: fit verdicts, right-sizing, consolidation plans.
 //! - `bodies`: the API's own response bodies and its error body.
 
 pub mod agents;
 pub mod bodies;
+pub mod evidence;
 pub mod fleet;
 pub mod workloads;
 
@@ -21,6 +23,7 @@ use axum::extract::State;
 use axum::http::Method;
 use axum::response::IntoResponse;
 use bodies::Health;
+use evidence::*;
 use fleet::*;
 use tessera_model::HostId;
 use tessera_model::auth::Role;
@@ -169,6 +172,50 @@ pub fn routes() -> Routes {
             delete_service,
         )
         .add(Method::POST, "/api/v1/placement-preview", OPERATE, preview)
+        .add(
+            Method::GET,
+            "/api/v1/services/{name}/fit",
+            VIEW,
+            service_fit,
+        )
+        .add(Method::GET, "/api/v1/fit", VIEW, pool_fit)
+        .add(
+            Method::GET,
+            "/api/v1/services/{name}/right-size",
+            VIEW,
+            right_size_proposal,
+        )
+        .add(
+            Method::POST,
+            "/api/v1/services/{name}/right-size",
+            OPERATE,
+            right_size,
+        )
+        .add(Method::GET, "/api/v1/consolidation-plans", VIEW, list_plans)
+        .add(
+            Method::POST,
+            "/api/v1/consolidation-plans",
+            OPERATE,
+            plan_consolidation,
+        )
+        .add(
+            Method::GET,
+            "/api/v1/consolidation-plans/{id}",
+            VIEW,
+            get_plan,
+        )
+        .add(
+            Method::POST,
+            "/api/v1/consolidation-plans/{id}/execute",
+            OPERATE,
+            execute_plan,
+        )
+        .add(
+            Method::POST,
+            "/api/v1/consolidation-plans/{id}/cancel",
+            OPERATE,
+            cancel_plan,
+        )
         .add(Method::GET, "/api/v1/tasks", VIEW, list_tasks)
         .add(Method::GET, "/api/v1/events", VIEW, list_events)
         .add(Method::GET, "/api/v1/live", VIEW, live)

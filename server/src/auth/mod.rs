@@ -206,8 +206,8 @@ pub fn server_fn_rules() -> &'static HashMap<&'static str, (&'static str, Access
     static RULES: OnceLock<HashMap<&'static str, (&'static str, Access)>> = OnceLock::new();
     RULES.get_or_init(|| {
         use tessera_app::pages::{
-            audit, host, hosts, overview, service, service_new, services, task_definition,
-            task_definitions,
+            audit, consolidation, host, hosts, overview, service, service_new, services,
+            task_definition, task_definitions,
         };
         const VIEW: Access = Access::Role(Role::Viewer);
         const OPERATE: Access = Access::Role(Role::Operator);
@@ -235,6 +235,17 @@ pub fn server_fn_rules() -> &'static HashMap<&'static str, (&'static str, Access
             (service::GetServiceView::PATH, "get_service_view", VIEW),
             (service::PatchService::PATH, "patch_service", OPERATE),
             (service::DeleteService::PATH, "delete_service", OPERATE),
+            (
+                tessera_app::fit::GetServiceFit::PATH,
+                "get_service_fit",
+                VIEW,
+            ),
+            (tessera_app::fit::GetRightSize::PATH, "get_right_size", VIEW),
+            (
+                tessera_app::fit::ApplyRightSize::PATH,
+                "apply_right_size",
+                OPERATE,
+            ),
             (service_new::WizardChoices::PATH, "wizard_choices", VIEW),
             (
                 service_new::PreviewPlacement::PATH,
@@ -264,6 +275,14 @@ pub fn server_fn_rules() -> &'static HashMap<&'static str, (&'static str, Access
                 OPERATE,
             ),
             (audit::ListAudit::PATH, "list_audit", ADMIN),
+            (
+                consolidation::ListConsolidation::PATH,
+                "list_consolidation",
+                VIEW,
+            ),
+            (consolidation::GetPoolFit::PATH, "get_pool_fit", VIEW),
+            (consolidation::MakePlan::PATH, "make_plan", OPERATE),
+            (consolidation::RunPlan::PATH, "run_plan", OPERATE),
         ]
         .into_iter()
         .map(|(path, name, access)| (path, (name, access)))

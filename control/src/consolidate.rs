@@ -1,0 +1,483 @@
+//! Consolidation plans: moves computed by the placement engine
+//! ([`tessera_placement::consolidate`]) that free whole GPUs or hosts of a pool, stored
+//! without committing anything, and carried out on request by the scheduler's reconcile
+//! pass one move at a time, start before stop: the replacement is placed on the planned
+//! GPU (the commit re-checks capacity) and the original is marked as moving, so its service
+//! stops it once the replacement runs. A move whose task no longer runs where the plan
+//! found it, whose target has no room any more, or whose replacement fails halts the plan.
+
+use crate::capacity::{Held, PoolCapacity};
+use crate::control::Control;
+use crate::error::ControlError;
+use crate::inputs::Errors;
+use crate::scheduler::{allocations, density, request_for};
+use crate::store::{NewTask, PlacementCommit, StoredPlan, TaskFilter};
+use std::collections::{BTreeSet, HashMap};
+use tessera_model::consolidation::{
+    ConsolidationPlan, GpuBar, KeptService, MoveState, PlanInput, PlanStatus, PlannedMove,
+};
+use tessera_model::service::{Service, Task, TaskState};
+use tessera_model::{HostId, SharingMode};
+use tessera_placement::consolidate::{Goal, Movable, plan};
+use tessera_placement::{DemandProfile, Engine, GpuIdx, Policy};
+
+/// The most moves one plan makes.
+const MAX_MOVES: usize = 500;
+
+/// Why a service's tasks stay where they are, if they must.
+fn must_stay(service: &Service, tasks: &[&Task]) -> Option<String> {
+    let desired = service.desired_count as usize;
+    let max_total = (desired * service.deployment.maximum_percent as usize).div_ceil(100);
+    if service.deleting {
+        return Some("being deleted".into());
+    }
+    if max_total < desired + 1 {
+        return Some(format!(
+            "maximum_percent {} leaves no room for a replacement to start before its original stops",
+            service.deployment.maximum_percent
+        ));
+    }
+    if tasks.len() != desired
+        || tasks.iter().any(|t| {
+            t.state != TaskState::Running
+                || t.migrating
+                || t.task_definition != service.task_definition
+        })
+    {
+        return Some("not steady (a deployment, a scale or a move is in progress)".into());
+    }
+    None
+}
+
+fn corrupt(message: String) -> ControlError {
+    ControlError::Store(crate::StoreError::Corrupt {
+        what: "consolidation plan",
+        message,
+    })
+}
+
+fn plan_body(p: &ConsolidationPlan) -> Result<StoredPlan, ControlError> {
+    Ok(StoredPlan {
+        id: p.id.clone(),
+        pool: p.pool.clone(),
+        goal: p.goal.clone(),
+        status: p.status.as_str().to_owned(),
+        created_at: p.created_at.clone(),
+        body: serde_json::to_string(p).map_err(|e| corrupt(e.to_string()))?,
+    })
+}
+
+fn from_stored(s: &StoredPlan) -> Result<ConsolidationPlan, ControlError> {
+    serde_json::from_str(&s.body).map_err(|e| corrupt(format!("{}: {e}", s.id)))
+}
+
+impl Control {
+    /// `POST /api/v1/consolidation-plans`: moves that free as many whole GPUs (or hosts) of
+    /// `input.pool` as they can, honouring every service's constraints and deployment
+    /// limits; stored, nothing committed.
+    pub async fn plan_consolidation(
+        &self,
+        input: &PlanInput,
+    ) -> Result<ConsolidationPlan, ControlError> {
+        let mut e = Errors::default();
+        let pool = e.pool(&input.pool);
+        let goal = match input.goal.as_str() {
+            "gpus" => Some(Goal::Gpus),
+            "hosts" => Some(Goal::Hosts),
+            other => {
+                e.add("goal", format!("must be gpus or hosts, got {other:?}"));
+                None
+            }
+        };
+        e.finish()?;
+        let (pool, goal) = (pool.expect("validated"), goal.expect("validated"));
+        let info = self.existing_pool(&pool).await?;
+        let hosts: Vec<_> = self
+            .store
+            .list_hosts()
+            .await?
+            .into_iter()
+            .filter(|h| h.pool == pool)
+            .collect();
+        let holding = self
+            .store
+            .list_tasks(&TaskFilter {
+                pool: Some(pool.clone()),
+                states: TaskState::HOLDING.to_vec(),
+                ..Default::default()
+            })
+            .await?;
+        let services: Vec<Service> = self
+            .store
+            .list_services()
+            .await?
+            .into_iter()
+            .filter(|s| s.pool == pool)
+            .collect();
+        let capacity = PoolCapacity::build(&info, &hosts, holding.iter().filter_map(Held::of));
+        let before = capacity.snapshot.clone();
+        let mut kept = Vec::new();
+        let mut movable = Vec::new();
+        let mut task_of = Vec::new();
+        for (group, s) in services.iter().enumerate() {
+            let mine: Vec<&Task> = holding.iter().filter(|t| t.service == s.name).collect();
+            if mine.is_empty() {
+                continue;
+            }
+            let stay = must_stay(s, &mine);
+            if let Some(why) = &stay {
+                kept.push(KeptService {
+                    service: s.name.clone(),
+                    why: why.clone(),
+                });
+            }
+            let spec = self.spec_of(&s.task_definition).await?;
+            let req = request_for(&spec, &s.constraints, BTreeSet::new());
+            for t in mine {
+                let Some(h) = Held::of(t) else { continue };
+                let Some(p) = capacity.placement(h.host, h.cpu, h.memory, h.allocations) else {
+                    continue;
+                };
+                movable.push(Movable {
+                    placement: p,
+                    request: req.clone(),
+                    group: group as u32,
+                    fixed: stay.is_some(),
+                });
+                task_of.push(t);
+            }
+        }
+        // Tasks of no service (none today) and tasks not counted above stay too.
+        for t in holding
+            .iter()
+            .filter(|t| !services.iter().any(|s| s.name == t.service))
+        {
+            if let Some(h) = Held::of(t)
+                && let Some(p) = capacity.placement(h.host, h.cpu, h.memory, h.allocations)
+            {
+                movable.push(Movable {
+                    request: tessera_placement::TaskRequest::cpu_only(p.cpu, p.memory),
+                    placement: p,
+                    group: u32::MAX,
+                    fixed: true,
+                });
+                task_of.push(t);
+            }
+        }
+        let mut engine = Engine::new(
+            capacity.snapshot,
+            Policy::Binpack,
+            &DemandProfile::default(),
+            0x7e55e7a,
+        );
+        let out = plan(&mut engine, &movable, goal, MAX_MOVES);
+        let after = engine.snapshot();
+        // Each GPU's host and device index.
+        let mut gpu_names: HashMap<GpuIdx, (HostId, u32)> = HashMap::new();
+        for (hi, h) in hosts.iter().enumerate() {
+            for (g, gpu) in before.gpus_of(hi as u32).zip(&h.gpus) {
+                gpu_names.insert(g, (h.id.clone(), gpu.index));
+            }
+        }
+        let used = |u: tessera_placement::GpuUsage| {
+            if u.mode == SharingMode::Dedicated {
+                u.memory_capacity.0
+            } else {
+                u.memory_capacity.0 - u.memory_free.0
+            }
+        };
+        let gpus = (0..before.gpu_count() as GpuIdx)
+            .filter(|&g| before.gpu_usage(g) != after.gpu_usage(g))
+            .filter_map(|g| {
+                let (host, index) = gpu_names.get(&g)?;
+                Some(GpuBar {
+                    host: host.to_string(),
+                    index: *index,
+                    capacity_mib: before.gpu_usage(g).memory_capacity.0,
+                    before_mib: used(before.gpu_usage(g)),
+                    after_mib: used(after.gpu_usage(g)),
+                })
+            })
+            .collect();
+        let name = |g: &GpuIdx| {
+            gpu_names
+                .get(g)
+                .map_or_else(String::new, |(h, i)| format!("{h}/GPU {i}"))
+        };
+        let moves = out
+            .moves
+            .iter()
+            .map(|m| {
+                let t = task_of[m.task];
+                PlannedMove {
+                    task_id: t.id.clone(),
+                    service: t.service.clone(),
+                    from_host: m.from.host_id.to_string(),
+                    from_gpus: m.from.gpus.iter().map(|s| s.index).collect(),
+                    to_host: m.to.host_id.to_string(),
+                    to_gpus: m.to.gpus.iter().map(|s| s.index).collect(),
+                    allocations: allocations(&m.to),
+                    state: MoveState::Pending,
+                    replacement: None,
+                    message: None,
+                }
+            })
+            .collect();
+        let plan = ConsolidationPlan {
+            id: uuid::Uuid::new_v4().to_string(),
+            pool: pool.to_string(),
+            goal: input.goal.clone(),
+            status: PlanStatus::Planned,
+            created_at: crate::clock::stamp(self.now()),
+            moves,
+            frees_gpus: out.freed_gpus.iter().map(name).collect(),
+            frees_hosts: out
+                .freed_hosts
+                .iter()
+                .map(|&h| before.host_id(h).to_string())
+                .collect(),
+            density_before: density(&before),
+            density_after: density(after),
+            gpus,
+            kept,
+            message: None,
+        };
+        self.store.save_plan(&plan_body(&plan)?).await?;
+        Ok(plan)
+    }
+
+    pub async fn consolidation_plan(&self, id: &str) -> Result<ConsolidationPlan, ControlError> {
+        from_stored(&self.store.get_plan(id).await?)
+    }
+
+    /// The newest plans first.
+    pub async fn consolidation_plans(&self) -> Result<Vec<ConsolidationPlan>, ControlError> {
+        self.store
+            .list_plans(20)
+            .await?
+            .iter()
+            .map(from_stored)
+            .collect()
+    }
+
+    /// Starts carrying out a planned plan (`Conflict` in any other status).
+    pub async fn execute_consolidation_plan(
+        &self,
+        id: &str,
+    ) -> Result<ConsolidationPlan, ControlError> {
+        let mut plan = self.consolidation_plan(id).await?;
+        if plan.status != PlanStatus::Planned {
+            return Err(ControlError::Conflict(format!(
+                "consolidation plan {id} is {}; only a planned plan can be executed",
+                plan.status.as_str()
+            )));
+        }
+        plan.status = PlanStatus::Executing;
+        self.store.save_plan(&plan_body(&plan)?).await?;
+        self.event(
+            None,
+            None,
+            &format!(
+                "consolidation plan {id} in pool {}: executing {} move(s), start before stop",
+                plan.pool,
+                plan.moves.len()
+            ),
+        )
+        .await;
+        self.wake();
+        Ok(plan)
+    }
+
+    /// Stops a plan: no further move starts (one already started finishes).
+    pub async fn cancel_consolidation_plan(
+        &self,
+        id: &str,
+    ) -> Result<ConsolidationPlan, ControlError> {
+        let mut plan = self.consolidation_plan(id).await?;
+        if !matches!(plan.status, PlanStatus::Planned | PlanStatus::Executing) {
+            return Err(ControlError::Conflict(format!(
+                "consolidation plan {id} is {} already",
+                plan.status.as_str()
+            )));
+        }
+        plan.status = PlanStatus::Cancelled;
+        plan.message = Some("cancelled by an operator".into());
+        self.store.save_plan(&plan_body(&plan)?).await?;
+        self.event(None, None, &format!("consolidation plan {id} cancelled"))
+            .await;
+        Ok(plan)
+    }
+
+    /// One step of every executing plan (from the reconcile pass): start the next move,
+    /// or see whether the move under way finished.
+    pub(crate) async fn advance_consolidation(&self) -> Result<(), ControlError> {
+        for stored in self.store.list_plans(20).await? {
+            if stored.status != PlanStatus::Executing.as_str() {
+                continue;
+            }
+            let mut plan = from_stored(&stored)?;
+            let before = plan.clone();
+            self.advance_plan(&mut plan).await?;
+            if plan != before {
+                self.store.save_plan(&plan_body(&plan)?).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn advance_plan(&self, plan: &mut ConsolidationPlan) -> Result<(), ControlError> {
+        let id = plan.id.clone();
+        let Some(i) = plan.moves.iter().position(|m| m.state != MoveState::Done) else {
+            plan.status = PlanStatus::Done;
+            self.event(
+                None,
+                None,
+                &format!(
+                    "consolidation plan {id} done: {} move(s); freed {}",
+                    plan.moves.len(),
+                    if plan.goal == "hosts" {
+                        format!("{} host(s)", plan.frees_hosts.len())
+                    } else {
+                        format!("{} GPU(s)", plan.frees_gpus.len())
+                    }
+                ),
+            )
+            .await;
+            return Ok(());
+        };
+        let m = plan.moves[i].clone();
+        let fail = |plan: &mut ConsolidationPlan, why: String| {
+            plan.moves[i].state = MoveState::Failed;
+            plan.moves[i].message = Some(why.clone());
+            plan.status = PlanStatus::Failed;
+            plan.message = Some(format!(
+                "halted at move {} of {}: {why}",
+                i + 1,
+                plan.moves.len()
+            ));
+        };
+        match m.state {
+            MoveState::Pending => {
+                let task = match self.store.get_task(&m.task_id).await {
+                    Ok(t) => Some(t),
+                    Err(crate::StoreError::NotFound { .. }) => None,
+                    Err(e) => return Err(e.into()),
+                };
+                let Some(t) = task.filter(|t| {
+                    t.state == TaskState::Running
+                        && !t.migrating
+                        && t.host.as_ref().map(HostId::as_str) == Some(m.from_host.as_str())
+                }) else {
+                    fail(
+                        plan,
+                        format!(
+                            "task {} no longer runs on {} as planned",
+                            m.task_id, m.from_host
+                        ),
+                    );
+                    self.plan_event(plan, &m).await;
+                    return Ok(());
+                };
+                let to = HostId::new(m.to_host.clone()).map_err(|e| corrupt(e.to_string()))?;
+                let replacement = uuid::Uuid::new_v4().to_string();
+                self.store
+                    .create_tasks(&[NewTask {
+                        id: replacement.clone(),
+                        service: t.service.clone(),
+                        deployment_id: t.deployment_id,
+                        task_definition: t.task_definition.clone(),
+                        pool: t.pool.clone(),
+                        cpu: t.cpu,
+                        memory: t.memory,
+                    }])
+                    .await?;
+                let committed = self
+                    .store
+                    .commit_placements(&[PlacementCommit {
+                        task_id: replacement.clone(),
+                        host: to.clone(),
+                        allocations: m.allocations.clone(),
+                    }])
+                    .await?;
+                if committed.is_empty() {
+                    self.store
+                        .request_task_stop(&replacement, "consolidation target has no room")
+                        .await?;
+                    fail(
+                        plan,
+                        format!(
+                            "{}/GPU {:?} no longer has room for task {}",
+                            m.to_host, m.to_gpus, m.task_id
+                        ),
+                    );
+                    self.plan_event(plan, &m).await;
+                    return Ok(());
+                }
+                self.store.set_task_migrating(&t.id, true).await?;
+                self.capacity_changed();
+                let mv = &mut plan.moves[i];
+                mv.state = MoveState::Starting;
+                mv.replacement = Some(replacement.clone());
+                self.event(
+                    Some(&t.service),
+                    Some(&to),
+                    &format!(
+                        "consolidation plan {id}: moving task {} from {}/GPU {:?} to {}/GPU {:?}; replacement {replacement} starts first",
+                        t.id, m.from_host, m.from_gpus, m.to_host, m.to_gpus
+                    ),
+                )
+                .await;
+            }
+            MoveState::Starting => {
+                let Some(rid) = m.replacement.clone() else {
+                    fail(plan, "a started move has no replacement".into());
+                    return Ok(());
+                };
+                let replacement = self.store.get_task(&rid).await?;
+                let original = self.store.get_task(&m.task_id).await.ok();
+                if replacement.state == TaskState::Stopped {
+                    if let Some(o) = original.as_ref().filter(|o| o.state.is_live()) {
+                        self.store.set_task_migrating(&o.id, false).await?;
+                    }
+                    fail(
+                        plan,
+                        format!(
+                            "replacement {rid} stopped: {}",
+                            replacement
+                                .stop_reason
+                                .as_deref()
+                                .unwrap_or("unknown reason")
+                        ),
+                    );
+                    self.plan_event(plan, &m).await;
+                } else if original.is_none_or(|o| o.state == TaskState::Stopped) {
+                    plan.moves[i].state = MoveState::Done;
+                    self.event(
+                        Some(&m.service),
+                        None,
+                        &format!(
+                            "consolidation plan {id}: task {} moved to {}/GPU {:?} as {rid} ({} of {})",
+                            m.task_id,
+                            m.to_host,
+                            m.to_gpus,
+                            i + 1,
+                            plan.moves.len()
+                        ),
+                    )
+                    .await;
+                }
+            }
+            MoveState::Done | MoveState::Failed => {}
+        }
+        Ok(())
+    }
+
+    async fn plan_event(&self, plan: &ConsolidationPlan, m: &PlannedMove) {
+        let message = format!(
+            "consolidation plan {} {}",
+            plan.id,
+            plan.message.as_deref().unwrap_or("failed")
+        );
+        self.event(Some(&m.service), None, &message).await;
+    }
+}
