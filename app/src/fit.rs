@@ -109,6 +109,10 @@ fn Chart(
             view! { <text class="axis" x=format!("{}", PAD_L - 6.0) y=format!("{:.1}", y(v) + 4.0) text-anchor="end">{label}</text> }
         })
         .collect_view();
+    let x_labels = view! {
+        <text class="axis" x=format!("{PAD_L}") y=format!("{}", H - 6.0) text-anchor="start">{format!("−{}", span_words((to - from).max(0) as u64))}</text>
+        <text class="axis" x=format!("{}", W - 8.0) y=format!("{}", H - 6.0) text-anchor="end">"now"</text>
+    };
     let legend = series
         .iter()
         .map(|s| view! { <span class=format!("legend {}", s.class)>{s.name}</span> })
@@ -121,6 +125,7 @@ fn Chart(
                 <line class="axis-line" x1=format!("{PAD_L}") x2=format!("{PAD_L}") y1="8" y2=format!("{}", H - PAD_B) />
                 <line class="axis-line" x1=format!("{PAD_L}") x2=format!("{}", W - 8.0) y1=format!("{}", H - PAD_B) y2=format!("{}", H - PAD_B) />
                 {axis}
+                {x_labels}
                 {mark_lines}
                 {lines}
                 {empty.then(|| view! { <text class="axis" x=format!("{}", W / 2.0) y=format!("{}", H / 2.0) text-anchor="middle">"no measurements in this range yet"</text> })}
@@ -173,9 +178,19 @@ pub fn BlastRadius(tasks: Vec<Task>) -> impl IntoView {
 #[component]
 pub fn FitPanel(name: Signal<String>, live: Signal<u64>) -> impl IntoView {
     let range = RwSignal::new("hour".to_owned());
+    // Measured use changes without events: in the browser, read it again every 10 s.
+    let refresh = RwSignal::new(0u64);
+    Effect::new(move |_| {
+        if let Ok(handle) = set_interval_with_handle(
+            move || refresh.update(|n| *n += 1),
+            std::time::Duration::from_secs(10),
+        ) {
+            on_cleanup(move || handle.clear());
+        }
+    });
     let fit = Resource::new(
-        move || (live.get(), name.get(), range.get()),
-        |(_, n, r)| get_service_fit(n, r),
+        move || (live.get(), refresh.get(), name.get(), range.get()),
+        |(_, _, n, r)| get_service_fit(n, r),
     );
     let show_resize = RwSignal::new(false);
     let applied = Action::new(|n: &String| apply_right_size(n.clone()));
@@ -237,7 +252,7 @@ pub fn FitPanel(name: Signal<String>, live: Signal<u64>) -> impl IntoView {
                                     Some(Ok(Ok(p))) => {
                                         let n = name.get_untracked();
                                         view! {
-                                            <div class="diff" data-right-size="proposal">
+                                            <div class="resize-diff" data-right-size="proposal">
                                                 <p>{format!("A new revision of {} with the suggested budget ({}: {}):", p.current, p.verdict, p.reason)}</p>
                                                 <table class="table">
                                                     <thead><tr><th>"Field"</th><th>{p.current.clone()}</th><th>"New revision"</th></tr></thead>
@@ -274,7 +289,10 @@ fn FitBody(fit: ServiceFit) -> impl IntoView {
         "month" => 30 * 86_400,
         _ => 3600,
     };
-    let from = now - span;
+    // The range asked for, or less while the evidence is younger than it (the chart then
+    // spans what there is, from its first bucket).
+    let first = fit.history.first().map_or(now, |p| p.t);
+    let from = (now - span).max(first - fit.bucket_secs as i64);
     let budget = fit.budget_mib.0 as f64;
     let mut mem_marks = vec![(
         format!("budget {}", measured_text(fit.budget_mib)),

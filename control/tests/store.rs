@@ -5,7 +5,7 @@ mod common;
 
 use common::TestDb;
 use std::collections::BTreeMap;
-use tessera_control::store::{NewTask, PlacementCommit};
+use tessera_control::store::{NewTask, PlacementCommit, StoredPlan, UsageQuery, UsageRow};
 use tessera_control::{StoreError, open};
 use tessera_model::ComputeMilli;
 use tessera_model::service::{GpuAllocation, TaskDefRef};
@@ -222,4 +222,115 @@ async fn racing_commits_from_two_stores_never_overcommit_a_gpu() {
         .sum();
     assert_eq!(held, 24 * 1024);
     common::assert_no_overcommit(&env.control).await;
+}
+
+fn usage_row(task: &str, width: i64, start: i64, memory: u64, errors: u32) -> UsageRow {
+    UsageRow {
+        task_id: task.into(),
+        width_secs: width,
+        bucket_start: start,
+        service: "web".into(),
+        task_definition: TaskDefRef {
+            family: "web".into(),
+            revision: 1,
+        },
+        host: Some(HostId::new("host-1").expect("valid")),
+        memory_max: MiB(memory),
+        memory_last: MiB(memory / 2),
+        sm_p50: Some(10),
+        sm_p95: Some(memory as u32 % 100),
+        sm_max: None,
+        samples: 6,
+        memory_errors: errors,
+    }
+}
+
+#[tokio::test]
+async fn usage_buckets_merge_when_written_twice_and_are_pruned_by_age() {
+    let db = TestDb::new().await;
+    let store = db.open().await;
+    store
+        .record_usage(&[
+            usage_row("t1", 60, 600, 1000, 0),
+            usage_row("t1", 60, 660, 1200, 0),
+            usage_row("t2", 60, 600, 500, 1),
+            usage_row("t1", 3600, 0, 1200, 0),
+        ])
+        .await
+        .expect("written");
+    // The same bucket from another server (an agent that failed over mid-minute).
+    store
+        .record_usage(&[usage_row("t1", 60, 600, 1500, 2)])
+        .await
+        .expect("merged");
+    let q = |since| UsageQuery {
+        service: Some("web".into()),
+        width_secs: 60,
+        since,
+    };
+    let rows = store.list_usage(&q(0)).await.expect("rows");
+    assert_eq!(rows.len(), 3, "{rows:?}");
+    let merged = rows
+        .iter()
+        .find(|r| r.task_id == "t1" && r.bucket_start == 600)
+        .expect("t1's first minute");
+    assert_eq!(merged.memory_max, MiB(1500), "the larger peak wins");
+    assert_eq!(merged.samples, 12, "samples add up");
+    assert_eq!(merged.memory_errors, 2, "errors add up");
+    assert_eq!(merged.sm_p95, Some(0), "NULL-safe larger of 0 and 0");
+    assert_eq!(merged.sm_max, None);
+    assert_eq!(store.list_usage(&q(660)).await.expect("rows").len(), 1);
+    let other = UsageQuery {
+        service: Some("other".into()),
+        ..q(0)
+    };
+    assert!(store.list_usage(&other).await.expect("rows").is_empty());
+    assert_eq!(store.prune_usage(60, 660).await.expect("pruned"), 2);
+    assert_eq!(store.list_usage(&q(0)).await.expect("rows").len(), 1);
+    let hours = UsageQuery {
+        width_secs: 3600,
+        ..q(0)
+    };
+    assert_eq!(
+        store.list_usage(&hours).await.expect("rows").len(),
+        1,
+        "another width is left alone"
+    );
+}
+
+#[tokio::test]
+async fn consolidation_plans_are_stored_and_listed_newest_first() {
+    let db = TestDb::new().await;
+    let store = db.open().await;
+    for (id, at) in [
+        ("p1", "2026-01-01T00:00:00.000Z"),
+        ("p2", "2026-01-02T00:00:00.000Z"),
+    ] {
+        store
+            .save_plan(&StoredPlan {
+                id: id.into(),
+                pool: "gpu".into(),
+                goal: "gpus".into(),
+                status: "planned".into(),
+                created_at: at.into(),
+                body: "{}".into(),
+            })
+            .await
+            .expect("saved");
+    }
+    let mut p1 = store.get_plan("p1").await.expect("p1");
+    p1.status = "executing".into();
+    p1.body = "{\"moves\":[]}".into();
+    store.save_plan(&p1).await.expect("updated");
+    let listed = store.list_plans(10).await.expect("listed");
+    assert_eq!(
+        listed.iter().map(|p| p.id.as_str()).collect::<Vec<_>>(),
+        ["p2", "p1"]
+    );
+    assert_eq!(listed[1].status, "executing");
+    assert_eq!(listed[1].body, "{\"moves\":[]}");
+    assert!(matches!(
+        store.get_plan("nope").await,
+        Err(StoreError::NotFound { .. })
+    ));
 }

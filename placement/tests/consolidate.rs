@@ -178,6 +178,11 @@ proptest! {
                 prop_assert!(false, "{}", why);
             }
             prop_assert!(snap.assign(&m.to).is_ok(), "the replacement does not fit while its original runs");
+            // Start before stop, one move at a time: while a move runs its service has one
+            // task more than before (never fewer: minimum healthy holds at 100 %).
+            let live = |gs: &Vec<BTreeMap<HostId, u32>>| gs[t.group as usize].values().sum::<u32>();
+            let during = live(&groups) + 1;
+            prop_assert_eq!(during, live(&group_hosts) + 1);
             snap.release(&m.from).expect("the original held this");
             let g = &mut groups[t.group as usize];
             *g.entry(m.to.host_id.clone()).or_default() += 1;

@@ -643,3 +643,117 @@ async fn an_agent_given_two_servers_carries_on_through_the_other_when_one_stops(
     );
     agent.stop().await;
 }
+
+/// Processes alive among those whose pid the tasks wrote under `out`.
+fn live_processes(out: &Path) -> Vec<String> {
+    std::fs::read_dir(out)
+        .expect("out")
+        .filter_map(|e| {
+            let path = e.ok()?.path();
+            let pid = std::fs::read_to_string(&path).ok()?;
+            let alive = std::process::Command::new("kill")
+                .args(["-0", pid.trim()])
+                .stderr(std::process::Stdio::null())
+                .status()
+                .ok()?
+                .success();
+            let task = path.file_stem()?.to_string_lossy().into_owned();
+            alive.then_some(task)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consolidation_plan_runs_start_before_stop_on_real_processes() {
+    let c = cluster().await;
+    let out = c.dir.path().join("out");
+    std::fs::create_dir_all(&out).expect("out");
+    register(
+        &c,
+        "web",
+        "echo $$ > \"$OUT/$TESSERA_TASK_ID.pid\"; exec sleep 600",
+        &out,
+    )
+    .await;
+    let a = start_agent(agent_config(&c, "a"));
+    wait_for("host a", || async {
+        c.control.store().get_host(&host("a")).await.is_ok()
+    })
+    .await;
+    // Spread over the host's two GPUs: one of them can be freed.
+    c.control
+        .create_service(&ServiceInput {
+            name: "web".into(),
+            task_definition: "web:1".into(),
+            pool: "gpu".into(),
+            desired_count: 2,
+            strategy: Some("spread_gpu".into()),
+            constraints: ServiceConstraints::default(),
+            deployment: Some(DeploymentConfig::default()),
+            stop_timeout_secs: 2,
+        })
+        .await
+        .expect("service");
+    wait_for("two processes", || async {
+        live_processes(&out).len() == 2
+    })
+    .await;
+    wait_for("both running", || async {
+        tasks(&c, &[TaskState::Running]).await.len() == 2
+    })
+    .await;
+    let plan = c
+        .control
+        .plan_consolidation(&tessera_model::consolidation::PlanInput {
+            pool: "gpu".into(),
+            goal: "gpus".into(),
+        })
+        .await
+        .expect("plan");
+    assert_eq!(plan.moves.len(), 1, "{plan:?}");
+    assert_eq!(plan.frees_gpus.len(), 1);
+    let moved = plan.moves[0].task_id.clone();
+    // Nothing is committed by planning.
+    assert_eq!(tasks(&c, &[TaskState::Running]).await.len(), 2);
+    c.control
+        .execute_consolidation_plan(&plan.id)
+        .await
+        .expect("execute");
+    // Until it is done, the service never has fewer than two processes running.
+    let mut fewest = usize::MAX;
+    let mut most = 0;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let done = loop {
+        let alive = live_processes(&out).len();
+        fewest = fewest.min(alive);
+        most = most.max(alive);
+        let p = c.control.consolidation_plan(&plan.id).await.expect("plan");
+        if p.status != tessera_model::consolidation::PlanStatus::Executing
+            || std::time::Instant::now() > deadline
+        {
+            break p;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        done.status,
+        tessera_model::consolidation::PlanStatus::Done,
+        "{done:?}"
+    );
+    assert!(fewest >= 2, "a moment with {fewest} process(es) running");
+    assert_eq!(most, 3, "the replacement ran beside its original");
+    wait_for("the original's process gone", || async {
+        !live_processes(&out).contains(&moved)
+    })
+    .await;
+    let running = tasks(&c, &[TaskState::Running]).await;
+    assert_eq!(running.len(), 2);
+    assert!(running.iter().all(|t| t.id != moved));
+    let gpus: std::collections::BTreeSet<u32> = running
+        .iter()
+        .flat_map(|t| t.allocations.iter().map(|a| a.index))
+        .collect();
+    assert_eq!(gpus.len(), 1, "both tasks share one GPU now: {gpus:?}");
+    assert_eq!(live_processes(&out).len(), 2);
+    a.stop().await;
+}

@@ -1,0 +1,170 @@
+//! Fit evidence through the control plane: agents' reports gathered into buckets, verdicts
+//! as evidence builds up, right-sizing in one step, and what a pool would hold.
+
+mod common;
+
+use common::*;
+use std::time::Duration;
+use tessera_control::ControlConfig;
+use tessera_control::usage::UsageConfig;
+use tessera_model::MiB;
+use tessera_model::agent::{MpsReport, SyncRequest, TaskReport};
+use tessera_model::fit::{FitRules, Verdict};
+use tessera_model::service::{DeploymentConfig, TaskState};
+
+/// One sync of host `h` reporting every task it runs as using `peak` MiB and `sm` % SM,
+/// and `errors` refused allocations.
+async fn report(c: &tessera_control::Control, h: &Host, peak: u64, sm: u32, errors: u32) {
+    let running = c
+        .store()
+        .list_tasks(&tessera_control::store::TaskFilter {
+            host: Some(h.id.clone()),
+            states: vec![TaskState::Assigned, TaskState::Running],
+            ..Default::default()
+        })
+        .await
+        .expect("tasks");
+    c.sync_agent(
+        &h.id,
+        &SyncRequest {
+            gpus: h.gpus.clone(),
+            mps: MpsReport {
+                healthy: true,
+                reason: None,
+            },
+            tasks: running
+                .iter()
+                .map(|t| TaskReport {
+                    task_id: t.id.clone(),
+                    running: true,
+                    exit_code: None,
+                    gpu_memory_peak_mib: Some(MiB(peak)),
+                    gpu_memory_mib: Some(MiB(peak - 100)),
+                    sm_percent: Some(sm),
+                    memory_errors: (errors > 0).then_some(errors),
+                })
+                .collect(),
+        },
+    )
+    .await
+    .expect("sync");
+}
+
+fn config() -> ControlConfig {
+    ControlConfig {
+        usage: UsageConfig {
+            rules: FitRules {
+                min_evidence_secs: 600,
+                ..FitRules::default()
+            },
+            ..UsageConfig::default()
+        },
+        ..fast()
+    }
+}
+
+#[tokio::test]
+async fn verdicts_follow_the_evidence_and_right_sizing_rolls_out_a_smaller_budget() {
+    let e = env(config()).await;
+    let c = &e.control;
+    let h = host(c, "h1", 2, 24).await;
+    let def = register_def(c, "infer", 8, 40).await;
+    service(c, "infer", &def, 2, DeploymentConfig::default()).await;
+    c.reconcile_once().await.expect("placed");
+    sync(c, &h).await;
+    let fit = c.service_fit("infer", "hour").await.expect("fit");
+    assert_eq!(fit.judgement.verdict, Verdict::NoEvidence);
+    assert_eq!(fit.budget_mib, MiB(8192));
+    assert_eq!(fit.compute_cap_percent, Some(40));
+    assert!(fit.shared);
+    assert!(fit.history.is_empty());
+
+    // Twelve minutes of a third of the budget, a sync every 30 s.
+    for _ in 0..24 {
+        report(c, &h, 2700, 12, 0).await;
+        e.clock.advance(Duration::from_secs(30));
+        c.flush_usage(false).await.expect("flushed");
+    }
+    let fit = c.service_fit("infer", "hour").await.expect("fit");
+    assert_eq!(fit.judgement.verdict, Verdict::Oversized, "{fit:?}");
+    // 2700 × 1.15 = 3105 → 3328 (13 × 256); SM p95 12 × 1.15 = 13.8 → 15.
+    assert_eq!(fit.judgement.suggested_memory_mib, Some(MiB(3328)));
+    assert_eq!(fit.judgement.suggested_compute_percent, Some(15));
+    assert_eq!(fit.tasks.len(), 2);
+    assert!(
+        fit.tasks
+            .iter()
+            .all(|t| t.judgement.verdict == Verdict::Oversized)
+    );
+    assert!(
+        fit.history.len() >= 10,
+        "a point a minute: {}",
+        fit.history.len()
+    );
+    let last = fit.history.last().expect("history");
+    assert_eq!((last.memory_max_mib, last.tasks), (2700, 2));
+    assert_eq!(fit.reserved_mib, MiB(2 * 8192));
+    assert_eq!(fit.used_mib, MiB(2 * 2700));
+
+    // The pool: both tasks fit one GPU with the suggestion; room for more of them.
+    let pool = c.pool_fit("gpu").await.expect("pool fit");
+    assert_eq!(pool.gpus_total, 2);
+    assert_eq!(pool.gpus_in_use_suggested, 1);
+    assert!(pool.services[0].extra_tasks > 0, "{pool:?}");
+    assert_eq!(pool.by_verdict[0].verdict, Verdict::Oversized);
+    assert!(c.pool_fit("nope").await.is_err());
+
+    // Right-size: the diff, then one step to a rolling deployment.
+    let proposal = c.right_size_proposal("infer").await.expect("proposal");
+    assert_eq!(proposal.current, "infer:1");
+    let fields: Vec<(&str, &str, &str)> = proposal
+        .changes
+        .iter()
+        .map(|f| (f.field.as_str(), f.from.as_str(), f.to.as_str()))
+        .collect();
+    assert_eq!(
+        fields,
+        [
+            ("containers[0].gpu.mps.memory_mib", "8192", "3328"),
+            ("containers[0].gpu.mps.max_compute_percent", "40", "15"),
+        ]
+    );
+    let (_, def2) = c.right_size("infer").await.expect("right-sized");
+    assert_eq!(def2.revision, 2);
+    let detail = c.service_detail("infer").await.expect("detail");
+    assert_eq!(detail.service.task_definition.to_string(), "infer:2");
+    assert!(
+        detail
+            .deployments
+            .iter()
+            .any(|d| d.task_definition.to_string() == "infer:2")
+    );
+}
+
+#[tokio::test]
+async fn refused_allocations_make_a_service_over_budget_and_an_unknown_range_is_refused() {
+    let e = env(config()).await;
+    let c = &e.control;
+    let h = host(c, "h1", 1, 24).await;
+    let def = register_def(c, "tight", 4, 20).await;
+    service(c, "tight", &def, 1, DeploymentConfig::default()).await;
+    c.reconcile_once().await.expect("placed");
+    sync(c, &h).await;
+    report(c, &h, 3900, 20, 0).await;
+    e.clock.advance(Duration::from_secs(61));
+    c.flush_usage(false).await.expect("flushed");
+    let fit = c.service_fit("tight", "hour").await.expect("fit");
+    assert_eq!(fit.judgement.verdict, Verdict::NearBudget, "{fit:?}");
+    report(c, &h, 4096, 20, 3).await;
+    e.clock.advance(Duration::from_secs(61));
+    c.flush_usage(false).await.expect("flushed");
+    let fit = c.service_fit("tight", "day").await.expect("fit");
+    assert_eq!(fit.judgement.verdict, Verdict::OverBudget);
+    assert!(
+        fit.judgement
+            .reason
+            .contains("3 GPU memory allocation(s) failed")
+    );
+    assert!(c.service_fit("tight", "week").await.is_err());
+    assert!(c.service_fit("nope", "hour").await.is_err());
+}
