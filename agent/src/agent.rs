@@ -415,6 +415,7 @@ impl Agent {
             mps: MpsReport {
                 healthy: mps == MpsHealth::Healthy,
                 reason: mps.reason().map(str::to_owned),
+                restarts: self.mps.as_ref().map(MpsSupervisor::restarts),
             },
             tasks,
         };

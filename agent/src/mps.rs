@@ -114,6 +114,8 @@ pub struct MpsSupervisor {
     config: MpsConfig,
     budget: RestartBudget,
     health: MpsHealth,
+    /// Restarts since the agent started (reported with every sync).
+    restarts: u32,
 }
 
 impl MpsSupervisor {
@@ -123,6 +125,7 @@ impl MpsSupervisor {
             config,
             budget,
             health: MpsHealth::Unhealthy("not started yet".into()),
+            restarts: 0,
         }
     }
 
@@ -254,6 +257,7 @@ impl MpsSupervisor {
             Decision::Healthy => MpsHealth::Healthy,
             Decision::Restart(reason) => {
                 tracing::warn!(%reason, "MPS control daemon unhealthy; restarting it");
+                self.restarts = self.restarts.saturating_add(1);
                 match self.spawn_daemon().await {
                     Ok(()) => match self.check().await {
                         Ok(()) => MpsHealth::Healthy,
@@ -267,6 +271,11 @@ impl MpsSupervisor {
             Decision::GiveUp(reason) => MpsHealth::Unhealthy(reason),
         };
         self.health.clone()
+    }
+
+    /// How many times the daemon was restarted since the agent started.
+    pub fn restarts(&self) -> u32 {
+        self.restarts
     }
 
     /// Asks the daemon to quit (it waits for its clients to exit).

@@ -143,7 +143,10 @@ fn series(history: &[UsagePoint], f: impl Fn(&UsagePoint) -> Option<f64>) -> Vec
 
 /// How the service's tasks spread over GPUs and hosts, and what one GPU's fault would take.
 #[component]
-pub fn BlastRadius(tasks: Vec<Task>) -> impl IntoView {
+pub fn BlastRadius(
+    tasks: Vec<Task>,
+    constraints: tessera_model::service::ServiceConstraints,
+) -> impl IntoView {
     let live: Vec<&Task> = tasks
         .iter()
         .filter(|t| t.state.holds_capacity() && t.host.is_some())
@@ -161,10 +164,26 @@ pub fn BlastRadius(tasks: Vec<Task>) -> impl IntoView {
     let total = live.len() as u32;
     let worst = per_gpu.values().copied().max().unwrap_or(0);
     let warn = total > 1 && worst * 2 > total;
+    let caps = [
+        constraints
+            .max_per_gpu
+            .map(|n| format!("at most {n} per GPU")),
+        constraints
+            .host_cap()
+            .map(|n| format!("at most {n} per host")),
+    ]
+    .into_iter()
+    .flatten()
+    .collect::<Vec<_>>();
     let text = format!(
-        "{total} task(s) on {} GPU(s) across {} host(s); one GPU's fault would stop up to {worst} of them",
+        "{total} task(s) on {} GPU(s) across {} host(s); one GPU's fault would stop up to {worst} of them{}",
         per_gpu.len(),
-        hosts.len()
+        hosts.len(),
+        if caps.is_empty() {
+            String::new()
+        } else {
+            format!(" (capped: {})", caps.join(", "))
+        }
     );
     view! {
         <p class=if warn { "blast warn" } else { "blast" } data-blast-warn=warn.to_string()>

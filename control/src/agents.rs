@@ -241,6 +241,7 @@ impl Control {
                 .collect(),
             status_reason: None,
             last_seen: None,
+            mps_restarts: 0,
         };
         let token = new_token();
         self.store
@@ -331,7 +332,10 @@ impl Control {
             .collect();
         self.record_reports(&mine, &req.tasks);
         let seen_at = stamp(self.now());
-        if usage.is_empty() && same_gpus(&host.gpus, &req.gpus) {
+        if usage.is_empty()
+            && same_gpus(&host.gpus, &req.gpus)
+            && req.mps.restarts.is_none_or(|r| r == host.mps_restarts)
+        {
             self.heartbeats
                 .lock()
                 .expect("not poisoned")
@@ -345,6 +349,7 @@ impl Control {
                         gpus: req.gpus.clone(),
                         seen_at,
                         usage,
+                        mps_restarts: req.mps.restarts,
                     },
                 )
                 .await?;

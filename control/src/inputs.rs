@@ -120,6 +120,23 @@ pub(crate) fn validate_service(input: &ServiceInput) -> Result<Service, ControlE
             ),
         );
     }
+    if input
+        .constraints
+        .max_per_gpu
+        .is_some_and(|n| !(1..=48).contains(&n))
+    {
+        e.add(
+            "constraints.max_per_gpu",
+            "must be between 1 and 48 (an MPS server's most clients)",
+        );
+    }
+    if input
+        .constraints
+        .max_per_host
+        .is_some_and(|n| !(1..=10_000).contains(&n))
+    {
+        e.add("constraints.max_per_host", "must be between 1 and 10000");
+    }
     for k in input.constraints.labels.keys() {
         if k.is_empty() {
             e.add("constraints.labels", "label keys must not be empty");

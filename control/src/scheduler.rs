@@ -9,7 +9,9 @@ use crate::error::ControlError;
 use crate::inputs::{Density, PreviewInput, PreviewResult, PreviewTask};
 use crate::store::{PendingTask, PlacementCommit, TaskFilter};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use tessera_model::service::{GpuAllocation, Service, ServiceConstraints, TaskDefRef, TaskState};
+use tessera_model::service::{
+    GpuAllocation, Service, ServiceConstraints, Task, TaskDefRef, TaskState,
+};
 use tessera_model::taskdef::{TaskDefinitionSpec, TaskGpu};
 use tessera_model::{HostId, PlacementPolicy, PoolInfo, PoolName, SharingMode};
 use tessera_placement::{
@@ -43,8 +45,33 @@ pub(crate) fn request_for(
                 .collect(),
             distinct_hosts: c.distinct_hosts,
             avoid_hosts: avoid,
+            max_per_gpu: c.max_per_gpu,
+            max_per_host: c.max_per_host,
+            gpu_counts: Default::default(),
+            host_counts: Default::default(),
         },
     }
+}
+
+/// `req` with what the service's `live` tasks hold counted against its caps (and, with
+/// distinct hosts, their hosts avoided).
+pub(crate) fn with_live(mut req: TaskRequest, live: &[Task]) -> TaskRequest {
+    let c = &mut req.constraints;
+    for t in live.iter().filter(|t| t.state.holds_capacity()) {
+        let Some(h) = &t.host else { continue };
+        if c.distinct_hosts {
+            c.avoid_hosts.insert(h.clone());
+        }
+        if c.max_per_host.is_some() {
+            *c.host_counts.entry(h.clone()).or_default() += 1;
+        }
+        if c.max_per_gpu.is_some() {
+            for a in &t.allocations {
+                *c.gpu_counts.entry(a.gpu.clone()).or_default() += 1;
+            }
+        }
+    }
+    req
 }
 
 /// A pool's engine with what live tasks hold already assigned.
@@ -204,31 +231,35 @@ impl Control {
                     continue;
                 };
                 engine.set_policy(Policy::from(service.strategy.unwrap_or(info.policy)));
-                let mut avoid = BTreeSet::new();
-                if service.constraints.distinct_hosts {
-                    avoid = self
-                        .live_tasks(&name)
-                        .await?
-                        .into_iter()
-                        .filter_map(|t| t.host)
-                        .collect();
-                }
+                let c = &service.constraints;
+                let live =
+                    if c.distinct_hosts || c.max_per_gpu.is_some() || c.max_per_host.is_some() {
+                        self.live_tasks(&name).await?
+                    } else {
+                        Vec::new()
+                    };
+                // What the service holds, counted against its constraints; each placement
+                // below is added for the tasks after it.
+                let mut placed: Vec<Placement> = Vec::new();
                 let mut unplaced = Vec::new();
                 let mut sentence = String::new();
                 for t in tasks {
-                    let req = request_for(
-                        &specs[&t.task_definition],
-                        &service.constraints,
-                        avoid.clone(),
+                    let mut req = with_live(
+                        request_for(&specs[&t.task_definition], c, BTreeSet::new()),
+                        &live,
                     );
+                    for p in &placed {
+                        if c.distinct_hosts {
+                            req.constraints.avoid_hosts.insert(p.host_id.clone());
+                        }
+                        req.constraints.count(p, 1);
+                    }
                     match engine.place(&req) {
                         Ok(p) => {
                             engine
                                 .assign(&p)
                                 .expect("a fresh placement fits its own engine");
-                            if service.constraints.distinct_hosts {
-                                avoid.insert(p.host_id.clone());
-                            }
+                            placed.push(p.clone());
                             commits.push(PlacementCommit {
                                 task_id: t.id.clone(),
                                 host: p.host_id.clone(),

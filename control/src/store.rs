@@ -130,6 +130,8 @@ pub struct HostReport {
     /// What its tasks used: (task id, peak GPU memory, SM %); ids of tasks not on this
     /// host are ignored.
     pub usage: Vec<(String, Option<MiB>, Option<u32>)>,
+    /// Times its agent restarted the MPS daemon, when it says.
+    pub mps_restarts: Option<u32>,
 }
 
 /// What to change of a user; `None` leaves it as it is.

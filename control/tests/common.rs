@@ -271,6 +271,7 @@ pub async fn sync_with(
                 mps: MpsReport {
                     healthy: mps_healthy,
                     reason: (!mps_healthy).then(|| "control daemon did not answer".into()),
+                    restarts: None,
                 },
                 tasks,
             },

@@ -31,6 +31,7 @@ async fn report(c: &tessera_control::Control, h: &Host, peak: u64, sm: u32, erro
             mps: MpsReport {
                 healthy: true,
                 reason: None,
+                restarts: None,
             },
             tasks: running
                 .iter()
@@ -167,4 +168,112 @@ async fn refused_allocations_make_a_service_over_budget_and_an_unknown_range_is_
     );
     assert!(c.service_fit("tight", "week").await.is_err());
     assert!(c.service_fit("nope", "hour").await.is_err());
+}
+
+#[tokio::test]
+async fn the_mps_daemons_restarts_are_recorded_with_the_host() {
+    let e = env(config()).await;
+    let c = &e.control;
+    let h = host(c, "h1", 1, 24).await;
+    sync(c, &h).await;
+    assert_eq!(c.get_host(&h.id).await.expect("host").mps_restarts, 0);
+    for restarts in [2, 2, 3] {
+        c.sync_agent(
+            &h.id,
+            &SyncRequest {
+                gpus: h.gpus.clone(),
+                mps: MpsReport {
+                    healthy: true,
+                    reason: None,
+                    restarts: Some(restarts),
+                },
+                tasks: vec![],
+            },
+        )
+        .await
+        .expect("sync");
+        assert_eq!(
+            c.get_host(&h.id).await.expect("host").mps_restarts,
+            restarts
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_per_gpu_cap_spreads_a_service_and_the_preview_explains_what_it_refuses() {
+    let e = env(config()).await;
+    let c = &e.control;
+    let h = host(c, "h1", 2, 24).await;
+    let def = register_def(c, "capped", 2, 10).await;
+    let constraints = tessera_model::service::ServiceConstraints {
+        max_per_gpu: Some(1),
+        ..Default::default()
+    };
+    let preview = c
+        .preview(&tessera_control::inputs::PreviewInput {
+            task_definition: def.clone(),
+            pool: "gpu".into(),
+            count: 3,
+            strategy: None,
+            constraints: constraints.clone(),
+        })
+        .await
+        .expect("preview");
+    assert_eq!((preview.placed, preview.unplaced), (2, 1));
+    let why = preview.tasks[2].message.clone().expect("explained");
+    assert!(why.contains("constraints"), "{why}");
+    c.create_service(&tessera_control::inputs::ServiceInput {
+        name: "capped".into(),
+        task_definition: def,
+        pool: "gpu".into(),
+        desired_count: 3,
+        strategy: Some("binpack".into()),
+        constraints,
+        deployment: Some(DeploymentConfig::default()),
+        stop_timeout_secs: 5,
+    })
+    .await
+    .expect("service");
+    c.reconcile_once().await.expect("placed");
+    sync(c, &h).await;
+    let placed = tasks(c, "capped", &[TaskState::Assigned, TaskState::Running]).await;
+    assert_eq!(
+        placed.len(),
+        2,
+        "binpack would stack them; the cap spreads them"
+    );
+    let gpus: std::collections::BTreeSet<u32> =
+        placed.iter().map(|t| t.allocations[0].index).collect();
+    assert_eq!(gpus.len(), 2);
+    let pending = tasks(c, "capped", &[TaskState::Pending]).await;
+    assert_eq!(pending.len(), 1);
+    assert!(
+        pending[0]
+            .placement_message
+            .as_deref()
+            .is_some_and(|m| m.contains("constraints")),
+        "{:?}",
+        pending[0].placement_message
+    );
+    // A cap out of range is refused with its field.
+    let bad = c
+        .create_service(&tessera_control::inputs::ServiceInput {
+            name: "bad".into(),
+            task_definition: "capped:1".into(),
+            pool: "gpu".into(),
+            desired_count: 1,
+            strategy: None,
+            constraints: tessera_model::service::ServiceConstraints {
+                max_per_gpu: Some(0),
+                ..Default::default()
+            },
+            deployment: None,
+            stop_timeout_secs: 5,
+        })
+        .await
+        .expect_err("refused");
+    assert!(
+        bad.to_string().contains("max_per_gpu") || format!("{bad:?}").contains("max_per_gpu"),
+        "{bad:?}"
+    );
 }

@@ -424,6 +424,7 @@ async fn a_sync_that_changes_nothing_still_counts_and_new_use_or_gpus_are_record
         mps: MpsReport {
             healthy: true,
             reason: None,
+            restarts: None,
         },
         tasks: first
             .tasks

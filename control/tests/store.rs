@@ -45,6 +45,7 @@ fn host(id: &str, pool: &str, gpus: u32) -> HostInfo {
             .collect(),
         status_reason: None,
         last_seen: None,
+        mps_restarts: 0,
     }
 }
 

@@ -31,3 +31,7 @@ CREATE TABLE consolidation_plans (
     created_at  TEXT NOT NULL,
     body        TEXT NOT NULL
 );
+
+-- How often each host's agent restarted its MPS control daemon (since the agent started):
+-- the host page shows it beside each GPU's MPS clients.
+ALTER TABLE hosts ADD COLUMN mps_restarts BIGINT NOT NULL DEFAULT 0;

@@ -77,6 +77,10 @@ pub struct MpsReport {
         schema(max_length = 4096, pattern = "^[^\\u0000]*$")
     )]
     pub reason: Option<String>,
+    /// Times the agent restarted the daemon since it started.
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(maximum = 1_000_000))]
+    pub restarts: Option<u32>,
 }
 
 /// A task as the agent has it.

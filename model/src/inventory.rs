@@ -165,6 +165,9 @@ pub struct HostInfo {
     /// When its agent last synced (RFC 3339, UTC); absent before the first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_seen: Option<String>,
+    /// Times its agent restarted the MPS control daemon (since the agent started).
+    #[serde(default)]
+    pub mps_restarts: u32,
 }
 
 impl HostInfo {

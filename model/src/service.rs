@@ -95,6 +95,23 @@ pub struct ServiceConstraints {
     pub labels: BTreeMap<String, String>,
     /// At most one task of the service per host.
     pub distinct_hosts: bool,
+    /// At most this many of its tasks share one GPU (one MPS server: a fault of one client
+    /// can take down every client of that GPU).
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 48))]
+    pub max_per_gpu: Option<u32>,
+    /// At most this many of its tasks on one host.
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 10000))]
+    pub max_per_host: Option<u32>,
+}
+
+impl ServiceConstraints {
+    /// The most tasks of the service one host may hold (1 with distinct hosts).
+    pub fn host_cap(&self) -> Option<u32> {
+        match (self.distinct_hosts, self.max_per_host) {
+            (true, _) => Some(1),
+            (false, cap) => cap,
+        }
+    }
 }
 
 /// How a new revision replaces the old one.

@@ -11,7 +11,7 @@ use crate::engine::{Engine, Policy};
 use crate::request::{GpuDemand, TaskRequest};
 use crate::snapshot::{GpuIdx, HostIdx, Placement, Snapshot};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use tessera_model::HostId;
+use tessera_model::{GpuUuid, HostId};
 
 /// What a plan frees.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,27 +93,51 @@ struct Planner<'a> {
     at: Vec<Placement>,
     /// Per group, how many of its tasks each host holds.
     group_hosts: HashMap<u32, BTreeMap<HostId, u32>>,
+    /// Per group, how many of its tasks each GPU holds.
+    group_gpus: HashMap<u32, BTreeMap<GpuUuid, u32>>,
     moves: Vec<Move>,
 }
 
+fn bump<K: Ord + Clone>(map: &mut BTreeMap<K, u32>, key: &K, delta: i32) {
+    let n = map.entry(key.clone()).or_default();
+    *n = n.saturating_add_signed(delta);
+    if *n == 0 {
+        map.remove(key);
+    }
+}
+
 impl Planner<'_> {
-    fn count(&mut self, group: u32, host: &HostId, delta: i32) {
-        let hosts = self.group_hosts.entry(group).or_default();
-        let n = hosts.entry(host.clone()).or_default();
-        *n = n.saturating_add_signed(delta);
-        if *n == 0 {
-            hosts.remove(host);
+    /// Counts placement `p` of a task of `group` in (`delta` 1) or out (-1).
+    fn count(&mut self, group: u32, p: &Placement, delta: i32) {
+        bump(
+            self.group_hosts.entry(group).or_default(),
+            &p.host_id,
+            delta,
+        );
+        let gpus = self.group_gpus.entry(group).or_default();
+        for s in &p.gpus {
+            bump(gpus, &s.uuid, delta);
         }
     }
 
-    /// The request of task `i` as it moves: distinct hosts avoid its group's other hosts.
+    /// The request of task `i` as it moves: distinct hosts avoid its group's other hosts,
+    /// and its caps count where its group's other tasks are.
     fn request(&self, i: usize) -> TaskRequest {
         let t = &self.tasks[i];
         let mut req = t.request.clone();
-        if req.constraints.distinct_hosts
-            && let Some(hosts) = self.group_hosts.get(&t.group)
+        let c = &mut req.constraints;
+        if let Some(hosts) = self.group_hosts.get(&t.group) {
+            if c.distinct_hosts {
+                c.avoid_hosts.extend(hosts.keys().cloned());
+            }
+            if c.max_per_host.is_some() {
+                c.host_counts = hosts.clone();
+            }
+        }
+        if c.max_per_gpu.is_some()
+            && let Some(gpus) = self.group_gpus.get(&t.group)
         {
-            req.constraints.avoid_hosts.extend(hosts.keys().cloned());
+            c.gpu_counts = gpus.clone();
         }
         req
     }
@@ -136,7 +160,7 @@ impl Planner<'_> {
             self.engine
                 .release(&self.at[i])
                 .expect("a task's own placement is in the snapshot");
-            self.count(self.tasks[i].group, &self.at[i].host_id.clone(), -1);
+            self.count(self.tasks[i].group, &self.at[i].clone(), -1);
         }
         self.close(goal, src, true);
         let mut placed: Vec<(usize, Placement)> = Vec::new();
@@ -146,7 +170,7 @@ impl Planner<'_> {
             match self.engine.try_place(&req) {
                 Some(p) => {
                     self.engine.assign(&p).expect("a fresh placement fits");
-                    self.count(self.tasks[i].group, &p.host_id.clone(), 1);
+                    self.count(self.tasks[i].group, &p.clone(), 1);
                     placed.push((i, p));
                 }
                 None => {
@@ -158,14 +182,14 @@ impl Planner<'_> {
         // Back to the state before, then replay as the moves will run.
         for (i, p) in placed.iter().rev() {
             self.engine.release(p).expect("just assigned");
-            self.count(self.tasks[*i].group, &p.host_id.clone(), -1);
+            self.count(self.tasks[*i].group, &p.clone(), -1);
         }
         self.close(goal, src, false);
         for &i in &order {
             self.engine
                 .assign(&self.at[i])
                 .expect("what was just released fits again");
-            self.count(self.tasks[i].group, &self.at[i].host_id.clone(), 1);
+            self.count(self.tasks[i].group, &self.at[i].clone(), 1);
         }
         if !ok {
             return false;
@@ -187,8 +211,8 @@ impl Planner<'_> {
         }
         self.close(goal, src, true);
         for (i, p) in placed {
-            self.count(self.tasks[i].group, &self.at[i].host_id.clone(), -1);
-            self.count(self.tasks[i].group, &p.host_id.clone(), 1);
+            self.count(self.tasks[i].group, &self.at[i].clone(), -1);
+            self.count(self.tasks[i].group, &p.clone(), 1);
             self.moves.push(Move {
                 task: i,
                 from: self.at[i].clone(),
@@ -266,12 +290,13 @@ pub fn plan_ordered(
     let mut planner = Planner {
         at: tasks.iter().map(|t| t.placement.clone()).collect(),
         group_hosts: HashMap::new(),
+        group_gpus: HashMap::new(),
         engine,
         tasks,
         moves: Vec::new(),
     };
     for t in tasks {
-        planner.count(t.group, &t.placement.host_id, 1);
+        planner.count(t.group, &t.placement, 1);
     }
     // Moving onto an idle GPU or an empty host frees nothing.
     match goal {

@@ -13,7 +13,8 @@ use tessera_model::{ComputeMilli, MiB, MilliCpu};
 pub enum FilterReason {
     /// The host is not active (draining, impaired or lost).
     HostNotActive,
-    /// A label rule, the GPU model list, or distinct-host placement excludes it.
+    /// A label rule, the GPU model list, distinct-host placement or the service's per-GPU
+    /// or per-host cap excludes it.
     Constraint,
     HostCpu,
     HostMemory,
@@ -33,7 +34,9 @@ impl FilterReason {
     pub fn describe(self) -> &'static str {
         match self {
             FilterReason::HostNotActive => "host not active",
-            FilterReason::Constraint => "excluded by constraints",
+            FilterReason::Constraint => {
+                "excluded by constraints (labels, GPU models, distinct hosts, per-GPU or per-host caps)"
+            }
             FilterReason::HostCpu => "not enough host CPU",
             FilterReason::HostMemory => "not enough host memory",
             FilterReason::GpuUnhealthy => "GPU unhealthy",

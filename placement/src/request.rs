@@ -1,8 +1,8 @@
 //! What a task asks of the cluster: host CPU and memory, GPUs, and where it may run.
 
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeSet;
-use tessera_model::{ComputeMilli, HostId, MiB, MilliCpu};
+use std::collections::{BTreeMap, BTreeSet};
+use tessera_model::{ComputeMilli, GpuUuid, HostId, MiB, MilliCpu};
 
 /// The GPU part of a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -55,6 +55,42 @@ pub struct Constraints {
     pub distinct_hosts: bool,
     /// Hosts not to use: for `distinct_hosts`, the hosts the service's tasks already hold.
     pub avoid_hosts: BTreeSet<HostId>,
+    /// At most this many of the service's tasks per GPU, counting `gpu_counts`.
+    pub max_per_gpu: Option<u32>,
+    /// At most this many of the service's tasks per host, counting `host_counts`.
+    pub max_per_host: Option<u32>,
+    /// How many of the service's tasks each GPU holds already (for `max_per_gpu`).
+    pub gpu_counts: BTreeMap<GpuUuid, u32>,
+    /// How many of the service's tasks each host holds already (for `max_per_host`).
+    pub host_counts: BTreeMap<HostId, u32>,
+}
+
+impl Constraints {
+    /// Counts placement `p` against the caps (the next task of the batch sees it).
+    pub fn count(&mut self, p: &crate::snapshot::Placement, delta: i32) {
+        if self.max_per_host.is_some() {
+            let n = self.host_counts.entry(p.host_id.clone()).or_default();
+            *n = n.saturating_add_signed(delta);
+        }
+        if self.max_per_gpu.is_some() {
+            for s in &p.gpus {
+                let n = self.gpu_counts.entry(s.uuid.clone()).or_default();
+                *n = n.saturating_add_signed(delta);
+            }
+        }
+    }
+
+    /// Whether the service's tasks on host `id` reached its per-host cap.
+    pub fn host_full(&self, id: &HostId) -> bool {
+        self.max_per_host
+            .is_some_and(|m| self.host_counts.get(id).copied().unwrap_or(0) >= m)
+    }
+
+    /// Whether the service's tasks on GPU `uuid` reached its per-GPU cap.
+    pub fn gpu_full(&self, uuid: &GpuUuid) -> bool {
+        self.max_per_gpu
+            .is_some_and(|m| self.gpu_counts.get(uuid).copied().unwrap_or(0) >= m)
+    }
 }
 
 /// One task to place.

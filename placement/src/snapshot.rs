@@ -299,6 +299,7 @@ impl Snapshot {
             .iter()
             .any(|rule| !rule.allows(host.labels.get(rule.key())))
             || c.avoid_hosts.contains(&host.id)
+            || c.host_full(&host.id)
         {
             return Err(FilterReason::Constraint);
         }
@@ -322,7 +323,9 @@ impl Snapshot {
     /// Whether GPU `g` could hold `req` (shared) or be one of its whole GPUs.
     pub(crate) fn check_gpu(&self, g: usize, req: &TaskRequest) -> Result<(), FilterReason> {
         let gpu = &self.gpus[g];
-        if !req.allows_model(&self.models[gpu.model as usize].0) {
+        if !req.allows_model(&self.models[gpu.model as usize].0)
+            || req.constraints.gpu_full(&gpu.uuid)
+        {
             return Err(FilterReason::Constraint);
         }
         match req.gpu {

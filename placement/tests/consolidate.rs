@@ -56,8 +56,10 @@ fn service() -> impl Strategy<Value = Service> {
         0usize..3,
         any::<bool>(),
         0u32..10,
+        prop::option::of(1u32..3),
+        prop::option::of(1u32..4),
     )
-        .prop_map(|(cpu, (shared, whole), model, distinct, fixed)| {
+        .prop_map(|(cpu, (shared, whole), model, distinct, fixed, per_gpu, per_host)| {
             let mut request = match shared {
                 Some((m, c)) => TaskRequest::shared(
                     MilliCpu(cpu * 1000),
@@ -71,6 +73,8 @@ fn service() -> impl Strategy<Value = Service> {
                 request.constraints.gpu_models = vec![MODELS[model].0.to_owned()];
             }
             request.constraints.distinct_hosts = distinct;
+            request.constraints.max_per_gpu = per_gpu;
+            request.constraints.max_per_host = per_host;
             Service {
                 request,
                 fixed: fixed == 0,
@@ -79,13 +83,32 @@ fn service() -> impl Strategy<Value = Service> {
 }
 
 /// Checks that `to` obeys the request's constraints given where the group's other tasks
-/// are (`group_hosts`, the task itself excluded).
+/// are (`group_hosts`, `group_gpus`: the task itself excluded).
 fn obeys(
     req: &TaskRequest,
     to: &tessera_placement::Placement,
     models: &HashMap<GpuUuid, String>,
     group_hosts: &BTreeMap<HostId, u32>,
+    group_gpus: &BTreeMap<GpuUuid, u32>,
 ) -> Result<(), String> {
+    if let Some(cap) = req.constraints.max_per_host
+        && group_hosts.get(&to.host_id).copied().unwrap_or(0) + 1 > cap
+    {
+        return Err(format!(
+            "more than {cap} task(s) of a service on {}",
+            to.host_id
+        ));
+    }
+    for s in &to.gpus {
+        if let Some(cap) = req.constraints.max_per_gpu
+            && group_gpus.get(&s.uuid).copied().unwrap_or(0) + 1 > cap
+        {
+            return Err(format!(
+                "more than {cap} task(s) of a service on {}",
+                s.uuid
+            ));
+        }
+    }
     for s in &to.gpus {
         let m = &models[&s.uuid];
         if !req.constraints.gpu_models.is_empty() && !req.constraints.gpu_models.contains(m) {
@@ -102,6 +125,27 @@ fn obeys(
         ));
     }
     Ok(())
+}
+
+/// Counts placement `p` into (or, with -1, out of) a service's hosts and GPUs.
+fn count(
+    hosts: &mut BTreeMap<HostId, u32>,
+    gpus: &mut BTreeMap<GpuUuid, u32>,
+    p: &tessera_placement::Placement,
+    delta: i32,
+) {
+    let n = hosts.entry(p.host_id.clone()).or_default();
+    *n = n.saturating_add_signed(delta);
+    if *n == 0 {
+        hosts.remove(&p.host_id);
+    }
+    for s in &p.gpus {
+        let n = gpus.entry(s.uuid.clone()).or_default();
+        *n = n.saturating_add_signed(delta);
+        if *n == 0 {
+            gpus.remove(&s.uuid);
+        }
+    }
 }
 
 proptest! {
@@ -127,25 +171,24 @@ proptest! {
         );
         let mut live: Vec<(usize, tessera_placement::Placement)> = Vec::new();
         let mut group_hosts: Vec<BTreeMap<HostId, u32>> = vec![BTreeMap::new(); services.len()];
+        let mut group_gpus: Vec<BTreeMap<GpuUuid, u32>> = vec![BTreeMap::new(); services.len()];
         for (s, leaves) in &arrivals {
             let s = s % services.len();
             let mut req = services[s].request.clone();
             if req.constraints.distinct_hosts {
                 req.constraints.avoid_hosts.extend(group_hosts[s].keys().cloned());
             }
+            req.constraints.host_counts = group_hosts[s].clone();
+            req.constraints.gpu_counts = group_gpus[s].clone();
             if let Some(p) = engine.try_place(&req) {
                 engine.assign(&p).expect("fits");
-                *group_hosts[s].entry(p.host_id.clone()).or_default() += 1;
+                count(&mut group_hosts[s], &mut group_gpus[s], &p, 1);
                 live.push((s, p));
             }
             if *leaves && live.len() > 1 {
                 let (s, p) = live.remove(live.len() / 2);
                 engine.release(&p).expect("held");
-                let n = group_hosts[s].get_mut(&p.host_id).expect("counted");
-                *n -= 1;
-                if *n == 0 {
-                    group_hosts[s].remove(&p.host_id);
-                }
+                count(&mut group_hosts[s], &mut group_gpus[s], &p, -1);
             }
         }
         let before = engine.snapshot().clone();
@@ -166,15 +209,15 @@ proptest! {
         let mut at: Vec<tessera_placement::Placement> =
             tasks.iter().map(|t| t.placement.clone()).collect();
         let mut groups = group_hosts.clone();
+        let mut gpu_groups = group_gpus.clone();
         for m in &out.moves {
             let t = &tasks[m.task];
             prop_assert!(!t.fixed, "a task that must stay was moved");
             prop_assert_eq!(&m.from, &at[m.task], "a move starts where the task is");
             let mut others = groups[t.group as usize].clone();
-            if let Some(n) = others.get_mut(&m.from.host_id) {
-                *n -= 1;
-            }
-            if let Err(why) = obeys(&t.request, &m.to, &models, &others) {
+            let mut other_gpus = gpu_groups[t.group as usize].clone();
+            count(&mut others, &mut other_gpus, &m.from, -1);
+            if let Err(why) = obeys(&t.request, &m.to, &models, &others, &other_gpus) {
                 prop_assert!(false, "{}", why);
             }
             prop_assert!(snap.assign(&m.to).is_ok(), "the replacement does not fit while its original runs");
@@ -184,13 +227,9 @@ proptest! {
             let during = live(&groups) + 1;
             prop_assert_eq!(during, live(&group_hosts) + 1);
             snap.release(&m.from).expect("the original held this");
-            let g = &mut groups[t.group as usize];
-            *g.entry(m.to.host_id.clone()).or_default() += 1;
-            let n = g.get_mut(&m.from.host_id).expect("counted");
-            *n -= 1;
-            if *n == 0 {
-                g.remove(&m.from.host_id);
-            }
+            let (g, gg) = (&mut groups[t.group as usize], &mut gpu_groups[t.group as usize]);
+            count(g, gg, &m.to, 1);
+            count(g, gg, &m.from, -1);
             at[m.task] = m.to.clone();
         }
         // The replay ends where the planner's engine does, and what it frees is empty.

@@ -73,7 +73,8 @@ pub fn HostPage() -> impl IntoView {
                                     <RoleHint reason=operate />
                                     {move || set.value().get().and_then(|r| r.err()).map(|e| view! { <p class="error">{e.to_string()}</p> })}
                                 </div>
-                                <ul class="host-list single"><HostCard view /></ul>
+                                <ul class="host-list single"><HostCard view=view.clone() /></ul>
+                                <MpsServers view />
                                 <section class="panel">
                                     <h2>"Events"</h2>
                                     <EventList events />
@@ -83,5 +84,59 @@ pub fn HostPage() -> impl IntoView {
                 })}
             </ErrorBoundary>
         </Transition>
+    }
+}
+
+/// Per GPU, the tasks that share its MPS server (one faulting client can take down every
+/// client of that GPU), and how often the agent restarted the daemon.
+#[component]
+fn MpsServers(view: HostView) -> impl IntoView {
+    let restarts = view.host.mps_restarts;
+    let rows = view
+        .gpus
+        .iter()
+        .filter(|g| !g.slots.is_empty())
+        .map(|g| {
+            let mut by_service: std::collections::BTreeMap<&str, u32> = Default::default();
+            for s in &g.slots {
+                *by_service.entry(s.service.as_str()).or_default() += 1;
+            }
+            let services = by_service
+                .iter()
+                .map(|(s, n)| format!("{s} × {n}"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let dedicated = g.slots.iter().any(|s| s.dedicated);
+            let risk = if dedicated {
+                "whole GPU: no MPS clients share it".to_owned()
+            } else if g.slots.len() > 1 {
+                format!(
+                    "a fault in one client can stop all {} clients",
+                    g.slots.len()
+                )
+            } else {
+                "one client".to_owned()
+            };
+            view! {
+                <tr data-gpu=g.gpu.index.to_string()>
+                    <td>{format!("GPU {}", g.gpu.index)}</td>
+                    <td>{g.slots.len()}</td>
+                    <td>{services}</td>
+                    <td class="reason">{risk}</td>
+                </tr>
+            }
+        })
+        .collect_view();
+    view! {
+        <section class="panel mps-servers">
+            <h2>"Blast radius: MPS servers"</h2>
+            <p class="muted" data-mps-restarts=restarts.to_string()>
+                {format!("The agent restarted this host's MPS control daemon {restarts} time(s) since it started.")}
+            </p>
+            <table class="table">
+                <thead><tr><th>"GPU"</th><th>"Clients"</th><th>"Services"</th><th>"If one client faults"</th></tr></thead>
+                <tbody>{rows}</tbody>
+            </table>
+        </section>
     }
 }

@@ -189,7 +189,7 @@ fn Detail(
         </section>
         <section class="panel">
             <h2>"Tasks"</h2>
-            <crate::fit::BlastRadius tasks=tasks.clone() />
+            <crate::fit::BlastRadius tasks=tasks.clone() constraints=s.constraints.clone() />
             <table class="table tasks">
                 <thead><tr><th>"Task"</th><th>"Revision"</th><th>"State"</th><th>"Host"</th><th>"GPUs"</th><th>"Measured peak"</th><th>"Note"</th></tr></thead>
                 <tbody>

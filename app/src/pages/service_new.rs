@@ -98,6 +98,8 @@ fn Wizard(defs: Vec<String>, pools: Vec<PoolInfo>) -> impl IntoView {
     let models = RwSignal::new(String::new());
     let labels = RwSignal::new(String::new());
     let distinct = RwSignal::new(false);
+    let per_gpu = RwSignal::new(String::new());
+    let per_host = RwSignal::new(String::new());
     let min_healthy = RwSignal::new("100".to_owned());
     let max_percent = RwSignal::new("200".to_owned());
     let stop_timeout = RwSignal::new("30".to_owned());
@@ -119,6 +121,9 @@ fn Wizard(defs: Vec<String>, pools: Vec<PoolInfo>) -> impl IntoView {
             })
             .collect::<BTreeMap<_, _>>(),
         distinct_hosts: distinct.get(),
+        // Empty: no cap; anything else is checked by the server (0 or words are refused).
+        max_per_gpu: cap(per_gpu.get()),
+        max_per_host: cap(per_host.get()),
     };
     let number = |s: String| s.trim().parse::<u32>().unwrap_or(u32::MAX);
     let service_input = move || ServiceInput {
@@ -211,6 +216,8 @@ fn Wizard(defs: Vec<String>, pools: Vec<PoolInfo>) -> impl IntoView {
                 <label class="field">"GPU models (comma-separated, empty for any)" <input type="text" name="gpu_models" bind:value=models /></label>
                 <label class="field">"Host labels (KEY=VALUE per line)" <textarea name="labels" rows="2" bind:value=labels></textarea></label>
                 <label class="check"><input type="checkbox" name="distinct_hosts" bind:checked=distinct />" One task per host"</label>
+                <label class="field">"Most tasks per GPU (one MPS server; empty for no cap)" <input type="text" inputmode="numeric" name="max_per_gpu" size="4" bind:value=per_gpu /></label>
+                <label class="field">"Most tasks per host (empty for no cap)" <input type="text" inputmode="numeric" name="max_per_host" size="4" bind:value=per_host /></label>
             </div>
             <div class="step" hidden=move || step.get() != 3>
                 <label class="field">"Minimum healthy (%)" <input type="text" inputmode="numeric" name="minimum_healthy_percent" bind:value=min_healthy /></label>
@@ -295,4 +302,11 @@ fn Preview(r: PreviewResult) -> impl IntoView {
             </tbody>
         </table>
     }
+}
+
+/// An optional cap as typed: empty is none; what does not parse becomes 0, which the
+/// server refuses with the field's rule.
+fn cap(raw: String) -> Option<u32> {
+    let raw = raw.trim();
+    (!raw.is_empty()).then(|| raw.parse().unwrap_or(0))
 }

@@ -472,11 +472,14 @@ impl HostStore for This {
         report: &HostReport,
     ) -> Result<Vec<GpuChange>, StoreError> {
         let mut tx = self.begin_immediate().await?;
-        sqlx::query("UPDATE hosts SET last_seen_at = $1 WHERE id = $2")
-            .bind(&report.seen_at)
-            .bind(id.as_str())
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query(
+            "UPDATE hosts SET last_seen_at = $1, mps_restarts = COALESCE($3, mps_restarts) WHERE id = $2",
+        )
+        .bind(&report.seen_at)
+        .bind(id.as_str())
+        .bind(report.mps_restarts.map(i64::from))
+        .execute(&mut *tx)
+        .await?;
         // Measured use, in the same transaction: one write per sync, however many tasks.
         for (task, peak, sm) in &report.usage {
             sqlx::query(

@@ -4,8 +4,7 @@ use super::*;
 
 pub(super) const POOL_COLUMNS: &str = "name, policy, compute_overcommit, mps_client_limit";
 
-pub(super) const HOST_COLUMNS: &str =
-    "id, pool, status, simulated, cpu_milli, memory_mib, labels, status_reason, last_seen_at";
+pub(super) const HOST_COLUMNS: &str = "id, pool, status, simulated, cpu_milli, memory_mib, labels, status_reason, last_seen_at, mps_restarts";
 
 pub(super) const GPU_COLUMNS: &str =
     "uuid, host_id, idx, model, memory_mib, mps_client_limit, health, sharing_mode";
@@ -82,6 +81,9 @@ pub(super) fn host_from_row(row: &DbRow) -> Result<HostInfo, StoreError> {
         gpus: Vec::new(),
         status_reason: row.try_get("status_reason")?,
         last_seen: row.try_get("last_seen_at")?,
+        mps_restarts: row
+            .try_get::<i64, _>("mps_restarts")?
+            .clamp(0, i64::from(u32::MAX)) as u32,
     })
 }
 

@@ -151,9 +151,11 @@ impl Engine {
     }
 
     /// Places and assigns each request in turn (a service scale-up). With distinct-host
-    /// constraints, each placed host is avoided by the tasks after it.
+    /// constraints, each placed host is avoided by the tasks after it; with per-GPU or
+    /// per-host caps, each placement counts against them for the tasks after it.
     pub fn place_batch(&mut self, requests: &[TaskRequest]) -> BatchOutcome {
         let mut used_hosts = Vec::new();
+        let mut placed_so_far: Vec<Placement> = Vec::new();
         let results = requests
             .iter()
             .map(|req| {
@@ -163,10 +165,14 @@ impl Engine {
                         .avoid_hosts
                         .extend(used_hosts.iter().cloned());
                 }
+                for p in &placed_so_far {
+                    req.constraints.count(p, 1);
+                }
                 let placed = self.place(&req)?;
                 self.assign(&placed)
                     .expect("a placement just computed on this snapshot fits it");
                 used_hosts.push(placed.host_id.clone());
+                placed_so_far.push(placed.clone());
                 Ok(placed)
             })
             .collect();

@@ -161,3 +161,42 @@ fn inactive_hosts_are_skipped_and_counted() {
         .expect_err("inactive");
     assert_eq!(err.dominant_reason(), Some(FilterReason::HostNotActive));
 }
+
+#[test]
+fn per_gpu_and_per_host_caps_spread_a_batch_whatever_the_policy() {
+    for policy in [Policy::Binpack, Policy::Fragmentation, Policy::SpreadHost] {
+        let mut e = engine(
+            policy,
+            vec![host("a", 2, 24 * 1024), host("b", 2, 24 * 1024)],
+        );
+        let mut req = TaskRequest::shared(MilliCpu(1000), MiB(1024), MiB(1024), None);
+        req.constraints.max_per_gpu = Some(1);
+        req.constraints.max_per_host = Some(2);
+        let out = e.place_batch(&vec![req.clone(); 5]);
+        assert_eq!(out.placed(), 4, "{policy:?}: one per GPU, two per host");
+        let mut gpus: Vec<_> = out
+            .results
+            .iter()
+            .filter_map(|r| r.as_ref().ok())
+            .map(|p| p.gpus[0].uuid.clone())
+            .collect();
+        gpus.sort();
+        gpus.dedup();
+        assert_eq!(gpus.len(), 4, "{policy:?}: every GPU once");
+        let err = out.results[4].as_ref().expect_err("caps reached");
+        assert!(
+            err.to_string().contains("constraints"),
+            "{policy:?}: the rejection names the constraint: {err}"
+        );
+        // What the service already holds counts: one task per GPU elsewhere frees nothing.
+        let mut held = req.clone();
+        held.constraints.gpu_counts = [(GpuUuid::new("GPU-a-0").expect("valid"), 1)].into();
+        held.constraints.host_counts = [(HostId::new("b").expect("valid"), 2)].into();
+        let mut fresh = engine(
+            policy,
+            vec![host("a", 2, 24 * 1024), host("b", 2, 24 * 1024)],
+        );
+        let p = fresh.place(&held).expect("GPU a-1 is free of the service");
+        assert_eq!(p.gpus[0].uuid.as_str(), "GPU-a-1", "{policy:?}");
+    }
+}

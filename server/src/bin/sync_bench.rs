@@ -117,6 +117,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     mps: MpsReport {
                         healthy: true,
                         reason: None,
+                        restarts: None,
                     },
                     tasks: by_host.remove(&r.host_id).unwrap_or_default(),
                 };
