@@ -41,6 +41,14 @@ test("the hosts page marks segments whose task is near or over its budget", asyn
   await near.focus();
   await expect(page.locator(".segment:focus .tip")).toContainText("near budget");
   await page.screenshot({ path: "screenshots/hosts-verdicts.png", fullPage: true });
+  // One host: each GPU's MPS clients, and the daemon's restarts.
+  const running = (await (await page.request.get("/api/v1/tasks?service=embeddings&state=running")).json()).tasks;
+  await open(page, `/hosts/${running[0].host}`);
+  const servers = page.locator("section.mps-servers");
+  await expect(servers.getByRole("heading", { name: "Blast radius: MPS servers" })).toBeVisible();
+  await expect(servers.locator("[data-mps-restarts]")).toHaveAttribute("data-mps-restarts", "0");
+  await expect(servers.locator("tbody tr").first()).toContainText("×");
+  await page.screenshot({ path: "screenshots/host-mps-servers.png", fullPage: true });
   expect(errors).toEqual([]);
 });
 

@@ -71,9 +71,10 @@ pub fn ConsolidationPage() -> impl IntoView {
     let operate = crate::app::needs(tessera_model::auth::Role::Operator);
     let pool = RwSignal::new(String::new());
     let goal = RwSignal::new("gpus".to_owned());
+    // Not on every live change: a pool's fit moves slowly, and re-packing it takes a while.
     let pool_fit = Resource::new(
-        move || (live(), pool.get()),
-        |(_, p)| async move {
+        move || (pool.get(), make.version().get(), run.version().get()),
+        |(p, _, _)| async move {
             if p.is_empty() {
                 None
             } else {
