@@ -107,7 +107,8 @@ pub fn container_env(spec: &TaskDefinitionSpec, task: &Task) -> Vec<WantedContai
             }
             WantedContainer {
                 name: c.name.clone(),
-                command: c.command.clone(),
+                image: c.image.clone(),
+                command: c.argv(),
                 env,
                 // The one place a secret's value leaves the control plane: the sync answer
                 // to the agent of the host that runs the task.
@@ -591,6 +592,9 @@ mod tests {
             cpu_milli: MilliCpu(500),
             memory_mib: MiB(32),
             gpu,
+            image: None,
+            entry_point: vec![],
+            ecs: Default::default(),
         }
     }
 
@@ -598,6 +602,7 @@ mod tests {
     fn mps_containers_get_their_limits_and_the_gpu() {
         let spec = TaskDefinitionSpec {
             family: "f".into(),
+            ecs: Default::default(),
             containers: vec![
                 container(
                     "main",
@@ -636,6 +641,7 @@ mod tests {
     fn whole_gpus_are_split_among_containers_in_order() {
         let spec = TaskDefinitionSpec {
             family: "f".into(),
+            ecs: Default::default(),
             containers: vec![
                 container("a", Some(GpuRequirement::Gpus(1))),
                 container("b", Some(GpuRequirement::Gpus(2))),

@@ -131,6 +131,11 @@ pub struct SyncRequest {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WantedContainer {
     pub name: String,
+    /// The container image, when it has one (its argv is then the image's entry point
+    /// and command as `command` says, empty for the image's defaults).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// What runs: the definition's entry point, then its command.
     pub command: Vec<String>,
     /// The task's own variables plus `CUDA_VISIBLE_DEVICES`, and for MPS slots
     /// `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` and `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`.

@@ -255,6 +255,24 @@ async fn task_definitions_register_describe_convert_and_deregister() {
         as_ecs["containerDefinitions"][0]["resourceRequirements"],
         ecs["containerDefinitions"][0]["resourceRequirements"]
     );
+    // An ECS GPU definition as people write them comes back as it went in.
+    let real = json!({"family": "vllm", "cpu": "2048", "memory": "4096", "networkMode": "awsvpc",
+        "executionRoleArn": "arn:aws:iam::123456789012:role/ecsTaskExecutionRole",
+        "containerDefinitions": [{"name": "server", "image": "vllm/vllm-openai:v0.6.0", "essential": true,
+            "entryPoint": ["python3", "-m", "vllm.entrypoints.openai.api_server"],
+            "command": ["--model", "facebook/opt-125m"],
+            "portMappings": [{"containerPort": 8000}],
+            "logConfiguration": {"logDriver": "awslogs", "options": {"awslogs-group": "/ecs/vllm"}},
+            "resourceRequirements": [{"type": "GPU", "value": "1"}]},
+          {"name": "metrics", "image": "prom/statsd-exporter:v0.26.0", "cpu": 100, "memoryReservation": 128}]});
+    let (status, v1) = post(&state, "/api/v1/task-definitions", real.clone()).await;
+    assert_eq!(status, StatusCode::CREATED, "{v1}");
+    assert_eq!(
+        v1["spec"]["containers"][0]["image"],
+        "vllm/vllm-openai:v0.6.0"
+    );
+    let (_, back) = get(&state, "/api/v1/task-definitions/vllm:1?format=ecs").await;
+    assert_eq!(back, real, "nothing dropped, nothing changed");
     let (status, err) = get(&state, "/api/v1/task-definitions/llm:1?format=yaml").await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     let why = err["error"].as_str().expect("error");

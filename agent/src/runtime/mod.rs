@@ -325,6 +325,18 @@ impl Runtime {
         let mut procs = Vec::new();
         let mut failed = None;
         for (i, c) in w.containers.iter().enumerate() {
+            // This runtime starts processes; an image needs a container engine.
+            if let Some(image) = &c.image {
+                tracing::warn!(task = %w.task_id, container = %c.name, %image, "a container image needs a container runtime");
+                let _ = std::fs::write(
+                    task_dir.join(format!("{}.err.log", c.name)),
+                    format!(
+                        "cannot start image {image:?}: this agent runs processes only; images need a container runtime\n"
+                    ),
+                );
+                failed = Some(127);
+                break;
+            }
             let Some((program, args)) = c.command.split_first() else {
                 continue;
             };

@@ -6,6 +6,7 @@ fn wanted(id: &str, command: &[&str], mps: bool) -> WantedTask {
         task_id: id.into(),
         containers: vec![WantedContainer {
             name: "main".into(),
+            image: None,
             command: command.iter().map(|s| (*s).to_owned()).collect(),
             env: BTreeMap::from([
                 ("CUDA_VISIBLE_DEVICES".to_owned(), "GPU-1".to_owned()),
@@ -177,6 +178,20 @@ async fn a_missing_program_is_an_exit_with_127() {
     rt.converge(&[wanted("t", &["/no/such/program"], false)]);
     until(&mut rt, |rt| rt.running_count() == 0).await;
     assert_eq!(rt.reports()[0].exit_code, Some(127));
+}
+
+#[tokio::test]
+async fn a_container_image_is_not_run_as_a_process() {
+    let dir = tempfile::tempdir().expect("dir");
+    let mut rt = Runtime::open(dir.path(), 1000, None).expect("open");
+    let mut w = wanted("t", &["sleep", "60"], false);
+    w.containers[0].image = Some("nvcr.io/nvidia/pytorch:24.05-py3".into());
+    rt.converge(&[w]);
+    until(&mut rt, |rt| rt.running_count() == 0).await;
+    assert_eq!(rt.reports()[0].exit_code, Some(127));
+    assert_eq!(marked(dir.path(), "t"), 0, "no process started");
+    let log = std::fs::read_to_string(dir.path().join("tasks/t/main.err.log")).expect("log");
+    assert!(log.contains("images need a container runtime"), "{log}");
 }
 
 /// Processes of task `id` that carry the mark of the runtime over `dir`.

@@ -142,6 +142,10 @@ fn key_values(text: &str, bare: Value) -> Map<String, Value> {
 struct ContainerForm {
     id: usize,
     name: RwSignal<String>,
+    /// Empty: runs as a process on the host.
+    image: RwSignal<String>,
+    /// `entryPoint` (arguments separated by spaces), run before the command.
+    entry_point: RwSignal<String>,
     command: RwSignal<String>,
     env: RwSignal<String>,
     /// `NAME=VALUE` sets a secret; a bare `NAME` keeps the value the family has now.
@@ -152,6 +156,8 @@ struct ContainerForm {
     gpus: RwSignal<String>,
     mps_memory: RwSignal<String>,
     mps_compute: RwSignal<String>,
+    /// ECS fields the form does not show, carried to the next revision as they are.
+    ecs: RwSignal<Value>,
 }
 
 impl ContainerForm {
@@ -163,6 +169,8 @@ impl ContainerForm {
             } else {
                 format!("sidecar-{id}")
             }),
+            image: RwSignal::new(String::new()),
+            entry_point: RwSignal::new(String::new()),
             command: RwSignal::new(String::new()),
             env: RwSignal::new(String::new()),
             secrets: RwSignal::new(String::new()),
@@ -172,13 +180,19 @@ impl ContainerForm {
             gpus: RwSignal::new("1".into()),
             mps_memory: RwSignal::new("8192".into()),
             mps_compute: RwSignal::new(String::new()),
+            ecs: RwSignal::new(Value::Null),
         }
     }
 
     fn from_spec(id: usize, c: &tessera_model::taskdef::ContainerSpec) -> Self {
         let f = ContainerForm::new(id);
         f.name.set(c.name.clone());
+        f.image.set(c.image.clone().unwrap_or_default());
+        f.entry_point.set(c.entry_point.join(" "));
         f.command.set(c.command.join(" "));
+        if !c.ecs.is_empty() {
+            f.ecs.set(Value::Object(c.ecs.clone()));
+        }
         f.env.set(
             c.env
                 .iter()
@@ -241,6 +255,23 @@ impl ContainerForm {
         if !secrets.is_empty() {
             c["secrets"] = Value::Object(secrets);
         }
+        let image = self.image.get();
+        if !image.trim().is_empty() {
+            c["image"] = image.trim().into();
+        }
+        let entry_point: Vec<String> = self
+            .entry_point
+            .get()
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect();
+        if !entry_point.is_empty() {
+            c["entry_point"] = entry_point.into();
+        }
+        let ecs = self.ecs.get();
+        if !ecs.is_null() {
+            c["ecs"] = ecs;
+        }
         match self.gpu.get().as_str() {
             "whole" => c["gpu"] = json!({ "gpus": num(self.gpus.get()) }),
             "mps" => {
@@ -295,7 +326,19 @@ fn Editor(base: Option<TaskDefinition>) -> impl IntoView {
     let tab = RwSignal::new("form");
     let json_text = RwSignal::new(String::new());
     let tried = RwSignal::new(false);
-    let form_json = move || json!({ "family": family.get(), "containers": containers.get().into_iter().map(ContainerForm::to_json).collect::<Vec<_>>() });
+    // ECS task-level fields the form does not show, carried to the next revision as they are.
+    let task_ecs = StoredValue::new(
+        base.as_ref()
+            .filter(|d| !d.spec.ecs.is_empty())
+            .map(|d| Value::Object(d.spec.ecs.clone())),
+    );
+    let form_json = move || {
+        let mut doc = json!({ "family": family.get(), "containers": containers.get().into_iter().map(ContainerForm::to_json).collect::<Vec<_>>() });
+        if let Some(ecs) = task_ecs.get_value() {
+            doc["ecs"] = ecs;
+        }
+        doc
+    };
     let current = move || -> Result<Value, Vec<FieldError>> {
         if tab.get() == "json" {
             serde_json::from_str(&json_text.get()).map_err(|e| {
@@ -431,6 +474,17 @@ fn ContainerFields(
             <legend>{format!("Container {}", index + 1)}</legend>
             <div class="grid">
                 <label class="field">"Name" <input type="text" name=p("name") bind:value=c.name /> <FieldErrors errors field=p("name") /></label>
+                <label class="field wide">
+                    "Image (optional; without one the command runs as a process on the host)"
+                    <input type="text" name=p("image") bind:value=c.image />
+                    <small class="hint">"e.g. " <code>"nvcr.io/nvidia/pytorch:24.05-py3"</code></small>
+                    <FieldErrors errors field=p("image") />
+                </label>
+                <label class="field wide">
+                    "Entry point (optional, arguments separated by spaces)"
+                    <input type="text" name=p("entry_point") bind:value=c.entry_point />
+                    <FieldErrors errors field=p("entry_point") />
+                </label>
                 <label class="field wide">
                     "Command (arguments separated by spaces)"
                     <input type="text" name=p("command") bind:value=c.command />

@@ -1,7 +1,7 @@
 //! ECS's JSON shape (`containerDefinitions`, CPU in 1/1024 vCPU units): reading it, and
 //! writing a spec back in it.
 
-use super::native::parse_command;
+use super::native::{optional_string, parse_argv, parse_command};
 use super::rules::*;
 use super::*;
 
@@ -27,23 +27,49 @@ pub(super) fn parse_ecs(c: &mut Checker, o: &Map<String, Value>) -> Option<TaskD
         }
         None => return None,
     };
-    let mut containers = Vec::new();
+    let mut parsed: Vec<Parsed> = Vec::new();
     for (i, v) in defs.iter().enumerate() {
         let prefix = format!("containerDefinitions[{i}]");
         let Some(d) = c.object(v, &prefix) else {
             continue;
         };
         let name = c.string(d, "name", &join(&prefix, "name"));
-        let command = parse_command(c, d.get("command"), &join(&prefix, "command"));
-        let cpu = c.number(d, "cpu", &join(&prefix, "cpu"), 1, 1_024_000, true);
+        let image = optional_string(c, d, "image", &join(&prefix, "image"));
+        let entry_point = parse_argv(c, d.get("entryPoint"), &join(&prefix, "entryPoint"));
+        let command = if image.is_some() || !entry_point.is_empty() {
+            Some(parse_argv(c, d.get("command"), &join(&prefix, "command")))
+        } else {
+            parse_command(c, d.get("command"), &join(&prefix, "command"))
+        };
+        let cpu = c.number(d, "cpu", &join(&prefix, "cpu"), 0, 1_024_000, false);
         let memory = c.number(
             d,
             "memory",
             &join(&prefix, "memory"),
             1,
             MAX_MEMORY_MIB,
-            true,
+            false,
         );
+        let reservation = c.number(
+            d,
+            "memoryReservation",
+            &join(&prefix, "memoryReservation"),
+            1,
+            MAX_MEMORY_MIB,
+            false,
+        );
+        // What Tessera does not model is kept as it came (CPU and memory too, so they come
+        // back exactly as given).
+        let ecs: Map<String, Value> = d
+            .iter()
+            .filter(|(k, v)| {
+                // An empty list Tessera models is kept too, so it comes back as given.
+                !MODELED_CONTAINER_KEYS.contains(&k.as_str())
+                    || (["environment", "secrets"].contains(&k.as_str())
+                        && v.as_array().is_some_and(Vec::is_empty))
+            })
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
         let mut env = BTreeMap::new();
         if let Some(list) = d.get("environment") {
             match list.as_array() {
@@ -163,40 +189,212 @@ pub(super) fn parse_ecs(c: &mut Checker, o: &Map<String, Value>) -> Option<TaskD
                 }
             }
         }
-        if let (Some(name), Some(command), Some(cpu), Some(memory)) = (name, command, cpu, memory) {
-            containers.push(ContainerSpec {
-                name,
-                command,
-                env,
-                secrets,
-                cpu_milli: MilliCpu(ecs_units_to_milli(cpu)),
-                memory_mib: MiB(memory),
-                gpu,
+        if let (Some(name), Some(command)) = (name, command) {
+            parsed.push(Parsed {
+                container: ContainerSpec {
+                    name,
+                    image,
+                    entry_point,
+                    command,
+                    env,
+                    secrets,
+                    cpu_milli: MilliCpu(cpu.map_or(0, ecs_units_to_milli)),
+                    memory_mib: MiB(memory.or(reservation).unwrap_or(0)),
+                    gpu,
+                    ecs,
+                },
+                cpu_given: cpu.is_some(),
+                memory_given: memory.or(reservation).is_some(),
             });
         }
     }
-    if containers.len() != defs.len() {
+    if parsed.len() != defs.len() {
         return None;
+    }
+    // The task's own CPU and memory (ECS: numbers or strings such as "2048", "1 vCPU",
+    // "4 GB") are kept as given, and shared evenly by the containers that give none.
+    let task_ecs: Map<String, Value> = o
+        .iter()
+        .filter(|(k, _)| !["family", "containerDefinitions"].contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let task_cpu = task_size(c, &task_ecs, "cpu", "vCPU", 1024);
+    let task_memory = task_size(c, &task_ecs, "memory", "GB", 1024);
+    let containers: Vec<ContainerSpec> = parsed.iter().map(|p| p.container.clone()).collect();
+    let (cpu_share, memory_share) = shares(&containers, task_cpu, task_memory);
+    let given_cpu: u64 = parsed
+        .iter()
+        .filter(|p| p.cpu_given)
+        .filter_map(|p| p.container.ecs.get("cpu").and_then(Value::as_u64))
+        .sum();
+    if let Some(t) = task_cpu
+        && given_cpu > t
+    {
+        c.err(
+            "cpu",
+            format!("the task's {t} CPU units are fewer than its containers' {given_cpu}"),
+        );
+    }
+    let mut containers = containers;
+    for (i, (ct, p)) in containers.iter_mut().zip(&parsed).enumerate() {
+        if !p.cpu_given
+            && let Some(share) = cpu_share
+        {
+            ct.cpu_milli = MilliCpu(ecs_units_to_milli(share));
+        }
+        if !p.memory_given {
+            match memory_share {
+                Some(share) if share > 0 => ct.memory_mib = MiB(share),
+                _ => c.err(
+                    format!("containerDefinitions[{i}].memory"),
+                    "give memory or memoryReservation here, or the task's memory (ECS's rule)",
+                ),
+            }
+        }
     }
     Some(TaskDefinitionSpec {
         family: family?,
         containers,
+        ecs: task_ecs,
     })
 }
 
-/// The spec in ECS's shape (`containerDefinitions`, CPU in 1/1024 vCPU units).
+/// Container keys Tessera models; every other key is kept in the container's `ecs`.
+const MODELED_CONTAINER_KEYS: &[&str] = &[
+    "name",
+    "image",
+    "entryPoint",
+    "command",
+    "environment",
+    "secrets",
+    "resourceRequirements",
+];
+
+/// A container as read, and whether its CPU and memory were given.
+struct Parsed {
+    container: ContainerSpec,
+    cpu_given: bool,
+    memory_given: bool,
+}
+
+/// A task-level size: a number, a numeric string, or `N <unit>` (× `per_unit`).
+fn task_size(
+    c: &mut Checker,
+    task: &Map<String, Value>,
+    key: &str,
+    unit: &str,
+    per_unit: u64,
+) -> Option<u64> {
+    let v = task.get(key)?;
+    let parsed = match v {
+        Value::Number(n) => n.as_u64(),
+        Value::String(s) => {
+            let s = s.trim();
+            match s
+                .strip_suffix(unit)
+                .or_else(|| s.strip_suffix(&unit.to_lowercase()))
+            {
+                Some(n) => n
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|n| *n > 0.0)
+                    .map(|n| (n * per_unit as f64).round() as u64),
+                None => s.parse::<u64>().ok(),
+            }
+        }
+        _ => None,
+    };
+    if parsed.is_none() {
+        c.err(
+            key,
+            format!("must be a number, a string of one (\"2048\") or \"N {unit}\", got {v}"),
+        );
+    }
+    parsed
+}
+
+/// What each container that gives no CPU (units) or memory (MiB) gets of the task's: the
+/// rest after those that do, shared evenly.
+fn shares(
+    containers: &[ContainerSpec],
+    task_cpu: Option<u64>,
+    task_memory: Option<u64>,
+) -> (Option<u64>, Option<u64>) {
+    let cpu_given: Vec<u64> = containers
+        .iter()
+        .filter_map(|c| c.ecs.get("cpu").and_then(Value::as_u64))
+        .collect();
+    let cpu_rest = containers.len() - cpu_given.len();
+    let cpu = task_cpu.map(|t| {
+        t.saturating_sub(cpu_given.iter().sum())
+            .checked_div(cpu_rest as u64)
+            .unwrap_or(0)
+    });
+    let memory_given: Vec<u64> = containers
+        .iter()
+        .filter_map(|c| {
+            c.ecs
+                .get("memory")
+                .or(c.ecs.get("memoryReservation"))
+                .and_then(Value::as_u64)
+        })
+        .collect();
+    let memory_rest = containers.len() - memory_given.len();
+    let memory = task_memory.map(|t| {
+        t.saturating_sub(memory_given.iter().sum())
+            .checked_div(memory_rest as u64)
+            .unwrap_or(0)
+    });
+    (cpu, memory)
+}
+
+/// The spec in ECS's shape (`containerDefinitions`, CPU in 1/1024 vCPU units). Fields
+/// Tessera does not model come back as they were registered; CPU and memory come back as
+/// they were given (units, `memoryReservation`, the task's share) while they still say
+/// what the spec says.
 pub fn to_ecs_json(spec: &TaskDefinitionSpec) -> Value {
+    let mut probe = Checker { errors: Vec::new() };
+    let task_cpu = task_size(&mut probe, &spec.ecs, "cpu", "vCPU", 1024);
+    let task_memory = task_size(&mut probe, &spec.ecs, "memory", "GB", 1024);
+    let (cpu_share, memory_share) = shares(&spec.containers, task_cpu, task_memory);
     let defs: Vec<Value> = spec
         .containers
         .iter()
         .map(|ct| {
-            let mut d = serde_json::json!({
-                "name": ct.name,
-                "command": ct.command,
-                "cpu": milli_to_ecs_units(ct.cpu_milli),
-                "memory": ct.memory_mib.0,
-                "environment": ct.env.iter().map(|(k, v)| serde_json::json!({"name": k, "value": v})).collect::<Vec<_>>(),
-            });
+            let mut d = Value::Object(ct.ecs.clone());
+            d["name"] = ct.name.clone().into();
+            if let Some(image) = &ct.image {
+                d["image"] = image.clone().into();
+            }
+            if !ct.entry_point.is_empty() {
+                d["entryPoint"] = ct.entry_point.clone().into();
+            }
+            if !ct.command.is_empty() || (ct.image.is_none() && ct.entry_point.is_empty()) {
+                d["command"] = ct.command.clone().into();
+            }
+            // CPU: as given while it still says the same; the task's share left implicit.
+            let given_cpu = ct.ecs.get("cpu").and_then(Value::as_u64);
+            match given_cpu {
+                Some(u) if ecs_units_to_milli(u) == ct.cpu_milli.0 => {}
+                None if cpu_share.is_some_and(|s| ecs_units_to_milli(s) == ct.cpu_milli.0) => {}
+                _ => d["cpu"] = milli_to_ecs_units(ct.cpu_milli).into(),
+            }
+            let given_memory = ct.ecs.get("memory").and_then(Value::as_u64);
+            let reservation = ct.ecs.get("memoryReservation").and_then(Value::as_u64);
+            match (given_memory, reservation) {
+                (Some(m), _) if m == ct.memory_mib.0 => {}
+                (None, Some(r)) if r == ct.memory_mib.0 => {}
+                (None, None) if memory_share == Some(ct.memory_mib.0) => {}
+                _ => d["memory"] = ct.memory_mib.0.into(),
+            }
+            if !ct.env.is_empty() {
+                d["environment"] = ct
+                    .env
+                    .iter()
+                    .map(|(k, v)| serde_json::json!({"name": k, "value": v}))
+                    .collect();
+            }
             if !ct.secrets.is_empty() {
                 // Never the value: the marker that keeps it when the JSON comes back.
                 d["secrets"] = ct
@@ -225,5 +423,8 @@ pub fn to_ecs_json(spec: &TaskDefinitionSpec) -> Value {
             d
         })
         .collect();
-    serde_json::json!({ "family": spec.family, "containerDefinitions": defs })
+    let mut out = Value::Object(spec.ecs.clone());
+    out["family"] = spec.family.clone().into();
+    out["containerDefinitions"] = defs.into();
+    out
 }

@@ -4,7 +4,7 @@ use super::rules::*;
 use super::*;
 
 pub(super) fn parse_native(c: &mut Checker, o: &Map<String, Value>) -> Option<TaskDefinitionSpec> {
-    c.unknown_keys(o, &["family", "containers"], "");
+    c.unknown_keys(o, &["family", "containers", "ecs"], "");
     let family = c.family(o);
     let containers = match o.get("containers") {
         Some(Value::Array(items)) => items
@@ -25,10 +25,32 @@ pub(super) fn parse_native(c: &mut Checker, o: &Map<String, Value>) -> Option<Ta
         }
     };
     let containers: Option<Vec<ContainerSpec>> = containers.into_iter().collect();
+    let ecs = ecs_map(c, o, "ecs");
     Some(TaskDefinitionSpec {
         family: family?,
         containers: containers?,
+        ecs,
     })
+}
+
+/// An `ecs` object of fields kept for ECS's shape (any JSON object).
+fn ecs_map(c: &mut Checker, o: &Map<String, Value>, field: &str) -> Map<String, Value> {
+    match o.get("ecs") {
+        None | Some(Value::Null) => Map::new(),
+        Some(Value::Object(m)) => m.clone(),
+        Some(v) => {
+            c.err(field, format!("must be an object, got {}", kind(v)));
+            Map::new()
+        }
+    }
+}
+
+/// An optional list of strings (argv), empty when absent.
+pub(super) fn parse_argv(c: &mut Checker, v: Option<&Value>, field: &str) -> Vec<String> {
+    match v {
+        None | Some(Value::Null) => Vec::new(),
+        some => parse_command(c, some, field).unwrap_or_default(),
+    }
 }
 
 pub(super) fn parse_command(
@@ -77,17 +99,27 @@ pub(super) fn parse_native_container(
         o,
         &[
             "name",
+            "image",
+            "entry_point",
             "command",
             "env",
             "secrets",
             "cpu_milli",
             "memory_mib",
             "gpu",
+            "ecs",
         ],
         prefix,
     );
     let name = c.string(o, "name", &join(prefix, "name"));
-    let command = parse_command(c, o.get("command"), &join(prefix, "command"));
+    let image = optional_string(c, o, "image", &join(prefix, "image"));
+    let entry_point = parse_argv(c, o.get("entry_point"), &join(prefix, "entry_point"));
+    // With an image or an entry point, the command may be left out.
+    let command = if image.is_some() || !entry_point.is_empty() {
+        Some(parse_argv(c, o.get("command"), &join(prefix, "command")))
+    } else {
+        parse_command(c, o.get("command"), &join(prefix, "command"))
+    };
     let mut env = BTreeMap::new();
     match o.get("env") {
         None | Some(Value::Null) => {}
@@ -150,15 +182,42 @@ pub(super) fn parse_native_container(
         None | Some(Value::Null) => Some(None),
         Some(g) => parse_native_gpu(c, g, &join(prefix, "gpu")).map(Some),
     };
+    let ecs = ecs_map(c, o, &join(prefix, "ecs"));
     Some(ContainerSpec {
         name: name?,
+        image,
+        entry_point,
         command: command?,
         env,
         secrets,
         cpu_milli: MilliCpu(cpu?),
         memory_mib: MiB(memory?),
         gpu: gpu?,
+        ecs,
     })
+}
+
+/// An optional non-empty string field.
+pub(super) fn optional_string(
+    c: &mut Checker,
+    o: &Map<String, Value>,
+    key: &str,
+    field: &str,
+) -> Option<String> {
+    match o.get(key) {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) if !s.trim().is_empty() && s.len() <= 1024 => Some(s.clone()),
+        Some(v) => {
+            c.err(
+                field,
+                format!(
+                    "must be a non-empty string of at most 1024 characters, got {}",
+                    kind(v)
+                ),
+            );
+            None
+        }
+    }
 }
 
 pub(super) fn parse_native_gpu(c: &mut Checker, v: &Value, prefix: &str) -> Option<GpuRequirement> {

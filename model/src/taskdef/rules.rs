@@ -174,10 +174,11 @@ pub(super) fn check_spec(c: &mut Checker, spec: &TaskDefinitionSpec) {
                 format!("{:?} is used by another container of this task", ct.name),
             );
         }
-        if ct.command.first().is_none_or(|p| p.trim().is_empty()) {
+        let program = ct.entry_point.first().or(ct.command.first());
+        if ct.image.is_none() && program.is_none_or(|p| p.trim().is_empty()) {
             c.err(
                 join(&p, "command"),
-                "must name a program: a non-empty first element",
+                "must name a program: a non-empty first element (or give an image)",
             );
         }
         for k in ct.env.keys() {

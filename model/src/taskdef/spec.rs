@@ -78,7 +78,16 @@ impl<'de> Deserialize<'de> for Secret {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ContainerSpec {
     pub name: String,
-    /// argv; the first element is the program.
+    /// The container image (ECS `image`); without one the container runs as a process on
+    /// the host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// Run before `command` (ECS `entryPoint`): the argv is `entry_point` then `command`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub entry_point: Vec<String>,
+    /// argv; the first element is the program (with an `entry_point`, its arguments; with an
+    /// image and neither, the image's default).
+    #[serde(default)]
     pub command: Vec<String>,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
@@ -89,6 +98,23 @@ pub struct ContainerSpec {
     pub memory_mib: MiB,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu: Option<GpuRequirement>,
+    /// ECS fields of the container that Tessera does not model (`essential`,
+    /// `portMappings`, `logConfiguration`, ...), kept as they came and returned in ECS's
+    /// shape; also how its CPU and memory were given there.
+    #[serde(default, skip_serializing_if = "Map::is_empty")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    pub ecs: Map<String, Value>,
+}
+
+impl ContainerSpec {
+    /// What runs: `entry_point` then `command`.
+    pub fn argv(&self) -> Vec<String> {
+        self.entry_point
+            .iter()
+            .chain(&self.command)
+            .cloned()
+            .collect()
+    }
 }
 
 /// What a task runs; registered as a new revision of its family.
@@ -97,6 +123,12 @@ pub struct ContainerSpec {
 pub struct TaskDefinitionSpec {
     pub family: String,
     pub containers: Vec<ContainerSpec>,
+    /// ECS task-level fields Tessera does not model (`networkMode`, role ARNs,
+    /// `requiresCompatibilities`, the task's `cpu` and `memory` as given, ...), kept as they
+    /// came and returned in ECS's shape.
+    #[serde(default, skip_serializing_if = "Map::is_empty")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    pub ecs: Map<String, Value>,
 }
 
 /// The GPU a whole task needs: the sum over its containers.

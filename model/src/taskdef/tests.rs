@@ -89,7 +89,7 @@ fn missing_and_mistyped_fields() {
     assert!(
         errs.contains(&(
             "extra".into(),
-            "is not a known field (expected one of: family, containers)".into()
+            "is not a known field (expected one of: family, containers, ecs)".into()
         )),
         "{errs:?}"
     );
@@ -218,4 +218,135 @@ fn ecs_secrets_take_literals_and_refuse_arns() {
     let errs = errors(base("arn:aws:secretsmanager:us-east-1:1:secret:db"));
     assert_eq!(errs[0].0, "containerDefinitions[0].secrets[0].valueFrom");
     assert!(errs[0].1.contains("cannot read"), "{errs:?}");
+}
+
+/// Registered and described again in ECS's shape, an ECS definition comes back as it was.
+fn round_trips(ecs: serde_json::Value) -> TaskDefinitionSpec {
+    let spec = parse_task_definition(&ecs).unwrap_or_else(|e| panic!("accepted: {e:?}"));
+    assert_eq!(to_ecs_json(&spec), ecs, "ECS → Tessera → ECS");
+    // Through Tessera's own shape too (what the console's editor sends back).
+    let native = serde_json::to_value(&spec).expect("serializes");
+    let again = parse_task_definition(&native).unwrap_or_else(|e| panic!("native: {e:?}"));
+    assert_eq!(again, spec, "Tessera's shape keeps everything");
+    assert_eq!(to_ecs_json(&again), ecs);
+    spec
+}
+
+#[test]
+fn a_whole_gpu_ecs_definition_keeps_image_essential_ports_and_cpu_units() {
+    let spec = round_trips(json!({
+        "family": "trainer",
+        "networkMode": "awsvpc",
+        "requiresCompatibilities": ["EC2"],
+        "taskRoleArn": "arn:aws:iam::123456789012:role/trainer",
+        "executionRoleArn": "arn:aws:iam::123456789012:role/ecsTaskExecutionRole",
+        "containerDefinitions": [{
+            "name": "train", "image": "nvcr.io/nvidia/pytorch:24.05-py3",
+            "essential": true, "cpu": 100, "memory": 30720,
+            "command": ["python", "train.py", "--epochs", "3"],
+            "portMappings": [{"containerPort": 6006, "protocol": "tcp"}],
+            "logConfiguration": {"logDriver": "awslogs", "options": {"awslogs-group": "/ecs/trainer"}},
+            "linuxParameters": {"sharedMemorySize": 8192},
+            "resourceRequirements": [{"type": "GPU", "value": "2"}]
+        }]
+    }));
+    let c = &spec.containers[0];
+    assert_eq!(c.image.as_deref(), Some("nvcr.io/nvidia/pytorch:24.05-py3"));
+    assert_eq!(c.cpu_milli, MilliCpu(98), "100 units, rounded up to milli");
+    assert_eq!(spec.gpu(), TaskGpu::Whole { count: 2 });
+    assert_eq!(c.ecs["essential"], json!(true));
+}
+
+#[test]
+fn task_level_sizes_as_strings_and_entry_point_with_command() {
+    let spec = round_trips(json!({
+        "family": "llm-mps",
+        "cpu": "2048",
+        "memory": "4096",
+        "networkMode": "host",
+        "containerDefinitions": [{
+            "name": "server", "image": "vllm/vllm-openai:v0.6.0",
+            "entryPoint": ["python3", "-m", "vllm.entrypoints.openai.api_server"],
+            "command": ["--model", "meta-llama/Llama-3-8B"],
+            "environment": [{"name": "HF_HOME", "value": "/cache"}],
+            "resourceRequirements": [{"type": "GPU", "value": "1",
+                "sharingStrategy": {"nvidiaMps": {"memory": 20480, "maxComputePercent": 50}}}]
+        }]
+    }));
+    let c = &spec.containers[0];
+    assert_eq!(c.cpu_milli, MilliCpu(2000), "the task's 2048 units");
+    assert_eq!(c.memory_mib, MiB(4096), "the task's memory");
+    assert_eq!(
+        c.argv(),
+        [
+            "python3",
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            "meta-llama/Llama-3-8B"
+        ]
+    );
+}
+
+#[test]
+fn several_containers_share_what_the_task_gives_them() {
+    let spec = round_trips(json!({
+        "family": "rag",
+        "cpu": "1 vCPU",
+        "memory": "4 GB",
+        "containerDefinitions": [
+            {"name": "embed", "image": "ghcr.io/acme/embed:1.2", "cpu": 512,
+             "resourceRequirements": [{"type": "GPU", "value": "1",
+                "sharingStrategy": {"nvidiaMps": {"memory": 6144}}}]},
+            {"name": "proxy", "image": "envoyproxy/envoy:v1.30", "memoryReservation": 256,
+             "essential": false, "environment": []},
+            {"name": "worker", "image": "ghcr.io/acme/worker:1.2", "command": ["run"]}
+        ]
+    }));
+    let milli: Vec<u64> = spec.containers.iter().map(|c| c.cpu_milli.0).collect();
+    // 512 units given; the other two share the rest of 1024: 256 units each.
+    assert_eq!(milli, [500, 250, 250]);
+    let mib: Vec<u64> = spec.containers.iter().map(|c| c.memory_mib.0).collect();
+    // proxy reserves 256; embed and worker share the rest of 4096.
+    assert_eq!(mib, [1920, 256, 1920]);
+}
+
+#[test]
+fn ecs_cpu_units_come_back_exactly_and_sizes_follow_ecs_rules() {
+    for units in [100u64, 128, 256, 1000, 1023, 1024, 4096] {
+        let spec = round_trips(json!({
+            "family": "u", "containerDefinitions": [{"name": "m", "command": ["a"], "cpu": units, "memory": 64}]
+        }));
+        assert_eq!(spec.containers[0].ecs["cpu"], json!(units));
+    }
+    // No memory anywhere: ECS's rule, named on the container.
+    let errs = errors(json!({
+        "family": "x", "containerDefinitions": [{"name": "m", "command": ["a"], "cpu": 256}]
+    }));
+    assert!(
+        errs.iter()
+            .any(|(f, m)| f == "containerDefinitions[0].memory" && m.contains("memoryReservation")),
+        "{errs:?}"
+    );
+    // More CPU in the containers than the task has.
+    let errs = errors(json!({
+        "family": "x", "cpu": "256", "memory": "512",
+        "containerDefinitions": [{"name": "m", "command": ["a"], "cpu": 512}]
+    }));
+    assert!(errs.iter().any(|(f, _)| f == "cpu"), "{errs:?}");
+    // A task size that is not one.
+    let errs = errors(json!({
+        "family": "x", "cpu": "lots", "memory": "512",
+        "containerDefinitions": [{"name": "m", "command": ["a"]}]
+    }));
+    assert!(errs.iter().any(|(f, _)| f == "cpu"), "{errs:?}");
+    // Without an image, something to run is still required.
+    let errs = errors(json!({
+        "family": "x", "memory": "512", "containerDefinitions": [{"name": "m"}]
+    }));
+    assert!(
+        errs.iter()
+            .any(|(f, _)| f == "containerDefinitions[0].command"),
+        "{errs:?}"
+    );
 }
