@@ -63,7 +63,8 @@ test("a consolidation plan frees GPUs, drawn before and after, and runs start be
   await expect(page.locator(".plan-gpu.freed").first()).toBeVisible();
   const moves = await plan.locator("tr.move").count();
   expect(moves).toBeGreaterThan(0);
-  await expect(page.locator("section.pool-fit")).toContainText("with right-sized budgets");
+  await page.getByRole("button", { name: "Show the pool with right-sized budgets" }).click();
+  await expect(page.locator(".pool-fit")).toContainText("Pool training with right-sized budgets");
   await page.screenshot({ path: "screenshots/consolidation-plan.png", fullPage: true });
   const id = await plan.getAttribute("data-plan");
   const before = (await (await page.request.get("/api/v1/tasks?service=llm-inference&state=running")).json()).tasks.length;

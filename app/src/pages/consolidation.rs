@@ -71,17 +71,8 @@ pub fn ConsolidationPage() -> impl IntoView {
     let operate = crate::app::needs(tessera_model::auth::Role::Operator);
     let pool = RwSignal::new(String::new());
     let goal = RwSignal::new("gpus".to_owned());
-    // Not on every live change: a pool's fit moves slowly, and re-packing it takes a while.
-    let pool_fit = Resource::new(
-        move || (pool.get(), make.version().get(), run.version().get()),
-        |(p, _, _)| async move {
-            if p.is_empty() {
-                None
-            } else {
-                Some(get_pool_fit(p).await)
-            }
-        },
-    );
+    // On request: re-packing a pool takes a while, and its fit moves slowly.
+    let pool_fit = Action::new(|p: &String| get_pool_fit(p.clone()));
     view! {
         <Title text="Consolidation" />
         <div class="page-head">
@@ -152,15 +143,16 @@ pub fn ConsolidationPage() -> impl IntoView {
                 })}
             </ErrorBoundary>
         </Transition>
-        <Transition fallback=|| ()>
-            {move || Suspend::new(async move {
-                match pool_fit.await {
-                    Some(Ok(f)) => view! { <PoolFitView fit=f /> }.into_any(),
-                    Some(Err(e)) => view! { <p class="field-error">{e.to_string()}</p> }.into_any(),
-                    None => ().into_any(),
-                }
-            })}
-        </Transition>
+        <section class="panel controls">
+            <button type="button" on:click=move |_| { pool_fit.dispatch(pool.get_untracked()); }>
+                "Show the pool with right-sized budgets"
+            </button>
+            {move || match pool_fit.value().get() {
+                Some(Ok(f)) => view! { <PoolFitView fit=f /> }.into_any(),
+                Some(Err(e)) => view! { <p class="field-error" role="alert">{e.to_string()}</p> }.into_any(),
+                None => ().into_any(),
+            }}
+        </section>
     }
 }
 
@@ -286,7 +278,7 @@ fn move_state(s: MoveState) -> &'static str {
 #[component]
 fn PoolFitView(fit: PoolFit) -> impl IntoView {
     view! {
-        <section class="panel pool-fit">
+        <div class="pool-fit">
             <h2>{format!("Pool {} with right-sized budgets", fit.pool)}</h2>
             <p>{format!(
                 "{} reserved, {} peak use. Its tasks hold {} of {} GPUs now; placed afresh with the suggested budgets they would hold {} ({} freed).",
@@ -307,6 +299,6 @@ fn PoolFitView(fit: PoolFit) -> impl IntoView {
                     }).collect_view()}
                 </tbody>
             </table>
-        </section>
+        </div>
     }
 }
