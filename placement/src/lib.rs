@@ -17,6 +17,8 @@
 //! - `classes`: hosts grouped by identical state, so each state is scored once.
 //! - [`reject`]: rejection reports with counts by reason and the operator's sentence.
 //! - [`openb`]: reading the Alibaba openb trace format, for the `replay` benchmark.
+//! - [`variants`]: workload variants of a trace made with a seed (GPU-model pinning, CPU-only
+//!   scale, shared and multi-GPU mix), for the `replay --variants` table.
 //! - [`rng`]: the seeded generator behind tie-breaks and shuffles.
 
 #![forbid(unsafe_code)]
@@ -31,6 +33,7 @@ pub mod reject;
 pub mod request;
 pub mod rng;
 pub mod snapshot;
+pub mod variants;
 
 pub use engine::{BatchOutcome, Engine, Policy, describe_request};
 pub use profile::{DemandProfile, ProfileEntry};

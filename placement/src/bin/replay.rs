@@ -9,8 +9,13 @@
 //!
 //! ```text
 //! replay --nodes FILE --tasks FILE [--policy NAME[,NAME...]] [--seeds 42..51] [--scale N]
-//!        [--placements FILE] [--json] [--diagnose]
+//!        [--placements FILE] [--json] [--diagnose] [--variants N]
 //! ```
+//!
+//! With `--variants N`, it makes N variants of the task list (`tessera_placement::variants`,
+//! variant k from seed k) and prints, for each, every policy's unallocated share at 100 %
+//! and 130 % (mean over `--seeds`), then on how many variants the first policy is at or
+//! below each of the others.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -21,7 +26,7 @@ use tessera_placement::openb::{self, TraceTask};
 use tessera_placement::rng::Rng;
 use tessera_placement::{DemandProfile, Engine, HostSpec, Policy, PoolLimits, Snapshot};
 
-const USAGE: &str = "usage: replay --nodes FILE --tasks FILE [--policy NAME[,NAME...]] [--seeds 42..51] [--scale N] [--placements FILE] [--json] [--diagnose]
+const USAGE: &str = "usage: replay --nodes FILE --tasks FILE [--policy NAME[,NAME...]] [--seeds 42..51] [--scale N] [--placements FILE] [--json] [--diagnose] [--variants N]
 policies: default (= fragmentation), fgd-sim, bestfit-sim, binpack, spread_host, spread_gpu";
 
 struct Args {
@@ -33,6 +38,7 @@ struct Args {
     placements: Option<String>,
     json: bool,
     diagnose: bool,
+    variants: u64,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -45,6 +51,7 @@ fn parse_args() -> Result<Args, String> {
         placements: None,
         json: false,
         diagnose: false,
+        variants: 0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -73,6 +80,13 @@ fn parse_args() -> Result<Args, String> {
             "--placements" => args.placements = Some(value("--placements")?),
             "--json" => args.json = true,
             "--diagnose" => args.diagnose = true,
+            "--variants" => {
+                args.variants = value("--variants")?
+                    .parse()
+                    .ok()
+                    .filter(|&n| n >= 1)
+                    .ok_or("--variants: a whole number of at least 1")?
+            }
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other:?}")),
         }
@@ -248,6 +262,9 @@ fn main() -> ExitCode {
         }
     };
     let hosts = scaled(&hosts, args.scale);
+    if args.variants > 0 {
+        return run_variants(&args, &hosts, &tasks);
+    }
     let gpus: usize = hosts.iter().map(|h| h.gpus.len()).sum();
     // The workload's shape, as FGD defines it: the trace's distinct task types by frequency.
     let profile = DemandProfile::from_requests(tasks.iter().map(|t| &t.request));
@@ -306,6 +323,75 @@ fn main() -> ExitCode {
     }
     if args.json {
         println!("{{\"results\":[{}]}}", json_rows.join(","));
+    }
+    ExitCode::SUCCESS
+}
+
+/// `--variants N`: each policy on each generated variant, side by side.
+fn run_variants(args: &Args, hosts: &[HostSpec], tasks: &[TraceTask]) -> ExitCode {
+    use tessera_placement::variants::{VariantSpec, make_variant};
+    println!(
+        "replay: {} variants of {} ({} nodes), seeds {:?}; unallocated GPU share in % at 100 % / 130 % arrived",
+        args.variants,
+        args.tasks,
+        hosts.len(),
+        args.seeds
+    );
+    let header: Vec<String> = args
+        .policies
+        .iter()
+        .map(|(n, _)| format!("{n:>17}"))
+        .collect();
+    println!("{:<4} {:<44} {}", "var", "workload", header.join(" "));
+    let first = &args.policies[0].0;
+    let mut wins = vec![(0u64, 0u64); args.policies.len()];
+    for v in 1..=args.variants {
+        let spec = VariantSpec::random(v);
+        let variant = make_variant(tasks, hosts, &spec);
+        let profile = DemandProfile::from_requests(variant.iter().map(|t| &t.request));
+        let results: Vec<(f64, f64)> = args
+            .policies
+            .iter()
+            .map(|(_, policy)| {
+                let runs: Vec<SeedResult> = args
+                    .seeds
+                    .iter()
+                    .map(|&seed| {
+                        run_seed(
+                            hosts,
+                            &variant,
+                            &profile,
+                            *policy,
+                            seed,
+                            RunOptions {
+                                record: false,
+                                diagnose: false,
+                            },
+                        )
+                    })
+                    .collect();
+                let n = runs.len() as f64;
+                (
+                    runs.iter().map(|r| r.unalloc_100).sum::<f64>() / n,
+                    runs.iter().map(|r| r.unalloc_130).sum::<f64>() / n,
+                )
+            })
+            .collect();
+        for (i, r) in results.iter().enumerate() {
+            wins[i].0 += u64::from(results[0].0 <= r.0 + 1e-9);
+            wins[i].1 += u64::from(results[0].1 <= r.1 + 1e-9);
+        }
+        let cells: Vec<String> = results
+            .iter()
+            .map(|(a, b)| format!("{:>8.2} /{:>7.2}", a, b))
+            .collect();
+        println!("{v:<4} {:<44} {}", spec.label(), cells.join(" "));
+    }
+    for (i, (name, _)) in args.policies.iter().enumerate().skip(1) {
+        println!(
+            "{first} at or below {name}: {} of {} variants at 100 %, {} of {} at 130 %",
+            wins[i].0, args.variants, wins[i].1, args.variants
+        );
     }
     ExitCode::SUCCESS
 }
