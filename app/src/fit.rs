@@ -371,9 +371,9 @@ fn FitBody(fit: ServiceFit) -> impl IntoView {
             points: series(&fit.history, |p| Some(p.memory_max_mib as f64)),
         },
         Series {
-            name: "median task",
+            name: "mean task",
             class: "s-p50",
-            points: series(&fit.history, |p| Some(p.memory_p50_mib as f64)),
+            points: series(&fit.history, |p| Some(p.memory_mean_mib as f64)),
         },
     ];
     let sm = vec![
@@ -383,9 +383,9 @@ fn FitBody(fit: ServiceFit) -> impl IntoView {
             points: series(&fit.history, |p| p.sm_p95.map(f64::from)),
         },
         Series {
-            name: "median",
+            name: "mean of medians",
             class: "s-p50",
-            points: series(&fit.history, |p| p.sm_p50.map(f64::from)),
+            points: series(&fit.history, |p| p.sm_mean.map(f64::from)),
         },
     ];
     let bucket = span_words(fit.bucket_secs);

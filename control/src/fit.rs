@@ -7,11 +7,11 @@ use crate::control::Control;
 use crate::error::ControlError;
 use crate::inputs::Errors;
 use crate::scheduler::request_for;
-use crate::store::{TaskFilter, UsageRow};
+use crate::store::{TaskFilter, UsageQuery, UsageSummary};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use tessera_model::fit::{
     Evidence, FieldChange, PoolFit, RightSize, ServiceFit, ServiceFitSummary, TaskFit, UsagePoint,
-    Verdict, VerdictCount, judge, percentile,
+    Verdict, VerdictCount, judge,
 };
 use tessera_model::service::{Service, Task, TaskState};
 use tessera_model::taskdef::{TaskDefinitionSpec, TaskGpu};
@@ -73,31 +73,6 @@ fn budget_of(spec: &TaskDefinitionSpec, gpu_memory: Option<MiB>) -> (MiB, Option
     }
 }
 
-/// Evidence from a task's buckets (or a service's: all its tasks' together).
-fn evidence_of<'a>(rows: impl IntoIterator<Item = &'a UsageRow>, now: i64) -> Evidence {
-    let mut peak: Option<MiB> = None;
-    let mut first: Option<i64> = None;
-    let mut p95s = Vec::new();
-    let mut errors = 0u64;
-    for r in rows {
-        if r.samples > 0 {
-            peak = Some(peak.map_or(r.memory_max, |p| p.max(r.memory_max)));
-        }
-        first = Some(first.map_or(r.bucket_start, |f| f.min(r.bucket_start)));
-        p95s.extend(r.sm_p95);
-        errors += u64::from(r.memory_errors);
-    }
-    Evidence {
-        peak,
-        sm_p95: percentile(&mut p95s, 95),
-        span_secs: first.map_or(0, |f| (now - f).max(0) as u64),
-        memory_errors: errors,
-    }
-}
-
-/// A task's figures in one bucket of a chart: highest memory, SM median, SM p95.
-type TaskInBucket = (u64, Option<u32>, Option<u32>);
-
 /// Verdicts counted, worst first, leaving out those with no task.
 fn count_verdicts(verdicts: impl IntoIterator<Item = Verdict>) -> Vec<VerdictCount> {
     let mut counts: BTreeMap<Verdict, u32> = BTreeMap::new();
@@ -115,41 +90,62 @@ fn count_verdicts(verdicts: impl IntoIterator<Item = Verdict>) -> Vec<VerdictCou
         .collect()
 }
 
-/// Every bucket of the evidence: the fine ones, and the coarse ones that ended before the
-/// first fine one (so no sample counts twice).
-fn evidence_rows(fine: &[UsageRow], coarse: &[UsageRow]) -> Vec<UsageRow> {
-    let first_fine: HashMap<&str, i64> = fine.iter().fold(HashMap::new(), |mut m, r| {
-        let e = m.entry(r.task_id.as_str()).or_insert(r.bucket_start);
-        *e = (*e).min(r.bucket_start);
-        m
-    });
-    let mut out: Vec<UsageRow> = coarse
-        .iter()
-        .filter(|r| {
-            first_fine
-                .get(r.task_id.as_str())
-                .is_none_or(|&f| r.bucket_start + r.width_secs <= f)
-        })
-        .cloned()
-        .collect();
-    out.extend(fine.iter().cloned());
+/// What was measured of one task, over every bucket kept.
+#[derive(Debug, Clone)]
+struct TaskEvidence {
+    task_definition: tessera_model::service::TaskDefRef,
+    service: String,
+    evidence: Evidence,
+}
+
+/// Fine and coarse summaries of the same tasks, combined: the highest peak and SM p95, the
+/// earliest bucket, and the larger count of refused allocations (coarse buckets hold the
+/// fine ones' samples, bar the hour not yet written).
+fn combine(
+    now: i64,
+    fine: Vec<UsageSummary>,
+    coarse: Vec<UsageSummary>,
+) -> HashMap<String, TaskEvidence> {
+    let mut out: HashMap<String, TaskEvidence> = HashMap::new();
+    for s in fine.into_iter().chain(coarse) {
+        let span = (now - s.first).max(0) as u64;
+        let e = out
+            .entry(s.task_id.clone())
+            .or_insert_with(|| TaskEvidence {
+                task_definition: s.task_definition.clone(),
+                service: s.service.clone(),
+                evidence: Evidence::default(),
+            });
+        let ev = &mut e.evidence;
+        ev.peak = Some(ev.peak.map_or(s.peak, |p| p.max(s.peak)));
+        ev.sm_p95 = ev.sm_p95.max(s.sm_p95);
+        ev.span_secs = ev.span_secs.max(span);
+        ev.memory_errors = ev.memory_errors.max(s.memory_errors);
+    }
     out
 }
 
 impl Control {
-    /// The evidence buckets of `service` (or every service), fine and coarse, within their
-    /// retention.
-    async fn evidence(&self, service: Option<&str>) -> Result<Vec<UsageRow>, ControlError> {
+    /// What was measured of each task of `service` (or every service), fine and coarse
+    /// buckets within their retention, summed up by the database.
+    async fn evidence(
+        &self,
+        service: Option<&str>,
+    ) -> Result<HashMap<String, TaskEvidence>, ControlError> {
         let now = self.unix_now();
         let c = &self.config.usage;
         let [fine_w, coarse_w] = c.widths();
-        let fine = self
-            .usage_rows(service, fine_w, now - c.fine_keep.as_secs() as i64)
-            .await?;
+        let q = |width: i64, keep: std::time::Duration| UsageQuery {
+            service: service.map(str::to_owned),
+            width_secs: width,
+            since: now - keep.as_secs() as i64,
+        };
+        let fine = self.store.usage_summary(&q(fine_w, c.fine_keep)).await?;
         let coarse = self
-            .usage_rows(service, coarse_w, now - c.coarse_keep.as_secs() as i64)
+            .store
+            .usage_summary(&q(coarse_w, c.coarse_keep))
             .await?;
-        Ok(evidence_rows(&fine, &coarse))
+        Ok(combine(now, fine, coarse))
     }
 
     /// `GET /api/v1/services/{name}/fit`: the verdict over the service's evidence, each
@@ -157,10 +153,10 @@ impl Control {
     pub async fn service_fit(&self, name: &str, range: &str) -> Result<ServiceFit, ControlError> {
         let range = Range::parse(range)?;
         let service = self.store.get_service(name).await?;
-        let rows = self.evidence(Some(name)).await?;
+        let evidence = self.evidence(Some(name)).await?;
         let tasks = self.holding_tasks_of(name).await?;
         let spec = self.spec_of(&service.task_definition).await?;
-        let mut fit = self.judge_service(&service, &spec, &tasks, &rows);
+        let mut fit = self.judge_service(&service, &spec, &tasks, &evidence);
         let (bucket_secs, history) = self.history(name, range).await?;
         fit.range = range.name().to_owned();
         fit.bucket_secs = bucket_secs;
@@ -179,30 +175,25 @@ impl Control {
             .await?)
     }
 
-    /// A service's fit from its buckets `rows` and its holding `tasks` (no history).
+    /// A service's fit from what was measured of its tasks and its holding `tasks` (no
+    /// history).
     fn judge_service(
         &self,
         service: &Service,
         spec: &TaskDefinitionSpec,
         tasks: &[Task],
-        rows: &[UsageRow],
+        evidence: &HashMap<String, TaskEvidence>,
     ) -> ServiceFit {
-        let now = self.unix_now();
         let rules = &self.config.usage.rules;
         let whole_memory = tasks
             .iter()
             .map(|t| t.allocations.iter().map(|a| a.memory).sum::<MiB>())
             .max();
         let (budget, cap, shared) = budget_of(spec, whole_memory);
-        let mut by_task: HashMap<&str, Vec<&UsageRow>> = HashMap::new();
-        for r in rows {
-            by_task.entry(r.task_id.as_str()).or_default().push(r);
-        }
         let task_fits: Vec<TaskFit> = tasks
             .iter()
             .map(|t| {
-                let mine = by_task.get(t.id.as_str()).cloned().unwrap_or_default();
-                let mut ev = evidence_of(mine.iter().copied(), now);
+                let mut ev = evidence.get(&t.id).map(|e| e.evidence).unwrap_or_default();
                 // The stored running peak covers syncs whose bucket is not written yet.
                 if let Some(p) = t.measured.gpu_memory_peak {
                     ev.peak = Some(ev.peak.map_or(p, |e| e.max(p)));
@@ -215,10 +206,6 @@ impl Control {
                     budget_mib: task_budget,
                     compute_cap_percent: cap,
                     peak_mib: ev.peak,
-                    now_mib: mine
-                        .iter()
-                        .max_by_key(|r| r.bucket_start)
-                        .map(|r| r.memory_last),
                     sm_p95: ev.sm_p95,
                     evidence_secs: ev.span_secs,
                     memory_errors: ev.memory_errors,
@@ -227,11 +214,19 @@ impl Control {
             })
             .collect();
         // The service's verdict: every task's evidence of the revision it runs now.
-        let current: Vec<&UsageRow> = rows
-            .iter()
-            .filter(|r| r.task_definition == service.task_definition)
-            .collect();
-        let mut ev = evidence_of(current.iter().copied(), now);
+        let mut ev = Evidence::default();
+        for e in evidence
+            .values()
+            .filter(|e| e.service == service.name && e.task_definition == service.task_definition)
+        {
+            let x = e.evidence;
+            if let Some(p) = x.peak {
+                ev.peak = Some(ev.peak.map_or(p, |q| q.max(p)));
+            }
+            ev.sm_p95 = ev.sm_p95.max(x.sm_p95);
+            ev.span_secs = ev.span_secs.max(x.span_secs);
+            ev.memory_errors += x.memory_errors;
+        }
         for t in tasks
             .iter()
             .filter(|t| t.task_definition == service.task_definition)
@@ -279,36 +274,26 @@ impl Control {
                 coarse.max(((30 * 86_400 / 720) / coarse).max(1) * coarse),
             ),
         };
-        let rows = self
-            .usage_rows(Some(name), width, now - range.secs())
+        let groups = self
+            .store
+            .usage_history(
+                &UsageQuery {
+                    service: Some(name.to_owned()),
+                    width_secs: width,
+                    since: now - range.secs(),
+                },
+                group,
+            )
             .await?;
-        // Per bucket group, per task: the task's highest memory and SM figures.
-        let mut groups: BTreeMap<i64, HashMap<&str, TaskInBucket>> = BTreeMap::new();
-        for r in &rows {
-            let g = r.bucket_start - r.bucket_start.rem_euclid(group);
-            let e = groups
-                .entry(g)
-                .or_default()
-                .entry(r.task_id.as_str())
-                .or_insert((0, None, None));
-            e.0 = e.0.max(r.memory_max.0);
-            e.1 = e.1.max(r.sm_p50);
-            e.2 = e.2.max(r.sm_p95);
-        }
         let points = groups
             .into_iter()
-            .map(|(t, per_task)| {
-                let mut mem: Vec<u64> = per_task.values().map(|v| v.0).collect();
-                mem.sort_unstable();
-                let mut sm50: Vec<u32> = per_task.values().filter_map(|v| v.1).collect();
-                UsagePoint {
-                    t,
-                    memory_p50_mib: mem[(mem.len() - 1) / 2],
-                    memory_max_mib: *mem.last().expect("a group has a task"),
-                    sm_p50: percentile(&mut sm50, 50),
-                    sm_p95: per_task.values().filter_map(|v| v.2).max(),
-                    tasks: per_task.len() as u32,
-                }
+            .map(|g| UsagePoint {
+                t: g.start,
+                memory_mean_mib: g.memory_mean.0,
+                memory_max_mib: g.memory_max.0,
+                sm_mean: g.sm_mean,
+                sm_p95: g.sm_p95,
+                tasks: g.tasks,
             })
             .collect();
         Ok((group as u64, points))
@@ -331,7 +316,7 @@ impl Control {
             .into_iter()
             .filter(|s| s.pool == pool_name)
             .collect();
-        let rows = self.evidence(None).await?;
+        let evidence = self.evidence(None).await?;
         let hosts: Vec<_> = self
             .store
             .list_hosts()
@@ -369,12 +354,7 @@ impl Control {
                 .cloned()
                 .collect();
             let spec = self.spec_of(&s.task_definition).await?;
-            let service_rows: Vec<UsageRow> = rows
-                .iter()
-                .filter(|r| r.service == s.name)
-                .cloned()
-                .collect();
-            let fit = self.judge_service(s, &spec, &tasks, &service_rows);
+            let fit = self.judge_service(s, &spec, &tasks, &evidence);
             let mut req = request_for(&spec, &s.constraints, BTreeSet::new());
             if let (GpuDemand::Shared { memory, compute }, Some(m)) =
                 (&mut req.gpu, fit.judgement.suggested_memory_mib)
@@ -481,7 +461,7 @@ impl Control {
 
     /// Each holding task's verdict, by task id (what the hosts page marks).
     pub async fn task_verdicts(&self) -> Result<HashMap<String, Verdict>, ControlError> {
-        let rows = self.evidence(None).await?;
+        let evidence = self.evidence(None).await?;
         let mut out = HashMap::new();
         for s in self.store.list_services().await? {
             let tasks = self.holding_tasks_of(&s.name).await?;
@@ -489,12 +469,7 @@ impl Control {
                 continue;
             }
             let spec = self.spec_of(&s.task_definition).await?;
-            let mine: Vec<UsageRow> = rows
-                .iter()
-                .filter(|r| r.service == s.name)
-                .cloned()
-                .collect();
-            for t in self.judge_service(&s, &spec, &tasks, &mine).tasks {
+            for t in self.judge_service(&s, &spec, &tasks, &evidence).tasks {
                 out.insert(t.task_id, t.judgement.verdict);
             }
         }

@@ -577,6 +577,31 @@ pub struct UsageQuery {
     pub since: i64,
 }
 
+/// One task's buckets of one width, summed up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageSummary {
+    pub task_id: String,
+    pub service: String,
+    pub task_definition: TaskDefRef,
+    pub peak: MiB,
+    /// The highest bucket SM p95.
+    pub sm_p95: Option<u32>,
+    /// The first bucket's start (unix seconds).
+    pub first: i64,
+    pub memory_errors: u64,
+}
+
+/// One point of a service's history: its buckets in one time group, summed up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageGroup {
+    pub start: i64,
+    pub memory_max: MiB,
+    pub memory_mean: MiB,
+    pub sm_mean: Option<u32>,
+    pub sm_p95: Option<u32>,
+    pub tasks: u32,
+}
+
 #[async_trait]
 /// Measured use over time, in buckets.
 pub trait UsageStore: Send + Sync + 'static {
@@ -584,6 +609,16 @@ pub trait UsageStore: Send + Sync + 'static {
     /// restart) is merged: the larger of each figure, the samples and errors added.
     async fn record_usage(&self, rows: &[UsageRow]) -> Result<(), StoreError>;
     async fn list_usage(&self, q: &UsageQuery) -> Result<Vec<UsageRow>, StoreError>;
+    /// Per task (of `q.service`, or all), its buckets summed up in one aggregate query:
+    /// however many buckets, one row per task.
+    async fn usage_summary(&self, q: &UsageQuery) -> Result<Vec<UsageSummary>, StoreError>;
+    /// The service's buckets grouped by `group` seconds of their start, oldest first: one
+    /// row per group, however many tasks.
+    async fn usage_history(
+        &self,
+        q: &UsageQuery,
+        group: i64,
+    ) -> Result<Vec<UsageGroup>, StoreError>;
     /// Deletes buckets of `width_secs` that start before `before`; returns how many.
     async fn prune_usage(&self, width_secs: i64, before: i64) -> Result<u64, StoreError>;
 }

@@ -7,7 +7,7 @@
 use crate::clock::since_epoch;
 use crate::control::Control;
 use crate::error::ControlError;
-use crate::store::{UsageQuery, UsageRow};
+use crate::store::UsageRow;
 use std::collections::HashMap;
 use std::time::Duration;
 use tessera_model::agent::TaskReport;
@@ -277,23 +277,6 @@ impl Control {
             .prune_usage(coarse, now - c.coarse_keep.as_secs() as i64)
             .await?;
         Ok(n)
-    }
-
-    /// Usage buckets of `service` (or all) of one width from `since`.
-    pub(crate) async fn usage_rows(
-        &self,
-        service: Option<&str>,
-        width: i64,
-        since: i64,
-    ) -> Result<Vec<UsageRow>, ControlError> {
-        Ok(self
-            .store
-            .list_usage(&UsageQuery {
-                service: service.map(str::to_owned),
-                width_secs: width,
-                since,
-            })
-            .await?)
     }
 }
 

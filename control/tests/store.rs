@@ -286,6 +286,32 @@ async fn usage_buckets_merge_when_written_twice_and_are_pruned_by_age() {
         ..q(0)
     };
     assert!(store.list_usage(&other).await.expect("rows").is_empty());
+    // Summed up by the database: one row per task, one per time group.
+    let mut summary = store.usage_summary(&q(0)).await.expect("summary");
+    summary.sort_by(|a, b| a.task_id.cmp(&b.task_id));
+    assert_eq!(summary.len(), 2);
+    assert_eq!(
+        (summary[0].peak, summary[0].first, summary[0].memory_errors),
+        (MiB(1500), 600, 2)
+    );
+    assert_eq!((summary[1].peak, summary[1].memory_errors), (MiB(500), 1));
+    let history = store.usage_history(&q(0), 60).await.expect("history");
+    assert_eq!(history.len(), 2, "{history:?}");
+    assert_eq!(history[0].start, 600);
+    assert_eq!(history[0].memory_max, MiB(1500));
+    assert_eq!(history[0].memory_mean, MiB(1000), "(1500 + 500) / 2");
+    assert_eq!(history[0].tasks, 2);
+    assert_eq!(
+        (history[1].start, history[1].memory_max, history[1].tasks),
+        (660, MiB(1200), 1)
+    );
+    let grouped = store.usage_history(&q(0), 120).await.expect("history");
+    assert_eq!(grouped.len(), 1, "600 and 660 fall in one 2-minute group");
+    assert_eq!(
+        grouped[0].memory_mean,
+        MiB(1067),
+        "(1500 + 1200 + 500) / 3, rounded"
+    );
     assert_eq!(store.prune_usage(60, 660).await.expect("pruned"), 2);
     assert_eq!(store.list_usage(&q(0)).await.expect("rows").len(), 1);
     let hours = UsageQuery {

@@ -238,8 +238,6 @@ pub struct TaskFit {
     pub compute_cap_percent: Option<u32>,
     #[cfg_attr(feature = "openapi", schema(value_type = Option<u64>))]
     pub peak_mib: Option<MiB>,
-    #[cfg_attr(feature = "openapi", schema(value_type = Option<u64>))]
-    pub now_mib: Option<MiB>,
     pub sm_p95: Option<u32>,
     pub evidence_secs: u64,
     pub memory_errors: u64,
@@ -286,12 +284,12 @@ pub struct RightSize {
 pub struct UsagePoint {
     /// Bucket start, unix seconds.
     pub t: i64,
-    /// Median across tasks of each task's highest memory in the bucket.
-    pub memory_p50_mib: u64,
+    /// Mean across tasks of each task's highest memory in the bucket.
+    pub memory_mean_mib: u64,
     /// The highest memory of any task in the bucket.
     pub memory_max_mib: u64,
-    /// Median across tasks of the SM median.
-    pub sm_p50: Option<u32>,
+    /// Mean across tasks of the SM median.
+    pub sm_mean: Option<u32>,
     /// The highest SM p95 of any task.
     pub sm_p95: Option<u32>,
     pub tasks: u32,

@@ -1,6 +1,8 @@
 //! Measured use in buckets, and consolidation plans.
 use super::*;
-use crate::store::{PlanStore, StoredPlan, UsageQuery, UsageRow, UsageStore};
+use crate::store::{
+    PlanStore, StoredPlan, UsageGroup, UsageQuery, UsageRow, UsageStore, UsageSummary,
+};
 
 fn opt_u32(v: Option<i64>) -> Option<u32> {
     v.map(|x| x.clamp(0, i64::from(u32::MAX)) as u32)
@@ -99,6 +101,77 @@ impl UsageStore for This {
             .await?
             .iter()
             .map(usage_from_row)
+            .collect()
+    }
+
+    async fn usage_summary(&self, q: &UsageQuery) -> Result<Vec<UsageSummary>, StoreError> {
+        let mut b = QueryBuilder::<Db>::new(
+            "SELECT task_id, service, family, revision, MAX(memory_max_mib) AS peak, MAX(sm_p95) AS sm,
+             MIN(bucket_start) AS first, CAST(SUM(memory_errors) AS BIGINT) AS errors
+             FROM task_usage WHERE width_secs = ",
+        );
+        b.push_bind(q.width_secs)
+            .push(" AND bucket_start >= ")
+            .push_bind(q.since);
+        if let Some(s) = &q.service {
+            b.push(" AND service = ").push_bind(s.clone());
+        }
+        b.push(" GROUP BY task_id, service, family, revision");
+        b.build()
+            .fetch_all(&self.db)
+            .await?
+            .iter()
+            .map(|row| {
+                Ok(UsageSummary {
+                    task_id: row.try_get("task_id")?,
+                    service: row.try_get("service")?,
+                    task_definition: TaskDefRef {
+                        family: row.try_get("family")?,
+                        revision: row.try_get::<i64, _>("revision")? as u32,
+                    },
+                    peak: MiB(row.try_get::<i64, _>("peak")?.max(0) as u64),
+                    sm_p95: opt_u32(row.try_get("sm")?),
+                    first: row.try_get("first")?,
+                    memory_errors: row.try_get::<i64, _>("errors")?.max(0) as u64,
+                })
+            })
+            .collect()
+    }
+
+    async fn usage_history(
+        &self,
+        q: &UsageQuery,
+        group: i64,
+    ) -> Result<Vec<UsageGroup>, StoreError> {
+        let group = group.max(1);
+        let mut b = QueryBuilder::<Db>::new("SELECT (bucket_start - bucket_start % ");
+        b.push_bind(group).push(
+            ") AS g, MAX(memory_max_mib) AS mem_max, CAST(ROUND(AVG(memory_max_mib)) AS BIGINT) AS mem_mean,
+             CAST(ROUND(AVG(sm_p50)) AS BIGINT) AS sm_mean, MAX(sm_p95) AS sm_p95,
+             CAST(COUNT(DISTINCT task_id) AS BIGINT) AS tasks
+             FROM task_usage WHERE width_secs = ",
+        );
+        b.push_bind(q.width_secs)
+            .push(" AND bucket_start >= ")
+            .push_bind(q.since);
+        if let Some(s) = &q.service {
+            b.push(" AND service = ").push_bind(s.clone());
+        }
+        b.push(" GROUP BY g ORDER BY g");
+        b.build()
+            .fetch_all(&self.db)
+            .await?
+            .iter()
+            .map(|row| {
+                Ok(UsageGroup {
+                    start: row.try_get("g")?,
+                    memory_max: MiB(row.try_get::<i64, _>("mem_max")?.max(0) as u64),
+                    memory_mean: MiB(row.try_get::<i64, _>("mem_mean")?.max(0) as u64),
+                    sm_mean: opt_u32(row.try_get("sm_mean")?),
+                    sm_p95: opt_u32(row.try_get("sm_p95")?),
+                    tasks: row.try_get::<i64, _>("tasks")?.max(0) as u32,
+                })
+            })
             .collect()
     }
 
