@@ -11,7 +11,7 @@ use crate::control::Control;
 use crate::error::ControlError;
 use crate::inputs::Errors;
 use crate::scheduler::{allocations, density, request_for};
-use crate::store::{NewTask, PlacementCommit, StoredPlan, TaskFilter};
+use crate::store::{NewTask, PlacementCommit, StoredPlan};
 use std::collections::{BTreeSet, HashMap};
 use tessera_model::consolidation::{
     ConsolidationPlan, GpuBar, KeptService, MoveState, PlanInput, PlanStatus, PlannedMove,
@@ -91,22 +91,8 @@ impl Control {
         };
         e.finish()?;
         let (pool, goal) = (pool.expect("validated"), goal.expect("validated"));
-        let info = self.existing_pool(&pool).await?;
-        let hosts: Vec<_> = self
-            .store
-            .list_hosts()
-            .await?
-            .into_iter()
-            .filter(|h| h.pool == pool)
-            .collect();
-        let holding = self
-            .store
-            .list_tasks(&TaskFilter {
-                pool: Some(pool.clone()),
-                states: TaskState::HOLDING.to_vec(),
-                ..Default::default()
-            })
-            .await?;
+        self.existing_pool(&pool).await?;
+        let (info, hosts, holding) = self.pool_state(&pool).await?;
         let services: Vec<Service> = self
             .store
             .list_services()
@@ -380,40 +366,41 @@ impl Control {
                 };
                 let to = HostId::new(m.to_host.clone()).map_err(|e| corrupt(e.to_string()))?;
                 let replacement = uuid::Uuid::new_v4().to_string();
-                self.store
-                    .create_tasks(&[NewTask {
-                        id: replacement.clone(),
-                        service: t.service.clone(),
-                        deployment_id: t.deployment_id,
-                        task_definition: t.task_definition.clone(),
-                        pool: t.pool.clone(),
-                        cpu: t.cpu,
-                        memory: t.memory,
-                    }])
-                    .await?;
-                let committed = self
+                // One transaction: the replacement placed on the target and the original
+                // marked as moving, or nothing (a crash between them would leave the
+                // service a task over, and a restarted plan would start a second one).
+                let started = self
                     .store
-                    .commit_placements(&[PlacementCommit {
-                        task_id: replacement.clone(),
-                        host: to.clone(),
-                        allocations: m.allocations.clone(),
-                    }])
+                    .start_move(
+                        &t.id,
+                        t.host.as_ref().expect("a running task has a host"),
+                        &NewTask {
+                            id: replacement.clone(),
+                            service: t.service.clone(),
+                            deployment_id: t.deployment_id,
+                            task_definition: t.task_definition.clone(),
+                            pool: t.pool.clone(),
+                            cpu: t.cpu,
+                            memory: t.memory,
+                        },
+                        &PlacementCommit {
+                            task_id: replacement.clone(),
+                            host: to.clone(),
+                            allocations: m.allocations.clone(),
+                        },
+                    )
                     .await?;
-                if committed.is_empty() {
-                    self.store
-                        .request_task_stop(&replacement, "consolidation target has no room")
-                        .await?;
+                if !started {
                     fail(
                         plan,
                         format!(
-                            "{}/GPU {:?} no longer has room for task {}",
+                            "{}/GPU {:?} no longer has room for task {} (or the task changed meanwhile)",
                             m.to_host, m.to_gpus, m.task_id
                         ),
                     );
                     self.plan_event(plan, &m).await;
                     return Ok(());
                 }
-                self.store.set_task_migrating(&t.id, true).await?;
                 self.capacity_changed();
                 let mv = &mut plan.moves[i];
                 mv.state = MoveState::Starting;

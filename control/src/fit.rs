@@ -308,7 +308,7 @@ impl Control {
         e.finish()?;
         let pool_name = pool_name.expect("validated");
         // Not found (404) rather than invalid: the pool is what is asked for.
-        let info = self.store.get_pool(&pool_name).await?;
+        let (info, hosts, holding) = self.pool_state(&pool_name).await?;
         let services: Vec<Service> = self
             .store
             .list_services()
@@ -317,21 +317,6 @@ impl Control {
             .filter(|s| s.pool == pool_name)
             .collect();
         let evidence = self.evidence(None).await?;
-        let hosts: Vec<_> = self
-            .store
-            .list_hosts()
-            .await?
-            .into_iter()
-            .filter(|h| h.pool == pool_name)
-            .collect();
-        let holding = self
-            .store
-            .list_tasks(&TaskFilter {
-                pool: Some(pool_name.clone()),
-                states: TaskState::HOLDING.to_vec(),
-                ..Default::default()
-            })
-            .await?;
         let now_capacity = PoolCapacity::build(&info, &hosts, holding.iter().filter_map(Held::of));
         let gpus_total = hosts.iter().map(|h| h.gpus.len() as u32).sum();
         let gpus_in_use = hosts

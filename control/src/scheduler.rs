@@ -110,14 +110,11 @@ impl Control {
         Ok(out)
     }
 
-    /// Builds the engine for `pool`: its hosts (only active ones take tasks), their GPUs,
-    /// and every allocation of its live tasks. `extra` joins the workload profile.
-    pub(crate) async fn pool_engine(
+    /// A pool as stored now: its settings, its hosts, and the tasks holding capacity on it.
+    pub(crate) async fn pool_state(
         &self,
         pool: &PoolName,
-        policy: Option<PlacementPolicy>,
-        extra: &[TaskRequest],
-    ) -> Result<PoolEngine, ControlError> {
+    ) -> Result<(PoolInfo, Vec<tessera_model::HostInfo>, Vec<Task>), ControlError> {
         let info = self.store.get_pool(pool).await?;
         let hosts: Vec<_> = self
             .store
@@ -134,6 +131,18 @@ impl Control {
                 ..Default::default()
             })
             .await?;
+        Ok((info, hosts, holding))
+    }
+
+    /// Builds the engine for `pool`: its hosts (only active ones take tasks), their GPUs,
+    /// and every allocation of its live tasks. `extra` joins the workload profile.
+    pub(crate) async fn pool_engine(
+        &self,
+        pool: &PoolName,
+        policy: Option<PlacementPolicy>,
+        extra: &[TaskRequest],
+    ) -> Result<PoolEngine, ControlError> {
+        let (info, hosts, holding) = self.pool_state(pool).await?;
         let capacity = PoolCapacity::build(&info, &hosts, holding.iter().filter_map(Held::of));
         // The workload profile: what the pool runs plus what is being placed.
         let specs_by_ref = self

@@ -455,6 +455,17 @@ pub trait TaskStore: Send + Sync + 'static {
     async fn request_task_stop(&self, id: &str, reason: &str) -> Result<(), StoreError>;
     /// Marks a task as being moved (its replacement starts first), or no longer.
     async fn set_task_migrating(&self, id: &str, migrating: bool) -> Result<(), StoreError>;
+    /// Starts moving task `original` in one transaction: only while it still runs on
+    /// `from_host` and is not moving already (compare-and-set), creates `replacement`,
+    /// commits its placement if the re-check accepts it, and marks the original as moving.
+    /// Returns whether it did; otherwise nothing is written.
+    async fn start_move(
+        &self,
+        original: &str,
+        from_host: &HostId,
+        replacement: &NewTask,
+        commit: &PlacementCommit,
+    ) -> Result<bool, StoreError>;
 
     /// Deletes stopped tasks, events, and finished deployments without tasks, written
     /// before `before` (a stored time); returns how many of each.

@@ -150,29 +150,106 @@ pub(super) async fn stop_task_rows(
     Ok(())
 }
 
+/// Inserts `tasks` as pending, in batches.
+async fn insert_tasks(conn: &mut DbConn, tasks: &[NewTask]) -> Result<(), StoreError> {
+    for chunk in tasks.chunks(200) {
+        let mut q = QueryBuilder::<Db>::new(
+            "INSERT INTO tasks (id, service, deployment_id, family, revision, pool, cpu_milli, memory_mib, state) ",
+        );
+        q.push_values(chunk, |mut b, t| {
+            b.push_bind(&t.id)
+                .push_bind(&t.service)
+                .push_bind(t.deployment_id)
+                .push_bind(&t.task_definition.family)
+                .push_bind(i64::from(t.task_definition.revision))
+                .push_bind(t.pool.as_str())
+                .push_bind(t.cpu.0 as i64)
+                .push_bind(t.memory.0 as i64)
+                .push_bind("pending");
+        });
+        q.build().execute(&mut *conn).await?;
+    }
+    Ok(())
+}
+
+/// Stores placements already verified: their GPU allocations, and their tasks assigned.
+async fn write_commits(conn: &mut DbConn, accepted: &[&PlacementCommit]) -> Result<(), StoreError> {
+    // Written in batches (a statement per row costs more than the rest of the commit).
+    let rows: Vec<(&str, &GpuAllocation)> = accepted
+        .iter()
+        .flat_map(|c| c.allocations.iter().map(|a| (c.task_id.as_str(), a)))
+        .collect();
+    for chunk in rows.chunks(1000) {
+        let mut q = QueryBuilder::<Db>::new(
+            "INSERT INTO task_gpus (task_id, gpu_uuid, idx, memory_mib, compute_milli, dedicated) ",
+        );
+        q.push_values(chunk, |mut b, (task, a)| {
+            b.push_bind(*task)
+                .push_bind(a.gpu.as_str())
+                .push_bind(i64::from(a.index))
+                .push_bind(a.memory.0 as i64)
+                .push_bind(i64::from(a.compute.0))
+                .push_bind(i64::from(a.dedicated));
+        });
+        q.build().execute(&mut *conn).await?;
+    }
+    for chunk in accepted.chunks(1000) {
+        let mut q = QueryBuilder::<Db>::new(
+            "UPDATE tasks SET state = 'assigned', host_id = placed.column2, placement_message = NULL
+             FROM (",
+        );
+        q.push_values(chunk, |mut b, c| {
+            b.push_bind(c.task_id.as_str()).push_bind(c.host.as_str());
+        });
+        q.push(") AS placed WHERE tasks.id = placed.column1");
+        q.build().execute(&mut *conn).await?;
+    }
+    Ok(())
+}
+
 #[async_trait]
 impl TaskStore for This {
     async fn create_tasks(&self, tasks: &[NewTask]) -> Result<(), StoreError> {
         let mut tx = self.begin_immediate().await?;
-        for chunk in tasks.chunks(200) {
-            let mut q = QueryBuilder::<Db>::new(
-                "INSERT INTO tasks (id, service, deployment_id, family, revision, pool, cpu_milli, memory_mib, state) ",
-            );
-            q.push_values(chunk, |mut b, t| {
-                b.push_bind(&t.id)
-                    .push_bind(&t.service)
-                    .push_bind(t.deployment_id)
-                    .push_bind(&t.task_definition.family)
-                    .push_bind(i64::from(t.task_definition.revision))
-                    .push_bind(t.pool.as_str())
-                    .push_bind(t.cpu.0 as i64)
-                    .push_bind(t.memory.0 as i64)
-                    .push_bind("pending");
-            });
-            q.build().execute(&mut *tx).await?;
-        }
+        insert_tasks(&mut tx, tasks).await?;
         tx.commit().await?;
         Ok(())
+    }
+
+    async fn start_move(
+        &self,
+        original: &str,
+        from_host: &HostId,
+        replacement: &NewTask,
+        commit: &PlacementCommit,
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.begin_immediate().await?;
+        // Compare-and-set: the original still runs where the plan found it, not moving.
+        let still: Option<(String,)> = sqlx::query_as(
+            "SELECT id FROM tasks WHERE id = $1 AND state = 'running' AND migrating = 0 AND host_id = $2",
+        )
+        .bind(original)
+        .bind(from_host.as_str())
+        .fetch_optional(&mut *tx)
+        .await?;
+        if still.is_none() {
+            return Ok(false);
+        }
+        insert_tasks(&mut tx, std::slice::from_ref(replacement)).await?;
+        let conn = tx.acquire().await?;
+        let commits = std::slice::from_ref(commit);
+        let ctx = commit_context(&mut *conn, commits).await?;
+        if !crate::capacity::verify_commits(&ctx, commits)[0] {
+            // Dropped without commit: nothing of the move is written.
+            return Ok(false);
+        }
+        write_commits(&mut *conn, &[commit]).await?;
+        sqlx::query("UPDATE tasks SET migrating = 1 WHERE id = $1")
+            .bind(original)
+            .execute(&mut *conn)
+            .await?;
+        tx.commit().await?;
+        Ok(true)
     }
 
     async fn list_tasks(&self, filter: &TaskFilter) -> Result<Vec<Task>, StoreError> {
@@ -267,36 +344,7 @@ impl TaskStore for This {
             .zip(accepted)
             .filter_map(|(c, ok)| ok.then_some(c))
             .collect();
-        // Written in batches (a statement per row costs more than the rest of the commit).
-        let rows: Vec<(&str, &GpuAllocation)> = accepted
-            .iter()
-            .flat_map(|c| c.allocations.iter().map(|a| (c.task_id.as_str(), a)))
-            .collect();
-        for chunk in rows.chunks(1000) {
-            let mut q = QueryBuilder::<Db>::new(
-                "INSERT INTO task_gpus (task_id, gpu_uuid, idx, memory_mib, compute_milli, dedicated) ",
-            );
-            q.push_values(chunk, |mut b, (task, a)| {
-                b.push_bind(*task)
-                    .push_bind(a.gpu.as_str())
-                    .push_bind(i64::from(a.index))
-                    .push_bind(a.memory.0 as i64)
-                    .push_bind(i64::from(a.compute.0))
-                    .push_bind(i64::from(a.dedicated));
-            });
-            q.build().execute(&mut *conn).await?;
-        }
-        for chunk in accepted.chunks(1000) {
-            let mut q = QueryBuilder::<Db>::new(
-                "UPDATE tasks SET state = 'assigned', host_id = placed.column2, placement_message = NULL
-                 FROM (",
-            );
-            q.push_values(chunk, |mut b, c| {
-                b.push_bind(c.task_id.as_str()).push_bind(c.host.as_str());
-            });
-            q.push(") AS placed WHERE tasks.id = placed.column1");
-            q.build().execute(&mut *conn).await?;
-        }
+        write_commits(&mut *conn, &accepted).await?;
         let committed = accepted.iter().map(|c| c.task_id.clone()).collect();
         tx.commit().await?;
         Ok(committed)

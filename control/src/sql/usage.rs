@@ -30,6 +30,16 @@ fn usage_from_row(row: &DbRow) -> Result<UsageRow, StoreError> {
     })
 }
 
+/// Completes `... WHERE width_secs = ` with the query's width, start and service.
+fn usage_filter(b: &mut QueryBuilder<'_, Db>, q: &UsageQuery) {
+    b.push_bind(q.width_secs)
+        .push(" AND bucket_start >= ")
+        .push_bind(q.since);
+    if let Some(s) = &q.service {
+        b.push(" AND service = ").push_bind(s.clone());
+    }
+}
+
 /// The larger of the stored and the new value of `col` (NULL counts as smaller).
 fn larger(col: &str) -> String {
     format!(
@@ -89,12 +99,7 @@ impl UsageStore for This {
             "SELECT task_id, width_secs, bucket_start, service, family, revision, host_id, memory_max_mib,
              memory_last_mib, sm_p50, sm_p95, sm_max, samples, memory_errors FROM task_usage WHERE width_secs = ",
         );
-        b.push_bind(q.width_secs)
-            .push(" AND bucket_start >= ")
-            .push_bind(q.since);
-        if let Some(s) = &q.service {
-            b.push(" AND service = ").push_bind(s.clone());
-        }
+        usage_filter(&mut b, q);
         b.push(" ORDER BY bucket_start, task_id");
         b.build()
             .fetch_all(&self.db)
@@ -110,12 +115,7 @@ impl UsageStore for This {
              MIN(bucket_start) AS first, CAST(SUM(memory_errors) AS BIGINT) AS errors
              FROM task_usage WHERE width_secs = ",
         );
-        b.push_bind(q.width_secs)
-            .push(" AND bucket_start >= ")
-            .push_bind(q.since);
-        if let Some(s) = &q.service {
-            b.push(" AND service = ").push_bind(s.clone());
-        }
+        usage_filter(&mut b, q);
         b.push(" GROUP BY task_id, service, family, revision");
         b.build()
             .fetch_all(&self.db)
@@ -151,12 +151,7 @@ impl UsageStore for This {
              CAST(COUNT(DISTINCT task_id) AS BIGINT) AS tasks
              FROM task_usage WHERE width_secs = ",
         );
-        b.push_bind(q.width_secs)
-            .push(" AND bucket_start >= ")
-            .push_bind(q.since);
-        if let Some(s) = &q.service {
-            b.push(" AND service = ").push_bind(s.clone());
-        }
+        usage_filter(&mut b, q);
         b.push(" GROUP BY g ORDER BY g");
         b.build()
             .fetch_all(&self.db)
