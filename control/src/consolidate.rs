@@ -259,7 +259,7 @@ impl Control {
             )));
         }
         plan.status = PlanStatus::Executing;
-        self.store.save_plan(&plan_body(&plan)?).await?;
+        self.store_plan_if(&plan, PlanStatus::Planned).await?;
         self.event(
             None,
             None,
@@ -286,9 +286,10 @@ impl Control {
                 plan.status.as_str()
             )));
         }
+        let was = plan.status;
         plan.status = PlanStatus::Cancelled;
         plan.message = Some("cancelled by an operator".into());
-        self.store.save_plan(&plan_body(&plan)?).await?;
+        self.store_plan_if(&plan, was).await?;
         self.event(None, None, &format!("consolidation plan {id} cancelled"))
             .await;
         Ok(plan)
@@ -304,11 +305,38 @@ impl Control {
             let mut plan = from_stored(&stored)?;
             let before = plan.clone();
             self.advance_plan(&mut plan).await?;
-            if plan != before {
-                self.store.save_plan(&plan_body(&plan)?).await?;
+            if plan != before
+                && !self
+                    .store
+                    .update_plan(&plan_body(&plan)?, PlanStatus::Executing.as_str())
+                    .await?
+            {
+                // Cancelled meanwhile: the cancel stands (a move it started finishes).
+                tracing::info!(plan = %plan.id, "consolidation plan changed meanwhile; its step is not recorded");
             }
         }
         Ok(())
+    }
+
+    /// Stores `plan` if its stored status is still `expected` (`Conflict` otherwise: an
+    /// execute, a cancel or a pass changed it meanwhile).
+    async fn store_plan_if(
+        &self,
+        plan: &ConsolidationPlan,
+        expected: PlanStatus,
+    ) -> Result<(), ControlError> {
+        if self
+            .store
+            .update_plan(&plan_body(plan)?, expected.as_str())
+            .await?
+        {
+            Ok(())
+        } else {
+            Err(ControlError::Conflict(format!(
+                "consolidation plan {} changed meanwhile; look again and retry",
+                plan.id
+            )))
+        }
     }
 
     async fn advance_plan(&self, plan: &mut ConsolidationPlan) -> Result<(), ControlError> {

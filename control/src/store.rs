@@ -650,6 +650,9 @@ pub struct StoredPlan {
 pub trait PlanStore: Send + Sync + 'static {
     /// Creates the plan or replaces it.
     async fn save_plan(&self, plan: &StoredPlan) -> Result<(), StoreError>;
+    /// Compare-and-set: stores the plan's status and body only if its stored status is
+    /// still `expected`; returns whether it did.
+    async fn update_plan(&self, plan: &StoredPlan, expected: &str) -> Result<bool, StoreError>;
     async fn get_plan(&self, id: &str) -> Result<StoredPlan, StoreError>;
     /// The newest plans first.
     async fn list_plans(&self, limit: u32) -> Result<Vec<StoredPlan>, StoreError>;

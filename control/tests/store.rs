@@ -360,4 +360,11 @@ async fn consolidation_plans_are_stored_and_listed_newest_first() {
         store.get_plan("nope").await,
         Err(StoreError::NotFound { .. })
     ));
+    // Compare-and-set: only from the status it was read in.
+    let mut p2 = store.get_plan("p2").await.expect("p2");
+    p2.status = "cancelled".into();
+    assert!(!store.update_plan(&p2, "executing").await.expect("checked"));
+    assert_eq!(store.get_plan("p2").await.expect("p2").status, "planned");
+    assert!(store.update_plan(&p2, "planned").await.expect("updated"));
+    assert_eq!(store.get_plan("p2").await.expect("p2").status, "cancelled");
 }

@@ -213,6 +213,21 @@ impl PlanStore for This {
         Ok(())
     }
 
+    async fn update_plan(&self, p: &StoredPlan, expected: &str) -> Result<bool, StoreError> {
+        let done = self
+            .write_one(
+                sqlx::query(
+                    "UPDATE consolidation_plans SET status = $1, body = $2 WHERE id = $3 AND status = $4",
+                )
+                .bind(&p.status)
+                .bind(&p.body)
+                .bind(&p.id)
+                .bind(expected),
+            )
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
     async fn get_plan(&self, id: &str) -> Result<StoredPlan, StoreError> {
         let row = sqlx::query(
             "SELECT id, pool, goal, status, created_at, body FROM consolidation_plans WHERE id = $1",
