@@ -175,7 +175,12 @@ fn MainNav(caller: Caller) -> impl IntoView {
             <A href="/consolidation">"Consolidation"</A>
             {admin.then(|| view! { <A href="/audit">"Audit log"</A> })}
         </nav>
-        <form class="whoami" method="post" action="/api/v1/session/end">
+        <form
+            class="whoami"
+            method="post"
+            action="/api/v1/session/end"
+            on:submit=|_| crate::live::stop()
+        >
             <span class="user" title="Signed in">{caller.name.clone()}</span>
             <span class=format!("badge role-{}", caller.role)>{caller.role.as_str()}</span>
             <button type="submit" class="link">"Sign out"</button>

@@ -25,6 +25,24 @@ pub fn provide_live(signed_in: crate::app::SignedIn) -> LiveTick {
     tick
 }
 
+/// Closes the event stream and stops counting: called as the page signs out, so no
+/// refetch races the session's end (it would be refused, and say so in the console).
+pub fn stop() {
+    #[cfg(feature = "hydrate")]
+    STREAM.with(|s| {
+        if let Some(source) = s.borrow_mut().take() {
+            source.set_onmessage(None);
+            source.close();
+        }
+    });
+}
+
+#[cfg(feature = "hydrate")]
+thread_local! {
+    static STREAM: std::cell::RefCell<Option<web_sys::EventSource>> =
+        const { std::cell::RefCell::new(None) };
+}
+
 /// The counter, for use as a resource source.
 pub fn use_live() -> impl Fn() -> u64 + Copy + Send + Sync + 'static {
     let tick = use_context::<LiveTick>().map(|t| t.0);
@@ -44,7 +62,8 @@ fn open_stream(tick: LiveTick) {
             tick.0.update(|n| *n += 1);
         });
     source.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
-    // Both live as long as the page: the browser reconnects the stream by itself.
+    // Both live as long as the page (or until `stop`): the browser reconnects the stream
+    // by itself.
     on_message.forget();
-    std::mem::forget(source);
+    STREAM.with(|s| *s.borrow_mut() = Some(source));
 }
