@@ -53,6 +53,20 @@ pub struct AgentConfig {
     pub log_retention: Duration,
     /// Run tasks as this user and group (uid, gid) instead of the agent's own.
     pub run_as: Option<(u32, u32)>,
+    /// How containers that have an image run.
+    pub containers: ContainerRuntime,
+}
+
+/// How containers that have an image run (`--runtime`); one without an image always
+/// runs as a process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ContainerRuntime {
+    /// Images are refused: the task fails with the reason in its log.
+    Process,
+    /// Through the Docker engine on this socket; the agent does not start without it.
+    Docker(PathBuf),
+    /// Docker where this socket answers when the agent starts, else as `Process`.
+    Auto(PathBuf),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -66,6 +80,8 @@ pub enum AgentError {
     /// The server URL or its TLS settings cannot be used.
     #[error("--server {server}: {why}")]
     Server { server: String, why: String },
+    #[error("--runtime docker: {0}")]
+    Docker(String),
     #[error("cannot keep credentials in {path}: {source}")]
     Credentials {
         path: String,
@@ -464,6 +480,34 @@ impl Agent {
         shutdown: impl std::future::Future<Output = ()>,
     ) -> Result<(), AgentError> {
         tokio::pin!(shutdown);
+        match self.config.containers.clone() {
+            ContainerRuntime::Process => {}
+            ContainerRuntime::Docker(socket) => {
+                let engine = crate::runtime::Engine::connect(&socket)
+                    .await
+                    .map_err(AgentError::Docker)?;
+                self.runtime
+                    .attach_engine(engine)
+                    .await
+                    .map_err(AgentError::Docker)?;
+                tracing::info!(socket = %socket.display(), "images run through Docker");
+            }
+            ContainerRuntime::Auto(socket) => {
+                match crate::runtime::Engine::connect(&socket).await {
+                    Ok(engine) => match self.runtime.attach_engine(engine).await {
+                        Ok(()) => {
+                            tracing::info!(socket = %socket.display(), "images run through Docker")
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "Docker answers but cannot list containers; images are refused")
+                        }
+                    },
+                    Err(e) => {
+                        tracing::info!(reason = %e, "no Docker engine; containers with an image are refused")
+                    }
+                }
+            }
+        }
         if let Some(m) = &mut self.mps {
             match m.start().await {
                 MpsHealth::Healthy => tracing::info!("MPS control daemon is up"),
@@ -647,6 +691,7 @@ mod tests {
             stop_tasks_on_exit: false,
             log_retention: Duration::from_secs(24 * 3600),
             run_as: None,
+            containers: ContainerRuntime::Process,
         }
     }
 

@@ -7,7 +7,8 @@
 //! - [`probe`]: the `GpuProbe` trait; `NvmlProbe` (inventory, health events, per-process
 //!   use) and `SimulatedProbe`.
 //! - [`mps`]: the MPS control daemon supervisor and its restart budget.
-//! - [`runtime`]: processes per task, capped logs, stop with SIGTERM/SIGKILL, re-adoption.
+//! - [`runtime`]: processes per task, capped logs, stop with SIGTERM/SIGKILL, re-adoption;
+//!   containers with an image through the Docker Engine API ([`runtime::docker`]).
 //! - [`agent`]: registration, the sync loop with backoff, and `AgentConfig`.
 
 #![forbid(unsafe_code)]
@@ -17,4 +18,4 @@ pub mod mps;
 pub mod probe;
 pub mod runtime;
 
-pub use agent::{Agent, AgentConfig, AgentError};
+pub use agent::{Agent, AgentConfig, AgentError, ContainerRuntime};

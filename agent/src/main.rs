@@ -5,7 +5,7 @@ use clap::Parser;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use tessera_agent::probe::{GpuProbe, NvmlProbe, SimulatedProbe};
-use tessera_agent::{Agent, AgentConfig};
+use tessera_agent::{Agent, AgentConfig, ContainerRuntime};
 use tessera_model::PoolName;
 use tracing_subscriber::EnvFilter;
 
@@ -68,9 +68,25 @@ struct Cli {
     /// agent's own user). `--run-as root` keeps root for tasks, and says so in the log.
     #[arg(long, env = "TESSERA_AGENT_RUN_AS")]
     run_as: Option<String>,
+    /// How containers with an image run: `docker` (the engine on --docker-socket; the
+    /// agent does not start without it), `process` (images refused), or `auto` (docker
+    /// where the socket answers). A container without an image always runs as a process.
+    #[arg(long, env = "TESSERA_AGENT_RUNTIME", value_enum, default_value_t = RuntimeArg::Auto)]
+    runtime: RuntimeArg,
+    /// The Docker engine's socket (default: `DOCKER_HOST`'s unix:// path, else
+    /// /var/run/docker.sock).
+    #[arg(long, env = "TESSERA_AGENT_DOCKER_SOCKET")]
+    docker_socket: Option<PathBuf>,
     /// Print the GPUs found (JSON) and exit.
     #[arg(long)]
     probe: bool,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum RuntimeArg {
+    Auto,
+    Docker,
+    Process,
 }
 
 #[tokio::main]
@@ -125,6 +141,17 @@ async fn main() -> anyhow::Result<()> {
         stop_tasks_on_exit: false,
         log_retention: std::time::Duration::from_secs(cli.log_retention_hours * 3600),
         run_as: task_user(cli.run_as.as_deref())?,
+        containers: {
+            let socket = cli
+                .docker_socket
+                .clone()
+                .unwrap_or_else(tessera_agent::runtime::default_socket);
+            match cli.runtime {
+                RuntimeArg::Auto => ContainerRuntime::Auto(socket),
+                RuntimeArg::Docker => ContainerRuntime::Docker(socket),
+                RuntimeArg::Process => ContainerRuntime::Process,
+            }
+        },
     })?;
     agent
         .run(async {

@@ -109,6 +109,12 @@ pub fn container_env(spec: &TaskDefinitionSpec, task: &Task) -> Vec<WantedContai
                 name: c.name.clone(),
                 image: c.image.clone(),
                 command: c.argv(),
+                entry_point_words: c.entry_point.len(),
+                cpu_milli: c.cpu_milli.0,
+                memory_mib: c.memory_mib.0,
+                // ECS: `memoryReservation` alone is a soft limit; `memory` a hard one.
+                memory_soft: !c.ecs.contains_key("memory")
+                    && c.ecs.contains_key("memoryReservation"),
                 env,
                 // The one place a secret's value leaves the control plane: the sync answer
                 // to the agent of the host that runs the task.
@@ -395,6 +401,17 @@ impl Control {
                     false
                 }
                 (Some(r), _) if r.running => false,
+                (Some(r), TaskState::Assigned) if r.pulling.is_some() => {
+                    let note = format!("pulling image {}", r.pulling.as_deref().unwrap_or(""));
+                    if t.placement_message.as_deref() != Some(note.as_str()) {
+                        self.store
+                            .set_placement_message(std::slice::from_ref(&t.id), &note)
+                            .await?;
+                        t.placement_message = Some(note);
+                        changed = true;
+                    }
+                    false
+                }
                 (Some(r), TaskState::Stopping) => {
                     self.store
                         .mark_task_stopped(&t.id, "stopped", r.exit_code, false)
@@ -403,7 +420,10 @@ impl Control {
                 }
                 (Some(r), _) => {
                     let code = r.exit_code.map_or("unknown".to_owned(), |c| c.to_string());
-                    let reason = format!("essential container exited with code {code}");
+                    let reason = match &r.error {
+                        Some(why) => format!("cannot start: {why}"),
+                        None => format!("essential container exited with code {code}"),
+                    };
                     let failed = r.exit_code != Some(0);
                     self.task_ended(t, host_id, &reason, r.exit_code, failed)
                         .await?;

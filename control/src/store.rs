@@ -435,7 +435,8 @@ pub trait TaskStore: Send + Sync + 'static {
         &self,
         commits: &[PlacementCommit],
     ) -> Result<Vec<String>, StoreError>;
-    /// Records why pending tasks could not be placed.
+    /// Records why pending tasks could not be placed, or what an assigned task's host is
+    /// doing before it runs; cleared when it runs.
     async fn set_placement_message(
         &self,
         task_ids: &[String],

@@ -321,6 +321,8 @@ mod tests {
             gpu_memory_mib: Some(MiB(peak - 1)),
             sm_percent: Some(sm),
             memory_errors: (errors > 0).then_some(errors),
+            pulling: None,
+            error: None,
         }
     }
 

@@ -252,6 +252,8 @@ pub async fn sync_with(
             sm_percent: None,
             gpu_memory_mib: None,
             memory_errors: None,
+            pulling: None,
+            error: None,
         })
         .collect();
     tasks.extend(exited.iter().map(|(id, code)| TaskReport {
@@ -262,6 +264,8 @@ pub async fn sync_with(
         sm_percent: None,
         gpu_memory_mib: None,
         memory_errors: None,
+        pulling: None,
+        error: None,
     }));
     control
         .sync_agent(

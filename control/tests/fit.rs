@@ -43,6 +43,8 @@ async fn report(c: &tessera_control::Control, h: &Host, peak: u64, sm: u32, erro
                     gpu_memory_mib: Some(MiB(peak - 100)),
                     sm_percent: Some(sm),
                     memory_errors: (errors > 0).then_some(errors),
+                    pulling: None,
+                    error: None,
                 })
                 .collect(),
         },

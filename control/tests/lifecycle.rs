@@ -437,6 +437,8 @@ async fn a_sync_that_changes_nothing_still_counts_and_new_use_or_gpus_are_record
                 sm_percent: Some(sm),
                 gpu_memory_mib: None,
                 memory_errors: None,
+                pulling: None,
+                error: None,
             })
             .collect(),
     };
@@ -485,5 +487,62 @@ async fn a_sync_that_changes_nothing_still_counts_and_new_use_or_gpus_are_record
             .iter()
             .all(|t| !t.containers[0].env["CUDA_VISIBLE_DEVICES"].contains(gone.uuid.as_str())),
         "no task left on the missing GPU in the answer"
+    );
+}
+
+#[tokio::test]
+async fn a_task_pulling_its_image_stays_assigned_and_says_so_and_a_refused_pull_fails_it() {
+    use tessera_model::agent::{MpsReport, SyncRequest, TaskReport};
+    let env = env(fast()).await;
+    let c = &env.control;
+    let a = host(c, "a", 1, 24).await;
+    let def = register_def(c, "infer", 10, 40).await;
+    service(c, "infer", &def, 1, DeploymentConfig::default()).await;
+    c.reconcile_once().await.expect("pass");
+    let assigned = tasks(c, "infer", &[TaskState::Assigned]).await;
+    assert_eq!(assigned.len(), 1);
+    let id = assigned[0].id.clone();
+    let report = |pulling: Option<&str>, error: Option<&str>| SyncRequest {
+        gpus: a.gpus.clone(),
+        mps: MpsReport {
+            healthy: true,
+            reason: None,
+            restarts: None,
+        },
+        tasks: vec![TaskReport {
+            task_id: id.clone(),
+            running: false,
+            exit_code: error.map(|_| 125),
+            gpu_memory_peak_mib: None,
+            sm_percent: None,
+            gpu_memory_mib: None,
+            memory_errors: None,
+            pulling: pulling.map(str::to_owned),
+            error: error.map(str::to_owned),
+        }],
+    };
+    let answer = c
+        .sync_agent(&a.id, &report(Some("registry.example/llm:1"), None))
+        .await
+        .expect("sync");
+    assert_eq!(answer.tasks.len(), 1, "still wanted while it pulls");
+    let t = c.get_task(&id).await.expect("task");
+    assert_eq!(t.state, TaskState::Assigned);
+    assert_eq!(
+        t.placement_message.as_deref(),
+        Some("pulling image registry.example/llm:1")
+    );
+    let why = "pull access denied for registry.example/llm";
+    let answer = c
+        .sync_agent(&a.id, &report(None, Some(why)))
+        .await
+        .expect("sync");
+    assert!(answer.tasks.is_empty());
+    let t = c.get_task(&id).await.expect("task");
+    assert_eq!(t.state, TaskState::Stopped);
+    assert_eq!(t.exit_code, Some(125));
+    assert_eq!(
+        t.stop_reason.as_deref(),
+        Some(format!("cannot start: {why}").as_str())
     );
 }

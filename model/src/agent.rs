@@ -111,6 +111,18 @@ pub struct TaskReport {
     #[serde(default)]
     #[cfg_attr(feature = "openapi", schema(maximum = 1_000_000))]
     pub memory_errors: Option<u32>,
+    /// Not running yet: its image is being pulled (this image).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(max_length = 512))]
+    pub pulling: Option<String>,
+    /// Why it could not start, or ended (a refused pull: the registry's reason).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(max_length = 2048))]
+    pub error: Option<String>,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// `POST /agent/v1/sync`.
@@ -137,6 +149,21 @@ pub struct WantedContainer {
     pub image: Option<String>,
     /// What runs: the definition's entry point, then its command.
     pub command: Vec<String>,
+    /// How many of `command`'s first words are the entry point (for an image they replace
+    /// its `ENTRYPOINT`, the rest its `CMD`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub entry_point_words: usize,
+    /// CPU the container may use, in thousandths of a core: a hard cap where the runtime
+    /// can enforce one (containers).
+    #[serde(default)]
+    pub cpu_milli: u64,
+    /// Memory the container may use, in MiB.
+    #[serde(default)]
+    pub memory_mib: u64,
+    /// The memory was given as a reservation only (ECS `memoryReservation`): a soft
+    /// limit, not a hard one.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub memory_soft: bool,
     /// The task's own variables plus `CUDA_VISIBLE_DEVICES`, and for MPS slots
     /// `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` and `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`.
     /// The agent adds `CUDA_MPS_PIPE_DIRECTORY`, which only it knows.
@@ -309,6 +336,17 @@ impl SyncRequest {
                     field: format!("tasks[{i}].memory_errors"),
                     message: "must be at most 1000000".into(),
                 });
+            }
+            for (name, value, max) in [("pulling", &t.pulling, 512), ("error", &t.error, 2048)] {
+                if value
+                    .as_deref()
+                    .is_some_and(|v| v.chars().count() > max || v.contains('\0'))
+                {
+                    errors.push(FieldError {
+                        field: format!("tasks[{i}].{name}"),
+                        message: format!("must be at most {max} characters without NUL"),
+                    });
+                }
             }
         }
         if self

@@ -260,7 +260,8 @@ pub struct Task {
     pub migrating: bool,
     pub host: Option<HostId>,
     pub allocations: Vec<GpuAllocation>,
-    /// For a pending task: why it could not be placed yet.
+    /// For a pending task: why it could not be placed yet; for an assigned one, what its
+    /// host is doing before it runs (pulling its image).
     pub placement_message: Option<String>,
     pub stop_reason: Option<String>,
     pub exit_code: Option<i32>,

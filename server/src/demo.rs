@@ -199,6 +199,7 @@ pub async fn run_agents(
             log_retention: std::time::Duration::from_secs(3600),
             // The demo's tasks are `sleep`s, run as the server's own user.
             run_as: None,
+            containers: tessera_agent::ContainerRuntime::Process,
         })?;
         let mut stop = shutdown.clone();
         handles.push(tokio::spawn(agent.run(async move {

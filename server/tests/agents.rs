@@ -118,6 +118,7 @@ fn agent_config(c: &Cluster, name: &str) -> AgentConfig {
         stop_tasks_on_exit: true,
         log_retention: Duration::from_secs(3600),
         run_as: None,
+        containers: tessera_agent::ContainerRuntime::Process,
     }
 }
 

@@ -12,9 +12,13 @@
 //! the new group is never signalled nor taken for the task. The state file
 //! (written atomically, owner-only) keeps what `/proc` cannot tell: stop timeouts.
 
+pub mod docker;
 mod procfs;
 #[cfg(test)]
 mod tests;
+
+use docker::Phase;
+pub use docker::{Engine, default_socket};
 
 use procfs::*;
 
@@ -139,6 +143,10 @@ enum Ending {
 
 struct Task {
     procs: Vec<Proc>,
+    /// Containers with an image, under the Docker engine.
+    boxes: Vec<docker::Boxed>,
+    /// Why it could not start (a refused pull, an engine's error).
+    error: Option<String>,
     /// Environment of its first GPU container, for measuring use.
     env: BTreeMap<String, String>,
     stop_timeout: Duration,
@@ -188,9 +196,12 @@ pub struct Runtime {
     run_as: Option<(u32, u32)>,
     log_cap: u64,
     mps_pipe_dir: Option<PathBuf>,
+    /// Runs containers that have an image; without it they are refused.
+    engine: Option<Engine>,
     tasks: BTreeMap<String, Task>,
-    /// Tasks that exited on their own, with their code, until the server has heard.
-    ended: BTreeMap<String, Option<i32>>,
+    /// Tasks that exited on their own, with their code and why they could not start,
+    /// until the server has heard.
+    ended: BTreeMap<String, (Option<i32>, Option<String>)>,
 }
 
 impl Runtime {
@@ -217,6 +228,7 @@ impl Runtime {
             run_as: None,
             log_cap,
             mps_pipe_dir,
+            engine: None,
             tasks: BTreeMap::new(),
             ended: BTreeMap::new(),
         };
@@ -252,6 +264,8 @@ impl Runtime {
                             born: group_born(pgid),
                         })
                         .collect(),
+                    boxes: Vec::new(),
+                    error: None,
                     env,
                     stop_timeout,
                     ending: None,
@@ -260,6 +274,53 @@ impl Runtime {
         }
         runtime.save();
         Ok(runtime)
+    }
+
+    /// Runs containers that have an image through `engine` from now on, re-adopting the
+    /// containers a previous run of this agent left (running or ended while it was away).
+    pub async fn attach_engine(&mut self, engine: Engine) -> Result<(), String> {
+        let saved: Saved = std::fs::read(&self.state_file)
+            .ok()
+            .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+            .unwrap_or_default();
+        for (task_id, name, docker_name) in engine.marked(&self.mark).await? {
+            tracing::info!(task = %task_id, container = %name, "re-adopted a container left by the previous agent");
+            let logs = self.log_files(&task_id, &name);
+            let boxed = docker::Boxed::adopt(&engine, name, docker_name, logs);
+            let stop_timeout = saved
+                .tasks
+                .get(&task_id)
+                .map_or(Duration::from_secs(10), |t| {
+                    Duration::from_secs(t.stop_timeout_secs.max(1))
+                });
+            self.tasks
+                .entry(task_id)
+                .or_insert_with(|| Task {
+                    procs: Vec::new(),
+                    boxes: Vec::new(),
+                    error: None,
+                    env: BTreeMap::new(),
+                    stop_timeout,
+                    ending: None,
+                })
+                .boxes
+                .push(boxed);
+        }
+        self.engine = Some(engine);
+        self.save();
+        Ok(())
+    }
+
+    fn log_files(&self, task_id: &str, container: &str) -> docker::LogFiles {
+        let dir = self.dir.join(task_id);
+        if let Err(e) = std::fs::create_dir_all(&dir) {
+            tracing::error!(task = %task_id, error = %e, "cannot create the task's log directory");
+        }
+        docker::LogFiles {
+            out: dir.join(format!("{container}.log")),
+            err: dir.join(format!("{container}.err.log")),
+            cap: self.log_cap,
+        }
     }
 
     /// Tasks run as this user and group (the agent must be root to switch), from `/` so
@@ -306,9 +367,7 @@ impl Runtime {
         for (id, t) in &mut self.tasks {
             if t.ending.is_none() && !ids.contains(id.as_str()) {
                 tracing::info!(task = %id, "stopping a task the server no longer wants");
-                for p in &t.procs {
-                    p.signal(Signal::SIGTERM);
-                }
+                t.terminate();
                 t.ending = Some((Ending::Requested, now + t.stop_timeout));
             }
         }
@@ -323,9 +382,43 @@ impl Runtime {
             tracing::error!(task = %w.task_id, error = %e, "cannot create the task's log directory");
         }
         let mut procs = Vec::new();
+        let mut boxes = Vec::new();
         let mut failed = None;
         for (i, c) in w.containers.iter().enumerate() {
-            // This runtime starts processes; an image needs a container engine.
+            if let (Some(image), Some(engine)) = (&c.image, &self.engine) {
+                let entry = c.entry_point_words.min(c.command.len());
+                let launch = docker::Launch {
+                    task_id: w.task_id.clone(),
+                    name: c.name.clone(),
+                    image: image.clone(),
+                    entry_point: c.command[..entry].to_vec(),
+                    command: c.command[entry..].to_vec(),
+                    env: container_environment(w, i, self.mps_pipe_dir.as_deref()),
+                    gpus: c
+                        .env
+                        .get("CUDA_VISIBLE_DEVICES")
+                        .map(|v| {
+                            v.split(',')
+                                .filter(|g| !g.is_empty())
+                                .map(str::to_owned)
+                                .collect()
+                        })
+                        .unwrap_or_default(),
+                    mps_pipe_dir: if w.mps {
+                        self.mps_pipe_dir.clone()
+                    } else {
+                        None
+                    },
+                    cpu_milli: c.cpu_milli,
+                    memory_mib: c.memory_mib,
+                    memory_soft: c.memory_soft,
+                    mark: self.mark.clone(),
+                };
+                let logs = self.log_files(&w.task_id, &c.name);
+                boxes.push(docker::Boxed::launch(engine, launch, logs));
+                continue;
+            }
+            // Without an engine this runtime starts processes only.
             if let Some(image) = &c.image {
                 tracing::warn!(task = %w.task_id, container = %c.name, %image, "a container image needs a container runtime");
                 let _ = std::fs::write(
@@ -400,17 +493,20 @@ impl Runtime {
         let stop_timeout = Duration::from_secs(u64::from(w.stop_timeout_secs.max(1)));
         let mut task = Task {
             procs,
+            boxes,
+            error: None,
             env,
             stop_timeout,
             ending: None,
         };
         if let Some(code) = failed {
-            for p in &task.procs {
-                p.signal(Signal::SIGKILL);
+            task.kill();
+            for b in &task.boxes {
+                b.stop(Duration::from_secs(1));
             }
             task.ending = Some((Ending::Exited(Some(code)), Instant::now()));
         } else {
-            tracing::info!(task = %w.task_id, containers = task.procs.len(), "task started");
+            tracing::info!(task = %w.task_id, processes = task.procs.len(), containers = task.boxes.len(), "task started");
         }
         self.tasks.insert(w.task_id.clone(), task);
     }
@@ -445,29 +541,42 @@ impl Runtime {
                     all_done = false;
                 }
             }
+            for b in &t.boxes {
+                let phase = b.phase();
+                match &phase {
+                    Phase::Exited(code) if first_exit.is_none() => {
+                        first_exit = Some((b.name.clone(), *code));
+                    }
+                    // Docker's code for a container that could not run.
+                    Phase::Failed(why) if first_exit.is_none() => {
+                        t.error.get_or_insert_with(|| why.clone());
+                        first_exit = Some((b.name.clone(), Some(125)));
+                    }
+                    _ => {}
+                }
+                if !phase.ended() {
+                    all_done = false;
+                }
+            }
             if t.ending.is_none()
                 && let Some((name, code)) = &first_exit
             {
                 tracing::info!(task = %id, container = %name, ?code, "container exited; stopping the task");
-                for p in &t.procs {
-                    p.signal(Signal::SIGTERM);
-                }
+                t.terminate();
                 t.ending = Some((Ending::Exited(*code), now + t.stop_timeout));
             }
             if let Some((ending, deadline)) = t.ending {
                 if all_done {
-                    gone.push((id.clone(), ending));
+                    gone.push((id.clone(), ending, t.error.clone()));
                 } else if now >= deadline {
-                    for p in &t.procs {
-                        p.signal(Signal::SIGKILL);
-                    }
+                    t.kill();
                 }
             }
         }
-        for (id, ending) in gone {
+        for (id, ending, error) in gone {
             self.tasks.remove(&id);
             if let Ending::Exited(code) = ending {
-                self.ended.insert(id, code);
+                self.ended.insert(id, (code, error));
             }
         }
         self.save();
@@ -475,35 +584,59 @@ impl Runtime {
 
     /// What to tell the server: tasks running, and tasks that exited on their own.
     pub fn reports(&self) -> Vec<TaskReport> {
+        let report = |task_id: &str| TaskReport {
+            task_id: task_id.to_owned(),
+            running: false,
+            exit_code: None,
+            gpu_memory_peak_mib: None,
+            sm_percent: None,
+            gpu_memory_mib: None,
+            memory_errors: None,
+            pulling: None,
+            error: None,
+        };
+        // A task whose containers are still being created is not reported yet (the
+        // server keeps it assigned); one pulling its image says so.
         let running = self
             .tasks
             .iter()
             .filter(|(_, t)| t.ending.is_none())
-            .map(|(id, _)| TaskReport {
-                task_id: id.clone(),
-                running: true,
-                exit_code: None,
-                gpu_memory_peak_mib: None,
-                sm_percent: None,
-                gpu_memory_mib: None,
-                memory_errors: None,
+            .filter_map(|(id, t)| {
+                let phases: Vec<Phase> = t.boxes.iter().map(docker::Boxed::phase).collect();
+                let pulling = phases.iter().find_map(|p| match p {
+                    Phase::Pulling(image) => Some(image.clone()),
+                    _ => None,
+                });
+                if pulling.is_some() {
+                    return Some(TaskReport {
+                        pulling,
+                        ..report(id)
+                    });
+                }
+                if phases.contains(&Phase::Starting) {
+                    return None;
+                }
+                Some(TaskReport {
+                    running: true,
+                    ..report(id)
+                })
             });
         let exited = self
             .tasks
             .iter()
             .filter_map(|(id, t)| match t.ending {
-                Some((Ending::Exited(code), _)) => Some((id.clone(), code)),
+                Some((Ending::Exited(code), _)) => Some((id.clone(), code, t.error.clone())),
                 _ => None,
             })
-            .chain(self.ended.iter().map(|(id, code)| (id.clone(), *code)))
-            .map(|(task_id, exit_code)| TaskReport {
-                task_id,
-                running: false,
+            .chain(
+                self.ended
+                    .iter()
+                    .map(|(id, (code, error))| (id.clone(), *code, error.clone())),
+            )
+            .map(|(task_id, exit_code, error)| TaskReport {
                 exit_code,
-                gpu_memory_peak_mib: None,
-                sm_percent: None,
-                gpu_memory_mib: None,
-                memory_errors: None,
+                error,
+                ..report(&task_id)
             });
         running.chain(exited).collect()
     }
@@ -515,7 +648,15 @@ impl Runtime {
             .filter(|(_, t)| t.ending.is_none())
             .map(|(id, t)| TaskProcesses {
                 task_id: id.clone(),
-                pids: t.procs.iter().map(|p| p.pgid as u32).collect(),
+                pids: t
+                    .procs
+                    .iter()
+                    .map(|p| p.pgid as u32)
+                    .chain(t.boxes.iter().filter_map(|b| match b.phase() {
+                        Phase::Running(pid) => pid,
+                        _ => None,
+                    }))
+                    .collect(),
                 env: t.env.clone(),
             })
             .collect()
@@ -567,51 +708,105 @@ impl Runtime {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         for t in self.tasks.values() {
-            for p in &t.procs {
-                p.signal(Signal::SIGKILL);
-            }
+            t.kill();
         }
     }
 }
 
-/// Copies a process's output to `path`, starting over (keeping one `.1` file) whenever the
-/// file would exceed `cap` bytes.
-async fn copy_capped(mut from: impl AsyncRead + Unpin, path: PathBuf, cap: u64) {
-    async fn open(p: &Path) -> std::io::Result<tokio::fs::File> {
-        tokio::fs::OpenOptions::new()
+impl Task {
+    /// SIGTERM to its processes; its containers are stopped with its stop timeout.
+    fn terminate(&self) {
+        for p in &self.procs {
+            p.signal(Signal::SIGTERM);
+        }
+        for b in &self.boxes {
+            b.stop(self.stop_timeout);
+        }
+    }
+
+    /// SIGKILL to everything of it that is left.
+    fn kill(&self) {
+        for p in &self.procs {
+            p.signal(Signal::SIGKILL);
+        }
+        for b in &self.boxes {
+            b.kill();
+        }
+    }
+}
+
+/// A task's log file that starts over (keeping one `.1` file) whenever it would exceed
+/// its cap; opened on the first write.
+pub(crate) struct CappedLog {
+    path: PathBuf,
+    cap: u64,
+    file: Option<tokio::fs::File>,
+    written: u64,
+}
+
+impl CappedLog {
+    pub(crate) fn new(path: PathBuf, cap: u64) -> CappedLog {
+        CappedLog {
+            path,
+            cap: cap.max(1),
+            file: None,
+            written: 0,
+        }
+    }
+
+    async fn open(&mut self) -> std::io::Result<()> {
+        let f = tokio::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(p)
-            .await
+            .open(&self.path)
+            .await?;
+        self.written = f.metadata().await.map_or(0, |m| m.len());
+        self.file = Some(f);
+        Ok(())
     }
-    let Ok(mut file) = open(&path).await else {
-        return;
-    };
-    let mut written = file.metadata().await.map_or(0, |m| m.len());
+
+    pub(crate) async fn write(&mut self, mut chunk: &[u8]) -> std::io::Result<()> {
+        if self.file.is_none() {
+            self.open().await?;
+        }
+        while !chunk.is_empty() {
+            if self.written >= self.cap {
+                self.flush().await;
+                let _ = tokio::fs::rename(&self.path, self.path.with_extension("log.1")).await;
+                self.open().await?;
+            }
+            let take = chunk.len().min((self.cap - self.written) as usize);
+            let Some(file) = &mut self.file else {
+                return Ok(());
+            };
+            file.write_all(&chunk[..take]).await?;
+            self.written += take as u64;
+            chunk = &chunk[take..];
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn flush(&mut self) {
+        if let Some(f) = &mut self.file {
+            let _ = f.flush().await;
+        }
+    }
+}
+
+/// Copies a process's output to a capped log at `path`.
+async fn copy_capped(mut from: impl AsyncRead + Unpin, path: PathBuf, cap: u64) {
+    let mut log = CappedLog::new(path, cap);
     let mut buf = vec![0u8; 8192];
     loop {
         let n = match from.read(&mut buf).await {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
-        let mut chunk = &buf[..n];
-        while !chunk.is_empty() {
-            if written >= cap {
-                let _ = file.flush().await;
-                let _ = tokio::fs::rename(&path, path.with_extension("log.1")).await;
-                let Ok(f) = open(&path).await else { return };
-                file = f;
-                written = 0;
-            }
-            let take = chunk.len().min((cap - written) as usize);
-            if file.write_all(&chunk[..take]).await.is_err() {
-                return;
-            }
-            written += take as u64;
-            chunk = &chunk[take..];
+        if log.write(&buf[..n]).await.is_err() {
+            return;
         }
     }
-    let _ = file.flush().await;
+    log.flush().await;
 }
 
 /// The environment container `container` of `w` runs with: a few of the agent's own
@@ -626,7 +821,19 @@ pub fn task_environment(
         .iter()
         .filter_map(|k| std::env::var(k).ok().map(|v| ((*k).to_owned(), v)))
         .collect();
-    env.extend(w.containers[container].env.clone());
+    env.extend(container_environment(w, container, pipe_dir));
+    env
+}
+
+/// What a container gets whether it runs as a process or from an image (which brings
+/// its own `PATH` and `HOME`): the task's variables and secrets, its id, and for MPS
+/// tasks the daemon's pipe directory.
+pub fn container_environment(
+    w: &WantedTask,
+    container: usize,
+    pipe_dir: Option<&Path>,
+) -> BTreeMap<String, String> {
+    let mut env = w.containers[container].env.clone();
     env.extend(w.containers[container].secrets.0.clone());
     env.insert(TASK_ID.into(), w.task_id.clone());
     if let (true, Some(pipe)) = (w.mps, pipe_dir) {

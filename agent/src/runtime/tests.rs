@@ -8,6 +8,10 @@ fn wanted(id: &str, command: &[&str], mps: bool) -> WantedTask {
             name: "main".into(),
             image: None,
             command: command.iter().map(|s| (*s).to_owned()).collect(),
+            entry_point_words: 0,
+            cpu_milli: 0,
+            memory_mib: 0,
+            memory_soft: false,
             env: BTreeMap::from([
                 ("CUDA_VISIBLE_DEVICES".to_owned(), "GPU-1".to_owned()),
                 (
@@ -381,6 +385,8 @@ fn remembered(pgid: i32, born: Option<u64>) -> Task {
             exit: None,
             born,
         }],
+        boxes: Vec::new(),
+        error: None,
         env: BTreeMap::new(),
         stop_timeout: Duration::from_millis(100),
         ending: None,

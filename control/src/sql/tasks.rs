@@ -359,7 +359,7 @@ impl TaskStore for This {
         for chunk in task_ids.chunks(500) {
             let mut q = QueryBuilder::<Db>::new("UPDATE tasks SET placement_message = ");
             q.push_bind(message)
-                .push(" WHERE state = 'pending' AND id IN (");
+                .push(" WHERE state IN ('pending', 'assigned') AND id IN (");
             let mut sep = q.separated(", ");
             for id in chunk {
                 sep.push_bind(id);
@@ -373,7 +373,7 @@ impl TaskStore for This {
 
     async fn mark_task_running(&self, id: &str) -> Result<(), StoreError> {
         self.write_one(sqlx::query(&format!(
-            "UPDATE tasks SET state = 'running', started_at = COALESCE(started_at, {NOW}) WHERE id = $1 AND state = 'assigned'"
+            "UPDATE tasks SET state = 'running', placement_message = NULL, started_at = COALESCE(started_at, {NOW}) WHERE id = $1 AND state = 'assigned'"
         ))
         .bind(id)
         )

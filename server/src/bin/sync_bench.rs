@@ -104,6 +104,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 sm_percent: Some(10),
                 gpu_memory_mib: None,
                 memory_errors: None,
+                pulling: None,
+                error: None,
             });
         }
     }

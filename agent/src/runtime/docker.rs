@@ -1,0 +1,574 @@
+//! Containers that have an image run through the Docker Engine API (the host's socket):
+//! pulled first, created with their task's GPU (a device request by UUID, for the NVIDIA
+//! container runtime), limits and labels, started, their output copied to the task's
+//! capped logs, waited for, and removed once they end.
+//!
+//! Each container carries labels that tie it to this agent and its task; its name is
+//! derived from both, so a restarted agent re-adopts what runs under its labels instead
+//! of starting it twice, and what it finds of tasks the server no longer wants is stopped
+//! and removed like any other task.
+
+use super::CappedLog;
+use bollard::container::LogOutput;
+use bollard::models::{ContainerCreateBody, DeviceRequest, HostConfig};
+use bollard::query_parameters::{
+    CreateContainerOptions, CreateImageOptions, InspectContainerOptions, KillContainerOptions,
+    ListContainersOptions, LogsOptions, RemoveContainerOptions, StopContainerOptions,
+    WaitContainerOptions,
+};
+use futures_util::StreamExt;
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::task::JoinHandle;
+
+/// Which agent a container belongs to (the same mark its processes carry).
+pub const LABEL_MARK: &str = "tessera.agent-mark";
+/// The task a container belongs to.
+pub const LABEL_TASK: &str = "tessera.task-id";
+/// The container's name in its task definition.
+pub const LABEL_CONTAINER: &str = "tessera.container";
+
+/// The Docker engine this agent runs images with.
+#[derive(Clone)]
+pub struct Engine {
+    docker: bollard::Docker,
+    socket: PathBuf,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("socket", &self.socket)
+            .finish()
+    }
+}
+
+/// The socket `DOCKER_HOST` names (`unix://PATH`), else Docker's default.
+pub fn default_socket() -> PathBuf {
+    std::env::var("DOCKER_HOST")
+        .ok()
+        .and_then(|h| h.strip_prefix("unix://").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from("/var/run/docker.sock"))
+}
+
+impl Engine {
+    /// Connects to the engine on `socket` and checks that it answers.
+    pub async fn connect(socket: &Path) -> Result<Engine, String> {
+        let docker = bollard::Docker::connect_with_unix(
+            &socket.display().to_string(),
+            120,
+            bollard::API_DEFAULT_VERSION,
+        )
+        .map_err(|e| format!("{}: {e}", socket.display()))?;
+        match tokio::time::timeout(Duration::from_secs(5), docker.ping()).await {
+            Ok(Ok(_)) => Ok(Engine {
+                docker,
+                socket: socket.to_path_buf(),
+            }),
+            Ok(Err(e)) => Err(format!("{} does not answer: {e}", socket.display())),
+            Err(_) => Err(format!("{} does not answer within 5 s", socket.display())),
+        }
+    }
+
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// This agent's containers, by task: `(task id, container name, Docker name)`.
+    pub async fn marked(&self, mark: &str) -> Result<Vec<(String, String, String)>, String> {
+        let filters = HashMap::from([("label".to_owned(), vec![format!("{LABEL_MARK}={mark}")])]);
+        let list = self
+            .docker
+            .list_containers(Some(ListContainersOptions {
+                all: true,
+                filters: Some(filters),
+                ..Default::default()
+            }))
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(list
+            .into_iter()
+            .filter_map(|c| {
+                let labels = c.labels?;
+                // The engine filters; a container without our mark is never taken anyway.
+                if labels.get(LABEL_MARK).map(String::as_str) != Some(mark) {
+                    return None;
+                }
+                let name = c.names?.first()?.trim_start_matches('/').to_owned();
+                Some((
+                    labels.get(LABEL_TASK)?.clone(),
+                    labels.get(LABEL_CONTAINER)?.clone(),
+                    name,
+                ))
+            })
+            .collect())
+    }
+
+    /// Pulls `image`; the error is the registry's (or the engine's) reason.
+    async fn pull(&self, image: &str) -> Result<(), String> {
+        let (from_image, tag) = split_tag(image);
+        let mut progress = self.docker.create_image(
+            Some(CreateImageOptions {
+                from_image: Some(from_image.to_owned()),
+                tag: Some(tag.to_owned()),
+                ..Default::default()
+            }),
+            None,
+            None,
+        );
+        while let Some(item) = progress.next().await {
+            item.map_err(|e| reason(&e))?;
+        }
+        Ok(())
+    }
+
+    async fn remove(&self, docker_name: &str) {
+        let removed = self
+            .docker
+            .remove_container(
+                docker_name,
+                Some(RemoveContainerOptions {
+                    force: true,
+                    ..Default::default()
+                }),
+            )
+            .await;
+        match removed {
+            Ok(()) => {}
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => {}
+            Err(e) => {
+                tracing::warn!(container = %docker_name, error = %e, "cannot remove a container")
+            }
+        }
+    }
+}
+
+/// `registry/name:tag` (or `name@digest`) into what the pull asks for; no tag is `latest`.
+fn split_tag(image: &str) -> (&str, &str) {
+    if image.contains('@') {
+        return (image, "");
+    }
+    let slash = image.rfind('/').map_or(0, |i| i + 1);
+    match image[slash..].rfind(':') {
+        Some(i) => (&image[..slash + i], &image[slash + i + 1..]),
+        None => (image, "latest"),
+    }
+}
+
+/// The engine's message, without bollard's wrapping.
+fn reason(e: &bollard::errors::Error) -> String {
+    match e {
+        bollard::errors::Error::DockerResponseServerError { message, .. } => message.clone(),
+        bollard::errors::Error::DockerStreamError { error } => error.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// What one container of a task runs.
+#[derive(Debug, Clone)]
+pub struct Launch {
+    pub task_id: String,
+    /// Its name in the task definition.
+    pub name: String,
+    pub image: String,
+    /// Replaces the image's `ENTRYPOINT` when not empty.
+    pub entry_point: Vec<String>,
+    /// Replaces the image's `CMD` when not empty.
+    pub command: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    /// GPUs by UUID; none for a task without GPUs.
+    pub gpus: Vec<String>,
+    /// The MPS daemon's pipe directory, for an MPS task.
+    pub mps_pipe_dir: Option<PathBuf>,
+    pub cpu_milli: u64,
+    pub memory_mib: u64,
+    pub memory_soft: bool,
+    /// The agent's mark.
+    pub mark: String,
+}
+
+/// The container's name on the engine: this agent's and the task's (one per task and
+/// container, so a second create of the same container is refused by the engine).
+pub fn docker_name(mark: &str, task_id: &str, container: &str) -> String {
+    let clean = |s: &str| -> String {
+        s.chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect()
+    };
+    let mark: String = mark.chars().take(8).collect();
+    format!(
+        "tessera-{}-{}-{}",
+        clean(&mark),
+        clean(task_id),
+        clean(container)
+    )
+}
+
+impl Launch {
+    /// The create request the engine gets.
+    pub fn body(&self) -> ContainerCreateBody {
+        let env: Vec<String> = self.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let labels = HashMap::from([
+            (LABEL_MARK.to_owned(), self.mark.clone()),
+            (LABEL_TASK.to_owned(), self.task_id.clone()),
+            (LABEL_CONTAINER.to_owned(), self.name.clone()),
+        ]);
+        let mib = |m: u64| i64::try_from(m.saturating_mul(1024 * 1024)).unwrap_or(i64::MAX);
+        let mut host = HostConfig {
+            // The reservation placement counted is the most it may use.
+            nano_cpus: (self.cpu_milli > 0)
+                .then(|| i64::try_from(self.cpu_milli * 1_000_000).unwrap_or(i64::MAX)),
+            ..Default::default()
+        };
+        if self.memory_mib > 0 {
+            if self.memory_soft {
+                host.memory_reservation = Some(mib(self.memory_mib));
+            } else {
+                host.memory = Some(mib(self.memory_mib));
+            }
+        }
+        if !self.gpus.is_empty() {
+            host.device_requests = Some(vec![DeviceRequest {
+                driver: Some("nvidia".into()),
+                device_ids: Some(self.gpus.clone()),
+                capabilities: Some(vec![vec!["gpu".into()]]),
+                ..Default::default()
+            }]);
+        }
+        if let Some(pipe) = &self.mps_pipe_dir {
+            // MPS clients reach the daemon through its pipes and shared memory.
+            let p = pipe.display().to_string();
+            host.binds = Some(vec![format!("{p}:{p}")]);
+            host.ipc_mode = Some("host".into());
+        }
+        ContainerCreateBody {
+            image: Some(self.image.clone()),
+            entrypoint: (!self.entry_point.is_empty()).then(|| self.entry_point.clone()),
+            cmd: (!self.command.is_empty()).then(|| self.command.clone()),
+            env: Some(env),
+            labels: Some(labels),
+            host_config: Some(host),
+            ..Default::default()
+        }
+    }
+}
+
+/// Where a container stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Phase {
+    /// Its image is being pulled.
+    Pulling(String),
+    /// Being created and started.
+    Starting,
+    /// Running; its main process on the host, once known.
+    Running(Option<u32>),
+    /// Ended and removed, with its exit code when known.
+    Exited(Option<i32>),
+    /// Could not start: why.
+    Failed(String),
+}
+
+impl Phase {
+    pub fn ended(&self) -> bool {
+        matches!(self, Phase::Exited(_) | Phase::Failed(_))
+    }
+}
+
+/// One container under the engine, and the task that drives it.
+pub struct Boxed {
+    pub name: String,
+    docker_name: String,
+    engine: Engine,
+    phase: Arc<Mutex<Phase>>,
+    driver: JoinHandle<()>,
+}
+
+/// Where a container's output goes.
+#[derive(Debug, Clone)]
+pub struct LogFiles {
+    pub out: PathBuf,
+    pub err: PathBuf,
+    pub cap: u64,
+}
+
+impl Boxed {
+    /// Pulls, creates and starts the container, in the background.
+    pub fn launch(engine: &Engine, launch: Launch, logs: LogFiles) -> Boxed {
+        let docker_name = docker_name(&launch.mark, &launch.task_id, &launch.name);
+        let phase = Arc::new(Mutex::new(Phase::Pulling(launch.image.clone())));
+        let driver = tokio::spawn(drive(
+            engine.clone(),
+            docker_name.clone(),
+            launch.clone(),
+            phase.clone(),
+            logs,
+        ));
+        Boxed {
+            name: launch.name,
+            docker_name,
+            engine: engine.clone(),
+            phase,
+            driver,
+        }
+    }
+
+    /// Takes over a container a previous run of the agent started.
+    pub fn adopt(engine: &Engine, name: String, docker_name: String, logs: LogFiles) -> Boxed {
+        let phase = Arc::new(Mutex::new(Phase::Starting));
+        let driver = tokio::spawn(watch(
+            engine.clone(),
+            docker_name.clone(),
+            phase.clone(),
+            logs,
+            true,
+        ));
+        Boxed {
+            name,
+            docker_name,
+            engine: engine.clone(),
+            phase,
+            driver,
+        }
+    }
+
+    pub fn phase(&self) -> Phase {
+        self.phase.lock().expect("not poisoned").clone()
+    }
+
+    /// Asks it to stop: the engine sends SIGTERM, then SIGKILL after `timeout`. One that
+    /// has not started yet is abandoned and removed.
+    pub fn stop(&self, timeout: Duration) {
+        let engine = self.engine.clone();
+        let name = self.docker_name.clone();
+        match self.phase() {
+            Phase::Pulling(_) | Phase::Starting => {
+                self.driver.abort();
+                *self.phase.lock().expect("not poisoned") = Phase::Exited(None);
+                tokio::spawn(async move { engine.remove(&name).await });
+            }
+            Phase::Running(_) => {
+                let t = i32::try_from(timeout.as_secs()).unwrap_or(i32::MAX);
+                tokio::spawn(async move {
+                    let stopped = engine
+                        .docker
+                        .stop_container(
+                            &name,
+                            Some(StopContainerOptions {
+                                t: Some(t),
+                                signal: None,
+                            }),
+                        )
+                        .await;
+                    if let Err(e) = stopped {
+                        tracing::warn!(container = %name, error = %reason(&e), "cannot stop a container");
+                    }
+                });
+            }
+            Phase::Exited(_) | Phase::Failed(_) => {}
+        }
+    }
+
+    /// Kills it now (the stop timeout has passed).
+    pub fn kill(&self) {
+        if !matches!(self.phase(), Phase::Running(_)) {
+            return;
+        }
+        let engine = self.engine.clone();
+        let name = self.docker_name.clone();
+        tokio::spawn(async move {
+            let _ = engine
+                .docker
+                .kill_container(
+                    &name,
+                    Some(KillContainerOptions {
+                        signal: "SIGKILL".into(),
+                    }),
+                )
+                .await;
+        });
+    }
+}
+
+fn set(phase: &Mutex<Phase>, to: Phase) {
+    *phase.lock().expect("not poisoned") = to;
+}
+
+/// Pull, create, start, then watch until it ends.
+async fn drive(
+    engine: Engine,
+    docker_name: String,
+    launch: Launch,
+    phase: Arc<Mutex<Phase>>,
+    logs: LogFiles,
+) {
+    if let Err(why) = engine.pull(&launch.image).await {
+        // A registry that cannot be reached does not stop an image already here.
+        if engine.docker.inspect_image(&launch.image).await.is_err() {
+            tracing::warn!(task = %launch.task_id, image = %launch.image, error = %why, "image pull failed");
+            set(
+                &phase,
+                Phase::Failed(format!("pulling {}: {why}", launch.image)),
+            );
+            return;
+        }
+        tracing::warn!(image = %launch.image, error = %why, "pull failed; using the image already on this host");
+    }
+    set(&phase, Phase::Starting);
+    // A container of this name is a leftover of this very task that was never started
+    // (what runs is adopted, never launched again): it goes.
+    engine.remove(&docker_name).await;
+    let created = engine
+        .docker
+        .create_container(
+            Some(CreateContainerOptions {
+                name: Some(docker_name.clone()),
+                ..Default::default()
+            }),
+            launch.body(),
+        )
+        .await;
+    if let Err(e) = created {
+        set(
+            &phase,
+            Phase::Failed(format!("creating the container: {}", reason(&e))),
+        );
+        return;
+    }
+    if let Err(e) = engine.docker.start_container(&docker_name, None).await {
+        engine.remove(&docker_name).await;
+        set(
+            &phase,
+            Phase::Failed(format!("starting the container: {}", reason(&e))),
+        );
+        return;
+    }
+    tracing::info!(task = %launch.task_id, container = %launch.name, image = %launch.image, "container started");
+    watch(engine, docker_name, phase, logs, false).await;
+}
+
+/// Follows a started container: its logs, its main process, its end; then removes it.
+async fn watch(
+    engine: Engine,
+    docker_name: String,
+    phase: Arc<Mutex<Phase>>,
+    logs: LogFiles,
+    adopted: bool,
+) {
+    let state = engine
+        .docker
+        .inspect_container(&docker_name, None::<InspectContainerOptions>)
+        .await
+        .ok()
+        .and_then(|i| i.state);
+    let running = state.as_ref().and_then(|s| s.running).unwrap_or(false);
+    if !running {
+        // It ended while no agent watched: its code is what the engine kept.
+        let code = state
+            .and_then(|s| s.exit_code)
+            .and_then(|c| i32::try_from(c).ok());
+        engine.remove(&docker_name).await;
+        set(&phase, Phase::Exited(code));
+        return;
+    }
+    let pid = state
+        .and_then(|s| s.pid)
+        .and_then(|p| u32::try_from(p).ok())
+        .filter(|p| *p > 0);
+    set(&phase, Phase::Running(pid));
+    // After an agent restart, only what is new: the earlier output is in the files.
+    let since = if adopted {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i32::try_from(d.as_secs()).unwrap_or(0))
+    } else {
+        0
+    };
+    let copier = tokio::spawn(copy_logs(engine.clone(), docker_name.clone(), logs, since));
+    let mut wait = engine
+        .docker
+        .wait_container(&docker_name, None::<WaitContainerOptions>);
+    let code = match wait.next().await {
+        Some(Ok(r)) => i32::try_from(r.status_code).ok(),
+        Some(Err(bollard::errors::Error::DockerContainerWaitError { code, .. })) => {
+            i32::try_from(code).ok()
+        }
+        _ => engine
+            .docker
+            .inspect_container(&docker_name, None::<InspectContainerOptions>)
+            .await
+            .ok()
+            .and_then(|i| i.state?.exit_code)
+            .and_then(|c| i32::try_from(c).ok()),
+    };
+    // The output is complete once the container has ended; then it goes.
+    let _ = tokio::time::timeout(Duration::from_secs(5), copier).await;
+    engine.remove(&docker_name).await;
+    set(&phase, Phase::Exited(code));
+}
+
+async fn copy_logs(engine: Engine, docker_name: String, files: LogFiles, since: i32) {
+    let mut out = CappedLog::new(files.out, files.cap);
+    let mut err = CappedLog::new(files.err, files.cap);
+    let mut stream = engine.docker.logs(
+        &docker_name,
+        Some(LogsOptions {
+            follow: true,
+            stdout: true,
+            stderr: true,
+            since,
+            ..Default::default()
+        }),
+    );
+    while let Some(item) = stream.next().await {
+        let written = match item {
+            Ok(LogOutput::StdErr { message }) => err.write(&message).await,
+            Ok(LogOutput::StdOut { message } | LogOutput::Console { message }) => {
+                out.write(&message).await
+            }
+            Ok(LogOutput::StdIn { .. }) => Ok(()),
+            Err(_) => break,
+        };
+        if written.is_err() {
+            break;
+        }
+    }
+    out.flush().await;
+    err.flush().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn image_references_split_into_name_and_tag() {
+        assert_eq!(
+            split_tag("nvcr.io/nvidia/pytorch:24.05-py3"),
+            ("nvcr.io/nvidia/pytorch", "24.05-py3")
+        );
+        assert_eq!(
+            split_tag("localhost:5000/app"),
+            ("localhost:5000/app", "latest")
+        );
+        assert_eq!(split_tag("ubuntu"), ("ubuntu", "latest"));
+        assert_eq!(split_tag("app@sha256:abc"), ("app@sha256:abc", ""));
+    }
+
+    #[test]
+    fn names_are_the_agents_and_the_tasks() {
+        assert_eq!(
+            docker_name("0123456789abcdef", "svc-1/a b", "main"),
+            "tessera-01234567-svc-1_a_b-main"
+        );
+    }
+}

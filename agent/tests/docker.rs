@@ -1,0 +1,399 @@
+//! The Docker path's contract: what the agent asks a Docker engine for, checked against a
+//! fake engine that speaks the Engine API over a unix socket. One test, ignored by default,
+//! runs against a real engine (see the README).
+
+mod fake_docker;
+
+use fake_docker::Fake;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+use tessera_agent::runtime::{Engine, Runtime};
+use tessera_model::agent::{TaskReport, WantedContainer, WantedTask};
+
+const IMAGE: &str = "registry.example/llm-serve:1.2";
+
+fn gpu_task(id: &str, mps: bool) -> WantedTask {
+    let mut env = BTreeMap::from([
+        ("CUDA_VISIBLE_DEVICES".to_owned(), "GPU-1111".to_owned()),
+        ("MODEL".to_owned(), "llama".to_owned()),
+    ]);
+    if mps {
+        env.insert("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".into(), "0=8192M".into());
+        env.insert("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(), "40".into());
+    }
+    WantedTask {
+        task_id: id.into(),
+        containers: vec![WantedContainer {
+            name: "server".into(),
+            image: Some(IMAGE.into()),
+            command: vec![
+                "python".into(),
+                "-m".into(),
+                "serve".into(),
+                "--port=8000".into(),
+            ],
+            entry_point_words: 2,
+            cpu_milli: 1500,
+            memory_mib: 4096,
+            memory_soft: false,
+            env,
+            secrets: tessera_model::agent::SecretEnv(BTreeMap::from([(
+                "HF_TOKEN".to_owned(),
+                "hf-secret".to_owned(),
+            )])),
+        }],
+        mps,
+        stop_timeout_secs: 7,
+    }
+}
+
+fn cpu_task(id: &str) -> WantedTask {
+    WantedTask {
+        task_id: id.into(),
+        containers: vec![WantedContainer {
+            name: "worker".into(),
+            image: Some("busybox".into()),
+            command: vec![],
+            entry_point_words: 0,
+            cpu_milli: 250,
+            memory_mib: 256,
+            memory_soft: true,
+            env: BTreeMap::from([("CUDA_VISIBLE_DEVICES".to_owned(), String::new())]),
+            secrets: Default::default(),
+        }],
+        mps: false,
+        stop_timeout_secs: 3,
+    }
+}
+
+async fn runtime(state: &Path, fake: &Fake) -> Runtime {
+    let mut rt = Runtime::open(state, 1 << 20, Some(state.join("mps-pipe"))).expect("runtime");
+    let engine = Engine::connect(&fake.socket)
+        .await
+        .expect("the fake answers");
+    rt.attach_engine(engine).await.expect("adopt");
+    rt
+}
+
+/// Polls until the engine has no container `done` rejects.
+async fn until_engine(rt: &mut Runtime, fake: &Fake, what: &str, done: impl Fn(&[String]) -> bool) {
+    for _ in 0..200 {
+        rt.poll();
+        let names: Vec<String> = fake.lock().containers.keys().cloned().collect();
+        if done(&names) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!(
+        "{what}: not reached; containers {:?}",
+        fake.lock().containers.keys()
+    );
+}
+
+/// Polls until `done` holds of the reports, and returns them.
+async fn until(
+    rt: &mut Runtime,
+    what: &str,
+    done: impl Fn(&[TaskReport]) -> bool,
+) -> Vec<TaskReport> {
+    for _ in 0..200 {
+        rt.poll();
+        let reports = rt.reports();
+        if done(&reports) {
+            return reports;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("{what}: not reached; reports {:?}", rt.reports());
+}
+
+fn running(id: &str) -> impl Fn(&[TaskReport]) -> bool + '_ {
+    move |r| r.iter().any(|t| t.task_id == id && t.running)
+}
+
+#[tokio::test]
+async fn an_mps_task_is_pulled_then_created_with_its_gpu_pipe_limits_and_labels() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake::start(dir.path()).await;
+    {
+        let mut g = fake.lock();
+        g.pull_time = Duration::from_millis(400);
+        g.output = vec![(1, "model loaded".into()), (2, "warning: slow disk".into())];
+    }
+    let state = dir.path().join("agent");
+    let mut rt = runtime(&state, &fake).await;
+    rt.converge(&[gpu_task("t1", true)]);
+    // While the image comes down the task says so, and is not running.
+    let pulling = until(&mut rt, "pulling", |r| {
+        r.iter().any(|t| t.pulling.is_some())
+    })
+    .await;
+    assert_eq!(pulling[0].pulling.as_deref(), Some(IMAGE));
+    assert!(!pulling[0].running);
+    until(&mut rt, "running", running("t1")).await;
+
+    let pulls = fake.requests("POST", "/images/create");
+    assert_eq!(pulls.len(), 1);
+    assert_eq!(pulls[0].query["fromImage"], "registry.example/llm-serve");
+    assert_eq!(pulls[0].query["tag"], "1.2");
+    let creates = fake.requests("POST", "/containers/create");
+    assert_eq!(creates.len(), 1, "created once");
+    let name = creates[0].query["name"].clone();
+    assert!(
+        name.starts_with("tessera-") && name.ends_with("-t1-server"),
+        "{name}"
+    );
+    let body = &creates[0].body;
+    assert_eq!(body["Image"], IMAGE);
+    assert_eq!(body["Entrypoint"], json!(["python", "-m"]));
+    assert_eq!(body["Cmd"], json!(["serve", "--port=8000"]));
+    let env: Vec<&str> = body["Env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    let pipe = state.join("mps-pipe").display().to_string();
+    for want in [
+        "CUDA_VISIBLE_DEVICES=GPU-1111".to_owned(),
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=8192M".to_owned(),
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=40".to_owned(),
+        format!("CUDA_MPS_PIPE_DIRECTORY={pipe}"),
+        "MODEL=llama".to_owned(),
+        "HF_TOKEN=hf-secret".to_owned(),
+        "TESSERA_TASK_ID=t1".to_owned(),
+    ] {
+        assert!(env.contains(&want.as_str()), "{want} in {env:?}");
+    }
+    // The image brings its own PATH and HOME; the agent's own environment stays out.
+    assert!(
+        env.iter()
+            .all(|e| !e.starts_with("PATH=") && !e.starts_with("HOME=")),
+        "{env:?}"
+    );
+    let host = &body["HostConfig"];
+    assert_eq!(
+        host["DeviceRequests"],
+        json!([{ "Driver": "nvidia", "DeviceIDs": ["GPU-1111"], "Capabilities": [["gpu"]] }])
+    );
+    assert_eq!(host["Binds"], json!([format!("{pipe}:{pipe}")]));
+    assert_eq!(host["IpcMode"], "host");
+    assert_eq!(host["NanoCpus"], 1_500_000_000i64);
+    assert_eq!(host["Memory"], 4096i64 * 1024 * 1024);
+    assert_eq!(body["Labels"]["tessera.task-id"], "t1");
+    assert_eq!(body["Labels"]["tessera.container"], "server");
+    assert!(
+        body["Labels"]["tessera.agent-mark"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty())
+    );
+    assert_eq!(
+        fake.requests("POST", &format!("/containers/{name}/start"))
+            .len(),
+        1,
+        "{:?}",
+        fake.lock()
+            .requests
+            .iter()
+            .map(|r| format!("{} {}", r.method, r.path))
+            .collect::<Vec<_>>()
+    );
+
+    // Its output lands in the task's logs, stdout and stderr apart.
+    let logs = state.join("tasks/t1");
+    for _ in 0..100 {
+        if std::fs::read_to_string(logs.join("server.err.log")).is_ok_and(|s| !s.is_empty()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        std::fs::read_to_string(logs.join("server.log")).unwrap(),
+        "model loaded\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(logs.join("server.err.log")).unwrap(),
+        "warning: slow disk\n"
+    );
+
+    // Not wanted any more: stopped with its stop timeout, then removed.
+    rt.converge(&[]);
+    assert!(
+        rt.reports().is_empty(),
+        "a task being stopped is not reported"
+    );
+    until_engine(&mut rt, &fake, "removed", <[String]>::is_empty).await;
+    let stops = fake.requests("POST", &format!("/containers/{name}/stop"));
+    assert_eq!(stops.len(), 1);
+    assert_eq!(stops[0].query["t"], "7");
+}
+
+#[tokio::test]
+async fn a_task_without_gpus_gets_no_device_and_a_soft_memory_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake::start(dir.path()).await;
+    let mut rt = runtime(&dir.path().join("agent"), &fake).await;
+    rt.converge(&[cpu_task("c1")]);
+    until(&mut rt, "running", running("c1")).await;
+    let create = &fake.requests("POST", "/containers/create")[0].body;
+    let host = &create["HostConfig"];
+    assert!(
+        host.get("DeviceRequests").is_none_or(Value::is_null),
+        "{host}"
+    );
+    assert!(
+        host.get("Binds").is_none_or(Value::is_null),
+        "no MPS pipe: {host}"
+    );
+    assert_eq!(host["MemoryReservation"], 256i64 * 1024 * 1024);
+    assert!(host.get("Memory").is_none_or(Value::is_null), "{host}");
+    assert_eq!(host["NanoCpus"], 250_000_000i64);
+    // Neither entry point nor command: the image's own.
+    assert!(create.get("Entrypoint").is_none_or(Value::is_null));
+    assert!(create.get("Cmd").is_none_or(Value::is_null));
+    assert_eq!(
+        fake.requests("POST", "/images/create")[0].query["tag"],
+        "latest"
+    );
+}
+
+#[tokio::test]
+async fn a_refused_pull_fails_the_task_with_the_registrys_reason_and_creates_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake::start(dir.path()).await;
+    let why = "pull access denied for registry.example/llm-serve, repository does not exist or may require 'docker login'";
+    fake.lock().refused.insert(IMAGE.into(), why.into());
+    let mut rt = runtime(&dir.path().join("agent"), &fake).await;
+    rt.converge(&[gpu_task("t1", false)]);
+    let reports = until(&mut rt, "failed", |r| {
+        r.iter().any(|t| t.exit_code.is_some())
+    })
+    .await;
+    assert_eq!(reports.len(), 1);
+    assert!(!reports[0].running);
+    assert_eq!(reports[0].exit_code, Some(125));
+    let error = reports[0].error.as_deref().unwrap();
+    assert!(error.contains(why) && error.contains(IMAGE), "{error}");
+    assert!(fake.requests("POST", "/containers/create").is_empty());
+    // Still wanted, it is not tried again until the server has heard.
+    rt.converge(&[gpu_task("t1", false)]);
+    assert_eq!(fake.requests("POST", "/images/create").len(), 1);
+}
+
+#[tokio::test]
+async fn an_exit_is_reported_with_its_code_and_the_container_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake::start(dir.path()).await;
+    let mut rt = runtime(&dir.path().join("agent"), &fake).await;
+    rt.converge(&[cpu_task("c1")]);
+    until(&mut rt, "running", running("c1")).await;
+    let name = fake.requests("POST", "/containers/create")[0].query["name"].clone();
+    fake.exit(&name, 3);
+    let reports = until(&mut rt, "exited", |r| r.iter().any(|t| !t.running)).await;
+    assert_eq!(reports[0].exit_code, Some(3));
+    assert_eq!(reports[0].error, None);
+    assert!(fake.lock().containers.is_empty());
+}
+
+#[tokio::test]
+async fn a_restarted_agent_re_adopts_by_label_never_starts_twice_and_removes_what_is_not_wanted() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake::start(dir.path()).await;
+    let state = dir.path().join("agent");
+    {
+        let mut rt = runtime(&state, &fake).await;
+        rt.converge(&[cpu_task("keep"), cpu_task("drop")]);
+        until(&mut rt, "running", |r| {
+            r.iter().filter(|t| t.running).count() == 2
+        })
+        .await;
+        // The agent dies here; its containers run on.
+    }
+    // Someone else's container, even one that looks like a task's, is never touched.
+    fake.add_running(
+        "someone-elses",
+        json!({ "tessera.task-id": "keep", "tessera.container": "worker", "tessera.agent-mark": "other" }),
+    );
+    assert_eq!(
+        fake.lock()
+            .containers
+            .values()
+            .filter(|c| c.running)
+            .count(),
+        3
+    );
+
+    let mut rt = runtime(&state, &fake).await;
+    until(&mut rt, "adopted", |r| {
+        r.iter().filter(|t| t.running).count() == 2
+    })
+    .await;
+    rt.converge(&[cpu_task("keep")]);
+    until_engine(&mut rt, &fake, "drop removed", |names| {
+        !names.iter().any(|n| n.ends_with("-drop-worker"))
+    })
+    .await;
+    assert_eq!(rt.reports().len(), 1);
+    assert!(rt.reports()[0].running && rt.reports()[0].task_id == "keep");
+    assert_eq!(
+        fake.requests("POST", "/containers/create").len(),
+        2,
+        "nothing created again"
+    );
+    let left: Vec<String> = fake.lock().containers.keys().cloned().collect();
+    assert_eq!(left.len(), 2, "{left:?}");
+    assert!(left.iter().any(|n| n.ends_with("-keep-worker")), "{left:?}");
+    assert!(left.contains(&"someone-elses".to_owned()));
+}
+
+#[tokio::test]
+async fn without_an_engine_an_image_is_refused_with_the_reason_in_its_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("agent");
+    let mut rt = Runtime::open(&state, 1 << 20, None).expect("runtime");
+    rt.converge(&[cpu_task("c1")]);
+    let reports = until(&mut rt, "refused", |r| r.iter().any(|t| !t.running)).await;
+    assert_eq!(reports[0].exit_code, Some(127));
+    let log = std::fs::read_to_string(state.join("tasks/c1/worker.err.log")).unwrap();
+    assert!(log.contains("container runtime"), "{log}");
+}
+
+/// Against a real engine: `DOCKER_HOST=unix://… cargo test -p tessera-agent --test docker
+/// -- --ignored` (pulls `busybox`).
+#[tokio::test]
+#[ignore = "needs a Docker engine"]
+async fn a_real_engine_runs_a_task_and_stops_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("agent");
+    let mut rt = Runtime::open(&state, 1 << 20, None).expect("runtime");
+    let engine = Engine::connect(&tessera_agent::runtime::default_socket())
+        .await
+        .expect("a Docker engine answers");
+    rt.attach_engine(engine).await.expect("list");
+    let mut task = cpu_task("real1");
+    task.containers[0].command = vec!["sh".into(), "-c".into(), "echo hello; sleep 300".into()];
+    rt.converge(&[task]);
+    for _ in 0..1200 {
+        rt.poll();
+        if rt.reports().iter().any(|t| t.running) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(rt.reports().iter().any(|t| t.running), "{:?}", rt.reports());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let log = std::fs::read_to_string(state.join("tasks/real1/worker.log")).unwrap_or_default();
+    assert_eq!(log, "hello\n");
+    rt.converge(&[]);
+    for _ in 0..200 {
+        rt.poll();
+        if rt.reports().is_empty() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("not stopped: {:?}", rt.reports());
+}
