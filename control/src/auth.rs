@@ -353,6 +353,36 @@ impl Control {
         Ok(NewApiToken { info, token })
     }
 
+    /// Signs a user in (with the sign-in's limits on failures) and makes them an API token
+    /// of their own role: what the command line's `tessera login` keeps.
+    pub async fn token_for_sign_in(
+        &self,
+        username: &str,
+        password: &str,
+        address: Option<IpAddr>,
+        name: &str,
+        expires_in_days: Option<u32>,
+    ) -> Result<NewApiToken, ControlError> {
+        let (user, _) = self.sign_in(username, password, address).await?;
+        let caller = Caller {
+            name: user.username.clone(),
+            on_behalf_of: None,
+            kind: CallerKind::Session,
+            role: user.role,
+        };
+        let token = self
+            .create_api_token(&caller, name, user.role, expires_in_days)
+            .await?;
+        self.audit(NewAuditEntry {
+            actor: caller.actor(),
+            action: "sign in for an API token".into(),
+            target: Some(format!("token {}", token.info.name)),
+            address: address.map(|a| a.to_string()),
+        })
+        .await;
+        Ok(token)
+    }
+
     pub async fn list_api_tokens(&self) -> Result<Vec<ApiTokenInfo>, ControlError> {
         Ok(self.store.list_api_tokens().await?)
     }

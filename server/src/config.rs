@@ -30,6 +30,8 @@ pub enum Command {
     /// Print the API's OpenAPI document (what `/api/v1/openapi.json` serves), for client
     /// generators and schema-driven testers.
     Openapi,
+    #[command(flatten)]
+    Client(crate::cli::ClientCommand),
 }
 
 /// Where the database is.

@@ -12,12 +12,39 @@ use tokio::sync::watch;
 use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> std::process::ExitCode {
+    match run_command().await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // A client command's own outcome (refused, rolled back, timed out) has its code.
+            if let Some(exit) = e.downcast_ref::<tessera_server::cli::Exit>() {
+                eprintln!("{exit}");
+                return std::process::ExitCode::from(exit.code);
+            }
+            match e
+                .chain()
+                .find_map(|c| c.downcast_ref::<tessera_server::cli::Exit>())
+            {
+                Some(exit) => {
+                    eprintln!("error: {e}: {exit}");
+                    std::process::ExitCode::from(exit.code)
+                }
+                None => {
+                    eprintln!("error: {e:#}");
+                    std::process::ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
+
+async fn run_command() -> anyhow::Result<()> {
     let command = Cli::parse().command;
-    // The server logs what it does; `tessera user` prints its answer and only warnings.
+    // The server logs what it does; the other commands print their answer and only
+    // warnings.
     let default_filter = match command {
         Command::Serve(_) => "info,sqlx=warn",
-        Command::User { .. } | Command::Openapi => "warn",
+        Command::User { .. } | Command::Openapi | Command::Client(_) => "warn",
     };
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -34,6 +61,7 @@ async fn main() -> anyhow::Result<()> {
             );
             Ok(())
         }
+        Command::Client(c) => tessera_server::cli::run(c).await,
     }
 }
 

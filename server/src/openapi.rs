@@ -22,7 +22,7 @@ use utoipa::OpenApi;
     ),
     paths(
         api::healthz, api::metrics, spec,
-        session::sign_in, session::who_am_i, session::sign_out_api, session::sign_out_form,
+        session::sign_in, session::who_am_i, session::sign_out_api, session::sign_out_form, session::token_sign_in,
         session::create_token, session::list_tokens, session::delete_token,
         session::list_users, session::add_user, session::update_user, session::list_audit,
         fleet::list_hosts, fleet::get_host, fleet::drain_host, fleet::activate_host,

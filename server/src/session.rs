@@ -148,6 +148,48 @@ pub async fn sign_out_api(req: Request) -> Response {
     sign_out(req).await
 }
 
+/// Credentials for a token (the command line's login).
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TokenSignIn {
+    #[schema(min_length = 1, max_length = 64)]
+    username: String,
+    #[schema(min_length = 1, max_length = 1024)]
+    password: String,
+    /// What the token is for (e.g. `cli alice@laptop`).
+    #[schema(min_length = 1, max_length = 100, pattern = "\\S")]
+    name: String,
+    /// Left out: it does not expire.
+    #[schema(nullable = false, minimum = 1, maximum = 3650)]
+    expires_in_days: Option<u32>,
+}
+
+/// Sign in for an API token of your own role (what `tessera login` keeps); its value is in
+/// this answer only
+#[utoipa::path(post, path = "/api/v1/session/token", tag = "session", request_body = TokenSignIn,
+    responses(
+        (status = 201, description = "Made", body = NewApiToken),
+        (status = 401, description = "Wrong username or password", body = ErrorBody),
+        (status = 429, description = "Too many failed sign-ins from this address (see Retry-After)", body = ErrorBody),
+    ))]
+pub async fn token_sign_in(
+    State(state): State<AppState>,
+    address: Option<axum::Extension<ConnectInfo<SocketAddr>>>,
+    crate::api::Body(input): crate::api::Body<TokenSignIn>,
+) -> Result<(StatusCode, Json<NewApiToken>), ApiError> {
+    let token = state
+        .control
+        .token_for_sign_in(
+            input.username.trim(),
+            &input.password,
+            address.map(|a| a.0.0.ip()),
+            &input.name,
+            input.expires_in_days,
+        )
+        .await?;
+    Ok((StatusCode::CREATED, Json(token)))
+}
+
 /// Sign out from the console's form: to the sign-in page
 #[utoipa::path(post, path = "/api/v1/session/end", tag = "session",
     responses((status = 303, description = "To the sign-in page")))]
@@ -210,14 +252,34 @@ pub async fn list_tokens(State(state): State<AppState>) -> Result<Json<TokenList
     }))
 }
 
-/// Delete an API token: it stops working at once
+/// Delete an API token: it stops working at once. An admin may delete any; anyone else
+/// the tokens they made (`tessera logout` deletes its own)
 #[utoipa::path(delete, path = "/api/v1/tokens/{id}", tag = "session",
     params(("id" = tessera_model::schema::TokenId, Path, description = "token id")),
-    responses((status = 204, description = "Deleted"), (status = 404, description = "No such token", body = ErrorBody)))]
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 403, description = "Someone else's token, and the caller is not an admin", body = ErrorBody),
+        (status = 404, description = "No such token", body = ErrorBody),
+    ))]
 pub async fn delete_token(
     State(state): State<AppState>,
+    axum::Extension(authn): axum::Extension<Authn>,
     Segment(id): Segment,
 ) -> Result<StatusCode, ApiError> {
+    let caller = caller_of(Some(&authn))?;
+    if !caller.role.allows(Role::Admin) {
+        let owner = caller.on_behalf_of.as_deref().unwrap_or(&caller.name);
+        let tokens = state.control.list_api_tokens().await?;
+        match tokens.iter().find(|t| t.id == id) {
+            None => return Err(ApiError::NotFound(format!("no API token {id}"))),
+            Some(t) if t.created_by != owner => {
+                return Err(ApiError::Forbidden(
+                    "you may delete only the tokens you made; ask an admin".into(),
+                ));
+            }
+            Some(_) => {}
+        }
+    }
     state.control.delete_api_token(&id).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -553,6 +553,67 @@ async fn failed_sign_ins_are_limited_and_disabled_users_are_out_at_once() {
 }
 
 #[tokio::test]
+async fn a_login_token_has_its_users_role_and_only_its_owner_or_an_admin_deletes_it() {
+    let c = ctx().await;
+    let made = send(
+        &c,
+        Method::POST,
+        "/api/v1/users",
+        Some(json!({"username": "olga", "password": "olga-operator-pw", "role": "operator"})),
+        &bearer(&c.admin),
+    )
+    .await;
+    assert_eq!(made.status, StatusCode::CREATED, "{}", made.body);
+    let wrong = send(
+        &c,
+        Method::POST,
+        "/api/v1/session/token",
+        Some(json!({"username": "olga", "password": "not-it", "name": "cli olga@laptop"})),
+        &[],
+    )
+    .await;
+    assert_eq!(wrong.status, StatusCode::UNAUTHORIZED);
+    assert!(!wrong.body.to_string().contains("tsr_"));
+    let login = send(
+        &c,
+        Method::POST,
+        "/api/v1/session/token",
+        Some(json!({"username": "olga", "password": "olga-operator-pw", "name": "cli olga@laptop", "expires_in_days": 90})),
+        &[],
+    )
+    .await;
+    assert_eq!(login.status, StatusCode::CREATED, "{}", login.body);
+    assert_eq!(login.body["role"], "operator");
+    assert_eq!(login.body["created_by"], "olga");
+    let token = login.body["token"].as_str().expect("shown once").to_owned();
+    let id = login.body["id"].as_str().expect("id").to_owned();
+    let me = send(&c, Method::GET, "/api/v1/session", None, &bearer(&token)).await;
+    assert_eq!(me.body["role"], "operator");
+    // Someone else's token: only an admin may delete it.
+    let other = send(
+        &c,
+        Method::DELETE,
+        &format!("/api/v1/tokens/{id}"),
+        None,
+        &bearer(&c.viewer),
+    )
+    .await;
+    assert_eq!(other.status, StatusCode::FORBIDDEN, "{}", other.body);
+    // Its own: `tessera logout`.
+    let own = send(
+        &c,
+        Method::DELETE,
+        &format!("/api/v1/tokens/{id}"),
+        None,
+        &bearer(&token),
+    )
+    .await;
+    assert_eq!(own.status, StatusCode::NO_CONTENT, "{}", own.body);
+    let after = send(&c, Method::GET, "/api/v1/hosts", None, &bearer(&token)).await;
+    assert_eq!(after.status, StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test]
 async fn api_tokens_are_shown_once_and_stop_working_when_deleted() {
     let c = ctx().await;
     let made = send(

@@ -108,6 +108,12 @@ pub fn routes() -> Routes {
         )
         .add(
             Method::POST,
+            "/api/v1/session/token",
+            Access::Public,
+            crate::session::token_sign_in,
+        )
+        .add(
+            Method::POST,
             "/api/v1/session/end",
             Access::Public,
             crate::session::sign_out_form,
@@ -234,7 +240,7 @@ pub fn routes() -> Routes {
         .add(
             Method::DELETE,
             "/api/v1/tokens/{id}",
-            ADMIN,
+            VIEW,
             crate::session::delete_token,
         )
         .add(
