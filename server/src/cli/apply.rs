@@ -459,7 +459,8 @@ pub async fn apply(c: &Client, paths: &[PathBuf], opts: Options) -> anyhow::Resu
             } => {
                 changes += 1;
                 say!(
-                    "~ task definition {}: new revision (now {from}); changed: {}",
+                    "~ task definition {}: new revision after {}:{from}; changed: {}",
+                    p.family,
                     p.family,
                     what.join(", ")
                 );
