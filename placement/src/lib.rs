@@ -37,7 +37,7 @@ pub mod variants;
 
 pub use engine::{BatchOutcome, Engine, Policy, describe_request};
 pub use profile::{DemandProfile, ProfileEntry};
-pub use reject::{FilterReason, LargestFree, Rejection};
+pub use reject::{FilterReason, LargestFree, ModelFree, Rejection};
 pub use request::{Constraints, GpuDemand, LabelRule, TaskRequest};
 pub use snapshot::{
     CapacityError, GpuIdx, GpuSlot, GpuSpec, GpuUsage, HostIdx, HostSpec, Placement, PoolLimits,

@@ -77,6 +77,9 @@ pub(crate) struct CompiledEntry {
     pub cpu: MilliCpu,
     pub memory: MiB,
     pub weight: f64,
+    /// Per GPU kind, the weight of this shape among the tasks that kind will receive (see
+    /// [`demand_by_kind`]); 0 where it cannot land. CPU-only shapes keep their weight.
+    pub on_kind: Vec<f64>,
 }
 
 /// Share (thousandths of a GPU) that `demand` needs on a GPU kind of `kind_memory`,
@@ -98,7 +101,46 @@ pub(crate) fn share_needed(demand: GpuDemand, kind_memory: MiB) -> u16 {
     }
 }
 
-pub(crate) fn compile(profile: &DemandProfile, kinds: &[(String, MiB)]) -> Vec<CompiledEntry> {
+/// The profile's shapes on a pool's GPU kinds (`(model, memory)`, with `gpus_per_kind`
+/// GPUs of each), with the demand each kind receives.
+///
+/// `by_kind: false` keeps every shape's whole weight on every kind it may use, as FGD does.
+#[cfg(test)]
+pub(crate) fn compile(
+    profile: &DemandProfile,
+    kinds: &[(String, MiB)],
+    gpus_per_kind: &[u32],
+    by_kind: bool,
+) -> Vec<CompiledEntry> {
+    compile_with_room(profile, kinds, gpus_per_kind, by_kind).0
+}
+
+/// [`compile`], and per kind the weight of pinned demand that cannot use it beyond what
+/// even pinning would give (see [`demand_by_kind`]; 0 without `by_kind`).
+fn compile_with_room(
+    profile: &DemandProfile,
+    kinds: &[(String, MiB)],
+    gpus_per_kind: &[u32],
+    by_kind: bool,
+) -> (Vec<CompiledEntry>, Vec<f64>) {
+    let mut entries = compile_shapes(profile, kinds);
+    let room = if by_kind {
+        let pinned: Vec<bool> = profile
+            .entries
+            .iter()
+            .map(|e| !e.gpu_models.is_empty())
+            .collect();
+        demand_by_kind(&mut entries, &pinned, gpus_per_kind)
+    } else {
+        for e in &mut entries {
+            e.on_kind = vec![e.weight; kinds.len()];
+        }
+        vec![0.0; kinds.len()]
+    };
+    (entries, room)
+}
+
+fn compile_shapes(profile: &DemandProfile, kinds: &[(String, MiB)]) -> Vec<CompiledEntry> {
     profile
         .entries
         .iter()
@@ -121,6 +163,140 @@ pub(crate) fn compile(profile: &DemandProfile, kinds: &[(String, MiB)]) -> Vec<C
             cpu: e.cpu,
             memory: e.memory,
             weight: e.weight,
+            on_kind: Vec::new(),
+        })
+        .collect()
+}
+
+/// Which share of each shape's demand each GPU kind receives, as per-kind weights of the
+/// same scale as the profile's. A shape pinned to GPU models (or that fits only some) is
+/// demand on those kinds only, spread over them by their GPUs; unpinned demand goes where
+/// pinned demand leaves most room, so that every kind's expected load per GPU is as even as
+/// the pinned demand allows (water-filling). Each kind's GPU shapes are then scaled to the
+/// profile's total GPU weight, so fragmentation on every kind is measured against the mix
+/// of tasks that will actually arrive there, on one scale. `gpus_per_kind`: how many GPUs
+/// of each kind the pool has.
+///
+/// Returns, per kind, how much less pinned demand it carries than its share of the GPUs
+/// would (the profile's pinned weight minus the kind's pinned weight per share of GPUs,
+/// at least 0): free capacity there is what the pinned tasks elsewhere cannot use, so
+/// filling it first keeps the kinds pinned tasks need for them. Even pinning gives 0
+/// everywhere.
+pub(crate) fn demand_by_kind(
+    entries: &mut [CompiledEntry],
+    pinned: &[bool],
+    gpus_per_kind: &[u32],
+) -> Vec<f64> {
+    let kinds = gpus_per_kind.len();
+    let cap: Vec<f64> = gpus_per_kind.iter().map(|&n| f64::from(n)).collect();
+    let allowed = |e: &CompiledEntry, k: usize| e.gpus > 0 && e.need[k] <= 1000 && cap[k] > 0.0;
+    // GPUs' worth of demand a shape puts on kind k.
+    let size = |e: &CompiledEntry, k: usize| {
+        if e.gpus == 1 {
+            f64::from(e.need[k]) / 1000.0
+        } else {
+            f64::from(e.gpus)
+        }
+    };
+    let spread = |e: &CompiledEntry, by: &[f64]| -> Vec<f64> {
+        let total: f64 = (0..kinds).filter(|&k| allowed(e, k)).map(|k| by[k]).sum();
+        (0..kinds)
+            .map(|k| {
+                if allowed(e, k) && total > 0.0 {
+                    by[k] / total
+                } else {
+                    0.0
+                }
+            })
+            .collect()
+    };
+    // Pinned load per kind, and the unpinned demand to place.
+    let mut load = vec![0.0; kinds];
+    let mut pinned_weight = vec![0.0; kinds];
+    let mut unpinned = 0.0;
+    for (e, &is_pinned) in entries.iter().zip(pinned) {
+        if e.gpus == 0 {
+            continue;
+        }
+        if is_pinned {
+            for (k, f) in spread(e, &cap).into_iter().enumerate() {
+                load[k] += e.weight * f * size(e, k);
+                pinned_weight[k] += e.weight * f;
+            }
+        } else {
+            let fits: Vec<usize> = (0..kinds).filter(|&k| allowed(e, k)).collect();
+            if !fits.is_empty() {
+                unpinned +=
+                    e.weight * fits.iter().map(|&k| size(e, k)).sum::<f64>() / fits.len() as f64;
+            }
+        }
+    }
+    // Water level: sum over kinds of max(0, level × GPUs − pinned load) = unpinned demand.
+    let room = |level: f64| -> f64 {
+        (0..kinds)
+            .map(|k| (level * cap[k] - load[k]).max(0.0))
+            .sum()
+    };
+    let (mut lo, mut hi) = (0.0, 1.0);
+    while room(hi) < unpinned && hi < 1e12 {
+        hi *= 2.0;
+    }
+    for _ in 0..100 {
+        let mid = 0.5 * (lo + hi);
+        if room(mid) < unpinned {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    let unpinned_share: Vec<f64> = (0..kinds)
+        .map(|k| (hi * cap[k] - load[k]).max(0.0))
+        .collect();
+    let has_unpinned_room = unpinned_share.iter().any(|&x| x > 0.0);
+    for (e, &is_pinned) in entries.iter_mut().zip(pinned) {
+        e.on_kind = if e.gpus == 0 {
+            vec![e.weight; kinds]
+        } else {
+            let by = if is_pinned || !has_unpinned_room {
+                &cap
+            } else {
+                &unpinned_share
+            };
+            // Fall back to GPUs when no room is left on the kinds this shape fits.
+            let mut f = spread(e, by);
+            if f.iter().all(|&x| x == 0.0) {
+                f = spread(e, &cap);
+            }
+            f.into_iter().map(|x| e.weight * x).collect()
+        };
+    }
+    // Per kind, GPU shapes scaled to the profile's GPU weight.
+    let gpu_weight: f64 = entries
+        .iter()
+        .filter(|e| e.gpus > 0)
+        .map(|e| e.weight)
+        .sum();
+    for k in 0..kinds {
+        let here: f64 = entries
+            .iter()
+            .filter(|e| e.gpus > 0)
+            .map(|e| e.on_kind[k])
+            .sum();
+        if here > 0.0 {
+            for e in entries.iter_mut().filter(|e| e.gpus > 0) {
+                e.on_kind[k] *= gpu_weight / here;
+            }
+        }
+    }
+    let all_pinned: f64 = pinned_weight.iter().sum();
+    let gpus: f64 = cap.iter().sum();
+    (0..kinds)
+        .map(|k| {
+            if cap[k] > 0.0 {
+                (all_pinned - pinned_weight[k] * gpus / cap[k]).max(0.0)
+            } else {
+                0.0
+            }
         })
         .collect()
 }
@@ -135,8 +311,20 @@ pub(crate) fn fragmentation(
     if total == 0 {
         return 0.0;
     }
+    // A host of one GPU kind is measured against the demand that kind receives; a mixed
+    // one against the whole workload's.
+    let kind = gpus[0].0;
+    let one_kind = gpus.iter().all(|&(k, _)| k == kind);
     let mut acc = 0.0;
     for e in profile {
+        let weight = if one_kind {
+            e.on_kind
+                .get(usize::from(kind))
+                .copied()
+                .unwrap_or(e.weight)
+        } else {
+            e.weight
+        };
         let unusable = if e.gpus == 0 || cpu_free < e.cpu {
             total
         } else {
@@ -151,7 +339,7 @@ pub(crate) fn fragmentation(
             }
             if fits >= e.gpus { stranded } else { total }
         };
-        acc += e.weight * f64::from(unusable);
+        acc += weight * f64::from(unusable);
     }
     acc
 }
@@ -191,7 +379,7 @@ mod tests {
                 weight: 1.0,
             }],
         };
-        let compiled = compile(&profile, &kinds());
+        let compiled = compile(&profile, &kinds(), &[4], true);
         assert_eq!(
             fragmentation(&compiled, MilliCpu(4000), &[(0, 500), (0, 1000)]),
             500.0
@@ -202,6 +390,60 @@ mod tests {
             fragmentation(&compiled, MilliCpu(500), &[(0, 500), (0, 1000)]),
             1500.0
         );
+    }
+
+    #[test]
+    fn each_gpu_kind_is_measured_against_the_demand_it_receives() {
+        // Kind 0 ("T4", 100 GPUs) carries a pinned shape; kind 1 ("G2", 300 GPUs) none.
+        let shared = |gib: u64| GpuDemand::Shared {
+            memory: MiB(gib),
+            compute: None,
+        };
+        let entry = |gpu, models: &[&str], weight| ProfileEntry {
+            cpu: MilliCpu(1000),
+            memory: MiB(1),
+            gpu,
+            gpu_models: models.iter().map(|m| (*m).to_owned()).collect(),
+            weight,
+        };
+        let profile = DemandProfile {
+            entries: vec![
+                entry(shared(500), &["T4"], 0.2),
+                entry(shared(300), &[], 0.6),
+                entry(GpuDemand::None, &[], 0.2),
+            ],
+        };
+        let kinds = vec![("T4".to_owned(), MiB(1000)), ("G2".to_owned(), MiB(1000))];
+        let (entries, room) = compile_with_room(&profile, &kinds, &[100, 300], true);
+        // The pinned shape is demand on T4 only; G2's mix is the unpinned shape alone.
+        assert_eq!(entries[0].on_kind[1], 0.0);
+        assert!(entries[0].on_kind[0] > 0.0);
+        let gpu_weight = 0.8;
+        for k in 0..2 {
+            let sum: f64 = entries[..2].iter().map(|e| e.on_kind[k]).sum();
+            assert!((sum - gpu_weight).abs() < 1e-9, "kind {k}: {sum}");
+        }
+        assert!((entries[1].on_kind[1] - gpu_weight).abs() < 1e-9);
+        // CPU-only demand weighs the same on every kind.
+        assert_eq!(entries[2].on_kind, vec![0.2, 0.2]);
+        // Pinned demand that G2 cannot serve makes its free share count as unusable; T4,
+        // which carries more than its share of GPUs' worth, gets none.
+        assert_eq!(room[0], 0.0);
+        assert!((room[1] - 0.2).abs() < 1e-9, "{room:?}");
+        // Pinning in proportion to the GPUs leaves nothing extra anywhere.
+        let even = DemandProfile {
+            entries: vec![
+                entry(shared(500), &["T4"], 0.1),
+                entry(shared(500), &["G2"], 0.3),
+                entry(shared(300), &[], 0.6),
+            ],
+        };
+        let (_, room) = compile_with_room(&even, &kinds, &[100, 300], true);
+        assert!(room.iter().all(|r| r.abs() < 1e-9), "{room:?}");
+        // As FGD does: every shape's whole weight wherever it may go.
+        let (fgd, room) = compile_with_room(&profile, &kinds, &[100, 300], false);
+        assert_eq!(fgd[0].on_kind, vec![0.2, 0.2]);
+        assert_eq!(room, vec![0.0, 0.0]);
     }
 
     #[test]
@@ -230,7 +472,8 @@ pub(crate) struct FragTables {
     /// level ≤ c needing at most k idle GPUs.
     multi_gpu: Vec<Vec<f64>>,
     max_gpus: usize,
-    total_weight: f64,
+    /// Per GPU kind, the weight of the shapes it receives (CPU-only ones included).
+    total_weight: Vec<f64>,
     /// Per GPU kind: host CPU and host memory the workload asks for per thousandth of a
     /// GPU, so free GPU share beyond what a host's free CPU or memory can feed is known to
     /// be stranded.
@@ -245,8 +488,14 @@ pub(crate) struct FragTables {
 const SHARES: usize = 1001;
 
 impl FragTables {
-    pub fn new(profile: &DemandProfile, kinds: &[(String, MiB)], max_gpus: usize) -> FragTables {
-        let entries = compile(profile, kinds);
+    pub fn new(
+        profile: &DemandProfile,
+        kinds: &[(String, MiB)],
+        gpus_per_kind: &[u32],
+        max_gpus: usize,
+        by_kind: bool,
+    ) -> FragTables {
+        let (entries, room) = compile_with_room(profile, kinds, gpus_per_kind, by_kind);
         let mut cpu_levels: Vec<MilliCpu> = entries.iter().map(|e| e.cpu).collect();
         cpu_levels.sort_unstable();
         cpu_levels.dedup();
@@ -263,10 +512,11 @@ impl FragTables {
                     continue;
                 }
                 let level = level_of(e.cpu);
+                let weight = e.on_kind[kind];
                 if e.gpus == 1 {
-                    one[level * SHARES + need as usize] += e.weight;
+                    one[level * SHARES + need as usize] += weight;
                 } else if (e.gpus as usize) <= max_gpus {
-                    multi[level * (max_gpus + 1) + e.gpus as usize] += e.weight;
+                    multi[level * (max_gpus + 1) + e.gpus as usize] += weight;
                 }
             }
             prefix_2d(&mut one, rows, SHARES);
@@ -274,7 +524,11 @@ impl FragTables {
             one_gpu.push(one);
             multi_gpu.push(multi);
         }
-        let total_weight = entries.iter().map(|e| e.weight).sum();
+        // Pinned demand elsewhere that cannot use a kind's free share counts as unusable
+        // there, like shapes that fit no GPU of it.
+        let total_weight = (0..kinds.len())
+            .map(|k| entries.iter().map(|e| e.on_kind[k]).sum::<f64>() + room[k])
+            .collect();
         let (mut cpu_per_share, mut mem_per_share) = (Vec::new(), Vec::new());
         for kind in 0..kinds.len() {
             let (mut cpu, mut mem, mut share) = (0.0, 0.0, 0.0);
@@ -282,9 +536,10 @@ impl FragTables {
                 .iter()
                 .filter(|e| e.gpus > 0 && e.need[kind] <= 1000)
             {
-                cpu += e.weight * e.cpu.0 as f64;
-                mem += e.weight * e.memory.0 as f64;
-                share += e.weight * f64::from(e.need[kind]) * f64::from(e.gpus);
+                let w = e.on_kind[kind];
+                cpu += w * e.cpu.0 as f64;
+                mem += w * e.memory.0 as f64;
+                share += w * f64::from(e.need[kind]) * f64::from(e.gpus);
             }
             let ratio = |x: f64| if share > 0.0 { x / share } else { 0.0 };
             cpu_per_share.push(ratio(cpu));
@@ -311,7 +566,7 @@ impl FragTables {
             // Kinds of one memory size see the same shapes: learn their values once.
             let same = (0..self.gap_value.len()).find_map(|other| {
                 let learned = self.gap_value[other].get()?;
-                (self.shared_shapes(other) == shapes).then(|| Arc::clone(learned))
+                same_shapes(&self.shared_shapes(other), &shapes).then(|| Arc::clone(learned))
             });
             same.unwrap_or_else(|| Arc::new(crate::gaps::gap_values(&shapes)))
         });
@@ -322,8 +577,8 @@ impl FragTables {
     fn shared_shapes(&self, kind: usize) -> Vec<(u16, f64)> {
         self.entries
             .iter()
-            .filter(|e| e.gpus == 1 && e.need[kind] < 1000)
-            .map(|e| (e.need[kind], e.weight))
+            .filter(|e| e.gpus == 1 && e.need[kind] < 1000 && e.on_kind[kind] > 0.0)
+            .map(|e| (e.need[kind], e.on_kind[kind]))
             .collect()
     }
 
@@ -379,8 +634,17 @@ impl FragTables {
             self.multi_gpu[kind as usize][level * (self.max_gpus + 1) + idle.min(self.max_gpus)];
         stranded_one
             + fit_multi * f64::from(partial)
-            + f64::from(total) * (self.total_weight - fit_one - fit_multi).max(0.0)
+            + f64::from(total) * (self.total_weight[kind as usize] - fit_one - fit_multi).max(0.0)
     }
+}
+
+/// Whether two kinds see the same shared shapes: the same sizes, with weights equal but for
+/// rounding (per-kind weights of an unpinned workload differ only in their last bits).
+fn same_shapes(a: &[(u16, f64)], b: &[(u16, f64)]) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(x, y)| x.0 == y.0 && (x.1 - y.1).abs() <= 1e-9 * x.1.abs().max(y.1.abs()))
 }
 
 /// In-place 2-D prefix sum over a `rows × cols` grid.
@@ -423,31 +687,33 @@ mod table_tests {
         }
         let profile = DemandProfile::from_requests(&requests);
         let kinds = vec![("A".to_owned(), MiB(1000)), ("B".to_owned(), MiB(2000))];
-        let tables = FragTables::new(&profile, &kinds, 8);
-        let compiled = compile(&profile, &kinds);
-        for _ in 0..500 {
-            let kind = rng.below(2) as u16;
-            let n = 1 + rng.below(8);
-            let mut gpus: Vec<(u16, u16)> = (0..n)
-                .map(|_| {
-                    (
-                        kind,
-                        if rng.below(3) == 0 {
-                            1000
-                        } else {
-                            rng.below(1000) as u16
-                        },
-                    )
-                })
-                .collect();
-            gpus.sort_unstable();
-            let cpu = MilliCpu(rng.below(20_000) as u64);
-            let fast = tables.fragmentation(cpu, &gpus);
-            let slow = fragmentation(&compiled, cpu, &gpus);
-            assert!(
-                (fast - slow).abs() < 1e-6,
-                "fast {fast} slow {slow} for {gpus:?} cpu {cpu:?}"
-            );
+        for by_kind in [false, true] {
+            let tables = FragTables::new(&profile, &kinds, &[30, 10], 8, by_kind);
+            let compiled = compile(&profile, &kinds, &[30, 10], by_kind);
+            for _ in 0..500 {
+                let kind = rng.below(2) as u16;
+                let n = 1 + rng.below(8);
+                let mut gpus: Vec<(u16, u16)> = (0..n)
+                    .map(|_| {
+                        (
+                            kind,
+                            if rng.below(3) == 0 {
+                                1000
+                            } else {
+                                rng.below(1000) as u16
+                            },
+                        )
+                    })
+                    .collect();
+                gpus.sort_unstable();
+                let cpu = MilliCpu(rng.below(20_000) as u64);
+                let fast = tables.fragmentation(cpu, &gpus);
+                let slow = fragmentation(&compiled, cpu, &gpus);
+                assert!(
+                    (fast - slow).abs() < 1e-6,
+                    "fast {fast} slow {slow} for {gpus:?} cpu {cpu:?}"
+                );
+            }
         }
     }
 }

@@ -72,6 +72,17 @@ pub struct LargestFree {
     pub host_memory: MiB,
 }
 
+/// What one GPU model has free on the active hosts: where capacity is left, and whether
+/// it is whole GPUs or gaps.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelFree {
+    pub gpus: u32,
+    pub idle_gpus: u32,
+    /// Free GPU memory on its healthy GPUs that are not dedicated to a task (idle ones
+    /// included).
+    pub free_memory: MiB,
+}
+
 /// A task that fits nowhere, with the evidence.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Rejection {
@@ -84,6 +95,10 @@ pub struct Rejection {
     /// GPUs turned down on hosts that passed the host filters, by reason.
     pub gpus_filtered: BTreeMap<FilterReason, u32>,
     pub largest_free: LargestFree,
+    /// Per GPU model, what is free on active hosts (a task pinned to a model that is full
+    /// is told where room is left).
+    #[serde(default)]
+    pub free_by_model: BTreeMap<String, ModelFree>,
 }
 
 impl Rejection {
@@ -148,6 +163,19 @@ impl fmt::Display for Rejection {
         );
         if !parts.is_empty() {
             write!(f, " ({})", parts.join("; "))?;
+        }
+        if self.free_by_model.len() > 1 {
+            let models: Vec<String> = self
+                .free_by_model
+                .iter()
+                .map(|(m, free)| {
+                    format!(
+                        "{m} {} of {} GPUs idle, {} free",
+                        free.idle_gpus, free.gpus, free.free_memory
+                    )
+                })
+                .collect();
+            write!(f, ". Free by GPU model: {}", models.join("; "))?;
         }
         Ok(())
     }

@@ -268,6 +268,11 @@ impl Snapshot {
             .map(|i| i as HostIdx)
     }
 
+    /// A GPU's model name.
+    pub fn gpu_model(&self, g: GpuIdx) -> &str {
+        &self.models[usize::from(self.gpus[g as usize].model)].0
+    }
+
     /// Free memory, free reserved compute and client count of a GPU.
     pub fn gpu_usage(&self, g: GpuIdx) -> GpuUsage {
         let gpu = &self.gpus[g as usize];

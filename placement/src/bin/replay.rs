@@ -411,11 +411,16 @@ fn print_diagnosis(policy: Policy, seed: u64, engine: &Engine, failed: &BTreeMap
     let snap = engine.snapshot();
     let (mut idle, mut fragments, mut cpu_short) = (0u64, 0u64, 0u64);
     let mut by_size: BTreeMap<u64, u64> = BTreeMap::new();
+    // Per model: (GPUs, free share in thousandths).
+    let mut by_model: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
     for h in 0..snap.host_count() as u32 {
         let mut host_free = 0;
         for g in snap.gpus_of(h) {
             let u = snap.gpu_usage(g);
             host_free += u.memory_free.0;
+            let m = by_model.entry(snap.gpu_model(g)).or_insert((0, 0));
+            m.0 += 1;
+            m.1 += u.memory_free.0;
             if u.mode == SharingMode::Idle {
                 idle += u.memory_free.0;
             } else if u.memory_free.0 > 0 {
@@ -436,13 +441,24 @@ fn print_diagnosis(policy: Policy, seed: u64, engine: &Engine, failed: &BTreeMap
         .iter()
         .map(|(k, v)| format!("{k} {}", gpus(*v)))
         .collect();
+    let models: Vec<String> = by_model
+        .iter()
+        .map(|(m, (n, free))| {
+            format!(
+                "{m} {} of {n} ({:.1} %)",
+                gpus(*free),
+                100.0 * *free as f64 / (*n as f64 * 1000.0)
+            )
+        })
+        .collect();
     println!(
-        "  {} seed {seed} at 100%: free GPUs-worth {} idle + {} in fragments [{}]; {} on hosts with < 2 vCPU free; failed before 100%: {}",
+        "  {} seed {seed} at 100%: free GPUs-worth {} idle + {} in fragments [{}]; {} on hosts with < 2 vCPU free; free by GPU model: {}; failed before 100%: {}",
         policy.name(),
         gpus(idle),
         gpus(fragments),
         sizes.join(", "),
         gpus(cpu_short),
+        models.join(", "),
         failed.join(", ")
     );
 }

@@ -55,6 +55,7 @@ impl Engine {
             hosts_filtered: Default::default(),
             gpus_filtered: Default::default(),
             largest_free: LargestFree::default(),
+            free_by_model: Default::default(),
         };
         for h in 0..self.snap.hosts.len() as HostIdx {
             rejection.hosts_evaluated += 1;
@@ -63,6 +64,19 @@ impl Engine {
                 let lf = &mut rejection.largest_free;
                 lf.host_cpu = lf.host_cpu.max(host.cpu_free);
                 lf.host_memory = lf.host_memory.max(host.mem_free);
+                // Every model's free capacity, whatever this task may use.
+                for g in self.snap.host_gpus(h) {
+                    let gpu = &self.snap.gpus[g];
+                    let model = rejection
+                        .free_by_model
+                        .entry(self.snap.models[usize::from(gpu.model)].0.clone())
+                        .or_default();
+                    model.gpus += 1;
+                    if gpu.healthy && !gpu.dedicated {
+                        model.free_memory = MiB(model.free_memory.0 + gpu.mem_free.0);
+                        model.idle_gpus += u32::from(gpu.is_idle());
+                    }
+                }
             }
             if let Err(reason) = self.snap.check_host(h, req) {
                 *rejection.hosts_filtered.entry(reason).or_default() += 1;

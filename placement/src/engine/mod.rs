@@ -36,7 +36,14 @@ pub struct Engine {
     snap: Snapshot,
     policy: Policy,
     rng: Rng,
+    /// Fragmentation tables for the policy in use: against the demand each GPU kind
+    /// receives for the default policy, against the whole workload's for `fgd-sim` (as
+    /// published).
     frag: Option<FragTables>,
+    /// What the tables are built from, to rebuild them when the policy changes.
+    profile: DemandProfile,
+    gpus_per_kind: Vec<u32>,
+    max_gpus: usize,
     classes: Classes,
     index: BestFitIndex,
     /// The policy in use keeps only the structure it reads in step with the snapshot; the
@@ -46,6 +53,25 @@ pub struct Engine {
     shapes: HashMap<ShapeKey, u32>,
     /// `scores[shape][class slot]`.
     scores: Vec<Vec<Cached>>,
+}
+
+/// Fragmentation tables for `policy`, when there is a profile to measure against.
+fn tables_for(
+    policy: Policy,
+    profile: &DemandProfile,
+    snap: &Snapshot,
+    gpus_per_kind: &[u32],
+    max_gpus: usize,
+) -> Option<FragTables> {
+    (!profile.is_empty()).then(|| {
+        FragTables::new(
+            profile,
+            &snap.models,
+            gpus_per_kind,
+            max_gpus,
+            policy != Policy::FgdSim,
+        )
+    })
 }
 
 impl Engine {
@@ -59,8 +85,11 @@ impl Engine {
             .map(|h| h.gpu_count as usize)
             .max()
             .unwrap_or(0);
-        let frag =
-            (!profile.is_empty()).then(|| FragTables::new(profile, &snapshot.models, max_gpus));
+        let mut gpus_per_kind = vec![0u32; snapshot.models.len()];
+        for g in &snapshot.gpus {
+            gpus_per_kind[usize::from(g.model)] += 1;
+        }
+        let frag = tables_for(policy, profile, &snapshot, &gpus_per_kind, max_gpus);
         let classes = Classes::build(&snapshot);
         let index = BestFitIndex::build(&snapshot);
         Engine {
@@ -68,6 +97,9 @@ impl Engine {
             policy,
             rng: Rng::new(seed),
             frag,
+            profile: profile.clone(),
+            gpus_per_kind,
+            max_gpus,
             classes,
             index,
             classes_stale: false,
@@ -89,6 +121,15 @@ impl Engine {
     /// scores of the old policy are dropped.
     pub fn set_policy(&mut self, policy: Policy) {
         if policy != self.policy {
+            if (policy == Policy::FgdSim) != (self.policy == Policy::FgdSim) {
+                self.frag = tables_for(
+                    policy,
+                    &self.profile,
+                    &self.snap,
+                    &self.gpus_per_kind,
+                    self.max_gpus,
+                );
+            }
             self.policy = policy;
             self.scores.clear();
             self.shapes.clear();

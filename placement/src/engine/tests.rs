@@ -200,3 +200,30 @@ fn per_gpu_and_per_host_caps_spread_a_batch_whatever_the_policy() {
         assert_eq!(p.gpus[0].uuid.as_str(), "GPU-a-1", "{policy:?}");
     }
 }
+
+#[test]
+fn a_task_pinned_to_a_full_model_is_told_where_room_is_left() {
+    let mut h100 = host("h100-1", 2, 80 * 1024);
+    for g in &mut h100.gpus {
+        g.model = "H100".into();
+    }
+    let mut e = engine(Policy::Binpack, vec![host("l4-1", 2, 24 * 1024), h100]);
+    let whole = |models: &[&str]| {
+        let mut r = TaskRequest::whole(MilliCpu(1000), MiB(1024), 1);
+        r.constraints.gpu_models = models.iter().map(|m| (*m).to_owned()).collect();
+        r
+    };
+    for _ in 0..2 {
+        let p = e.place(&whole(&["L4"])).expect("an L4 is idle");
+        e.assign(&p).expect("fits");
+    }
+    let err = e.place(&whole(&["L4"])).expect_err("both L4s are taken");
+    assert_eq!(err.free_by_model["L4"].idle_gpus, 0);
+    assert_eq!(err.free_by_model["H100"].idle_gpus, 2);
+    assert_eq!(err.free_by_model["H100"].free_memory, MiB(160 * 1024));
+    let text = err.to_string();
+    assert!(
+        text.contains("Free by GPU model: H100 2 of 2 GPUs idle, 160 GiB free; L4 0 of 2 GPUs idle, 0 MiB free"),
+        "{text}"
+    );
+}
