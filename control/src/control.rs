@@ -485,10 +485,35 @@ impl Control {
             .task_definition
             .as_deref()
             .and_then(|raw| e.task_definition(raw));
-        if patch.desired_count.is_none() && patch.task_definition.is_none() {
-            e.add("(body)", "give desired_count and/or task_definition");
+        if patch.is_empty() {
+            e.add(
+                "(body)",
+                "give desired_count, task_definition, strategy, constraints, deployment or stop_timeout_secs",
+            );
         }
         e.finish()?;
+        // Settings go through the same rules as a new service's.
+        let settings = if patch.changes_settings() {
+            let input = ServiceInput {
+                name: service.name.clone(),
+                task_definition: service.task_definition.to_string(),
+                pool: service.pool.to_string(),
+                desired_count: service.desired_count,
+                strategy: match &patch.strategy {
+                    Some(s) => s.clone(),
+                    None => service.strategy.map(|p| p.as_str().to_owned()),
+                },
+                constraints: patch
+                    .constraints
+                    .clone()
+                    .unwrap_or_else(|| service.constraints.clone()),
+                deployment: Some(patch.deployment.unwrap_or(service.deployment)),
+                stop_timeout_secs: patch.stop_timeout_secs.unwrap_or(service.stop_timeout_secs),
+            };
+            Some(crate::inputs::validate_service(&input)?)
+        } else {
+            None
+        };
         if let Some(r) = &new_def {
             self.usable_definition(r).await?;
         }
@@ -503,6 +528,37 @@ impl Control {
                 ),
             )
             .await;
+        }
+        if let Some(new) = settings {
+            let mut changed = Vec::new();
+            if new.strategy != service.strategy {
+                changed.push(format!(
+                    "strategy {}",
+                    new.strategy.map_or("the pool's", |p| p.as_str())
+                ));
+            }
+            if new.constraints != service.constraints {
+                changed.push("constraints".to_owned());
+            }
+            if new.deployment != service.deployment {
+                changed.push(format!(
+                    "deployment minimum healthy {}% maximum {}%",
+                    new.deployment.minimum_healthy_percent, new.deployment.maximum_percent
+                ));
+            }
+            if new.stop_timeout_secs != service.stop_timeout_secs {
+                changed.push(format!("stop timeout {} s", new.stop_timeout_secs));
+            }
+            if !changed.is_empty() {
+                self.store.update_service_settings(&new).await?;
+                self.event(
+                    Some(name),
+                    None,
+                    &format!("settings changed: {}", changed.join(", ")),
+                )
+                .await;
+                self.capacity_changed();
+            }
         }
         if let Some(r) = new_def.filter(|r| *r != service.task_definition) {
             let id = self.store.start_deployment(name, &r, false).await?;

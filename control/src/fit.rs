@@ -567,6 +567,7 @@ impl Control {
             &crate::inputs::ServicePatch {
                 desired_count: None,
                 task_definition: Some(def.reference().to_string()),
+                ..Default::default()
             },
         )
         .await?;

@@ -393,6 +393,9 @@ pub trait ServiceStore: Send + Sync + 'static {
         deployments: &[i64],
     ) -> Result<std::collections::HashMap<i64, u32>, StoreError>;
     async fn set_desired_count(&self, name: &str, desired: u32) -> Result<(), StoreError>;
+    /// Writes a service's placement and rollout settings (strategy, constraints,
+    /// deployment percentages, stop timeout); its name, pool, count and revision stay.
+    async fn update_service_settings(&self, service: &Service) -> Result<(), StoreError>;
     /// Points the service at `r` and makes a new primary deployment for it; the old
     /// primary becomes `active` (or `rolled_back` when `rollback_from` names it).
     async fn start_deployment(

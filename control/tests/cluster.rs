@@ -59,6 +59,7 @@ async fn one_server_schedules_another_takes_over_and_the_old_one_is_fenced_off()
         &ServicePatch {
             desired_count: Some(4),
             task_definition: None,
+            ..Default::default()
         },
     )
     .await

@@ -45,6 +45,7 @@ async fn scaling_places_tasks_on_registered_hosts_and_agents_get_their_env() {
         &ServicePatch {
             desired_count: Some(9),
             task_definition: None,
+            ..Default::default()
         },
     )
     .await
@@ -61,6 +62,7 @@ async fn scaling_places_tasks_on_registered_hosts_and_agents_get_their_env() {
         &ServicePatch {
             desired_count: Some(2),
             task_definition: None,
+            ..Default::default()
         },
     )
     .await
@@ -146,6 +148,7 @@ async fn rolling_deployment_respects_minimum_healthy_and_maximum_percent() {
         &ServicePatch {
             desired_count: None,
             task_definition: Some(v2.clone()),
+            ..Default::default()
         },
     )
     .await
@@ -200,6 +203,7 @@ async fn failing_deployment_is_rolled_back_by_the_circuit_breaker() {
         &ServicePatch {
             desired_count: None,
             task_definition: Some(v2.clone()),
+            ..Default::default()
         },
     )
     .await
@@ -373,6 +377,7 @@ async fn many_clients_scaling_at_once_never_overcommit_a_gpu() {
                     &ServicePatch {
                         desired_count: Some(count),
                         task_definition: None,
+                        ..Default::default()
                     },
                 )
                 .await
@@ -544,5 +549,78 @@ async fn a_task_pulling_its_image_stays_assigned_and_says_so_and_a_refused_pull_
     assert_eq!(
         t.stop_reason.as_deref(),
         Some(format!("cannot start: {why}").as_str())
+    );
+}
+
+#[tokio::test]
+async fn a_services_settings_change_in_place_by_the_rules_of_a_new_one() {
+    use tessera_control::inputs::ServicePatch;
+    use tessera_model::service::ServiceConstraints;
+    let env = env(fast()).await;
+    let c = &env.control;
+    let _a = host(c, "a", 2, 24).await;
+    let def = register_def(c, "infer", 10, 40).await;
+    service(c, "infer", &def, 1, DeploymentConfig::default()).await;
+    let patched = c
+        .update_service(
+            "infer",
+            &ServicePatch {
+                strategy: Some(Some("spread_gpu".into())),
+                constraints: Some(ServiceConstraints {
+                    max_per_gpu: Some(1),
+                    ..Default::default()
+                }),
+                stop_timeout_secs: Some(45),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("patched");
+    assert_eq!(patched.stop_timeout_secs, 45);
+    assert_eq!(patched.constraints.max_per_gpu, Some(1));
+    assert_eq!(patched.strategy.map(|p| p.as_str()), Some("spread_gpu"));
+    // Back to the pool's policy with null.
+    let back = c
+        .update_service(
+            "infer",
+            &ServicePatch {
+                strategy: Some(None),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("patched");
+    assert_eq!(back.strategy, None);
+    assert_eq!(back.stop_timeout_secs, 45, "what is left out stays");
+    // The same rules as a new service: every broken one named, nothing written.
+    let err = c
+        .update_service(
+            "infer",
+            &ServicePatch {
+                stop_timeout_secs: Some(0),
+                strategy: Some(Some("tightest".into())),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect_err("refused");
+    let text = format!("{err:?}");
+    assert!(
+        text.contains("stop_timeout_secs") && text.contains("strategy"),
+        "{text}"
+    );
+    assert_eq!(
+        c.store()
+            .get_service("infer")
+            .await
+            .unwrap()
+            .stop_timeout_secs,
+        45
+    );
+    // An empty patch says what it may hold.
+    assert!(
+        c.update_service("infer", &ServicePatch::default())
+            .await
+            .is_err()
     );
 }

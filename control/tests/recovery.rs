@@ -253,6 +253,7 @@ async fn stopped_tasks_events_and_finished_deployments_are_pruned_after_the_rete
         &tessera_control::inputs::ServicePatch {
             desired_count: Some(0),
             task_definition: None,
+            ..Default::default()
         },
     )
     .await

@@ -85,8 +85,8 @@ pub struct ServiceInput {
     pub stop_timeout_secs: u32,
 }
 
-/// `PATCH /api/v1/services/{name}`: at least one of the two (its schema is in
-/// `crate::schema`).
+/// `PATCH /api/v1/services/{name}`: at least one field (its schema is in `crate::schema`).
+/// Every field left out stays as it is; the pool never changes.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServicePatch {
@@ -95,6 +95,44 @@ pub struct ServicePatch {
     /// `family:revision`; a new revision starts a rolling deployment.
     #[serde(default)]
     pub task_definition: Option<String>,
+    /// The placement policy for the service's next placements; `null`: the pool's.
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub strategy: Option<Option<String>>,
+    /// Where its next tasks may run (tasks already placed stay).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub constraints: Option<ServiceConstraints>,
+    /// How its next rollouts replace tasks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deployment: Option<DeploymentConfig>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_timeout_secs: Option<u32>,
+}
+
+impl ServicePatch {
+    /// Whether it changes more than the count and the revision.
+    pub fn changes_settings(&self) -> bool {
+        self.strategy.is_some()
+            || self.constraints.is_some()
+            || self.deployment.is_some()
+            || self.stop_timeout_secs.is_some()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.desired_count.is_none() && self.task_definition.is_none() && !self.changes_settings()
+    }
+}
+
+/// A field that is present, `null` included (`Some(None)`), as opposed to left out (`None`).
+fn present<'de, D, T>(d: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<T>::deserialize(d).map(Some)
 }
 
 /// `POST /api/v1/placement-preview`.

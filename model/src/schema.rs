@@ -170,12 +170,20 @@ string_schema!(
     "ServicePatch",
     from_json(json!({
         "type": "object",
-        "description": "Scale (desired_count) and/or deploy a new revision (task_definition): at least one.",
+        "description": "Scale (desired_count), deploy a new revision (task_definition), or change how its next tasks are placed and rolled out: at least one field; what is left out stays. The pool never changes.",
         "minProperties": 1,
         "additionalProperties": false,
         "properties": {
             "desired_count": {"type": "integer", "minimum": 0, "maximum": crate::api::MAX_DESIRED},
-            "task_definition": {"type": "string", "pattern": TASK_DEF_REF_PATTERN, "description": "family:revision; a new revision starts a rolling deployment"}
+            "task_definition": {"type": "string", "pattern": TASK_DEF_REF_PATTERN, "description": "family:revision; a new revision starts a rolling deployment"},
+            "strategy": {
+                "type": ["string", "null"],
+                "enum": crate::PlacementPolicy::ALL.iter().map(|p| json!(p.as_str())).chain([Value::Null]).collect::<Vec<_>>(),
+                "description": "the placement policy for its next placements; null: the pool's"
+            },
+            "constraints": {"$ref": "#/components/schemas/ServiceConstraints"},
+            "deployment": {"$ref": "#/components/schemas/DeploymentConfig"},
+            "stop_timeout_secs": {"type": "integer", "minimum": 1, "maximum": 600}
         }
     }))
 );

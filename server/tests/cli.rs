@@ -397,7 +397,7 @@ fn apply_changes_only_what_differs_waits_for_steady_and_fails_on_a_rollback() {
     let out = s.cli(&["apply", "-f", f]);
     assert_eq!(out.status.code(), Some(1));
     assert!(
-        text(&out).contains("pool (inference → training) cannot change in place"),
+        text(&out).contains("its pool cannot change in place (inference → training)"),
         "{}",
         text(&out)
     );
@@ -407,11 +407,42 @@ fn apply_changes_only_what_differs_waits_for_steady_and_fails_on_a_rollback() {
         "the failed revision stays; no new one"
     );
 
+    // Settings change in place: no new revision, no deployment.
+    std::fs::write(
+        &file,
+        chat("llama-3.1-8b", 2, r#"["sleep", "infinity"]"#).replace(
+            "desired_count: 2",
+            "desired_count: 2\nstop_timeout_secs: 45\nconstraints:\n  max_per_gpu: 1",
+        ),
+    )
+    .unwrap();
+    let settings = s.ok(&["apply", "-f", f, "--dry-run"]);
+    assert!(
+        settings.contains("constraints") && settings.contains("stop timeout 30 → 45 s"),
+        "{settings}"
+    );
+    assert!(
+        s.ok(&["describe", "service", "chat"])
+            .contains("stop timeout 30 s")
+    );
+    // For real (the definition differs from the rolled-back chat:3 too: chat:4).
+    let applied = s.ok(&["apply", "-f", f, "--wait"]);
+    assert!(
+        applied.contains("steady, 2 tasks of chat:4 running"),
+        "{applied}"
+    );
+    assert!(
+        s.ok(&["describe", "service", "chat"])
+            .contains("stop timeout 45 s")
+    );
+    let settled = s.ok(&["apply", "-f", f]);
+    assert!(settled.contains("nothing to change"), "{settled}");
+
     // The placement preview of the file's service commits nothing.
     std::fs::write(&file, chat("llama-3.1-8b", 2, r#"["sleep", "infinity"]"#)).unwrap();
     let preview = s.ok(&["preview", "-f", f, "--count", "1"]);
     assert!(
-        preview.contains("1 of 1 tasks of chat:3 would be placed"),
+        preview.contains("1 of 1 tasks of chat:4 would be placed"),
         "{preview}"
     );
 }

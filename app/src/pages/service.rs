@@ -134,14 +134,14 @@ fn Detail(
             <form on:submit=move |ev| {
                 ev.prevent_default();
                 let d = scale_to.get_untracked().trim().parse().unwrap_or(u32::MAX);
-                patch.dispatch((n1.clone(), ServicePatch { desired_count: Some(d), task_definition: None }));
+                patch.dispatch((n1.clone(), ServicePatch { desired_count: Some(d), task_definition: None, ..Default::default()  }));
             }>
                 <label>"Desired tasks " <input type="text" inputmode="numeric" name="desired_count" size="5" bind:value=scale_to /></label>
                 <button type="submit" title=move || operate.get() disabled=move || operate.get().is_some()>"Scale"</button>
             </form>
             <form on:submit=move |ev| {
                 ev.prevent_default();
-                patch.dispatch((n2.clone(), ServicePatch { desired_count: None, task_definition: Some(revision.get_untracked()) }));
+                patch.dispatch((n2.clone(), ServicePatch { desired_count: None, task_definition: Some(revision.get_untracked()), ..Default::default()  }));
             }>
                 <label>
                     "Revision "

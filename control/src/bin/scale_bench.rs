@@ -75,6 +75,7 @@ async fn scale_up(
             &ServicePatch {
                 desired_count: Some(tasks as u32),
                 task_definition: None,
+                ..Default::default()
             },
         )
         .await?;

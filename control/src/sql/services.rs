@@ -219,6 +219,26 @@ impl ServiceStore for This {
         updated(done, "service", name)
     }
 
+    async fn update_service_settings(&self, s: &Service) -> Result<(), StoreError> {
+        let constraints = serde_json::to_string(&s.constraints)
+            .map_err(|e| StoreError::corrupt("service constraints", e))?;
+        let done = self
+            .write_one(
+                sqlx::query(
+                    "UPDATE services SET strategy = $1, constraints = $2, minimum_healthy_percent = $3,
+                         maximum_percent = $4, stop_timeout_secs = $5 WHERE name = $6",
+                )
+                .bind(s.strategy.map(|p| p.as_str()))
+                .bind(constraints)
+                .bind(i64::from(s.deployment.minimum_healthy_percent))
+                .bind(i64::from(s.deployment.maximum_percent))
+                .bind(i64::from(s.stop_timeout_secs))
+                .bind(&s.name),
+            )
+            .await?;
+        updated(done, "service", &s.name)
+    }
+
     async fn start_deployment(
         &self,
         name: &str,

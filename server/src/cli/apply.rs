@@ -224,6 +224,9 @@ enum SvcAction {
     Update {
         from_count: u32,
         from_def: TaskDefRef,
+        /// Settings that change in place, in words, and as the patch sends them.
+        settings: Vec<String>,
+        patch: Map<String, Value>,
     },
     Unchanged,
 }
@@ -351,33 +354,45 @@ async fn resolve(
     }
 }
 
-/// What differs between a service and its file that a patch cannot change.
-fn fixed_differences(s: &Service, i: &ServiceInput) -> Vec<String> {
-    let mut out = Vec::new();
-    if s.pool.as_str() != i.pool {
-        out.push(format!("pool ({} → {})", s.pool, i.pool));
-    }
+/// The settings of a service that its file changes, in words and as a patch (the pool
+/// is not among them: it never changes in place).
+fn settings_changes(
+    s: &Service,
+    i: &ServiceInput,
+) -> anyhow::Result<(Vec<String>, Map<String, Value>)> {
+    let (mut words, mut patch) = (Vec::new(), Map::new());
     let strategy = s.strategy.map(|p| p.to_string());
     if strategy != i.strategy {
-        out.push(format!(
-            "strategy ({} → {})",
+        words.push(format!(
+            "strategy {} → {}",
             strategy.as_deref().unwrap_or("the pool's"),
             i.strategy.as_deref().unwrap_or("the pool's")
         ));
+        patch.insert("strategy".into(), serde_json::to_value(&i.strategy)?);
     }
     if s.constraints != i.constraints {
-        out.push("constraints".into());
+        words.push("constraints".into());
+        patch.insert("constraints".into(), serde_json::to_value(&i.constraints)?);
     }
-    if s.deployment != i.deployment.unwrap_or_default() {
-        out.push("deployment".into());
+    let deployment = i.deployment.unwrap_or_default();
+    if s.deployment != deployment {
+        words.push(format!(
+            "deployment {}–{}% → {}–{}%",
+            s.deployment.minimum_healthy_percent,
+            s.deployment.maximum_percent,
+            deployment.minimum_healthy_percent,
+            deployment.maximum_percent
+        ));
+        patch.insert("deployment".into(), serde_json::to_value(deployment)?);
     }
     if s.stop_timeout_secs != i.stop_timeout_secs {
-        out.push(format!(
-            "stop_timeout_secs ({} → {})",
+        words.push(format!(
+            "stop timeout {} → {} s",
             s.stop_timeout_secs, i.stop_timeout_secs
         ));
+        patch.insert("stop_timeout_secs".into(), i.stop_timeout_secs.into());
     }
-    out
+    Ok((words, patch))
 }
 
 pub async fn apply(c: &Client, paths: &[PathBuf], opts: Options) -> anyhow::Result<()> {
@@ -410,23 +425,26 @@ pub async fn apply(c: &Client, paths: &[PathBuf], opts: Options) -> anyhow::Resu
             .await
         {
             Ok(current) => {
-                let fixed = fixed_differences(&current.service, input);
-                if !fixed.is_empty() {
+                if current.service.pool.as_str() != input.pool {
                     refused.push(format!(
-                        "service {}: {} cannot change in place; delete the service (`DELETE /api/v1/services/{}`) and apply again",
-                        input.name,
-                        fixed.join(", "),
-                        input.name
+                        "service {}: its pool cannot change in place ({} → {}); delete the service (`DELETE /api/v1/services/{}`) and apply again",
+                        input.name, current.service.pool, input.pool, input.name
                     ));
                 }
+                let (settings, patch) = settings_changes(&current.service, input)?;
                 let def_differs = match &resolved {
                     Some(r) => *r != current.service.task_definition,
                     None => family_only && changes_def,
                 };
-                if def_differs || current.service.desired_count != input.desired_count {
+                if def_differs
+                    || current.service.desired_count != input.desired_count
+                    || !settings.is_empty()
+                {
                     SvcAction::Update {
                         from_count: current.service.desired_count,
                         from_def: current.service.task_definition.clone(),
+                        settings,
+                        patch,
                     }
                 } else {
                     SvcAction::Unchanged
@@ -497,6 +515,8 @@ pub async fn apply(c: &Client, paths: &[PathBuf], opts: Options) -> anyhow::Resu
             SvcAction::Update {
                 from_count,
                 from_def,
+                settings,
+                ..
             } => {
                 changes += 1;
                 let mut what = Vec::new();
@@ -511,6 +531,7 @@ pub async fn apply(c: &Client, paths: &[PathBuf], opts: Options) -> anyhow::Resu
                         "task definition {from_def} → {def} (rolling deployment)"
                     ));
                 }
+                what.extend(settings.iter().cloned());
                 say!("~ service {}: {}", p.input.name, what.join(", "));
             }
             SvcAction::Unchanged => say!("= service {}: unchanged", p.input.name),
@@ -586,8 +607,8 @@ pub async fn apply(c: &Client, paths: &[PathBuf], opts: Options) -> anyhow::Resu
                     .with_context(|| format!("creating service {}", p.input.name))?;
                 say!("created service {}", p.input.name);
             }
-            SvcAction::Update { .. } => {
-                let mut patch = Map::new();
+            SvcAction::Update { patch, .. } => {
+                let mut patch = patch.clone();
                 patch.insert("desired_count".into(), p.input.desired_count.into());
                 patch.insert(
                     "task_definition".into(),
