@@ -322,9 +322,29 @@ impl Boxed {
         }
     }
 
-    /// Takes over a container a previous run of the agent started.
-    pub fn adopt(engine: &Engine, name: String, docker_name: String, logs: LogFiles) -> Boxed {
-        let phase = Arc::new(Mutex::new(Phase::Starting));
+    /// Takes over a container a previous run of the agent started. Its state is read
+    /// before this returns, so the agent's first report after a restart already says it
+    /// runs (a task left out of a report would be taken for lost).
+    pub async fn adopt(
+        engine: &Engine,
+        name: String,
+        docker_name: String,
+        logs: LogFiles,
+    ) -> Boxed {
+        let state = engine
+            .docker
+            .inspect_container(&docker_name, None::<InspectContainerOptions>)
+            .await
+            .ok()
+            .and_then(|i| i.state);
+        let first = match state {
+            Some(s) if s.running == Some(true) => {
+                Phase::Running(s.pid.and_then(|p| u32::try_from(p).ok()).filter(|p| *p > 0))
+            }
+            Some(s) => Phase::Exited(s.exit_code.and_then(|c| i32::try_from(c).ok())),
+            None => Phase::Exited(None),
+        };
+        let phase = Arc::new(Mutex::new(first));
         let driver = tokio::spawn(watch(
             engine.clone(),
             docker_name.clone(),

@@ -286,7 +286,7 @@ impl Runtime {
         for (task_id, name, docker_name) in engine.marked(&self.mark).await? {
             tracing::info!(task = %task_id, container = %name, "re-adopted a container left by the previous agent");
             let logs = self.log_files(&task_id, &name);
-            let boxed = docker::Boxed::adopt(&engine, name, docker_name, logs);
+            let boxed = docker::Boxed::adopt(&engine, name, docker_name, logs).await;
             let stop_timeout = saved
                 .tasks
                 .get(&task_id)
