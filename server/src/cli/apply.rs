@@ -107,14 +107,32 @@ fn read_documents(paths: &[PathBuf]) -> anyhow::Result<Vec<(String, Value)>> {
     Ok(docs)
 }
 
+/// Fields of an ECS task definition that ECS reports but never takes on registration.
+const ECS_OUTPUT_ONLY: &[&str] = &[
+    "taskDefinitionArn",
+    "revision",
+    "status",
+    "requiresAttributes",
+    "compatibilities",
+    "registeredAt",
+    "registeredBy",
+    "deregisteredAt",
+];
+
 /// What a document is: `kind: TaskDefinition` or `kind: Service`, else its fields say.
 fn classify(source: String, value: Value) -> anyhow::Result<Doc> {
     let Value::Object(mut o) = value else {
         bail!("{source}: a document must be an object (a task definition or a service)");
     };
-    // What `aws ecs describe-task-definition` prints.
+    // What `aws ecs describe-task-definition` prints: the definition, with fields ECS
+    // sets itself (never part of what is registered, and different on every export).
     if let Some(Value::Object(inner)) = o.get("taskDefinition") {
         o = inner.clone();
+    }
+    if o.contains_key("containerDefinitions") {
+        for k in ECS_OUTPUT_ONLY {
+            o.remove(*k);
+        }
     }
     let kind = match o.remove("kind") {
         Some(Value::String(k)) => Some(k.to_lowercase().replace(['-', '_'], "")),
@@ -807,4 +825,53 @@ pub async fn preview(c: &Client, path: &Path, count: Option<u32>) -> anyhow::Res
         bail!("{}: no service in the file to preview", path.display());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_exported_ecs_definition_is_read_without_what_ecs_set_itself() {
+        let exported = serde_json::json!({"taskDefinition": {
+            "taskDefinitionArn": "arn:aws:ecs:us-east-1:123456789012:task-definition/infer:7",
+            "family": "infer", "revision": 7, "status": "ACTIVE",
+            "registeredAt": "2026-11-02T10:00:00Z", "registeredBy": "arn:aws:iam::123:user/ops",
+            "requiresAttributes": [{"name": "com.amazonaws.ecs.capability.docker-remote-api.1.17"}],
+            "compatibilities": ["EC2"], "networkMode": "awsvpc",
+            "cpu": "2048", "memory": "4096",
+            "containerDefinitions": [{"name": "m", "image": "r/infer:1", "essential": true,
+                "resourceRequirements": [{"type": "GPU", "value": "1"}]}]
+        }});
+        let Doc::TaskDef { body, spec, .. } = classify("t".into(), exported).expect("reads") else {
+            panic!("a task definition");
+        };
+        for k in ECS_OUTPUT_ONLY {
+            assert!(body.get(*k).is_none(), "{k} dropped");
+            assert!(!spec.ecs.contains_key(*k), "{k} not kept");
+        }
+        // What the operator wrote is kept.
+        assert_eq!(spec.ecs["networkMode"], "awsvpc");
+        assert_eq!(spec.containers[0].image.as_deref(), Some("r/infer:1"));
+    }
+
+    #[test]
+    fn documents_say_what_they_are_or_are_told_apart_by_their_fields() {
+        let svc = serde_json::json!({"name": "s", "task_definition": "f", "pool": "p"});
+        assert!(matches!(
+            classify("a".into(), svc).unwrap(),
+            Doc::Service { .. }
+        ));
+        let err = classify("b".into(), serde_json::json!({"name": "x"}))
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("kind: TaskDefinition"), "{err}");
+        let err = classify("c".into(), serde_json::json!({"kind": "Pod"}))
+            .err()
+            .unwrap();
+        assert!(
+            err.to_string().contains("give TaskDefinition or Service"),
+            "{err}"
+        );
+    }
 }
