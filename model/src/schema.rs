@@ -240,7 +240,7 @@ pub fn native_task_definition() -> Schema {
                         "command": command(),
                         "env": {"type": "object", "propertyNames": env_name(), "additionalProperties": {"type": "string"}},
                         "secrets": {"type": "object", "propertyNames": env_name(), "additionalProperties": {"$ref": "#/components/schemas/Secret"}},
-                        "cpu_milli": whole(1, 1_000_000),
+                        "cpu_milli": {"type": "integer", "minimum": 0, "maximum": 1_000_000, "description": "CPU reserved, in thousandths of a core; 0 reserves none (as an ECS container without cpu)"},
                         "memory_mib": whole(1, MAX_MEMORY_MIB),
                         "gpu": {
                             "oneOf": [

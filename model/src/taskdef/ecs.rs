@@ -378,6 +378,8 @@ pub fn to_ecs_json(spec: &TaskDefinitionSpec) -> Value {
             match given_cpu {
                 Some(u) if ecs_units_to_milli(u) == ct.cpu_milli.0 => {}
                 None if cpu_share.is_some_and(|s| ecs_units_to_milli(s) == ct.cpu_milli.0) => {}
+                // Given nowhere, reserved none.
+                None if cpu_share.is_none() && ct.cpu_milli.0 == 0 => {}
                 _ => d["cpu"] = milli_to_ecs_units(ct.cpu_milli).into(),
             }
             let given_memory = ct.ecs.get("memory").and_then(Value::as_u64);

@@ -162,11 +162,13 @@ pub(super) fn parse_native_container(
             ),
         ),
     }
+    // 0 reserves no CPU, as an ECS container without `cpu` does: both shapes follow one
+    // rule, so every stored definition reads back in either.
     let cpu = c.number(
         o,
         "cpu_milli",
         &join(prefix, "cpu_milli"),
-        1,
+        0,
         1_000_000,
         true,
     );

@@ -38,7 +38,7 @@ fn every_error_names_its_field() {
     let errs = errors(json!({
         "family": "bad family!",
         "containers": [
-            {"name": "a", "command": [], "cpu_milli": 0, "memory_mib": 64,
+            {"name": "a", "command": [], "cpu_milli": 2_000_000, "memory_mib": 64,
              "gpu": {"mps": {"memory_mib": 8192, "max_compute_percent": 150}}},
             {"name": "a", "command": ["x"], "cpu_milli": 10, "memory_mib": 64,
              "env": {"CUDA_VISIBLE_DEVICES": "0"}, "gpu": {"gpus": 1}}
@@ -349,4 +349,22 @@ fn ecs_cpu_units_come_back_exactly_and_sizes_follow_ecs_rules() {
             .any(|(f, _)| f == "containerDefinitions[0].command"),
         "{errs:?}"
     );
+}
+
+#[test]
+fn an_ecs_container_without_cpu_reserves_none_and_reads_back_in_tessera_shape() {
+    for ecs in [
+        json!({"family": "nocpu", "containerDefinitions": [{"name": "m", "image": "r/m:1", "memory": 512}]}),
+        json!({"family": "zerocpu", "containerDefinitions": [{"name": "m", "image": "r/m:1", "memory": 512, "cpu": 0}]}),
+    ] {
+        let spec = parse_task_definition(&ecs).expect("ECS accepts it");
+        assert_eq!(spec.containers[0].cpu_milli, MilliCpu(0));
+        let back = serde_json::to_value(&spec).expect("json");
+        assert_eq!(parse_task_definition(&back).expect("reads back"), spec);
+        let again = to_ecs_json(&spec);
+        assert_eq!(
+            again["containerDefinitions"][0].get("cpu"),
+            ecs["containerDefinitions"][0].get("cpu")
+        );
+    }
 }
