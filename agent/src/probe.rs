@@ -279,11 +279,15 @@ pub struct SimulatedProbe {
     /// A file listing GPU indexes (one per line) that have "fallen off the bus": left out
     /// of the inventory, as a real GPU that NVML no longer sees (for drills).
     removed: Option<std::path::PathBuf>,
+    /// When each simulated task (by its first process id) was first measured: its cycle
+    /// starts there.
+    first_seen: std::collections::HashMap<u32, std::time::Instant>,
 }
 
 /// The share of its GPU memory budget a simulated task uses at its peak: from this
 /// variable in the task's environment, 0.6 when unset. Use varies over a five-minute cycle
-/// between 88 % and 100 % of that peak. Above 1 (e.g. `1.3`) the task wants more than its
+/// between 88 % and 100 % of that peak, starting at the peak (as a model's load does), so
+/// the first measure already shows it. Above 1 (e.g. `1.3`) the task wants more than its
 /// budget: as under MPS, it holds at most the budget and each measure counts an
 /// allocation refused at the limit.
 pub const SIM_USE_ENV: &str = "TESSERA_SIM_GPU_USE";
@@ -291,14 +295,10 @@ pub const SIM_USE_ENV: &str = "TESSERA_SIM_GPU_USE";
 /// The GPU memory a simulated task uses at its peak, in MiB; wins over [`SIM_USE_ENV`].
 pub const SIM_MIB_ENV: &str = "TESSERA_SIM_GPU_MIB";
 
-/// Where in its cycle a simulated task is: 0 to 1, from the clock and a phase that
-/// differs per task (its first process id).
-fn sim_wave(pids: &[u32]) -> f64 {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64());
-    let phase = pids.first().copied().unwrap_or(0) as f64 * 0.7;
-    0.5 + 0.5 * (secs * std::f64::consts::TAU / 300.0 + phase).sin()
+/// Where in its five-minute cycle a simulated task is, `secs` after it was first
+/// measured: 0 (its peak) at the start, 1 (its low) half-way.
+fn sim_wave(secs: f64) -> f64 {
+    0.5 - 0.5 * (secs * std::f64::consts::TAU / 300.0).cos()
 }
 
 impl SimulatedProbe {
@@ -333,6 +333,7 @@ impl SimulatedProbe {
             memory: MiB(gb * 1024),
             host_tag: host_tag.to_owned(),
             removed: None,
+            first_seen: Default::default(),
         })
     }
 
@@ -412,10 +413,19 @@ impl GpuProbe for SimulatedProbe {
             .unwrap_or(100.0);
         // Between 88 % and 100 % of the peak share along the cycle; without processes
         // (tests) at the peak.
-        let level = if task.pids.is_empty() {
-            1.0
-        } else {
-            1.0 - 0.12 * sim_wave(task.pids)
+        let level = match task.pids.first() {
+            None => 1.0,
+            Some(&pid) => {
+                // Ended tasks' entries go once there are many.
+                if self.first_seen.len() > 10_000 {
+                    self.first_seen.clear();
+                }
+                let since = *self
+                    .first_seen
+                    .entry(pid)
+                    .or_insert_with(std::time::Instant::now);
+                1.0 - 0.12 * sim_wave(since.elapsed().as_secs_f64())
+            }
         };
         let wanted = budget as f64 * share * level;
         let refused = wanted > budget as f64;
