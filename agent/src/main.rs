@@ -91,11 +91,12 @@ enum RuntimeArg {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .init();
+    // The Docker client logs whole answers at debug level, and an inspected container's
+    // environment holds its task's secrets: it never logs below info, whatever RUST_LOG says.
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new("info"))
+        .add_directive("bollard=info".parse().expect("a valid directive"));
+    tracing_subscriber::fmt().with_env_filter(filter).init();
     let cli = Cli::parse();
     let name = cli.name.clone().unwrap_or_else(|| {
         nix::unistd::gethostname()

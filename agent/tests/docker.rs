@@ -348,6 +348,37 @@ async fn a_restarted_agent_re_adopts_by_label_never_starts_twice_and_removes_wha
 }
 
 #[tokio::test]
+async fn a_container_created_but_never_started_is_removed_and_its_task_started_afresh() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake::start(dir.path()).await;
+    let state = dir.path().join("agent");
+    // The agent's mark, from a run that started nothing.
+    let mark = {
+        let mut rt = runtime(&state, &fake).await;
+        rt.converge(&[cpu_task("probe")]);
+        until(&mut rt, "running", running("probe")).await;
+        let name = fake.requests("POST", "/containers/create")[0].query["name"].clone();
+        let mark = fake.lock().containers[&name].create["Labels"]["tessera.agent-mark"].clone();
+        rt.converge(&[]);
+        until_engine(&mut rt, &fake, "removed", <[String]>::is_empty).await;
+        mark
+    };
+    let leftover = "tessera-left-c1-worker";
+    fake.add_created(
+        leftover,
+        json!({ "tessera.task-id": "c1", "tessera.container": "worker", "tessera.agent-mark": mark }),
+    );
+    let mut rt = runtime(&state, &fake).await;
+    assert!(
+        !fake.lock().containers.contains_key(leftover),
+        "removed, not adopted"
+    );
+    assert!(rt.reports().is_empty(), "nothing reported as ended");
+    rt.converge(&[cpu_task("c1")]);
+    until(&mut rt, "started afresh", running("c1")).await;
+}
+
+#[tokio::test]
 async fn without_an_engine_an_image_is_refused_with_the_reason_in_its_log() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("agent");

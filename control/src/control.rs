@@ -530,27 +530,35 @@ impl Control {
             .await;
         }
         if let Some(new) = settings {
+            // Only what the patch gives and changes is written.
+            let mut change = crate::store::SettingsChange::default();
             let mut changed = Vec::new();
-            if new.strategy != service.strategy {
+            if patch.strategy.is_some() && new.strategy != service.strategy {
                 changed.push(format!(
                     "strategy {}",
                     new.strategy.map_or("the pool's", |p| p.as_str())
                 ));
+                change.strategy = Some(new.strategy);
             }
-            if new.constraints != service.constraints {
+            if patch.constraints.is_some() && new.constraints != service.constraints {
                 changed.push("constraints".to_owned());
+                change.constraints = Some(new.constraints.clone());
             }
-            if new.deployment != service.deployment {
+            if patch.deployment.is_some() && new.deployment != service.deployment {
                 changed.push(format!(
                     "deployment minimum healthy {}% maximum {}%",
                     new.deployment.minimum_healthy_percent, new.deployment.maximum_percent
                 ));
+                change.deployment = Some(new.deployment);
             }
-            if new.stop_timeout_secs != service.stop_timeout_secs {
+            if patch.stop_timeout_secs.is_some()
+                && new.stop_timeout_secs != service.stop_timeout_secs
+            {
                 changed.push(format!("stop timeout {} s", new.stop_timeout_secs));
+                change.stop_timeout_secs = Some(new.stop_timeout_secs);
             }
             if !changed.is_empty() {
-                self.store.update_service_settings(&new).await?;
+                self.store.update_service_settings(name, &change).await?;
                 self.event(
                     Some(name),
                     None,

@@ -15,6 +15,16 @@ use tessera_model::service::{
 use tessera_model::taskdef::TaskDefinitionSpec;
 use tessera_model::{HostId, HostInfo, HostStatus, MiB, MilliCpu, PoolInfo, PoolName};
 
+/// Settings of a service that change in place, each `None` when it stays.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SettingsChange {
+    /// `Some(None)`: back to the pool's policy.
+    pub strategy: Option<Option<tessera_model::PlacementPolicy>>,
+    pub constraints: Option<tessera_model::service::ServiceConstraints>,
+    pub deployment: Option<tessera_model::service::DeploymentConfig>,
+    pub stop_timeout_secs: Option<u32>,
+}
+
 /// A task to create.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewTask {
@@ -177,6 +187,7 @@ pub struct AuditFilter {
 #[async_trait]
 pub trait AuthStore: Send + Sync + 'static {
     async fn count_users(&self) -> Result<u64, StoreError>;
+
     /// A new user; `Conflict` when the name is taken.
     async fn insert_user(
         &self,
@@ -393,9 +404,14 @@ pub trait ServiceStore: Send + Sync + 'static {
         deployments: &[i64],
     ) -> Result<std::collections::HashMap<i64, u32>, StoreError>;
     async fn set_desired_count(&self, name: &str, desired: u32) -> Result<(), StoreError>;
-    /// Writes a service's placement and rollout settings (strategy, constraints,
-    /// deployment percentages, stop timeout); its name, pool, count and revision stay.
-    async fn update_service_settings(&self, service: &Service) -> Result<(), StoreError>;
+    /// Writes the placement and rollout settings `change` gives, and only those (a
+    /// concurrent change of another setting is kept); the service's name, pool, count and
+    /// revision stay.
+    async fn update_service_settings(
+        &self,
+        name: &str,
+        change: &SettingsChange,
+    ) -> Result<(), StoreError>;
     /// Points the service at `r` and makes a new primary deployment for it; the old
     /// primary becomes `active` (or `rolled_back` when `rollback_from` names it).
     async fn start_deployment(

@@ -10,7 +10,7 @@
 
 use super::CappedLog;
 use bollard::container::LogOutput;
-use bollard::models::{ContainerCreateBody, DeviceRequest, HostConfig};
+use bollard::models::{ContainerCreateBody, ContainerSummaryStateEnum, DeviceRequest, HostConfig};
 use bollard::query_parameters::{
     CreateContainerOptions, CreateImageOptions, InspectContainerOptions, KillContainerOptions,
     ListContainersOptions, LogsOptions, RemoveContainerOptions, StopContainerOptions,
@@ -72,11 +72,9 @@ impl Engine {
         }
     }
 
-    pub fn socket(&self) -> &Path {
-        &self.socket
-    }
-
-    /// This agent's containers, by task: `(task id, container name, Docker name)`.
+    /// This agent's containers, by task: `(task id, container name, Docker name)`. One
+    /// that was created but never started (the agent stopped between the two) is removed
+    /// instead: its task is started again like any other.
     pub async fn marked(&self, mark: &str) -> Result<Vec<(String, String, String)>, String> {
         let filters = HashMap::from([("label".to_owned(), vec![format!("{LABEL_MARK}={mark}")])]);
         let list = self
@@ -88,7 +86,7 @@ impl Engine {
             }))
             .await
             .map_err(|e| e.to_string())?;
-        Ok(list
+        let list = list
             .into_iter()
             .filter_map(|c| {
                 let labels = c.labels?;
@@ -97,13 +95,42 @@ impl Engine {
                     return None;
                 }
                 let name = c.names?.first()?.trim_start_matches('/').to_owned();
+                let never_started = c.state == Some(ContainerSummaryStateEnum::CREATED);
                 Some((
                     labels.get(LABEL_TASK)?.clone(),
                     labels.get(LABEL_CONTAINER)?.clone(),
                     name,
+                    never_started,
                 ))
             })
-            .collect())
+            .collect::<Vec<_>>();
+        let mut kept = Vec::new();
+        for (task, container, name, never_started) in list {
+            if never_started {
+                tracing::info!(task = %task, container = %name, "removing a container that was never started");
+                self.remove(&name).await;
+            } else {
+                kept.push((task, container, name));
+            }
+        }
+        Ok(kept)
+    }
+
+    /// A started container's phase now: running (with its main process) or ended.
+    async fn phase_of(&self, docker_name: &str) -> Phase {
+        let state = self
+            .docker
+            .inspect_container(docker_name, None::<InspectContainerOptions>)
+            .await
+            .ok()
+            .and_then(|i| i.state);
+        match state {
+            Some(s) if s.running == Some(true) => {
+                Phase::Running(s.pid.and_then(|p| u32::try_from(p).ok()).filter(|p| *p > 0))
+            }
+            Some(s) => Phase::Exited(s.exit_code.and_then(|c| i32::try_from(c).ok())),
+            None => Phase::Exited(None),
+        }
     }
 
     /// Pulls `image`; the error is the registry's (or the engine's) reason.
@@ -168,8 +195,9 @@ fn reason(e: &bollard::errors::Error) -> String {
     }
 }
 
-/// What one container of a task runs.
-#[derive(Debug, Clone)]
+/// What one container of a task runs. `Debug` leaves out the environment: it holds the
+/// task's secrets.
+#[derive(Clone)]
 pub struct Launch {
     pub task_id: String,
     /// Its name in the task definition.
@@ -189,6 +217,18 @@ pub struct Launch {
     pub memory_soft: bool,
     /// The agent's mark.
     pub mark: String,
+}
+
+impl std::fmt::Debug for Launch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Launch")
+            .field("task_id", &self.task_id)
+            .field("name", &self.name)
+            .field("image", &self.image)
+            .field("env", &self.env.keys().collect::<Vec<_>>())
+            .field("gpus", &self.gpus)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The container's name on the engine: this agent's and the task's (one per task and
@@ -331,26 +371,15 @@ impl Boxed {
         docker_name: String,
         logs: LogFiles,
     ) -> Boxed {
-        let state = engine
-            .docker
-            .inspect_container(&docker_name, None::<InspectContainerOptions>)
-            .await
-            .ok()
-            .and_then(|i| i.state);
-        let first = match state {
-            Some(s) if s.running == Some(true) => {
-                Phase::Running(s.pid.and_then(|p| u32::try_from(p).ok()).filter(|p| *p > 0))
-            }
-            Some(s) => Phase::Exited(s.exit_code.and_then(|c| i32::try_from(c).ok())),
-            None => Phase::Exited(None),
-        };
-        let phase = Arc::new(Mutex::new(first));
+        let first = engine.phase_of(&docker_name).await;
+        let phase = Arc::new(Mutex::new(first.clone()));
         let driver = tokio::spawn(watch(
             engine.clone(),
             docker_name.clone(),
             phase.clone(),
             logs,
             true,
+            first,
         ));
         Boxed {
             name,
@@ -473,38 +502,28 @@ async fn drive(
         return;
     }
     tracing::info!(task = %launch.task_id, container = %launch.name, image = %launch.image, "container started");
-    watch(engine, docker_name, phase, logs, false).await;
+    let first = engine.phase_of(&docker_name).await;
+    watch(engine, docker_name, phase, logs, false, first).await;
 }
 
-/// Follows a started container: its logs, its main process, its end; then removes it.
+/// Follows a started container from its phase `first` (read just before): its logs, its
+/// main process, its end; then removes it.
 async fn watch(
     engine: Engine,
     docker_name: String,
     phase: Arc<Mutex<Phase>>,
     logs: LogFiles,
     adopted: bool,
+    first: Phase,
 ) {
-    let state = engine
-        .docker
-        .inspect_container(&docker_name, None::<InspectContainerOptions>)
-        .await
-        .ok()
-        .and_then(|i| i.state);
-    let running = state.as_ref().and_then(|s| s.running).unwrap_or(false);
-    if !running {
-        // It ended while no agent watched: its code is what the engine kept.
-        let code = state
-            .and_then(|s| s.exit_code)
-            .and_then(|c| i32::try_from(c).ok());
+    if let Phase::Exited(code) = first {
+        // It ended already (while no agent watched, or at once): its code is what the
+        // engine kept.
         engine.remove(&docker_name).await;
         set(&phase, Phase::Exited(code));
         return;
     }
-    let pid = state
-        .and_then(|s| s.pid)
-        .and_then(|p| u32::try_from(p).ok())
-        .filter(|p| *p > 0);
-    set(&phase, Phase::Running(pid));
+    set(&phase, first);
     // After an agent restart, only what is new: the earlier output is in the files.
     let since = if adopted {
         std::time::SystemTime::now()

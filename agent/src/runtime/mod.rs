@@ -198,6 +198,9 @@ pub struct Runtime {
     mps_pipe_dir: Option<PathBuf>,
     /// Runs containers that have an image; without it they are refused.
     engine: Option<Engine>,
+    /// Stop timeouts the state file kept, for containers re-adopted once the engine is
+    /// attached.
+    saved_timeouts: BTreeMap<String, Duration>,
     tasks: BTreeMap<String, Task>,
     /// Tasks that exited on their own, with their code and why they could not start,
     /// until the server has heard.
@@ -229,6 +232,11 @@ impl Runtime {
             log_cap,
             mps_pipe_dir,
             engine: None,
+            saved_timeouts: saved
+                .tasks
+                .iter()
+                .map(|(id, t)| (id.clone(), Duration::from_secs(t.stop_timeout_secs.max(1))))
+                .collect(),
             tasks: BTreeMap::new(),
             ended: BTreeMap::new(),
         };
@@ -279,20 +287,15 @@ impl Runtime {
     /// Runs containers that have an image through `engine` from now on, re-adopting the
     /// containers a previous run of this agent left (running or ended while it was away).
     pub async fn attach_engine(&mut self, engine: Engine) -> Result<(), String> {
-        let saved: Saved = std::fs::read(&self.state_file)
-            .ok()
-            .and_then(|bytes| serde_json::from_slice(&bytes).ok())
-            .unwrap_or_default();
         for (task_id, name, docker_name) in engine.marked(&self.mark).await? {
             tracing::info!(task = %task_id, container = %name, "re-adopted a container left by the previous agent");
             let logs = self.log_files(&task_id, &name);
             let boxed = docker::Boxed::adopt(&engine, name, docker_name, logs).await;
-            let stop_timeout = saved
-                .tasks
+            let stop_timeout = self
+                .saved_timeouts
                 .get(&task_id)
-                .map_or(Duration::from_secs(10), |t| {
-                    Duration::from_secs(t.stop_timeout_secs.max(1))
-                });
+                .copied()
+                .unwrap_or(Duration::from_secs(10));
             self.tasks
                 .entry(task_id)
                 .or_insert_with(|| Task {

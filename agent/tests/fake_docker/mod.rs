@@ -28,6 +28,8 @@ pub struct Container {
     pub id: String,
     pub create: Value,
     pub running: bool,
+    /// Started once (a created container that never was is listed as `created`).
+    pub started: bool,
     pub exit_code: i64,
     pub pid: i64,
 }
@@ -92,6 +94,16 @@ impl Fake {
         }
     }
 
+    /// A container created with these labels and never started (an agent that stopped
+    /// between create and start).
+    pub fn add_created(&self, name: &str, labels: Value) {
+        self.add_running(name, labels);
+        let mut g = self.lock();
+        let c = g.containers.get_mut(name).expect("just added");
+        c.running = false;
+        c.started = false;
+    }
+
     /// A container some other agent (or a person) made and started.
     pub fn add_running(&self, name: &str, labels: Value) {
         let mut g = self.lock();
@@ -103,6 +115,7 @@ impl Fake {
                 id,
                 create: json!({ "Image": "other", "Labels": labels }),
                 running: true,
+                started: true,
                 exit_code: 0,
                 pid: 4242,
             },
@@ -167,6 +180,7 @@ async fn handle(
             match g.containers.get_mut(*name) {
                 Some(c) => {
                     c.running = true;
+                    c.started = true;
                     c.pid = 30_000 + c.id.len() as i64;
                     StatusCode::NO_CONTENT.into_response()
                 }
@@ -299,7 +313,11 @@ fn list(inner: &Arc<Mutex<Inner>>, query: &BTreeMap<String, String>) -> Response
                 "Names": [format!("/{name}")],
                 "Image": c.create["Image"],
                 "Labels": c.create["Labels"],
-                "State": if c.running { "running" } else { "exited" },
+                "State": match (c.running, c.started) {
+                    (true, _) => "running",
+                    (false, true) => "exited",
+                    (false, false) => "created",
+                },
             })
         })
         .collect();
@@ -329,6 +347,7 @@ fn create(inner: &Arc<Mutex<Inner>>, query: &BTreeMap<String, String>, body: Val
             id: id.clone(),
             create: body,
             running: false,
+            started: false,
             exit_code: 0,
             pid: 0,
         },

@@ -219,24 +219,33 @@ impl ServiceStore for This {
         updated(done, "service", name)
     }
 
-    async fn update_service_settings(&self, s: &Service) -> Result<(), StoreError> {
-        let constraints = serde_json::to_string(&s.constraints)
-            .map_err(|e| StoreError::corrupt("service constraints", e))?;
-        let done = self
-            .write_one(
-                sqlx::query(
-                    "UPDATE services SET strategy = $1, constraints = $2, minimum_healthy_percent = $3,
-                         maximum_percent = $4, stop_timeout_secs = $5 WHERE name = $6",
-                )
-                .bind(s.strategy.map(|p| p.as_str()))
-                .bind(constraints)
-                .bind(i64::from(s.deployment.minimum_healthy_percent))
-                .bind(i64::from(s.deployment.maximum_percent))
-                .bind(i64::from(s.stop_timeout_secs))
-                .bind(&s.name),
-            )
-            .await?;
-        updated(done, "service", &s.name)
+    async fn update_service_settings(
+        &self,
+        name: &str,
+        change: &crate::store::SettingsChange,
+    ) -> Result<(), StoreError> {
+        let mut q = QueryBuilder::<Db>::new("UPDATE services SET name = name");
+        if let Some(strategy) = &change.strategy {
+            q.push(", strategy = ")
+                .push_bind(strategy.map(|p| p.as_str()));
+        }
+        if let Some(c) = &change.constraints {
+            let json = serde_json::to_string(c)
+                .map_err(|e| StoreError::corrupt("service constraints", e))?;
+            q.push(", constraints = ").push_bind(json);
+        }
+        if let Some(d) = &change.deployment {
+            q.push(", minimum_healthy_percent = ")
+                .push_bind(i64::from(d.minimum_healthy_percent))
+                .push(", maximum_percent = ")
+                .push_bind(i64::from(d.maximum_percent));
+        }
+        if let Some(t) = change.stop_timeout_secs {
+            q.push(", stop_timeout_secs = ").push_bind(i64::from(t));
+        }
+        q.push(" WHERE name = ").push_bind(name.to_owned());
+        let done = self.write_one(q.build()).await?;
+        updated(done, "service", name)
     }
 
     async fn start_deployment(

@@ -269,7 +269,7 @@ async fn revisions(c: &Client, family: &str) -> anyhow::Result<Option<Vec<TaskDe
 
 fn is_not_found(e: &anyhow::Error) -> bool {
     e.downcast_ref::<Exit>()
-        .is_some_and(|x| x.message.contains("404"))
+        .is_some_and(|x| x.status == Some(404))
 }
 
 fn newest_active(revs: &[TaskDefinition]) -> Option<&TaskDefinition> {
@@ -559,6 +559,7 @@ pub async fn apply(c: &Client, paths: &[PathBuf], opts: Options) -> anyhow::Resu
         return Err(Exit {
             code: 1,
             message: refused.join("\n"),
+            status: None,
         }
         .into());
     }
@@ -699,6 +700,7 @@ async fn wait_for(
                     "service {name}: {target} was rolled back to {}{why}",
                     s.service.task_definition
                 ),
+                status: None,
             }
             .into());
         }
@@ -744,6 +746,7 @@ async fn wait_for(
             return Err(Exit {
                 code: 4,
                 message: format!("service {name}: not steady before the timeout ({running}/{desired} running of {target})"),
+                status: None,
             }
             .into());
         }
@@ -817,6 +820,7 @@ pub async fn preview(c: &Client, path: &Path, count: Option<u32>) -> anyhow::Res
             return Err(Exit {
                 code: 2,
                 message: format!("{} task(s) would not be placed", r.unplaced),
+                status: None,
             }
             .into());
         }

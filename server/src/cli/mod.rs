@@ -44,10 +44,27 @@ pub struct Connection {
     pub url: Option<String>,
     /// An API token (default: the one `tessera login` kept).
     #[arg(long, env = "TESSERA_TOKEN", hide_env_values = true, global = true)]
-    pub token: Option<String>,
+    pub token: Option<Token>,
     /// Trust this CA certificate (PEM) for the server's HTTPS, besides the system's roots.
     #[arg(long, env = "TESSERA_CA_CERT", global = true)]
     pub ca_cert: Option<PathBuf>,
+}
+
+/// An API token from the command line or the environment: `Debug` shows `***`.
+#[derive(Clone)]
+pub struct Token(pub String);
+
+impl std::str::FromStr for Token {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Token(s.to_owned()))
+    }
+}
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("***")
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -87,7 +104,7 @@ pub enum ClientCommand {
         password_stdin: bool,
         /// Keep this API token instead of signing in with a password.
         #[arg(long, env = "TESSERA_TOKEN", hide_env_values = true)]
-        token: Option<String>,
+        token: Option<Token>,
         /// Days until the token expires.
         #[arg(long, default_value_t = 90)]
         expires_in_days: u32,
@@ -195,6 +212,8 @@ pub enum ClientCommand {
 pub struct Exit {
     pub code: u8,
     pub message: String,
+    /// The HTTP status when the server refused.
+    pub status: Option<u16>,
 }
 
 /// Runs a client command; the error says what to do.
@@ -296,8 +315,8 @@ fn seg(s: &str) -> String {
     tessera_model::urlenc::encode(s)
 }
 
-/// What `tessera login` keeps.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// What `tessera login` keeps (never printed: it holds the token).
+#[derive(Clone, Serialize, Deserialize)]
 struct Login {
     url: String,
     token: String,
@@ -413,7 +432,8 @@ impl Client {
             .context("no server: run `tessera login URL` first, or pass --url (TESSERA_URL)")?;
         let token = conn
             .token
-            .clone()
+            .as_ref()
+            .map(|t| t.0.clone())
             .or_else(|| stored.as_ref().map(|l| l.token.clone()))
             .context("no token: run `tessera login URL` first, or pass --token (TESSERA_TOKEN)")?;
         let ca = conn
@@ -484,6 +504,7 @@ fn api_error(status: reqwest::StatusCode, bytes: &[u8]) -> Exit {
     Exit {
         code: 1,
         message: format!("refused ({status}): {message}{hint}"),
+        status: Some(status.as_u16()),
     }
 }
 
@@ -491,14 +512,14 @@ async fn login(
     url: &str,
     username: Option<String>,
     password_stdin: bool,
-    token: Option<String>,
+    token: Option<Token>,
     expires_in_days: u32,
     ca_cert: Option<PathBuf>,
 ) -> anyhow::Result<()> {
     let base = base_url(url)?;
     let http = http_client(ca_cert.as_deref())?;
     let (token, token_id) = match token {
-        Some(t) => (t, None),
+        Some(Token(t)) => (t, None),
         None => {
             let user = match username {
                 Some(u) => u,
