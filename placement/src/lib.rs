@@ -11,6 +11,7 @@
 //! - [`request`]: what a task asks for (CPU, memory, whole GPUs or an MPS slot) and its constraints.
 //! - [`engine`]: filter, score, choose; the policies (`policy`), binpack's index (`index`),
 //!   scoring (`scoring`), rejections explained (`explain`); batches and dry runs.
+//! - [`bound`]: the most GPU share any engine could allocate to a set of tasks (for `replay`).
 //! - [`consolidate`]: consolidation plans: moves that empty partly used GPUs or hosts.
 //! - [`profile`]: the workload's shape and the fragmentation measure built on it.
 //! - `gaps`: what a GPU's free share is worth to the workload, learned from its shape.
@@ -23,6 +24,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod bound;
 mod classes;
 pub mod consolidate;
 pub mod engine;

@@ -5,7 +5,9 @@
 //! For each seed: shuffle the tasks, add tasks sampled with replacement until the GPU
 //! requests reach 1.3× the cluster's GPUs, place them one at a time (never deleting,
 //! skipping what does not fit), and read the unallocated GPU share when the arrived
-//! requests reach 100 % and 130 % of capacity. Several policies run side by side.
+//! requests reach 100 % and 130 % of capacity. Several policies run side by side, and a
+//! last row (`floor`) gives the least unallocated share that any engine could reach on the
+//! same arrivals ([`tessera_placement::bound`]).
 //!
 //! ```text
 //! replay --nodes FILE --tasks FILE [--policy NAME[,NAME...]] [--seeds 42..51] [--scale N]
@@ -15,8 +17,8 @@
 //! With `--variants N`, it makes N variants of the task list (`tessera_placement::variants`,
 //! variant k from seed k, k from `--first-variant`, default 1: a range never tuned on is a
 //! held-out test) and prints, for each, every policy's unallocated share at 100 %
-//! and 130 % (mean over `--seeds`), then on how many variants the first policy is at or
-//! below each of the others.
+//! and 130 % (mean over `--seeds`) and the floor, then on how many variants the first
+//! policy is at or below each of the others.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -25,7 +27,7 @@ use std::time::Instant;
 use tessera_model::{GpuUuid, HostId, SharingMode};
 use tessera_placement::openb::{self, TraceTask};
 use tessera_placement::rng::Rng;
-use tessera_placement::{DemandProfile, Engine, HostSpec, Policy, PoolLimits, Snapshot};
+use tessera_placement::{DemandProfile, Engine, HostSpec, Policy, PoolLimits, Snapshot, bound};
 
 const USAGE: &str = "usage: replay --nodes FILE --tasks FILE [--policy NAME[,NAME...]] [--seeds 42..51] [--scale N] [--placements FILE] [--json] [--diagnose] [--variants N [--first-variant K]]
 policies: default (= fragmentation), fgd-sim, bestfit-sim, binpack, spread_host, spread_gpu";
@@ -140,6 +142,76 @@ fn scaled(hosts: &[HostSpec], scale: usize) -> Vec<HostSpec> {
     out
 }
 
+fn capacity_of(hosts: &[HostSpec]) -> u64 {
+    hosts.iter().map(|h| h.gpus.len() as u64 * 1000).sum()
+}
+
+/// The protocol's arrivals for a seed: the tasks shuffled, then tasks drawn with replacement
+/// until the GPU requests reach `target` thousandths.
+fn arrival_order(tasks: &[TraceTask], seed: u64, target: u64) -> Vec<usize> {
+    let mut rng = Rng::new(seed);
+    let mut order: Vec<usize> = (0..tasks.len()).collect();
+    rng.shuffle(&mut order);
+    let mut total: u64 = order.iter().map(|&i| tasks[i].gpu_request_milli()).sum();
+    while total < target {
+        let i = rng.below(tasks.len());
+        order.push(i);
+        total += tasks[i].gpu_request_milli();
+    }
+    order
+}
+
+/// Lower bounds on the unallocated share (%) for a seed's arrivals
+/// ([`bound::allocation_ceiling`]: host CPU, memory, GPU models and arrival order left out).
+struct Floors {
+    /// When arrivals reach 100 %: any engine.
+    at_100: f64,
+    /// The same for an engine that places every shared task (it skips only whole-GPU
+    /// ones); `None` when the shared tasks cannot all be placed.
+    shared_placed_100: Option<f64>,
+    /// When arrivals reach 130 %.
+    at_130: f64,
+}
+
+fn floors(hosts: &[HostSpec], tasks: &[TraceTask], seed: u64) -> Floors {
+    let capacity = capacity_of(hosts);
+    let target = capacity * 13 / 10;
+    let gpus = capacity as f64 / 1000.0;
+    let floor = |demand: &[bound::Demand]| {
+        bound::allocation_ceiling(demand, gpus).map(|c| 100.0 - 100.0 * c / capacity as f64)
+    };
+    let (mut demand, mut arrived) = (Vec::new(), 0u64);
+    let mut at_100 = None;
+    for i in arrival_order(tasks, seed, target) {
+        let t = &tasks[i];
+        arrived += t.gpu_request_milli();
+        if t.num_gpu > 0 {
+            let share = t.gpu_milli.min(1000) as u16;
+            demand.push(bound::Demand::new(share, f64::from(t.num_gpu)));
+        }
+        if at_100.is_none() && arrived >= capacity {
+            let shared_placed: Vec<bound::Demand> = demand
+                .iter()
+                .map(|d| bound::Demand {
+                    all_placed: d.share < 1000,
+                    ..*d
+                })
+                .collect();
+            at_100 = Some((floor(&demand), floor(&shared_placed)));
+        }
+        if arrived >= target {
+            break;
+        }
+    }
+    let at_130 = floor(&demand).unwrap_or(0.0);
+    let (at_100, shared_placed_100) = at_100.unwrap_or((Some(at_130), None));
+    Floors {
+        at_100: at_100.unwrap_or(at_130),
+        shared_placed_100,
+        at_130,
+    }
+}
+
 struct SeedResult {
     unalloc_100: f64,
     unalloc_130: f64,
@@ -161,17 +233,9 @@ fn run_seed(
     opts: RunOptions,
 ) -> SeedResult {
     let RunOptions { record, diagnose } = opts;
-    let capacity_milli: u64 = hosts.iter().map(|h| h.gpus.len() as u64 * 1000).sum();
-    let mut rng = Rng::new(seed);
-    let mut order: Vec<usize> = (0..tasks.len()).collect();
-    rng.shuffle(&mut order);
+    let capacity_milli = capacity_of(hosts);
     let target = capacity_milli * 13 / 10;
-    let mut total: u64 = order.iter().map(|&i| tasks[i].gpu_request_milli()).sum();
-    while total < target {
-        let i = rng.below(tasks.len());
-        order.push(i);
-        total += tasks[i].gpu_request_milli();
-    }
+    let order = arrival_order(tasks, seed, target);
     let mut engine = Engine::new(
         Snapshot::new(hosts.to_vec(), PoolLimits::default()),
         policy,
@@ -330,8 +394,35 @@ fn main() -> ExitCode {
             );
         }
     }
+    let floors: Vec<Floors> = args
+        .seeds
+        .iter()
+        .map(|&seed| floors(&hosts, &tasks, seed))
+        .collect();
+    let f100: Vec<f64> = floors.iter().map(|f| f.at_100).collect();
+    let f130: Vec<f64> = floors.iter().map(|f| f.at_130).collect();
+    let shared: Option<Vec<f64>> = floors.iter().map(|f| f.shared_placed_100).collect();
+    let ((m100, s100), (m130, s130)) = (mean_sd(&f100), mean_sd(&f130));
+    let shared = shared.map(|xs| mean_sd(&xs));
     if args.json {
-        println!("{{\"results\":[{}]}}", json_rows.join(","));
+        let shared = shared.map_or("null".to_owned(), |(m, sd)| {
+            format!("{{\"mean\":{m:.4},\"sd\":{sd:.4}}}")
+        });
+        println!(
+            "{{\"results\":[{}],\"floor\":{{\"unallocated_pct_100\":{{\"mean\":{m100:.4},\"sd\":{s100:.4}}},\"unallocated_pct_130\":{{\"mean\":{m130:.4},\"sd\":{s130:.4}}},\"unallocated_pct_100_shared_placed\":{shared}}}}}",
+            json_rows.join(",")
+        );
+    } else {
+        println!(
+            "{:<14} {:>12.2} ({:>4.2}) {:>12.2} ({:>4.2})   no engine goes below (configuration LP)",
+            "floor", m100, s100, m130, s130
+        );
+        if let Some((m, sd)) = shared {
+            println!(
+                "{:<14} {:>12.2} ({:>4.2}) {:>20}   nor one that places every shared task",
+                "floor, shared", m, sd, ""
+            );
+        }
     }
     ExitCode::SUCCESS
 }
@@ -351,7 +442,13 @@ fn run_variants(args: &Args, hosts: &[HostSpec], tasks: &[TraceTask]) -> ExitCod
         .iter()
         .map(|(n, _)| format!("{n:>17}"))
         .collect();
-    println!("{:<4} {:<44} {}", "var", "workload", header.join(" "));
+    println!(
+        "{:<4} {:<44} {} {:>17}",
+        "var",
+        "workload",
+        header.join(" "),
+        "floor"
+    );
     let first = &args.policies[0].0;
     let mut wins = vec![(0u64, 0u64); args.policies.len()];
     for v in args.first_variant..args.first_variant + args.variants {
@@ -394,7 +491,18 @@ fn run_variants(args: &Args, hosts: &[HostSpec], tasks: &[TraceTask]) -> ExitCod
             .iter()
             .map(|(a, b)| format!("{:>8.2} /{:>7.2}", a, b))
             .collect();
-        println!("{v:<4} {:<44} {}", spec.label(), cells.join(" "));
+        let n = args.seeds.len() as f64;
+        let (f100, f130) = args.seeds.iter().fold((0.0, 0.0), |(a, b), &seed| {
+            let f = floors(hosts, &variant, seed);
+            (a + f.at_100 / n, b + f.at_130 / n)
+        });
+        println!(
+            "{v:<4} {:<44} {} {:>8.2} /{:>7.2}",
+            spec.label(),
+            cells.join(" "),
+            f100,
+            f130
+        );
     }
     for (i, (name, _)) in args.policies.iter().enumerate().skip(1) {
         println!(
