@@ -101,18 +101,76 @@ pub(crate) fn share_needed(demand: GpuDemand, kind_memory: MiB) -> u16 {
     }
 }
 
-/// The profile's shapes on a pool's GPU kinds (`(model, memory)`, with `gpus_per_kind`
-/// GPUs of each), with the demand each kind receives.
+/// What the fragmentation tables need to know of a pool besides its GPU kinds.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct PoolShape {
+    /// GPUs of each kind.
+    pub gpus_per_kind: Vec<u32>,
+    /// The most GPUs on one host.
+    pub max_gpus: usize,
+    /// Per kind, the distinct sizes (CPU, memory, GPUs of that kind) of the hosts that have
+    /// such GPUs; empty when unknown (every shape is then taken to fit some host).
+    pub hosts_per_kind: Vec<Vec<(MilliCpu, MiB, u32)>>,
+}
+
+impl PoolShape {
+    pub fn of(snap: &crate::Snapshot) -> PoolShape {
+        let kinds = snap.models.len();
+        let mut pool = PoolShape {
+            gpus_per_kind: vec![0; kinds],
+            max_gpus: 0,
+            hosts_per_kind: vec![Vec::new(); kinds],
+        };
+        for h in &snap.hosts {
+            pool.max_gpus = pool.max_gpus.max(h.gpu_count as usize);
+            let mut here = vec![0u32; kinds];
+            for g in h.first_gpu..h.first_gpu + h.gpu_count {
+                here[usize::from(snap.gpus[g as usize].model)] += 1;
+            }
+            for (k, &n) in here.iter().enumerate().filter(|(_, n)| **n > 0) {
+                pool.gpus_per_kind[k] += n;
+                pool.hosts_per_kind[k].push((h.cpu_cap, h.mem_cap, n));
+            }
+        }
+        for sizes in &mut pool.hosts_per_kind {
+            sizes.sort_unstable();
+            sizes.dedup();
+        }
+        pool
+    }
+
+    /// A pool known only by its GPUs per kind.
+    #[cfg(test)]
+    pub fn gpus(gpus_per_kind: &[u32], max_gpus: usize) -> PoolShape {
+        PoolShape {
+            gpus_per_kind: gpus_per_kind.to_vec(),
+            max_gpus,
+            hosts_per_kind: Vec::new(),
+        }
+    }
+
+    /// Whether some host with GPUs of `kind` could hold the shape when empty.
+    fn fits_some_host(&self, kind: usize, e: &CompiledEntry) -> bool {
+        self.hosts_per_kind.get(kind).is_none_or(|sizes| {
+            sizes
+                .iter()
+                .any(|&(cpu, mem, gpus)| cpu >= e.cpu && mem >= e.memory && gpus >= e.gpus)
+        })
+    }
+}
+
+/// The profile's shapes on a pool's GPU kinds (`(model, memory)`), with the demand each
+/// kind receives.
 ///
 /// `by_kind: false` keeps every shape's whole weight on every kind it may use, as FGD does.
 #[cfg(test)]
 pub(crate) fn compile(
     profile: &DemandProfile,
     kinds: &[(String, MiB)],
-    gpus_per_kind: &[u32],
+    pool: &PoolShape,
     by_kind: bool,
 ) -> Vec<CompiledEntry> {
-    compile_with_room(profile, kinds, gpus_per_kind, by_kind).0
+    compile_with_room(profile, kinds, pool, by_kind).0
 }
 
 /// [`compile`], and per kind the weight of pinned demand that cannot use it beyond what
@@ -120,17 +178,30 @@ pub(crate) fn compile(
 fn compile_with_room(
     profile: &DemandProfile,
     kinds: &[(String, MiB)],
-    gpus_per_kind: &[u32],
+    pool: &PoolShape,
     by_kind: bool,
 ) -> (Vec<CompiledEntry>, Vec<f64>) {
     let mut entries = compile_shapes(profile, kinds);
     let room = if by_kind {
+        // A shape no host of a kind could hold (too much CPU or memory, or more GPUs than
+        // its hosts have) is no demand there: it is as pinned to the kinds that can as a
+        // shape that names them.
         let pinned: Vec<bool> = profile
             .entries
             .iter()
-            .map(|e| !e.gpu_models.is_empty())
+            .zip(entries.iter_mut())
+            .map(|(p, e)| {
+                let mut restricted = false;
+                for k in 0..kinds.len() {
+                    if e.gpus > 0 && e.need[k] <= 1000 && !pool.fits_some_host(k, e) {
+                        e.need[k] = u16::MAX;
+                        restricted = true;
+                    }
+                }
+                (restricted && std::env::var("NOPIN").is_err()) || !p.gpu_models.is_empty()
+            })
             .collect();
-        demand_by_kind(&mut entries, &pinned, gpus_per_kind)
+        demand_by_kind(&mut entries, &pinned, &pool.gpus_per_kind)
     } else {
         for e in &mut entries {
             e.on_kind = vec![e.weight; kinds.len()];
@@ -379,7 +450,7 @@ mod tests {
                 weight: 1.0,
             }],
         };
-        let compiled = compile(&profile, &kinds(), &[4], true);
+        let compiled = compile(&profile, &kinds(), &PoolShape::gpus(&[4], 8), true);
         assert_eq!(
             fragmentation(&compiled, MilliCpu(4000), &[(0, 500), (0, 1000)]),
             500.0
@@ -414,7 +485,8 @@ mod tests {
             ],
         };
         let kinds = vec![("T4".to_owned(), MiB(1000)), ("G2".to_owned(), MiB(1000))];
-        let (entries, room) = compile_with_room(&profile, &kinds, &[100, 300], true);
+        let (entries, room) =
+            compile_with_room(&profile, &kinds, &PoolShape::gpus(&[100, 300], 8), true);
         // The pinned shape is demand on T4 only; G2's mix is the unpinned shape alone.
         assert_eq!(entries[0].on_kind[1], 0.0);
         assert!(entries[0].on_kind[0] > 0.0);
@@ -438,12 +510,87 @@ mod tests {
                 entry(shared(300), &[], 0.6),
             ],
         };
-        let (_, room) = compile_with_room(&even, &kinds, &[100, 300], true);
+        let (_, room) = compile_with_room(&even, &kinds, &PoolShape::gpus(&[100, 300], 8), true);
         assert!(room.iter().all(|r| r.abs() < 1e-9), "{room:?}");
         // As FGD does: every shape's whole weight wherever it may go.
-        let (fgd, room) = compile_with_room(&profile, &kinds, &[100, 300], false);
+        let (fgd, room) =
+            compile_with_room(&profile, &kinds, &PoolShape::gpus(&[100, 300], 8), false);
         assert_eq!(fgd[0].on_kind, vec![0.2, 0.2]);
         assert_eq!(room, vec![0.0, 0.0]);
+    }
+
+    #[test]
+    fn a_shape_no_host_of_a_kind_could_hold_is_no_demand_there() {
+        use crate::{GpuSpec, HostSpec, PoolLimits, Snapshot};
+        use tessera_model::{GpuUuid, HostId};
+        // T4s on 2-GPU hosts of 16 cores, G2s on 8-GPU hosts of 96 cores.
+        let host = |name: &str, model: &str, gpus: usize, cores: u64| HostSpec {
+            id: HostId::new(name).expect("valid"),
+            cpu: MilliCpu(cores * 1000),
+            memory: MiB(512 * 1024),
+            labels: Default::default(),
+            active: true,
+            gpus: (0..gpus)
+                .map(|g| GpuSpec {
+                    uuid: GpuUuid::new(format!("{name}/{g}")).expect("valid"),
+                    model: model.to_owned(),
+                    memory: MiB(1000),
+                    mps_client_limit: 8,
+                    healthy: true,
+                })
+                .collect(),
+        };
+        let snap = Snapshot::new(
+            vec![
+                host("t4-a", "T4", 2, 16),
+                host("t4-b", "T4", 2, 16),
+                host("g2-a", "G2", 8, 96),
+            ],
+            PoolLimits::default(),
+        );
+        let pool = PoolShape::of(&snap);
+        assert_eq!(pool.gpus_per_kind, vec![4, 8]);
+        assert_eq!(pool.max_gpus, 8);
+        assert_eq!(
+            pool.hosts_per_kind[0],
+            vec![(MilliCpu(16_000), MiB(512 * 1024), 2)]
+        );
+        let entry = |cpu: u64, gpu| ProfileEntry {
+            cpu: MilliCpu(cpu * 1000),
+            memory: MiB(1024),
+            gpu,
+            gpu_models: vec![],
+            weight: 0.25,
+        };
+        let shared = GpuDemand::Shared {
+            memory: MiB(500),
+            compute: None,
+        };
+        let profile = DemandProfile {
+            entries: vec![
+                // Fits both kinds.
+                entry(4, shared),
+                // Eight GPUs: only the G2 host has them.
+                entry(32, GpuDemand::Whole { count: 8 }),
+                // One GPU but 64 cores: only the G2 host has them.
+                entry(64, shared),
+                entry(4, GpuDemand::Whole { count: 1 }),
+            ],
+        };
+        let (entries, room) = compile_with_room(&profile, &snap.models, &pool, true);
+        assert!(entries[0].on_kind[0] > 0.0);
+        for restricted in &entries[1..3] {
+            assert_eq!(restricted.need[0], u16::MAX);
+            assert_eq!(restricted.on_kind[0], 0.0);
+            assert!(restricted.on_kind[1] > 0.0);
+        }
+        // As with a shape pinned to G2 by name: T4's free share is what they cannot use,
+        // so it is filled first.
+        assert!(room[0] > 0.0 && room[1] == 0.0, "{room:?}");
+        // FGD's weights stay as published: every shape on every kind its GPUs allow.
+        let (fgd, _) = compile_with_room(&profile, &snap.models, &pool, false);
+        assert_eq!(fgd[1].on_kind, vec![0.25, 0.25]);
+        assert_eq!(fgd[1].need[0], 1000);
     }
 
     #[test]
@@ -491,11 +638,11 @@ impl FragTables {
     pub fn new(
         profile: &DemandProfile,
         kinds: &[(String, MiB)],
-        gpus_per_kind: &[u32],
-        max_gpus: usize,
+        pool: &PoolShape,
         by_kind: bool,
     ) -> FragTables {
-        let (entries, room) = compile_with_room(profile, kinds, gpus_per_kind, by_kind);
+        let max_gpus = pool.max_gpus;
+        let (entries, room) = compile_with_room(profile, kinds, pool, by_kind);
         let mut cpu_levels: Vec<MilliCpu> = entries.iter().map(|e| e.cpu).collect();
         cpu_levels.sort_unstable();
         cpu_levels.dedup();
@@ -688,8 +835,9 @@ mod table_tests {
         let profile = DemandProfile::from_requests(&requests);
         let kinds = vec![("A".to_owned(), MiB(1000)), ("B".to_owned(), MiB(2000))];
         for by_kind in [false, true] {
-            let tables = FragTables::new(&profile, &kinds, &[30, 10], 8, by_kind);
-            let compiled = compile(&profile, &kinds, &[30, 10], by_kind);
+            let pool = PoolShape::gpus(&[30, 10], 8);
+            let tables = FragTables::new(&profile, &kinds, &pool, by_kind);
+            let compiled = compile(&profile, &kinds, &pool, by_kind);
             for _ in 0..500 {
                 let kind = rng.below(2) as u16;
                 let n = 1 + rng.below(8);

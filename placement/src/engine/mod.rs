@@ -19,7 +19,7 @@ pub use policy::{BatchOutcome, Policy};
 use scoring::*;
 
 use crate::classes::{ClassKey, Classes};
-use crate::profile::{DemandProfile, FragTables, share_needed};
+use crate::profile::{DemandProfile, FragTables, PoolShape, share_needed};
 use crate::reject::{FilterReason, LargestFree, Rejection};
 use crate::request::{GpuDemand, TaskRequest};
 use crate::rng::Rng;
@@ -42,8 +42,7 @@ pub struct Engine {
     frag: Option<FragTables>,
     /// What the tables are built from, to rebuild them when the policy changes.
     profile: DemandProfile,
-    gpus_per_kind: Vec<u32>,
-    max_gpus: usize,
+    pool: PoolShape,
     classes: Classes,
     index: BestFitIndex,
     /// The policy in use keeps only the structure it reads in step with the snapshot; the
@@ -60,18 +59,10 @@ fn tables_for(
     policy: Policy,
     profile: &DemandProfile,
     snap: &Snapshot,
-    gpus_per_kind: &[u32],
-    max_gpus: usize,
+    pool: &PoolShape,
 ) -> Option<FragTables> {
-    (!profile.is_empty()).then(|| {
-        FragTables::new(
-            profile,
-            &snap.models,
-            gpus_per_kind,
-            max_gpus,
-            policy != Policy::FgdSim,
-        )
-    })
+    (!profile.is_empty())
+        .then(|| FragTables::new(profile, &snap.models, pool, policy != Policy::FgdSim))
 }
 
 impl Engine {
@@ -79,17 +70,8 @@ impl Engine {
     /// fragmentation is measured against); without one the fragmentation policies fall back
     /// to best fit. `seed` drives every random tie-break.
     pub fn new(snapshot: Snapshot, policy: Policy, profile: &DemandProfile, seed: u64) -> Engine {
-        let max_gpus = snapshot
-            .hosts
-            .iter()
-            .map(|h| h.gpu_count as usize)
-            .max()
-            .unwrap_or(0);
-        let mut gpus_per_kind = vec![0u32; snapshot.models.len()];
-        for g in &snapshot.gpus {
-            gpus_per_kind[usize::from(g.model)] += 1;
-        }
-        let frag = tables_for(policy, profile, &snapshot, &gpus_per_kind, max_gpus);
+        let pool = PoolShape::of(&snapshot);
+        let frag = tables_for(policy, profile, &snapshot, &pool);
         let classes = Classes::build(&snapshot);
         let index = BestFitIndex::build(&snapshot);
         Engine {
@@ -98,8 +80,7 @@ impl Engine {
             rng: Rng::new(seed),
             frag,
             profile: profile.clone(),
-            gpus_per_kind,
-            max_gpus,
+            pool,
             classes,
             index,
             classes_stale: false,
@@ -122,13 +103,7 @@ impl Engine {
     pub fn set_policy(&mut self, policy: Policy) {
         if policy != self.policy {
             if (policy == Policy::FgdSim) != (self.policy == Policy::FgdSim) {
-                self.frag = tables_for(
-                    policy,
-                    &self.profile,
-                    &self.snap,
-                    &self.gpus_per_kind,
-                    self.max_gpus,
-                );
+                self.frag = tables_for(policy, &self.profile, &self.snap, &self.pool);
             }
             self.policy = policy;
             self.scores.clear();

@@ -42,7 +42,9 @@ pub(super) const GAP_WEIGHT: f64 = 4.0;
 /// 40/40 (+0.18 / −0.13), 0.25 39/40 and 40/40, 0 38/40 and 34/40 (and 4.74 % on the
 /// default trace). On the held-out variants 41–80, 0.35 gives 40/40 at both. The openb
 /// traces stay where they were (default 3.91 %, cpu100 3.97, gpushare40 5.40, gpuspec10
-/// 3.88) but multigpu50, 2.35 → 2.50 (published FGD: 2.91).
+/// 3.88) but multigpu50, 2.35 → 2.50 (published FGD: 2.91). Re-checked once shapes were
+/// kept off GPU kinds whose hosts cannot hold them (`PoolShape`): 0.25 gives 40/40 at both
+/// (default trace 3.95 %), 0.35 40/40 at both (3.93 %), 0.5 39/40 at both.
 pub(super) const STRAND_WEIGHT: f64 = 0.35;
 
 /// Score of placing `req` on a host in state `key`, and the GPU (kind, free) it would use.
