@@ -7,6 +7,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+scripts/prune-target.sh
 scripts/setup.sh
 source scripts/env.sh
 cargo leptos build --release --split

@@ -6,6 +6,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+scripts/prune-target.sh
 scripts/setup.sh --test
 source scripts/env.sh
 

@@ -15,9 +15,9 @@
 //! hold when an item of share `s_i` is worth `s_i − v_i` (a small knapsack). Every price
 //! vector gives a valid ceiling (a demand that must all be placed has an equality row,
 //! whose price may be negative); a projected subgradient search lowers it towards the LP
-//! optimum and the lowest one found is returned. On the openb default trace it stops 0.9
-//! GPUs (0.015 points) above the optimum an exact LP solver finds (6,019.6 GPUs of 6,212),
-//! so the floor it gives is at most that much too low, never too high.
+//! optimum and the lowest one found is returned: a ceiling that may be a little high, never
+//! low. (For the openb default trace's mix it stopped 0.9 GPUs, 0.015 points, above the
+//! optimum an exact LP solver found once: 6,019.6 GPUs of 6,212.)
 
 /// Search steps: a knapsack of 1001 capacities over the distinct shares each.
 const STEPS: usize = 4000;
