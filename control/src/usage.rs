@@ -316,13 +316,11 @@ mod tests {
         TaskReport {
             task_id: "t1".into(),
             running: true,
-            exit_code: None,
             gpu_memory_peak_mib: Some(MiB(peak)),
             gpu_memory_mib: Some(MiB(peak - 1)),
             sm_percent: Some(sm),
             memory_errors: (errors > 0).then_some(errors),
-            pulling: None,
-            error: None,
+            ..Default::default()
         }
     }
 

@@ -247,25 +247,14 @@ pub async fn sync_with(
         .map(|t| TaskReport {
             task_id: t.id.clone(),
             running: true,
-            exit_code: None,
-            gpu_memory_peak_mib: None,
-            sm_percent: None,
-            gpu_memory_mib: None,
-            memory_errors: None,
-            pulling: None,
-            error: None,
+            ..Default::default()
         })
         .collect();
     tasks.extend(exited.iter().map(|(id, code)| TaskReport {
         task_id: id.clone(),
         running: false,
         exit_code: Some(*code),
-        gpu_memory_peak_mib: None,
-        sm_percent: None,
-        gpu_memory_mib: None,
-        memory_errors: None,
-        pulling: None,
-        error: None,
+        ..Default::default()
     }));
     control
         .sync_agent(

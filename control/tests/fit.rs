@@ -38,13 +38,11 @@ async fn report(c: &tessera_control::Control, h: &Host, peak: u64, sm: u32, erro
                 .map(|t| TaskReport {
                     task_id: t.id.clone(),
                     running: true,
-                    exit_code: None,
                     gpu_memory_peak_mib: Some(MiB(peak)),
                     gpu_memory_mib: Some(MiB(peak - 100)),
                     sm_percent: Some(sm),
                     memory_errors: (errors > 0).then_some(errors),
-                    pulling: None,
-                    error: None,
+                    ..Default::default()
                 })
                 .collect(),
         },

@@ -437,13 +437,9 @@ async fn a_sync_that_changes_nothing_still_counts_and_new_use_or_gpus_are_record
             .map(|t| TaskReport {
                 task_id: t.task_id.clone(),
                 running: true,
-                exit_code: None,
                 gpu_memory_peak_mib: Some(tessera_model::MiB(peak)),
                 sm_percent: Some(sm),
-                gpu_memory_mib: None,
-                memory_errors: None,
-                pulling: None,
-                error: None,
+                ..Default::default()
             })
             .collect(),
     };
@@ -518,12 +514,9 @@ async fn a_task_pulling_its_image_stays_assigned_and_says_so_and_a_refused_pull_
             task_id: id.clone(),
             running: false,
             exit_code: error.map(|_| 125),
-            gpu_memory_peak_mib: None,
-            sm_percent: None,
-            gpu_memory_mib: None,
-            memory_errors: None,
             pulling: pulling.map(str::to_owned),
             error: error.map(str::to_owned),
+            ..Default::default()
         }],
     };
     let answer = c

@@ -83,9 +83,10 @@ pub struct MpsReport {
     pub restarts: Option<u32>,
 }
 
-/// A task as the agent has it.
+/// A task as the agent has it. `Default` is a task that is not running and measured
+/// nothing, for struct-update syntax.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskReport {
     #[cfg_attr(
         feature = "openapi",

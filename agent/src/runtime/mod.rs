@@ -590,13 +590,7 @@ impl Runtime {
         let report = |task_id: &str| TaskReport {
             task_id: task_id.to_owned(),
             running: false,
-            exit_code: None,
-            gpu_memory_peak_mib: None,
-            sm_percent: None,
-            gpu_memory_mib: None,
-            memory_errors: None,
-            pulling: None,
-            error: None,
+            ..Default::default()
         };
         // A task whose containers are still being created is not reported yet (the
         // server keeps it assigned); one pulling its image says so.

@@ -99,13 +99,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             by_host.entry(h).or_default().push(TaskReport {
                 task_id: t.id,
                 running: true,
-                exit_code: None,
                 gpu_memory_peak_mib: Some(tessera_model::MiB(4096)),
                 sm_percent: Some(10),
-                gpu_memory_mib: None,
-                memory_errors: None,
-                pulling: None,
-                error: None,
+                ..Default::default()
             });
         }
     }
