@@ -186,21 +186,19 @@ fn compile_with_room(
         // A shape no host of a kind could hold (too much CPU or memory, or more GPUs than
         // its hosts have) is no demand there: it is as pinned to the kinds that can as a
         // shape that names them.
-        let pinned: Vec<bool> = profile
+        let mut pinned: Vec<bool> = profile
             .entries
             .iter()
-            .zip(entries.iter_mut())
-            .map(|(p, e)| {
-                let mut restricted = false;
-                for k in 0..kinds.len() {
-                    if e.gpus > 0 && e.need[k] <= 1000 && !pool.fits_some_host(k, e) {
-                        e.need[k] = u16::MAX;
-                        restricted = true;
-                    }
-                }
-                (restricted && std::env::var("NOPIN").is_err()) || !p.gpu_models.is_empty()
-            })
+            .map(|p| !p.gpu_models.is_empty())
             .collect();
+        for (e, pinned) in entries.iter_mut().zip(&mut pinned) {
+            for k in 0..kinds.len() {
+                if e.gpus > 0 && e.need[k] <= 1000 && !pool.fits_some_host(k, e) {
+                    e.need[k] = u16::MAX;
+                    *pinned = true;
+                }
+            }
+        }
         demand_by_kind(&mut entries, &pinned, &pool.gpus_per_kind)
     } else {
         for e in &mut entries {

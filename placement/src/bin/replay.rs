@@ -161,27 +161,15 @@ fn arrival_order(tasks: &[TraceTask], seed: u64, target: u64) -> Vec<usize> {
     order
 }
 
-/// Lower bounds on the unallocated share (%) for a seed's arrivals
-/// ([`bound::allocation_ceiling`]: host CPU, memory, GPU models and arrival order left out).
-struct Floors {
-    /// When arrivals reach 100 %: any engine.
-    at_100: f64,
-    /// The same for an engine that places every shared task (it skips only whole-GPU
-    /// ones); `None` when the shared tasks cannot all be placed.
-    shared_placed_100: Option<f64>,
-    /// When arrivals reach 130 %.
-    at_130: f64,
-}
-
-fn floors(hosts: &[HostSpec], tasks: &[TraceTask], seed: u64) -> Floors {
-    let capacity = capacity_of(hosts);
+/// The GPU demand that has arrived when arrivals reach 100 % and 130 % of the cluster's
+/// GPUs, for a seed ([`bound::Demand`], one per task).
+fn arrived_demand(
+    tasks: &[TraceTask],
+    seed: u64,
+    capacity: u64,
+) -> (Vec<bound::Demand>, Vec<bound::Demand>) {
     let target = capacity * 13 / 10;
-    let gpus = capacity as f64 / 1000.0;
-    let floor = |demand: &[bound::Demand]| {
-        bound::allocation_ceiling(demand, gpus).map(|c| 100.0 - 100.0 * c / capacity as f64)
-    };
-    let (mut demand, mut arrived) = (Vec::new(), 0u64);
-    let mut at_100 = None;
+    let (mut demand, mut arrived, mut at_100) = (Vec::new(), 0u64, None);
     for i in arrival_order(tasks, seed, target) {
         let t = &tasks[i];
         arrived += t.gpu_request_milli();
@@ -190,26 +178,26 @@ fn floors(hosts: &[HostSpec], tasks: &[TraceTask], seed: u64) -> Floors {
             demand.push(bound::Demand::new(share, f64::from(t.num_gpu)));
         }
         if at_100.is_none() && arrived >= capacity {
-            let shared_placed: Vec<bound::Demand> = demand
-                .iter()
-                .map(|d| bound::Demand {
-                    all_placed: d.share < 1000,
-                    ..*d
-                })
-                .collect();
-            at_100 = Some((floor(&demand), floor(&shared_placed)));
+            at_100 = Some(demand.clone());
         }
         if arrived >= target {
             break;
         }
     }
-    let at_130 = floor(&demand).unwrap_or(0.0);
-    let (at_100, shared_placed_100) = at_100.unwrap_or((Some(at_130), None));
-    Floors {
-        at_100: at_100.unwrap_or(at_130),
-        shared_placed_100,
-        at_130,
-    }
+    (at_100.unwrap_or_else(|| demand.clone()), demand)
+}
+
+/// The least unallocated share (%) any engine could reach with `demand` on `hosts`
+/// ([`bound::allocation_ceiling`]: host CPU, memory, GPU models and arrival order left
+/// out); `None` when the tasks that must all be placed cannot be.
+fn floor(hosts: &[HostSpec], demand: &[bound::Demand]) -> Option<f64> {
+    let capacity = capacity_of(hosts) as f64;
+    bound::allocation_ceiling(demand, capacity / 1000.0).map(|c| 100.0 - 100.0 * c / capacity)
+}
+
+/// [`floor`] of demand that may all be left out.
+fn floor_any(hosts: &[HostSpec], demand: &[bound::Demand]) -> f64 {
+    floor(hosts, demand).expect("nothing must be placed")
 }
 
 struct SeedResult {
@@ -394,14 +382,27 @@ fn main() -> ExitCode {
             );
         }
     }
-    let floors: Vec<Floors> = args
-        .seeds
-        .iter()
-        .map(|&seed| floors(&hosts, &tasks, seed))
-        .collect();
-    let f100: Vec<f64> = floors.iter().map(|f| f.at_100).collect();
-    let f130: Vec<f64> = floors.iter().map(|f| f.at_130).collect();
-    let shared: Option<Vec<f64>> = floors.iter().map(|f| f.shared_placed_100).collect();
+    let (mut f100, mut f130, mut shared) = (Vec::new(), Vec::new(), Some(Vec::new()));
+    for &seed in &args.seeds {
+        let (at_100, at_130) = arrived_demand(&tasks, seed, capacity_of(&hosts));
+        f100.push(floor_any(&hosts, &at_100));
+        f130.push(floor_any(&hosts, &at_130));
+        // The same for an engine that places every shared task and skips only whole-GPU
+        // ones; none when the shared tasks cannot all be placed.
+        let shared_placed: Vec<bound::Demand> = at_100
+            .iter()
+            .map(|d| bound::Demand {
+                all_placed: d.share < 1000,
+                ..*d
+            })
+            .collect();
+        shared = shared
+            .zip(floor(&hosts, &shared_placed))
+            .map(|(mut xs, f)| {
+                xs.push(f);
+                xs
+            });
+    }
     let ((m100, s100), (m130, s130)) = (mean_sd(&f100), mean_sd(&f130));
     let shared = shared.map(|xs| mean_sd(&xs));
     if args.json {
@@ -493,8 +494,11 @@ fn run_variants(args: &Args, hosts: &[HostSpec], tasks: &[TraceTask]) -> ExitCod
             .collect();
         let n = args.seeds.len() as f64;
         let (f100, f130) = args.seeds.iter().fold((0.0, 0.0), |(a, b), &seed| {
-            let f = floors(hosts, &variant, seed);
-            (a + f.at_100 / n, b + f.at_130 / n)
+            let (at_100, at_130) = arrived_demand(&variant, seed, capacity_of(hosts));
+            (
+                a + floor_any(hosts, &at_100) / n,
+                b + floor_any(hosts, &at_130) / n,
+            )
         });
         println!(
             "{v:<4} {:<44} {} {:>8.2} /{:>7.2}",

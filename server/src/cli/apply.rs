@@ -556,12 +556,7 @@ pub async fn apply(c: &Client, paths: &[PathBuf], opts: Options) -> anyhow::Resu
         }
     }
     if !refused.is_empty() {
-        return Err(Exit {
-            code: 1,
-            message: refused.join("\n"),
-            status: None,
-        }
-        .into());
+        return Err(Exit::new(1, refused.join("\n")).into());
     }
     if changes == 0 {
         say!("nothing to change");
@@ -694,14 +689,13 @@ async fn wait_for(
                 .find(|e| e.message.contains("rolled back") || e.message.contains("roll"))
                 .map(|e| format!(": {}", e.message))
                 .unwrap_or_default();
-            return Err(Exit {
-                code: 3,
-                message: format!(
+            return Err(Exit::new(
+                3,
+                format!(
                     "service {name}: {target} was rolled back to {}{why}",
                     s.service.task_definition
                 ),
-                status: None,
-            }
+            )
             .into());
         }
         let running = mine.map_or(0, |d| d.running);
@@ -743,12 +737,10 @@ async fn wait_for(
             if tty {
                 eprintln!();
             }
-            return Err(Exit {
-                code: 4,
-                message: format!("service {name}: not steady before the timeout ({running}/{desired} running of {target})"),
-                status: None,
-            }
-            .into());
+            let message = format!(
+                "service {name}: not steady before the timeout ({running}/{desired} running of {target})"
+            );
+            return Err(Exit::new(4, message).into());
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
@@ -817,12 +809,7 @@ pub async fn preview(c: &Client, path: &Path, count: Option<u32>) -> anyhow::Res
         }
         t.print();
         if r.unplaced > 0 {
-            return Err(Exit {
-                code: 2,
-                message: format!("{} task(s) would not be placed", r.unplaced),
-                status: None,
-            }
-            .into());
+            return Err(Exit::new(2, format!("{} task(s) would not be placed", r.unplaced)).into());
         }
     }
     if !any {

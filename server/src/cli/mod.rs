@@ -216,6 +216,17 @@ pub struct Exit {
     pub status: Option<u16>,
 }
 
+impl Exit {
+    /// An exit the command decides itself (no server refusal behind it).
+    pub fn new(code: u8, message: impl Into<String>) -> Exit {
+        Exit {
+            code,
+            message: message.into(),
+            status: None,
+        }
+    }
+}
+
 /// Runs a client command; the error says what to do.
 pub async fn run(command: ClientCommand) -> anyhow::Result<()> {
     match command {
