@@ -62,6 +62,15 @@ if [ ! -x "$root/end2end/node_modules/.bin/wasm-opt" ] || [ ! -d "$root/end2end/
   (cd "$root/end2end" && npm ci --no-audit --no-fund)
 fi
 
+# HAProxy for the serving tests: a real load balancer that `tessera lb haproxy` drives.
+if [ "$want_test" = 1 ] && [ ! -x /usr/sbin/haproxy ]; then
+  log "installing HAProxy from Debian's packages"
+  sudo_cmd=""
+  [ "$(id -u)" = 0 ] || sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq haproxy
+fi
+
 if [ "$want_test" = 1 ] && [ ! -x /usr/bin/chromium ]; then
   log "installing Chromium from Debian's packages"
   sudo_cmd=""

@@ -55,6 +55,24 @@ pub struct AgentConfig {
     pub run_as: Option<(u32, u32)>,
     /// How containers that have an image run.
     pub containers: ContainerRuntime,
+    /// The address tasks on this host are reached at (`--advertise-address`).
+    pub advertise_address: Option<String>,
+    /// Dynamic host ports come from this range (`--port-range`).
+    pub port_range: (u16, u16),
+}
+
+/// This machine's primary address: the one a packet to the outside would leave from (a
+/// UDP socket is connected, nothing is sent); loopback when there is no route.
+pub fn primary_address() -> String {
+    std::net::UdpSocket::bind("0.0.0.0:0")
+        .and_then(|s| {
+            s.connect("192.0.2.1:9")?;
+            s.local_addr()
+        })
+        .map(|a| a.ip())
+        .ok()
+        .filter(|ip| !ip.is_unspecified())
+        .map_or_else(|| "127.0.0.1".to_owned(), |ip| ip.to_string())
 }
 
 /// How containers that have an image run (`--runtime`); one without an image always
@@ -296,6 +314,7 @@ impl Agent {
             config.log_cap,
             mps.as_ref().map(|m| m.pipe_dir().to_path_buf()),
         )?;
+        runtime = runtime.port_range(config.port_range.0, config.port_range.1);
         if let Some((uid, gid)) = config.run_as {
             runtime = runtime.run_as(uid, gid);
             // Tasks of another user reach the MPS pipe directory through the state
@@ -351,6 +370,7 @@ impl Agent {
         let inventory = self.probe.inventory().map_err(|e| e.to_string())?;
         let (cpu, memory) = self.config.resources.unwrap_or_else(host_resources);
         let req = RegisterRequest {
+            address: self.config.advertise_address.clone(),
             join_token: token,
             pool: self.config.pool.clone(),
             cpu_milli: cpu,
@@ -427,6 +447,8 @@ impl Agent {
             }
         }
         let req = SyncRequest {
+            address: self.config.advertise_address.clone(),
+            dynamic_ports_free: Some(self.runtime.dynamic_ports_free()),
             gpus: inventory.reports(),
             mps: MpsReport {
                 healthy: mps == MpsHealth::Healthy,
@@ -528,6 +550,9 @@ impl Agent {
         let mut failures = 0usize;
         // The server's sync interval, from its last answer (its default until then).
         let mut interval = Duration::from_secs(5);
+        // A health verdict that changes is told at once (endpoints follow it), not at the
+        // next interval.
+        let health_changed = self.runtime.health_changes();
         loop {
             let wait = match &creds {
                 None => match self.register().await {
@@ -595,6 +620,7 @@ impl Agent {
             tokio::select! {
                 _ = &mut shutdown => break,
                 _ = tokio::time::sleep(wait) => {}
+                _ = health_changed.notified(), if creds.is_some() && failures == 0 => {}
             }
         }
         if self.config.stop_tasks_on_exit {
@@ -692,6 +718,8 @@ mod tests {
             log_retention: Duration::from_secs(24 * 3600),
             run_as: None,
             containers: ContainerRuntime::Process,
+            advertise_address: Some("127.0.0.1".into()),
+            port_range: (32768, 60999),
         }
     }
 

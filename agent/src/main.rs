@@ -77,9 +77,35 @@ struct Cli {
     /// /var/run/docker.sock).
     #[arg(long, env = "TESSERA_AGENT_DOCKER_SOCKET")]
     docker_socket: Option<PathBuf>,
+    /// The address tasks on this host are reached at, which endpoints and load balancers
+    /// use (default: this machine's primary address, the one its default route leaves from).
+    #[arg(long, env = "TESSERA_AGENT_ADVERTISE_ADDRESS")]
+    advertise_address: Option<String>,
+    /// The range dynamic host ports are chosen from, FROM-TO.
+    #[arg(long, env = "TESSERA_AGENT_PORT_RANGE", default_value = "32768-60999", value_parser = parse_port_range)]
+    port_range: (u16, u16),
     /// Print the GPUs found (JSON) and exit.
     #[arg(long)]
     probe: bool,
+}
+
+/// `FROM-TO`, both ports, FROM at most TO.
+fn parse_port_range(s: &str) -> Result<(u16, u16), String> {
+    let (a, b) = s
+        .split_once('-')
+        .ok_or_else(|| format!("{s:?}: expected FROM-TO, e.g. 32768-60999"))?;
+    let port = |p: &str| {
+        p.trim()
+            .parse::<u16>()
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| format!("{p:?} is not a port (1-65535)"))
+    };
+    let (a, b) = (port(a)?, port(b)?);
+    if a > b {
+        return Err(format!("{s:?}: FROM is above TO"));
+    }
+    Ok((a, b))
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -142,6 +168,12 @@ async fn main() -> anyhow::Result<()> {
         stop_tasks_on_exit: false,
         log_retention: std::time::Duration::from_secs(cli.log_retention_hours * 3600),
         run_as: task_user(cli.run_as.as_deref())?,
+        advertise_address: Some(
+            cli.advertise_address
+                .clone()
+                .unwrap_or_else(tessera_agent::agent::primary_address),
+        ),
+        port_range: cli.port_range,
         containers: {
             let socket = cli
                 .docker_socket

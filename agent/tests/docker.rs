@@ -43,9 +43,15 @@ fn gpu_task(id: &str, mps: bool) -> WantedTask {
                 "HF_TOKEN".to_owned(),
                 "hf-secret".to_owned(),
             )])),
+            ports: vec![],
+            health_check: None,
+            essential: true,
+            depends_on: vec![],
         }],
         mps,
         stop_timeout_secs: 7,
+        host_network: false,
+        bound_ports: vec![],
     }
 }
 
@@ -62,9 +68,15 @@ fn cpu_task(id: &str) -> WantedTask {
             memory_soft: true,
             env: BTreeMap::from([("CUDA_VISIBLE_DEVICES".to_owned(), String::new())]),
             secrets: Default::default(),
+            ports: vec![],
+            health_check: None,
+            essential: true,
+            depends_on: vec![],
         }],
         mps: false,
         stop_timeout_secs: 3,
+        host_network: false,
+        bound_ports: vec![],
     }
 }
 
@@ -425,4 +437,82 @@ async fn a_real_engine_runs_a_task_and_stops_it() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     panic!("not stopped: {:?}", rt.reports());
+}
+
+#[tokio::test]
+async fn ports_are_published_and_dockers_own_health_check_is_read_back() {
+    use tessera_model::service::TaskHealth;
+    use tessera_model::taskdef::{HealthCheck, PortSpec, Protocol};
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake::start(dir.path()).await;
+    let state = dir.path().join("agent");
+    let mut rt = runtime(&state, &fake).await;
+    let mut w = cpu_task("web");
+    w.containers[0].ports = vec![PortSpec {
+        name: Some("http".into()),
+        container_port: 8000,
+        host_port: None,
+        protocol: Protocol::Tcp,
+    }];
+    w.containers[0].health_check = Some(HealthCheck {
+        command: vec![
+            "CMD-SHELL".into(),
+            "curl -f http://localhost:8000/health".into(),
+        ],
+        http: None,
+        interval_secs: 10,
+        timeout_secs: 3,
+        retries: 2,
+        start_period_secs: 30,
+    });
+    rt.converge(&[w]);
+    let reports = until(&mut rt, "running", running("web")).await;
+    let report = reports
+        .iter()
+        .find(|r| r.task_id == "web")
+        .expect("reported");
+    let host_port = report.ports[0].host_port.expect("a dynamic port was bound");
+    assert!((32768..=60999).contains(&host_port), "{host_port}");
+    assert_eq!(
+        report.health.as_ref().map(|h| h.status),
+        Some(TaskHealth::Unknown)
+    );
+    // The create request publishes the port and hands the check to Docker.
+    let create = &fake.requests("POST", "/containers/create")[0].body;
+    assert_eq!(create["ExposedPorts"], serde_json::json!({"8000/tcp": {}}));
+    assert_eq!(
+        create["HostConfig"]["PortBindings"]["8000/tcp"][0]["HostPort"],
+        host_port.to_string()
+    );
+    assert_eq!(
+        create["Healthcheck"]["Test"],
+        serde_json::json!(["CMD-SHELL", "curl -f http://localhost:8000/health"])
+    );
+    assert_eq!(create["Healthcheck"]["Interval"], 10_000_000_000_i64);
+    assert_eq!(create["Healthcheck"]["Retries"], 2);
+    assert_eq!(create["Healthcheck"]["StartPeriod"], 30_000_000_000_i64);
+    // Docker's verdict is what the task reports, with the failing check's output.
+    let name = fake.lock().containers.keys().next().cloned().expect("one");
+    fake.set_health(&name, "healthy", "");
+    until(&mut rt, "healthy", |r| {
+        r.iter().any(|t| {
+            t.health
+                .as_ref()
+                .is_some_and(|h| h.status == TaskHealth::Healthy)
+        })
+    })
+    .await;
+    fake.set_health(&name, "unhealthy", "curl: (7) Failed to connect");
+    let reports = until(&mut rt, "unhealthy", |r| {
+        r.iter().any(|t| {
+            t.health
+                .as_ref()
+                .is_some_and(|h| h.status == TaskHealth::Unhealthy)
+        })
+    })
+    .await;
+    assert_eq!(
+        reports[0].health.as_ref().and_then(|h| h.output.as_deref()),
+        Some("curl: (7) Failed to connect")
+    );
 }

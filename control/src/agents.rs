@@ -107,6 +107,10 @@ pub fn container_env(spec: &TaskDefinitionSpec, task: &Task) -> Vec<WantedContai
             }
             WantedContainer {
                 name: c.name.clone(),
+                ports: c.ports.clone(),
+                health_check: c.health_check.clone(),
+                essential: c.essential,
+                depends_on: c.depends_on.clone(),
                 image: c.image.clone(),
                 command: c.argv(),
                 entry_point_words: c.entry_point.len(),
@@ -249,6 +253,8 @@ impl Control {
             status_reason: None,
             last_seen: None,
             mps_restarts: 0,
+            address: req.address.clone(),
+            dynamic_ports_free: None,
         };
         let token = new_token();
         self.store
@@ -371,6 +377,21 @@ impl Control {
                 mine = self.held_on(host_id).await?;
             }
         }
+        let new_address = req
+            .address
+            .as_ref()
+            .filter(|a| host.address.as_ref() != Some(*a));
+        let new_free = req
+            .dynamic_ports_free
+            .filter(|f| host.dynamic_ports_free != Some(*f));
+        if new_address.is_some() || new_free.is_some() {
+            self.store
+                .set_host_network(host_id, new_address.map(String::as_str), new_free)
+                .await?;
+            if new_address.is_some() {
+                changed = true;
+            }
+        }
         let event = lifecycle::HostEvent::Synced {
             problem: problem.as_deref(),
             reason: host.status_reason.as_deref(),
@@ -393,6 +414,38 @@ impl Control {
         let reported: HashMap<&str, &tessera_model::agent::TaskReport> =
             req.tasks.iter().map(|r| (r.task_id.as_str(), r)).collect();
         for t in &mut mine {
+            if let Some(r) = reported.get(t.id.as_str())
+                && serving_changed(t, r)
+            {
+                let health = r.health.as_ref().map(|h| (h.status, h.output.as_deref()));
+                let ports = if r.ports.is_empty() {
+                    &t.ports
+                } else {
+                    &r.ports
+                };
+                self.store.record_task_serving(&t.id, ports, health).await?;
+                if r.health.as_ref().map(|h| h.status) != t.health
+                    && let Some(h) = &r.health
+                {
+                    let why = h
+                        .output
+                        .as_deref()
+                        .map(|o| format!(": {o}"))
+                        .unwrap_or_default();
+                    self.event(
+                        Some(&t.service),
+                        Some(host_id),
+                        &format!("task {} is {}{why}", t.id, h.status),
+                    )
+                    .await;
+                }
+                if !r.ports.is_empty() {
+                    t.ports = r.ports.clone();
+                }
+                t.health = r.health.as_ref().map(|h| h.status);
+                t.health_output = r.health.as_ref().and_then(|h| h.output.clone());
+                changed = true;
+            }
             let gone = match (reported.get(t.id.as_str()), t.state) {
                 (Some(r), TaskState::Assigned) if r.running => {
                     self.store.mark_task_running(&t.id).await?;
@@ -451,10 +504,16 @@ impl Control {
         if changed {
             self.wake();
         }
-        // The answer: everything this host should run now.
+        // The answer: everything this host should run now, draining tasks included until
+        // their deregistration delay is over.
+        let now = stamp(self.now());
         let wanted: Vec<&Task> = mine
             .iter()
-            .filter(|t| matches!(t.state, TaskState::Assigned | TaskState::Running))
+            .filter(|t| match t.state {
+                TaskState::Assigned | TaskState::Running => true,
+                TaskState::Stopping => t.drain_until.as_deref().is_some_and(|d| d > now.as_str()),
+                _ => false,
+            })
             .collect();
         let stop_timeouts = self
             .stop_timeouts_of(wanted.iter().map(|t| t.deployment_id))
@@ -468,6 +527,13 @@ impl Control {
                 containers: container_env(&spec, t),
                 mps: t.allocations.iter().any(|a| !a.dedicated),
                 stop_timeout_secs: stop_timeouts.get(&t.deployment_id).copied().unwrap_or(30),
+                host_network: spec.host_network(),
+                bound_ports: t
+                    .ports
+                    .iter()
+                    .filter(|p| p.host_port.is_some())
+                    .cloned()
+                    .collect(),
             });
         }
         Ok(SyncResponse {
@@ -544,6 +610,16 @@ impl Control {
     }
 }
 
+/// Whether a report changes what is stored of a task's ports or health. Ports the agent
+/// has not bound yet (an empty list) leave the planned ones.
+fn serving_changed(t: &Task, r: &tessera_model::agent::TaskReport) -> bool {
+    (!r.ports.is_empty() && r.ports != t.ports)
+        || r.health.as_ref().map(|h| h.status) != t.health && (r.health.is_some() || r.running)
+        || r.health
+            .as_ref()
+            .is_some_and(|h| h.output != t.health_output)
+}
+
 /// Whether a report says more than what is stored of a task's use: a higher peak, or
 /// another SM share.
 fn usage_is_new(stored: &Measured, r: &tessera_model::agent::TaskReport) -> bool {
@@ -594,6 +670,10 @@ mod tests {
             stop_reason: None,
             exit_code: None,
             measured: Measured::default(),
+            ports: vec![],
+            health: None,
+            health_output: None,
+            drain_until: None,
             created_at: String::new(),
             started_at: None,
             stopped_at: None,
@@ -614,6 +694,10 @@ mod tests {
             gpu,
             image: None,
             entry_point: vec![],
+            ports: vec![],
+            health_check: None,
+            essential: true,
+            depends_on: vec![],
             ecs: Default::default(),
         }
     }

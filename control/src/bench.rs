@@ -78,6 +78,7 @@ pub async fn admit_simulated_hosts(
     for h in 0..hosts {
         let response = control
             .admit_host(&RegisterRequest {
+                address: None,
                 join_token: String::new(),
                 pool: pool_of(h),
                 cpu_milli: MilliCpu(192_000),
@@ -134,6 +135,7 @@ pub async fn create_service(
             constraints: Default::default(),
             deployment: Some(Default::default()),
             stop_timeout_secs: 30,
+            deregistration_delay_secs: 0,
         })
         .await
         .map(|_| ())

@@ -232,6 +232,7 @@ mod tests {
         a.ensure_join_token(Some(JOIN)).await.expect("join token");
         a.create_pool(&PoolInput::named("gpu")).await.expect("pool");
         a.register_agent(&RegisterRequest {
+            address: None,
             join_token: JOIN.into(),
             pool: PoolName::new("gpu").expect("valid"),
             cpu_milli: MilliCpu(64_000),
@@ -267,6 +268,7 @@ mod tests {
             constraints: ServiceConstraints::default(),
             deployment: Some(DeploymentConfig::default()),
             stop_timeout_secs: 5,
+            deregistration_delay_secs: 0,
         })
         .await
         .expect("service");
@@ -321,6 +323,8 @@ mod tests {
                 pool: service.pool.clone(),
                 cpu: def.spec.cpu(),
                 memory: def.spec.memory(),
+                ports: vec![],
+                health: None,
             })
             .collect();
         c.store.create_tasks(&tasks).await.expect("tasks");

@@ -402,15 +402,14 @@ impl Control {
                     .start_move(
                         &t.id,
                         t.host.as_ref().expect("a running task has a host"),
-                        &NewTask {
-                            id: replacement.clone(),
-                            service: t.service.clone(),
-                            deployment_id: t.deployment_id,
-                            task_definition: t.task_definition.clone(),
-                            pool: t.pool.clone(),
-                            cpu: t.cpu,
-                            memory: t.memory,
-                        },
+                        &NewTask::of(
+                            replacement.clone(),
+                            &t.service,
+                            t.deployment_id,
+                            &t.task_definition,
+                            &t.pool,
+                            &*self.spec_of(&t.task_definition).await?,
+                        ),
                         &PlacementCommit {
                             task_id: replacement.clone(),
                             host: to.clone(),

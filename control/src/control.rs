@@ -488,7 +488,7 @@ impl Control {
         if patch.is_empty() {
             e.add(
                 "(body)",
-                "give desired_count, task_definition, strategy, constraints, deployment or stop_timeout_secs",
+                "give desired_count, task_definition, strategy, constraints, deployment, stop_timeout_secs or deregistration_delay_secs",
             );
         }
         e.finish()?;
@@ -509,6 +509,9 @@ impl Control {
                     .unwrap_or_else(|| service.constraints.clone()),
                 deployment: Some(patch.deployment.unwrap_or(service.deployment)),
                 stop_timeout_secs: patch.stop_timeout_secs.unwrap_or(service.stop_timeout_secs),
+                deregistration_delay_secs: patch
+                    .deregistration_delay_secs
+                    .unwrap_or(service.deregistration_delay_secs),
             };
             Some(crate::inputs::validate_service(&input)?)
         } else {
@@ -556,6 +559,15 @@ impl Control {
             {
                 changed.push(format!("stop timeout {} s", new.stop_timeout_secs));
                 change.stop_timeout_secs = Some(new.stop_timeout_secs);
+            }
+            if patch.deregistration_delay_secs.is_some()
+                && new.deregistration_delay_secs != service.deregistration_delay_secs
+            {
+                changed.push(format!(
+                    "deregistration delay {} s",
+                    new.deregistration_delay_secs
+                ));
+                change.deregistration_delay_secs = Some(new.deregistration_delay_secs);
             }
             if !changed.is_empty() {
                 self.store.update_service_settings(name, &change).await?;

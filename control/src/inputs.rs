@@ -120,6 +120,15 @@ pub(crate) fn validate_service(input: &ServiceInput) -> Result<Service, ControlE
             ),
         );
     }
+    if input.deregistration_delay_secs > 3600 {
+        e.add(
+            "deregistration_delay_secs",
+            format!(
+                "must be between 0 and 3600 seconds, got {}",
+                input.deregistration_delay_secs
+            ),
+        );
+    }
     if input
         .constraints
         .max_per_gpu
@@ -152,6 +161,7 @@ pub(crate) fn validate_service(input: &ServiceInput) -> Result<Service, ControlE
         constraints: input.constraints.clone(),
         deployment,
         stop_timeout_secs: input.stop_timeout_secs,
+        deregistration_delay_secs: input.deregistration_delay_secs,
         deleting: false,
         created_at: String::new(),
     })
@@ -200,6 +210,7 @@ mod tests {
                 maximum_percent: 50,
             }),
             stop_timeout_secs: 0,
+            deregistration_delay_secs: 3601,
         };
         let Err(ControlError::Invalid(errs)) = validate_service(&input) else {
             panic!("invalid input accepted");
@@ -215,7 +226,8 @@ mod tests {
                 "strategy",
                 "deployment.minimum_healthy_percent",
                 "deployment.maximum_percent",
-                "stop_timeout_secs"
+                "stop_timeout_secs",
+                "deregistration_delay_secs"
             ]
         );
     }

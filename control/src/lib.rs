@@ -20,6 +20,8 @@
 //! - [`auth`]: operators' accounts, sign-in limits, API tokens, session records, the audit
 //!   log, and hosts' credentials (revoke, delete, rotate the join token).
 //! - [`agents`]: the agent API, server side: join token, registration, sync.
+//! - `serving`: endpoints (where each task is reached and whether it should get traffic)
+//!   and Prometheus service discovery, as read models.
 //! - `views`: read models of the console's pages (hosts with GPU segments, the overview,
 //!   a service's tasks), as `Control` methods.
 //! - [`usage`]: usage history: agents' measures gathered into buckets, written and pruned.
@@ -49,6 +51,7 @@ mod plan;
 pub mod postgres;
 mod reconcile;
 mod scheduler;
+mod serving;
 pub mod sqlite;
 pub mod store;
 pub mod usage;

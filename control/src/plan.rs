@@ -3,13 +3,16 @@
 //! deployments are done, and how far a rollout has come. The reconcile pass carries the
 //! plan out; these rules are table-tested here without a database.
 
-use tessera_model::service::{Deployment, DeploymentStatus, Service, Task, TaskDefRef, TaskState};
+use tessera_model::service::{
+    Deployment, DeploymentStatus, Service, Task, TaskDefRef, TaskHealth, TaskState,
+};
 
 /// Why a task is stopped.
 pub(crate) const SCALED_DOWN: &str = "scaled down";
 pub(crate) const REPLACED: &str = "replaced by a newer deployment";
 pub(crate) const MOVED: &str = "moved: its replacement runs elsewhere";
 pub(crate) const DELETED: &str = "service deleted";
+pub(crate) const UNHEALTHY: &str = "replaced: its health check failed";
 
 /// What to do for one service.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,14 +55,14 @@ pub(crate) struct Actions {
     pub steady: bool,
 }
 
-/// Orders tasks for stopping: ones not yet running first, then the newest.
+/// Orders tasks for stopping: ones not serving first, then the newest.
 fn stop_order(tasks: &mut [&Task]) {
-    tasks.sort_by_key(|t| {
-        (
-            t.state == TaskState::Running,
-            std::cmp::Reverse(t.created_at.clone()),
-        )
-    });
+    tasks.sort_by_key(|t| (t.ready(), std::cmp::Reverse(t.created_at.clone())));
+}
+
+/// A running task whose health check fails: replaced, start before stop.
+fn unhealthy(t: &Task) -> bool {
+    t.state == TaskState::Running && t.health == Some(TaskHealth::Unhealthy)
 }
 
 /// The plan for `service`, given its live tasks (not stopped) and its deployments (newest
@@ -105,14 +108,20 @@ pub(crate) fn plan_service(
         };
     }
     let desired = service.desired_count as usize;
-    // Tasks being moved off a host and tasks already stopping do not count.
+    // Tasks being moved off a host, unhealthy ones and tasks already stopping do not
+    // count; a task counts as serving (ready) once it runs and its health check, if it
+    // has one, passes.
     let counted: Vec<&Task> = tasks
         .iter()
-        .filter(|t| !t.migrating && t.state != TaskState::Stopping)
+        .filter(|t| !t.migrating && t.state != TaskState::Stopping && !unhealthy(t))
         .collect();
-    let (new, old): (Vec<&Task>, Vec<&Task>) =
-        counted.iter().partition(|t| t.deployment_id == primary.id);
-    let running = |ts: &[&Task]| ts.iter().filter(|t| t.state == TaskState::Running).count();
+    // A task of an earlier deployment that runs the primary's revision (after a rollback,
+    // the tasks that were never replaced) is one of the new ones: it is not stopped only to
+    // be started again.
+    let current =
+        |t: &Task| t.deployment_id == primary.id || t.task_definition == primary.task_definition;
+    let (new, old): (Vec<&Task>, Vec<&Task>) = counted.iter().partition(|t| current(t));
+    let running = |ts: &[&Task]| ts.iter().filter(|t| t.ready()).count();
     let running_total = running(&new) + running(&old);
     let max_total = (desired * service.deployment.maximum_percent as usize)
         .div_ceil(100)
@@ -137,7 +146,7 @@ pub(crate) fn plan_service(
     stop_order(&mut old_sorted);
     let mut may_stop_running = running_total.saturating_sub(min_healthy);
     for t in old_sorted {
-        if t.state == TaskState::Running {
+        if t.ready() {
             if may_stop_running == 0 {
                 break;
             }
@@ -145,11 +154,21 @@ pub(crate) fn plan_service(
         }
         stop.push((t.id.clone(), REPLACED));
     }
-    // Start new tasks up to the desired count, within maximum_percent of live tasks.
-    let live_after_stops = counted.len() - stop.len();
+    // Start new tasks up to the desired count, within maximum_percent of live tasks
+    // (unhealthy ones still hold their place until they stop).
+    let sick: Vec<&Task> = tasks
+        .iter()
+        .filter(|t| !t.migrating && unhealthy(t))
+        .collect();
+    let live_after_stops = counted.len() + sick.len() - stop.len();
     let start = desired
         .saturating_sub(new.len())
         .min(max_total.saturating_sub(live_after_stops));
+    // Unhealthy tasks stop once enough others serve, or at once when they hold the room
+    // their replacements need.
+    if running_total >= desired.max(min_healthy) || (start == 0 && new.len() < desired) {
+        stop.extend(sick.iter().map(|t| (t.id.clone(), UNHEALTHY)));
+    }
 
     // Migrating tasks stop once the service has enough running tasks without them.
     let migrating = tasks
@@ -162,7 +181,10 @@ pub(crate) fn plan_service(
     let completed = deployments
         .iter()
         .filter(|d| d.status == DeploymentStatus::Active)
-        .filter(|d| !tasks.iter().any(|t| t.deployment_id == d.id))
+        .filter(|d| {
+            d.task_definition == primary.task_definition
+                || !tasks.iter().any(|t| t.deployment_id == d.id)
+        })
         .map(|d| d.id)
         .collect();
     ServicePlan::Converge(Actions {
@@ -175,7 +197,8 @@ pub(crate) fn plan_service(
         steady: old.is_empty()
             && new.len() == desired
             && running(&new) == desired
-            && !any_migrating,
+            && !any_migrating
+            && sick.is_empty(),
     })
 }
 
@@ -205,6 +228,7 @@ mod tests {
                 maximum_percent: max,
             },
             stop_timeout_secs: 10,
+            deregistration_delay_secs: 0,
             deleting: false,
             created_at: String::new(),
         }
@@ -241,6 +265,10 @@ mod tests {
             stop_reason: None,
             exit_code: None,
             measured: Default::default(),
+            ports: vec![],
+            health: None,
+            health_output: None,
+            drain_until: None,
             created_at: format!("2026-11-30T12:00:{at:02}.000Z"),
             started_at: None,
             stopped_at: None,
@@ -356,6 +384,136 @@ mod tests {
             assert_eq!(a.start, starts, "{what}: starts");
             assert_eq!(a.steady, steady, "{what}: steady");
         }
+    }
+
+    #[test]
+    fn health_gates_rollouts_and_unhealthy_tasks_are_replaced_start_before_stop() {
+        let rolling = [
+            deployment(2, 2, DeploymentStatus::Primary, 0),
+            deployment(1, 1, DeploymentStatus::Active, 0),
+        ];
+        let checked = |id: &str, d: i64, health: TaskHealth, at: u32| {
+            let mut t = task(id, d, Running, at);
+            t.health = Some(health);
+            t
+        };
+        // New tasks running but not yet healthy do not let an old one go at 100 %.
+        let a = actions(plan_service(
+            &service(2, 100, 200),
+            &[
+                checked("o1", 1, TaskHealth::Healthy, 1),
+                checked("o2", 1, TaskHealth::Healthy, 2),
+                checked("n1", 2, TaskHealth::Unknown, 3),
+                checked("n2", 2, TaskHealth::Unknown, 4),
+            ],
+            &rolling,
+            3,
+        ));
+        assert_eq!(
+            stopped(&a),
+            [],
+            "no old task stops before a new one is healthy"
+        );
+        assert_eq!(a.progress, Some((0, 2)));
+        // Once one is healthy, one old task may go.
+        let a = actions(plan_service(
+            &service(2, 100, 200),
+            &[
+                checked("o1", 1, TaskHealth::Healthy, 1),
+                checked("o2", 1, TaskHealth::Healthy, 2),
+                checked("n1", 2, TaskHealth::Healthy, 3),
+                checked("n2", 2, TaskHealth::Unknown, 4),
+            ],
+            &rolling,
+            3,
+        ));
+        assert_eq!(stopped(&a), [("o2", REPLACED)]);
+        // Unhealthy new tasks while the old ones serve: they stop (and count as failures).
+        let a = actions(plan_service(
+            &service(2, 100, 200),
+            &[
+                checked("o1", 1, TaskHealth::Healthy, 1),
+                checked("o2", 1, TaskHealth::Healthy, 2),
+                checked("n1", 2, TaskHealth::Unhealthy, 3),
+                checked("n2", 2, TaskHealth::Unknown, 4),
+            ],
+            &rolling,
+            3,
+        ));
+        assert_eq!(stopped(&a), [("n1", UNHEALTHY)]);
+        // A steady service with one unhealthy task: a replacement starts first.
+        let primary_only = [deployment(2, 2, DeploymentStatus::Primary, 0)];
+        let a = actions(plan_service(
+            &service(2, 100, 200),
+            &[
+                checked("a", 2, TaskHealth::Healthy, 1),
+                checked("b", 2, TaskHealth::Unhealthy, 2),
+            ],
+            &primary_only,
+            3,
+        ));
+        assert_eq!((a.start, stopped(&a)), (1, vec![]));
+        assert!(!a.steady);
+        // ...and the unhealthy one stops once the replacement serves.
+        let a = actions(plan_service(
+            &service(2, 100, 200),
+            &[
+                checked("a", 2, TaskHealth::Healthy, 1),
+                checked("b", 2, TaskHealth::Unhealthy, 2),
+                checked("c", 2, TaskHealth::Healthy, 3),
+            ],
+            &primary_only,
+            3,
+        ));
+        assert_eq!((a.start, stopped(&a)), (0, vec![("b", UNHEALTHY)]));
+        // With no room for a replacement (maximum 100 %), it stops first.
+        let a = actions(plan_service(
+            &service(2, 50, 100),
+            &[
+                checked("a", 2, TaskHealth::Healthy, 1),
+                checked("b", 2, TaskHealth::Unhealthy, 2),
+            ],
+            &primary_only,
+            3,
+        ));
+        assert_eq!(stopped(&a), [("b", UNHEALTHY)]);
+        // Draining tasks are out of every count.
+        let mut draining = task("d", 2, Stopping, 1);
+        draining.drain_until = Some("2026-11-30T12:00:09.000Z".into());
+        let a = actions(plan_service(
+            &service(1, 100, 200),
+            &[draining],
+            &primary_only,
+            3,
+        ));
+        assert_eq!(a.start, 1);
+    }
+
+    #[test]
+    fn a_rollback_keeps_the_tasks_that_already_run_its_revision() {
+        // Deployment 3 rolled back to revision 1; deployment 1's tasks run revision 1.
+        let mut rollback = deployment(3, 1, DeploymentStatus::Primary, 0);
+        rollback.task_definition = rev(1);
+        let deployments = [
+            rollback,
+            deployment(2, 2, DeploymentStatus::RolledBack, 3),
+            deployment(1, 1, DeploymentStatus::Active, 0),
+        ];
+        let mut s = service(2, 100, 200);
+        s.task_definition = rev(1);
+        let a = actions(plan_service(
+            &s,
+            &[task("o1", 1, Running, 1), task("o2", 1, Running, 2)],
+            &deployments,
+            3,
+        ));
+        assert_eq!((a.start, stopped(&a)), (0, vec![]), "nothing is replaced");
+        assert!(a.steady);
+        assert_eq!(
+            a.completed,
+            [1],
+            "the earlier deployment of that revision is done"
+        );
     }
 
     #[test]

@@ -5,7 +5,7 @@
 use crate::clock::{since, stamp, to_chrono};
 use crate::control::Control;
 use crate::error::ControlError;
-use crate::plan::{DELETED, ServicePlan, plan_service};
+use crate::plan::{DELETED, ServicePlan, UNHEALTHY, plan_service};
 use crate::store::{HostState, NewTask, Pruned, TaskFilter};
 
 /// How often old rows are pruned.
@@ -202,6 +202,14 @@ impl Control {
     async fn reconcile_service(&self, service: &Service) -> Result<(), ControlError> {
         let name = service.name.as_str();
         let tasks = self.live_tasks(name).await?;
+        // A task stopped on purpose first leaves the endpoint list for the service's
+        // deregistration delay.
+        let drain = (service.deregistration_delay_secs > 0).then(|| {
+            stamp(
+                self.now()
+                    + chrono::Duration::seconds(i64::from(service.deregistration_delay_secs)),
+            )
+        });
         let deployments = if service.deleting {
             Vec::new()
         } else {
@@ -215,7 +223,9 @@ impl Control {
         ) {
             ServicePlan::Delete { stop, gone } => {
                 for id in &stop {
-                    self.store.request_task_stop(id, DELETED).await?;
+                    self.store
+                        .request_task_stop(id, DELETED, drain.as_deref())
+                        .await?;
                 }
                 if gone {
                     self.store.delete_service(name).await?;
@@ -259,7 +269,14 @@ impl Control {
             .find(|d| d.id == actions.primary)
             .expect("the plan's primary is one of them");
         for (id, reason) in &actions.stop {
-            self.store.request_task_stop(id, reason).await?;
+            self.store
+                .request_task_stop(id, reason, drain.as_deref())
+                .await?;
+            if *reason == UNHEALTHY {
+                self.store.count_task_failure(id).await?;
+                self.event(Some(name), None, &format!("task {id} stopped: {UNHEALTHY}"))
+                    .await;
+            }
         }
         // With a revision to roll back to, the circuit breaker answers failures; without
         // one, restarts slow down.
@@ -284,14 +301,15 @@ impl Control {
                 .get_task_definition(&primary.task_definition)
                 .await?;
             let tasks: Vec<NewTask> = (0..actions.start)
-                .map(|_| NewTask {
-                    id: uuid::Uuid::new_v4().to_string(),
-                    service: name.to_owned(),
-                    deployment_id: primary.id,
-                    task_definition: primary.task_definition.clone(),
-                    pool: service.pool.clone(),
-                    cpu: def.spec.cpu(),
-                    memory: def.spec.memory(),
+                .map(|_| {
+                    NewTask::of(
+                        uuid::Uuid::new_v4().to_string(),
+                        name,
+                        primary.id,
+                        &primary.task_definition,
+                        &service.pool,
+                        &def.spec,
+                    )
                 })
                 .collect();
             self.store.create_tasks(&tasks).await?;

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use tessera_model::service::{
     GpuAllocation, Service, ServiceConstraints, Task, TaskDefRef, TaskState,
 };
-use tessera_model::taskdef::{TaskDefinitionSpec, TaskGpu};
+use tessera_model::taskdef::{Protocol, TaskDefinitionSpec, TaskGpu};
 use tessera_model::{HostId, PlacementPolicy, PoolInfo, PoolName, SharingMode};
 use tessera_placement::{
     Constraints, DemandProfile, Engine, GpuDemand, GpuUsage, LabelRule, Placement, Policy,
@@ -49,6 +49,10 @@ pub(crate) fn request_for(
             max_per_host: c.max_per_host,
             gpu_counts: Default::default(),
             host_counts: Default::default(),
+            host_ports: spec.fixed_host_ports(),
+            ports_in_use: Default::default(),
+            dynamic_ports: spec.ports().count() as u32 - spec.fixed_host_ports().len() as u32,
+            dynamic_free: Default::default(),
         },
     }
 }
@@ -225,6 +229,16 @@ impl Control {
             let PoolEngine {
                 engine, pool: info, ..
             } = &mut cached.built;
+            // Host ports taken in the pool and dynamic ones left, read only when a pending
+            // task has ports; each placement below adds its own.
+            let (mut ports_in_use, mut dynamic_free) = if tasks
+                .iter()
+                .any(|t| specs[&t.task_definition].ports().next().is_some())
+            {
+                self.ports_in_use(&pool).await?
+            } else {
+                Default::default()
+            };
             // One service at a time, in the order its tasks were created.
             let mut by_service: Vec<(String, Vec<&PendingTask>)> = Vec::new();
             for t in tasks {
@@ -235,6 +249,7 @@ impl Control {
             }
             let mut commits = Vec::new();
             let mut complaints: Vec<(String, Vec<String>, String)> = Vec::new();
+
             for (name, tasks) in by_service {
                 let Some(service) = services.get(&name) else {
                     continue;
@@ -263,8 +278,21 @@ impl Control {
                         }
                         req.constraints.count(p, 1);
                     }
+                    if !req.constraints.host_ports.is_empty() {
+                        req.constraints.ports_in_use = ports_in_use.clone();
+                    }
+                    if req.constraints.dynamic_ports > 0 {
+                        req.constraints.dynamic_free = dynamic_free.clone();
+                    }
                     match engine.place(&req) {
                         Ok(p) => {
+                            ports_in_use
+                                .entry(p.host_id.clone())
+                                .or_default()
+                                .extend(req.constraints.host_ports.iter().copied());
+                            if let Some(free) = dynamic_free.get_mut(&p.host_id) {
+                                *free = free.saturating_sub(req.constraints.dynamic_ports);
+                            }
                             engine
                                 .assign(&p)
                                 .expect("a fresh placement fits its own engine");
@@ -325,6 +353,54 @@ impl Control {
         Ok(placed_total)
     }
 
+    /// Host ports held on each host of `pool` by tasks holding capacity there, and the
+    /// dynamic ports each host's agent has left (less those of tasks placed there that
+    /// it has not bound yet).
+    #[allow(clippy::type_complexity)]
+    async fn ports_in_use(
+        &self,
+        pool: &PoolName,
+    ) -> Result<
+        (
+            BTreeMap<HostId, BTreeSet<(u16, Protocol)>>,
+            BTreeMap<HostId, u32>,
+        ),
+        ControlError,
+    > {
+        let mut out: BTreeMap<HostId, BTreeSet<(u16, Protocol)>> = BTreeMap::new();
+        let mut free: BTreeMap<HostId, u32> = self
+            .store
+            .list_hosts()
+            .await?
+            .into_iter()
+            .filter(|h| &h.pool == pool)
+            .filter_map(|h| Some((h.id, h.dynamic_ports_free?)))
+            .collect();
+        for t in self
+            .store
+            .list_tasks(&TaskFilter {
+                pool: Some(pool.clone()),
+                states: TaskState::HOLDING.to_vec(),
+                without_allocations: true,
+                ..Default::default()
+            })
+            .await?
+        {
+            if let Some(h) = &t.host {
+                out.entry(h.clone()).or_default().extend(
+                    t.ports
+                        .iter()
+                        .filter_map(|p| p.host_port.map(|port| (port, p.protocol))),
+                );
+                let unbound = t.ports.iter().filter(|p| p.host_port.is_none()).count() as u32;
+                if let Some(f) = free.get_mut(h) {
+                    *f = f.saturating_sub(unbound);
+                }
+            }
+        }
+        Ok((out, free))
+    }
+
     /// What placing `input.count` tasks now would do, without committing anything.
     pub async fn preview(&self, input: &PreviewInput) -> Result<PreviewResult, ControlError> {
         let mut e = crate::inputs::Errors::default();
@@ -341,7 +417,11 @@ impl Control {
         let (r, pool) = (r.expect("validated"), pool.expect("validated"));
         let def = self.usable_definition(&r).await?;
         self.existing_pool(&pool).await?;
-        let req = request_for(&def.spec, &input.constraints, BTreeSet::new());
+        let mut req = request_for(&def.spec, &input.constraints, BTreeSet::new());
+        if def.spec.ports().next().is_some() {
+            (req.constraints.ports_in_use, req.constraints.dynamic_free) =
+                self.ports_in_use(&pool).await?;
+        }
         let batch = vec![req; input.count as usize];
         let PoolEngine {
             mut engine,

@@ -23,6 +23,7 @@ pub struct SettingsChange {
     pub constraints: Option<tessera_model::service::ServiceConstraints>,
     pub deployment: Option<tessera_model::service::DeploymentConfig>,
     pub stop_timeout_secs: Option<u32>,
+    pub deregistration_delay_secs: Option<u32>,
 }
 
 /// A task to create.
@@ -35,6 +36,36 @@ pub struct NewTask {
     pub pool: PoolName,
     pub cpu: MilliCpu,
     pub memory: MiB,
+    /// Its ports as planned (fixed host ports known, dynamic ones to be reported).
+    pub ports: Vec<tessera_model::service::TaskPort>,
+    /// `Some(Unknown)` when its definition has a health check.
+    pub health: Option<tessera_model::service::TaskHealth>,
+}
+
+impl NewTask {
+    /// A new task of `spec` for deployment `deployment_id` of `service`.
+    pub fn of(
+        id: String,
+        service: &str,
+        deployment_id: i64,
+        task_definition: &TaskDefRef,
+        pool: &PoolName,
+        spec: &tessera_model::taskdef::TaskDefinitionSpec,
+    ) -> NewTask {
+        NewTask {
+            id,
+            service: service.to_owned(),
+            deployment_id,
+            task_definition: task_definition.clone(),
+            pool: pool.clone(),
+            cpu: spec.cpu(),
+            memory: spec.memory(),
+            ports: tessera_model::service::TaskPort::planned(spec),
+            health: spec
+                .has_health_check()
+                .then_some(tessera_model::service::TaskHealth::Unknown),
+        }
+    }
 }
 
 /// Which tasks to list; `None` means any.
@@ -366,6 +397,14 @@ pub trait HostStore: Send + Sync + 'static {
     /// Records syncs that changed nothing but the time, many hosts at once; a time never
     /// goes back (a later full report may have been written first).
     async fn touch_hosts(&self, seen: &[(HostId, String)]) -> Result<(), StoreError>;
+    /// The address a host's tasks are reached at and the dynamic ports its agent has
+    /// free, as it reports them.
+    async fn set_host_network(
+        &self,
+        id: &HostId,
+        address: Option<&str>,
+        dynamic_ports_free: Option<u32>,
+    ) -> Result<(), StoreError>;
     /// Hosts not `lost` whose last sync is older than `cutoff` (a stored time).
     async fn hosts_silent_since(&self, cutoff: &str) -> Result<Vec<HostId>, StoreError>;
 }
@@ -472,7 +511,25 @@ pub trait TaskStore: Send + Sync + 'static {
         failed: bool,
     ) -> Result<(), StoreError>;
     /// Asks for a task to stop: `stopping` if an agent may be running it, else `stopped`.
-    async fn request_task_stop(&self, id: &str, reason: &str) -> Result<(), StoreError>;
+    /// A running task given `drain_until` (a stored time) keeps running, out of the
+    /// endpoint list, until then.
+    async fn request_task_stop(
+        &self,
+        id: &str,
+        reason: &str,
+        drain_until: Option<&str>,
+    ) -> Result<(), StoreError>;
+    /// Counts a failure of task `id` against its deployment (the circuit breaker's count):
+    /// a task replaced because its health check failed.
+    async fn count_task_failure(&self, id: &str) -> Result<(), StoreError>;
+    /// Records what a task's agent reports of it: the host ports it bound and its health
+    /// (`None`: it has no check).
+    async fn record_task_serving(
+        &self,
+        id: &str,
+        ports: &[tessera_model::service::TaskPort],
+        health: Option<(tessera_model::service::TaskHealth, Option<&str>)>,
+    ) -> Result<(), StoreError>;
     /// Marks a task as being moved (its replacement starts first), or no longer.
     async fn set_task_migrating(&self, id: &str, migrating: bool) -> Result<(), StoreError>;
     /// Starts moving task `original` in one transaction: only while it still runs on

@@ -200,6 +200,7 @@ pub async fn host(control: &Control, name: &str, count: u32, gib: u64) -> Host {
     let gpus = gpus(name, count, gib);
     let resp = control
         .register_agent(&RegisterRequest {
+            address: None,
             join_token: JOIN.into(),
             pool: PoolName::new("gpu").expect("valid"),
             cpu_milli: MilliCpu(64_000),
@@ -260,6 +261,8 @@ pub async fn sync_with(
         .sync_agent(
             &id,
             &SyncRequest {
+                address: None,
+                dynamic_ports_free: None,
                 gpus: h.gpus.clone(),
                 mps: MpsReport {
                     healthy: mps_healthy,
@@ -306,6 +309,7 @@ pub async fn service(
             constraints: ServiceConstraints::default(),
             deployment: Some(deployment),
             stop_timeout_secs: 5,
+            deregistration_delay_secs: 0,
         })
         .await
         .expect("service");

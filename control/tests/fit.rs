@@ -27,6 +27,8 @@ async fn report(c: &tessera_control::Control, h: &Host, peak: u64, sm: u32, erro
     c.sync_agent(
         &h.id,
         &SyncRequest {
+            address: None,
+            dynamic_ports_free: None,
             gpus: h.gpus.clone(),
             mps: MpsReport {
                 healthy: true,
@@ -181,6 +183,8 @@ async fn the_mps_daemons_restarts_are_recorded_with_the_host() {
         c.sync_agent(
             &h.id,
             &SyncRequest {
+                address: None,
+                dynamic_ports_free: None,
                 gpus: h.gpus.clone(),
                 mps: MpsReport {
                     healthy: true,
@@ -231,6 +235,7 @@ async fn a_per_gpu_cap_spreads_a_service_and_the_preview_explains_what_it_refuse
         constraints,
         deployment: Some(DeploymentConfig::default()),
         stop_timeout_secs: 5,
+        deregistration_delay_secs: 0,
     })
     .await
     .expect("service");
@@ -269,6 +274,7 @@ async fn a_per_gpu_cap_spreads_a_service_and_the_preview_explains_what_it_refuse
             },
             deployment: None,
             stop_timeout_secs: 5,
+            deregistration_delay_secs: 0,
         })
         .await
         .expect_err("refused");

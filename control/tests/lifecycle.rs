@@ -425,6 +425,8 @@ async fn a_sync_that_changes_nothing_still_counts_and_new_use_or_gpus_are_record
     assert_eq!(first.tasks.len(), 2);
     let seen = c.get_host(&a.id).await.expect("host").last_seen;
     let report = |peak: u64, sm: u32| SyncRequest {
+        address: None,
+        dynamic_ports_free: None,
         gpus: a.gpus.clone(),
         mps: MpsReport {
             healthy: true,
@@ -504,6 +506,8 @@ async fn a_task_pulling_its_image_stays_assigned_and_says_so_and_a_refused_pull_
     assert_eq!(assigned.len(), 1);
     let id = assigned[0].id.clone();
     let report = |pulling: Option<&str>, error: Option<&str>| SyncRequest {
+        address: None,
+        dynamic_ports_free: None,
         gpus: a.gpus.clone(),
         mps: MpsReport {
             healthy: true,

@@ -287,6 +287,7 @@ async fn a_machine_rejoins_under_its_old_id_only_once_its_old_token_is_revoked()
     let c = &env.control;
     let a = host(c, "a", 2, 24).await;
     let again = tessera_model::agent::RegisterRequest {
+        address: None,
         join_token: JOIN.into(),
         pool: tessera_model::PoolName::new("gpu").expect("valid"),
         cpu_milli: tessera_model::MilliCpu(64_000),

@@ -46,6 +46,8 @@ fn host(id: &str, pool: &str, gpus: u32) -> HostInfo {
         status_reason: None,
         last_seen: None,
         mps_restarts: 0,
+        address: None,
+        dynamic_ports_free: None,
     }
 }
 
@@ -180,6 +182,8 @@ async fn racing_commits_from_two_stores_never_overcommit_a_gpu() {
             pool: PoolName::new("gpu").expect("valid"),
             cpu: MilliCpu(10),
             memory: MiB(16),
+            ports: vec![],
+            health: None,
         })
         .collect();
     a.create_tasks(&tasks).await.expect("tasks");

@@ -24,6 +24,7 @@ async fn a_gpu_is_shown_as_the_scheduler_counts_it_with_the_pools_overcommit() {
         .expect("pool");
     control
         .register_agent(&RegisterRequest {
+            address: None,
             join_token: JOIN.into(),
             pool: PoolName::new("over").expect("valid"),
             cpu_milli: MilliCpu(64_000),
@@ -47,6 +48,7 @@ async fn a_gpu_is_shown_as_the_scheduler_counts_it_with_the_pools_overcommit() {
             constraints: ServiceConstraints::default(),
             deployment: Some(DeploymentConfig::default()),
             stop_timeout_secs: 5,
+            deregistration_delay_secs: 0,
         })
         .await
         .expect("service");

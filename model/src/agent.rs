@@ -3,6 +3,8 @@
 //! everything it should run.
 
 use crate::ids::{GpuUuid, HostId, PoolName};
+use crate::service::{TaskHealth, TaskPort};
+use crate::taskdef::{Dependency, HealthCheck, PortSpec};
 use crate::taskdef::{FieldError, ValidationErrors};
 use crate::units::{MiB, MilliCpu};
 use serde::{Deserialize, Serialize};
@@ -48,6 +50,10 @@ pub struct RegisterRequest {
     /// GPU indices unique.
     #[cfg_attr(feature = "openapi", schema(max_items = 64))]
     pub gpus: Vec<GpuReport>,
+    /// The address tasks on this host are reached at (`--advertise-address`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(pattern = "^[A-Za-z0-9.:\\[\\]-]{1,253}$"))]
+    pub address: Option<String>,
     /// A name to base the host id on (e.g. the hostname).
     #[serde(default)]
     #[cfg_attr(
@@ -120,6 +126,28 @@ pub struct TaskReport {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(max_length = 2048))]
     pub error: Option<String>,
+    /// Its ports and the host ports the agent bound them to.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(feature = "openapi", schema(max_items = 100))]
+    pub ports: Vec<TaskPort>,
+    /// What its health checks say (absent: it has none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<HealthReport>,
+}
+
+/// A task's health as its agent last checked it.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HealthReport {
+    pub status: TaskHealth,
+    /// The last failing check's output (or why it failed: a timeout, a refused
+    /// connection), cut to 1024 characters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(max_length = 1024, pattern = "^[^\\u0000]*$")
+    )]
+    pub output: Option<String>,
 }
 
 fn is_zero(n: &usize) -> bool {
@@ -137,6 +165,14 @@ pub struct SyncRequest {
     #[serde(default)]
     #[cfg_attr(feature = "openapi", schema(max_items = 10_000))]
     pub tasks: Vec<TaskReport>,
+    /// The address tasks on this host are reached at.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(pattern = "^[A-Za-z0-9.:\\[\\]-]{1,253}$"))]
+    pub address: Option<String>,
+    /// Ports of the agent's dynamic range still free.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(maximum = 65535))]
+    pub dynamic_ports_free: Option<u32>,
 }
 
 /// A process the agent should run for a task.
@@ -173,6 +209,25 @@ pub struct WantedContainer {
     /// state file or log.
     #[serde(default, skip_serializing_if = "SecretEnv::is_empty")]
     pub secrets: SecretEnv,
+    /// Its ports; a `host_port` is fixed (placed), a missing one the agent picks.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<PortSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_check: Option<HealthCheck>,
+    /// Whether its exit ends the task.
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub essential: bool,
+    /// Containers of the task it waits for before it starts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub depends_on: Vec<Dependency>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
 }
 
 /// Secret environment values on their way to the one agent that runs the task. `Debug`
@@ -204,6 +259,14 @@ pub struct WantedTask {
     /// Whether the task uses MPS (the agent then points it at its MPS daemon).
     pub mps: bool,
     pub stop_timeout_secs: u32,
+    /// ECS `networkMode: host`: containers share the host's network (a container port is
+    /// the host port).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub host_network: bool,
+    /// Host ports the server already knows for it (what an earlier report said), so an
+    /// agent that lost its state file starts it again on the same ports.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bound_ports: Vec<TaskPort>,
 }
 
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -287,6 +350,7 @@ impl RegisterRequest {
                 });
             }
         }
+        check_address(self.address.as_deref(), &mut errors);
         if self.name.as_deref().is_some_and(|n| !text_ok(n)) {
             errors.push(FieldError {
                 field: "name".into(),
@@ -338,6 +402,36 @@ impl SyncRequest {
                     message: "must be at most 1000000".into(),
                 });
             }
+            if t.ports.len() > 100 {
+                errors.push(FieldError {
+                    field: format!("tasks[{i}].ports"),
+                    message: "at most 100 ports per task".into(),
+                });
+            }
+            for (j, p) in t.ports.iter().enumerate() {
+                if p.container_port == 0 || p.host_port == Some(0) {
+                    errors.push(FieldError {
+                        field: format!("tasks[{i}].ports[{j}]"),
+                        message: "ports are between 1 and 65535".into(),
+                    });
+                }
+                if !text_ok(&p.container) || p.name.as_deref().is_some_and(|n| !text_ok(n)) {
+                    errors.push(FieldError {
+                        field: format!("tasks[{i}].ports[{j}].name"),
+                        message: "must be at most 256 characters without NUL".into(),
+                    });
+                }
+            }
+            if let Some(h) = &t.health
+                && h.output
+                    .as_deref()
+                    .is_some_and(|o| o.chars().count() > 1024 || o.contains('\0'))
+            {
+                errors.push(FieldError {
+                    field: format!("tasks[{i}].health.output"),
+                    message: "must be at most 1024 characters without NUL".into(),
+                });
+            }
             for (name, value, max) in [("pulling", &t.pulling, 512), ("error", &t.error, 2048)] {
                 if value
                     .as_deref()
@@ -350,6 +444,7 @@ impl SyncRequest {
                 }
             }
         }
+        check_address(self.address.as_deref(), &mut errors);
         if self
             .mps
             .reason
@@ -362,6 +457,22 @@ impl SyncRequest {
             });
         }
         finish(errors)
+    }
+}
+
+/// An advertised address: a host name or an IP address, nothing more.
+fn check_address(address: Option<&str>, errors: &mut Vec<FieldError>) {
+    if let Some(a) = address
+        && (a.is_empty()
+            || a.len() > 253
+            || !a
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '[' | ']')))
+    {
+        errors.push(FieldError {
+            field: "address".into(),
+            message: "must be a host name or an IP address".into(),
+        });
     }
 }
 

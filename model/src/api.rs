@@ -83,6 +83,11 @@ pub struct ServiceInput {
     #[serde(default = "default_stop_timeout")]
     #[cfg_attr(feature = "openapi", schema(default = 30, minimum = 1, maximum = 600))]
     pub stop_timeout_secs: u32,
+    /// How long a task stopped on purpose stays running out of the endpoint list before
+    /// its stop signal.
+    #[serde(default = "crate::service::default_deregistration_delay")]
+    #[cfg_attr(feature = "openapi", schema(default = 5, minimum = 0, maximum = 3600))]
+    pub deregistration_delay_secs: u32,
 }
 
 /// `PATCH /api/v1/services/{name}`: at least one field (its schema is in `crate::schema`).
@@ -110,6 +115,8 @@ pub struct ServicePatch {
     pub deployment: Option<DeploymentConfig>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop_timeout_secs: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deregistration_delay_secs: Option<u32>,
 }
 
 impl ServicePatch {
@@ -119,6 +126,7 @@ impl ServicePatch {
             || self.constraints.is_some()
             || self.deployment.is_some()
             || self.stop_timeout_secs.is_some()
+            || self.deregistration_delay_secs.is_some()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -202,4 +210,70 @@ pub struct ServiceDetail {
     pub pending: u32,
     pub deployments: Vec<Deployment>,
     pub events: Vec<Event>,
+}
+
+/// Where one port of one task is reached, and whether it should get traffic.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Endpoint {
+    pub task: String,
+    pub host: HostId,
+    /// The host's advertised address.
+    pub address: String,
+    /// The host port.
+    pub port: u16,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port_name: Option<String>,
+    pub container_port: u16,
+    pub protocol: crate::taskdef::Protocol,
+    pub health: EndpointHealth,
+    /// Why it is unhealthy (the last check's output), or what it waits for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// `family:revision` it runs.
+    pub task_definition: TaskDefRef,
+}
+
+/// Whether an endpoint should get traffic: only `healthy` ones should.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EndpointHealth {
+    /// Running, and its health check passes (or it has none).
+    Healthy,
+    /// Its health check fails.
+    Unhealthy,
+    /// Not running yet, or its check has not passed yet.
+    Starting,
+    /// Being stopped on purpose: out of rotation for the deregistration delay, then stopped.
+    Draining,
+}
+
+impl EndpointHealth {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EndpointHealth::Healthy => "healthy",
+            EndpointHealth::Unhealthy => "unhealthy",
+            EndpointHealth::Starting => "starting",
+            EndpointHealth::Draining => "draining",
+        }
+    }
+}
+
+/// `GET /api/v1/services/{name}/endpoints`.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndpointList {
+    pub service: String,
+    pub endpoints: Vec<Endpoint>,
+}
+
+/// One target group of `GET /api/v1/discovery/prometheus` (Prometheus's HTTP service
+/// discovery format).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrometheusTargets {
+    /// `address:port`.
+    pub targets: Vec<String>,
+    pub labels: std::collections::BTreeMap<String, String>,
 }

@@ -168,6 +168,12 @@ pub struct HostInfo {
     /// Times its agent restarted the MPS control daemon (since the agent started).
     #[serde(default)]
     pub mps_restarts: u32,
+    /// The address its tasks are reached at (what its agent advertises).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    /// Ports of its agent's dynamic range still free (as last reported).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dynamic_ports_free: Option<u32>,
 }
 
 impl HostInfo {

@@ -21,6 +21,7 @@
 //! - [`taskdef`]: task definitions, their validation (errors name their field) and the ECS JSON shape.
 
 #![forbid(unsafe_code)]
+#![recursion_limit = "256"]
 
 pub mod agent;
 pub mod api;

@@ -183,7 +183,8 @@ string_schema!(
             },
             "constraints": {"$ref": "#/components/schemas/ServiceConstraints"},
             "deployment": {"$ref": "#/components/schemas/DeploymentConfig"},
-            "stop_timeout_secs": {"type": "integer", "minimum": 1, "maximum": 600}
+            "stop_timeout_secs": {"type": "integer", "minimum": 1, "maximum": 600},
+            "deregistration_delay_secs": {"type": "integer", "minimum": 0, "maximum": 3600, "description": "how long a task stopped on purpose stays running out of the endpoint list before its stop signal"}
         }
     }))
 );
@@ -215,6 +216,34 @@ fn command() -> Value {
     })
 }
 
+/// A container's health check: a command or an HTTP GET, with the same timings.
+fn health_check() -> Value {
+    let timings = |first: (&str, Value)| {
+        let mut props = json!({
+            "interval_secs": whole(5, 300),
+            "timeout_secs": whole(2, 60),
+            "retries": whole(1, 10),
+            "start_period_secs": whole(0, 300)
+        });
+        props[first.0] = first.1;
+        props
+    };
+    let command = json!({"oneOf": [
+        {"type": "array", "minItems": 2, "prefixItems": [{"type": "string", "enum": ["CMD"]}, {"type": "string", "pattern": "\\S"}], "items": {"type": "string"}},
+        {"type": "array", "minItems": 2, "maxItems": 2, "prefixItems": [{"type": "string", "enum": ["CMD-SHELL"]}, {"type": "string", "pattern": "\\S"}], "items": {"type": "string"}}
+    ]});
+    let http = json!({"type": "object", "required": ["port"], "additionalProperties": false, "properties": {
+        "port": family(), "path": {"type": "string", "pattern": "^/\\S*$", "maxLength": 1024}
+    }});
+    json!({
+        "description": "a command ([\"CMD\", program, args…] or [\"CMD-SHELL\", \"…\"]) or an HTTP GET on one of the container's ports (by name; 2xx and 3xx pass)",
+        "oneOf": [
+            {"type": "object", "required": ["command"], "additionalProperties": false, "properties": timings(("command", command))},
+            {"type": "object", "required": ["http"], "additionalProperties": false, "properties": timings(("http", http))}
+        ]
+    })
+}
+
 // The ECS GPU count's pattern spells 1 to MAX_GPUS as 1-9 and 10-1x.
 const _: () = assert!(MAX_GPUS >= 10 && MAX_GPUS <= 19);
 
@@ -230,7 +259,7 @@ pub fn native_task_definition() -> Schema {
                 "type": "array",
                 "minItems": 1,
                 "maxItems": MAX_CONTAINERS,
-                "description": "Names unique within the task; a variable is either in env or in secrets; the task's GPU containers use either whole GPUs (at most 16 in all) or MPS slots (compute caps adding up to at most 100 %), not both.",
+                "description": "Names unique within the task; a variable is either in env or in secrets; the task's GPU containers use either whole GPUs (at most 16 in all) or MPS slots (compute caps adding up to at most 100 %), not both; port names and fixed host ports unique in the task, a container port once per container; a health check's http.port names a port of its container; depends_on names other containers of the task, without cycles, HEALTHY only on one with a health check; at least one container essential.",
                 "items": {
                     "type": "object",
                     "required": ["name", "command", "cpu_milli", "memory_mib"],
@@ -242,6 +271,25 @@ pub fn native_task_definition() -> Schema {
                         "secrets": {"type": "object", "propertyNames": env_name(), "additionalProperties": {"$ref": "#/components/schemas/Secret"}},
                         "cpu_milli": {"type": "integer", "minimum": 0, "maximum": 1_000_000, "description": "CPU reserved, in thousandths of a core; 0 reserves none (as an ECS container without cpu)"},
                         "memory_mib": whole(1, MAX_MEMORY_MIB),
+                        "ports": {
+                            "type": "array",
+                            "description": "Names and (container port, protocol) unique in the task; without host_port the agent picks a dynamic one, which a process gets as PORT (its first port) and TESSERA_PORT_<NAME>",
+                            "items": {"type": "object", "required": ["container_port"], "additionalProperties": false, "properties": {
+                                "name": family(),
+                                "container_port": whole(1, 65535),
+                                "host_port": whole(1, 65535),
+                                "protocol": {"type": "string", "enum": ["tcp", "udp"]}
+                            }}
+                        },
+                        "health_check": health_check(),
+                        "essential": {"type": "boolean", "description": "whether its exit ends the task (default true); at least one container is essential"},
+                        "depends_on": {
+                            "type": "array",
+                            "items": {"type": "object", "required": ["container", "condition"], "additionalProperties": false, "properties": {
+                                "container": family(),
+                                "condition": {"type": "string", "enum": ["START", "COMPLETE", "SUCCESS", "HEALTHY"]}
+                            }}
+                        },
                         "gpu": {
                             "oneOf": [
                                 {"type": "object", "required": ["gpus"], "additionalProperties": false, "properties": {"gpus": whole(1, MAX_GPUS)}},
@@ -271,9 +319,9 @@ pub fn ecs_task_definition() -> Schema {
             "type": {"type": "string", "enum": ["GPU"]},
             "value": {"type": "string", "pattern": format!("^([1-9]|1[0-{}])$", MAX_GPUS - 10), "description": format!("whole GPUs, 1 to {MAX_GPUS}")}
         }},
-        {"type": "object", "required": ["type", "value", "sharingStrategy"], "additionalProperties": false, "properties": {
+        {"type": "object", "required": ["type", "sharingStrategy"], "additionalProperties": false, "properties": {
             "type": {"type": "string", "enum": ["GPU"]},
-            "value": {"type": "string", "enum": ["1"]},
+            "value": {"type": "string", "enum": ["1"], "description": "may be left out: a shared slot is on one GPU"},
             "sharingStrategy": {"type": "object", "required": ["nvidiaMps"], "properties": {"nvidiaMps": {
                 "type": "object", "required": ["memory"],
                 "properties": {"memory": whole(1, MAX_MEMORY_MIB), "maxComputePercent": whole(1, 100)}

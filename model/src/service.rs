@@ -145,9 +145,19 @@ pub struct Service {
     pub constraints: ServiceConstraints,
     pub deployment: DeploymentConfig,
     pub stop_timeout_secs: u32,
+    /// How long a task stopped on purpose stays out of the endpoint list, still running,
+    /// before its stop signal (requests in flight finish; the load balancer lets go).
+    #[serde(default = "default_deregistration_delay")]
+    pub deregistration_delay_secs: u32,
     /// `true` after DELETE: it drains to zero tasks and is then removed.
     pub deleting: bool,
     pub created_at: String,
+}
+
+/// ECS's default deregistration delay is 300 s; a GPU service's clients retry, and 5 s
+/// lets a load balancer hear of the change and requests in flight finish.
+pub fn default_deregistration_delay() -> u32 {
+    5
 }
 
 macro_rules! word_enum {
@@ -242,6 +252,63 @@ pub struct Measured {
     pub sm_percent: Option<u32>,
 }
 
+word_enum!(
+    /// What a task's health checks say: `unknown` until the first check passes (or while
+    /// the start period lasts), then `healthy` or `unhealthy` (after `retries` failures in
+    /// a row).
+    TaskHealth {
+        Unknown => "unknown",
+        Healthy => "healthy",
+        Unhealthy => "unhealthy",
+    }
+);
+
+/// A port of a placed task: the container's port and the host port it is reached at.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct TaskPort {
+    /// The container it belongs to.
+    #[cfg_attr(
+        feature = "openapi",
+        schema(max_length = 256, pattern = "^[^\\u0000]*$")
+    )]
+    pub container: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(max_length = 256, pattern = "^[^\\u0000]*$")
+    )]
+    pub name: Option<String>,
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
+    pub container_port: u16,
+    /// `None` until the agent has chosen a dynamic one.
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
+    pub host_port: Option<u16>,
+    #[serde(default)]
+    pub protocol: crate::taskdef::Protocol,
+}
+
+impl TaskPort {
+    /// The ports a new task of `spec` has before its agent binds them: fixed host ports
+    /// known (under host networking, the container port), dynamic ones not yet.
+    pub fn planned(spec: &TaskDefinitionSpec) -> Vec<TaskPort> {
+        let host = spec.host_network();
+        spec.containers
+            .iter()
+            .flat_map(|c| {
+                c.ports.iter().map(move |p| TaskPort {
+                    container: c.name.clone(),
+                    name: p.name.clone(),
+                    container_port: p.container_port,
+                    host_port: p.host_port.or(host.then_some(p.container_port)),
+                    protocol: p.protocol,
+                })
+            })
+            .collect()
+    }
+}
+
 /// One running copy of a task definition.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -266,9 +333,32 @@ pub struct Task {
     pub stop_reason: Option<String>,
     pub exit_code: Option<i32>,
     pub measured: Measured,
+    /// Its ports and the host ports they are reached at (fixed ones from placement,
+    /// dynamic ones as the agent reports them).
+    #[serde(default)]
+    pub ports: Vec<TaskPort>,
+    /// `None` when its definition has no health check (it counts as ready once running).
+    #[serde(default)]
+    pub health: Option<TaskHealth>,
+    /// The last check's output, when it failed.
+    #[serde(default)]
+    pub health_output: Option<String>,
+    /// While it is draining: until when it stays running, out of the endpoint list, before
+    /// its stop signal.
+    #[serde(default)]
+    pub drain_until: Option<String>,
     pub created_at: String,
     pub started_at: Option<String>,
     pub stopped_at: Option<String>,
+}
+
+impl Task {
+    /// Whether it counts as serving: running, and healthy when it has a check.
+    pub fn ready(&self) -> bool {
+        self.state == TaskState::Running
+            && self.drain_until.is_none()
+            && matches!(self.health, None | Some(TaskHealth::Healthy))
+    }
 }
 
 /// A revision being rolled out (or out) for a service, with its task counts.

@@ -27,6 +27,8 @@ pub enum FilterReason {
     MpsClientLimit,
     /// The host has fewer idle GPUs than the task needs.
     NotEnoughIdleGpus,
+    /// A fixed host port the task needs is taken there.
+    HostPort,
 }
 
 impl FilterReason {
@@ -45,6 +47,9 @@ impl FilterReason {
             FilterReason::GpuCompute => "not enough free GPU compute",
             FilterReason::MpsClientLimit => "MPS client limit reached",
             FilterReason::NotEnoughIdleGpus => "not enough idle GPUs",
+            FilterReason::HostPort => {
+                "a fixed host port it needs is taken, or the host's agent has no dynamic port left"
+            }
         }
     }
 

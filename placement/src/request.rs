@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
+use tessera_model::taskdef::Protocol;
 use tessera_model::{ComputeMilli, GpuUuid, HostId, MiB, MilliCpu};
 
 /// The GPU part of a request.
@@ -63,11 +64,34 @@ pub struct Constraints {
     pub gpu_counts: BTreeMap<GpuUuid, u32>,
     /// How many of the service's tasks each host holds already (for `max_per_host`).
     pub host_counts: BTreeMap<HostId, u32>,
+    /// Fixed host ports the task needs: a host where any of them is taken cannot hold it.
+    pub host_ports: Vec<(u16, Protocol)>,
+    /// Host ports taken on each host (by any task), for `host_ports`.
+    pub ports_in_use: BTreeMap<HostId, BTreeSet<(u16, Protocol)>>,
+    /// Dynamic host ports the task needs (its agent picks them).
+    pub dynamic_ports: u32,
+    /// Dynamic ports left on each host, where its agent said (absent: plenty).
+    pub dynamic_free: BTreeMap<HostId, u32>,
 }
 
 impl Constraints {
     /// Counts placement `p` against the caps (the next task of the batch sees it).
     pub fn count(&mut self, p: &crate::snapshot::Placement, delta: i32) {
+        if self.dynamic_ports > 0
+            && let Some(free) = self.dynamic_free.get_mut(&p.host_id)
+        {
+            *free = free.saturating_add_signed(-delta * self.dynamic_ports as i32);
+        }
+        if !self.host_ports.is_empty() {
+            let used = self.ports_in_use.entry(p.host_id.clone()).or_default();
+            for port in &self.host_ports {
+                if delta > 0 {
+                    used.insert(*port);
+                } else {
+                    used.remove(port);
+                }
+            }
+        }
         if self.max_per_host.is_some() {
             let n = self.host_counts.entry(p.host_id.clone()).or_default();
             *n = n.saturating_add_signed(delta);
@@ -84,6 +108,21 @@ impl Constraints {
     pub fn host_full(&self, id: &HostId) -> bool {
         self.max_per_host
             .is_some_and(|m| self.host_counts.get(id).copied().unwrap_or(0) >= m)
+    }
+
+    /// The first of the task's fixed host ports already taken on host `id`.
+    /// Whether host `id` is out of dynamic ports for the task.
+    pub fn ports_exhausted(&self, id: &HostId) -> bool {
+        self.dynamic_ports > 0
+            && self
+                .dynamic_free
+                .get(id)
+                .is_some_and(|&free| free < self.dynamic_ports)
+    }
+
+    pub fn port_taken(&self, id: &HostId) -> Option<(u16, Protocol)> {
+        let used = self.ports_in_use.get(id)?;
+        self.host_ports.iter().find(|p| used.contains(p)).copied()
     }
 
     /// Whether the service's tasks on GPU `uuid` reached its per-GPU cap.

@@ -308,6 +308,9 @@ impl Snapshot {
         {
             return Err(FilterReason::Constraint);
         }
+        if c.port_taken(&host.id).is_some() || c.ports_exhausted(&host.id) {
+            return Err(FilterReason::HostPort);
+        }
         if !req.constraints.gpu_models.is_empty()
             && req.gpu != GpuDemand::None
             && !self

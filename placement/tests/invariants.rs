@@ -20,7 +20,7 @@ const POLICIES: [Policy; 6] = [
 
 #[derive(Debug, Clone)]
 enum Op {
-    Place(TaskRequest),
+    Place(Box<TaskRequest>),
     /// Release the live placement at this position (modulo their number).
     Release(usize),
 }
@@ -76,7 +76,7 @@ fn request() -> impl Strategy<Value = TaskRequest> {
 fn ops() -> impl Strategy<Value = Vec<Op>> {
     prop::collection::vec(
         prop_oneof![
-            3 => request().prop_map(Op::Place),
+            3 => request().prop_map(|r| Op::Place(Box::new(r))),
             1 => any::<usize>().prop_map(Op::Release),
         ],
         1..60,
@@ -88,7 +88,7 @@ fn run(hosts: &[HostSpec], policy: Policy, seed: u64, ops: &[Op]) -> Vec<Option<
     let requests: Vec<TaskRequest> = ops
         .iter()
         .filter_map(|op| match op {
-            Op::Place(r) => Some(r.clone()),
+            Op::Place(r) => Some((**r).clone()),
             Op::Release(_) => None,
         })
         .collect();

@@ -27,6 +27,13 @@ pub enum Command {
         #[command(subcommand)]
         command: UserCommand,
     },
+    /// A small HTTP service for trying serving with processes: `/`, `/health` and
+    /// `/metrics` on `$PORT`; finishes requests in flight on SIGTERM.
+    ExampleServer {
+        /// Listen here instead of `$PORT`.
+        #[arg(long)]
+        port: Option<u16>,
+    },
     /// Print the API's OpenAPI document (what `/api/v1/openapi.json` serves), for client
     /// generators and schema-driven testers.
     Openapi,

@@ -1,7 +1,8 @@
 //! The demo fleet: simulated GPU hosts so a machine without GPUs shows a live console.
 //! Each host is a real `tessera-agent` (this crate's `Agent`, in-process) talking HTTP to
 //! the server: it registers with the join token, syncs, and runs the sample tasks as real,
-//! harmless processes (`sleep`). Only the GPUs are simulated (their use is derived from
+//! harmless processes (`sleep`, and `tessera example-server` for the HTTP service
+//! `embeddings`, reached on its dynamic ports at 127.0.0.1). Only the GPUs are simulated (their use is derived from
 //! each task's budget), and hosts, API and console say so.
 
 use serde_json::json;
@@ -82,15 +83,22 @@ struct Sample {
 }
 
 /// The sample services, using at their peak 95 % of the budget (near), 35 % (oversized),
-/// 120 % (over: allocations refused at the limit) and 70 % (fits).
+/// 120 % (over: allocations refused at the limit) and 70 % (fits). `embeddings` serves
+/// HTTP: it runs `tessera example-server` (this binary) on a dynamic port, with an HTTP
+/// health check, so its endpoints answer.
 fn samples() -> Vec<Sample> {
+    let me = std::env::current_exe()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| "tessera".into());
     vec![
         Sample {
             family: "embeddings",
             pool: "inference",
             count: 5,
-            container: json!({"name": "worker", "command": ["sleep", "infinity"], "cpu_milli": 2000, "memory_mib": 8192,
-                   "env": {}, "gpu": {"mps": {"memory_mib": 6144, "max_compute_percent": 25}}}),
+            container: json!({"name": "worker", "command": [me, "example-server"], "cpu_milli": 2000, "memory_mib": 8192,
+                   "env": {}, "gpu": {"mps": {"memory_mib": 6144, "max_compute_percent": 25}},
+                   "ports": [{"name": "http", "container_port": 8080}, {"name": "metrics", "container_port": 9090}],
+                   "health_check": {"http": {"port": "http", "path": "/health"}, "interval_secs": 10}}),
             peak_mib: "5837",
         },
         Sample {
@@ -159,6 +167,8 @@ pub async fn seed(control: &Control) -> Result<(), ControlError> {
                     constraints: ServiceConstraints::default(),
                     deployment: Some(DeploymentConfig::default()),
                     stop_timeout_secs: 10,
+                    deregistration_delay_secs: tessera_model::service::default_deregistration_delay(
+                    ),
                 })
                 .await?;
         }
@@ -200,6 +210,8 @@ pub async fn run_agents(
             // The demo's tasks are `sleep`s, run as the server's own user.
             run_as: None,
             containers: tessera_agent::ContainerRuntime::Process,
+            advertise_address: Some("127.0.0.1".into()),
+            port_range: (32768, 60999),
         })?;
         let mut stop = shutdown.clone();
         handles.push(tokio::spawn(agent.run(async move {

@@ -12,6 +12,8 @@
 //! - [`demo`]: the simulated demo fleet `--demo` adds, registered through the agent API
 //!   path, with in-process simulated agents that sync it.
 //! - [`error`]: `ApiError`, how store errors become HTTP responses.
+//! - [`example`]: `tessera example-server`, the small HTTP service the demo and the
+//!   serving drill run as tasks.
 //!
 //! The library exposes [`app`] and [`run`] so tests can build the router and serve it on
 //! port 0, over HTTP or HTTPS.
@@ -25,6 +27,7 @@ pub mod cli;
 pub mod config;
 pub mod demo;
 pub mod error;
+pub mod example;
 pub mod metrics;
 pub mod openapi;
 pub mod session;

@@ -44,7 +44,10 @@ async fn run_command() -> anyhow::Result<()> {
     // warnings.
     let default_filter = match command {
         Command::Serve(_) => "info,sqlx=warn",
-        Command::User { .. } | Command::Openapi | Command::Client(_) => "warn",
+        Command::User { .. }
+        | Command::Openapi
+        | Command::Client(_)
+        | Command::ExampleServer { .. } => "warn",
     };
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -62,6 +65,7 @@ async fn run_command() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Client(c) => tessera_server::cli::run(c).await,
+        Command::ExampleServer { port } => tessera_server::example::run(port).await,
     }
 }
 

@@ -33,6 +33,7 @@ use utoipa::OpenApi;
         workloads::list_services, workloads::create_service, workloads::get_service,
         workloads::update_service, workloads::delete_service, workloads::preview,
         workloads::list_tasks, workloads::list_events, workloads::live,
+        workloads::service_endpoints, workloads::prometheus_discovery,
         evidence::service_fit, evidence::pool_fit, evidence::right_size_proposal,
         evidence::right_size, evidence::plan_consolidation, evidence::list_plans,
         evidence::get_plan, evidence::execute_plan, evidence::cancel_plan,

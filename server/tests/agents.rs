@@ -119,6 +119,8 @@ fn agent_config(c: &Cluster, name: &str) -> AgentConfig {
         log_retention: Duration::from_secs(3600),
         run_as: None,
         containers: tessera_agent::ContainerRuntime::Process,
+        advertise_address: Some("127.0.0.1".into()),
+        port_range: (32768, 60999),
     }
 }
 
@@ -213,6 +215,7 @@ async fn create_service(c: &Cluster, name: &str, count: u32) {
             constraints: ServiceConstraints::default(),
             deployment: Some(DeploymentConfig::default()),
             stop_timeout_secs: 2,
+            deregistration_delay_secs: 0,
         })
         .await
         .expect("service");
@@ -525,6 +528,7 @@ async fn over_https_an_agent_registers_syncs_and_gets_its_task_secret() {
             constraints: ServiceConstraints::default(),
             deployment: Some(DeploymentConfig::default()),
             stop_timeout_secs: 2,
+            deregistration_delay_secs: 0,
         })
         .await
         .expect("service");
@@ -692,6 +696,7 @@ async fn a_consolidation_plan_runs_start_before_stop_on_real_processes() {
             constraints: ServiceConstraints::default(),
             deployment: Some(DeploymentConfig::default()),
             stop_timeout_secs: 2,
+            deregistration_delay_secs: 0,
         })
         .await
         .expect("service");

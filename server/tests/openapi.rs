@@ -38,6 +38,16 @@ const NOT_SHAPE: &[&str] = &[
     "compute caps add up",
     "has a value for this secret",
     "is reported twice",
+    // Ports, health checks and dependencies across a task's containers.
+    "names another port of this task",
+    "is declared twice in this container",
+    "is asked for twice in this task",
+    "is not the name of a port of container",
+    "no container of this task is named",
+    "cannot wait for itself",
+    "needs a health check on container",
+    "has a cycle through container",
+    "at least one container must be essential",
 ];
 
 struct Server {
@@ -409,6 +419,14 @@ async fn the_document_and_the_router_agree_and_answers_match_their_schemas() {
             "/api/v1/services/chat/fit?range=day".to_owned(),
         ),
         ("/api/v1/fit", "/api/v1/fit?pool=inference".to_owned()),
+        (
+            "/api/v1/services/{name}/endpoints",
+            "/api/v1/services/chat/endpoints".to_owned(),
+        ),
+        (
+            "/api/v1/discovery/prometheus",
+            "/api/v1/discovery/prometheus".to_owned(),
+        ),
         (
             "/api/v1/services/{name}/right-size",
             "/api/v1/services/chat/right-size".to_owned(),

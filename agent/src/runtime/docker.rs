@@ -133,6 +133,34 @@ impl Engine {
         }
     }
 
+    /// What Docker's own health check says of a container, with the last check's output;
+    /// `None` when the engine does not answer.
+    pub async fn health_of(
+        &self,
+        docker_name: &str,
+    ) -> Option<(tessera_model::service::TaskHealth, Option<String>)> {
+        use bollard::models::HealthStatusEnum;
+        use tessera_model::service::TaskHealth;
+        let health = self
+            .docker
+            .inspect_container(docker_name, None::<InspectContainerOptions>)
+            .await
+            .ok()?
+            .state?
+            .health?;
+        let status = match health.status? {
+            HealthStatusEnum::HEALTHY => TaskHealth::Healthy,
+            HealthStatusEnum::UNHEALTHY => TaskHealth::Unhealthy,
+            _ => TaskHealth::Unknown,
+        };
+        let output = health
+            .log
+            .and_then(|l| l.last().cloned())
+            .filter(|r| r.exit_code != Some(0))
+            .and_then(|r| r.output);
+        Some((status, output))
+    }
+
     /// Pulls `image`; the error is the registry's (or the engine's) reason.
     async fn pull(&self, image: &str) -> Result<(), String> {
         let (from_image, tag) = split_tag(image);
@@ -217,6 +245,12 @@ pub struct Launch {
     pub memory_soft: bool,
     /// The agent's mark.
     pub mark: String,
+    /// Published ports: (container port, host port, protocol).
+    pub ports: Vec<(u16, u16, tessera_model::taskdef::Protocol)>,
+    /// ECS `networkMode: host`.
+    pub host_network: bool,
+    /// A command health check, which Docker runs itself.
+    pub health_check: Option<tessera_model::taskdef::HealthCheck>,
 }
 
 impl std::fmt::Debug for Launch {
@@ -291,8 +325,49 @@ impl Launch {
             host.binds = Some(vec![format!("{p}:{p}")]);
             host.ipc_mode = Some("host".into());
         }
+        if self.host_network {
+            host.network_mode = Some("host".into());
+        } else if !self.ports.is_empty() {
+            host.port_bindings = Some(
+                self.ports
+                    .iter()
+                    .map(|(container, hostp, proto)| {
+                        (
+                            format!("{container}/{}", proto.as_str()),
+                            Some(vec![bollard::models::PortBinding {
+                                host_ip: None,
+                                host_port: Some(hostp.to_string()),
+                            }]),
+                        )
+                    })
+                    .collect(),
+            );
+        }
+        let secs = |s: u32| i64::from(s) * 1_000_000_000;
+        let healthcheck = self
+            .health_check
+            .as_ref()
+            .filter(|h| !h.command.is_empty())
+            .map(|h| {
+                bollard::models::HealthConfig {
+                    test: Some(h.command.clone()),
+                    interval: Some(secs(h.interval_secs)),
+                    timeout: Some(secs(h.timeout_secs)),
+                    retries: Some(i64::from(h.retries)),
+                    start_period: Some(secs(h.start_period_secs)),
+                    // Checked every second until the first pass (Docker 25+).
+                    start_interval: Some(secs(1)),
+                }
+            });
         ContainerCreateBody {
             image: Some(self.image.clone()),
+            exposed_ports: (!self.ports.is_empty() && !self.host_network).then(|| {
+                self.ports
+                    .iter()
+                    .map(|(c, _, proto)| format!("{c}/{}", proto.as_str()))
+                    .collect()
+            }),
+            healthcheck,
             entrypoint: (!self.entry_point.is_empty()).then(|| self.entry_point.clone()),
             cmd: (!self.command.is_empty()).then(|| self.command.clone()),
             env: Some(env),
@@ -392,6 +467,11 @@ impl Boxed {
 
     pub fn phase(&self) -> Phase {
         self.phase.lock().expect("not poisoned").clone()
+    }
+
+    /// The engine and the container's name there, for reading Docker's health verdict.
+    pub fn probe_target(&self) -> (Engine, String) {
+        (self.engine.clone(), self.docker_name.clone())
     }
 
     /// Asks it to stop: the engine sends SIGTERM, then SIGKILL after `timeout`. One that

@@ -13,12 +13,15 @@
 //! (written atomically, owner-only) keeps what `/proc` cannot tell: stop timeouts.
 
 pub mod docker;
+mod health;
+mod ports;
 mod procfs;
 #[cfg(test)]
 mod tests;
 
 use docker::Phase;
 pub use docker::{Engine, default_socket};
+pub use ports::{PortAllocator, port_environment};
 
 use procfs::*;
 
@@ -29,8 +32,11 @@ use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tessera_model::agent::{TaskReport, WantedTask};
+use tessera_model::service::TaskPort;
+use tessera_model::taskdef::{DependencyCondition, Protocol};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 
@@ -66,6 +72,8 @@ pub fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 /// One process of a task.
 struct Proc {
     name: String,
+    /// Whether its exit ends the task.
+    essential: bool,
     pgid: i32,
     /// `None` for a process adopted after an agent restart (not our child).
     child: Option<Child>,
@@ -152,6 +160,18 @@ struct Task {
     stop_timeout: Duration,
     /// Set once it is being stopped: why, and when SIGKILL follows SIGTERM.
     ending: Option<(Ending, Instant)>,
+    /// Its ports and the host ports they are bound to.
+    ports: Vec<TaskPort>,
+    /// Its containers' health checks, running.
+    checkers: Vec<health::Checker>,
+    /// What the server asked for, while some containers wait for others (`depends_on`).
+    wanted: Option<WantedTask>,
+    /// Containers not started yet, by index, waiting for their dependencies.
+    waiting: Vec<usize>,
+    /// Names of its containers that are not essential: their exit does not end it.
+    optional: BTreeSet<String>,
+    /// The verdict the state file kept, for a re-adopted task until its checks run again.
+    resumed_health: Option<tessera_model::agent::HealthReport>,
 }
 
 /// What the state file keeps per task.
@@ -168,6 +188,12 @@ struct SavedTask {
     /// For the operator's eyes: adoption goes by the agent's mark in `/proc`.
     pgids: Vec<i32>,
     stop_timeout_secs: u64,
+    /// Its host ports: a re-adopted task keeps them (and reports them again).
+    #[serde(default)]
+    ports: Vec<TaskPort>,
+    /// Its last health verdict: a re-adopted task keeps it until a check says otherwise.
+    #[serde(default)]
+    health: Option<tessera_model::agent::HealthReport>,
 }
 
 /// A task's processes, for measurement.
@@ -205,6 +231,12 @@ pub struct Runtime {
     /// Tasks that exited on their own, with their code and why they could not start,
     /// until the server has heard.
     ended: BTreeMap<String, (Option<i32>, Option<String>)>,
+    /// Dynamic host ports.
+    ports: PortAllocator,
+    /// Notified when a health verdict changes, so the agent syncs at once.
+    health_changed: Arc<tokio::sync::Notify>,
+    /// Ports the state file kept, for containers re-adopted once the engine is attached.
+    saved_ports: BTreeMap<String, Vec<TaskPort>>,
 }
 
 impl Runtime {
@@ -239,6 +271,13 @@ impl Runtime {
                 .collect(),
             tasks: BTreeMap::new(),
             ended: BTreeMap::new(),
+            ports: PortAllocator::new((32768, 60999)),
+            health_changed: Arc::new(tokio::sync::Notify::new()),
+            saved_ports: saved
+                .tasks
+                .iter()
+                .map(|(id, t)| (id.clone(), t.ports.clone()))
+                .collect(),
         };
         // What runs with this agent's mark is ours, whether or not the state file had
         // time to record it; nothing else is, whatever process ids the file remembers.
@@ -259,6 +298,12 @@ impl Runtime {
                 Duration::from_secs(t.stop_timeout_secs.max(1))
             });
             tracing::info!(task = %id, groups = pgids.len(), "re-adopted a task left running by the previous agent");
+            let ports = saved
+                .tasks
+                .get(&id)
+                .map(|t| t.ports.clone())
+                .unwrap_or_default();
+            let resumed_health = saved.tasks.get(&id).and_then(|t| t.health.clone());
             runtime.tasks.insert(
                 id,
                 Task {
@@ -266,6 +311,7 @@ impl Runtime {
                         .into_iter()
                         .map(|pgid| Proc {
                             name: String::from("adopted"),
+                            essential: true,
                             pgid,
                             child: None,
                             exit: None,
@@ -277,6 +323,12 @@ impl Runtime {
                     env,
                     stop_timeout,
                     ending: None,
+                    ports,
+                    checkers: Vec::new(),
+                    wanted: None,
+                    waiting: Vec::new(),
+                    optional: BTreeSet::new(),
+                    resumed_health,
                 },
             );
         }
@@ -305,9 +357,22 @@ impl Runtime {
                     env: BTreeMap::new(),
                     stop_timeout,
                     ending: None,
+                    ports: Vec::new(),
+                    checkers: Vec::new(),
+                    wanted: None,
+                    waiting: Vec::new(),
+                    optional: BTreeSet::new(),
+                    resumed_health: None,
                 })
                 .boxes
                 .push(boxed);
+        }
+        for (id, t) in &mut self.tasks {
+            if t.ports.is_empty()
+                && let Some(p) = self.saved_ports.get(id)
+            {
+                t.ports = p.clone();
+            }
         }
         self.engine = Some(engine);
         self.save();
@@ -333,6 +398,32 @@ impl Runtime {
         self
     }
 
+    /// Dynamic host ports come from `from..=to`.
+    pub fn port_range(mut self, from: u16, to: u16) -> Self {
+        self.ports = PortAllocator::new((from, to));
+        self
+    }
+
+    /// Notified whenever a task's health verdict changes.
+    pub fn health_changes(&self) -> Arc<tokio::sync::Notify> {
+        self.health_changed.clone()
+    }
+
+    /// Host ports held by this agent's tasks.
+    fn held_ports(&self) -> BTreeSet<(u16, Protocol)> {
+        self.tasks
+            .values()
+            .flat_map(|t| &t.ports)
+            .filter_map(|p| p.host_port.map(|h| (h, p.protocol)))
+            .collect()
+    }
+
+    /// Dynamic ports left in the range, for the server's placement.
+    pub fn dynamic_ports_free(&mut self) -> u32 {
+        let held = self.held_ports();
+        self.ports.free_count(&held)
+    }
+
     fn save(&self) {
         let saved = Saved {
             boot_id: boot_id(),
@@ -345,6 +436,9 @@ impl Runtime {
                         SavedTask {
                             pgids: t.procs.iter().map(|p| p.pgid).collect(),
                             stop_timeout_secs: t.stop_timeout.as_secs(),
+                            ports: t.ports.clone(),
+                            health: health::combined(&t.checkers)
+                                .or_else(|| t.resumed_health.clone()),
                         },
                     )
                 })
@@ -364,6 +458,26 @@ impl Runtime {
         for w in wanted {
             if !self.tasks.contains_key(&w.task_id) && !self.ended.contains_key(&w.task_id) {
                 self.start(w);
+            } else if let Some(t) = self.tasks.get(&w.task_id)
+                && t.ending.is_none()
+                && t.checkers.is_empty()
+                && t.waiting.is_empty()
+                && w.containers.iter().any(|c| c.health_check.is_some())
+            {
+                // Re-adopted after a restart: its checks start again.
+                let resumed = t.resumed_health.as_ref().map(|h| health::Verdict {
+                    status: h.status,
+                    output: h.output.clone(),
+                });
+                let checkers: Vec<health::Checker> = (0..w.containers.len())
+                    .filter_map(|i| {
+                        let boxed = t.boxes.iter().find(|b| b.name == w.containers[i].name);
+                        self.checker(w, i, &t.ports, boxed, resumed.clone())
+                    })
+                    .collect();
+                if let Some(t) = self.tasks.get_mut(&w.task_id) {
+                    t.checkers = checkers;
+                }
             }
         }
         let now = Instant::now();
@@ -379,108 +493,53 @@ impl Runtime {
         self.save();
     }
 
+    /// The health checker of container `i` of `w`, if it has a check: Docker's own for a
+    /// command check of a container with an image, else the agent's (HTTP on its host
+    /// port, or the command as the task's user in its environment).
+    fn checker(
+        &self,
+        w: &WantedTask,
+        i: usize,
+        ports: &[TaskPort],
+        boxed: Option<&docker::Boxed>,
+        resumed: Option<health::Verdict>,
+    ) -> Option<health::Checker> {
+        let c = &w.containers[i];
+        let check = c.health_check.clone()?;
+        let probe = if let Some(http) = &check.http {
+            let port = ports
+                .iter()
+                .find(|p| p.container == c.name && p.name.as_deref() == Some(http.port.as_str()))
+                .and_then(|p| p.host_port)?;
+            health::Probe::Http(format!("http://127.0.0.1:{port}{}", http.path))
+        } else if let Some(b) = boxed {
+            let (engine, docker_name) = b.probe_target();
+            health::Probe::Docker {
+                engine,
+                docker_name,
+            }
+        } else {
+            let mut env = task_environment(w, i, self.mps_pipe_dir.as_deref());
+            env.extend(port_environment(&c.name, ports));
+            health::Probe::Command {
+                argv: health::command_argv(&check)?,
+                env,
+                run_as: self.run_as,
+            }
+        };
+        Some(health::Checker::start(
+            c.name.clone(),
+            check,
+            probe,
+            self.health_changed.clone(),
+            resumed,
+        ))
+    }
+
     fn start(&mut self, w: &WantedTask) {
         let task_dir = self.dir.join(&w.task_id);
         if let Err(e) = std::fs::create_dir_all(&task_dir) {
             tracing::error!(task = %w.task_id, error = %e, "cannot create the task's log directory");
-        }
-        let mut procs = Vec::new();
-        let mut boxes = Vec::new();
-        let mut failed = None;
-        for (i, c) in w.containers.iter().enumerate() {
-            if let (Some(image), Some(engine)) = (&c.image, &self.engine) {
-                let entry = c.entry_point_words.min(c.command.len());
-                let launch = docker::Launch {
-                    task_id: w.task_id.clone(),
-                    name: c.name.clone(),
-                    image: image.clone(),
-                    entry_point: c.command[..entry].to_vec(),
-                    command: c.command[entry..].to_vec(),
-                    env: container_environment(w, i, self.mps_pipe_dir.as_deref()),
-                    gpus: c
-                        .env
-                        .get("CUDA_VISIBLE_DEVICES")
-                        .map(|v| {
-                            v.split(',')
-                                .filter(|g| !g.is_empty())
-                                .map(str::to_owned)
-                                .collect()
-                        })
-                        .unwrap_or_default(),
-                    mps_pipe_dir: if w.mps {
-                        self.mps_pipe_dir.clone()
-                    } else {
-                        None
-                    },
-                    cpu_milli: c.cpu_milli,
-                    memory_mib: c.memory_mib,
-                    memory_soft: c.memory_soft,
-                    mark: self.mark.clone(),
-                };
-                let logs = self.log_files(&w.task_id, &c.name);
-                boxes.push(docker::Boxed::launch(engine, launch, logs));
-                continue;
-            }
-            // Without an engine this runtime starts processes only.
-            if let Some(image) = &c.image {
-                tracing::warn!(task = %w.task_id, container = %c.name, %image, "a container image needs a container runtime");
-                let _ = std::fs::write(
-                    task_dir.join(format!("{}.err.log", c.name)),
-                    format!(
-                        "cannot start image {image:?}: this agent runs processes only; images need a container runtime\n"
-                    ),
-                );
-                failed = Some(127);
-                break;
-            }
-            let Some((program, args)) = c.command.split_first() else {
-                continue;
-            };
-            let mut cmd = Command::new(program);
-            cmd.args(args)
-                .env_clear()
-                .envs(task_environment(w, i, self.mps_pipe_dir.as_deref()))
-                .env(AGENT_MARK, &self.mark)
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .process_group(0)
-                .kill_on_drop(false);
-            if let Some((uid, gid)) = self.run_as {
-                cmd.uid(uid).gid(gid).current_dir("/");
-            }
-            match cmd.spawn() {
-                Ok(mut child) => {
-                    let pgid = child.id().map_or(0, |p| p as i32);
-                    let log = task_dir.join(format!("{}.log", c.name));
-                    if let Some(out) = child.stdout.take() {
-                        tokio::spawn(copy_capped(out, log.clone(), self.log_cap));
-                    }
-                    if let Some(err) = child.stderr.take() {
-                        tokio::spawn(copy_capped(
-                            err,
-                            task_dir.join(format!("{}.err.log", c.name)),
-                            self.log_cap,
-                        ));
-                    }
-                    procs.push(Proc {
-                        name: c.name.clone(),
-                        pgid,
-                        child: Some(child),
-                        exit: None,
-                        born: group_born(pgid),
-                    });
-                }
-                Err(e) => {
-                    tracing::warn!(task = %w.task_id, container = %c.name, error = %e, "cannot start a container");
-                    let _ = std::fs::write(
-                        task_dir.join(format!("{}.err.log", c.name)),
-                        format!("cannot start {program:?}: {e}\n"),
-                    );
-                    failed = Some(127);
-                    break;
-                }
-            }
         }
         let env = w
             .containers
@@ -495,23 +554,229 @@ impl Runtime {
             .unwrap_or_default();
         let stop_timeout = Duration::from_secs(u64::from(w.stop_timeout_secs.max(1)));
         let mut task = Task {
-            procs,
-            boxes,
+            procs: Vec::new(),
+            boxes: Vec::new(),
             error: None,
             env,
             stop_timeout,
             ending: None,
+            ports: Vec::new(),
+            checkers: Vec::new(),
+            wanted: None,
+            waiting: Vec::new(),
+            optional: w
+                .containers
+                .iter()
+                .filter(|c| !c.essential)
+                .map(|c| c.name.clone())
+                .collect(),
+            resumed_health: None,
         };
-        if let Some(code) = failed {
-            task.kill();
-            for b in &task.boxes {
-                b.stop(Duration::from_secs(1));
+        let held = self.held_ports();
+        match self.ports.bind(w, &held) {
+            Ok(ports) => task.ports = ports,
+            Err(e) => {
+                tracing::warn!(task = %w.task_id, error = %e, "cannot bind the task's ports");
+                let _ = std::fs::write(task_dir.join("ports.err.log"), format!("{e}\n"));
+                task.error = Some(e.to_string());
+                task.ending = Some((Ending::Exited(Some(125)), Instant::now()));
+                self.tasks.insert(w.task_id.clone(), task);
+                return;
             }
-            task.ending = Some((Ending::Exited(Some(code)), Instant::now()));
-        } else {
-            tracing::info!(task = %w.task_id, processes = task.procs.len(), containers = task.boxes.len(), "task started");
         }
+        // Containers that wait for none start now; the others once what they wait for is
+        // reached (`poll`).
+        let (now, later): (Vec<usize>, Vec<usize>) =
+            (0..w.containers.len()).partition(|&i| w.containers[i].depends_on.is_empty());
+        for i in now {
+            if let Err(code) = self.start_container(w, i, &mut task) {
+                task.kill();
+                for b in &task.boxes {
+                    b.stop(Duration::from_secs(1));
+                }
+                task.ending = Some((Ending::Exited(Some(code)), Instant::now()));
+                self.tasks.insert(w.task_id.clone(), task);
+                return;
+            }
+        }
+        if !later.is_empty() {
+            task.waiting = later;
+            task.wanted = Some(w.clone());
+        }
+        tracing::info!(task = %w.task_id, processes = task.procs.len(), containers = task.boxes.len(), waiting = task.waiting.len(), "task started");
         self.tasks.insert(w.task_id.clone(), task);
+    }
+
+    /// Starts container `i` of `w` into `task`; `Err` with the exit code the task ends
+    /// with when it cannot.
+    fn start_container(&self, w: &WantedTask, i: usize, task: &mut Task) -> Result<(), i32> {
+        let c = &w.containers[i];
+        let task_dir = self.dir.join(&w.task_id);
+        if let (Some(image), Some(engine)) = (&c.image, &self.engine) {
+            let entry = c.entry_point_words.min(c.command.len());
+            let mut env = container_environment(w, i, self.mps_pipe_dir.as_deref());
+            if w.host_network {
+                env.extend(port_environment(&c.name, &task.ports));
+            }
+            let launch = docker::Launch {
+                task_id: w.task_id.clone(),
+                name: c.name.clone(),
+                image: image.clone(),
+                entry_point: c.command[..entry].to_vec(),
+                command: c.command[entry..].to_vec(),
+                env,
+                gpus: c
+                    .env
+                    .get("CUDA_VISIBLE_DEVICES")
+                    .map(|v| {
+                        v.split(',')
+                            .filter(|g| !g.is_empty())
+                            .map(str::to_owned)
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                mps_pipe_dir: if w.mps {
+                    self.mps_pipe_dir.clone()
+                } else {
+                    None
+                },
+                cpu_milli: c.cpu_milli,
+                memory_mib: c.memory_mib,
+                memory_soft: c.memory_soft,
+                mark: self.mark.clone(),
+                ports: task
+                    .ports
+                    .iter()
+                    .filter(|p| p.container == c.name)
+                    .filter_map(|p| Some((p.container_port, p.host_port?, p.protocol)))
+                    .collect(),
+                host_network: w.host_network,
+                health_check: c.health_check.clone(),
+            };
+            let logs = self.log_files(&w.task_id, &c.name);
+            let boxed = docker::Boxed::launch(engine, launch, logs);
+            if let Some(checker) = self.checker(w, i, &task.ports, Some(&boxed), None) {
+                task.checkers.push(checker);
+            }
+            task.boxes.push(boxed);
+            return Ok(());
+        }
+        // Without an engine this runtime starts processes only.
+        if let Some(image) = &c.image {
+            tracing::warn!(task = %w.task_id, container = %c.name, %image, "a container image needs a container runtime");
+            let _ = std::fs::write(
+                task_dir.join(format!("{}.err.log", c.name)),
+                format!(
+                    "cannot start image {image:?}: this agent runs processes only; images need a container runtime\n"
+                ),
+            );
+            return Err(127);
+        }
+        let Some((program, args)) = c.command.split_first() else {
+            return Ok(());
+        };
+        let mut cmd = Command::new(program);
+        cmd.args(args)
+            .env_clear()
+            .envs(task_environment(w, i, self.mps_pipe_dir.as_deref()))
+            .envs(port_environment(&c.name, &task.ports))
+            .env(AGENT_MARK, &self.mark)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(false);
+        if let Some((uid, gid)) = self.run_as {
+            cmd.uid(uid).gid(gid).current_dir("/");
+        }
+        match cmd.spawn() {
+            Ok(mut child) => {
+                let pgid = child.id().map_or(0, |p| p as i32);
+                let log = task_dir.join(format!("{}.log", c.name));
+                if let Some(out) = child.stdout.take() {
+                    tokio::spawn(copy_capped(out, log.clone(), self.log_cap));
+                }
+                if let Some(err) = child.stderr.take() {
+                    tokio::spawn(copy_capped(
+                        err,
+                        task_dir.join(format!("{}.err.log", c.name)),
+                        self.log_cap,
+                    ));
+                }
+                task.procs.push(Proc {
+                    name: c.name.clone(),
+                    essential: c.essential,
+                    pgid,
+                    child: Some(child),
+                    exit: None,
+                    born: group_born(pgid),
+                });
+                if let Some(checker) = self.checker(w, i, &task.ports, None, None) {
+                    task.checkers.push(checker);
+                }
+                Ok(())
+            }
+            Err(e) => {
+                tracing::warn!(task = %w.task_id, container = %c.name, error = %e, "cannot start a container");
+                let _ = std::fs::write(
+                    task_dir.join(format!("{}.err.log", c.name)),
+                    format!("cannot start {program:?}: {e}\n"),
+                );
+                Err(127)
+            }
+        }
+    }
+
+    /// Starts the waiting containers whose dependencies are met; ends a task one of whose
+    /// containers can never start (what it waits for exited, or failed where it had to
+    /// succeed).
+    fn start_waiting(&mut self, groups: &Groups) {
+        let ids: Vec<String> = self
+            .tasks
+            .iter()
+            .filter(|(_, t)| !t.waiting.is_empty() && t.ending.is_none())
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in ids {
+            let Some(mut task) = self.tasks.remove(&id) else {
+                continue;
+            };
+            let w = task
+                .wanted
+                .clone()
+                .expect("a task with waiting containers keeps what it wants");
+            let mut still = Vec::new();
+            let mut failed = None;
+            for i in std::mem::take(&mut task.waiting) {
+                match dependencies_met(&w, i, &mut task, groups) {
+                    Some(true) => {
+                        if let Err(code) = self.start_container(&w, i, &mut task) {
+                            failed = Some(code);
+                        }
+                    }
+                    Some(false) => still.push(i),
+                    None => {
+                        tracing::info!(task = %id, container = %w.containers[i].name, "a container can never start: what it waits for ended otherwise");
+                        failed = Some(1);
+                    }
+                }
+            }
+            task.waiting = still;
+            if task.waiting.is_empty() {
+                task.wanted = None;
+            }
+            if let Some(code) = failed {
+                task.error.get_or_insert_with(|| {
+                    "a container's dependency was not met (depends_on)".into()
+                });
+                task.terminate();
+                task.ending = Some((
+                    Ending::Exited(Some(code)),
+                    Instant::now() + task.stop_timeout,
+                ));
+            }
+            self.tasks.insert(id, task);
+        }
     }
 
     /// Notices exits, finishes stops (SIGKILL after the timeout), and forgets tasks whose
@@ -531,12 +796,14 @@ impl Runtime {
         } else {
             live_groups()
         };
+        self.start_waiting(&groups);
         for (id, t) in &mut self.tasks {
             let mut first_exit = None;
             let mut all_done = true;
             for p in &mut t.procs {
                 if let Some(code) = p.poll(&groups)
                     && first_exit.is_none()
+                    && p.essential
                 {
                     first_exit = Some((p.name.clone(), code));
                 }
@@ -547,7 +814,9 @@ impl Runtime {
             for b in &t.boxes {
                 let phase = b.phase();
                 match &phase {
-                    Phase::Exited(code) if first_exit.is_none() => {
+                    Phase::Exited(code)
+                        if first_exit.is_none() && !t.optional.contains(&b.name) =>
+                    {
                         first_exit = Some((b.name.clone(), *code));
                     }
                     // Docker's code for a container that could not run.
@@ -577,7 +846,11 @@ impl Runtime {
             }
         }
         for (id, ending, error) in gone {
-            self.tasks.remove(&id);
+            if let Some(t) = self.tasks.remove(&id) {
+                // Not handed out again for a while: a load balancer may still send it
+                // traffic meant for this task.
+                self.ports.release(&t.ports);
+            }
             if let Ending::Exited(code) = ending {
                 self.ended.insert(id, (code, error));
             }
@@ -615,6 +888,8 @@ impl Runtime {
                 }
                 Some(TaskReport {
                     running: true,
+                    ports: t.ports.clone(),
+                    health: health::combined(&t.checkers).or_else(|| t.resumed_health.clone()),
                     ..report(id)
                 })
             });
@@ -708,6 +983,50 @@ impl Runtime {
             t.kill();
         }
     }
+}
+
+/// Whether what container `i` of `w` waits for has been reached: `Some(true)` yes,
+/// `Some(false)` not yet, `None` never (it ended without reaching it).
+fn dependencies_met(w: &WantedTask, i: usize, task: &mut Task, groups: &Groups) -> Option<bool> {
+    let mut all = true;
+    for d in &w.containers[i].depends_on {
+        // Started (`None` not yet), and its exit code once ended.
+        let state: Option<Option<Option<i32>>> =
+            if let Some(p) = task.procs.iter_mut().find(|p| p.name == d.container) {
+                Some(p.poll(groups))
+            } else if let Some(b) = task.boxes.iter().find(|b| b.name == d.container) {
+                match b.phase() {
+                    Phase::Running(_) => Some(None),
+                    Phase::Exited(code) => Some(Some(code)),
+                    Phase::Failed(_) => Some(Some(Some(125))),
+                    Phase::Pulling(_) | Phase::Starting => None,
+                }
+            } else {
+                None
+            };
+        let healthy = || {
+            task.checkers.iter().any(|c| {
+                c.container == d.container
+                    && c.verdict().status == tessera_model::service::TaskHealth::Healthy
+            })
+        };
+        let met = match (d.condition, state) {
+            (_, None) => Some(false),
+            (DependencyCondition::Start, Some(_)) => Some(true),
+            (DependencyCondition::Complete, Some(exit)) => Some(exit.is_some()),
+            (DependencyCondition::Success, Some(Some(Some(0)))) => Some(true),
+            (DependencyCondition::Success, Some(Some(_))) => None,
+            (DependencyCondition::Success, Some(None)) => Some(false),
+            (DependencyCondition::Healthy, Some(Some(_))) => None,
+            (DependencyCondition::Healthy, Some(None)) => Some(healthy()),
+        };
+        match met {
+            None => return None,
+            Some(false) => all = false,
+            Some(true) => {}
+        }
+    }
+    Some(all)
 }
 
 impl Task {

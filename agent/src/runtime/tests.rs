@@ -20,9 +20,15 @@ fn wanted(id: &str, command: &[&str], mps: bool) -> WantedTask {
                 ),
             ]),
             secrets: Default::default(),
+            ports: vec![],
+            health_check: None,
+            essential: true,
+            depends_on: vec![],
         }],
         mps,
         stop_timeout_secs: 1,
+        host_network: false,
+        bound_ports: vec![],
     }
 }
 
@@ -380,6 +386,7 @@ fn remembered(pgid: i32, born: Option<u64>) -> Task {
     Task {
         procs: vec![Proc {
             name: String::from("main"),
+            essential: true,
             pgid,
             child: None,
             exit: None,
@@ -390,5 +397,11 @@ fn remembered(pgid: i32, born: Option<u64>) -> Task {
         env: BTreeMap::new(),
         stop_timeout: Duration::from_millis(100),
         ending: None,
+        ports: Vec::new(),
+        checkers: Vec::new(),
+        wanted: None,
+        waiting: Vec::new(),
+        optional: BTreeSet::new(),
+        resumed_health: None,
     }
 }

@@ -32,6 +32,9 @@ pub struct Container {
     pub started: bool,
     pub exit_code: i64,
     pub pid: i64,
+    /// Docker's health verdict (`starting`, `healthy`, `unhealthy`) and the last check's
+    /// output, for a container created with a `Healthcheck`.
+    pub health: Option<(String, String)>,
 }
 
 #[derive(Default)]
@@ -87,6 +90,13 @@ impl Fake {
     }
 
     /// A container's main process exits on its own with `code`.
+    /// Docker's health check of container `name` now says `status`, with `output`.
+    pub fn set_health(&self, name: &str, status: &str, output: &str) {
+        let mut g = self.lock();
+        let c = g.containers.get_mut(name).expect("a container");
+        c.health = Some((status.into(), output.into()));
+    }
+
     pub fn exit(&self, name: &str, code: i64) {
         if let Some(c) = self.lock().containers.get_mut(name) {
             c.running = false;
@@ -118,6 +128,7 @@ impl Fake {
                 started: true,
                 exit_code: 0,
                 pid: 4242,
+                health: None,
             },
         );
     }
@@ -204,17 +215,24 @@ async fn handle(
         ("GET", ["containers", name, "json"]) => {
             let g = inner.lock().unwrap();
             match g.containers.get(*name) {
-                Some(c) => axum::Json(json!({
-                    "Id": c.id,
-                    "Name": format!("/{name}"),
-                    "State": {
+                Some(c) => {
+                    let mut state = json!({
                         "Status": if c.running { "running" } else { "exited" },
                         "Running": c.running,
                         "Pid": if c.running { c.pid } else { 0 },
                         "ExitCode": c.exit_code,
-                    },
-                }))
-                .into_response(),
+                    });
+                    if let Some((status, output)) = &c.health {
+                        let code = if status == "healthy" { 0 } else { 1 };
+                        state["Health"] = json!({
+                            "Status": status,
+                            "FailingStreak": code,
+                            "Log": [{"ExitCode": code, "Output": output}],
+                        });
+                    }
+                    axum::Json(json!({"Id": c.id, "Name": format!("/{name}"), "State": state}))
+                        .into_response()
+                }
                 None => error(StatusCode::NOT_FOUND, "No such container"),
             }
         }
@@ -341,6 +359,11 @@ fn create(inner: &Arc<Mutex<Inner>>, query: &BTreeMap<String, String>, body: Val
     }
     g.next_id += 1;
     let id = format!("{:064x}", g.next_id);
+    // As Docker: a container with a health check starts `starting`.
+    let health = body
+        .get("Healthcheck")
+        .filter(|h| !h.is_null())
+        .map(|_| ("starting".to_owned(), String::new()));
     g.containers.insert(
         name,
         Container {
@@ -350,6 +373,7 @@ fn create(inner: &Arc<Mutex<Inner>>, query: &BTreeMap<String, String>, body: Val
             started: false,
             exit_code: 0,
             pid: 0,
+            health,
         },
     );
     (

@@ -1,4 +1,5 @@
-//! One service: deployments with their progress, tasks with their placements and how widely
+//! One service: deployments with their progress, its endpoints (where each task is reached
+//! and whether it gets traffic, with why not), tasks with their placements and how widely
 //! they spread, the fit of their measured use (`crate::fit`), events; scale it, roll out
 //! another revision, right-size it, or delete it.
 
@@ -8,14 +9,15 @@ use leptos::prelude::*;
 use leptos::server_fn::codec::Json;
 use leptos_meta::Title;
 use leptos_router::hooks::use_params_map;
-use tessera_model::api::{ServiceDetail, ServicePatch};
+use tessera_model::api::{EndpointList, ServiceDetail, ServicePatch};
 use tessera_model::service::{DeploymentStatus, Task};
 use tessera_model::taskdef::FieldError;
 
+/// The service, its tasks, its active revisions and its endpoints.
+type ServiceView = (ServiceDetail, Vec<Task>, Vec<String>, EndpointList);
+
 #[server]
-pub async fn get_service_view(
-    name: String,
-) -> Result<(ServiceDetail, Vec<Task>, Vec<String>), ServerFnError> {
+pub async fn get_service_view(name: String) -> Result<ServiceView, ServerFnError> {
     use crate::data::ssr::{control, failed};
     let control = control()?;
     let detail = control.service_detail(&name).await.map_err(failed)?;
@@ -28,7 +30,8 @@ pub async fn get_service_view(
         .filter(|d| d.active)
         .map(|d| format!("{}:{}", d.family, d.revision))
         .collect();
-    Ok((detail, tasks, revisions))
+    let endpoints = control.endpoints(&name).await.map_err(failed)?;
+    Ok((detail, tasks, revisions, endpoints))
 }
 
 /// A scale or rollout: refused input comes back as field errors.
@@ -81,7 +84,10 @@ pub fn ServicePage() -> impl IntoView {
         <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>
             <ErrorBoundary fallback=|errors| view! { <ErrorList errors /> }>
                 {move || Suspend::new(async move {
-                    data.await.map(|(detail, tasks, revisions)| view! { <Detail detail tasks revisions patch delete /> })
+                    data.await.map(|(detail, tasks, revisions, endpoints)| view! {
+                        <Detail detail tasks revisions patch delete />
+                        <Endpoints list=endpoints />
+                    })
                 })}
             </ErrorBoundary>
         </Transition>
@@ -89,7 +95,7 @@ pub fn ServicePage() -> impl IntoView {
         <Transition fallback=|| ()>
             <ErrorBoundary fallback=|_| ()>
                 {move || Suspend::new(async move {
-                    data.await.map(|(detail, _, _)| view! {
+                    data.await.map(|(detail, _, _, _)| view! {
                         <section class="panel">
                             <h2>"Events"</h2>
                             <EventList events=detail.events />
@@ -98,6 +104,50 @@ pub fn ServicePage() -> impl IntoView {
                 })}
             </ErrorBoundary>
         </Transition>
+    }
+}
+
+/// Where the service's tasks are reached: one row per task and port, with whether it gets
+/// traffic and, when not, why.
+#[component]
+fn Endpoints(list: EndpointList) -> impl IntoView {
+    let healthy = list
+        .endpoints
+        .iter()
+        .filter(|e| e.health == tessera_model::api::EndpointHealth::Healthy)
+        .count();
+    view! {
+        <section class="panel endpoints">
+            <h2>"Endpoints"</h2>
+            {if list.endpoints.is_empty() {
+                view! { <p class="muted">"No endpoints: its tasks declare no ports, or none has bound one yet."</p> }.into_any()
+            } else {
+                view! {
+                    <p class="muted">{format!("{healthy} of {} get traffic. Load balancers follow GET /api/v1/services/{}/endpoints (tessera lb haproxy).", list.endpoints.len(), list.service)}</p>
+                    <table class="table">
+                        <thead><tr><th>"Task"</th><th>"Address"</th><th>"Port"</th><th>"Health"</th><th>"Why"</th></tr></thead>
+                        <tbody>
+                            {list
+                                .endpoints
+                                .into_iter()
+                                .map(|e| {
+                                    let port = e.port_name.clone().unwrap_or_else(|| e.container_port.to_string());
+                                    view! {
+                                        <tr class=format!("endpoint health-{}", e.health.as_str()) data-task=e.task.clone()>
+                                            <td><code>{e.task[..8.min(e.task.len())].to_owned()}</code></td>
+                                            <td><code>{format!("{}:{}", e.address, e.port)}</code></td>
+                                            <td>{format!("{port} ({})", e.protocol.as_str())}</td>
+                                            <td><span class=format!("badge health-{}", e.health.as_str())>{e.health.as_str()}</span></td>
+                                            <td class="reason">{e.reason.clone().unwrap_or_default()}</td>
+                                        </tr>
+                                    }
+                                })
+                                .collect_view()}
+                        </tbody>
+                    </table>
+                }.into_any()
+            }}
+        </section>
     }
 }
 

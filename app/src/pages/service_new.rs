@@ -103,6 +103,7 @@ fn Wizard(defs: Vec<String>, pools: Vec<PoolInfo>) -> impl IntoView {
     let min_healthy = RwSignal::new("100".to_owned());
     let max_percent = RwSignal::new("200".to_owned());
     let stop_timeout = RwSignal::new("30".to_owned());
+    let deregistration_delay = RwSignal::new("5".to_owned());
 
     let constraints = move || ServiceConstraints {
         gpu_models: models
@@ -138,6 +139,7 @@ fn Wizard(defs: Vec<String>, pools: Vec<PoolInfo>) -> impl IntoView {
             maximum_percent: number(max_percent.get()),
         }),
         stop_timeout_secs: number(stop_timeout.get()),
+        deregistration_delay_secs: number(deregistration_delay.get()),
     };
     let preview = Action::new(|input: &PreviewInput| preview_placement(input.clone()));
     // Previewing and creating need the operator role.
@@ -223,6 +225,8 @@ fn Wizard(defs: Vec<String>, pools: Vec<PoolInfo>) -> impl IntoView {
                 <label class="field">"Minimum healthy (%)" <input type="text" inputmode="numeric" name="minimum_healthy_percent" bind:value=min_healthy /></label>
                 <label class="field">"Maximum (%)" <input type="text" inputmode="numeric" name="maximum_percent" bind:value=max_percent /></label>
                 <label class="field">"Stop timeout (s)" <input type="text" inputmode="numeric" name="stop_timeout_secs" bind:value=stop_timeout /></label>
+                <label class="field">"Deregistration delay (s)" <input type="text" inputmode="numeric" name="deregistration_delay_secs" bind:value=deregistration_delay />
+                    <small class="hint">"A task stopped on purpose leaves the endpoint list this long before its stop signal"</small></label>
             </div>
             <div class="step" hidden=move || step.get() != 4>
                 {move || match preview.value().get() {

@@ -100,11 +100,11 @@ impl This {
         let labels = serde_json::to_string(&host.labels)
             .map_err(|e| StoreError::corrupt("host labels", e))?;
         sqlx::query(
-            "INSERT INTO hosts (id, pool, status, simulated, cpu_milli, memory_mib, labels, agent_token_hash, last_seen_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+            "INSERT INTO hosts (id, pool, status, simulated, cpu_milli, memory_mib, labels, agent_token_hash, last_seen_at, address)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
              ON CONFLICT (id) DO UPDATE SET pool = excluded.pool, status = excluded.status,
                  simulated = excluded.simulated, cpu_milli = excluded.cpu_milli,
-                 memory_mib = excluded.memory_mib, labels = excluded.labels",
+                 memory_mib = excluded.memory_mib, labels = excluded.labels, address = excluded.address",
         )
         .bind(host.id.as_str())
         .bind(host.pool.as_str())
@@ -115,6 +115,7 @@ impl This {
         .bind(labels)
         .bind(token_hash)
         .bind(seen_at)
+        .bind(host.address.as_deref())
         .execute(&mut *tx)
         .await?;
         write_gpus(&mut tx, &host.id, &host.gpus).await?;
@@ -556,6 +557,23 @@ impl HostStore for This {
         }
         tx.commit().await?;
         Ok(changes)
+    }
+
+    async fn set_host_network(
+        &self,
+        id: &HostId,
+        address: Option<&str>,
+        dynamic_ports_free: Option<u32>,
+    ) -> Result<(), StoreError> {
+        let done = self
+            .write_one(
+                sqlx::query("UPDATE hosts SET address = COALESCE($1, address), dynamic_ports_free = COALESCE($3, dynamic_ports_free) WHERE id = $2")
+                    .bind(address)
+                    .bind(id.as_str())
+                    .bind(dynamic_ports_free.map(i64::from)),
+            )
+            .await?;
+        updated(done, "host", id)
     }
 
     async fn touch_hosts(&self, seen: &[(HostId, String)]) -> Result<(), StoreError> {

@@ -4,16 +4,16 @@ use super::*;
 
 pub(super) const POOL_COLUMNS: &str = "name, policy, compute_overcommit, mps_client_limit";
 
-pub(super) const HOST_COLUMNS: &str = "id, pool, status, simulated, cpu_milli, memory_mib, labels, status_reason, last_seen_at, mps_restarts";
+pub(super) const HOST_COLUMNS: &str = "id, pool, status, simulated, cpu_milli, memory_mib, labels, status_reason, last_seen_at, mps_restarts, address, dynamic_ports_free";
 
 pub(super) const GPU_COLUMNS: &str =
     "uuid, host_id, idx, model, memory_mib, mps_client_limit, health, sharing_mode";
 
 pub(super) const TASK_COLUMNS: &str = "id, service, deployment_id, family, revision, pool, cpu_milli, memory_mib, state, migrating, host_id, placement_message, \
-     stop_reason, exit_code, gpu_memory_peak_mib, sm_percent, created_at, started_at, stopped_at";
+     stop_reason, exit_code, gpu_memory_peak_mib, sm_percent, ports, health, health_output, drain_until, created_at, started_at, stopped_at";
 
 pub(super) const SERVICE_COLUMNS: &str = "name, family, revision, pool, desired_count, strategy, constraints, \
-     minimum_healthy_percent, maximum_percent, stop_timeout_secs, deleting, created_at";
+     minimum_healthy_percent, maximum_percent, stop_timeout_secs, deregistration_delay_secs, deleting, created_at";
 
 pub(super) fn allocation_from_row(row: &DbRow) -> Result<GpuAllocation, StoreError> {
     Ok(GpuAllocation {
@@ -84,6 +84,10 @@ pub(super) fn host_from_row(row: &DbRow) -> Result<HostInfo, StoreError> {
         mps_restarts: row
             .try_get::<i64, _>("mps_restarts")?
             .clamp(0, i64::from(u32::MAX)) as u32,
+        address: row.try_get("address")?,
+        dynamic_ports_free: row
+            .try_get::<Option<i64>, _>("dynamic_ports_free")?
+            .map(|n| n.clamp(0, 65535) as u32),
     })
 }
 
@@ -136,6 +140,7 @@ pub(super) fn service_from_row(row: &DbRow) -> Result<Service, StoreError> {
             maximum_percent: row.try_get::<i64, _>("maximum_percent")? as u32,
         },
         stop_timeout_secs: row.try_get::<i64, _>("stop_timeout_secs")? as u32,
+        deregistration_delay_secs: row.try_get::<i64, _>("deregistration_delay_secs")? as u32,
         deleting: row.try_get::<i64, _>("deleting")? != 0,
         created_at: row.try_get("created_at")?,
     })
@@ -146,6 +151,8 @@ pub(super) fn task_from_row(row: &DbRow) -> Result<Task, StoreError> {
     let peak: Option<i64> = row.try_get("gpu_memory_peak_mib")?;
     let sm: Option<i64> = row.try_get("sm_percent")?;
     let exit: Option<i64> = row.try_get("exit_code")?;
+    let ports: String = row.try_get("ports")?;
+    let health: Option<String> = row.try_get("health")?;
     Ok(Task {
         id: row.try_get("id")?,
         service: row.try_get("service")?,
@@ -169,6 +176,12 @@ pub(super) fn task_from_row(row: &DbRow) -> Result<Task, StoreError> {
             gpu_memory_peak: peak.map(|p| MiB(p as u64)),
             sm_percent: sm.map(|s| s as u32),
         },
+        ports: serde_json::from_str(&ports).map_err(|e| StoreError::corrupt("task ports", e))?,
+        health: health
+            .map(|h| parse::<tessera_model::service::TaskHealth>("task health", &h))
+            .transpose()?,
+        health_output: row.try_get("health_output")?,
+        drain_until: row.try_get("drain_until")?,
         created_at: row.try_get("created_at")?,
         started_at: row.try_get("started_at")?,
         stopped_at: row.try_get("stopped_at")?,

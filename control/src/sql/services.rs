@@ -137,7 +137,8 @@ impl ServiceStore for This {
         let mut tx = self.begin_immediate().await?;
         sqlx::query(
             "INSERT INTO services (name, family, revision, pool, desired_count, strategy, constraints,
-                 minimum_healthy_percent, maximum_percent, stop_timeout_secs) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+                 minimum_healthy_percent, maximum_percent, stop_timeout_secs, deregistration_delay_secs)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
         )
         .bind(&s.name)
         .bind(&s.task_definition.family)
@@ -149,6 +150,7 @@ impl ServiceStore for This {
         .bind(i64::from(s.deployment.minimum_healthy_percent))
         .bind(i64::from(s.deployment.maximum_percent))
         .bind(i64::from(s.stop_timeout_secs))
+        .bind(i64::from(s.deregistration_delay_secs))
         .execute(&mut *tx)
         .await
         .map_err(|e| match &e {
@@ -242,6 +244,10 @@ impl ServiceStore for This {
         }
         if let Some(t) = change.stop_timeout_secs {
             q.push(", stop_timeout_secs = ").push_bind(i64::from(t));
+        }
+        if let Some(t) = change.deregistration_delay_secs {
+            q.push(", deregistration_delay_secs = ")
+                .push_bind(i64::from(t));
         }
         q.push(" WHERE name = ").push_bind(name.to_owned());
         let done = self.write_one(q.build()).await?;

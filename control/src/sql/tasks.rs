@@ -154,9 +154,13 @@ pub(super) async fn stop_task_rows(
 async fn insert_tasks(conn: &mut DbConn, tasks: &[NewTask]) -> Result<(), StoreError> {
     for chunk in tasks.chunks(200) {
         let mut q = QueryBuilder::<Db>::new(
-            "INSERT INTO tasks (id, service, deployment_id, family, revision, pool, cpu_milli, memory_mib, state) ",
+            "INSERT INTO tasks (id, service, deployment_id, family, revision, pool, cpu_milli, memory_mib, state, ports, health) ",
         );
-        q.push_values(chunk, |mut b, t| {
+        let ports: Vec<String> = chunk
+            .iter()
+            .map(|t| serde_json::to_string(&t.ports).expect("ports serialize"))
+            .collect();
+        q.push_values(chunk.iter().zip(ports), |mut b, (t, ports)| {
             b.push_bind(&t.id)
                 .push_bind(&t.service)
                 .push_bind(t.deployment_id)
@@ -165,7 +169,9 @@ async fn insert_tasks(conn: &mut DbConn, tasks: &[NewTask]) -> Result<(), StoreE
                 .push_bind(t.pool.as_str())
                 .push_bind(t.cpu.0 as i64)
                 .push_bind(t.memory.0 as i64)
-                .push_bind("pending");
+                .push_bind("pending")
+                .push_bind(ports)
+                .push_bind(t.health.map(|h| h.as_str()));
         });
         q.build().execute(&mut *conn).await?;
     }
@@ -416,21 +422,59 @@ impl TaskStore for This {
         Ok(())
     }
 
-    async fn request_task_stop(&self, id: &str, reason: &str) -> Result<(), StoreError> {
+    async fn request_task_stop(
+        &self,
+        id: &str,
+        reason: &str,
+        drain_until: Option<&str>,
+    ) -> Result<(), StoreError> {
         let task = self.get_task(id).await?;
         match task.state {
             TaskState::Pending => self.mark_task_stopped(id, reason, None, false).await,
             TaskState::Assigned | TaskState::Running => {
+                // Only a running task has served anything to drain.
+                let drain = drain_until.filter(|_| task.state == TaskState::Running);
                 self.write_one(
-                    sqlx::query("UPDATE tasks SET state = 'stopping', stop_reason = $1 WHERE id = $2 AND state IN ('assigned', 'running')")
+                    sqlx::query("UPDATE tasks SET state = 'stopping', stop_reason = $1, drain_until = $3 WHERE id = $2 AND state IN ('assigned', 'running')")
                         .bind(reason)
-                        .bind(id),
+                        .bind(id)
+                        .bind(drain),
                 )
                 .await?;
                 Ok(())
             }
             TaskState::Stopping | TaskState::Stopped => Ok(()),
         }
+    }
+
+    async fn count_task_failure(&self, id: &str) -> Result<(), StoreError> {
+        self.write_one(
+            sqlx::query(
+                "UPDATE deployments SET failed_tasks = failed_tasks + 1 WHERE id = (SELECT deployment_id FROM tasks WHERE id = $1)",
+            )
+            .bind(id),
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn record_task_serving(
+        &self,
+        id: &str,
+        ports: &[tessera_model::service::TaskPort],
+        health: Option<(tessera_model::service::TaskHealth, Option<&str>)>,
+    ) -> Result<(), StoreError> {
+        let ports =
+            serde_json::to_string(ports).map_err(|e| StoreError::corrupt("task ports", e))?;
+        self.write_one(
+            sqlx::query("UPDATE tasks SET ports = $1, health = $2, health_output = $3 WHERE id = $4 AND state != 'stopped'")
+                .bind(ports)
+                .bind(health.map(|(h, _)| h.as_str()))
+                .bind(health.and_then(|(_, o)| o))
+                .bind(id),
+        )
+        .await?;
+        Ok(())
     }
 
     async fn set_task_migrating(&self, id: &str, migrating: bool) -> Result<(), StoreError> {

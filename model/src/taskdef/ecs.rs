@@ -3,6 +3,7 @@
 
 use super::native::{optional_string, parse_argv, parse_command};
 use super::rules::*;
+use super::serving::*;
 use super::*;
 
 /// ECS counts CPU in units of 1/1024 vCPU.
@@ -63,10 +64,17 @@ pub(super) fn parse_ecs(c: &mut Checker, o: &Map<String, Value>) -> Option<TaskD
         let ecs: Map<String, Value> = d
             .iter()
             .filter(|(k, v)| {
-                // An empty list Tessera models is kept too, so it comes back as given.
+                // An empty list Tessera models is kept too, so it comes back as given; so
+                // are GPU requirements written without `value` (ECS's own MPS form).
                 !MODELED_CONTAINER_KEYS.contains(&k.as_str())
                     || (["environment", "secrets"].contains(&k.as_str())
                         && v.as_array().is_some_and(Vec::is_empty))
+                    || (*k == "resourceRequirements"
+                        && v.as_array().is_some_and(|items| {
+                            items
+                                .iter()
+                                .any(|r| r.get("value").is_none_or(Value::is_null))
+                        }))
             })
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
@@ -147,15 +155,25 @@ pub(super) fn parse_ecs(c: &mut Checker, o: &Map<String, Value>) -> Option<TaskD
                         continue;
                     }
                 }
-                let count = c
-                    .string(r, "value", &join(&p, "value"))
-                    .and_then(|v| match v.parse::<u64>() {
-                        Ok(n) if (1..=MAX_GPUS).contains(&n) => Some(n),
-                        _ => {
-                            c.err(join(&p, "value"), format!("must be a GPU count from 1 to {MAX_GPUS} as a string, got {v:?}"));
-                            None
-                        }
-                    });
+                // ECS takes `value` or `sharingStrategy` (then one GPU), and both together.
+                let shared = r.get("sharingStrategy").is_some_and(|s| !s.is_null());
+                let count = if shared && r.get("value").is_none_or(Value::is_null) {
+                    None
+                } else {
+                    c.string(r, "value", &join(&p, "value"))
+                }
+                .and_then(|v| match v.parse::<u64>() {
+                    Ok(n) if (1..=MAX_GPUS).contains(&n) => Some(n),
+                    _ => {
+                        c.err(
+                            join(&p, "value"),
+                            format!(
+                                "must be a GPU count from 1 to {MAX_GPUS} as a string, got {v:?}"
+                            ),
+                        );
+                        None
+                    }
+                });
                 match r.get("sharingStrategy") {
                     None | Some(Value::Null) => gpu = count.map(|n| GpuRequirement::Gpus(n as u32)),
                     Some(s) => {
@@ -189,7 +207,19 @@ pub(super) fn parse_ecs(c: &mut Checker, o: &Map<String, Value>) -> Option<TaskD
                 }
             }
         }
-        if let (Some(name), Some(command)) = (name, command) {
+        let ports = parse_ports(c, d, &prefix, Shape::Ecs);
+        let health_check = parse_health_check(c, d, &prefix, Shape::Ecs);
+        let essential = parse_essential(c, d, &prefix);
+        let depends_on = parse_depends_on(c, d, &prefix, Shape::Ecs);
+        if let (
+            Some(name),
+            Some(command),
+            Some(ports),
+            Some(health_check),
+            Some(essential),
+            Some(depends_on),
+        ) = (name, command, ports, health_check, essential, depends_on)
+        {
             parsed.push(Parsed {
                 container: ContainerSpec {
                     name,
@@ -201,6 +231,10 @@ pub(super) fn parse_ecs(c: &mut Checker, o: &Map<String, Value>) -> Option<TaskD
                     cpu_milli: MilliCpu(cpu.map_or(0, ecs_units_to_milli)),
                     memory_mib: MiB(memory.or(reservation).unwrap_or(0)),
                     gpu,
+                    ports,
+                    health_check,
+                    essential,
+                    depends_on,
                     ecs,
                 },
                 cpu_given: cpu.is_some(),
@@ -419,8 +453,49 @@ pub fn to_ecs_json(spec: &TaskDefinitionSpec) -> Value {
                 }
                 None => None,
             };
+            if req.is_none() {
+                d.as_object_mut().expect("an object").remove("resourceRequirements");
+            }
             if let Some(req) = req {
-                d["resourceRequirements"] = Value::Array(vec![req]);
+                // As given while it still says the same (`value` may have been left out).
+                let given = ct.ecs.get("resourceRequirements").cloned();
+                let same = given.as_ref().is_some_and(|g| {
+                    let mut probe = Checker { errors: Vec::new() };
+                    let mut one = ct.ecs.clone();
+                    one.insert("name".into(), ct.name.clone().into());
+                    one.insert("command".into(), Value::Array(vec!["x".into()]));
+                    one.insert("memory".into(), 1.into());
+                    one.insert("resourceRequirements".into(), g.clone());
+                    let doc = serde_json::json!({"family": "probe", "containerDefinitions": [one]});
+                    parse_ecs(&mut probe, doc.as_object().expect("an object"))
+                        .is_some_and(|s| probe.errors.is_empty() && s.containers[0].gpu == ct.gpu)
+                });
+                d["resourceRequirements"] = if same { given.expect("checked") } else { Value::Array(vec![req]) };
+            }
+            // Ports, health check, essential and dependencies: as given while they still say
+            // what the spec says, else written from it.
+            let mut probe = Checker { errors: Vec::new() };
+            let obj = d.as_object_mut().expect("an object");
+            if parse_ports(&mut probe, &ct.ecs, "", Shape::Ecs).as_deref() != Some(&ct.ports[..]) {
+                let given = obj.remove("portMappings");
+                if !ct.ports.is_empty() {
+                    obj.insert("portMappings".into(), ports_to_ecs(&ct.ports, given.as_ref()));
+                }
+            }
+            if parse_health_check(&mut probe, &ct.ecs, "", Shape::Ecs) != Some(ct.health_check.clone()) {
+                obj.remove("healthCheck");
+                if let Some(h) = &ct.health_check {
+                    obj.insert("healthCheck".into(), health_to_ecs(h));
+                }
+            }
+            if parse_essential(&mut probe, &ct.ecs, "") != Some(ct.essential) {
+                obj.insert("essential".into(), ct.essential.into());
+            }
+            if parse_depends_on(&mut probe, &ct.ecs, "", Shape::Ecs).as_deref() != Some(&ct.depends_on[..]) {
+                obj.remove("dependsOn");
+                if !ct.depends_on.is_empty() {
+                    obj.insert("dependsOn".into(), depends_to_ecs(&ct.depends_on));
+                }
             }
             d
         })

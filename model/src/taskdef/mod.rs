@@ -2,7 +2,8 @@
 //! names its field path and rule), and the ECS-style JSON shape.
 //!
 //! - `spec`: the types; `rules`: limits and checks shared by both shapes;
-//!   `native`: Tessera's JSON; `ecs`: ECS's JSON, both ways.
+//!   `native`: Tessera's JSON; `ecs`: ECS's JSON, both ways; `serving`: ports, health
+//!   checks and container dependencies in either shape.
 
 use crate::units::{ComputeMilli, MiB, MilliCpu, Percent};
 use serde::{Deserialize, Serialize};
@@ -13,6 +14,7 @@ use std::fmt;
 mod ecs;
 mod native;
 mod rules;
+mod serving;
 mod spec;
 #[cfg(test)]
 mod tests;

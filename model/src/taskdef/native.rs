@@ -1,6 +1,7 @@
 //! Tessera's own JSON shape (`family`, `containers`).
 
 use super::rules::*;
+use super::serving::*;
 use super::*;
 
 pub(super) fn parse_native(c: &mut Checker, o: &Map<String, Value>) -> Option<TaskDefinitionSpec> {
@@ -107,6 +108,10 @@ pub(super) fn parse_native_container(
             "cpu_milli",
             "memory_mib",
             "gpu",
+            "ports",
+            "health_check",
+            "essential",
+            "depends_on",
             "ecs",
         ],
         prefix,
@@ -184,6 +189,10 @@ pub(super) fn parse_native_container(
         None | Some(Value::Null) => Some(None),
         Some(g) => parse_native_gpu(c, g, &join(prefix, "gpu")).map(Some),
     };
+    let ports = parse_ports(c, o, prefix, Shape::Native);
+    let health_check = parse_health_check(c, o, prefix, Shape::Native);
+    let essential = parse_essential(c, o, prefix);
+    let depends_on = parse_depends_on(c, o, prefix, Shape::Native);
     let ecs = ecs_map(c, o, &join(prefix, "ecs"));
     Some(ContainerSpec {
         name: name?,
@@ -195,6 +204,10 @@ pub(super) fn parse_native_container(
         cpu_milli: MilliCpu(cpu?),
         memory_mib: MiB(memory?),
         gpu: gpu?,
+        ports: ports?,
+        health_check: health_check?,
+        essential: essential?,
+        depends_on: depends_on?,
         ecs,
     })
 }

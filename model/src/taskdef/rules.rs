@@ -209,6 +209,7 @@ pub(super) fn check_spec(c: &mut Checker, spec: &TaskDefinitionSpec) {
             None => {}
         }
     }
+    super::serving::check_serving(c, spec);
     if whole && mps {
         c.err(
             "containers",

@@ -98,9 +98,22 @@ pub struct ContainerSpec {
     pub memory_mib: MiB,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu: Option<GpuRequirement>,
-    /// ECS fields of the container that Tessera does not model (`essential`,
-    /// `portMappings`, `logConfiguration`, ...), kept as they came and returned in ECS's
-    /// shape; also how its CPU and memory were given there.
+    /// Ports it listens on (ECS `portMappings`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<PortSpec>,
+    /// How the agent tells whether it is healthy (ECS `healthCheck`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_check: Option<HealthCheck>,
+    /// Whether its exit ends the task (ECS `essential`, default true); a non-essential
+    /// container may exit while the task runs on.
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub essential: bool,
+    /// Containers of the task it waits for before it starts (ECS `dependsOn`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub depends_on: Vec<Dependency>,
+    /// ECS fields of the container that Tessera does not model (`logConfiguration`, ...),
+    /// kept as they came and returned in ECS's shape; also how its CPU, memory, ports,
+    /// health check and dependencies were given there.
     #[serde(default, skip_serializing_if = "Map::is_empty")]
     #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub ecs: Map<String, Value>,
@@ -189,6 +202,42 @@ impl TaskDefinitionSpec {
         missing
     }
 
+    /// ECS `networkMode: host`: containers use the host's network, so a container port is
+    /// the host port.
+    pub fn host_network(&self) -> bool {
+        self.ecs.get("networkMode").and_then(Value::as_str) == Some("host")
+    }
+
+    /// Every port of the task with its container's index.
+    pub fn ports(&self) -> impl Iterator<Item = (usize, &PortSpec)> {
+        self.containers
+            .iter()
+            .enumerate()
+            .flat_map(|(i, c)| c.ports.iter().map(move |p| (i, p)))
+    }
+
+    /// The host ports the task needs fixed (placement resources); under host networking
+    /// every container port is one.
+    pub fn fixed_host_ports(&self) -> Vec<(u16, Protocol)> {
+        let host = self.host_network();
+        let mut out: Vec<(u16, Protocol)> = self
+            .ports()
+            .filter_map(|(_, p)| {
+                p.host_port
+                    .or(host.then_some(p.container_port))
+                    .map(|h| (h, p.protocol))
+            })
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    /// Whether any container has a health check.
+    pub fn has_health_check(&self) -> bool {
+        self.containers.iter().any(|c| c.health_check.is_some())
+    }
+
     pub fn cpu(&self) -> MilliCpu {
         self.containers.iter().map(|c| c.cpu_milli).sum()
     }
@@ -237,3 +286,160 @@ pub const RESERVED_ENV: &[&str] = &[
     "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
     "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
 ];
+
+/// The transport of a port.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Protocol {
+    #[default]
+    Tcp,
+    Udp,
+}
+
+impl Protocol {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+        }
+    }
+}
+
+/// A port a container listens on (ECS `portMappings`).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortSpec {
+    /// How health checks, work metrics and the environment (`TESSERA_PORT_<NAME>`) refer
+    /// to it; a port named `metrics` is listed for Prometheus.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The port inside the container. A process task has no container: it binds the host
+    /// port it is given (`PORT`, `TESSERA_PORT_<NAME>`).
+    pub container_port: u16,
+    /// A fixed host port: a placement resource (two tasks wanting it never share a host).
+    /// Without one the agent picks a free port from its dynamic range.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_port: Option<u16>,
+    #[serde(default)]
+    pub protocol: Protocol,
+}
+
+impl PortSpec {
+    /// `TESSERA_PORT_<NAME>`: the name upper-cased, `-` as `_`.
+    pub fn env_name(&self) -> Option<String> {
+        self.name
+            .as_ref()
+            .map(|n| format!("TESSERA_PORT_{}", n.to_ascii_uppercase().replace('-', "_")))
+    }
+}
+
+/// How a container's health is checked (ECS `healthCheck`, plus a plain HTTP check).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HealthCheck {
+    /// `["CMD", program, args…]` or `["CMD-SHELL", "a shell command"]`; exit 0 is healthy.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+    /// Or an HTTP GET on one of the container's ports: 2xx and 3xx are healthy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<HttpCheck>,
+    #[serde(default = "HealthCheck::default_interval")]
+    pub interval_secs: u32,
+    #[serde(default = "HealthCheck::default_timeout")]
+    pub timeout_secs: u32,
+    /// Consecutive failures that make the container unhealthy.
+    #[serde(default = "HealthCheck::default_retries")]
+    pub retries: u32,
+    /// Failures in this time after the start do not count.
+    #[serde(default)]
+    pub start_period_secs: u32,
+}
+
+impl HealthCheck {
+    pub const INTERVAL: (u32, u32, u32) = (5, 300, 30);
+    pub const TIMEOUT: (u32, u32, u32) = (2, 60, 5);
+    pub const RETRIES: (u32, u32, u32) = (1, 10, 3);
+    pub const START_PERIOD: (u32, u32, u32) = (0, 300, 0);
+    fn default_interval() -> u32 {
+        Self::INTERVAL.2
+    }
+    fn default_timeout() -> u32 {
+        Self::TIMEOUT.2
+    }
+    fn default_retries() -> u32 {
+        Self::RETRIES.2
+    }
+}
+
+/// An HTTP health check.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HttpCheck {
+    /// The name of one of the container's ports.
+    pub port: String,
+    /// Starts with `/`.
+    #[serde(default = "HttpCheck::default_path")]
+    pub path: String,
+}
+
+impl HttpCheck {
+    fn default_path() -> String {
+        "/".into()
+    }
+}
+
+/// What a container waits for in another of its task's containers before it starts (ECS
+/// `dependsOn`).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum DependencyCondition {
+    /// It has started.
+    Start,
+    /// It has exited (any code).
+    Complete,
+    /// It has exited with code 0.
+    Success,
+    /// Its health check passed.
+    Healthy,
+}
+
+impl DependencyCondition {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DependencyCondition::Start => "START",
+            DependencyCondition::Complete => "COMPLETE",
+            DependencyCondition::Success => "SUCCESS",
+            DependencyCondition::Healthy => "HEALTHY",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "START" => DependencyCondition::Start,
+            "COMPLETE" => DependencyCondition::Complete,
+            "SUCCESS" => DependencyCondition::Success,
+            "HEALTHY" => DependencyCondition::Healthy,
+            _ => return None,
+        })
+    }
+}
+
+/// One entry of a container's `depends_on`.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Dependency {
+    pub container: String,
+    pub condition: DependencyCondition,
+}
+
+pub(super) fn is_true(b: &bool) -> bool {
+    *b
+}
+
+pub(super) fn yes() -> bool {
+    true
+}

@@ -368,3 +368,172 @@ fn an_ecs_container_without_cpu_reserves_none_and_reads_back_in_tessera_shape() 
         );
     }
 }
+
+#[test]
+fn ports_health_checks_and_dependencies_in_the_native_shape() {
+    let spec = parse_task_definition(&json!({
+        "family": "embed",
+        "containers": [
+            {"name": "server", "command": ["serve"], "cpu_milli": 100, "memory_mib": 64,
+             "ports": [{"name": "http", "container_port": 8000},
+                       {"name": "metrics", "container_port": 9100, "host_port": 9100, "protocol": "tcp"}],
+             "health_check": {"http": {"port": "http", "path": "/health"}, "interval_secs": 5},
+             "depends_on": [{"container": "warmup", "condition": "SUCCESS"}]},
+            {"name": "warmup", "command": ["true"], "cpu_milli": 0, "memory_mib": 16, "essential": false}
+        ]
+    }))
+    .expect("valid");
+    let server = &spec.containers[0];
+    assert_eq!(server.ports[0].host_port, None, "dynamic");
+    assert_eq!(
+        server.ports[1].env_name().as_deref(),
+        Some("TESSERA_PORT_METRICS")
+    );
+    let check = server.health_check.as_ref().expect("a check");
+    assert_eq!(
+        (
+            check.interval_secs,
+            check.timeout_secs,
+            check.retries,
+            check.start_period_secs
+        ),
+        (5, 5, 3, 0)
+    );
+    assert!(!spec.containers[1].essential);
+    assert_eq!(spec.fixed_host_ports(), [(9100, Protocol::Tcp)]);
+    // What serializes parses back to the same spec.
+    let again =
+        parse_task_definition(&serde_json::to_value(&spec).expect("serializes")).expect("valid");
+    assert_eq!(again, spec);
+}
+
+#[test]
+fn ecs_serving_fields_round_trip_unchanged() {
+    let spec = round_trips(json!({
+        "family": "chat",
+        "networkMode": "bridge",
+        "containerDefinitions": [{
+            "name": "main", "image": "vllm/vllm-openai:latest", "cpu": 1024, "memory": 2048,
+            "essential": true,
+            "portMappings": [{"containerPort": 8000, "hostPort": 0, "protocol": "tcp", "name": "http", "appProtocol": "http"}],
+            "healthCheck": {"command": ["CMD-SHELL", "curl -f http://localhost:8000/health || exit 1"],
+                            "interval": 10, "timeout": 3, "retries": 2, "startPeriod": 60},
+            "dependsOn": [{"containerName": "sidecar", "condition": "START"}],
+            "resourceRequirements": [{"type": "GPU", "sharingStrategy": {"nvidiaMps": {"memory": 8192, "maxComputePercent": 50}}}]
+        }, {
+            "name": "sidecar", "image": "busybox", "cpu": 0, "memory": 64, "essential": false
+        }]
+    }));
+    let main = &spec.containers[0];
+    assert_eq!(
+        main.ports,
+        [PortSpec {
+            name: Some("http".into()),
+            container_port: 8000,
+            host_port: None,
+            protocol: Protocol::Tcp
+        }]
+    );
+    assert_eq!(
+        main.health_check
+            .as_ref()
+            .map(|h| (h.interval_secs, h.retries, h.start_period_secs)),
+        Some((10, 2, 60))
+    );
+    assert_eq!(
+        main.gpu,
+        Some(GpuRequirement::Mps {
+            memory_mib: MiB(8192),
+            max_compute_percent: Some(Percent::new(50).expect("valid"))
+        }),
+        "sharingStrategy without value is one shared GPU"
+    );
+    assert!(!spec.containers[1].essential);
+    // A change made in Tessera's shape comes back in ECS's.
+    let mut changed = spec.clone();
+    changed.containers[0].ports[0].host_port = Some(8080);
+    changed.containers[1].essential = true;
+    let ecs = to_ecs_json(&changed);
+    assert_eq!(
+        ecs["containerDefinitions"][0]["portMappings"][0]["hostPort"],
+        8080
+    );
+    assert_eq!(
+        ecs["containerDefinitions"][0]["portMappings"][0]["appProtocol"], "http",
+        "what Tessera does not model of a mapping is kept"
+    );
+    assert_eq!(ecs["containerDefinitions"][1]["essential"], true);
+    let back = parse_task_definition(&ecs).expect("valid");
+    assert_eq!(back.containers[0].ports, changed.containers[0].ports);
+    assert!(back.containers[1].essential);
+}
+
+#[test]
+fn serving_mistakes_name_their_fields() {
+    let errs = errors(json!({
+        "family": "bad",
+        "containers": [
+            {"name": "a", "command": ["x"], "cpu_milli": 1, "memory_mib": 1,
+             "ports": [{"name": "web", "container_port": 0}, {"name": "web", "container_port": 80, "host_port": 70000},
+                       {"container_port": 81, "protocol": "sctp"}],
+             "health_check": {"command": ["CMD"], "interval_secs": 1, "retries": 11},
+             "depends_on": [{"container": "b", "condition": "READY"}, {"container": "nobody", "condition": "START"}]},
+            {"name": "b", "command": ["y"], "cpu_milli": 1, "memory_mib": 1,
+             "ports": [{"name": "web", "container_port": 80}, {"name": "x", "container_port": 90, "host_port": 90}, {"name": "y", "container_port": 91, "host_port": 90}],
+             "health_check": {"http": {"port": "nope"}},
+             "depends_on": [{"container": "a", "condition": "HEALTHY"}]}
+        ]
+    }));
+    let fields: Vec<&str> = errs.iter().map(|(f, _)| f.as_str()).collect();
+    for want in [
+        "containers[0].ports[0].container_port",
+        "containers[0].ports[1].host_port",
+        "containers[0].ports[2].protocol",
+        "containers[0].health_check.command",
+        "containers[0].health_check.interval_secs",
+        "containers[0].health_check.retries",
+        "containers[0].depends_on[0].condition",
+    ] {
+        assert!(fields.contains(&want), "{want}: {errs:?}");
+    }
+    // The cross-container rules, once each container parsed.
+    let errs = errors(json!({
+        "family": "bad",
+        "containers": [
+            {"name": "a", "command": ["x"], "cpu_milli": 1, "memory_mib": 1,
+             "ports": [{"name": "web", "container_port": 80}],
+             "depends_on": [{"container": "b", "condition": "START"}, {"container": "nobody", "condition": "START"}]},
+            {"name": "b", "command": ["y"], "cpu_milli": 1, "memory_mib": 1,
+             "ports": [{"name": "web", "container_port": 81}, {"name": "x", "container_port": 90, "host_port": 90}, {"name": "y", "container_port": 91, "host_port": 90}],
+             "health_check": {"http": {"port": "nope"}},
+             "depends_on": [{"container": "a", "condition": "HEALTHY"}]}
+        ]
+    }));
+    let fields: Vec<&str> = errs.iter().map(|(f, _)| f.as_str()).collect();
+    for want in [
+        "containers[0].depends_on[1].container",
+        "containers[1].ports[0].name",
+        "containers[1].ports[2].host_port",
+        "containers[1].health_check.http.port",
+        "containers[1].depends_on[0].condition",
+        "containers",
+    ] {
+        assert!(fields.contains(&want), "{want}: {errs:?}");
+    }
+    assert!(errs.iter().any(|(_, m)| m.contains("cycle")), "{errs:?}");
+    let errs = errors(json!({
+        "family": "bad", "networkMode": "host",
+        "containerDefinitions": [{"name": "a", "command": ["x"], "memory": 1, "essential": false,
+            "portMappings": [{"containerPort": 80, "hostPort": 81}]}]
+    }));
+    let fields: Vec<&str> = errs.iter().map(|(f, _)| f.as_str()).collect();
+    assert!(
+        fields.contains(&"containers[0].ports[0].host_port"),
+        "{errs:?}"
+    );
+    assert!(
+        errs.iter()
+            .any(|(f, m)| f == "containers" && m.contains("essential")),
+        "{errs:?}"
+    );
+}

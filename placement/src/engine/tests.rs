@@ -227,3 +227,40 @@ fn a_task_pinned_to_a_full_model_is_told_where_room_is_left() {
         "{text}"
     );
 }
+
+#[test]
+fn a_fixed_host_port_is_held_like_capacity() {
+    use tessera_model::taskdef::Protocol;
+    for policy in [Policy::Binpack, Policy::Fragmentation, Policy::SpreadGpu] {
+        let mut e = engine(
+            policy,
+            vec![host("a", 2, 24 * 1024), host("b", 2, 24 * 1024)],
+        );
+        let mut req = TaskRequest::shared(MilliCpu(1000), MiB(1024), MiB(1024), None);
+        req.constraints.host_ports = vec![(8000, Protocol::Tcp)];
+        // Another task already holds 8000/tcp on host a; 8000/udp there is no conflict.
+        req.constraints.ports_in_use = [(
+            HostId::new("a").expect("valid"),
+            [(8000, Protocol::Tcp), (9000, Protocol::Udp)].into(),
+        )]
+        .into();
+        let out = e.place_batch(&vec![req.clone(); 2]);
+        let first = out.results[0].as_ref().expect("host b is free");
+        assert_eq!(first.host_id.as_str(), "b", "{policy:?}");
+        let err = out.results[1]
+            .as_ref()
+            .expect_err("8000 taken on both hosts");
+        assert_eq!(
+            err.dominant_reason(),
+            Some(FilterReason::HostPort),
+            "{policy:?}"
+        );
+        assert!(err.to_string().contains("host port"), "{policy:?}: {err}");
+        let mut udp = req.clone();
+        udp.constraints.host_ports = vec![(9000, Protocol::Tcp)];
+        assert!(
+            e.place(&udp).is_ok(),
+            "{policy:?}: another protocol is another port"
+        );
+    }
+}

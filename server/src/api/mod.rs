@@ -187,6 +187,18 @@ pub fn routes() -> Routes {
         .add(Method::GET, "/api/v1/fit", VIEW, pool_fit)
         .add(
             Method::GET,
+            "/api/v1/services/{name}/endpoints",
+            VIEW,
+            service_endpoints,
+        )
+        .add(
+            Method::GET,
+            "/api/v1/discovery/prometheus",
+            VIEW,
+            prometheus_discovery,
+        )
+        .add(
+            Method::GET,
             "/api/v1/services/{name}/right-size",
             VIEW,
             right_size_proposal,

@@ -16,6 +16,7 @@ use tessera_control::inputs::{
 };
 use tessera_control::store::{EventFilter, TaskFilter};
 use tessera_model::HostId;
+use tessera_model::api::{EndpointList, PrometheusTargets};
 use tessera_model::schema::{FamilyOrRef, ServiceName};
 use tessera_model::service::{Service, TaskDefRef, TaskDefinition, TaskState};
 use tessera_model::taskdef::{FieldError, to_ecs_json};
@@ -128,6 +129,28 @@ pub async fn get_service(
     Segment(name): Segment,
 ) -> Result<Json<ServiceDetail>, ApiError> {
     Ok(Json(state.control.service_detail(&name).await?))
+}
+
+/// Where a service's tasks are reached, one entry per task and port, with whether each
+/// should get traffic (`healthy`) or not (`starting`, `unhealthy`, `draining`)
+#[utoipa::path(get, path = "/api/v1/services/{name}/endpoints", tag = "workloads",
+    params(("name" = ServiceName, Path, description = "service")),
+    responses((status = 200, description = "Endpoints", body = EndpointList), (status = 404, description = "No such service", body = ErrorBody)))]
+pub async fn service_endpoints(
+    State(state): State<AppState>,
+    Segment(name): Segment,
+) -> Result<Json<EndpointList>, ApiError> {
+    Ok(Json(state.control.endpoints(&name).await?))
+}
+
+/// Prometheus HTTP service discovery: every running task's port named `metrics`, labelled
+/// with service, revision, task, host, GPU and pool
+#[utoipa::path(get, path = "/api/v1/discovery/prometheus", tag = "workloads",
+    responses((status = 200, description = "Target groups", body = Vec<PrometheusTargets>)))]
+pub async fn prometheus_discovery(
+    State(state): State<AppState>,
+) -> Result<Json<Vec<PrometheusTargets>>, ApiError> {
+    Ok(Json(state.control.prometheus_targets().await?))
 }
 
 /// Scale a service and/or deploy a new revision (rolling)

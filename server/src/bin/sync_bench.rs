@@ -111,6 +111,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .enumerate()
             .map(|(h, r)| {
                 let body = SyncRequest {
+                    address: None,
+                    dynamic_ports_free: None,
                     gpus: simulated_gpus(h, per_host),
                     mps: MpsReport {
                         healthy: true,

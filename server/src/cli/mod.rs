@@ -1,7 +1,8 @@
 //! The command line's client side: `tessera login`, `get`, `describe`, `apply`, `scale`,
-//! `drain`, `activate`, `preview`, `events`. Every command talks to a server's REST API
-//! with an API token: the one `tessera login` keeps (mode 0600 in the user's config
-//! directory), or `--url` / `--token` (`TESSERA_URL` / `TESSERA_TOKEN`) for scripts and CI.
+//! `drain`, `activate`, `preview`, `events`, `lb haproxy`. Every command talks to a
+//! server's REST API with an API token: the one `tessera login` keeps (mode 0600 in the
+//! user's config directory), or `--url` / `--token` (`TESSERA_URL` / `TESSERA_TOKEN`) for
+//! scripts and CI.
 
 /// Prints a line to standard output; a closed pipe (`tessera get tasks | head`) ends the
 /// command quietly.
@@ -10,6 +11,7 @@ macro_rules! say {
 }
 
 mod apply;
+pub mod lb;
 mod table;
 
 pub(crate) fn write_out(text: &str) {
@@ -32,7 +34,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 use table::Table;
 use tessera_model::HostInfo;
-use tessera_model::api::ServiceDetail;
+use tessera_model::api::{EndpointList, ServiceDetail};
 use tessera_model::auth::{Caller, NewApiToken};
 use tessera_model::service::Task;
 
@@ -81,6 +83,8 @@ pub enum Kind {
     Tasks,
     #[value(name = "task-definitions", alias = "taskdefs")]
     TaskDefinitions,
+    // One service's endpoints: `tessera get endpoints SERVICE`.
+    Endpoints,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -113,12 +117,15 @@ pub enum ClientCommand {
     },
     /// Delete the kept token on the server and forget it here.
     Logout,
-    /// List hosts, services, tasks or task definitions.
+    /// List hosts, services, tasks, task definitions, or a service's endpoints
+    /// (`tessera get endpoints SERVICE`).
     Get {
         kind: Kind,
+        /// Endpoints: the service (the same as --service).
+        name: Option<String>,
         #[arg(short, long, value_enum, default_value_t = Output::Table)]
         output: Output,
-        /// Tasks: only this service's.
+        /// Tasks: only this service's. Endpoints: the service.
         #[arg(long)]
         service: Option<String>,
         /// Tasks: only those on this host.
@@ -202,8 +209,45 @@ pub enum ClientCommand {
         #[command(flatten)]
         conn: Connection,
     },
+    /// Keep a load balancer's servers equal to a service's healthy endpoints (Tessera
+    /// carries no traffic itself).
+    Lb {
+        #[command(subcommand)]
+        lb: LbCommand,
+    },
     /// Print a shell completion script.
     Completion { shell: clap_complete::Shell },
+}
+
+/// The load balancers `tessera lb` drives.
+#[derive(Debug, Subcommand)]
+pub enum LbCommand {
+    /// Keep an HAProxy backend's servers equal to a service's healthy endpoints, through
+    /// HAProxy's Runtime API, until interrupted.
+    ///
+    /// Syncs at start, on each change the server announces, and every 5 s (a restarted
+    /// HAProxy is filled again). Only servers named `tsr-…` are Tessera's; the backend's
+    /// others are left alone. Draining tasks' servers drain; gone, unhealthy or starting
+    /// ones are deleted (their sessions closed after 30 s). Stopping leaves the servers as
+    /// they are. HAProxy needs `stats socket PATH level admin` and a backend whose
+    /// balancing takes servers at runtime (e.g. `balance roundrobin`).
+    Haproxy {
+        /// HAProxy's admin socket (`stats socket PATH ... level admin`).
+        #[arg(long)]
+        socket: PathBuf,
+        /// The backend to fill (it must exist in HAProxy's configuration).
+        #[arg(long)]
+        backend: String,
+        /// The service whose endpoints are the servers.
+        #[arg(long)]
+        service: String,
+        /// Only the task port with this name (default: every TCP port of each task; pass
+        /// it when tasks have several ports).
+        #[arg(long)]
+        port_name: Option<String>,
+        #[command(flatten)]
+        conn: Connection,
+    },
 }
 
 /// A command ended without doing what was asked: its exit status.
@@ -251,11 +295,29 @@ pub async fn run(command: ClientCommand) -> anyhow::Result<()> {
         ClientCommand::Logout => logout().await,
         ClientCommand::Get {
             kind,
+            name,
             output,
             service,
             host,
             conn,
-        } => get(&Client::new(&conn)?, kind, output, service, host).await,
+        } => {
+            // Only endpoints take a name; the others fail before asking the server.
+            let service = match (kind, name, service) {
+                (Kind::Endpoints, Some(n), Some(s)) if n != s => {
+                    bail!("two services: {n:?} and --service {s:?}; give one")
+                }
+                (Kind::Endpoints, Some(n), _) => Some(n),
+                (Kind::Endpoints, None, None) => {
+                    bail!("which service? `tessera get endpoints SERVICE`")
+                }
+                (_, Some(n), _) => bail!(
+                    "unexpected {n:?}: only `tessera get endpoints SERVICE` takes a name \
+                     (tasks of one service: `tessera get tasks --service {n}`)"
+                ),
+                (_, None, s) => s,
+            };
+            get(&Client::new(&conn)?, kind, output, service, host).await
+        }
         ClientCommand::Describe { kind, name, conn } => {
             describe(&Client::new(&conn)?, kind, &name).await
         }
@@ -312,6 +374,25 @@ pub async fn run(command: ClientCommand) -> anyhow::Result<()> {
             limit,
             conn,
         } => events(&Client::new(&conn)?, service, host, follow, limit).await,
+        ClientCommand::Lb {
+            lb:
+                LbCommand::Haproxy {
+                    socket,
+                    backend,
+                    service,
+                    port_name,
+                    conn,
+                },
+        } => {
+            lb::run_haproxy(
+                &Client::new(&conn)?,
+                &socket,
+                &backend,
+                &service,
+                port_name.as_deref(),
+            )
+            .await
+        }
         ClientCommand::Completion { shell } => {
             use clap::CommandFactory;
             let mut cmd = crate::config::Cli::command();
@@ -492,6 +573,27 @@ impl Client {
 
     pub async fn get<T: serde::de::DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
         self.send(reqwest::Method::GET, path, None).await
+    }
+
+    /// A GET whose answer is read as it arrives (the live event stream), with the answer's
+    /// status checked. The client's 60 s limit would cut a stream, so this one has an hour
+    /// (the caller reconnects; it also gives up on a stream that goes quiet).
+    pub(crate) async fn stream(&self, path: &str) -> anyhow::Result<reqwest::Response> {
+        let resp = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .bearer_auth(&self.token)
+            .header(reqwest::header::ACCEPT, "text/event-stream")
+            .timeout(Duration::from_secs(3600))
+            .send()
+            .await
+            .with_context(|| format!("cannot reach {}", self.base))?;
+        let status = resp.status();
+        if status.is_success() {
+            return Ok(resp);
+        }
+        let bytes = resp.bytes().await.unwrap_or_default();
+        Err(api_error(status, &bytes).into())
     }
 }
 
@@ -778,6 +880,44 @@ async fn get(
                 return print_json(&list);
             }
             print_tasks(&list.tasks, wide);
+        }
+        Kind::Endpoints => {
+            let service = service.context("which service? `tessera get endpoints SERVICE`")?;
+            let list: EndpointList = c
+                .get(&format!("/api/v1/services/{}/endpoints", seg(&service)))
+                .await?;
+            if output == Output::Json {
+                return print_json(&list);
+            }
+            let mut t = Table::new(&["TASK", "HOST", "ADDRESS", "PORT", "HEALTH", "REASON"]);
+            if wide {
+                t.add_columns(&["PROTOCOL", "TASK DEFINITION"]);
+            }
+            for e in &list.endpoints {
+                let mut row = vec![
+                    e.task.chars().take(8).collect(),
+                    e.host.to_string(),
+                    lb::host_port(&e.address, e.port),
+                    e.port_name
+                        .clone()
+                        .unwrap_or_else(|| e.container_port.to_string()),
+                    e.health.as_str().to_owned(),
+                    // A check's output can run to several lines: its first.
+                    e.reason
+                        .as_deref()
+                        .and_then(|r| r.lines().next())
+                        .unwrap_or_default()
+                        .to_owned(),
+                ];
+                if wide {
+                    row.extend([
+                        e.protocol.as_str().to_owned(),
+                        e.task_definition.to_string(),
+                    ]);
+                }
+                t.row(row);
+            }
+            t.print();
         }
         Kind::TaskDefinitions => {
             let list: FamilyList = c.get("/api/v1/task-definitions").await?;

@@ -37,6 +37,7 @@ pub async fn register_hosts(
     for &(name, pool, model, count, gib) in hosts {
         let registered = control
             .register_agent(&RegisterRequest {
+                address: None,
                 join_token: join_token.into(),
                 pool: PoolName::new(pool).expect("valid"),
                 cpu_milli: MilliCpu(64_000),
