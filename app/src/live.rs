@@ -32,6 +32,7 @@ pub fn stop() {
     STREAM.with(|s| {
         if let Some(source) = s.borrow_mut().take() {
             source.set_onmessage(None);
+            source.set_onopen(None);
             source.close();
         }
     });
@@ -62,8 +63,15 @@ fn open_stream(tick: LiveTick) {
             tick.0.update(|n| *n += 1);
         });
     source.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
+    // Once the stream is open (and again after the browser reconnects it), pages refetch:
+    // what changed between the server's render and the connection was announced to nobody.
+    let on_open = Closure::<dyn FnMut()>::new(move || {
+        tick.0.update(|n| *n += 1);
+    });
+    source.set_onopen(Some(on_open.as_ref().unchecked_ref()));
     // Both live as long as the page (or until `stop`): the browser reconnects the stream
     // by itself.
     on_message.forget();
+    on_open.forget();
     STREAM.with(|s| *s.borrow_mut() = Some(source));
 }

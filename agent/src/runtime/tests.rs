@@ -405,3 +405,138 @@ fn remembered(pgid: i32, born: Option<u64>) -> Task {
         resumed_health: None,
     }
 }
+
+/// A second container of `w`, running `command`.
+fn with_container(mut w: WantedTask, name: &str, command: &[&str]) -> WantedTask {
+    let mut c = w.containers[0].clone();
+    c.name = name.into();
+    c.command = command.iter().map(|s| (*s).to_owned()).collect();
+    w.containers.push(c);
+    w
+}
+
+#[tokio::test]
+async fn a_container_waits_for_its_dependency_and_a_non_essential_exit_ends_nothing() {
+    use tessera_model::taskdef::{Dependency, DependencyCondition};
+    let dir = tempfile::tempdir().expect("dir");
+    let marker = dir.path().join("order");
+    let mut rt = Runtime::open(dir.path(), 1 << 20, None).expect("open");
+    let log = marker.display().to_string();
+    // "init" writes, sleeps and succeeds; "main" starts only after it, then stays.
+    let mut w = wanted(
+        "t",
+        &["sh", "-c", &format!("echo init >> {log}; sleep 0.3")],
+        false,
+    );
+    w.containers[0].name = "init".into();
+    w.containers[0].essential = false;
+    let mut w = with_container(
+        w,
+        "main",
+        &["sh", "-c", &format!("echo main >> {log}; sleep 30")],
+    );
+    w.containers[1].depends_on = vec![Dependency {
+        container: "init".into(),
+        condition: DependencyCondition::Success,
+    }];
+    rt.converge(std::slice::from_ref(&w));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    rt.poll();
+    assert_eq!(
+        std::fs::read_to_string(&marker).unwrap_or_default(),
+        "init\n",
+        "main waits"
+    );
+    until(&mut rt, |_| {
+        std::fs::read_to_string(&marker).unwrap_or_default() == "init\nmain\n"
+    })
+    .await;
+    // init exited 0 and is not essential: the task runs on.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    rt.poll();
+    assert_eq!(rt.running_count(), 1);
+    assert!(rt.reports()[0].running);
+    rt.converge(&[]);
+    until(&mut rt, |rt| rt.tasks.is_empty()).await;
+
+    // A dependency that fails where it had to succeed: the task ends, the waiting
+    // container never starts.
+    let mut bad = wanted("u", &["sh", "-c", "exit 4"], false);
+    bad.containers[0].name = "init".into();
+    bad.containers[0].essential = false;
+    let mut bad = with_container(bad, "main", &["sh", "-c", &format!("echo never >> {log}")]);
+    bad.containers[1].depends_on = vec![Dependency {
+        container: "init".into(),
+        condition: DependencyCondition::Success,
+    }];
+    rt.converge(std::slice::from_ref(&bad));
+    until(&mut rt, |rt| rt.running_count() == 0).await;
+    let reports = rt.reports();
+    assert!(!reports[0].running);
+    assert!(
+        reports[0]
+            .error
+            .as_deref()
+            .unwrap_or_default()
+            .contains("depends_on"),
+        "{reports:?}"
+    );
+    assert!(
+        !std::fs::read_to_string(&marker)
+            .unwrap_or_default()
+            .contains("never")
+    );
+}
+
+#[tokio::test]
+async fn a_process_gets_its_ports_and_keeps_them_across_an_agent_restart() {
+    use tessera_model::taskdef::{PortSpec, Protocol};
+    let dir = tempfile::tempdir().expect("dir");
+    let out = dir.path().join("port");
+    let mut w = wanted(
+        "web",
+        &[
+            "sh",
+            "-c",
+            &format!(
+                "echo $PORT $TESSERA_PORT_HTTP > {}; sleep 30",
+                out.display()
+            ),
+        ],
+        false,
+    );
+    w.containers[0].ports = vec![PortSpec {
+        name: Some("http".into()),
+        container_port: 8000,
+        host_port: None,
+        protocol: Protocol::Tcp,
+    }];
+    let port = {
+        let mut rt = Runtime::open(dir.path(), 1 << 20, None)
+            .expect("open")
+            .port_range(45000, 45100);
+        rt.converge(std::slice::from_ref(&w));
+        until(&mut rt, |_| {
+            std::fs::read_to_string(&out).is_ok_and(|s| !s.is_empty())
+        })
+        .await;
+        let reports = rt.reports();
+        let port = reports[0].ports[0].host_port.expect("bound");
+        assert!((45000..=45100).contains(&port));
+        assert_eq!(
+            std::fs::read_to_string(&out).expect("written").trim(),
+            format!("{port} {port}")
+        );
+        assert_eq!(rt.dynamic_ports_free(), 100, "one of 101 held");
+        port
+        // The runtime is dropped here, as an agent that exits: the process runs on.
+    };
+    let mut again = Runtime::open(dir.path(), 1 << 20, None).expect("reopen");
+    again.converge(std::slice::from_ref(&w));
+    again.poll();
+    let reports = again.reports();
+    assert_eq!(reports.len(), 1, "re-adopted, not started twice");
+    assert_eq!(reports[0].ports[0].host_port, Some(port), "the same port");
+    again.converge(&[]);
+    until(&mut again, |rt| rt.tasks.is_empty()).await;
+}

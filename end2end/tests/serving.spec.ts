@@ -1,0 +1,30 @@
+import { test, expect } from "@playwright/test";
+import { open, watchConsole } from "./browser";
+
+// The demo's `embeddings` service is a real HTTP service (tessera example-server on
+// dynamic ports, with an HTTP health check): its endpoints answer and its page shows them.
+test("the service page lists its endpoints with their health, and they answer", async ({ page }) => {
+  const errors = watchConsole(page);
+  await open(page, "/services/embeddings");
+  const panel = page.locator("section.endpoints");
+  await expect(panel.getByRole("heading", { name: "Endpoints" })).toBeVisible();
+  // Five tasks, one HTTP port and one metrics port each, all passing their check.
+  await expect(panel.locator("tr.endpoint.health-healthy")).toHaveCount(10, { timeout: 60_000 });
+  await expect(panel).toContainText("10 of 10 get traffic");
+  const list = await (await page.request.get("/api/v1/services/embeddings/endpoints")).json();
+  const http = list.endpoints.filter((e: { port_name: string }) => e.port_name === "http");
+  expect(http).toHaveLength(5);
+  // Each answers on the address and port the list gives.
+  for (const e of http) {
+    const answer = await page.request.get(`http://${e.address}:${e.port}/`);
+    expect(answer.status()).toBe(200);
+    expect((await answer.json()).served_by).toBe(e.task);
+  }
+  // Prometheus finds the metrics ports, labelled.
+  const targets = await (await page.request.get("/api/v1/discovery/prometheus")).json();
+  const mine = targets.filter((t: { labels: { service: string } }) => t.labels.service === "embeddings");
+  expect(mine).toHaveLength(5);
+  expect(mine[0].labels.revision).toMatch(/^embeddings:\d+$/);
+  await page.screenshot({ path: "screenshots/service-endpoints.png", fullPage: true });
+  expect(errors).toEqual([]);
+});
