@@ -184,6 +184,17 @@ pub fn verify_commits(ctx: &CommitContext, commits: &[PlacementCommit]) -> Vec<b
         let held = ctx.holding.iter().map(Held::of_stored);
         pools.insert(pool.name.as_str(), PoolCapacity::build(pool, &hosts, held));
     }
+    // Host ports are held like capacity: a fixed one taken on the host refuses the commit.
+    let mut ports: HashMap<
+        &HostId,
+        std::collections::HashSet<(u16, tessera_model::taskdef::Protocol)>,
+    > = HashMap::new();
+    for h in &ctx.holding {
+        ports
+            .entry(&h.host)
+            .or_default()
+            .extend(h.ports.iter().copied());
+    }
     commits
         .iter()
         .map(|c| {
@@ -196,10 +207,22 @@ pub fn verify_commits(ctx: &CommitContext, commits: &[PlacementCommit]) -> Vec<b
             else {
                 return false;
             };
-            match capacity.placement(&c.host, cpu, memory, &c.allocations) {
+            let wanted = ctx
+                .pending_ports
+                .get(&c.task_id)
+                .map_or(&[][..], |p| &p[..]);
+            let used = ports.entry(&c.host).or_default();
+            if wanted.iter().any(|p| used.contains(p)) {
+                return false;
+            }
+            let fits = match capacity.placement(&c.host, cpu, memory, &c.allocations) {
                 Some(p) => capacity.snapshot.verify(&p).is_ok(),
                 None => false,
+            };
+            if fits {
+                used.extend(wanted.iter().copied());
             }
+            fits
         })
         .collect()
 }

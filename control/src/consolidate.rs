@@ -110,14 +110,19 @@ impl Control {
             if mine.is_empty() {
                 continue;
             }
-            let stay = must_stay(s, &mine);
+            let spec = self.spec_of(&s.task_definition).await?;
+            // A move would have to find a fixed host port free on its target, which the
+            // plan's engine does not track: such tasks stay where they are.
+            let stay = must_stay(s, &mine).or_else(|| {
+                (!spec.fixed_host_ports().is_empty())
+                    .then(|| "its tasks hold fixed host ports".to_owned())
+            });
             if let Some(why) = &stay {
                 kept.push(KeptService {
                     service: s.name.clone(),
                     why: why.clone(),
                 });
             }
-            let spec = self.spec_of(&s.task_definition).await?;
             let req = request_for(&spec, &s.constraints, BTreeSet::new());
             for t in mine {
                 let Some(h) = Held::of(t) else { continue };

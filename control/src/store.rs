@@ -99,6 +99,9 @@ pub struct CommitContext {
     pub hosts: Vec<HostInfo>,
     pub holding: Vec<HeldCapacity>,
     pub pending: std::collections::HashMap<String, (MilliCpu, MiB)>,
+    /// The fixed host ports each pending task needs (from its planned ports).
+    pub pending_ports:
+        std::collections::HashMap<String, Vec<(u16, tessera_model::taskdef::Protocol)>>,
 }
 
 /// A task waiting for a placement: what the scheduler needs of it.
@@ -149,6 +152,8 @@ pub struct HeldCapacity {
     pub cpu: MilliCpu,
     pub memory: MiB,
     pub allocations: Vec<GpuAllocation>,
+    /// The host ports it holds.
+    pub ports: Vec<(u16, tessera_model::taskdef::Protocol)>,
 }
 
 /// Which events to list.

@@ -267,3 +267,68 @@ async fn a_rollout_waits_for_health_and_a_never_healthy_revision_rolls_back() {
         "{live:?}"
     );
 }
+
+#[tokio::test]
+async fn the_commit_refuses_a_fixed_host_port_already_held_on_the_host() {
+    let env = env(fast()).await;
+    let c = &env.control;
+    let a = host(c, "a", 2, 24).await;
+    let def = web_def(c, "web", Some(8080)).await;
+    web_service(c, &def, 0, 0).await;
+    let deployment = c
+        .store()
+        .list_deployments("web")
+        .await
+        .expect("deployments")[0]
+        .id;
+    let spec = c
+        .store()
+        .get_task_definition(&def.parse().expect("family:revision"))
+        .await
+        .expect("definition")
+        .spec;
+    let r: tessera_model::service::TaskDefRef = def.parse().expect("family:revision");
+    let pool = tessera_model::PoolName::new("gpu").expect("valid");
+    let tasks: Vec<tessera_control::store::NewTask> = (0..2)
+        .map(|i| {
+            tessera_control::store::NewTask::of(
+                format!("t{i}"),
+                "web",
+                deployment,
+                &r,
+                &pool,
+                &spec,
+            )
+        })
+        .collect();
+    c.store().create_tasks(&tasks).await.expect("tasks");
+    let gpus = c.store().get_host(&a.id).await.expect("host").gpus;
+    // Two placements on one host, each on its own GPU: capacity fits both, the port one.
+    let commit = |i: usize| tessera_control::store::PlacementCommit {
+        task_id: format!("t{i}"),
+        host: a.id.clone(),
+        allocations: vec![tessera_model::service::GpuAllocation {
+            gpu: gpus[i].uuid.clone(),
+            index: gpus[i].index,
+            memory: tessera_model::MiB(1024),
+            compute: tessera_model::ComputeMilli(0),
+            dedicated: false,
+        }],
+    };
+    let committed = c
+        .store()
+        .commit_placements(&[commit(0), commit(1)])
+        .await
+        .expect("commit");
+    assert_eq!(
+        committed,
+        ["t0"],
+        "the second would hold 8080 twice on host a"
+    );
+    let again = c
+        .store()
+        .commit_placements(&[commit(1)])
+        .await
+        .expect("commit");
+    assert!(again.is_empty(), "8080 is held by t0 now");
+}

@@ -6,7 +6,7 @@
 //! The rules (ECS's and Docker's): `unknown` until a check passes; a pass makes the task
 //! `healthy`; `retries` failures in a row make it `unhealthy`, counted at most once per
 //! half `interval` and not during the start period. Until the first pass it is checked every
-//! second or two, so a healthy task is known as soon as it answers; after that every
+//! half second (the first 0.2 s after the start), so a healthy task is known as soon as it answers; after that every
 //! `interval`. A check that outlives its timeout is killed and counts as a failure.
 
 use std::collections::BTreeMap;
@@ -16,6 +16,10 @@ use tessera_model::agent::HealthReport;
 use tessera_model::service::TaskHealth;
 use tessera_model::taskdef::HealthCheck;
 use tokio::task::JoinHandle;
+
+/// How often a task is checked until its first pass: a healthy task gets traffic as soon
+/// as it answers, not an interval later.
+const FAST: Duration = Duration::from_millis(500);
 
 /// Longest output kept of a check.
 const MAX_OUTPUT: usize = 1024;
@@ -156,7 +160,7 @@ impl Counter {
         if self.passed_once {
             interval
         } else {
-            interval.min(Duration::from_secs(1))
+            interval.min(FAST)
         }
     }
 }
@@ -171,8 +175,11 @@ async fn run(
     let mut counter = Counter::new(check.clone(), Instant::now());
     counter.passed_once = resumed_healthy;
     let timeout = Duration::from_secs(u64::from(check.timeout_secs));
+    // The first check soon after the start: a server that is up at once is known at once.
+    let mut delay = Duration::from_millis(200);
     loop {
-        tokio::time::sleep(counter.next_delay()).await;
+        tokio::time::sleep(delay).await;
+        delay = counter.next_delay();
         let (passed, output, docker_status) = once(&probe, timeout).await;
         let current = verdict.lock().expect("not poisoned").status;
         let status = match docker_status {
@@ -362,11 +369,7 @@ mod tests {
             h = c.record(s(at), false, h);
         }
         assert_eq!(h, TaskHealth::Unknown);
-        assert_eq!(
-            c.next_delay(),
-            Duration::from_secs(1),
-            "fast until the first pass"
-        );
+        assert_eq!(c.next_delay(), FAST, "fast until the first pass");
         h = c.record(s(20), false, h);
         assert_eq!(h, TaskHealth::Unknown, "one failure of two");
         h = c.record(s(21), false, h);

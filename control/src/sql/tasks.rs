@@ -36,7 +36,7 @@ pub(super) async fn commit_context(
     }
     let holding = holding_states();
     let mut q = QueryBuilder::<Db>::new(format!(
-        "SELECT id, host_id, cpu_milli, memory_mib FROM tasks WHERE {holding} AND host_id IN"
+        "SELECT id, host_id, cpu_milli, memory_mib, ports FROM tasks WHERE {holding} AND host_id IN"
     ));
     in_list(&mut q, &host_ids);
     let mut index: HashMap<String, usize> = HashMap::new();
@@ -49,6 +49,7 @@ pub(super) async fn commit_context(
             cpu: MilliCpu(row.try_get::<i64, _>("cpu_milli")? as u64),
             memory: MiB(row.try_get::<i64, _>("memory_mib")? as u64),
             allocations: Vec::new(),
+            ports: host_ports(&row.try_get::<String, _>("ports")?)?,
         });
     }
     let mut q = QueryBuilder::<Db>::new(format!(
@@ -73,7 +74,7 @@ pub(super) async fn commit_context(
     let wanted: std::collections::HashSet<&str> = task_ids.iter().copied().collect();
     for chunk in chunks {
         let mut q = QueryBuilder::<Db>::new(
-            "SELECT id, cpu_milli, memory_mib FROM tasks WHERE state = 'pending'",
+            "SELECT id, cpu_milli, memory_mib, ports FROM tasks WHERE state = 'pending'",
         );
         if let Some(ids) = chunk {
             q.push(" AND id IN");
@@ -84,6 +85,8 @@ pub(super) async fn commit_context(
             if !wanted.contains(id.as_str()) {
                 continue;
             }
+            ctx.pending_ports
+                .insert(id.clone(), host_ports(&row.try_get::<String, _>("ports")?)?);
             ctx.pending.insert(
                 id,
                 (
@@ -94,6 +97,16 @@ pub(super) async fn commit_context(
         }
     }
     Ok(ctx)
+}
+
+/// The host ports (known ones) of a task's stored `ports` column.
+fn host_ports(json: &str) -> Result<Vec<(u16, tessera_model::taskdef::Protocol)>, StoreError> {
+    let ports: Vec<tessera_model::service::TaskPort> =
+        serde_json::from_str(json).map_err(|e| StoreError::corrupt("task ports", e))?;
+    Ok(ports
+        .iter()
+        .filter_map(|p| Some((p.host_port?, p.protocol)))
+        .collect())
 }
 
 /// `WHERE ...` for `filter` (everything but its limit).

@@ -35,14 +35,15 @@ fn port_number(
         .filter(|&n| n > 0)
 }
 
-/// `ports` (native) or `portMappings` (ECS) of one container.
-pub(super) fn parse_ports(
+/// An optional array of objects at `key`, each read by `item` (given its field path);
+/// `None` when anything in it was refused.
+fn list_of<T>(
     c: &mut Checker,
     o: &Map<String, Value>,
     prefix: &str,
-    shape: Shape,
-) -> Option<Vec<PortSpec>> {
-    let key = shape.key("ports", "portMappings");
+    key: &str,
+    mut item: impl FnMut(&mut Checker, &Map<String, Value>, &str) -> Option<T>,
+) -> Option<Vec<T>> {
     let items = match o.get(key) {
         None | Some(Value::Null) => return Some(Vec::new()),
         Some(Value::Array(items)) => items,
@@ -55,52 +56,66 @@ pub(super) fn parse_ports(
         }
     };
     let before = c.errors.len();
-    let mut ports = Vec::new();
-    for (i, item) in items.iter().enumerate() {
+    let mut out = Vec::new();
+    for (i, v) in items.iter().enumerate() {
         let p = format!("{}[{i}]", join(prefix, key));
-        let Some(m) = c.object(item, &p) else {
-            continue;
-        };
-        let (name_key, cport, hport) = match shape {
-            Shape::Native => {
-                c.unknown_keys(m, &["name", "container_port", "host_port", "protocol"], &p);
-                ("name", "container_port", "host_port")
-            }
-            Shape::Ecs => ("name", "containerPort", "hostPort"),
-        };
-        let name = native::optional_string(c, m, name_key, &join(&p, name_key));
-        if let Some(n) = &name
-            && !valid_name(n)
+        if let Some(m) = c.object(v, &p)
+            && let Some(t) = item(c, m, &p)
         {
-            c.err(
-                join(&p, name_key),
-                "use 1 to 255 letters, digits, '-' or '_'",
-            );
-        }
-        let container_port = port_number(c, m, cport, &join(&p, cport), true);
-        let host_port = port_number(c, m, hport, &join(&p, hport), false);
-        let protocol = match m.get("protocol") {
-            None | Some(Value::Null) => Some(Protocol::Tcp),
-            Some(Value::String(s)) if s == "tcp" => Some(Protocol::Tcp),
-            Some(Value::String(s)) if s == "udp" => Some(Protocol::Udp),
-            Some(v) => {
-                c.err(
-                    join(&p, "protocol"),
-                    format!("must be \"tcp\" or \"udp\", got {v}"),
-                );
-                None
-            }
-        };
-        if let (Some(container_port), Some(protocol)) = (container_port, protocol) {
-            ports.push(PortSpec {
-                name,
-                container_port,
-                host_port,
-                protocol,
-            });
+            out.push(t);
         }
     }
-    (c.errors.len() == before).then_some(ports)
+    (c.errors.len() == before).then_some(out)
+}
+
+/// `ports` (native) or `portMappings` (ECS) of one container.
+pub(super) fn parse_ports(
+    c: &mut Checker,
+    o: &Map<String, Value>,
+    prefix: &str,
+    shape: Shape,
+) -> Option<Vec<PortSpec>> {
+    list_of(
+        c,
+        o,
+        prefix,
+        shape.key("ports", "portMappings"),
+        |c, m, p| {
+            let (cport, hport) = match shape {
+                Shape::Native => {
+                    c.unknown_keys(m, &["name", "container_port", "host_port", "protocol"], p);
+                    ("container_port", "host_port")
+                }
+                Shape::Ecs => ("containerPort", "hostPort"),
+            };
+            let name = native::optional_string(c, m, "name", &join(p, "name"));
+            if let Some(n) = &name
+                && !valid_name(n)
+            {
+                c.err(join(p, "name"), "use 1 to 255 letters, digits, '-' or '_'");
+            }
+            let container_port = port_number(c, m, cport, &join(p, cport), true);
+            let host_port = port_number(c, m, hport, &join(p, hport), false);
+            let protocol = match m.get("protocol") {
+                None | Some(Value::Null) => Some(Protocol::Tcp),
+                Some(Value::String(s)) if s == "tcp" => Some(Protocol::Tcp),
+                Some(Value::String(s)) if s == "udp" => Some(Protocol::Udp),
+                Some(v) => {
+                    c.err(
+                        join(p, "protocol"),
+                        format!("must be \"tcp\" or \"udp\", got {v}"),
+                    );
+                    None
+                }
+            };
+            Some(PortSpec {
+                name,
+                container_port: container_port?,
+                host_port,
+                protocol: protocol?,
+            })
+        },
+    )
 }
 
 fn whole_secs(
@@ -239,50 +254,35 @@ pub(super) fn parse_depends_on(
     prefix: &str,
     shape: Shape,
 ) -> Option<Vec<Dependency>> {
-    let key = shape.key("depends_on", "dependsOn");
-    let items = match o.get(key) {
-        None | Some(Value::Null) => return Some(Vec::new()),
-        Some(Value::Array(items)) => items,
-        Some(v) => {
-            c.err(
-                join(prefix, key),
-                format!("must be an array, got {}", kind(v)),
-            );
-            return None;
-        }
-    };
     let name_key = shape.key("container", "containerName");
-    let before = c.errors.len();
-    let mut out = Vec::new();
-    for (i, item) in items.iter().enumerate() {
-        let p = format!("{}[{i}]", join(prefix, key));
-        let Some(m) = c.object(item, &p) else {
-            continue;
-        };
-        if shape == Shape::Native {
-            c.unknown_keys(m, &["container", "condition"], &p);
-        }
-        let container = c.string(m, name_key, &join(&p, name_key));
-        let condition = c
-            .string(m, "condition", &join(&p, "condition"))
-            .and_then(|s| {
-                let parsed = DependencyCondition::parse(&s.to_ascii_uppercase());
-                if parsed.is_none() {
-                    c.err(
-                        join(&p, "condition"),
-                        format!("must be START, COMPLETE, SUCCESS or HEALTHY, got {s:?}"),
-                    );
-                }
-                parsed
-            });
-        if let (Some(container), Some(condition)) = (container, condition) {
-            out.push(Dependency {
-                container,
-                condition,
-            });
-        }
-    }
-    (c.errors.len() == before).then_some(out)
+    list_of(
+        c,
+        o,
+        prefix,
+        shape.key("depends_on", "dependsOn"),
+        |c, m, p| {
+            if shape == Shape::Native {
+                c.unknown_keys(m, &["container", "condition"], p);
+            }
+            let container = c.string(m, name_key, &join(p, name_key));
+            let condition = c
+                .string(m, "condition", &join(p, "condition"))
+                .and_then(|s| {
+                    let parsed = DependencyCondition::parse(&s.to_ascii_uppercase());
+                    if parsed.is_none() {
+                        c.err(
+                            join(p, "condition"),
+                            format!("must be START, COMPLETE, SUCCESS or HEALTHY, got {s:?}"),
+                        );
+                    }
+                    parsed
+                });
+            Some(Dependency {
+                container: container?,
+                condition: condition?,
+            })
+        },
+    )
 }
 
 /// The rules across a task's containers: unique port names and numbers, health checks
