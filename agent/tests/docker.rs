@@ -52,6 +52,7 @@ fn gpu_task(id: &str, mps: bool) -> WantedTask {
         stop_timeout_secs: 7,
         host_network: false,
         bound_ports: vec![],
+        draining: false,
     }
 }
 
@@ -77,6 +78,7 @@ fn cpu_task(id: &str) -> WantedTask {
         stop_timeout_secs: 3,
         host_network: false,
         bound_ports: vec![],
+        draining: false,
     }
 }
 
@@ -234,10 +236,11 @@ async fn an_mps_task_is_pulled_then_created_with_its_gpu_pipe_limits_and_labels(
     // Not wanted any more: stopped with its stop timeout, then removed.
     rt.converge(&[]);
     assert!(
-        rt.reports().is_empty(),
-        "a task being stopped is not reported"
+        rt.reports().iter().all(|r| r.running),
+        "a task being stopped runs (and holds what it holds) until it is gone"
     );
     until_engine(&mut rt, &fake, "removed", <[String]>::is_empty).await;
+    until(&mut rt, "forgotten once gone", <[TaskReport]>::is_empty).await;
     let stops = fake.requests("POST", &format!("/containers/{name}/stop"));
     assert_eq!(stops.len(), 1);
     assert_eq!(stops[0].query["t"], "7");
@@ -460,7 +463,7 @@ async fn ports_are_published_and_dockers_own_health_check_is_read_back() {
             "curl -f http://localhost:8000/health".into(),
         ],
         http: None,
-        interval_secs: 10,
+        interval_secs: 5,
         timeout_secs: 3,
         retries: 2,
         start_period_secs: 30,
@@ -488,7 +491,7 @@ async fn ports_are_published_and_dockers_own_health_check_is_read_back() {
         create["Healthcheck"]["Test"],
         serde_json::json!(["CMD-SHELL", "curl -f http://localhost:8000/health"])
     );
-    assert_eq!(create["Healthcheck"]["Interval"], 10_000_000_000_i64);
+    assert_eq!(create["Healthcheck"]["Interval"], 5_000_000_000_i64);
     assert_eq!(create["Healthcheck"]["Retries"], 2);
     assert_eq!(create["Healthcheck"]["StartPeriod"], 30_000_000_000_i64);
     // Docker's verdict is what the task reports, with the failing check's output.
@@ -503,14 +506,20 @@ async fn ports_are_published_and_dockers_own_health_check_is_read_back() {
     })
     .await;
     fake.set_health(&name, "unhealthy", "curl: (7) Failed to connect");
-    let reports = until(&mut rt, "unhealthy", |r| {
-        r.iter().any(|t| {
+    // Once healthy, Docker's verdict is read every interval (5 s here).
+    let mut reports = Vec::new();
+    for _ in 0..300 {
+        rt.poll();
+        reports = rt.reports();
+        if reports.iter().any(|t| {
             t.health
                 .as_ref()
                 .is_some_and(|h| h.status == TaskHealth::Unhealthy)
-        })
-    })
-    .await;
+        }) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert_eq!(
         reports[0].health.as_ref().and_then(|h| h.output.as_deref()),
         Some("curl: (7) Failed to connect")

@@ -417,7 +417,12 @@ impl Control {
             if let Some(r) = reported.get(t.id.as_str())
                 && serving_changed(t, r)
             {
-                let health = r.health.as_ref().map(|h| (h.status, h.output.as_deref()));
+                // A report without health leaves what is stored: a task whose definition
+                // has a check is never taken for one without (it would count as healthy).
+                let health = match &r.health {
+                    Some(h) => Some((h.status, h.output.as_deref())),
+                    None => t.health.map(|s| (s, t.health_output.as_deref())),
+                };
                 let ports = if r.ports.is_empty() {
                     &t.ports
                 } else {
@@ -442,8 +447,10 @@ impl Control {
                 if !r.ports.is_empty() {
                     t.ports = r.ports.clone();
                 }
-                t.health = r.health.as_ref().map(|h| h.status);
-                t.health_output = r.health.as_ref().and_then(|h| h.output.clone());
+                if let Some(h) = &r.health {
+                    t.health = Some(h.status);
+                    t.health_output = h.output.clone();
+                }
                 changed = true;
             }
             let gone = match (reported.get(t.id.as_str()), t.state) {
@@ -528,6 +535,7 @@ impl Control {
                 mps: t.allocations.iter().any(|a| !a.dedicated),
                 stop_timeout_secs: stop_timeouts.get(&t.deployment_id).copied().unwrap_or(30),
                 host_network: spec.host_network(),
+                draining: t.state == TaskState::Stopping,
                 bound_ports: t
                     .ports
                     .iter()
@@ -614,10 +622,9 @@ impl Control {
 /// has not bound yet (an empty list) leave the planned ones.
 fn serving_changed(t: &Task, r: &tessera_model::agent::TaskReport) -> bool {
     (!r.ports.is_empty() && r.ports != t.ports)
-        || r.health.as_ref().map(|h| h.status) != t.health && (r.health.is_some() || r.running)
         || r.health
             .as_ref()
-            .is_some_and(|h| h.output != t.health_output)
+            .is_some_and(|h| Some(h.status) != t.health || h.output != t.health_output)
 }
 
 /// Whether a report says more than what is stored of a task's use: a higher peak, or

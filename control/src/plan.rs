@@ -53,6 +53,8 @@ pub(crate) struct Actions {
     pub progress: Option<(usize, usize)>,
     /// Every desired task runs the primary revision and nothing is moving.
     pub steady: bool,
+    /// Stopped tasks whose stop counts as a failure of their deployment.
+    pub failures: Vec<String>,
 }
 
 /// Orders tasks for stopping: ones not serving first, then the newest.
@@ -164,11 +166,39 @@ pub(crate) fn plan_service(
     let start = desired
         .saturating_sub(new.len())
         .min(max_total.saturating_sub(live_after_stops));
-    // Unhealthy tasks stop once enough others serve, or at once when they hold the room
-    // their replacements need.
-    if running_total >= desired.max(min_healthy) || (start == 0 && new.len() < desired) {
-        stop.extend(sick.iter().map(|t| (t.id.clone(), UNHEALTHY)));
-    }
+    // Unhealthy tasks serve nothing, so stopping one never lowers what serves. They stop
+    // once enough others serve, or once a replacement could not be placed (it may need
+    // what they hold: a fixed port, GPU memory); when they hold the room replacements
+    // need (maximum_percent), only as many as make that room stop, oldest first.
+    let replacement_waits = new.iter().any(|t| t.state == TaskState::Pending);
+    let mut sick_sorted = sick.clone();
+    sick_sorted.sort_by_key(|t| t.created_at.clone());
+    let sick_stops = if running_total >= desired || replacement_waits {
+        sick_sorted.len()
+    } else if start == 0 && new.len() < desired {
+        (desired - new.len()).min(sick_sorted.len())
+    } else {
+        0
+    };
+    let first_sick_stop = stop.len();
+    stop.extend(
+        sick_sorted
+            .iter()
+            .take(sick_stops)
+            .map(|t| (t.id.clone(), UNHEALTHY)),
+    );
+    // A task that turned unhealthy counts against the circuit breaker while a rollout is
+    // under way (a revision that never becomes healthy is rolled back), or where there is
+    // nothing to roll back to (restarts then slow down); a steady service whose task
+    // fails its check for a while (a dependency down) is not rolled back for it.
+    let failures: Vec<String> = if !old.is_empty() || previous.is_none() {
+        stop[first_sick_stop..]
+            .iter()
+            .map(|(id, _)| id.clone())
+            .collect()
+    } else {
+        Vec::new()
+    };
 
     // Migrating tasks stop once the service has enough running tasks without them.
     let migrating = tasks
@@ -199,6 +229,7 @@ pub(crate) fn plan_service(
             && running(&new) == desired
             && !any_migrating
             && sick.is_empty(),
+        failures,
     })
 }
 
@@ -477,6 +508,40 @@ mod tests {
             3,
         ));
         assert_eq!(stopped(&a), [("b", UNHEALTHY)]);
+        // A replacement that cannot be placed (pending) lets the unhealthy task go: it may
+        // hold what the replacement needs, and it serves nothing.
+        let a = actions(plan_service(
+            &service(1, 100, 200),
+            &[
+                checked("a", 2, TaskHealth::Unhealthy, 1),
+                task("b", 2, Pending, 2),
+            ],
+            &primary_only,
+            3,
+        ));
+        assert_eq!(stopped(&a), [("a", UNHEALTHY)]);
+        assert_eq!(
+            a.failures,
+            ["a"],
+            "nothing to roll back to: it counts (restarts slow down)"
+        );
+        // A steady service with a revision to roll back to: an unhealthy task is replaced
+        // without counting against the circuit breaker (a dependency may be down).
+        let steady_after_rollout = [
+            deployment(2, 2, DeploymentStatus::Primary, 0),
+            deployment(1, 1, DeploymentStatus::Completed, 0),
+        ];
+        let a = actions(plan_service(
+            &service(1, 100, 200),
+            &[
+                checked("a", 2, TaskHealth::Unhealthy, 1),
+                task("b", 2, Pending, 2),
+            ],
+            &steady_after_rollout,
+            3,
+        ));
+        assert_eq!(stopped(&a), [("a", UNHEALTHY)]);
+        assert!(a.failures.is_empty());
         // Draining tasks are out of every count.
         let mut draining = task("d", 2, Stopping, 1);
         draining.drain_until = Some("2026-11-30T12:00:09.000Z".into());

@@ -272,8 +272,10 @@ impl Control {
             self.store
                 .request_task_stop(id, reason, drain.as_deref())
                 .await?;
-            if *reason == UNHEALTHY {
+            if actions.failures.contains(id) {
                 self.store.count_task_failure(id).await?;
+            }
+            if *reason == UNHEALTHY {
                 self.event(Some(name), None, &format!("task {id} stopped: {UNHEALTHY}"))
                     .await;
             }

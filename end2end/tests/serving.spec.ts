@@ -23,7 +23,8 @@ test("the service page lists its endpoints with their health, and they answer", 
   // Prometheus finds the metrics ports, labelled.
   const targets = await (await page.request.get("/api/v1/discovery/prometheus")).json();
   const mine = targets.filter((t: { labels: { service: string } }) => t.labels.service === "embeddings");
-  expect(mine).toHaveLength(5);
+  // Every running task's metrics port (a draining one's too, while it runs).
+  expect(mine.length).toBeGreaterThanOrEqual(5);
   expect(mine[0].labels.revision).toMatch(/^embeddings:\d+$/);
   await page.screenshot({ path: "screenshots/service-endpoints.png", fullPage: true });
   expect(errors).toEqual([]);

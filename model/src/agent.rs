@@ -267,6 +267,10 @@ pub struct WantedTask {
     /// agent that lost its state file starts it again on the same ports.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub bound_ports: Vec<TaskPort>,
+    /// Out of the endpoint list until its deregistration delay ends, then stopped: keep
+    /// it running, but never start it again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub draining: bool,
 }
 
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

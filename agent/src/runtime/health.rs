@@ -5,7 +5,7 @@
 //!
 //! The rules (ECS's and Docker's): `unknown` until a check passes; a pass makes the task
 //! `healthy`; `retries` failures in a row make it `unhealthy`, counted at most once per
-//! half `interval` and not during the start period. Until the first pass it is checked every
+//! `interval` and not during the start period. Until the first pass it is checked every
 //! half second (the first 0.2 s after the start), so a healthy task is known as soon as it answers; after that every
 //! `interval`. A check that outlives its timeout is killed and counts as a failure.
 
@@ -146,7 +146,7 @@ impl Counter {
             return current;
         }
         self.failures += 1;
-        self.next_counted = now + Duration::from_secs(u64::from(self.check.interval_secs)) / 2;
+        self.next_counted = now + Duration::from_secs(u64::from(self.check.interval_secs));
         if self.failures >= self.check.retries {
             TaskHealth::Unhealthy
         } else {
@@ -175,16 +175,28 @@ async fn run(
     let mut counter = Counter::new(check.clone(), Instant::now());
     counter.passed_once = resumed_healthy;
     let timeout = Duration::from_secs(u64::from(check.timeout_secs));
+    // One client per check, for plain HTTP on this machine: no proxy from the agent's
+    // environment, no redirects followed (a 3xx passes).
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap_or_default();
     // The first check soon after the start: a server that is up at once is known at once.
     let mut delay = Duration::from_millis(200);
     loop {
         tokio::time::sleep(delay).await;
         delay = counter.next_delay();
-        let (passed, output, docker_status) = once(&probe, timeout).await;
+        let (passed, output, docker_status) = once(&probe, timeout, &client).await;
         let current = verdict.lock().expect("not poisoned").status;
         let status = match docker_status {
+            // The engine did not answer: nothing new is known.
+            Some(None) => continue,
             // Docker counts by its own rules.
-            Some(s) => s,
+            Some(Some(s)) => {
+                counter.passed_once |= s == TaskHealth::Healthy;
+                s
+            }
             None => counter.record(Instant::now(), passed, current),
         };
         let output = if passed { None } else { output };
@@ -213,37 +225,31 @@ fn cut(mut s: String) -> String {
     s.replace('\0', "")
 }
 
-/// One check: whether it passed, its output, and (Docker) the engine's own verdict.
-async fn once(probe: &Probe, timeout: Duration) -> (bool, Option<String>, Option<TaskHealth>) {
+/// One check: whether it passed, its output, and (Docker) the engine's own verdict
+/// (`Some(None)`: the engine did not answer).
+async fn once(
+    probe: &Probe,
+    timeout: Duration,
+    client: &reqwest::Client,
+) -> (bool, Option<String>, Option<Option<TaskHealth>>) {
     match probe {
-        Probe::Http(url) => {
-            let client = reqwest::Client::builder()
-                .timeout(timeout)
-                .redirect(reqwest::redirect::Policy::none())
-                .build();
-            let Ok(client) = client else {
-                return (false, Some("cannot make an HTTP client".into()), None);
-            };
-            match client.get(url).send().await {
-                Ok(r) if r.status().is_success() || r.status().is_redirection() => {
-                    (true, None, None)
-                }
-                Ok(r) => (false, Some(cut(format!("GET {url}: {}", r.status()))), None),
-                Err(e) if e.is_timeout() => (
-                    false,
-                    Some(format!(
-                        "GET {url}: no answer within {} s",
-                        timeout.as_secs()
-                    )),
-                    None,
-                ),
-                Err(e) => (
-                    false,
-                    Some(cut(format!("GET {url}: {}", without_url(&e)))),
-                    None,
-                ),
-            }
-        }
+        Probe::Http(url) => match client.get(url).timeout(timeout).send().await {
+            Ok(r) if r.status().is_success() || r.status().is_redirection() => (true, None, None),
+            Ok(r) => (false, Some(cut(format!("GET {url}: {}", r.status()))), None),
+            Err(e) if e.is_timeout() => (
+                false,
+                Some(format!(
+                    "GET {url}: no answer within {} s",
+                    timeout.as_secs()
+                )),
+                None,
+            ),
+            Err(e) => (
+                false,
+                Some(cut(format!("GET {url}: {}", without_url(&e)))),
+                None,
+            ),
+        },
         Probe::Command { argv, env, run_as } => {
             let Some((program, args)) = argv.split_first() else {
                 return (false, Some("empty command".into()), None);
@@ -310,10 +316,12 @@ async fn once(probe: &Probe, timeout: Duration) -> (bool, Option<String>, Option
             engine,
             docker_name,
         } => match engine.health_of(docker_name).await {
-            Some((status, output)) => {
-                (status == TaskHealth::Healthy, output.map(cut), Some(status))
-            }
-            None => (false, None, Some(TaskHealth::Unknown)),
+            Some((status, output)) => (
+                status == TaskHealth::Healthy,
+                output.map(cut),
+                Some(Some(status)),
+            ),
+            None => (false, None, Some(None)),
         },
     }
 }
@@ -376,14 +384,14 @@ mod tests {
         assert_eq!(
             h,
             TaskHealth::Unknown,
-            "the next counts only half an interval later"
+            "the next counts only an interval later"
         );
-        h = c.record(s(25), false, h);
+        h = c.record(s(30), false, h);
         assert_eq!(h, TaskHealth::Unhealthy);
-        h = c.record(s(26), true, h);
+        h = c.record(s(31), true, h);
         assert_eq!(h, TaskHealth::Healthy, "a pass makes it healthy again");
         assert_eq!(c.next_delay(), Duration::from_secs(10));
-        h = c.record(s(36), false, h);
+        h = c.record(s(41), false, h);
         assert_eq!(h, TaskHealth::Healthy, "one failure is not enough");
     }
 
@@ -395,7 +403,8 @@ mod tests {
             run_as: None,
         };
         let started = Instant::now();
-        let (passed, output, _) = once(&probe, Duration::from_secs(1)).await;
+        let (passed, output, _) =
+            once(&probe, Duration::from_secs(1), &reqwest::Client::new()).await;
         assert!(!passed);
         assert!(
             started.elapsed() < Duration::from_secs(5),
@@ -411,7 +420,8 @@ mod tests {
             env: BTreeMap::from([("PATH".to_owned(), "/usr/bin:/bin".to_owned())]),
             run_as: None,
         };
-        let (passed, output, _) = once(&probe, Duration::from_secs(5)).await;
+        let (passed, output, _) =
+            once(&probe, Duration::from_secs(5), &reqwest::Client::new()).await;
         assert!(!passed);
         assert_eq!(output.as_deref(), Some("exited with code 3: sick"));
     }
@@ -439,12 +449,14 @@ mod tests {
         let ok = once(
             &Probe::Http(format!("http://127.0.0.1:{port}/health")),
             Duration::from_secs(2),
+            &reqwest::Client::new(),
         )
         .await;
         assert!(ok.0, "{ok:?}");
         let bad = once(
             &Probe::Http(format!("http://127.0.0.1:{port}/other")),
             Duration::from_secs(2),
+            &reqwest::Client::new(),
         )
         .await;
         assert!(!bad.0);
@@ -457,6 +469,7 @@ mod tests {
         let refused = once(
             &Probe::Http(format!("http://127.0.0.1:{gone}/")),
             Duration::from_secs(2),
+            &reqwest::Client::new(),
         )
         .await;
         assert!(!refused.0);

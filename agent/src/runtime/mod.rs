@@ -172,6 +172,9 @@ struct Task {
     optional: BTreeSet<String>,
     /// The verdict the state file kept, for a re-adopted task until its checks run again.
     resumed_health: Option<tessera_model::agent::HealthReport>,
+    /// How many of its containers have a health check: until each has a checker running,
+    /// the task is not healthy, whatever the ones running say.
+    checks_expected: usize,
 }
 
 /// What the state file keeps per task.
@@ -194,6 +197,16 @@ struct SavedTask {
     /// Its last health verdict: a re-adopted task keeps it until a check says otherwise.
     #[serde(default)]
     health: Option<tessera_model::agent::HealthReport>,
+    /// The container each process group runs, and whether it is essential: `/proc` does
+    /// not say, and a re-adopted non-essential container's exit must not end its task.
+    #[serde(default)]
+    groups: Vec<(i32, String, bool)>,
+    /// Names of its non-essential containers (those under Docker too).
+    #[serde(default)]
+    optional: Vec<String>,
+    /// Containers still waiting for their dependencies, by index.
+    #[serde(default)]
+    waiting: Vec<usize>,
 }
 
 /// A task's processes, for measurement.
@@ -304,14 +317,25 @@ impl Runtime {
                 .map(|t| t.ports.clone())
                 .unwrap_or_default();
             let resumed_health = saved.tasks.get(&id).and_then(|t| t.health.clone());
+            let kept = saved.tasks.get(&id);
+            let group_of = |pgid: i32| {
+                kept.and_then(|t| t.groups.iter().find(|(g, _, _)| *g == pgid))
+                    .map_or(("adopted".to_owned(), true), |(_, name, essential)| {
+                        (name.clone(), *essential)
+                    })
+            };
+            let optional: BTreeSet<String> = kept
+                .map(|t| t.optional.iter().cloned().collect())
+                .unwrap_or_default();
+            let waiting = kept.map(|t| t.waiting.clone()).unwrap_or_default();
             runtime.tasks.insert(
                 id,
                 Task {
                     procs: pgids
                         .into_iter()
                         .map(|pgid| Proc {
-                            name: String::from("adopted"),
-                            essential: true,
+                            name: group_of(pgid).0,
+                            essential: group_of(pgid).1,
                             pgid,
                             child: None,
                             exit: None,
@@ -326,9 +350,10 @@ impl Runtime {
                     ports,
                     checkers: Vec::new(),
                     wanted: None,
-                    waiting: Vec::new(),
-                    optional: BTreeSet::new(),
+                    waiting,
+                    optional,
                     resumed_health,
+                    checks_expected: 0,
                 },
             );
         }
@@ -363,6 +388,7 @@ impl Runtime {
                     waiting: Vec::new(),
                     optional: BTreeSet::new(),
                     resumed_health: None,
+                    checks_expected: 0,
                 })
                 .boxes
                 .push(boxed);
@@ -439,6 +465,13 @@ impl Runtime {
                             ports: t.ports.clone(),
                             health: health::combined(&t.checkers)
                                 .or_else(|| t.resumed_health.clone()),
+                            groups: t
+                                .procs
+                                .iter()
+                                .map(|p| (p.pgid, p.name.clone(), p.essential))
+                                .collect(),
+                            optional: t.optional.iter().cloned().collect(),
+                            waiting: t.waiting.clone(),
                         },
                     )
                 })
@@ -455,9 +488,41 @@ impl Runtime {
     /// Starts what is wanted and missing; stops what runs and is not wanted.
     pub fn converge(&mut self, wanted: &[WantedTask]) {
         let ids: BTreeSet<&str> = wanted.iter().map(|w| w.task_id.as_str()).collect();
+        // Fixed host ports of every wanted task are held before any dynamic one is picked:
+        // a task of this answer not started yet must find its own port free.
+        let fixed: BTreeSet<(u16, Protocol)> = wanted
+            .iter()
+            .flat_map(|w| {
+                w.containers.iter().flat_map(move |c| {
+                    c.ports.iter().filter_map(move |p| {
+                        p.host_port
+                            .or(w.host_network.then_some(p.container_port))
+                            .map(|h| (h, p.protocol))
+                    })
+                })
+            })
+            .collect();
         for w in wanted {
+            if let Some(t) = self.tasks.get_mut(&w.task_id) {
+                // A task re-adopted after a restart learns again what `/proc` cannot say.
+                t.checks_expected = w
+                    .containers
+                    .iter()
+                    .filter(|c| c.health_check.is_some())
+                    .count();
+                if !t.waiting.is_empty() && t.wanted.is_none() {
+                    t.wanted = Some(w.clone());
+                }
+                if t.ports.is_empty() && !w.bound_ports.is_empty() {
+                    t.ports = w.bound_ports.clone();
+                }
+            }
             if !self.tasks.contains_key(&w.task_id) && !self.ended.contains_key(&w.task_id) {
-                self.start(w);
+                // A draining task is on its way out: one that is not running is not
+                // started again.
+                if !w.draining {
+                    self.start(w, &fixed);
+                }
             } else if let Some(t) = self.tasks.get(&w.task_id)
                 && t.ending.is_none()
                 && t.checkers.is_empty()
@@ -536,7 +601,7 @@ impl Runtime {
         ))
     }
 
-    fn start(&mut self, w: &WantedTask) {
+    fn start(&mut self, w: &WantedTask, fixed: &BTreeSet<(u16, Protocol)>) {
         let task_dir = self.dir.join(&w.task_id);
         if let Err(e) = std::fs::create_dir_all(&task_dir) {
             tracing::error!(task = %w.task_id, error = %e, "cannot create the task's log directory");
@@ -571,8 +636,24 @@ impl Runtime {
                 .map(|c| c.name.clone())
                 .collect(),
             resumed_health: None,
+            checks_expected: w
+                .containers
+                .iter()
+                .filter(|c| c.health_check.is_some())
+                .count(),
         };
-        let held = self.held_ports();
+        // Held: this agent's tasks' ports, and the fixed ports of other wanted tasks.
+        let mine: BTreeSet<(u16, Protocol)> = w
+            .containers
+            .iter()
+            .flat_map(|c| {
+                c.ports
+                    .iter()
+                    .filter_map(|p| p.host_port.map(|h| (h, p.protocol)))
+            })
+            .collect();
+        let mut held = self.held_ports();
+        held.extend(fixed.difference(&mine).copied());
         match self.ports.bind(w, &held) {
             Ok(ports) => task.ports = ports,
             Err(e) => {
@@ -734,7 +815,7 @@ impl Runtime {
         let ids: Vec<String> = self
             .tasks
             .iter()
-            .filter(|(_, t)| !t.waiting.is_empty() && t.ending.is_none())
+            .filter(|(_, t)| !t.waiting.is_empty() && t.ending.is_none() && t.wanted.is_some())
             .map(|(id, _)| id.clone())
             .collect();
         for id in ids {
@@ -867,10 +948,12 @@ impl Runtime {
         };
         // A task whose containers are still being created is not reported yet (the
         // server keeps it assigned); one pulling its image says so.
+        // A task being stopped is still running until its last process is gone: the server
+        // keeps it (and its ports) until then.
         let running = self
             .tasks
             .iter()
-            .filter(|(_, t)| t.ending.is_none())
+            .filter(|(_, t)| matches!(t.ending, None | Some((Ending::Requested, _))))
             .filter_map(|(id, t)| {
                 let phases: Vec<Phase> = t.boxes.iter().map(docker::Boxed::phase).collect();
                 let pulling = phases.iter().find_map(|p| match p {
@@ -889,7 +972,7 @@ impl Runtime {
                 Some(TaskReport {
                     running: true,
                     ports: t.ports.clone(),
-                    health: health::combined(&t.checkers).or_else(|| t.resumed_health.clone()),
+                    health: t.health(),
                     ..report(id)
                 })
             });
@@ -1030,6 +1113,24 @@ fn dependencies_met(w: &WantedTask, i: usize, task: &mut Task, groups: &Groups) 
 }
 
 impl Task {
+    /// What its checks say: `unknown` while a container with a check has none running
+    /// yet (it waits for a dependency, or the agent has just restarted), unless the state
+    /// file kept a verdict for it.
+    fn health(&self) -> Option<tessera_model::agent::HealthReport> {
+        if self.checkers.is_empty()
+            && let Some(kept) = &self.resumed_health
+        {
+            return Some(kept.clone());
+        }
+        if self.checkers.len() < self.checks_expected {
+            return Some(tessera_model::agent::HealthReport {
+                status: tessera_model::service::TaskHealth::Unknown,
+                output: None,
+            });
+        }
+        health::combined(&self.checkers)
+    }
+
     /// SIGTERM to its processes; its containers are stopped with its stop timeout.
     fn terminate(&self) {
         for p in &self.procs {

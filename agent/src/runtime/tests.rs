@@ -29,6 +29,7 @@ fn wanted(id: &str, command: &[&str], mps: bool) -> WantedTask {
         stop_timeout_secs: 1,
         host_network: false,
         bound_ports: vec![],
+        draining: false,
     }
 }
 
@@ -403,6 +404,7 @@ fn remembered(pgid: i32, born: Option<u64>) -> Task {
         waiting: Vec::new(),
         optional: BTreeSet::new(),
         resumed_health: None,
+        checks_expected: 0,
     }
 }
 
@@ -425,7 +427,7 @@ async fn a_container_waits_for_its_dependency_and_a_non_essential_exit_ends_noth
     // "init" writes, sleeps and succeeds; "main" starts only after it, then stays.
     let mut w = wanted(
         "t",
-        &["sh", "-c", &format!("echo init >> {log}; sleep 0.3")],
+        &["sh", "-c", &format!("echo init >> {log}; sleep 1")],
         false,
     );
     w.containers[0].name = "init".into();
@@ -440,12 +442,14 @@ async fn a_container_waits_for_its_dependency_and_a_non_essential_exit_ends_noth
         condition: DependencyCondition::Success,
     }];
     rt.converge(std::slice::from_ref(&w));
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    rt.poll();
+    until(&mut rt, |_| {
+        std::fs::read_to_string(&marker).is_ok_and(|s| s.contains("init"))
+    })
+    .await;
     assert_eq!(
         std::fs::read_to_string(&marker).unwrap_or_default(),
         "init\n",
-        "main waits"
+        "main waits while init runs"
     );
     until(&mut rt, |_| {
         std::fs::read_to_string(&marker).unwrap_or_default() == "init\nmain\n"
