@@ -101,6 +101,7 @@ pub(super) fn task_def_from_row(row: &DbRow) -> Result<TaskDefinition, StoreErro
     let secrets: String = row.try_get("secrets")?;
     let mut spec = serde_json::from_str::<TaskDefinitionSpec>(&spec)
         .map_err(|e| StoreError::corrupt("task definition", e))?;
+    tessera_model::taskdef::upgrade_stored(&mut spec);
     let secrets: SecretValues = serde_json::from_str(&secrets)
         .map_err(|e| StoreError::corrupt("task definition secrets", e))?;
     if let Some(missing) = spec.fill_secrets(&secrets).first() {

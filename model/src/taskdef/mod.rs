@@ -28,13 +28,78 @@ use ecs::parse_ecs;
 use native::parse_native;
 use rules::{Checker, check_spec};
 
+/// In Tessera's shape the modelled fields win: an `ecs` copy of ports, the health check,
+/// `essential` or `dependsOn` that says otherwise (kept from an ECS import, then edited) is
+/// dropped, so what is stored never says two things.
+fn drop_stale_ecs(spec: &mut TaskDefinitionSpec) {
+    use serving::{Shape, parse_depends_on, parse_essential, parse_health_check, parse_ports};
+    for ct in &mut spec.containers {
+        let mut c = Checker { errors: Vec::new() };
+        if ct.ecs.contains_key("portMappings")
+            && parse_ports(&mut c, &ct.ecs, "", Shape::Ecs).as_deref() != Some(&ct.ports[..])
+        {
+            ct.ecs.remove("portMappings");
+        }
+        if ct.ecs.contains_key("healthCheck")
+            && parse_health_check(&mut c, &ct.ecs, "", Shape::Ecs) != Some(ct.health_check.clone())
+        {
+            ct.ecs.remove("healthCheck");
+        }
+        if ct.ecs.contains_key("essential")
+            && parse_essential(&mut c, &ct.ecs, "") != Some(ct.essential)
+        {
+            ct.ecs.remove("essential");
+        }
+        if ct.ecs.contains_key("dependsOn")
+            && parse_depends_on(&mut c, &ct.ecs, "", Shape::Ecs).as_deref()
+                != Some(&ct.depends_on[..])
+        {
+            ct.ecs.remove("dependsOn");
+        }
+    }
+}
+
+/// A revision stored before ports, health checks, `essential` and `dependsOn` were
+/// modelled keeps them only in its containers' `ecs` objects: read them from there, so
+/// its tasks are served and `?format=ecs` gives them back. What does not parse stays as it
+/// is (it was accepted when registered).
+pub fn upgrade_stored(spec: &mut TaskDefinitionSpec) {
+    use serving::{Shape, parse_depends_on, parse_essential, parse_health_check, parse_ports};
+    for ct in &mut spec.containers {
+        let mut c = Checker { errors: Vec::new() };
+        if ct.ports.is_empty()
+            && let Some(ports) = parse_ports(&mut c, &ct.ecs, "", Shape::Ecs)
+        {
+            ct.ports = ports;
+        }
+        if ct.health_check.is_none()
+            && let Some(h) = parse_health_check(&mut c, &ct.ecs, "", Shape::Ecs)
+        {
+            ct.health_check = h;
+        }
+        if ct.essential
+            && let Some(e) = parse_essential(&mut c, &ct.ecs, "")
+        {
+            ct.essential = e;
+        }
+        if ct.depends_on.is_empty()
+            && let Some(d) = parse_depends_on(&mut c, &ct.ecs, "", Shape::Ecs)
+        {
+            ct.depends_on = d;
+        }
+    }
+}
+
 /// Parses and validates a task definition in Tessera's JSON shape or ECS's (recognised by
 /// `containerDefinitions`). Returns every error found, each naming its field.
 pub fn parse_task_definition(input: &Value) -> Result<TaskDefinitionSpec, ValidationErrors> {
     let mut c = Checker { errors: Vec::new() };
     let spec = match c.object(input, "(document)") {
         Some(o) if o.contains_key("containerDefinitions") => parse_ecs(&mut c, o),
-        Some(o) => parse_native(&mut c, o),
+        Some(o) => parse_native(&mut c, o).map(|mut s| {
+            drop_stale_ecs(&mut s);
+            s
+        }),
         None => None,
     };
     if let Some(spec) = &spec {

@@ -537,3 +537,36 @@ fn serving_mistakes_name_their_fields() {
         "{errs:?}"
     );
 }
+
+#[test]
+fn a_revision_stored_before_serving_was_modelled_reads_its_ecs_fields() {
+    // As an earlier Tessera stored an ECS import: the mappings only in `ecs`.
+    let mut spec: TaskDefinitionSpec = serde_json::from_value(json!({
+        "family": "old",
+        "containers": [{"name": "main", "command": ["serve"], "cpu_milli": 100, "memory_mib": 64,
+            "ecs": {"portMappings": [{"containerPort": 8000, "name": "http"}], "essential": true,
+                    "healthCheck": {"command": ["CMD-SHELL", "true"]}}}]
+    }))
+    .expect("deserializes");
+    assert!(spec.containers[0].ports.is_empty());
+    upgrade_stored(&mut spec);
+    assert_eq!(spec.containers[0].ports[0].container_port, 8000);
+    assert!(spec.containers[0].health_check.is_some());
+    let ecs = to_ecs_json(&spec);
+    assert_eq!(
+        ecs["containerDefinitions"][0]["portMappings"][0]["containerPort"],
+        8000
+    );
+    // A native edit that removes the ports drops the stale ECS copy: nothing to bring back.
+    let mut edited = serde_json::to_value(&spec).expect("serializes");
+    edited["containers"][0]
+        .as_object_mut()
+        .expect("object")
+        .remove("ports");
+    let again = parse_task_definition(&edited).expect("valid");
+    assert!(again.containers[0].ports.is_empty());
+    assert!(!again.containers[0].ecs.contains_key("portMappings"));
+    let mut stored = again.clone();
+    upgrade_stored(&mut stored);
+    assert_eq!(stored, again);
+}
