@@ -77,7 +77,14 @@ impl Control {
         // A database that failed or kept this one-row write waiting (down, restarting,
         // unreachable: requests wait for a connection rather than fail at once) could not
         // record agents' syncs either.
-        if seen.is_err() || asked.elapsed() > SLOW_STORE {
+        let failing = seen.is_err();
+        let was_failing = self
+            .store_failing
+            .swap(failing, std::sync::atomic::Ordering::SeqCst);
+        // ... and the first announcement that succeeds after failures marks when the
+        // database came back: hosts get their lost timeout from then, not from the last
+        // failure (up to a tick earlier).
+        if failing || was_failing || asked.elapsed() > SLOW_STORE {
             *self.store_failed_at.lock().expect("not poisoned") = Some(self.now());
         }
         let now = self.now();
@@ -129,6 +136,12 @@ impl Control {
             // engines afresh. (Where it does, `relay_changes` marks them stale on each
             // change another server makes.)
             self.capacity_changed();
+        }
+        // The announcement failed fast but taking the lease waited on the database (it
+        // came back meanwhile): the pass that follows must not judge hosts' silence by the
+        // time before it. (The drill found hosts lost 1 s after PostgreSQL returned.)
+        if asked.elapsed() > SLOW_STORE {
+            *self.store_failed_at.lock().expect("not poisoned") = Some(self.now());
         }
         let mut fenced = self.clone();
         fenced.store = self.store.fenced(Fence {

@@ -135,6 +135,10 @@ pub struct Control {
     /// failed or stalled (agents could not have a sync recorded through any server
     /// meanwhile), or a tick came late. Hosts get one lost timeout after it too.
     pub(crate) store_failed_at: Arc<Mutex<Option<DateTime<Utc>>>>,
+    /// Whether the last announcement failed: the first that succeeds after it marks the
+    /// database back, and the hosts' lost timeout counts from then (agents backing off
+    /// may not sync again for two intervals after it returns).
+    pub(crate) store_failing: Arc<std::sync::atomic::AtomicBool>,
     /// When the last tick began.
     pub(crate) last_tick: Arc<Mutex<Option<std::time::Instant>>>,
     /// Per deployment: the failures already answered with a delay, and until when new
@@ -192,6 +196,7 @@ impl Control {
             failed_sign_ins: Arc::default(),
             started: config.clock.now(),
             store_failed_at: Arc::default(),
+            store_failing: Arc::default(),
             last_tick: Arc::default(),
             restart_backoff: Arc::default(),
             last_prune: Arc::default(),
