@@ -63,6 +63,8 @@ class Fleet:
         self.server = None
         self.agents = {}
         self.token = None
+        # Flags every agent gets on top of the fleet's own.
+        self.agent_args = []
 
     # Processes.
 
@@ -108,7 +110,8 @@ class Fleet:
             [os.path.join(self.bin, "tessera-agent"), "--server", f"{self.url},{self.url2}",
              "--join-token", JOIN, "--state-dir", os.path.join(self.work, name),
              "--pool", "drill", "--name", name, "--simulate", "2xL4-24GB",
-             "--mps-control", FAKE_MPS, "--cpu-milli", "32000", "--memory-mib", "65536"],
+             "--mps-control", FAKE_MPS, "--cpu-milli", "32000", "--memory-mib", "65536"]
+            + self.agent_args,
             stdout=log, stderr=log, env=env)
 
     def signal_agent(self, name, sig):
@@ -283,7 +286,8 @@ class Fleet:
 
     # Setup.
 
-    def setup(self, agents):
+    def start_fleet(self, agents):
+        """The server, signed in, pool `drill`, and `agents` registered."""
         self.start_server()
         self.sign_in()
         assert self.api("POST", "/api/v1/pools", {"name": "drill"})[0] == 201
@@ -291,6 +295,9 @@ class Fleet:
             self.start_agent(name)
         self.wait(lambda: len(self.api("GET", "/api/v1/hosts")[1]["hosts"]) == len(agents), 30,
                   "the agents to register")
+
+    def setup(self, agents):
+        self.start_fleet(agents)
         status, body = self.api("POST", "/api/v1/task-definitions", {
             "family": "drill", "containers": [{
                 "name": "main", "command": ["sleep", "600"], "cpu_milli": 500, "memory_mib": 64,

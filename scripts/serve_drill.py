@@ -80,27 +80,14 @@ class ServeFleet(drills.Fleet):
     """drills.Fleet whose agents advertise 127.0.0.1 (the address endpoints carry, so
     HAProxy on this machine reaches the tasks' host ports), with the serving API."""
 
-    def start_agent(self, name):
-        log = open(os.path.join(self.work, f"{name}.log"), "a")
-        env = dict(os.environ, RUST_LOG="warn")
-        self.agents[name] = subprocess.Popen(
-            [os.path.join(self.bin, "tessera-agent"), "--server", f"{self.url},{self.url2}",
-             "--join-token", drills.JOIN, "--state-dir", os.path.join(self.work, name),
-             "--pool", "drill", "--name", name, "--simulate", "2xL4-24GB",
-             "--mps-control", drills.FAKE_MPS, "--cpu-milli", "32000", "--memory-mib", "65536",
-             "--advertise-address", "127.0.0.1"],
-            stdout=log, stderr=log, env=env)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.agent_args = ["--advertise-address", "127.0.0.1"]
 
     def setup_serving(self, agents, task_bin):
         """Server, pool, agents, and the three revisions of `web` (the example server on
         a dynamic port, checked on /health; web:3 checks /nope and never passes)."""
-        self.start_server()
-        self.sign_in()
-        assert self.api("POST", "/api/v1/pools", {"name": "drill"})[0] == 201
-        for name in agents:
-            self.start_agent(name)
-        self.wait(lambda: len(self.api("GET", "/api/v1/hosts")[1]["hosts"]) == len(agents), 30,
-                  "the agents to register")
+        self.start_fleet(agents)
         for version, path in (("1", "/health"), ("2", "/health"), ("3", "/nope")):
             status, body = self.api("POST", "/api/v1/task-definitions", {
                 "family": SERVICE, "containers": [{

@@ -224,7 +224,7 @@ impl Control {
             ServicePlan::Delete { stop, gone } => {
                 for id in &stop {
                     self.store
-                        .request_task_stop(id, DELETED, drain.as_deref())
+                        .request_task_stop(id, DELETED, drain.as_deref(), false)
                         .await?;
                 }
                 if gone {
@@ -270,11 +270,8 @@ impl Control {
             .expect("the plan's primary is one of them");
         for (id, reason) in &actions.stop {
             self.store
-                .request_task_stop(id, reason, drain.as_deref())
+                .request_task_stop(id, reason, drain.as_deref(), actions.failures.contains(id))
                 .await?;
-            if actions.failures.contains(id) {
-                self.store.count_task_failure(id).await?;
-            }
             if *reason == UNHEALTHY {
                 self.event(Some(name), None, &format!("task {id} stopped: {UNHEALTHY}"))
                     .await;

@@ -517,16 +517,15 @@ pub trait TaskStore: Send + Sync + 'static {
     ) -> Result<(), StoreError>;
     /// Asks for a task to stop: `stopping` if an agent may be running it, else `stopped`.
     /// A running task given `drain_until` (a stored time) keeps running, out of the
-    /// endpoint list, until then.
+    /// endpoint list, until then. `failed`: the stop counts against its deployment (the
+    /// circuit breaker's count), in the same transaction.
     async fn request_task_stop(
         &self,
         id: &str,
         reason: &str,
         drain_until: Option<&str>,
+        failed: bool,
     ) -> Result<(), StoreError>;
-    /// Counts a failure of task `id` against its deployment (the circuit breaker's count):
-    /// a task replaced because its health check failed.
-    async fn count_task_failure(&self, id: &str) -> Result<(), StoreError>;
     /// Records what a task's agent reports of it: the host ports it bound and its health
     /// (`None`: it has no check).
     async fn record_task_serving(

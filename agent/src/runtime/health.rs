@@ -67,6 +67,7 @@ impl Checker {
         probe: Probe,
         changed: Arc<tokio::sync::Notify>,
         resumed: Option<Verdict>,
+        redact: Vec<String>,
     ) -> Checker {
         let resumed_healthy = resumed
             .as_ref()
@@ -75,7 +76,14 @@ impl Checker {
             status: TaskHealth::Unknown,
             output: None,
         })));
-        let task = tokio::spawn(run(check, probe, verdict.clone(), changed, resumed_healthy));
+        let task = tokio::spawn(run(
+            check,
+            probe,
+            verdict.clone(),
+            changed,
+            resumed_healthy,
+            redact,
+        ));
         Checker {
             verdict,
             task,
@@ -171,6 +179,7 @@ async fn run(
     verdict: Arc<Mutex<Verdict>>,
     changed: Arc<tokio::sync::Notify>,
     resumed_healthy: bool,
+    redact: Vec<String>,
 ) {
     let mut counter = Counter::new(check.clone(), Instant::now());
     counter.passed_once = resumed_healthy;
@@ -199,7 +208,17 @@ async fn run(
             }
             None => counter.record(Instant::now(), passed, current),
         };
-        let output = if passed { None } else { output };
+        // A check's output reaches the API and events, which viewers read: the task's
+        // secret values (a check that prints its environment) never do.
+        let output = if passed {
+            None
+        } else {
+            output.map(|o| {
+                redact
+                    .iter()
+                    .fold(o, |o, secret| o.replace(secret.as_str(), "***"))
+            })
+        };
         let mut v = verdict.lock().expect("not poisoned");
         let before = v.clone();
         v.status = status;

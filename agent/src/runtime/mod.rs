@@ -598,6 +598,12 @@ impl Runtime {
             probe,
             self.health_changed.clone(),
             resumed,
+            c.secrets
+                .0
+                .values()
+                .filter(|v| !v.is_empty())
+                .cloned()
+                .collect(),
         ))
     }
 

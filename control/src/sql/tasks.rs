@@ -440,35 +440,36 @@ impl TaskStore for This {
         id: &str,
         reason: &str,
         drain_until: Option<&str>,
+        failed: bool,
     ) -> Result<(), StoreError> {
         let task = self.get_task(id).await?;
         match task.state {
-            TaskState::Pending => self.mark_task_stopped(id, reason, None, false).await,
+            TaskState::Pending => self.mark_task_stopped(id, reason, None, failed).await,
             TaskState::Assigned | TaskState::Running => {
                 // Only a running task has served anything to drain.
                 let drain = drain_until.filter(|_| task.state == TaskState::Running);
-                self.write_one(
-                    sqlx::query("UPDATE tasks SET state = 'stopping', stop_reason = $1, drain_until = $3 WHERE id = $2 AND state IN ('assigned', 'running')")
-                        .bind(reason)
-                        .bind(id)
-                        .bind(drain),
-                )
-                .await?;
+                // The stop and its failure count in one transaction, the count only when
+                // this call stopped it (compare-and-set on the state).
+                let mut tx = self.begin_immediate().await?;
+                let done = sqlx::query("UPDATE tasks SET state = 'stopping', stop_reason = $1, drain_until = $3 WHERE id = $2 AND state IN ('assigned', 'running')")
+                    .bind(reason)
+                    .bind(id)
+                    .bind(drain)
+                    .execute(&mut *tx)
+                    .await?;
+                if failed && done.rows_affected() > 0 {
+                    sqlx::query(
+                        "UPDATE deployments SET failed_tasks = failed_tasks + 1 WHERE id = (SELECT deployment_id FROM tasks WHERE id = $1)",
+                    )
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await?;
+                }
+                tx.commit().await?;
                 Ok(())
             }
             TaskState::Stopping | TaskState::Stopped => Ok(()),
         }
-    }
-
-    async fn count_task_failure(&self, id: &str) -> Result<(), StoreError> {
-        self.write_one(
-            sqlx::query(
-                "UPDATE deployments SET failed_tasks = failed_tasks + 1 WHERE id = (SELECT deployment_id FROM tasks WHERE id = $1)",
-            )
-            .bind(id),
-        )
-        .await?;
-        Ok(())
     }
 
     async fn record_task_serving(

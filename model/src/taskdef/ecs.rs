@@ -474,27 +474,18 @@ pub fn to_ecs_json(spec: &TaskDefinitionSpec) -> Value {
             }
             // Ports, health check, essential and dependencies: as given while they still say
             // what the spec says, else written from it.
-            let mut probe = Checker { errors: Vec::new() };
             let obj = d.as_object_mut().expect("an object");
-            if parse_ports(&mut probe, &ct.ecs, "", Shape::Ecs).as_deref() != Some(&ct.ports[..]) {
-                let given = obj.remove("portMappings");
-                if !ct.ports.is_empty() {
-                    obj.insert("portMappings".into(), ports_to_ecs(&ct.ports, given.as_ref()));
-                }
-            }
-            if parse_health_check(&mut probe, &ct.ecs, "", Shape::Ecs) != Some(ct.health_check.clone()) {
-                obj.remove("healthCheck");
-                if let Some(h) = &ct.health_check {
-                    obj.insert("healthCheck".into(), health_to_ecs(h));
-                }
-            }
-            if parse_essential(&mut probe, &ct.ecs, "") != Some(ct.essential) {
-                obj.insert("essential".into(), ct.essential.into());
-            }
-            if parse_depends_on(&mut probe, &ct.ecs, "", Shape::Ecs).as_deref() != Some(&ct.depends_on[..]) {
-                obj.remove("dependsOn");
-                if !ct.depends_on.is_empty() {
-                    obj.insert("dependsOn".into(), depends_to_ecs(&ct.depends_on));
+            for key in stale_ecs_keys(ct) {
+                let given = obj.remove(key);
+                let written = match key {
+                    "portMappings" => (!ct.ports.is_empty())
+                        .then(|| ports_to_ecs(&ct.ports, given.as_ref())),
+                    "healthCheck" => ct.health_check.as_ref().map(health_to_ecs),
+                    "essential" => Some(ct.essential.into()),
+                    _ => (!ct.depends_on.is_empty()).then(|| depends_to_ecs(&ct.depends_on)),
+                };
+                if let Some(v) = written {
+                    obj.insert(key.into(), v);
                 }
             }
             d

@@ -32,29 +32,9 @@ use rules::{Checker, check_spec};
 /// `essential` or `dependsOn` that says otherwise (kept from an ECS import, then edited) is
 /// dropped, so what is stored never says two things.
 fn drop_stale_ecs(spec: &mut TaskDefinitionSpec) {
-    use serving::{Shape, parse_depends_on, parse_essential, parse_health_check, parse_ports};
     for ct in &mut spec.containers {
-        let mut c = Checker { errors: Vec::new() };
-        if ct.ecs.contains_key("portMappings")
-            && parse_ports(&mut c, &ct.ecs, "", Shape::Ecs).as_deref() != Some(&ct.ports[..])
-        {
-            ct.ecs.remove("portMappings");
-        }
-        if ct.ecs.contains_key("healthCheck")
-            && parse_health_check(&mut c, &ct.ecs, "", Shape::Ecs) != Some(ct.health_check.clone())
-        {
-            ct.ecs.remove("healthCheck");
-        }
-        if ct.ecs.contains_key("essential")
-            && parse_essential(&mut c, &ct.ecs, "") != Some(ct.essential)
-        {
-            ct.ecs.remove("essential");
-        }
-        if ct.ecs.contains_key("dependsOn")
-            && parse_depends_on(&mut c, &ct.ecs, "", Shape::Ecs).as_deref()
-                != Some(&ct.depends_on[..])
-        {
-            ct.ecs.remove("dependsOn");
+        for key in serving::stale_ecs_keys(ct) {
+            ct.ecs.remove(key);
         }
     }
 }

@@ -421,6 +421,27 @@ fn dependency_cycle(spec: &TaskDefinitionSpec) -> Option<String> {
         .map(|i| spec.containers[i].name.clone())
 }
 
+/// The ECS keys of a container's serving fields whose copy in its `ecs` object (as an ECS
+/// import gave it) no longer says what the modelled field says; a key that is absent reads
+/// as the field's default.
+pub(super) fn stale_ecs_keys(ct: &ContainerSpec) -> Vec<&'static str> {
+    let mut c = Checker { errors: Vec::new() };
+    let mut stale = Vec::new();
+    if parse_ports(&mut c, &ct.ecs, "", Shape::Ecs).as_deref() != Some(&ct.ports[..]) {
+        stale.push("portMappings");
+    }
+    if parse_health_check(&mut c, &ct.ecs, "", Shape::Ecs) != Some(ct.health_check.clone()) {
+        stale.push("healthCheck");
+    }
+    if parse_essential(&mut c, &ct.ecs, "") != Some(ct.essential) {
+        stale.push("essential");
+    }
+    if parse_depends_on(&mut c, &ct.ecs, "", Shape::Ecs).as_deref() != Some(&ct.depends_on[..]) {
+        stale.push("dependsOn");
+    }
+    stale
+}
+
 /// ECS's `portMappings` for `ports`; what Tessera does not model of a mapping
 /// (`appProtocol`, ...) is kept from `given`'s at the same place.
 pub(super) fn ports_to_ecs(ports: &[PortSpec], given: Option<&Value>) -> Value {
