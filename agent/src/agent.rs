@@ -275,6 +275,9 @@ pub struct Agent {
     runtime: Runtime,
     /// What each task used since the last sync that reached the server.
     windows: HashMap<String, UsageWindow>,
+    /// Each task's last scrape of its work, to compute the next interval's.
+    work: HashMap<String, crate::runtime::work::WorkTracker>,
+    scraper: reqwest::Client,
 }
 
 impl Agent {
@@ -315,6 +318,18 @@ impl Agent {
             mps.as_ref().map(|m| m.pipe_dir().to_path_buf()),
         )?;
         runtime = runtime.port_range(config.port_range.0, config.port_range.1);
+        if probe.simulated() {
+            runtime = runtime
+                .simulated_gpus(config.state_dir.join("simulated-gpu-load"))
+                .map_err(|source| RuntimeError::StateDir {
+                    path: config
+                        .state_dir
+                        .join("simulated-gpu-load")
+                        .display()
+                        .to_string(),
+                    source,
+                })?;
+        }
         if let Some((uid, gid)) = config.run_as {
             runtime = runtime.run_as(uid, gid);
             // Tasks of another user reach the MPS pipe directory through the state
@@ -336,6 +351,8 @@ impl Agent {
             mps,
             runtime,
             windows: HashMap::new(),
+            work: HashMap::new(),
+            scraper: crate::runtime::work::client(),
         })
     }
 
@@ -446,6 +463,7 @@ impl Agent {
                 r.memory_errors = (w.memory_errors > 0).then_some(w.memory_errors);
             }
         }
+        self.measure_work(&mut tasks).await;
         let req = SyncRequest {
             address: self.config.advertise_address.clone(),
             dynamic_ports_free: Some(self.runtime.dynamic_ports_free()),
@@ -494,6 +512,31 @@ impl Agent {
         // Reported: the next sync measures a new window.
         self.windows.clear();
         Ok(answer)
+    }
+
+    /// Scrapes the work of every task that publishes it, all at once (each within the
+    /// scrape timeout), and adds what each completed since its last scrape to its report.
+    async fn measure_work(&mut self, reports: &mut [tessera_model::agent::TaskReport]) {
+        use crate::runtime::work;
+        let targets = self.runtime.work_targets();
+        self.work
+            .retain(|id, _| targets.iter().any(|(t, _, _)| t == id));
+        let client = &self.scraper;
+        let scraped =
+            futures_util::future::join_all(targets.iter().map(|(id, url, spec)| async move {
+                let result = match work::fetch(client, url).await {
+                    Ok(text) => work::totals(&text, spec),
+                    Err(e) => Err(e),
+                };
+                (id.clone(), std::time::Instant::now(), result)
+            }))
+            .await;
+        for (id, at, result) in scraped {
+            let report = self.work.entry(id.clone()).or_default().observe(at, result);
+            if let Some(r) = reports.iter_mut().find(|r| r.task_id == id && r.running) {
+                r.work = report;
+            }
+        }
     }
 
     /// Runs until `shutdown` resolves.

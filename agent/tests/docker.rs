@@ -52,6 +52,7 @@ fn gpu_task(id: &str, mps: bool) -> WantedTask {
         stop_timeout_secs: 7,
         host_network: false,
         bound_ports: vec![],
+        work: None,
         draining: false,
     }
 }
@@ -78,6 +79,7 @@ fn cpu_task(id: &str) -> WantedTask {
         stop_timeout_secs: 3,
         host_network: false,
         bound_ports: vec![],
+        work: None,
         draining: false,
     }
 }

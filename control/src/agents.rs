@@ -344,6 +344,7 @@ impl Control {
             .map(|r| (r.task_id.clone(), r.gpu_memory_peak_mib, r.sm_percent))
             .collect();
         self.record_reports(&mine, &req.tasks);
+        self.record_work(&mine, &req.tasks);
         let seen_at = stamp(self.now());
         if usage.is_empty()
             && same_gpus(&host.gpus, &req.gpus)
@@ -542,6 +543,7 @@ impl Control {
                     .filter(|p| p.host_port.is_some())
                     .cloned()
                     .collect(),
+                work: spec.work.clone(),
             });
         }
         Ok(SyncResponse {
@@ -573,7 +575,7 @@ impl Control {
                 .into_iter()
                 .collect();
         if seen.is_empty() {
-            return Ok(());
+            return self.flush_work().await;
         }
         if let Err(e) = self.store.touch_hosts(&seen).await {
             let mut pending = self.heartbeats.lock().expect("not poisoned");
@@ -582,7 +584,7 @@ impl Control {
             }
             return Err(e.into());
         }
-        Ok(())
+        self.flush_work().await
     }
 
     /// Each deployment's stop timeout: from memory, the rest in one read.
@@ -714,6 +716,7 @@ mod tests {
         let spec = TaskDefinitionSpec {
             family: "f".into(),
             ecs: Default::default(),
+            work: None,
             containers: vec![
                 container(
                     "main",
@@ -753,6 +756,7 @@ mod tests {
         let spec = TaskDefinitionSpec {
             family: "f".into(),
             ecs: Default::default(),
+            work: None,
             containers: vec![
                 container("a", Some(GpuRequirement::Gpus(1))),
                 container("b", Some(GpuRequirement::Gpus(2))),

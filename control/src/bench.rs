@@ -136,6 +136,10 @@ pub async fn create_service(
             deployment: Some(Default::default()),
             stop_timeout_secs: 30,
             deregistration_delay_secs: 0,
+            slo: None,
+            alarms: Vec::new(),
+            bake_secs: 0,
+            autoscaling: None,
         })
         .await
         .map(|_| ())

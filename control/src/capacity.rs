@@ -292,6 +292,10 @@ mod tests {
             deployment: Some(DeploymentConfig::default()),
             stop_timeout_secs: 5,
             deregistration_delay_secs: 0,
+            slo: None,
+            alarms: Vec::new(),
+            bake_secs: 0,
+            autoscaling: None,
         })
         .await
         .expect("service");

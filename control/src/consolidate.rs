@@ -17,7 +17,7 @@ use tessera_model::consolidation::{
     ConsolidationPlan, GpuBar, KeptService, MoveState, PlanInput, PlanStatus, PlannedMove,
 };
 use tessera_model::service::{Service, Task, TaskState};
-use tessera_model::{HostId, SharingMode};
+use tessera_model::{GpuUuid, HostId, SharingMode};
 use tessera_placement::consolidate::{Goal, Movable, plan};
 use tessera_placement::{DemandProfile, Engine, GpuIdx, Policy};
 
@@ -72,6 +72,104 @@ fn from_stored(s: &StoredPlan) -> Result<ConsolidationPlan, ControlError> {
 }
 
 impl Control {
+    /// Each moved service's predicted change of latency and completed work: its tasks'
+    /// neighbours after the moves against before, through the established interference
+    /// estimates (a service without enough evidence is said to have none).
+    async fn work_effects(
+        &self,
+        moves: &[PlannedMove],
+        holding: &[Task],
+        avoided: &[String],
+    ) -> Result<Vec<String>, ControlError> {
+        let gpus_of = |t: &Task| -> BTreeSet<GpuUuid> {
+            t.allocations.iter().map(|a| a.gpu.clone()).collect()
+        };
+        let moved: HashMap<&str, BTreeSet<GpuUuid>> = moves
+            .iter()
+            .map(|m| {
+                (
+                    m.task_id.as_str(),
+                    m.allocations.iter().map(|a| a.gpu.clone()).collect(),
+                )
+            })
+            .collect();
+        let after = |t: &Task| {
+            moved
+                .get(t.id.as_str())
+                .cloned()
+                .unwrap_or_else(|| gpus_of(t))
+        };
+        let neighbours = |t: &Task, gpus: &BTreeSet<GpuUuid>, moved_view: bool| -> Vec<String> {
+            let mut n: Vec<String> = holding
+                .iter()
+                .filter(|o| o.id != t.id)
+                .filter(|o| {
+                    let theirs = if moved_view { after(o) } else { gpus_of(o) };
+                    !theirs.is_disjoint(gpus)
+                })
+                .map(|o| o.service.clone())
+                .collect();
+            n.sort();
+            n.dedup();
+            n
+        };
+        let mut by_service: std::collections::BTreeMap<&str, Vec<&Task>> = Default::default();
+        for m in moves {
+            if let Some(t) = holding.iter().find(|t| t.id == m.task_id) {
+                by_service.entry(t.service.as_str()).or_default().push(t);
+            }
+        }
+        let mut out = Vec::new();
+        for (service, tasks) in by_service {
+            let est = self.estimates_of(service).await?;
+            let factor = |names: &[String]| -> (f64, f64) {
+                let mut lat = 1.0;
+                let mut work = 1.0;
+                for e in est
+                    .0
+                    .iter()
+                    .filter(|e| e.established && names.contains(&e.neighbour))
+                {
+                    lat *= 1.0 + e.latency_p99_change.unwrap_or(0.0);
+                    work *= 1.0 + e.completed_change.unwrap_or(0.0);
+                }
+                (lat, work)
+            };
+            let (mut lat, mut work) = (0.0, 0.0);
+            for t in &tasks {
+                let (lb, wb) = factor(&neighbours(t, &gpus_of(t), false));
+                let (la, wa) = factor(&neighbours(t, &after(t), true));
+                lat += la / lb - 1.0;
+                work += wa / wb - 1.0;
+            }
+            let n = tasks.len() as f64;
+            let pct = |v: f64| format!("{:+.0} %", v * 100.0);
+            let measured = est.0.iter().any(|e| e.established);
+            out.push(if measured {
+                format!(
+                    "{service}: {} task(s) move; predicted p99 {} and completed work {} per moved task",
+                    tasks.len(),
+                    pct(lat / n),
+                    pct(work / n)
+                )
+            } else {
+                format!(
+                    "{service}: {} task(s) move; no established interference with their new neighbours (not enough evidence to predict a change)",
+                    tasks.len()
+                )
+            });
+        }
+        let mut avoided = avoided.to_vec();
+        avoided.sort();
+        avoided.dedup();
+        for why in avoided {
+            out.push(format!(
+                "moves onto GPUs shared with a conflicting neighbour were not planned ({why})"
+            ));
+        }
+        Ok(out)
+    }
+
     /// `POST /api/v1/consolidation-plans`: moves that free as many whole GPUs (or hosts) of
     /// `input.pool` as they can, honouring every service's constraints and deployment
     /// limits; stored, nothing committed.
@@ -103,6 +201,7 @@ impl Control {
         let capacity = PoolCapacity::build(&info, &hosts, holding.iter().filter_map(Held::of));
         let before = capacity.snapshot.clone();
         let mut kept = Vec::new();
+        let mut avoided: Vec<String> = Vec::new();
         let mut movable = Vec::new();
         let mut task_of = Vec::new();
         for (group, s) in services.iter().enumerate() {
@@ -123,7 +222,15 @@ impl Control {
                     why: why.clone(),
                 });
             }
-            let req = request_for(&spec, &s.constraints, BTreeSet::new());
+            let mut req = request_for(&spec, &s.constraints, BTreeSet::new());
+            // Never onto a GPU where a neighbour measured to break a latency target runs.
+            let (avoid, conflicts) = self
+                .interference_avoid(s, &services.iter().collect::<Vec<_>>())
+                .await?;
+            req.constraints.avoid_gpus = avoid;
+            for c in conflicts {
+                avoided.push(c.why);
+            }
             for t in mine {
                 let Some(h) = Held::of(t) else { continue };
                 let Some(p) = capacity.placement(h.host, h.cpu, h.memory, h.allocations) else {
@@ -195,7 +302,7 @@ impl Control {
                 .get(g)
                 .map_or_else(String::new, |(h, i)| format!("{h}/GPU {i}"))
         };
-        let moves = out
+        let moves: Vec<PlannedMove> = out
             .moves
             .iter()
             .map(|m| {
@@ -214,6 +321,7 @@ impl Control {
                 }
             })
             .collect();
+        let work_effects = self.work_effects(&moves, &holding, &avoided).await?;
         let plan = ConsolidationPlan {
             id: uuid::Uuid::new_v4().to_string(),
             pool: pool.to_string(),
@@ -231,6 +339,7 @@ impl Control {
             density_after: density(after),
             gpus,
             kept,
+            work_effects,
             message: None,
         };
         self.store.save_plan(&plan_body(&plan)?).await?;

@@ -176,6 +176,11 @@ pub struct Control {
     pub(crate) usage: Arc<Mutex<crate::usage::UsageBuffer>>,
     /// Fit verdicts by task, and when they were read (see `cached_verdicts`).
     pub(crate) verdicts: Arc<Mutex<Option<CachedVerdicts>>>,
+    /// Each task's work as its last sync here reported it (JSON), not written yet:
+    /// written with the heartbeats.
+    pub(crate) work: Arc<Mutex<HashMap<String, String>>>,
+    /// Alarm watches and autoscaling memory of the services this server reconciles.
+    pub(crate) watches: Arc<Mutex<crate::work::Watches>>,
 }
 
 /// When fit verdicts were read, and what they were.
@@ -211,6 +216,8 @@ impl Control {
             relayed: Arc::default(),
             usage: Arc::default(),
             verdicts: Arc::default(),
+            work: Arc::default(),
+            watches: Arc::default(),
             config,
         }
     }
@@ -419,7 +426,11 @@ impl Control {
 
     pub async fn create_service(&self, input: &ServiceInput) -> Result<Service, ControlError> {
         let service = crate::inputs::validate_service(input)?;
-        self.usable_definition(&service.task_definition).await?;
+        let def = self.usable_definition(&service.task_definition).await?;
+        service
+            .objectives
+            .check(def.spec.published())
+            .map_err(ControlError::Invalid)?;
         self.existing_pool(&service.pool).await?;
         self.store.create_service(&service).await?;
         self.event(
@@ -493,7 +504,7 @@ impl Control {
         if patch.is_empty() {
             e.add(
                 "(body)",
-                "give desired_count, task_definition, strategy, constraints, deployment, stop_timeout_secs or deregistration_delay_secs",
+                "give desired_count, task_definition, strategy, constraints, deployment, stop_timeout_secs, deregistration_delay_secs, slo, alarms, bake_secs or autoscaling",
             );
         }
         e.finish()?;
@@ -517,13 +528,31 @@ impl Control {
                 deregistration_delay_secs: patch
                     .deregistration_delay_secs
                     .unwrap_or(service.deregistration_delay_secs),
+                slo: None,
+                alarms: Vec::new(),
+                bake_secs: 0,
+                autoscaling: None,
             };
-            Some(crate::inputs::validate_service(&input)?)
+            let mut new = crate::inputs::validate_service(&input)?;
+            new.objectives = patch.objectives_over(&service.objectives);
+            Some(new)
         } else {
             None
         };
-        if let Some(r) = &new_def {
-            self.usable_definition(r).await?;
+        // Objectives ask for figures the (new) revision must publish.
+        if patch.changes_objectives() || new_def.is_some() {
+            let r = new_def.as_ref().unwrap_or(&service.task_definition);
+            let def = if new_def.is_some() {
+                self.usable_definition(r).await?
+            } else {
+                self.store.get_task_definition(r).await?
+            };
+            let objectives = settings
+                .as_ref()
+                .map_or(&service.objectives, |s| &s.objectives);
+            objectives
+                .check(def.spec.published())
+                .map_err(ControlError::Invalid)?;
         }
         if let Some(d) = patch.desired_count.filter(|&d| d != service.desired_count) {
             self.store.set_desired_count(name, d).await?;
@@ -573,6 +602,10 @@ impl Control {
                     new.deregistration_delay_secs
                 ));
                 change.deregistration_delay_secs = Some(new.deregistration_delay_secs);
+            }
+            if patch.changes_objectives() && new.objectives != service.objectives {
+                changed.push(crate::work::describe_objectives(&new.objectives));
+                change.objectives = Some(new.objectives.clone());
             }
             if !changed.is_empty() {
                 self.store.update_service_settings(name, &change).await?;

@@ -55,7 +55,7 @@ impl Range {
         }
     }
 
-    fn secs(self) -> i64 {
+    pub(crate) fn secs(self) -> i64 {
         match self {
             Range::Hour => 3600,
             Range::Day => 86_400,
@@ -257,15 +257,10 @@ impl Control {
         }
     }
 
-    /// The service's history over `range`: per bucket, across its tasks.
-    async fn history(
-        &self,
-        name: &str,
-        range: Range,
-    ) -> Result<(u64, Vec<UsagePoint>), ControlError> {
-        let now = self.unix_now();
+    /// The bucket width read for `range`, and the width of the points a chart shows.
+    pub(crate) fn grouping(&self, range: Range) -> (i64, i64) {
         let [fine, coarse] = self.config.usage.widths();
-        let (width, group) = match range {
+        match range {
             Range::Hour => (fine, fine),
             // At most ~300 points a chart.
             Range::Day => (fine, fine.max(((86_400 / 288) / fine).max(1) * fine)),
@@ -273,7 +268,17 @@ impl Control {
                 coarse,
                 coarse.max(((30 * 86_400 / 720) / coarse).max(1) * coarse),
             ),
-        };
+        }
+    }
+
+    /// The service's history over `range`: per bucket, across its tasks.
+    async fn history(
+        &self,
+        name: &str,
+        range: Range,
+    ) -> Result<(u64, Vec<UsagePoint>), ControlError> {
+        let now = self.unix_now();
+        let (width, group) = self.grouping(range);
         let groups = self
             .store
             .usage_history(

@@ -162,6 +162,7 @@ pub(crate) fn validate_service(input: &ServiceInput) -> Result<Service, ControlE
         deployment,
         stop_timeout_secs: input.stop_timeout_secs,
         deregistration_delay_secs: input.deregistration_delay_secs,
+        objectives: input.objectives(),
         deleting: false,
         created_at: String::new(),
     })
@@ -211,6 +212,10 @@ mod tests {
             }),
             stop_timeout_secs: 0,
             deregistration_delay_secs: 3601,
+            slo: None,
+            alarms: Vec::new(),
+            bake_secs: 0,
+            autoscaling: None,
         };
         let Err(ControlError::Invalid(errs)) = validate_service(&input) else {
             panic!("invalid input accepted");

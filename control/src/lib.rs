@@ -46,6 +46,7 @@ pub mod control;
 pub mod error;
 mod fit;
 pub mod inputs;
+mod interference;
 mod lifecycle;
 mod plan;
 pub mod postgres;
@@ -56,6 +57,7 @@ pub mod sqlite;
 pub mod store;
 pub mod usage;
 mod views;
+mod work;
 
 pub use control::{Control, ControlConfig};
 pub use error::{ControlError, StoreError};

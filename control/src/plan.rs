@@ -260,6 +260,7 @@ mod tests {
             },
             stop_timeout_secs: 10,
             deregistration_delay_secs: 0,
+            objectives: Default::default(),
             deleting: false,
             created_at: String::new(),
         }

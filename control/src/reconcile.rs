@@ -215,6 +215,65 @@ impl Control {
         } else {
             self.store.list_deployments(name).await?
         };
+        if !service.deleting
+            && let Some(primary) = deployments
+                .iter()
+                .find(|d| d.status == DeploymentStatus::Primary)
+        {
+            // Old tasks still run (a rollout or a rollback under way).
+            let rolling_out = deployments.iter().any(|d| {
+                d.id != primary.id
+                    && d.status != DeploymentStatus::Completed
+                    && d.running + d.pending > 0
+            });
+            let steady = !rolling_out
+                && self
+                    .service_state
+                    .lock()
+                    .expect("not poisoned")
+                    .get(name)
+                    .is_some_and(|s| s.steady);
+            let age = self.age_of(&primary.created_at).unwrap_or(i64::MAX);
+            if let Some(why) = self.watch_alarms(service, primary.id, steady, age).await? {
+                let previous = deployments.iter().find(|d| {
+                    d.id != primary.id
+                        && d.status != DeploymentStatus::RolledBack
+                        && d.task_definition != primary.task_definition
+                });
+                match previous {
+                    Some(prev) => {
+                        let id = self
+                            .store
+                            .start_deployment(name, &prev.task_definition, true)
+                            .await?;
+                        self.forget_alarms(name);
+                        self.event(
+                            Some(name),
+                            None,
+                            &format!(
+                                "deployment {} rolled back: {why}: {} → {} (deployment {id})",
+                                primary.id, primary.task_definition, prev.task_definition
+                            ),
+                        )
+                        .await;
+                        self.wake();
+                        return Ok(());
+                    }
+                    None => {
+                        self.event(
+                            Some(name),
+                            None,
+                            &format!(
+                                "deployment {}: {why}; there is no earlier revision to roll back to",
+                                primary.id
+                            ),
+                        )
+                        .await;
+                    }
+                }
+            }
+            self.autoscale(service, rolling_out).await?;
+        }
         let actions = match plan_service(
             service,
             &tasks,

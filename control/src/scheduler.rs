@@ -53,6 +53,7 @@ pub(crate) fn request_for(
             ports_in_use: Default::default(),
             dynamic_ports: spec.ports().count() as u32 - spec.fixed_host_ports().len() as u32,
             dynamic_free: Default::default(),
+            avoid_gpus: Default::default(),
         },
     }
 }
@@ -267,6 +268,12 @@ impl Control {
                 let mut placed: Vec<Placement> = Vec::new();
                 let mut unplaced = Vec::new();
                 let mut sentence = String::new();
+                // Interference: GPUs where a neighbour measured to break a latency target
+                // runs are kept off while anything else has room.
+                let (avoid, conflicts) = self
+                    .interference_avoid(service, &services.values().collect::<Vec<_>>())
+                    .await?;
+                let (mut kept_off, mut beside) = (0usize, 0usize);
                 for t in tasks {
                     let mut req = with_live(
                         request_for(&specs[&t.task_definition], c, BTreeSet::new()),
@@ -284,7 +291,22 @@ impl Control {
                     if req.constraints.dynamic_ports > 0 {
                         req.constraints.dynamic_free = dynamic_free.clone();
                     }
-                    match engine.place(&req) {
+                    let mut result = engine.place(&req);
+                    if result
+                        .as_ref()
+                        .is_ok_and(|p| p.gpus.iter().any(|g| avoid.contains(&g.uuid)))
+                    {
+                        req.constraints.avoid_gpus = avoid.clone();
+                        match engine.place(&req) {
+                            Ok(p) => {
+                                kept_off += 1;
+                                result = Ok(p);
+                            }
+                            Err(_) => beside += 1,
+                        }
+                        req.constraints.avoid_gpus.clear();
+                    }
+                    match result {
                         Ok(p) => {
                             ports_in_use
                                 .entry(p.host_id.clone())
@@ -310,6 +332,35 @@ impl Control {
                             unplaced.push(t.id.clone());
                         }
                     }
+                }
+                if kept_off + beside > 0 {
+                    let why: Vec<&str> = conflicts.iter().map(|c| c.why.as_str()).collect();
+                    let mut words = Vec::new();
+                    if kept_off > 0 {
+                        words.push(format!(
+                            "{kept_off} task(s) placed away from the GPUs of {}",
+                            conflicts
+                                .iter()
+                                .map(|c| format!("`{}`", c.neighbour))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ));
+                    }
+                    if beside > 0 {
+                        words.push(format!(
+                            "{beside} task(s) placed beside them: no other GPU had room"
+                        ));
+                    }
+                    self.event(
+                        Some(&name),
+                        None,
+                        &format!(
+                            "placement: {} (interference: {})",
+                            words.join("; "),
+                            why.join("; ")
+                        ),
+                    )
+                    .await;
                 }
                 if !unplaced.is_empty() {
                     complaints.push((name, unplaced, sentence));

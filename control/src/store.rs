@@ -24,6 +24,7 @@ pub struct SettingsChange {
     pub deployment: Option<tessera_model::service::DeploymentConfig>,
     pub stop_timeout_secs: Option<u32>,
     pub deregistration_delay_secs: Option<u32>,
+    pub objectives: Option<tessera_model::work::Objectives>,
 }
 
 /// A task to create.
@@ -402,6 +403,8 @@ pub trait HostStore: Send + Sync + 'static {
     /// Records syncs that changed nothing but the time, many hosts at once; a time never
     /// goes back (a later full report may have been written first).
     async fn touch_hosts(&self, seen: &[(HostId, String)]) -> Result<(), StoreError>;
+    /// Each task's work as its agent last measured it (JSON), written together.
+    async fn set_task_work(&self, work: &[(String, String)]) -> Result<(), StoreError>;
     /// The address a host's tasks are reached at and the dynamic ports its agent has
     /// free, as it reports them.
     async fn set_host_network(
@@ -643,7 +646,7 @@ pub struct Fence {
 }
 
 /// One bucket of a task's measured use.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct UsageRow {
     pub task_id: String,
     pub width_secs: i64,
@@ -659,6 +662,16 @@ pub struct UsageRow {
     pub sm_max: Option<u32>,
     pub samples: u32,
     pub memory_errors: u32,
+    /// Seconds of the bucket its work was measured over, and the work completed and failed
+    /// in them.
+    pub work_secs: f64,
+    pub completed: f64,
+    pub errors: Option<f64>,
+    /// Latency p50, p95, p99 in milliseconds.
+    pub latency_ms: [Option<f64>; 3],
+    /// The services it shared its GPU with for the whole bucket (empty: alone); `None`
+    /// when they changed within it.
+    pub neighbours: Option<Vec<String>>,
 }
 
 /// Which usage buckets to read: one width, from `since` (unix seconds), oldest first.

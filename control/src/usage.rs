@@ -13,6 +13,7 @@ use std::time::Duration;
 use tessera_model::agent::TaskReport;
 use tessera_model::fit::FitRules;
 use tessera_model::service::Task;
+use tessera_model::work::{LatencyBucket, WorkReport, histogram_quantile};
 use tessera_model::{HostId, MiB};
 
 /// How usage is bucketed, kept and judged.
@@ -123,6 +124,59 @@ struct Bucket {
     sm: SmHistogram,
     samples: u32,
     memory_errors: u32,
+    work: WorkAcc,
+}
+
+/// The work of one bucket: the intervals' sums and their merged latency histogram.
+#[derive(Debug, Clone, Default)]
+struct WorkAcc {
+    secs: f64,
+    completed: f64,
+    errors: Option<f64>,
+    /// Cumulative counts by upper bound (`f64::to_bits`; `+Inf` as `u64::MAX`).
+    latency: std::collections::BTreeMap<u64, f64>,
+    /// Percentiles put back after a failed write (their histogram is not kept).
+    kept: [Option<f64>; 3],
+    /// The services sharing its GPU: `Some` while every sample saw the same ones.
+    neighbours: Option<Option<Vec<String>>>,
+}
+
+impl WorkAcc {
+    fn add(&mut self, sample: &tessera_model::work::WorkSample) {
+        self.secs += sample.interval_secs;
+        self.completed += sample.completed;
+        if let Some(e) = sample.errors {
+            *self.errors.get_or_insert(0.0) += e;
+        }
+        for b in &sample.latency {
+            let key = b.le.map_or(u64::MAX, f64::to_bits);
+            *self.latency.entry(key).or_insert(0.0) += b.count;
+        }
+    }
+
+    fn see_neighbours(&mut self, neighbours: &[String]) {
+        match &self.neighbours {
+            None => self.neighbours = Some(Some(neighbours.to_vec())),
+            Some(Some(seen)) if seen.as_slice() != neighbours => self.neighbours = Some(None),
+            _ => {}
+        }
+    }
+
+    /// Latency percentiles (p50, p95, p99) in milliseconds.
+    fn percentiles(&self) -> [Option<f64>; 3] {
+        if self.latency.is_empty() {
+            return self.kept;
+        }
+        let buckets: Vec<LatencyBucket> = self
+            .latency
+            .iter()
+            .map(|(&k, &count)| LatencyBucket {
+                le: (k != u64::MAX).then(|| f64::from_bits(k)),
+                count,
+            })
+            .collect();
+        [0.5, 0.95, 0.99].map(|q| histogram_quantile(q, &buckets).map(|s| s * 1000.0))
+    }
 }
 
 /// The buckets not written yet, by (task, width, start).
@@ -137,9 +191,22 @@ const MAX_OPEN: usize = 400_000;
 
 impl UsageBuffer {
     /// Adds one sync's report of `task` at `now` (unix seconds) to its buckets.
-    pub(crate) fn ingest(&mut self, now: i64, widths: [i64; 2], task: &Task, r: &TaskReport) {
+    /// `neighbours`: the services of the other tasks on its GPUs now.
+    pub(crate) fn ingest(
+        &mut self,
+        now: i64,
+        widths: [i64; 2],
+        task: &Task,
+        r: &TaskReport,
+        neighbours: &[String],
+    ) {
         let memory = r.gpu_memory_peak_mib.or(r.gpu_memory_mib);
-        if memory.is_none() && r.sm_percent.is_none() && r.memory_errors.is_none() {
+        let work = match &r.work {
+            Some(WorkReport::Measured(s)) => Some(s),
+            _ => None,
+        };
+        if memory.is_none() && r.sm_percent.is_none() && r.memory_errors.is_none() && work.is_none()
+        {
             return;
         }
         for width in widths {
@@ -156,7 +223,12 @@ impl UsageBuffer {
                     sm: SmHistogram::default(),
                     samples: 0,
                     memory_errors: 0,
+                    work: WorkAcc::default(),
                 });
+            b.work.see_neighbours(neighbours);
+            if let Some(w) = work {
+                b.work.add(w);
+            }
             if let Some(m) = memory {
                 b.memory_max = b.memory_max.max(m);
             }
@@ -184,6 +256,7 @@ impl UsageBuffer {
             .into_iter()
             .filter_map(|key| {
                 let b = self.open.remove(&key)?;
+                let [p50, p95, p99] = b.work.percentiles();
                 Some(UsageRow {
                     task_id: key.0,
                     width_secs: key.1,
@@ -198,6 +271,11 @@ impl UsageBuffer {
                     sm_max: b.sm.max(),
                     samples: b.samples,
                     memory_errors: b.memory_errors,
+                    work_secs: b.work.secs,
+                    completed: b.work.completed,
+                    errors: b.work.errors,
+                    latency_ms: [p50, p95, p99],
+                    neighbours: b.work.neighbours.flatten(),
                 })
             })
             .collect()
@@ -221,9 +299,35 @@ impl UsageBuffer {
                     sm,
                     samples: r.samples,
                     memory_errors: r.memory_errors,
+                    work: WorkAcc {
+                        secs: r.work_secs,
+                        completed: r.completed,
+                        errors: r.errors,
+                        latency: Default::default(),
+                        kept: r.latency_ms,
+                        neighbours: Some(r.neighbours),
+                    },
                 });
         }
     }
+}
+
+/// The services of the other tasks that share a GPU with `task` (sorted, once each; its
+/// own service when another of its replicas is there).
+pub(crate) fn neighbours_of(task: &Task, on_host: &[Task]) -> Vec<String> {
+    let mut out: Vec<String> = on_host
+        .iter()
+        .filter(|o| o.id != task.id && o.state.holds_capacity())
+        .filter(|o| {
+            o.allocations
+                .iter()
+                .any(|a| task.allocations.iter().any(|b| a.gpu == b.gpu))
+        })
+        .map(|o| o.service.clone())
+        .collect();
+    out.sort();
+    out.dedup();
+    out
 }
 
 impl Control {
@@ -239,7 +343,7 @@ impl Control {
         let mut buffer = self.usage.lock().expect("not poisoned");
         for r in reports {
             if let Some(t) = tasks.iter().find(|t| t.id == r.task_id) {
-                buffer.ingest(now, widths, t, r);
+                buffer.ingest(now, widths, t, r, &neighbours_of(t, tasks));
             }
         }
     }
@@ -333,9 +437,15 @@ mod tests {
         let mut b = UsageBuffer::default();
         let t = task("t1");
         for (i, sm) in (0..20).zip([10u32, 20, 30, 40, 50, 60, 70, 80, 90, 100].iter().cycle()) {
-            b.ingest(120 + i, [60, 3600], &t, &report(1000 + i as u64, *sm, 0));
+            b.ingest(
+                120 + i,
+                [60, 3600],
+                &t,
+                &report(1000 + i as u64, *sm, 0),
+                &[],
+            );
         }
-        b.ingest(130, [60, 3600], &t, &report(500, 10, 2));
+        b.ingest(130, [60, 3600], &t, &report(500, 10, 2), &[]);
         assert!(b.take_closed(179, false).is_empty(), "nothing ended yet");
         let rows = b.take_closed(180, false);
         assert_eq!(rows.len(), 1, "the minute bucket ended, the hour did not");
@@ -359,7 +469,7 @@ mod tests {
         r.gpu_memory_peak_mib = None;
         r.gpu_memory_mib = None;
         r.sm_percent = None;
-        b.ingest(5, [60, 3600], &task("t1"), &r);
+        b.ingest(5, [60, 3600], &task("t1"), &r, &[]);
         assert!(b.take_closed(10_000, true).is_empty());
     }
 }

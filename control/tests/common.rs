@@ -310,6 +310,10 @@ pub async fn service(
             deployment: Some(deployment),
             stop_timeout_secs: 5,
             deregistration_delay_secs: 0,
+            slo: None,
+            alarms: Vec::new(),
+            bake_secs: 0,
+            autoscaling: None,
         })
         .await
         .expect("service");

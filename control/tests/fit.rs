@@ -236,6 +236,10 @@ async fn a_per_gpu_cap_spreads_a_service_and_the_preview_explains_what_it_refuse
         deployment: Some(DeploymentConfig::default()),
         stop_timeout_secs: 5,
         deregistration_delay_secs: 0,
+        slo: None,
+        alarms: Vec::new(),
+        bake_secs: 0,
+        autoscaling: None,
     })
     .await
     .expect("service");
@@ -275,6 +279,10 @@ async fn a_per_gpu_cap_spreads_a_service_and_the_preview_explains_what_it_refuse
             deployment: None,
             stop_timeout_secs: 5,
             deregistration_delay_secs: 0,
+            slo: None,
+            alarms: Vec::new(),
+            bake_secs: 0,
+            autoscaling: None,
         })
         .await
         .expect_err("refused");

@@ -45,6 +45,10 @@ async fn web_service(c: &tessera_control::Control, def: &str, count: u32, delay:
         deployment: Some(DeploymentConfig::default()),
         stop_timeout_secs: 5,
         deregistration_delay_secs: delay,
+        slo: None,
+        alarms: Vec::new(),
+        bake_secs: 0,
+        autoscaling: None,
     })
     .await
     .expect("service");

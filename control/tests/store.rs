@@ -247,6 +247,15 @@ fn usage_row(task: &str, width: i64, start: i64, memory: u64, errors: u32) -> Us
         sm_max: None,
         samples: 6,
         memory_errors: errors,
+        work_secs: 30.0,
+        completed: 300.0 + f64::from(errors),
+        errors: (errors > 0).then_some(f64::from(errors)),
+        latency_ms: [Some(10.0), Some(20.0), Some(memory as f64 / 10.0)],
+        neighbours: Some(if errors > 1 {
+            vec!["embed".into()]
+        } else {
+            Vec::new()
+        }),
     }
 }
 
@@ -284,6 +293,19 @@ async fn usage_buckets_merge_when_written_twice_and_are_pruned_by_age() {
     assert_eq!(merged.memory_errors, 2, "errors add up");
     assert_eq!(merged.sm_p95, Some(0), "NULL-safe larger of 0 and 0");
     assert_eq!(merged.sm_max, None);
+    assert_eq!(merged.work_secs, 60.0, "seconds of work measured add up");
+    assert_eq!(merged.completed, 602.0, "work completed adds up");
+    assert_eq!(merged.errors, Some(2.0), "failed work adds up, NULL-safe");
+    assert_eq!(merged.latency_ms[2], Some(150.0), "the larger p99 wins");
+    assert_eq!(
+        merged.neighbours, None,
+        "neighbours that differ between the two writes are not known for the whole bucket"
+    );
+    let alone = rows
+        .iter()
+        .find(|r| r.task_id == "t1" && r.bucket_start == 660)
+        .expect("t1's second minute");
+    assert_eq!(alone.neighbours, Some(Vec::new()), "alone, and stored so");
     assert_eq!(store.list_usage(&q(660)).await.expect("rows").len(), 1);
     let other = UsageQuery {
         service: Some("other".into()),

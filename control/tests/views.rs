@@ -49,6 +49,10 @@ async fn a_gpu_is_shown_as_the_scheduler_counts_it_with_the_pools_overcommit() {
             deployment: Some(DeploymentConfig::default()),
             stop_timeout_secs: 5,
             deregistration_delay_secs: 0,
+            slo: None,
+            alarms: Vec::new(),
+            bake_secs: 0,
+            autoscaling: None,
         })
         .await
         .expect("service");

@@ -92,7 +92,7 @@ pub struct MpsReport {
 /// A task as the agent has it. `Default` is a task that is not running and measured
 /// nothing, for struct-update syntax.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct TaskReport {
     #[cfg_attr(
         feature = "openapi",
@@ -133,6 +133,10 @@ pub struct TaskReport {
     /// What its health checks say (absent: it has none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health: Option<HealthReport>,
+    /// What its application completed since the previous scrape (absent: it publishes
+    /// no work, or this was the first scrape).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub work: Option<crate::work::WorkReport>,
 }
 
 /// A task's health as its agent last checked it.
@@ -156,7 +160,7 @@ fn is_zero(n: &usize) -> bool {
 
 /// `POST /agent/v1/sync`.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SyncRequest {
     /// GPU indices unique.
     #[cfg_attr(feature = "openapi", schema(max_items = 64))]
@@ -271,6 +275,10 @@ pub struct WantedTask {
     /// it running, but never start it again.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub draining: bool,
+    /// Where its application publishes the work it completes: the agent scrapes it on
+    /// every sync and reports what it measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub work: Option<crate::work::WorkSpec>,
 }
 
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

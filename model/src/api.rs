@@ -88,6 +88,35 @@ pub struct ServiceInput {
     #[serde(default = "crate::service::default_deregistration_delay")]
     #[cfg_attr(feature = "openapi", schema(default = 5, minimum = 0, maximum = 3600))]
     pub deregistration_delay_secs: u32,
+    /// A latency target: placement keeps the tasks away from neighbours measured to push
+    /// them past it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slo: Option<crate::work::Slo>,
+    /// Alarms on its own work, watched during deployments and their bake time.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(feature = "openapi", schema(max_items = 20))]
+    pub alarms: Vec<crate::work::Alarm>,
+    #[serde(default)]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(default = 0, minimum = 0, maximum = 86_400)
+    )]
+    pub bake_secs: u32,
+    /// Target tracking: the desired count follows a metric.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscaling: Option<crate::work::Autoscaling>,
+}
+
+impl ServiceInput {
+    /// Its objectives, as the service keeps them.
+    pub fn objectives(&self) -> crate::work::Objectives {
+        crate::work::Objectives {
+            slo: self.slo.clone(),
+            alarms: self.alarms.clone(),
+            bake_secs: self.bake_secs,
+            autoscaling: self.autoscaling.clone(),
+        }
+    }
 }
 
 /// `PATCH /api/v1/services/{name}`: at least one field (its schema is in `crate::schema`).
@@ -117,6 +146,25 @@ pub struct ServicePatch {
     pub stop_timeout_secs: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deregistration_delay_secs: Option<u32>,
+    /// `null` removes the target.
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub slo: Option<Option<crate::work::Slo>>,
+    /// Replaces every alarm (`[]`: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alarms: Option<Vec<crate::work::Alarm>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bake_secs: Option<u32>,
+    /// `null` turns autoscaling off (the desired count stays where it is).
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub autoscaling: Option<Option<crate::work::Autoscaling>>,
 }
 
 impl ServicePatch {
@@ -127,6 +175,31 @@ impl ServicePatch {
             || self.deployment.is_some()
             || self.stop_timeout_secs.is_some()
             || self.deregistration_delay_secs.is_some()
+            || self.changes_objectives()
+    }
+
+    /// Whether it changes the latency target, alarms, bake time or autoscaling.
+    pub fn changes_objectives(&self) -> bool {
+        self.slo.is_some()
+            || self.alarms.is_some()
+            || self.bake_secs.is_some()
+            || self.autoscaling.is_some()
+    }
+
+    /// `current` with this patch's objectives applied.
+    pub fn objectives_over(&self, current: &crate::work::Objectives) -> crate::work::Objectives {
+        crate::work::Objectives {
+            slo: self.slo.clone().unwrap_or_else(|| current.slo.clone()),
+            alarms: self
+                .alarms
+                .clone()
+                .unwrap_or_else(|| current.alarms.clone()),
+            bake_secs: self.bake_secs.unwrap_or(current.bake_secs),
+            autoscaling: self
+                .autoscaling
+                .clone()
+                .unwrap_or_else(|| current.autoscaling.clone()),
+        }
     }
 
     pub fn is_empty(&self) -> bool {

@@ -128,6 +128,11 @@ pub struct ConsolidationPlan {
     pub gpus: Vec<GpuBar>,
     /// Services whose tasks stay where they are, and why.
     pub kept: Vec<KeptService>,
+    /// What the moves are predicted to do to each moved service's work (from measured
+    /// interference with its new neighbours); moves predicted to break a latency target
+    /// are not planned.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub work_effects: Vec<String>,
     /// Why it failed or stopped.
     pub message: Option<String>,
 }

@@ -18,6 +18,8 @@
 //! - [`views`]: read models of the console's pages (hosts with GPU segments, overview).
 //! - `schema` (feature `openapi`): the JSON Schemas of the API's bodies, with the validators' rules.
 //! - [`urlenc`]: percent-encoding of query values and form fields.
+//! - [`work`]: the work applications complete (Prometheus metrics), service objectives
+//!   (latency target, alarms, autoscaling) and the read models built from them.
 //! - [`taskdef`]: task definitions, their validation (errors name their field) and the ECS JSON shape.
 
 #![forbid(unsafe_code)]
@@ -38,6 +40,7 @@ pub mod taskdef;
 pub mod units;
 pub mod urlenc;
 pub mod views;
+pub mod work;
 
 pub use ids::{GpuUuid, HostId, IdError, PoolName};
 pub use inventory::{

@@ -184,7 +184,11 @@ string_schema!(
             "constraints": {"$ref": "#/components/schemas/ServiceConstraints"},
             "deployment": {"$ref": "#/components/schemas/DeploymentConfig"},
             "stop_timeout_secs": {"type": "integer", "minimum": 1, "maximum": 600},
-            "deregistration_delay_secs": {"type": "integer", "minimum": 0, "maximum": 3600, "description": "how long a task stopped on purpose stays running out of the endpoint list before its stop signal"}
+            "deregistration_delay_secs": {"type": "integer", "minimum": 0, "maximum": 3600, "description": "how long a task stopped on purpose stays running out of the endpoint list before its stop signal"},
+            "slo": {"oneOf": [{"$ref": "#/components/schemas/Slo"}, {"type": "null"}], "description": "its latency target; null removes it"},
+            "alarms": {"type": "array", "maxItems": 20, "items": {"$ref": "#/components/schemas/Alarm"}, "description": "replaces every alarm"},
+            "bake_secs": {"type": "integer", "minimum": 0, "maximum": 86400},
+            "autoscaling": {"oneOf": [{"$ref": "#/components/schemas/Autoscaling"}, {"type": "null"}], "description": "target tracking; null turns it off"}
         }
     }))
 );

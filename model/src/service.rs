@@ -149,6 +149,9 @@ pub struct Service {
     /// before its stop signal (requests in flight finish; the load balancer lets go).
     #[serde(default = "default_deregistration_delay")]
     pub deregistration_delay_secs: u32,
+    /// Its latency target, alarms, bake time and autoscaling.
+    #[serde(flatten)]
+    pub objectives: crate::work::Objectives,
     /// `true` after DELETE: it drains to zero tasks and is then removed.
     pub deleting: bool,
     pub created_at: String,
@@ -246,10 +249,13 @@ pub struct GpuAllocation {
 
 /// What the agent measured for a task.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Measured {
     pub gpu_memory_peak: Option<MiB>,
     pub sm_percent: Option<u32>,
+    /// Its application's work as last measured (absent: it publishes none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub work: Option<crate::work::WorkNow>,
 }
 
 word_enum!(

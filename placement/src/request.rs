@@ -72,6 +72,9 @@ pub struct Constraints {
     pub dynamic_ports: u32,
     /// Dynamic ports left on each host, where its agent said (absent: plenty).
     pub dynamic_free: BTreeMap<HostId, u32>,
+    /// GPUs to keep off: measured interference with a task there would break a latency
+    /// target. A soft rule: the caller places again without it when nothing else has room.
+    pub avoid_gpus: BTreeSet<GpuUuid>,
 }
 
 impl Constraints {
@@ -125,10 +128,12 @@ impl Constraints {
         self.host_ports.iter().find(|p| used.contains(p)).copied()
     }
 
-    /// Whether the service's tasks on GPU `uuid` reached its per-GPU cap.
+    /// Whether the service's tasks on GPU `uuid` reached its per-GPU cap, or it is to be
+    /// kept off.
     pub fn gpu_full(&self, uuid: &GpuUuid) -> bool {
         self.max_per_gpu
             .is_some_and(|m| self.gpu_counts.get(uuid).copied().unwrap_or(0) >= m)
+            || self.avoid_gpus.contains(uuid)
     }
 }
 

@@ -169,6 +169,10 @@ pub async fn seed(control: &Control) -> Result<(), ControlError> {
                     stop_timeout_secs: 10,
                     deregistration_delay_secs: tessera_model::service::default_deregistration_delay(
                     ),
+                    slo: None,
+                    alarms: Vec::new(),
+                    bake_secs: 0,
+                    autoscaling: None,
                 })
                 .await?;
         }

@@ -1,10 +1,17 @@
 //! `tessera example-server`: a small HTTP service for trying Tessera's serving with
 //! processes (no image): it listens on `$PORT` (what the agent gives a task's first port),
-//! answers `/` with who it is, `/health` with `ok`, and `/metrics` with its request counter
-//! and latency histogram in Prometheus's text format; `?work_ms=N` makes a request take
-//! that long. On SIGTERM it stops accepting and finishes the requests in flight, as a
-//! server behind a draining load balancer should. The demo fleet's example service and the
-//! serving drill run it.
+//! answers `/` with who it is, `/health` with `ok`, and `/metrics` with its request and
+//! error counters and latency histogram in Prometheus's text format. A request takes
+//! `?work_ms=N` (else `$EXAMPLE_WORK_MS`, default 0) of simulated work; `?fail=1` answers
+//! 500 and counts an error. On SIGTERM it stops accepting and finishes the requests in
+//! flight, as a server behind a draining load balancer should. The demo fleet's example
+//! service and the serving drill run it.
+//!
+//! On a simulated host (`$TESSERA_SIMULATED_GPU_DIR`, set by an agent with `--simulate`)
+//! it simulates sharing its GPU: it registers the load it puts on its GPU
+//! (`$EXAMPLE_GPU_LOAD`, default 0) under the GPU's id, and its work takes
+//! `1 + the sum of its neighbours' loads` times longer, as a task beside one that saturates
+//! the streaming multiprocessors would. Nothing of this touches a real GPU.
 
 use axum::Router;
 use axum::extract::{Query, State};
@@ -29,17 +36,33 @@ struct Stats {
 struct Example {
     stats: Stats,
     who: String,
+    /// Simulated work per request when the request does not say.
+    work_ms: u64,
+    /// How much longer work takes beside its simulated GPU's neighbours (× 1000).
+    slowdown_milli: AtomicU64,
+    errors: AtomicU64,
 }
 
 #[derive(serde::Deserialize)]
 struct Work {
     work_ms: Option<u64>,
+    fail: Option<u8>,
 }
 
-async fn root(State(s): State<Arc<Example>>, Query(w): Query<Work>) -> impl IntoResponse {
+async fn root(State(s): State<Arc<Example>>, Query(w): Query<Work>) -> axum::response::Response {
     let started = Instant::now();
-    if let Some(ms) = w.work_ms {
-        tokio::time::sleep(Duration::from_millis(ms.min(10_000))).await;
+    let ms = w.work_ms.unwrap_or(s.work_ms).min(10_000);
+    if ms > 0 {
+        let slowdown = s.slowdown_milli.load(Ordering::Relaxed).max(1000);
+        tokio::time::sleep(Duration::from_micros(ms * slowdown)).await;
+    }
+    if w.fail.is_some_and(|f| f != 0) {
+        s.errors.fetch_add(1, Ordering::Relaxed);
+        return (
+            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+            "failed on purpose (?fail=1)",
+        )
+            .into_response();
     }
     let elapsed = started.elapsed();
     s.stats.requests.fetch_add(1, Ordering::Relaxed);
@@ -53,7 +76,7 @@ async fn root(State(s): State<Arc<Example>>, Query(w): Query<Work>) -> impl Into
         }
     }
     s.stats.buckets[BUCKETS.len()].fetch_add(1, Ordering::Relaxed);
-    axum::Json(serde_json::json!({ "served_by": s.who }))
+    axum::Json(serde_json::json!({ "served_by": s.who })).into_response()
 }
 
 async fn metrics(State(s): State<Arc<Example>>) -> impl IntoResponse {
@@ -63,6 +86,10 @@ async fn metrics(State(s): State<Arc<Example>>) -> impl IntoResponse {
     out.push_str(&format!(
         "example_requests_total {}\n",
         s.stats.requests.load(Ordering::Relaxed)
+    ));
+    out.push_str(&format!(
+        "# HELP example_errors_total Requests failed.\n# TYPE example_errors_total counter\nexample_errors_total {}\n",
+        s.errors.load(Ordering::Relaxed)
     ));
     out.push_str("# HELP example_request_seconds Request latency.\n# TYPE example_request_seconds histogram\n");
     for (i, b) in BUCKETS.iter().enumerate() {
@@ -99,10 +126,39 @@ pub async fn run(port: Option<u16>) -> anyhow::Result<()> {
             .context("PORT is not a port number")?,
     };
     let who = std::env::var("TESSERA_TASK_ID").unwrap_or_else(|_| format!("port {port}"));
+    let env_number = |name: &str| -> anyhow::Result<Option<f64>> {
+        match std::env::var(name) {
+            Ok(v) => v
+                .trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|n| n.is_finite() && *n >= 0.0)
+                .map(Some)
+                .with_context(|| format!("{name} must be a number of at least 0, got {v:?}")),
+            Err(_) => Ok(None),
+        }
+    };
     let state = Arc::new(Example {
         stats: Stats::default(),
         who,
+        work_ms: env_number("EXAMPLE_WORK_MS")?.unwrap_or(0.0) as u64,
+        slowdown_milli: AtomicU64::new(1000),
+        errors: AtomicU64::new(0),
     });
+    let _registration = match (
+        std::env::var("TESSERA_SIMULATED_GPU_DIR"),
+        std::env::var("CUDA_VISIBLE_DEVICES"),
+    ) {
+        (Ok(dir), Ok(gpu)) if !gpu.is_empty() && !gpu.contains(['/', '.']) => Some(
+            SimulatedGpu::join(
+                std::path::Path::new(&dir).join(gpu.replace(',', "+")),
+                env_number("EXAMPLE_GPU_LOAD")?.unwrap_or(0.0),
+                state.clone(),
+            )
+            .context("registering on the simulated GPU")?,
+        ),
+        _ => None,
+    };
     let app = Router::new()
         .route("/", get(root))
         .route("/health", get(|| async { "ok" }))
@@ -138,4 +194,64 @@ pub async fn run(port: Option<u16>) -> anyhow::Result<()> {
         .await
         .context("serving")?;
     Ok(())
+}
+
+/// This process's place on a simulated GPU: a file named by its pid holding its load,
+/// removed when it ends; a second task re-reads its neighbours' loads.
+struct SimulatedGpu {
+    file: std::path::PathBuf,
+}
+
+impl SimulatedGpu {
+    fn join(dir: std::path::PathBuf, load: f64, state: Arc<Example>) -> std::io::Result<Self> {
+        std::fs::create_dir_all(&dir)?;
+        let me = std::process::id();
+        let file = dir.join(me.to_string());
+        std::fs::write(&file, load.to_string())?;
+        tokio::spawn(async move {
+            loop {
+                let others = neighbour_load(&dir, me);
+                state
+                    .slowdown_milli
+                    .store(((1.0 + others) * 1000.0) as u64, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        });
+        Ok(SimulatedGpu { file })
+    }
+}
+
+impl Drop for SimulatedGpu {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.file);
+    }
+}
+
+/// The summed load of the other live processes registered in `dir` (files of processes
+/// that are gone, killed before they could remove theirs, are skipped and removed).
+fn neighbour_load(dir: &std::path::Path, me: u32) -> f64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0.0;
+    };
+    let mut sum = 0.0;
+    for e in entries.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_file(e.path());
+            continue;
+        }
+        if let Some(load) = std::fs::read_to_string(e.path())
+            .ok()
+            .and_then(|s| s.trim().parse::<f64>().ok())
+            .filter(|l| l.is_finite() && *l >= 0.0)
+        {
+            sum += load.min(100.0);
+        }
+    }
+    sum
 }

@@ -34,7 +34,7 @@ use utoipa::OpenApi;
         workloads::update_service, workloads::delete_service, workloads::preview,
         workloads::list_tasks, workloads::list_events, workloads::live,
         workloads::service_endpoints, workloads::prometheus_discovery,
-        evidence::service_fit, evidence::pool_fit, evidence::right_size_proposal,
+        evidence::service_fit, evidence::service_work, evidence::pool_fit, evidence::right_size_proposal,
         evidence::right_size, evidence::plan_consolidation, evidence::list_plans,
         evidence::get_plan, evidence::execute_plan, evidence::cancel_plan,
         agents::agent_register, agents::agent_sync,
@@ -44,7 +44,8 @@ use utoipa::OpenApi;
         tessera_model::schema::ServiceName, tessera_model::schema::Username,
         tessera_model::schema::FamilyOrRef, tessera_model::service::TaskDefRef,
         tessera_model::HostId, workloads::Format, tessera_model::schema::TokenId,
-        tessera_model::schema::PlanId,
+        tessera_model::schema::PlanId, tessera_model::work::Slo, tessera_model::work::Alarm,
+        tessera_model::work::Autoscaling,
     )),
     tags(
         (name = "server", description = "Health and this document"),

@@ -216,6 +216,10 @@ async fn create_service(c: &Cluster, name: &str, count: u32) {
             deployment: Some(DeploymentConfig::default()),
             stop_timeout_secs: 2,
             deregistration_delay_secs: 0,
+            slo: None,
+            alarms: Vec::new(),
+            bake_secs: 0,
+            autoscaling: None,
         })
         .await
         .expect("service");
@@ -529,6 +533,10 @@ async fn over_https_an_agent_registers_syncs_and_gets_its_task_secret() {
             deployment: Some(DeploymentConfig::default()),
             stop_timeout_secs: 2,
             deregistration_delay_secs: 0,
+            slo: None,
+            alarms: Vec::new(),
+            bake_secs: 0,
+            autoscaling: None,
         })
         .await
         .expect("service");
@@ -697,6 +705,10 @@ async fn a_consolidation_plan_runs_start_before_stop_on_real_processes() {
             deployment: Some(DeploymentConfig::default()),
             stop_timeout_secs: 2,
             deregistration_delay_secs: 0,
+            slo: None,
+            alarms: Vec::new(),
+            bake_secs: 0,
+            autoscaling: None,
         })
         .await
         .expect("service");

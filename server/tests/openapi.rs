@@ -157,6 +157,11 @@ impl Server {
                     sm_max: Some(15),
                     samples: 12,
                     memory_errors: 0,
+                    work_secs: 0.0,
+                    completed: 0.0,
+                    errors: None,
+                    latency_ms: [None; 3],
+                    neighbours: Some(Vec::new()),
                 })
             })
             .collect();

@@ -18,6 +18,7 @@ mod ports;
 mod procfs;
 #[cfg(test)]
 mod tests;
+pub(crate) mod work;
 
 use docker::Phase;
 pub use docker::{Engine, default_socket};
@@ -175,6 +176,9 @@ struct Task {
     /// How many of its containers have a health check: until each has a checker running,
     /// the task is not healthy, whatever the ones running say.
     checks_expected: usize,
+    /// Where its application publishes its work (learnt again from the server's answer
+    /// after a restart).
+    work: Option<tessera_model::work::WorkSpec>,
 }
 
 /// What the state file keeps per task.
@@ -235,6 +239,9 @@ pub struct Runtime {
     run_as: Option<(u32, u32)>,
     log_cap: u64,
     mps_pipe_dir: Option<PathBuf>,
+    /// On a simulated host: where tasks on one simulated GPU find each other (see
+    /// `tessera example-server`, whose simulated GPU work slows beside heavy neighbours).
+    simulated_gpus: Option<PathBuf>,
     /// Runs containers that have an image; without it they are refused.
     engine: Option<Engine>,
     /// Stop timeouts the state file kept, for containers re-adopted once the engine is
@@ -276,6 +283,7 @@ impl Runtime {
             run_as: None,
             log_cap,
             mps_pipe_dir,
+            simulated_gpus: None,
             engine: None,
             saved_timeouts: saved
                 .tasks
@@ -354,6 +362,7 @@ impl Runtime {
                     optional,
                     resumed_health,
                     checks_expected: 0,
+                    work: None,
                 },
             );
         }
@@ -389,6 +398,7 @@ impl Runtime {
                     optional: BTreeSet::new(),
                     resumed_health: None,
                     checks_expected: 0,
+                    work: None,
                 })
                 .boxes
                 .push(boxed);
@@ -422,6 +432,17 @@ impl Runtime {
     pub fn run_as(mut self, uid: u32, gid: u32) -> Self {
         self.run_as = Some((uid, gid));
         self
+    }
+
+    /// The host's GPUs are simulated: tasks get `TESSERA_SIMULATED_GPU_DIR`, a directory
+    /// every task may write (sticky, as `/tmp`), where processes on one simulated GPU
+    /// register the load they put on it.
+    pub fn simulated_gpus(mut self, dir: PathBuf) -> std::io::Result<Self> {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::create_dir_all(&dir)?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777))?;
+        self.simulated_gpus = Some(dir);
+        Ok(self)
     }
 
     /// Dynamic host ports come from `from..=to`.
@@ -516,6 +537,7 @@ impl Runtime {
                 if t.ports.is_empty() && !w.bound_ports.is_empty() {
                     t.ports = w.bound_ports.clone();
                 }
+                t.work.clone_from(&w.work);
             }
             if !self.tasks.contains_key(&w.task_id) && !self.ended.contains_key(&w.task_id) {
                 // A draining task is on its way out: one that is not running is not
@@ -647,6 +669,7 @@ impl Runtime {
                 .iter()
                 .filter(|c| c.health_check.is_some())
                 .count(),
+            work: w.work.clone(),
         };
         // Held: this agent's tasks' ports, and the fixed ports of other wanted tasks.
         let mine: BTreeSet<(u16, Protocol)> = w
@@ -767,6 +790,11 @@ impl Runtime {
             .env_clear()
             .envs(task_environment(w, i, self.mps_pipe_dir.as_deref()))
             .envs(port_environment(&c.name, &task.ports))
+            .envs(
+                self.simulated_gpus
+                    .as_ref()
+                    .map(|d| (SIMULATED_GPU_DIR, d.display().to_string())),
+            )
             .env(AGENT_MARK, &self.mark)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -1002,6 +1030,28 @@ impl Runtime {
         running.chain(exited).collect()
     }
 
+    /// Running tasks that publish their work: (task, the URL of their metrics, what to
+    /// read there). Scraped on the host's loopback, where their host port listens.
+    pub fn work_targets(&self) -> Vec<(String, String, tessera_model::work::WorkSpec)> {
+        self.tasks
+            .iter()
+            .filter(|(_, t)| t.ending.is_none())
+            .filter_map(|(id, t)| {
+                let spec = t.work.as_ref()?;
+                let port = t
+                    .ports
+                    .iter()
+                    .find(|p| p.name.as_deref() == Some(spec.port.as_str()))?
+                    .host_port?;
+                Some((
+                    id.clone(),
+                    work::metrics_url("127.0.0.1", port, &spec.path),
+                    spec.clone(),
+                ))
+            })
+            .collect()
+    }
+
     /// Running tasks with their process ids, for measuring.
     pub fn processes(&self) -> Vec<TaskProcesses> {
         self.tasks
@@ -1235,6 +1285,9 @@ async fn copy_capped(mut from: impl AsyncRead + Unpin, path: PathBuf, cap: u64) 
 /// The environment container `container` of `w` runs with: a few of the agent's own
 /// variables, the task's (with its GPU and MPS limits), its id, and for MPS tasks the
 /// daemon's pipe directory.
+/// Where a simulated host's tasks register the load they put on their simulated GPU.
+pub const SIMULATED_GPU_DIR: &str = "TESSERA_SIMULATED_GPU_DIR";
+
 pub fn task_environment(
     w: &WantedTask,
     container: usize,

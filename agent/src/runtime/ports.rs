@@ -218,6 +218,7 @@ mod tests {
             stop_timeout_secs: 1,
             host_network: false,
             bound_ports: vec![],
+            work: None,
             draining: false,
         }
     }

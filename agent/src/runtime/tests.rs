@@ -29,6 +29,7 @@ fn wanted(id: &str, command: &[&str], mps: bool) -> WantedTask {
         stop_timeout_secs: 1,
         host_network: false,
         bound_ports: vec![],
+        work: None,
         draining: false,
     }
 }
@@ -405,6 +406,7 @@ fn remembered(pgid: i32, born: Option<u64>) -> Task {
         optional: BTreeSet::new(),
         resumed_health: None,
         checks_expected: 0,
+        work: None,
     }
 }
 

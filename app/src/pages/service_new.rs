@@ -140,6 +140,10 @@ fn Wizard(defs: Vec<String>, pools: Vec<PoolInfo>) -> impl IntoView {
         }),
         stop_timeout_secs: number(stop_timeout.get()),
         deregistration_delay_secs: number(deregistration_delay.get()),
+        slo: None,
+        alarms: Vec::new(),
+        bake_secs: 0,
+        autoscaling: None,
     };
     let preview = Action::new(|input: &PreviewInput| preview_placement(input.clone()));
     // Previewing and creating need the operator role.

@@ -598,6 +598,27 @@ impl HostStore for This {
         Ok(())
     }
 
+    async fn set_task_work(&self, work: &[(String, String)]) -> Result<(), StoreError> {
+        // One statement per thousand tasks, as for the hosts' sync times.
+        for chunk in work.chunks(1000) {
+            let mut q = QueryBuilder::<Db>::new("WITH measured (id, work) AS (VALUES ");
+            let mut sep = q.separated(", ");
+            for (id, w) in chunk {
+                sep.push("(")
+                    .push_bind_unseparated(id)
+                    .push_unseparated(", ")
+                    .push_bind_unseparated(w)
+                    .push_unseparated(")");
+            }
+            q.push(
+                ") UPDATE tasks SET work = measured.work
+                 FROM measured WHERE tasks.id = measured.id AND tasks.state != 'stopped'",
+            );
+            q.build().execute(&self.db).await?;
+        }
+        Ok(())
+    }
+
     async fn hosts_silent_since(&self, cutoff: &str) -> Result<Vec<HostId>, StoreError> {
         let rows = sqlx::query(
             "SELECT id FROM hosts WHERE status != 'lost' AND last_seen_at IS NOT NULL

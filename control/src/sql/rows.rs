@@ -10,10 +10,10 @@ pub(super) const GPU_COLUMNS: &str =
     "uuid, host_id, idx, model, memory_mib, mps_client_limit, health, sharing_mode";
 
 pub(super) const TASK_COLUMNS: &str = "id, service, deployment_id, family, revision, pool, cpu_milli, memory_mib, state, migrating, host_id, placement_message, \
-     stop_reason, exit_code, gpu_memory_peak_mib, sm_percent, ports, health, health_output, drain_until, created_at, started_at, stopped_at";
+     stop_reason, exit_code, gpu_memory_peak_mib, sm_percent, ports, health, health_output, drain_until, work, created_at, started_at, stopped_at";
 
 pub(super) const SERVICE_COLUMNS: &str = "name, family, revision, pool, desired_count, strategy, constraints, \
-     minimum_healthy_percent, maximum_percent, stop_timeout_secs, deregistration_delay_secs, deleting, created_at";
+     minimum_healthy_percent, maximum_percent, stop_timeout_secs, deregistration_delay_secs, objectives, deleting, created_at";
 
 pub(super) fn allocation_from_row(row: &DbRow) -> Result<GpuAllocation, StoreError> {
     Ok(GpuAllocation {
@@ -142,6 +142,8 @@ pub(super) fn service_from_row(row: &DbRow) -> Result<Service, StoreError> {
         },
         stop_timeout_secs: row.try_get::<i64, _>("stop_timeout_secs")? as u32,
         deregistration_delay_secs: row.try_get::<i64, _>("deregistration_delay_secs")? as u32,
+        objectives: serde_json::from_str(&row.try_get::<String, _>("objectives")?)
+            .map_err(|e| StoreError::corrupt("service objectives", e))?,
         deleting: row.try_get::<i64, _>("deleting")? != 0,
         created_at: row.try_get("created_at")?,
     })
@@ -176,6 +178,11 @@ pub(super) fn task_from_row(row: &DbRow) -> Result<Task, StoreError> {
         measured: Measured {
             gpu_memory_peak: peak.map(|p| MiB(p as u64)),
             sm_percent: sm.map(|s| s as u32),
+            work: row
+                .try_get::<Option<String>, _>("work")?
+                .map(|w| serde_json::from_str(&w))
+                .transpose()
+                .map_err(|e| StoreError::corrupt("task work", e))?,
         },
         ports: serde_json::from_str(&ports).map_err(|e| StoreError::corrupt("task ports", e))?,
         health: health

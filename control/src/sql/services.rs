@@ -137,8 +137,8 @@ impl ServiceStore for This {
         let mut tx = self.begin_immediate().await?;
         sqlx::query(
             "INSERT INTO services (name, family, revision, pool, desired_count, strategy, constraints,
-                 minimum_healthy_percent, maximum_percent, stop_timeout_secs, deregistration_delay_secs)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+                 minimum_healthy_percent, maximum_percent, stop_timeout_secs, deregistration_delay_secs, objectives)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
         )
         .bind(&s.name)
         .bind(&s.task_definition.family)
@@ -151,6 +151,7 @@ impl ServiceStore for This {
         .bind(i64::from(s.deployment.maximum_percent))
         .bind(i64::from(s.stop_timeout_secs))
         .bind(i64::from(s.deregistration_delay_secs))
+        .bind(objectives_json(&s.objectives)?)
         .execute(&mut *tx)
         .await
         .map_err(|e| match &e {
@@ -249,6 +250,9 @@ impl ServiceStore for This {
             q.push(", deregistration_delay_secs = ")
                 .push_bind(i64::from(t));
         }
+        if let Some(o) = &change.objectives {
+            q.push(", objectives = ").push_bind(objectives_json(o)?);
+        }
         q.push(" WHERE name = ").push_bind(name.to_owned());
         let done = self.write_one(q.build()).await?;
         updated(done, "service", name)
@@ -330,4 +334,9 @@ impl ServiceStore for This {
         .await?;
         Ok(())
     }
+}
+
+/// A service's objectives as stored.
+fn objectives_json(o: &tessera_model::work::Objectives) -> Result<String, StoreError> {
+    serde_json::to_string(o).map_err(|e| StoreError::corrupt("service objectives", e))
 }

@@ -27,7 +27,30 @@ fn usage_from_row(row: &DbRow) -> Result<UsageRow, StoreError> {
         sm_max: opt_u32(row.try_get("sm_max")?),
         samples: row.try_get::<i64, _>("samples")?.max(0) as u32,
         memory_errors: row.try_get::<i64, _>("memory_errors")?.max(0) as u32,
+        work_secs: row.try_get("work_secs")?,
+        completed: row.try_get("completed")?,
+        errors: row.try_get("errors")?,
+        latency_ms: [
+            row.try_get("latency_p50_ms")?,
+            row.try_get("latency_p95_ms")?,
+            row.try_get("latency_p99_ms")?,
+        ],
+        neighbours: row
+            .try_get::<Option<String>, _>("neighbours")?
+            .map(|n| split_neighbours(&n)),
     })
+}
+
+/// Services as stored: sorted, comma-separated; `''` alone.
+fn join_neighbours(n: &[String]) -> String {
+    n.join(",")
+}
+
+fn split_neighbours(s: &str) -> Vec<String> {
+    s.split(',')
+        .filter(|n| !n.is_empty())
+        .map(str::to_owned)
+        .collect()
 }
 
 /// Completes `... WHERE width_secs = ` with the query's width, start and service.
@@ -58,13 +81,17 @@ impl UsageStore for This {
             larger("sm_p50"),
             larger("sm_p95"),
             larger("sm_max"),
+            larger("latency_p50_ms"),
+            larger("latency_p95_ms"),
+            larger("latency_p99_ms"),
         ]
         .join(", ");
         let mut tx = self.lock_writes().await?;
         for chunk in rows.chunks(200) {
             let mut q = QueryBuilder::<Db>::new(
                 "INSERT INTO task_usage (task_id, width_secs, bucket_start, service, family, revision, host_id,
-                 memory_max_mib, memory_last_mib, sm_p50, sm_p95, sm_max, samples, memory_errors) ",
+                 memory_max_mib, memory_last_mib, sm_p50, sm_p95, sm_max, samples, memory_errors,
+                 work_secs, completed, errors, latency_p50_ms, latency_p95_ms, latency_p99_ms, neighbours) ",
             );
             q.push_values(chunk, |mut b, r| {
                 b.push_bind(r.task_id.clone())
@@ -80,13 +107,25 @@ impl UsageStore for This {
                     .push_bind(r.sm_p95.map(i64::from))
                     .push_bind(r.sm_max.map(i64::from))
                     .push_bind(i64::from(r.samples))
-                    .push_bind(i64::from(r.memory_errors));
+                    .push_bind(i64::from(r.memory_errors))
+                    .push_bind(r.work_secs)
+                    .push_bind(r.completed)
+                    .push_bind(r.errors)
+                    .push_bind(r.latency_ms[0])
+                    .push_bind(r.latency_ms[1])
+                    .push_bind(r.latency_ms[2])
+                    .push_bind(r.neighbours.as_deref().map(join_neighbours));
             });
             q.push(format!(
                 " ON CONFLICT (task_id, width_secs, bucket_start) DO UPDATE SET {merge},
                  memory_last_mib = excluded.memory_last_mib,
                  samples = task_usage.samples + excluded.samples,
-                 memory_errors = task_usage.memory_errors + excluded.memory_errors"
+                 memory_errors = task_usage.memory_errors + excluded.memory_errors,
+                 work_secs = task_usage.work_secs + excluded.work_secs,
+                 completed = task_usage.completed + excluded.completed,
+                 errors = CASE WHEN task_usage.errors IS NULL AND excluded.errors IS NULL THEN NULL
+                          ELSE COALESCE(task_usage.errors, 0) + COALESCE(excluded.errors, 0) END,
+                 neighbours = CASE WHEN task_usage.neighbours = excluded.neighbours THEN task_usage.neighbours ELSE NULL END"
             ));
             q.build().execute(&mut *tx).await?;
         }
@@ -97,7 +136,8 @@ impl UsageStore for This {
     async fn list_usage(&self, q: &UsageQuery) -> Result<Vec<UsageRow>, StoreError> {
         let mut b = QueryBuilder::<Db>::new(
             "SELECT task_id, width_secs, bucket_start, service, family, revision, host_id, memory_max_mib,
-             memory_last_mib, sm_p50, sm_p95, sm_max, samples, memory_errors FROM task_usage WHERE width_secs = ",
+             memory_last_mib, sm_p50, sm_p95, sm_max, samples, memory_errors, work_secs, completed, errors,
+             latency_p50_ms, latency_p95_ms, latency_p99_ms, neighbours FROM task_usage WHERE width_secs = ",
         );
         usage_filter(&mut b, q);
         b.push(" ORDER BY bucket_start, task_id");

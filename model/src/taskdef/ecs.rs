@@ -249,7 +249,7 @@ pub(super) fn parse_ecs(c: &mut Checker, o: &Map<String, Value>) -> Option<TaskD
     // "4 GB") are kept as given, and shared evenly by the containers that give none.
     let task_ecs: Map<String, Value> = o
         .iter()
-        .filter(|(k, _)| !["family", "containerDefinitions"].contains(&k.as_str()))
+        .filter(|(k, _)| !["family", "containerDefinitions", "work"].contains(&k.as_str()))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     let task_cpu = task_size(c, &task_ecs, "cpu", "vCPU", 1024);
@@ -286,10 +286,12 @@ pub(super) fn parse_ecs(c: &mut Checker, o: &Map<String, Value>) -> Option<TaskD
             }
         }
     }
+    let work = parse_work(c, o.get("work"));
     Some(TaskDefinitionSpec {
         family: family?,
         containers,
         ecs: task_ecs,
+        work,
     })
 }
 
@@ -494,5 +496,8 @@ pub fn to_ecs_json(spec: &TaskDefinitionSpec) -> Value {
     let mut out = Value::Object(spec.ecs.clone());
     out["family"] = spec.family.clone().into();
     out["containerDefinitions"] = defs.into();
+    if let Some(w) = &spec.work {
+        out["work"] = serde_json::to_value(w).expect("a plain struct");
+    }
     out
 }

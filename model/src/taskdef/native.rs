@@ -5,7 +5,7 @@ use super::serving::*;
 use super::*;
 
 pub(super) fn parse_native(c: &mut Checker, o: &Map<String, Value>) -> Option<TaskDefinitionSpec> {
-    c.unknown_keys(o, &["family", "containers", "ecs"], "");
+    c.unknown_keys(o, &["family", "containers", "ecs", "work"], "");
     let family = c.family(o);
     let containers = match o.get("containers") {
         Some(Value::Array(items)) => items
@@ -27,10 +27,12 @@ pub(super) fn parse_native(c: &mut Checker, o: &Map<String, Value>) -> Option<Ta
     };
     let containers: Option<Vec<ContainerSpec>> = containers.into_iter().collect();
     let ecs = ecs_map(c, o, "ecs");
+    let work = parse_work(c, o.get("work"));
     Some(TaskDefinitionSpec {
         family: family?,
         containers: containers?,
         ecs,
+        work,
     })
 }
 

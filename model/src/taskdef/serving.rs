@@ -289,7 +289,44 @@ pub(super) fn parse_depends_on(
 /// that name a port of their container, dependencies on containers that exist, without
 /// cycles, and `HEALTHY` only on a container with a check; at least one essential
 /// container.
+/// The task-level `work`: where its application publishes the work it completes.
+pub(super) fn parse_work(c: &mut Checker, v: Option<&Value>) -> Option<crate::work::WorkSpec> {
+    let o = match v {
+        None | Some(Value::Null) => return None,
+        Some(v) => c.object(v, "work")?,
+    };
+    c.unknown_keys(
+        o,
+        &["port", "path", "completed", "errors", "latency"],
+        "work",
+    );
+    let port = c.string(o, "port", "work.port");
+    let completed = c.string(o, "completed", "work.completed");
+    let mut optional = |key: &str| match o.get(key) {
+        None | Some(Value::Null) => None,
+        Some(_) => c.string(o, key, &format!("work.{key}")),
+    };
+    let path = optional("path").unwrap_or_else(crate::work::default_metrics_path);
+    let errors = optional("errors");
+    let latency = optional("latency");
+    Some(crate::work::WorkSpec {
+        port: port?,
+        path,
+        completed: completed?,
+        errors,
+        latency,
+    })
+}
+
 pub(super) fn check_serving(c: &mut Checker, spec: &TaskDefinitionSpec) {
+    if let Some(w) = &spec.work {
+        let names: Vec<&str> = spec
+            .containers
+            .iter()
+            .flat_map(|ct| ct.ports.iter().filter_map(|p| p.name.as_deref()))
+            .collect();
+        w.check("work", &names, &mut c.errors);
+    }
     let host = spec.host_network();
     let mut names = BTreeMap::new();
     let mut host_ports = BTreeMap::new();

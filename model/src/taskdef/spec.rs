@@ -142,6 +142,10 @@ pub struct TaskDefinitionSpec {
     #[serde(default, skip_serializing_if = "Map::is_empty")]
     #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub ecs: Map<String, Value>,
+    /// Where the task's application publishes the work it completes (Prometheus text on
+    /// one of its named ports); in ECS's shape too, as the task-level key `work`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub work: Option<crate::work::WorkSpec>,
 }
 
 /// The GPU a whole task needs: the sum over its containers.
@@ -163,6 +167,15 @@ pub enum TaskGpu {
 pub type SecretValues = BTreeMap<String, BTreeMap<String, String>>;
 
 impl TaskDefinitionSpec {
+    /// What it measures of its work and use: what a service's alarms, latency target and
+    /// autoscaling may ask for.
+    pub fn published(&self) -> crate::work::Published {
+        crate::work::Published::of(
+            self.work.as_ref(),
+            self.containers.iter().any(|c| c.gpu.is_some()),
+        )
+    }
+
     /// Every secret that has a value, for the store.
     pub fn secret_values(&self) -> SecretValues {
         self.containers

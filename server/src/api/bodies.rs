@@ -105,7 +105,7 @@ impl ToSchema for TaskDefinitionInput {}
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 #[serde(untagged)]
 pub enum TaskDefinitionAnswer {
-    Revision(TaskDefinition),
+    Revision(Box<TaskDefinition>),
     Ecs(EcsTaskDefinition),
     Revisions(RevisionList),
 }

@@ -22,6 +22,26 @@ pub struct RangeQuery {
     range: Option<String>,
 }
 
+/// The work a service's applications complete: rates now (per second, per GPU-hour, per
+/// GiB reserved), latency and errors over time, the latency target's verdict, what sharing
+/// a GPU with each neighbour costs it (with the samples behind each estimate), its alarms
+/// and its last autoscaling decision
+#[utoipa::path(get, path = "/api/v1/services/{name}/work", tag = "evidence",
+    params(("name" = ServiceName, Path, description = "service"), RangeQuery),
+    responses((status = 200, description = "Work", body = tessera_model::work::ServiceWork), (status = 404, description = "No such service", body = ErrorBody)))]
+pub async fn service_work(
+    State(state): State<AppState>,
+    Segment(name): Segment,
+    Params(q): Params<RangeQuery>,
+) -> Result<Json<tessera_model::work::ServiceWork>, ApiError> {
+    Ok(Json(
+        state
+            .control
+            .service_work(&name, q.range.as_deref().unwrap_or("hour"))
+            .await?,
+    ))
+}
+
 /// A service's fit: the verdict over its tasks' measured use with the numbers behind it, a
 /// suggested budget, each task's verdict, and its usage history
 #[utoipa::path(get, path = "/api/v1/services/{name}/fit", tag = "evidence",

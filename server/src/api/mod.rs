@@ -187,6 +187,12 @@ pub fn routes() -> Routes {
         .add(Method::GET, "/api/v1/fit", VIEW, pool_fit)
         .add(
             Method::GET,
+            "/api/v1/services/{name}/work",
+            VIEW,
+            service_work,
+        )
+        .add(
+            Method::GET,
             "/api/v1/services/{name}/endpoints",
             VIEW,
             service_endpoints,

@@ -77,7 +77,7 @@ pub async fn get_task_definition(
             })?;
         let def = control.get_task_definition(&r).await?;
         return Ok(Json(match q.format.unwrap_or_default() {
-            Format::Tessera => TaskDefinitionAnswer::Revision(def),
+            Format::Tessera => TaskDefinitionAnswer::Revision(Box::new(def)),
             Format::Ecs => TaskDefinitionAnswer::Ecs(EcsTaskDefinition(to_ecs_json(&def.spec))),
         }));
     }
