@@ -307,8 +307,9 @@ pub(crate) fn decide_scale(
 /// usage buckets).
 pub(crate) type Estimates = Arc<(Vec<Interference>, Option<f64>)>;
 
-/// How long estimates are reused before they are read again.
-const ESTIMATES_TTL: std::time::Duration = std::time::Duration::from_secs(30);
+/// How long (seconds, by the control plane's clock) estimates are reused before they are
+/// read again.
+const ESTIMATES_TTL: i64 = 30;
 
 /// Why a service's tasks should keep off the GPUs where `neighbour` runs.
 #[derive(Debug, Clone, PartialEq)]
@@ -391,7 +392,7 @@ pub(crate) struct Watches {
     /// When each primary deployment reached its steady state (for the bake time).
     pub steady_at: HashMap<i64, i64>,
     /// Interference estimates by service, and when they were read.
-    pub estimates: HashMap<String, (std::time::Instant, Estimates)>,
+    pub estimates: HashMap<String, (i64, Estimates)>,
 }
 
 impl Control {
@@ -708,7 +709,7 @@ impl Control {
             .expect("not poisoned")
             .estimates
             .get(service)
-            && at.elapsed() < ESTIMATES_TTL
+            && self.unix_now() - at < ESTIMATES_TTL
         {
             return Ok(e.clone());
         }
@@ -720,7 +721,7 @@ impl Control {
             .lock()
             .expect("not poisoned")
             .estimates
-            .insert(service.to_owned(), (std::time::Instant::now(), e.clone()));
+            .insert(service.to_owned(), (self.unix_now(), e.clone()));
         Ok(e)
     }
 

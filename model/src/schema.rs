@@ -251,6 +251,25 @@ fn health_check() -> Value {
 // The ECS GPU count's pattern spells 1 to MAX_GPUS as 1-9 and 10-1x.
 const _: () = assert!(MAX_GPUS >= 10 && MAX_GPUS <= 19);
 
+/// A task definition's `work` (either shape).
+fn work() -> Value {
+    let metric =
+        json!({"type": "string", "pattern": "^[a-zA-Z_:][a-zA-Z0-9_:]*$", "maxLength": 200});
+    json!({
+        "type": "object",
+        "required": ["port", "completed"],
+        "additionalProperties": false,
+        "description": "Where the task's application publishes the work it completes, in the Prometheus text format: the agent scrapes it every sync (2 s timeout, 4 MiB cap)",
+        "properties": {
+            "port": {"type": "string", "description": "the name of one of the task's ports"},
+            "path": {"type": "string", "pattern": "^/[^ ]*$", "maxLength": 256, "default": "/metrics"},
+            "completed": metric,
+            "errors": metric,
+            "latency": {"type": "string", "pattern": "^[a-zA-Z_:][a-zA-Z0-9_:]*$", "maxLength": 200, "description": "a histogram of latency in seconds (its _bucket series)"}
+        }
+    })
+}
+
 /// `POST /api/v1/task-definitions` in Tessera's shape.
 pub fn native_task_definition() -> Schema {
     from_json(json!({
@@ -259,6 +278,7 @@ pub fn native_task_definition() -> Schema {
         "additionalProperties": false,
         "properties": {
             "family": family(),
+            "work": work(),
             "containers": {
                 "type": "array",
                 "minItems": 1,
@@ -337,6 +357,7 @@ pub fn ecs_task_definition() -> Schema {
         "required": ["family", "containerDefinitions"],
         "properties": {
             "family": family(),
+            "work": work(),
             "containerDefinitions": {
                 "type": "array",
                 "minItems": 1,

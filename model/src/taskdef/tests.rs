@@ -89,7 +89,7 @@ fn missing_and_mistyped_fields() {
     assert!(
         errs.contains(&(
             "extra".into(),
-            "is not a known field (expected one of: family, containers, ecs)".into()
+            "is not a known field (expected one of: family, containers, ecs, work)".into()
         )),
         "{errs:?}"
     );
@@ -569,4 +569,40 @@ fn a_revision_stored_before_serving_was_modelled_reads_its_ecs_fields() {
     let mut stored = again.clone();
     upgrade_stored(&mut stored);
     assert_eq!(stored, again);
+}
+
+#[test]
+fn work_names_a_port_of_the_task_and_prometheus_metric_names() {
+    let base = |work: serde_json::Value| {
+        json!({"family": "web", "containers": [{"name": "a", "command": ["serve"], "cpu_milli": 100,
+            "memory_mib": 64, "ports": [{"name": "http", "container_port": 8080}]}], "work": work})
+    };
+    let spec = parse_task_definition(&base(
+        json!({"port": "http", "completed": "vllm:request_success_total", "latency": "vllm:e2e_request_latency_seconds"}),
+    ))
+    .expect("valid");
+    let work = spec.work.expect("kept");
+    assert_eq!(work.path, "/metrics", "the default path");
+    assert_eq!(work.errors, None);
+    let errs = errors(base(
+        json!({"port": "grpc", "completed": "bad name", "path": "metrics", "extra": 1}),
+    ));
+    let fields: Vec<&str> = errs.iter().map(|(f, _)| f.as_str()).collect();
+    assert_eq!(
+        fields,
+        ["work.extra", "work.port", "work.path", "work.completed"],
+        "{errs:?}"
+    );
+    assert!(errs[1].1.contains("its ports: http"), "{errs:?}");
+    // In ECS's shape too, and given back.
+    let ecs = json!({"family": "web", "containerDefinitions": [{"name": "a", "image": "x", "memory": 64,
+        "portMappings": [{"name": "http", "containerPort": 8080}]}],
+        "work": {"port": "http", "completed": "requests_total"}});
+    let spec = parse_task_definition(&ecs).expect("valid");
+    assert_eq!(
+        spec.work.as_ref().map(|w| w.completed.as_str()),
+        Some("requests_total")
+    );
+    assert_eq!(to_ecs_json(&spec)["work"]["port"], "http");
+    assert!(spec.ecs.get("work").is_none(), "modelled, not kept twice");
 }
