@@ -14,7 +14,13 @@ use tessera_model::service::{DeploymentStatus, Task};
 use tessera_model::taskdef::FieldError;
 
 /// The service, its tasks, its active revisions and its endpoints.
-type ServiceView = (ServiceDetail, Vec<Task>, Vec<String>, EndpointList);
+type ServiceView = (
+    ServiceDetail,
+    Vec<Task>,
+    Vec<String>,
+    EndpointList,
+    tessera_model::work::ServiceWork,
+);
 
 #[server]
 pub async fn get_service_view(name: String) -> Result<ServiceView, ServerFnError> {
@@ -31,7 +37,8 @@ pub async fn get_service_view(name: String) -> Result<ServiceView, ServerFnError
         .map(|d| format!("{}:{}", d.family, d.revision))
         .collect();
     let endpoints = control.endpoints(&name).await.map_err(failed)?;
-    Ok((detail, tasks, revisions, endpoints))
+    let work = control.service_work(&name, "hour").await.map_err(failed)?;
+    Ok((detail, tasks, revisions, endpoints, work))
 }
 
 /// A scale or rollout: refused input comes back as field errors.
@@ -84,9 +91,10 @@ pub fn ServicePage() -> impl IntoView {
         <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>
             <ErrorBoundary fallback=|errors| view! { <ErrorList errors /> }>
                 {move || Suspend::new(async move {
-                    data.await.map(|(detail, tasks, revisions, endpoints)| view! {
+                    data.await.map(|(detail, tasks, revisions, endpoints, work)| view! {
                         <Detail detail tasks revisions patch delete />
                         <Endpoints list=endpoints />
+                        <Work work />
                     })
                 })}
             </ErrorBoundary>
@@ -95,7 +103,7 @@ pub fn ServicePage() -> impl IntoView {
         <Transition fallback=|| ()>
             <ErrorBoundary fallback=|_| ()>
                 {move || Suspend::new(async move {
-                    data.await.map(|(detail, _, _, _)| view! {
+                    data.await.map(|(detail, _, _, _, _)| view! {
                         <section class="panel">
                             <h2>"Events"</h2>
                             <EventList events=detail.events />
@@ -105,6 +113,86 @@ pub fn ServicePage() -> impl IntoView {
             </ErrorBoundary>
         </Transition>
     }
+}
+
+/// The work its applications complete (their own metrics): rates now, the latency
+/// target's verdict, what sharing a GPU costs it, its alarms and autoscaling.
+#[component]
+fn Work(work: tessera_model::work::ServiceWork) -> impl IntoView {
+    use tessera_model::work::trim_float;
+    let num = |v: Option<f64>, unit: &str| {
+        v.map_or_else(
+            || "—".to_owned(),
+            |v| format!("{} {unit}", trim_float((v * 10.0).round() / 10.0)),
+        )
+    };
+    let Some(spec) = work.spec.clone() else {
+        return view! {
+            <section class="panel work">
+                <h2>"Work"</h2>
+                <p class="muted">"Its task definition does not say where its work is measured (work: {port, path, completed, errors, latency}): only the GPU's view is known."</p>
+            </section>
+        }
+        .into_any();
+    };
+    let last = work.series.last().cloned();
+    view! {
+        <section class="panel work">
+            <h2>"Work"</h2>
+            <p class="muted">{format!(
+                "As its application counts it: {} on port {} at {}, scraped by each agent every sync.{}",
+                spec.completed, spec.port, spec.path,
+                work.note.as_ref().map(|n| format!(" {n}")).unwrap_or_default()
+            )}</p>
+            <dl class="facts">
+                <dt>"Completed"</dt><dd class="completed">{num(work.completed_per_sec, "/s")}</dd>
+                <dt>"Per GPU-hour"</dt><dd>{num(work.completed_per_gpu_hour, "")}</dd>
+                <dt>"Per GiB reserved"</dt><dd>{num(work.completed_per_sec_per_gib, "/s")}</dd>
+                <dt>"Latency p99"</dt><dd>{num(work.latency_p99_ms, "ms")}</dd>
+                <dt>"Error rate"</dt><dd>{work.error_rate.map_or_else(|| "—".to_owned(), |r| format!("{:.2} %", r * 100.0))}</dd>
+                <dt>"Tasks measured"</dt><dd>{format!("{} ({} unknown)", work.tasks_measured, work.tasks_unknown)}</dd>
+                <dt>"Target"</dt><dd class="verdict">{work.verdict.clone().unwrap_or_else(|| "no latency target".into())}</dd>
+                <dt>"Last bucket"</dt><dd>{last.map_or_else(|| "no history yet".to_owned(), |p| format!(
+                    "{} /s, p50 {} · p95 {} · p99 {}",
+                    trim_float((p.completed_per_sec * 10.0).round() / 10.0),
+                    num(p.latency_p50_ms, "ms"), num(p.latency_p95_ms, "ms"), num(p.latency_p99_ms, "ms")
+                ))}</dd>
+            </dl>
+            {(!work.unknown.is_empty()).then(|| view! {
+                <p class="muted unknown">{work.unknown.iter().map(|(t, why)| format!("{}: {why}", &t[..8.min(t.len())])).collect::<Vec<_>>().join("; ")}</p>
+            })}
+            <h3>"Sharing a GPU"</h3>
+            {if work.interference.is_empty() {
+                view! { <p class="muted">"No evidence yet: estimates need buckets of its tasks with and without each neighbour."</p> }.into_any()
+            } else {
+                view! {
+                    <ul class="interference">
+                        {work.interference.iter().map(|e| view! {
+                            <li class=if e.established { "established" } else { "muted" }>{e.summary.clone()}</li>
+                        }).collect_view()}
+                    </ul>
+                }.into_any()
+            }}
+            {(!work.alarms.is_empty()).then(|| view! {
+                <h3>"Alarms"</h3>
+                <ul class="alarms">
+                    {work.alarms.iter().map(|a| view! {
+                        <li class=format!("alarm alarm-{}", a.state)>
+                            <span class=format!("badge alarm-{}", a.state)>{a.state.clone()}</span>
+                            " " {a.alarm.describe()}
+                            {a.value.map(|v| format!(" (now {})", trim_float((v * 100.0).round() / 100.0)))}
+                        </li>
+                    }).collect_view()}
+                </ul>
+            })}
+            {work.objectives.autoscaling.as_ref().map(|a| view! {
+                <h3>"Autoscaling"</h3>
+                <p>{format!("{}..{} tasks, {} toward {}", a.min, a.max, a.metric.as_str(), trim_float(a.target))}</p>
+                <p class="muted">{work.autoscaling.clone().unwrap_or_else(|| "no decision yet".into())}</p>
+            })}
+        </section>
+    }
+    .into_any()
 }
 
 /// Where the service's tasks are reached: one row per task and port, with whether it gets
