@@ -262,7 +262,7 @@ fn work() -> Value {
         "description": "Where the task's application publishes the work it completes, in the Prometheus text format: the agent scrapes it every sync (2 s timeout, 4 MiB cap)",
         "properties": {
             "port": {"type": "string", "description": "the name of one of the task's ports"},
-            "path": {"type": "string", "pattern": "^/[^ ]*$", "maxLength": 256, "default": "/metrics"},
+            "path": {"type": "string", "pattern": "^/[!-~]*$", "maxLength": 256, "default": "/metrics", "description": "an absolute URL path of printable ASCII"},
             "completed": metric,
             "errors": metric,
             "latency": {"type": "string", "pattern": "^[a-zA-Z_:][a-zA-Z0-9_:]*$", "maxLength": 200, "description": "a histogram of latency in seconds (its _bucket series)"}

@@ -70,12 +70,12 @@ impl WorkSpec {
         }
         if !self.path.starts_with('/')
             || self.path.len() > 256
-            || self.path.chars().any(|c| c.is_control() || c == ' ')
+            || self.path.chars().any(|c| !('!'..='~').contains(&c))
         {
             err(
                 "path",
                 format!(
-                    "must be an absolute URL path such as /metrics, got {:?}",
+                    "must be an absolute URL path of printable ASCII such as /metrics, got {:?}",
                     self.path
                 ),
             );

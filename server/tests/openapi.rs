@@ -48,6 +48,17 @@ const NOT_SHAPE: &[&str] = &[
     "needs a health check on container",
     "has a cycle through container",
     "at least one container must be essential",
+    // Work: what a service's objectives ask of its revision, and the task's port names.
+    "needs the task definition to say where its work is measured",
+    "needs a latency histogram",
+    "needs an error counter",
+    "needs tasks with a GPU",
+    "must be at most max",
+    "needs a threshold",
+    "not both (make two alarms)",
+    "which the task does not have",
+    "but the task has no named port",
+    "is a percentage: at most 100",
 ];
 
 struct Server {
@@ -427,6 +438,10 @@ async fn the_document_and_the_router_agree_and_answers_match_their_schemas() {
         (
             "/api/v1/services/{name}/endpoints",
             "/api/v1/services/chat/endpoints".to_owned(),
+        ),
+        (
+            "/api/v1/services/{name}/work",
+            "/api/v1/services/chat/work?range=day".to_owned(),
         ),
         (
             "/api/v1/discovery/prometheus",
