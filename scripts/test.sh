@@ -2,7 +2,8 @@
 # Sets up what is missing, then runs every check: formatting, clippy, the Rust tests
 # (unit, store, HTTP, hostile input), the control plane's tests again on a throwaway
 # PostgreSQL server, the browser tests in headless Chromium against a fresh demo server,
-# the short fault drills on the real binaries, and the serving drill (HAProxy under load).
+# the short fault drills on the real binaries, the serving drill (HAProxy under load) and
+# the work drill (autoscaling and a latency alarm on what the application reports).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -30,3 +31,5 @@ echo "== fault drills on PostgreSQL, several servers (short)"
 scripts/drills.sh --short --postgres
 echo "== serving drill: traffic through HAProxy during a deployment, a scale-in and a drain"
 TESSERA_BIN_DIR="$CARGO_TARGET_DIR/debug" scripts/serve_drill.sh --changes 10
+echo "== work drill: application metrics, autoscaling and a latency alarm on the real binaries"
+TESSERA_BIN_DIR="$CARGO_TARGET_DIR/debug" python3 scripts/work_drill.py

@@ -77,6 +77,8 @@ pub(crate) struct Figures {
     pub sm_percent: Option<f64>,
     /// GPU memory in use ÷ reserved, percent, mean over the tasks that measured it.
     pub gpu_memory_percent: Option<f64>,
+    /// When the oldest of the work reports counted was measured (unix seconds).
+    pub measured_at: Option<i64>,
 }
 
 impl Figures {
@@ -113,6 +115,10 @@ impl Figures {
                 continue;
             };
             f.measured += 1;
+            if let Ok(at) = chrono::DateTime::parse_from_rfc3339(&w.at) {
+                let at = at.timestamp();
+                f.measured_at = Some(f.measured_at.map_or(at, |m| m.min(at)));
+            }
             completed += c;
             if let Some(e) = w.errors_per_sec {
                 errors += e;
@@ -175,12 +181,15 @@ pub(crate) struct Watch {
     pub value: Option<f64>,
 }
 
-/// The next watch of `alarm` given its figure `value` at `now` (unix seconds), and whether
-/// it fired just now.
+/// The next watch of `alarm` given its figure `value` measured at `at` and seen at `now`
+/// (unix seconds), and whether it fired just now. A breach counts from when it was
+/// measured, not from when a pass saw it: `for_secs` is the application's time past the
+/// threshold.
 pub(crate) fn watch_alarm(
     alarm: &Alarm,
     before: Watch,
     value: Option<f64>,
+    at: i64,
     now: i64,
 ) -> (Watch, bool) {
     let breaching = value.is_some_and(|v| alarm.breached_by(v));
@@ -194,7 +203,7 @@ pub(crate) fn watch_alarm(
             false,
         );
     }
-    let since = before.breaching_since.unwrap_or(now);
+    let since = before.breaching_since.unwrap_or(at.min(now));
     let due = now - since >= i64::from(alarm.for_secs);
     let fired = due && before.fired_at.is_none();
     (
@@ -241,6 +250,9 @@ pub(crate) enum ScaleDecision {
     Hold(String),
 }
 
+/// How far from its target a metric may be before autoscaling acts (a fraction).
+const TOLERANCE: f64 = 0.1;
+
 /// Target tracking: the count that brings `metric` to its target, as ECS computes it
 /// (current × value ÷ target, rounded up, within min and max), held back by the cooldowns
 /// (`since_out`/`since_in`: seconds since the last scale-out / any scaling, `None`: never).
@@ -271,7 +283,14 @@ pub(crate) fn decide_scale(
     if running == 0 {
         return ScaleDecision::Hold("no task runs yet".into());
     }
-    let wanted = clamp(((running as f64) * value / a.target).ceil().max(1.0) as u32);
+    let ratio = value / a.target;
+    // Within 10 % of the target nothing moves: a service at its target does not flap
+    // between counts on measurement noise.
+    let wanted = if (1.0 - TOLERANCE..=1.0 + TOLERANCE).contains(&ratio) {
+        desired
+    } else {
+        clamp(((running as f64) * ratio).ceil().max(1.0) as u32)
+    };
     let figures = format!(
         "{} {} against target {} on {running} running task(s)",
         a.metric.as_str(),
@@ -674,8 +693,13 @@ impl Control {
             for (i, alarm) in o.alarms.iter().enumerate() {
                 let key = (name.to_owned(), i);
                 let before = w.alarms.get(&key).copied().unwrap_or_default();
-                let (after, fired) =
-                    watch_alarm(alarm, before, figures.alarm_value(alarm.metric), now);
+                let (after, fired) = watch_alarm(
+                    alarm,
+                    before,
+                    figures.alarm_value(alarm.metric),
+                    figures.measured_at.unwrap_or(now),
+                    now,
+                );
                 w.alarms.insert(key, after);
                 if fired {
                     fired_now.push((alarm.clone(), after.value.unwrap_or_default()));
@@ -944,27 +968,30 @@ mod tests {
     #[test]
     fn an_alarm_fires_once_after_its_figure_breaches_for_its_time() {
         let a = alarm(200.0, 10);
-        let (w, fired) = watch_alarm(&a, Watch::default(), Some(150.0), 100);
+        let (w, fired) = watch_alarm(&a, Watch::default(), Some(150.0), 100, 100);
         assert!(!fired && w.breaching_since.is_none());
-        let (w, fired) = watch_alarm(&a, w, Some(250.0), 101);
+        let (w, fired) = watch_alarm(&a, w, Some(250.0), 101, 101);
         assert!(!fired);
         assert_eq!(w.breaching_since, Some(101));
         assert_eq!(alarm_state(&a, Some(&w)).state, "breaching");
-        let (w, fired) = watch_alarm(&a, w, Some(260.0), 110);
+        let (w, fired) = watch_alarm(&a, w, Some(260.0), 110, 110);
         assert!(!fired, "9 s of breach is not 10");
-        let (w, fired) = watch_alarm(&a, w, Some(260.0), 111);
+        let (w, fired) = watch_alarm(&a, w, Some(260.0), 111, 111);
         assert!(fired);
         assert_eq!(alarm_state(&a, Some(&w)).state, "alarm");
-        let (w, fired) = watch_alarm(&a, w, Some(270.0), 112);
+        let (w, fired) = watch_alarm(&a, w, Some(270.0), 112, 112);
         assert!(!fired, "it fires once");
-        let (w, _) = watch_alarm(&a, w, Some(100.0), 113);
+        let (w, _) = watch_alarm(&a, w, Some(100.0), 113, 113);
         assert_eq!(alarm_state(&a, Some(&w)).state, "ok");
-        let (w, _) = watch_alarm(&a, w, None, 114);
+        let (w, _) = watch_alarm(&a, w, None, 114, 114);
         assert_eq!(alarm_state(&a, Some(&w)).state, "insufficient_data");
+        // A breach counts from when it was measured, however late a pass sees it.
+        let (w, fired) = watch_alarm(&a, Watch::default(), Some(300.0), 90, 100);
+        assert!(fired && w.breaching_since == Some(90));
         // A dip resets the clock.
-        let (w, _) = watch_alarm(&a, Watch::default(), Some(300.0), 200);
-        let (w, _) = watch_alarm(&a, w, Some(100.0), 205);
-        let (w, fired) = watch_alarm(&a, w, Some(300.0), 211);
+        let (w, _) = watch_alarm(&a, Watch::default(), Some(300.0), 200, 200);
+        let (w, _) = watch_alarm(&a, w, Some(100.0), 205, 205);
+        let (w, fired) = watch_alarm(&a, w, Some(300.0), 211, 211);
         assert!(!fired && w.breaching_since == Some(211));
     }
 
@@ -1014,10 +1041,16 @@ mod tests {
             decide_scale(&a, 10, 6, Some(4.0), None, None),
             ScaleDecision::Hold(_)
         ));
-        // On target.
+        // On target, and within 10 % of it either way: held.
+        for v in [19.0, 21.5, 18.5] {
+            assert!(matches!(
+                decide_scale(&a, 5, 5, Some(v), None, None),
+                ScaleDecision::Hold(w) if w.starts_with("on target")
+            ));
+        }
         assert!(matches!(
-            decide_scale(&a, 5, 5, Some(19.0), None, None),
-            ScaleDecision::Hold(w) if w.starts_with("on target")
+            decide_scale(&a, 1, 1, Some(23.0), None, None),
+            ScaleDecision::Scale { to: 2, .. }
         ));
         // Nothing measured: held, with the reason.
         assert!(matches!(
