@@ -16,7 +16,7 @@ use std::collections::{BTreeSet, HashMap};
 use tessera_model::consolidation::{
     ConsolidationPlan, GpuBar, KeptService, MoveState, PlanInput, PlanStatus, PlannedMove,
 };
-use tessera_model::service::{Service, Task, TaskState};
+use tessera_model::service::{GpuAllocation, Service, Task, TaskState};
 use tessera_model::{GpuUuid, HostId, SharingMode};
 use tessera_placement::consolidate::{Goal, Movable, plan};
 use tessera_placement::{DemandProfile, Engine, GpuIdx, Policy};
@@ -318,6 +318,7 @@ impl Control {
                     state: MoveState::Pending,
                     replacement: None,
                     message: None,
+                    started_at: None,
                 }
             })
             .collect();
@@ -340,6 +341,7 @@ impl Control {
             gpus,
             kept,
             work_effects,
+            finished_at: None,
             message: None,
         };
         self.store.save_plan(&plan_body(&plan)?).await?;
@@ -413,16 +415,22 @@ impl Control {
     /// or see whether the move under way finished.
     pub(crate) async fn advance_consolidation(&self) -> Result<(), ControlError> {
         for stored in self.store.list_plans(20).await? {
-            if stored.status != PlanStatus::Executing.as_str() {
+            let executing = stored.status == PlanStatus::Executing.as_str();
+            if !executing && stored.status != PlanStatus::Done.as_str() {
                 continue;
             }
             let mut plan = from_stored(&stored)?;
             let before = plan.clone();
-            self.advance_plan(&mut plan).await?;
+            // A moved service whose alarm fires after its move: its moves are undone (while
+            // the plan executes, and for the service's bake time after it is done).
+            let undone = self.undo_on_alarm(&mut plan).await?;
+            if executing && !undone {
+                self.advance_plan(&mut plan).await?;
+            }
             if plan != before
                 && !self
                     .store
-                    .update_plan(&plan_body(&plan)?, PlanStatus::Executing.as_str())
+                    .update_plan(&plan_body(&plan)?, &stored.status)
                     .await?
             {
                 // Cancelled meanwhile: the cancel stands (a move it started finishes).
@@ -457,6 +465,7 @@ impl Control {
         let id = plan.id.clone();
         let Some(i) = plan.moves.iter().position(|m| m.state != MoveState::Done) else {
             plan.status = PlanStatus::Done;
+            plan.finished_at = Some(self.unix_now());
             self.event(
                 None,
                 None,
@@ -546,6 +555,7 @@ impl Control {
                 let mv = &mut plan.moves[i];
                 mv.state = MoveState::Starting;
                 mv.replacement = Some(replacement.clone());
+                mv.started_at = Some(self.unix_now());
                 self.event(
                     Some(&t.service),
                     Some(&to),
@@ -595,9 +605,182 @@ impl Control {
                     .await;
                 }
             }
-            MoveState::Done | MoveState::Failed => {}
+            MoveState::Done | MoveState::Failed | MoveState::Undone => {}
         }
         Ok(())
+    }
+
+    /// Undoes the moves of a moved service whose alarm fired after its first move started,
+    /// while the plan is watched (executing, or done less than the service's bake time
+    /// ago): done moves are moved back to their original GPUs (replacement first, as any
+    /// move), a starting move's replacement is stopped, and an executing plan halts.
+    /// Whether anything was undone.
+    async fn undo_on_alarm(&self, plan: &mut ConsolidationPlan) -> Result<bool, ControlError> {
+        let now = self.unix_now();
+        let services: BTreeSet<String> = plan
+            .moves
+            .iter()
+            .filter(|m| matches!(m.state, MoveState::Starting | MoveState::Done))
+            .map(|m| m.service.clone())
+            .collect();
+        let mut undone = false;
+        for name in services {
+            let Ok(service) = self.store.get_service(&name).await else {
+                continue;
+            };
+            if service.objectives.alarms.is_empty() {
+                continue;
+            }
+            if plan.status == PlanStatus::Done
+                && plan
+                    .finished_at
+                    .is_none_or(|f| now - f > i64::from(service.objectives.bake_secs))
+            {
+                continue;
+            }
+            let first = plan
+                .moves
+                .iter()
+                .filter(|m| m.service == name)
+                .filter_map(|m| m.started_at)
+                .min()
+                .unwrap_or(now);
+            let fired = {
+                let watches = self.watches.lock().expect("not poisoned");
+                service
+                    .objectives
+                    .alarms
+                    .iter()
+                    .enumerate()
+                    .find_map(|(i, a)| {
+                        let w = watches.alarms.get(&(name.clone(), i))?;
+                        let at = w.fired_at.filter(|&at| at >= first)?;
+                        Some((a.describe(), w.value, at))
+                    })
+            };
+            let Some((alarm, value, _)) = fired else {
+                continue;
+            };
+            let why = format!(
+                "alarm `{alarm}` of {name} fired after its tasks moved{}",
+                value
+                    .map(|v| format!(
+                        " ({})",
+                        tessera_model::work::trim_float((v * 10.0).round() / 10.0)
+                    ))
+                    .unwrap_or_default()
+            );
+            let mut back = 0;
+            for i in 0..plan.moves.len() {
+                let m = plan.moves[i].clone();
+                if m.service != name {
+                    continue;
+                }
+                match m.state {
+                    MoveState::Done => {
+                        if self.move_back(&m).await? {
+                            back += 1;
+                            plan.moves[i].state = MoveState::Undone;
+                            plan.moves[i].message = Some(format!("moved back: {why}"));
+                        } else {
+                            plan.moves[i].message = Some(format!(
+                                "{why}; not moved back: its original GPU has no room now"
+                            ));
+                        }
+                    }
+                    MoveState::Starting => {
+                        if let Some(rid) = &m.replacement {
+                            self.store
+                                .request_task_stop(
+                                    rid,
+                                    "its move was undone: an alarm fired",
+                                    None,
+                                    false,
+                                )
+                                .await?;
+                        }
+                        if let Ok(o) = self.store.get_task(&m.task_id).await
+                            && o.state.is_live()
+                        {
+                            self.store.set_task_migrating(&o.id, false).await?;
+                        }
+                        plan.moves[i].state = MoveState::Undone;
+                        plan.moves[i].message = Some(format!("cancelled: {why}"));
+                    }
+                    _ => {}
+                }
+            }
+            if plan.status == PlanStatus::Executing {
+                plan.status = PlanStatus::Failed;
+            }
+            plan.message = Some(format!("halted: {why}; {back} move(s) moved back"));
+            self.event(
+                Some(&name),
+                None,
+                &format!(
+                    "consolidation plan {}: {why}: {back} of its task(s) moved back",
+                    plan.id
+                ),
+            )
+            .await;
+            self.capacity_changed();
+            self.wake();
+            undone = true;
+        }
+        Ok(undone)
+    }
+
+    /// Starts the moved task of `m` again on the GPUs it left (its replacement there
+    /// starts first). False when they no longer have room.
+    async fn move_back(&self, m: &PlannedMove) -> Result<bool, ControlError> {
+        let Some(rid) = &m.replacement else {
+            return Ok(false);
+        };
+        let Ok(moved) = self.store.get_task(rid).await else {
+            return Ok(false);
+        };
+        let from = HostId::new(m.from_host.clone()).map_err(|e| corrupt(e.to_string()))?;
+        let to = HostId::new(m.to_host.clone()).map_err(|e| corrupt(e.to_string()))?;
+        let host = self.store.get_host(&from).await?;
+        let allocations: Vec<GpuAllocation> = m
+            .from_gpus
+            .iter()
+            .zip(&m.allocations)
+            .filter_map(|(&index, a)| {
+                let gpu = host.gpus.iter().find(|g| g.index == index)?;
+                Some(GpuAllocation {
+                    gpu: gpu.uuid.clone(),
+                    index,
+                    memory: a.memory,
+                    compute: a.compute,
+                    dedicated: a.dedicated,
+                })
+            })
+            .collect();
+        if allocations.len() != m.allocations.len() {
+            return Ok(false);
+        }
+        let back = uuid::Uuid::new_v4().to_string();
+        Ok(self
+            .store
+            .start_move(
+                &moved.id,
+                &to,
+                &NewTask::of(
+                    back.clone(),
+                    &moved.service,
+                    moved.deployment_id,
+                    &moved.task_definition,
+                    &moved.pool,
+                    &*self.spec_of(&moved.task_definition).await?,
+                ),
+                &PlacementCommit {
+                    task_id: back,
+                    host: from,
+                    allocations,
+                },
+            )
+            .await?)
     }
 
     async fn plan_event(&self, plan: &ConsolidationPlan, m: &PlannedMove) {

@@ -176,9 +176,9 @@ pub struct Control {
     pub(crate) usage: Arc<Mutex<crate::usage::UsageBuffer>>,
     /// Fit verdicts by task, and when they were read (see `cached_verdicts`).
     pub(crate) verdicts: Arc<Mutex<Option<CachedVerdicts>>>,
-    /// Each task's work as its last sync here reported it (JSON), not written yet:
-    /// written with the heartbeats.
-    pub(crate) work: Arc<Mutex<HashMap<String, String>>>,
+    /// Each task's work as its syncs here reported it: written with the heartbeats when it
+    /// says something new.
+    pub(crate) work: Arc<Mutex<crate::work::WorkLatest>>,
     /// Alarm watches and autoscaling memory of the services this server reconciles.
     pub(crate) watches: Arc<Mutex<crate::work::Watches>>,
 }

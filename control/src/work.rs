@@ -399,6 +399,69 @@ pub(crate) fn conflicts(
     out
 }
 
+/// Work reports received by this server: the ones to write, and what was last written of
+/// each task. A report is written when it says something new: a rate or percentile that
+/// moved by more than [`WORK_CHANGE`], work turning unknown or known, or the last write
+/// older than [`WORK_REFRESH`] s. A steady fleet's syncs then cost no write each, and what
+/// the store holds is never further than that from what was measured.
+#[derive(Debug, Default)]
+pub(crate) struct WorkLatest {
+    pending: HashMap<String, String>,
+    /// Per task: when its stored figures were written (unix seconds), and them.
+    written: HashMap<String, (i64, WorkNow)>,
+}
+
+/// How far (a fraction) a figure may move before it is written again.
+const WORK_CHANGE: f64 = 0.1;
+/// How old (seconds) a task's stored work may get while it says the same.
+const WORK_REFRESH: i64 = 30;
+
+/// Whether `new` says something `old` does not, by [`WORK_CHANGE`].
+fn work_moved(old: &WorkNow, new: &WorkNow) -> bool {
+    let moved = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) => (a - b).abs() > WORK_CHANGE * a.abs().max(b.abs()).max(1e-9),
+        (None, None) => false,
+        _ => true,
+    };
+    old.unknown.is_some() != new.unknown.is_some()
+        || moved(old.completed_per_sec, new.completed_per_sec)
+        || moved(old.errors_per_sec, new.errors_per_sec)
+        || moved(old.latency_p50_ms, new.latency_p50_ms)
+        || moved(old.latency_p95_ms, new.latency_p95_ms)
+        || moved(old.latency_p99_ms, new.latency_p99_ms)
+}
+
+impl WorkLatest {
+    /// A task's new report, measured at `now`: kept to write when it says something new.
+    pub(crate) fn offer(&mut self, task: &str, work: WorkNow, now: i64) {
+        let due = match self.written.get(task) {
+            None => true,
+            Some((at, old)) => now - at >= WORK_REFRESH || work_moved(old, &work),
+        };
+        if !due {
+            return;
+        }
+        if let Ok(json) = serde_json::to_string(&work) {
+            self.pending.insert(task.to_owned(), json);
+            self.written.insert(task.to_owned(), (now, work));
+        }
+    }
+
+    /// The reports to write now; tasks not heard of for long are forgotten.
+    pub(crate) fn take(&mut self, now: i64) -> Vec<(String, String)> {
+        self.written
+            .retain(|_, (at, _)| now - *at < 10 * WORK_REFRESH);
+        std::mem::take(&mut self.pending).into_iter().collect()
+    }
+
+    /// Reports whose write failed, to try again.
+    pub(crate) fn put_back(&mut self, work: Vec<(String, String)>) {
+        for (id, w) in work {
+            self.pending.entry(id).or_insert(w);
+        }
+    }
+}
+
 /// Each service's alarm watches and autoscaling memory (kept by the server that
 /// reconciles; a new one starts watching afresh).
 #[derive(Debug, Default)]
@@ -415,36 +478,33 @@ pub(crate) struct Watches {
 }
 
 impl Control {
-    /// Keeps what a sync reported of its tasks' work, written with the next heartbeats.
+    /// Keeps what a sync reported of its tasks' work, written with the next heartbeats
+    /// when it says something new (see [`WorkLatest::offer`]).
     pub(crate) fn record_work(&self, tasks: &[Task], reports: &[TaskReport]) {
         let at = stamp(self.now());
+        let now = self.unix_now();
         let mut latest = self.work.lock().expect("not poisoned");
         for r in reports {
             let Some(w) = &r.work else { continue };
             if !tasks.iter().any(|t| t.id == r.task_id) {
                 continue;
             }
-            let now = WorkNow::of(at.clone(), w);
-            if let Ok(json) = serde_json::to_string(&now) {
-                latest.insert(r.task_id.clone(), json);
-            }
+            latest.offer(&r.task_id, WorkNow::of(at.clone(), w), now);
         }
     }
 
-    /// Writes the work received since the last flush.
+    /// Writes the work received since the last flush that says something new.
     pub(crate) async fn flush_work(&self) -> Result<(), ControlError> {
-        let work: Vec<(String, String)> =
-            std::mem::take(&mut *self.work.lock().expect("not poisoned"))
-                .into_iter()
-                .collect();
+        let work = self
+            .work
+            .lock()
+            .expect("not poisoned")
+            .take(self.unix_now());
         if work.is_empty() {
             return Ok(());
         }
         if let Err(e) = self.store.set_task_work(&work).await {
-            let mut pending = self.work.lock().expect("not poisoned");
-            for (id, w) in work {
-                pending.entry(id).or_insert(w);
-            }
+            self.work.lock().expect("not poisoned").put_back(work);
             return Err(e.into());
         }
         Ok(())
@@ -993,6 +1053,33 @@ mod tests {
         let (w, _) = watch_alarm(&a, w, Some(100.0), 205, 205);
         let (w, fired) = watch_alarm(&a, w, Some(300.0), 211, 211);
         assert!(!fired && w.breaching_since == Some(211));
+    }
+
+    #[test]
+    fn work_is_written_when_it_moves_or_grows_old() {
+        let w = |c: f64, p99: f64| WorkNow {
+            completed_per_sec: Some(c),
+            latency_p99_ms: Some(p99),
+            ..WorkNow::default()
+        };
+        let mut l = WorkLatest::default();
+        l.offer("t", w(100.0, 50.0), 0);
+        assert_eq!(l.take(0).len(), 1, "the first report");
+        l.offer("t", w(105.0, 52.0), 1);
+        assert!(l.take(1).is_empty(), "within 10 %: not written");
+        l.offer("t", w(105.0, 60.0), 2);
+        assert_eq!(l.take(2).len(), 1, "p99 moved by 20 %");
+        l.offer("t", w(105.0, 60.0), 2 + WORK_REFRESH);
+        assert_eq!(l.take(2 + WORK_REFRESH).len(), 1, "refreshed");
+        l.offer(
+            "t",
+            WorkNow {
+                unknown: Some("timeout".into()),
+                ..WorkNow::default()
+            },
+            3 + WORK_REFRESH,
+        );
+        assert_eq!(l.take(3 + WORK_REFRESH).len(), 1, "turned unknown");
     }
 
     fn scaling() -> Autoscaling {

@@ -585,3 +585,108 @@ async fn objectives_asking_for_figures_a_task_does_not_publish_are_refused() {
         .expect_err("refused");
     assert!(err.to_string().contains("alarms[0].metric"), "{err}");
 }
+
+/// A consolidation move watched by the moved service's alarm: two tasks of `web` on two
+/// GPUs are packed onto one, where (as the test's agents report) they slow each other past
+/// the alarm; the move is undone: the task goes back to the GPU it left.
+#[tokio::test]
+async fn a_consolidation_move_is_undone_when_the_moved_services_alarm_fires() {
+    let env = env(fast()).await;
+    let c = &env.control;
+    let hosts = [
+        labelled_host(c, "h1", &["web"]).await,
+        labelled_host(c, "h2", &["web"]).await,
+    ];
+    let mut web = input("web", &def(c, "web", 20).await, 2, "web");
+    web.strategy = Some("spread_gpu".into());
+    web.constraints.max_per_host = None;
+    web.alarms = vec![Alarm {
+        metric: AlarmMetric::LatencyP99Ms,
+        above: Some(100.0),
+        below: None,
+        for_secs: 3,
+    }];
+    web.bake_secs = 60;
+    c.create_service(&web).await.expect("web");
+    // Two tasks of web on one GPU slow each other (300 ms); alone, 20 ms.
+    let crowded = |c: &Control| {
+        let c = c.clone();
+        async move {
+            let mut per_gpu: BTreeMap<String, usize> = BTreeMap::new();
+            for t in tasks(&c, "web", &[TaskState::Running, TaskState::Assigned]).await {
+                for a in &t.allocations {
+                    *per_gpu.entry(a.gpu.to_string()).or_default() += 1;
+                }
+            }
+            per_gpu
+        }
+    };
+    let mut shared = BTreeMap::new();
+    let spread = async |c: &Control| {
+        let running = tasks(c, "web", &[TaskState::Running]).await;
+        running.len() == 2
+            && running
+                .iter()
+                .map(|t| t.host.clone())
+                .collect::<std::collections::BTreeSet<_>>()
+                .len()
+                == 2
+    };
+    run_for(&env, &hosts, 20, &|_: &Task| (10.0, 20.0), spread)
+        .await
+        .expect("one task on each GPU");
+    let plan = c
+        .plan_consolidation(&tessera_model::consolidation::PlanInput {
+            pool: "gpu".into(),
+            goal: "gpus".into(),
+        })
+        .await
+        .expect("plan");
+    assert_eq!(plan.moves.len(), 1, "{plan:#?}");
+    let left = plan.moves[0].from_host.clone();
+    c.execute_consolidation_plan(&plan.id)
+        .await
+        .expect("execute");
+    let mut undone_after = None;
+    for s in 1..=60u64 {
+        env.clock.advance(Duration::from_secs(1));
+        let now_shared = crowded(c).await;
+        shared.clone_from(&now_shared);
+        let on_gpu = |t: &Task| {
+            t.allocations
+                .iter()
+                .any(|a| shared.get(&a.gpu.to_string()).copied().unwrap_or(0) > 1)
+        };
+        for h in &hosts {
+            sync_work(c, h, &|t: &Task| {
+                (10.0, if on_gpu(t) { 300.0 } else { 20.0 })
+            })
+            .await;
+        }
+        c.reconcile_once().await.expect("pass");
+        let p = c.consolidation_plan(&plan.id).await.expect("plan");
+        if p.moves[0].state == tessera_model::consolidation::MoveState::Undone {
+            undone_after = Some(s);
+            assert!(
+                p.message
+                    .as_deref()
+                    .is_some_and(|m| m.contains("alarm `latency_p99_ms above 100 for 3 s`")),
+                "{p:#?}"
+            );
+            break;
+        }
+    }
+    let s = undone_after.expect("the move was undone");
+    println!("consolidation move undone {s} s after the plan started executing");
+    // The task goes back where it was: one on each host again.
+    run_for(&env, &hosts, 30, &|_: &Task| (10.0, 20.0), spread)
+        .await
+        .expect("back on both GPUs");
+    let running = tasks(c, "web", &[TaskState::Running]).await;
+    assert!(
+        running
+            .iter()
+            .any(|t| t.host.as_ref().map(|h| h.to_string()) == Some(left.clone())),
+        "a task runs again on {left}: {running:#?}"
+    );
+}

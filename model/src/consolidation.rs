@@ -71,6 +71,8 @@ pub enum MoveState {
     /// The replacement runs and the original stopped.
     Done,
     Failed,
+    /// Moved back: the moved service's alarm fired while the plan was watched.
+    Undone,
 }
 
 /// One task moved: its replacement starts on the target before it stops.
@@ -88,6 +90,10 @@ pub struct PlannedMove {
     pub state: MoveState,
     pub replacement: Option<String>,
     pub message: Option<String>,
+    /// When its replacement was started (unix seconds): the moved service's alarms that
+    /// fire after it undo the plan's moves of that service.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<i64>,
 }
 
 /// A GPU the plan changes: GPU memory allocated before and after.
@@ -133,6 +139,10 @@ pub struct ConsolidationPlan {
     /// are not planned.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub work_effects: Vec<String>,
+    /// When its last move finished (unix seconds): its moved services' alarms are watched
+    /// for their bake time after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<i64>,
     /// Why it failed or stopped.
     pub message: Option<String>,
 }

@@ -16,6 +16,7 @@ use tessera_control::inputs::{PoolInput, ServiceInput};
 use tessera_control::{Control, ControlError};
 use tessera_model::PoolName;
 use tessera_model::service::{DeploymentConfig, ServiceConstraints};
+use tessera_model::work::{Alarm, AlarmMetric, Autoscaling, ScaleMetric, Slo};
 #[cfg(feature = "demo")]
 use tessera_model::{MiB, MilliCpu};
 #[cfg(feature = "demo")]
@@ -80,6 +81,14 @@ struct Sample {
     count: u32,
     container: serde_json::Value,
     peak_mib: &'static str,
+    /// Where its application publishes its work (the task definition's `work`).
+    work: Option<serde_json::Value>,
+}
+
+/// The work `tessera example-server` publishes.
+fn example_work() -> serde_json::Value {
+    json!({"port": "http", "completed": "example_requests_total", "errors": "example_errors_total",
+           "latency": "example_request_seconds"})
 }
 
 /// The sample services, using at their peak 95 % of the budget (near), 35 % (oversized),
@@ -96,10 +105,23 @@ fn samples() -> Vec<Sample> {
             pool: "inference",
             count: 5,
             container: json!({"name": "worker", "command": [me, "example-server"], "cpu_milli": 2000, "memory_mib": 8192,
-                   "env": {}, "gpu": {"mps": {"memory_mib": 6144, "max_compute_percent": 25}},
+                   "env": {"EXAMPLE_WORK_MS": "20"}, "gpu": {"mps": {"memory_mib": 6144, "max_compute_percent": 25}},
                    "ports": [{"name": "http", "container_port": 8080}, {"name": "metrics", "container_port": 9090}],
                    "health_check": {"http": {"port": "http", "path": "/health"}, "interval_secs": 10}}),
             peak_mib: "5837",
+            work: Some(example_work()),
+        },
+        // A heavy neighbour on the simulated GPUs: the embeddings tasks that share a GPU
+        // with it work 2.5 times slower, which the interference estimate finds.
+        Sample {
+            family: "batch-scorer",
+            pool: "inference",
+            count: 2,
+            container: json!({"name": "scorer", "command": [me, "example-server"], "cpu_milli": 1000, "memory_mib": 4096,
+                   "env": {"EXAMPLE_GPU_LOAD": "1.5"}, "gpu": {"mps": {"memory_mib": 4096}},
+                   "ports": [{"name": "http", "container_port": 8080}]}),
+            peak_mib: "3900",
+            work: Some(example_work()),
         },
         Sample {
             family: "llm-inference",
@@ -108,6 +130,7 @@ fn samples() -> Vec<Sample> {
             container: json!({"name": "server", "command": ["sleep", "infinity"], "cpu_milli": 4000, "memory_mib": 16384,
                    "env": {"MODEL": "llama-3-8b"}, "gpu": {"mps": {"memory_mib": 20480, "max_compute_percent": 50}}}),
             peak_mib: "7168",
+            work: None,
         },
         Sample {
             family: "reranker",
@@ -116,6 +139,7 @@ fn samples() -> Vec<Sample> {
             container: json!({"name": "ranker", "command": ["sleep", "infinity"], "cpu_milli": 1000, "memory_mib": 4096,
                    "env": {}, "gpu": {"mps": {"memory_mib": 3072, "max_compute_percent": 20}}}),
             peak_mib: "3686",
+            work: None,
         },
         Sample {
             family: "vision",
@@ -124,6 +148,7 @@ fn samples() -> Vec<Sample> {
             container: json!({"name": "detector", "command": ["sleep", "infinity"], "cpu_milli": 2000, "memory_mib": 8192,
                    "env": {}, "gpu": {"mps": {"memory_mib": 8192, "max_compute_percent": 30}}}),
             peak_mib: "5734",
+            work: None,
         },
     ]
 }
@@ -139,7 +164,7 @@ pub async fn seed(control: &Control) -> Result<(), ControlError> {
         }
     }
     if control.list_task_definition_families().await?.is_empty() {
-        // Four sample services whose simulated use differs, so the fit view has something
+        // Sample services whose simulated use differs, so the fit view has something
         // to say from the first minutes: one near its budget, one oversized, one over it
         // (allocations refused at the limit), one that fits.
         for Sample {
@@ -148,13 +173,17 @@ pub async fn seed(control: &Control) -> Result<(), ControlError> {
             count,
             container,
             peak_mib,
+            work,
         } in samples()
         {
             let mut c = container;
             c["env"][SIM_MIB_ENV] = json!(peak_mib);
-            control
-                .register_task_definition(&json!({"family": family, "containers": [c]}))
-                .await?;
+            let mut def = json!({"family": family, "containers": [c]});
+            if let Some(w) = work {
+                def["work"] = w;
+            }
+            control.register_task_definition(&def).await?;
+            let embeddings = family == "embeddings";
             control
                 .create_service(&ServiceInput {
                     name: family.into(),
@@ -169,10 +198,32 @@ pub async fn seed(control: &Control) -> Result<(), ControlError> {
                     stop_timeout_secs: 10,
                     deregistration_delay_secs: tessera_model::service::default_deregistration_delay(
                     ),
-                    slo: None,
-                    alarms: Vec::new(),
-                    bake_secs: 0,
-                    autoscaling: None,
+                    // The HTTP service judged by its own work: a latency target (placement
+                    // keeps it away from neighbours measured to break it), an alarm
+                    // watched during deployments, and autoscaling on its load.
+                    slo: embeddings.then_some(Slo {
+                        latency_p99_ms: 40.0,
+                        max_error_rate: None,
+                    }),
+                    alarms: if embeddings {
+                        vec![Alarm {
+                            metric: AlarmMetric::LatencyP99Ms,
+                            above: Some(150.0),
+                            below: None,
+                            for_secs: 30,
+                        }]
+                    } else {
+                        Vec::new()
+                    },
+                    bake_secs: if embeddings { 60 } else { 0 },
+                    autoscaling: embeddings.then_some(Autoscaling {
+                        min: 2,
+                        max: 6,
+                        metric: ScaleMetric::CompletedPerTaskPerSec,
+                        target: 8.0,
+                        scale_out_cooldown_secs: 30,
+                        scale_in_cooldown_secs: 120,
+                    }),
                 })
                 .await?;
         }
@@ -230,6 +281,63 @@ pub async fn run_agents(
         }
     }
     Ok(())
+}
+
+/// The demo's clients: requests to `embeddings`' healthy endpoints at a rate that rises
+/// and falls over ten minutes (5 to 35 a second; one in a hundred asks to fail), so its
+/// work, latency, autoscaling and the cost of its heavy neighbour show in the console.
+#[cfg(feature = "demo")]
+pub async fn run_load(control: Control, mut shutdown: watch::Receiver<bool>) {
+    let client = match reqwest::Client::builder()
+        .no_proxy()
+        .timeout(std::time::Duration::from_secs(5))
+        .build()
+    {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %e, "the demo's load cannot start");
+            return;
+        }
+    };
+    let started = std::time::Instant::now();
+    let mut targets: Vec<String> = Vec::new();
+    let mut refreshed: Option<std::time::Instant> = None;
+    let mut sent: u64 = 0;
+    loop {
+        if refreshed.is_none_or(|t| t.elapsed() > std::time::Duration::from_secs(2)) {
+            refreshed = Some(std::time::Instant::now());
+            if let Ok(list) = control.endpoints("embeddings").await {
+                targets = list
+                    .endpoints
+                    .iter()
+                    .filter(|e| {
+                        e.health == tessera_model::api::EndpointHealth::Healthy
+                            && e.port_name.as_deref() == Some("http")
+                    })
+                    .map(|e| format!("http://{}:{}/", e.address, e.port))
+                    .collect();
+            }
+        }
+        let t = started.elapsed().as_secs_f64();
+        let rate = 20.0 + 15.0 * (std::f64::consts::TAU * t / 600.0).sin();
+        if !targets.is_empty() {
+            sent += 1;
+            let url = &targets[(sent as usize) % targets.len()];
+            let url = if sent.is_multiple_of(100) {
+                format!("{url}?fail=1")
+            } else {
+                url.clone()
+            };
+            let client = client.clone();
+            tokio::spawn(async move {
+                let _ = client.get(url).send().await;
+            });
+        }
+        tokio::select! {
+            _ = shutdown.changed() => return,
+            _ = tokio::time::sleep(std::time::Duration::from_secs_f64(1.0 / rate)) => {}
+        }
+    }
 }
 
 #[cfg(all(test, feature = "demo"))]

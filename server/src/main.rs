@@ -261,6 +261,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             let ca_cert = tls.as_ref().map(|t| t.cert.clone());
             let (dir, stop) = (args.db.data_dir.clone(), stop_rx.clone());
             tracing::info!("demo fleet: 4 simulated hosts, each a real agent over {scheme}");
+            tokio::spawn(demo::run_load(control.clone(), stop_rx.clone()));
             Some(tokio::spawn(async move {
                 demo::run_agents(server, ca_cert, token, &dir, stop).await
             }))

@@ -272,6 +272,7 @@ fn move_state(s: MoveState) -> &'static str {
         MoveState::Starting => "starting",
         MoveState::Done => "done",
         MoveState::Failed => "failed",
+        MoveState::Undone => "undone",
     }
 }
 

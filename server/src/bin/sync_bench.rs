@@ -4,8 +4,12 @@
 //!
 //! ```text
 //! sync-bench [--hosts 10000] [--gpus-per-host 8] [--tasks 20000] [--interval 5] [--seconds 30]
-//!            [--no-reconcile 1] [--postgres URL] [--servers 1]
+//!            [--no-reconcile 1] [--postgres URL] [--servers 1] [--work 1] [--compare-work 1]
 //! ```
+//!
+//! `--work 1` adds to every task's report what its application completed (as agents
+//! scrape it); `--compare-work 1` runs the same fleet twice, without and with it, and
+//! prints the two side by side.
 //!
 //! Every host syncs once per interval, spread evenly over it (10,000 hosts every 5 s is
 //! 2,000 syncs/s), reporting its GPUs and the tasks placed on it as running. Printed: the
@@ -51,17 +55,74 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
+/// What one run measured: sync latency p50 and p99 (ms), and hosts wrongly lost.
+struct Outcome {
+    p50_ms: f64,
+    p99_ms: f64,
+    lost: usize,
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // `--compare-work 1`: the same fleet in one run, its tasks' reports without and with
+    // the work their applications completed (what agents scrape), side by side.
+    if arg("--compare-work", 0) == 0 {
+        run(arg("--work", 0) != 0, "").await?;
+        return Ok(());
+    }
+    // Each run on its own database, twice in turn (without, with, without, with), and
+    // each figure the better of its two: the order of runs in one process and the
+    // machine's noise weigh on both sides alike.
+    let mut without = Vec::new();
+    let mut with = Vec::new();
+    for round in 0..2 {
+        without.push(run(false, &format!("_{round}")).await?);
+        with.push(run(true, &format!("_work_{round}")).await?);
+    }
+    let best = |v: Vec<Outcome>| {
+        v.into_iter()
+            .min_by(|a, b| a.p99_ms.total_cmp(&b.p99_ms))
+            .expect("two runs")
+    };
+    let (without, with) = (best(without), best(with));
+    println!("sync-bench, work metrics in every task's report, side by side:");
+    println!(
+        "  {:<34} {:>10} {:>10} {:>11}",
+        "", "p50 ms", "p99 ms", "hosts lost"
+    );
+    for (what, o) in [
+        ("without work (today's reports)", &without),
+        ("with work", &with),
+    ] {
+        println!(
+            "  {what:<34} {:>10.1} {:>10.1} {:>11}",
+            o.p50_ms, o.p99_ms, o.lost
+        );
+    }
+    println!(
+        "  p99 with work / without: {:.2} (target: at most 1.20)",
+        with.p99_ms / without.p99_ms.max(1e-9)
+    );
+    Ok(())
+}
+
+/// One measured run on a fresh database; with `work`, every task's report carries an
+/// interval of completed work, errors and a latency histogram.
+async fn run(work: bool, db_suffix: &str) -> Result<Outcome, Box<dyn std::error::Error>> {
     let hosts = arg("--hosts", 10_000);
     let per_host = arg("--gpus-per-host", 8);
     let tasks = arg("--tasks", 20_000);
     let interval = Duration::from_secs(arg("--interval", 5) as u64);
     let seconds = arg("--seconds", 30) as u64;
-    let dir = std::env::temp_dir().join(format!("tessera-sync-bench-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!(
+        "tessera-sync-bench-{}{db_suffix}",
+        std::process::id()
+    ));
     std::fs::create_dir_all(&dir)?;
     let url = match arg_text("--postgres") {
-        Some(server) => fresh_postgres_database(&server, "tessera_sync_bench").await?,
+        Some(server) => {
+            fresh_postgres_database(&server, &format!("tessera_sync_bench{db_suffix}")).await?
+        }
         None => format!("sqlite://{}/bench.db", dir.display()),
     };
     let store_name = if url.starts_with("postgres") {
@@ -101,16 +162,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 running: true,
                 gpu_memory_peak_mib: Some(tessera_model::MiB(4096)),
                 sm_percent: Some(10),
+                work: work.then(|| sample_work(1.0)),
                 ..Default::default()
             });
         }
     }
-    let bodies: Arc<Vec<(String, String)>> = Arc::new(
+    // Two bodies per host, sent in turn: with work, the second's latency is 30 % higher,
+    // so every report says something new and is written (the worst case for the store).
+    let bodies: Arc<Vec<(String, String, String)>> = Arc::new(
         admitted
             .iter()
             .enumerate()
             .map(|(h, r)| {
-                let body = SyncRequest {
+                let mut body = SyncRequest {
                     address: None,
                     dynamic_ports_free: None,
                     gpus: simulated_gpus(h, per_host),
@@ -121,10 +185,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     },
                     tasks: by_host.remove(&r.host_id).unwrap_or_default(),
                 };
-                (
-                    r.agent_token.clone(),
-                    serde_json::to_string(&body).expect("serializes"),
-                )
+                let first = serde_json::to_string(&body).expect("serializes");
+                for t in body.tasks.iter_mut().filter(|t| t.work.is_some()) {
+                    t.work = Some(sample_work(1.3));
+                }
+                let second = serde_json::to_string(&body).expect("serializes");
+                (r.agent_token.clone(), first, second)
             })
             .collect(),
     );
@@ -152,7 +218,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             tokio::spawn(async move {
                 for _ in 0..2 {
                     for h in (w..bodies.len()).step_by(64) {
-                        let (token, body) = &bodies[h];
+                        let (token, body, _) = &bodies[h];
                         let router = routers[h % routers.len()].clone();
                         let response = router.oneshot(sync_request(token, body)).await;
                         let status = response.expect("answers").status();
@@ -223,7 +289,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                         break 'outer;
                     }
                     tokio::time::sleep_until(due.into()).await;
-                    let (token, body) = &bodies[h];
+                    let (token, first, second) = &bodies[h];
+                    let body = if round % 2 == 0 { first } else { second };
                     let req = sync_request(token, body);
                     let t0 = Instant::now();
                     let router = routers[h % routers.len()].clone();
@@ -283,5 +350,36 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             "max_ms": ms(latencies.last().copied().unwrap_or_default()), "errors": errors, "hosts_lost": lost})
     );
     let _ = std::fs::remove_dir_all(&dir);
-    Ok(())
+    Ok(Outcome {
+        p50_ms: ms(percentile(&latencies, 0.5)),
+        p99_ms: ms(percentile(&latencies, 0.99)),
+        lost,
+    })
+}
+
+/// Five seconds of an inference server's work: requests completed and failed, and a
+/// latency histogram of Triton's/vLLM's usual size, its bounds scaled by `slower`.
+fn sample_work(slower: f64) -> tessera_model::work::WorkReport {
+    use tessera_model::work::{LatencyBucket, WorkReport, WorkSample};
+    let bounds = [
+        0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    ];
+    let mut latency: Vec<LatencyBucket> = bounds
+        .iter()
+        .enumerate()
+        .map(|(i, &le)| LatencyBucket {
+            le: Some(le * slower),
+            count: (100 * (i + 1) / bounds.len()) as f64,
+        })
+        .collect();
+    latency.push(LatencyBucket {
+        le: None,
+        count: 100.0,
+    });
+    WorkReport::Measured(WorkSample {
+        interval_secs: 5.0,
+        completed: 100.0,
+        errors: Some(1.0),
+        latency,
+    })
 }

@@ -85,6 +85,8 @@ pub enum Kind {
     TaskDefinitions,
     // One service's endpoints: `tessera get endpoints SERVICE`.
     Endpoints,
+    // One service's work, as its application reports it: `tessera get work SERVICE`.
+    Work,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -117,8 +119,8 @@ pub enum ClientCommand {
     },
     /// Delete the kept token on the server and forget it here.
     Logout,
-    /// List hosts, services, tasks, task definitions, or a service's endpoints
-    /// (`tessera get endpoints SERVICE`).
+    /// List hosts, services, tasks, task definitions, a service's endpoints
+    /// (`tessera get endpoints SERVICE`) or its work (`tessera get work SERVICE`).
     Get {
         kind: Kind,
         /// Endpoints: the service (the same as --service).
@@ -301,17 +303,18 @@ pub async fn run(command: ClientCommand) -> anyhow::Result<()> {
             host,
             conn,
         } => {
-            // Only endpoints take a name; the others fail before asking the server.
+            // Only endpoints and work take a name; the others fail before asking the server.
+            let one = matches!(kind, Kind::Endpoints | Kind::Work);
             let service = match (kind, name, service) {
-                (Kind::Endpoints, Some(n), Some(s)) if n != s => {
+                (_, Some(n), Some(s)) if one && n != s => {
                     bail!("two services: {n:?} and --service {s:?}; give one")
                 }
-                (Kind::Endpoints, Some(n), _) => Some(n),
-                (Kind::Endpoints, None, None) => {
-                    bail!("which service? `tessera get endpoints SERVICE`")
+                (_, Some(n), _) if one => Some(n),
+                (_, None, None) if one => {
+                    bail!("which service? `tessera get endpoints|work SERVICE`")
                 }
                 (_, Some(n), _) => bail!(
-                    "unexpected {n:?}: only `tessera get endpoints SERVICE` takes a name \
+                    "unexpected {n:?}: only `tessera get endpoints|work SERVICE` take a name \
                      (tasks of one service: `tessera get tasks --service {n}`)"
                 ),
                 (_, None, s) => s,
@@ -787,6 +790,97 @@ fn task_note(t: &Task) -> String {
         .unwrap_or_default()
 }
 
+/// A service's work: the figures now, then (wide) its history, interference, alarms and
+/// autoscaling.
+fn print_work(w: &tessera_model::work::ServiceWork, wide: bool) {
+    use tessera_model::work::trim_float;
+    let num = |v: Option<f64>| {
+        v.map_or_else(|| "-".to_owned(), |v| trim_float((v * 10.0).round() / 10.0))
+    };
+    let Some(spec) = &w.spec else {
+        println!(
+            "{}: its task definition does not say where its work is measured (`work`)",
+            w.service
+        );
+        return;
+    };
+    let mut t = Table::new(&[
+        "SERVICE",
+        "COMPLETED/S",
+        "PER GPU-HOUR",
+        "PER GIB/S",
+        "P99 MS",
+        "ERRORS",
+        "TASKS",
+        "TARGET",
+    ]);
+    t.row(vec![
+        w.service.clone(),
+        num(w.completed_per_sec),
+        num(w.completed_per_gpu_hour),
+        num(w.completed_per_sec_per_gib),
+        num(w.latency_p99_ms),
+        w.error_rate
+            .map_or_else(|| "-".to_owned(), |r| format!("{:.2}%", r * 100.0)),
+        format!("{} ({} unknown)", w.tasks_measured, w.tasks_unknown),
+        w.verdict.clone().unwrap_or_else(|| "-".into()),
+    ]);
+    t.print();
+    println!(
+        "measured: {} on port {} at {}",
+        spec.completed, spec.port, spec.path
+    );
+    for (task, why) in &w.unknown {
+        println!(
+            "unknown: {}: {why}",
+            task.chars().take(8).collect::<String>()
+        );
+    }
+    for e in &w.interference {
+        println!("{}", e.summary);
+    }
+    for a in &w.alarms {
+        println!(
+            "alarm {}: {}{}",
+            a.alarm.describe(),
+            a.state,
+            a.value
+                .map(|v| format!(" (now {})", num(Some(v))))
+                .unwrap_or_default()
+        );
+    }
+    if let Some(s) = &w.autoscaling {
+        println!("autoscaling: {s}");
+    }
+    if wide {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        let mut h = Table::new(&[
+            "SINCE",
+            "COMPLETED/S",
+            "ERROR RATE",
+            "P50 MS",
+            "P95 MS",
+            "P99 MS",
+            "TASKS",
+        ]);
+        for p in &w.series {
+            h.row(vec![
+                format!("{} s ago", now - p.at),
+                num(Some(p.completed_per_sec)),
+                p.error_rate
+                    .map_or_else(|| "-".to_owned(), |r| format!("{:.2}%", r * 100.0)),
+                num(p.latency_p50_ms),
+                num(p.latency_p95_ms),
+                num(p.latency_p99_ms),
+                p.tasks.to_string(),
+            ]);
+        }
+        h.print();
+    }
+}
+
 async fn get(
     c: &Client,
     kind: Kind,
@@ -918,6 +1012,16 @@ async fn get(
                 t.row(row);
             }
             t.print();
+        }
+        Kind::Work => {
+            let service = service.context("which service? `tessera get work SERVICE`")?;
+            let w: tessera_model::work::ServiceWork = c
+                .get(&format!("/api/v1/services/{}/work", seg(&service)))
+                .await?;
+            if output == Output::Json {
+                return print_json(&w);
+            }
+            print_work(&w, wide);
         }
         Kind::TaskDefinitions => {
             let list: FamilyList = c.get("/api/v1/task-definitions").await?;
