@@ -170,6 +170,10 @@ fn compare(neighbour: &str, with: &[&Observation], without: &[&Observation]) -> 
     let samples_without = u32::try_from(without.len()).unwrap_or(u32::MAX);
     let who = match neighbour {
         ANY => "sharing a GPU (any neighbour)".to_owned(),
+        // Its own service: another of its replicas on the same GPU.
+        n if with.first().is_some_and(|o| o.service == n) => {
+            format!("sharing with another {n} task")
+        }
         n => format!("sharing with {n}"),
     };
     let what = match (latency_p99_change, completed_change) {

@@ -145,18 +145,18 @@ fn Work(work: tessera_model::work::ServiceWork) -> impl IntoView {
                 work.note.as_ref().map(|n| format!(" {n}")).unwrap_or_default()
             )}</p>
             <dl class="facts">
-                <dt>"Completed"</dt><dd class="completed">{num(work.completed_per_sec, "/s")}</dd>
-                <dt>"Per GPU-hour"</dt><dd>{num(work.completed_per_gpu_hour, "")}</dd>
-                <dt>"Per GiB reserved"</dt><dd>{num(work.completed_per_sec_per_gib, "/s")}</dd>
-                <dt>"Latency p99"</dt><dd>{num(work.latency_p99_ms, "ms")}</dd>
-                <dt>"Error rate"</dt><dd>{work.error_rate.map_or_else(|| "—".to_owned(), |r| format!("{:.2} %", r * 100.0))}</dd>
-                <dt>"Tasks measured"</dt><dd>{format!("{} ({} unknown)", work.tasks_measured, work.tasks_unknown)}</dd>
-                <dt>"Target"</dt><dd class="verdict">{work.verdict.clone().unwrap_or_else(|| "no latency target".into())}</dd>
-                <dt>"Last bucket"</dt><dd>{last.map_or_else(|| "no history yet".to_owned(), |p| format!(
-                    "{} /s, p50 {} · p95 {} · p99 {}",
+                <div><dt>"Completed"</dt><dd class="completed">{num(work.completed_per_sec, "/s")}</dd></div>
+                <div><dt>"Per GPU-hour"</dt><dd>{num(work.completed_per_gpu_hour, "")}</dd></div>
+                <div><dt>"Per GiB reserved"</dt><dd>{num(work.completed_per_sec_per_gib, "/s")}</dd></div>
+                <div><dt>"Latency p99"</dt><dd>{num(work.latency_p99_ms, "ms")}</dd></div>
+                <div><dt>"Error rate"</dt><dd>{work.error_rate.map_or_else(|| "—".to_owned(), |r| format!("{:.2} %", r * 100.0))}</dd></div>
+                <div><dt>"Tasks measured"</dt><dd>{format!("{} ({} unknown)", work.tasks_measured, work.tasks_unknown)}</dd></div>
+                <div><dt>"Latency target"</dt><dd class="verdict">{work.verdict.clone().unwrap_or_else(|| "none set".into())}</dd></div>
+                <div><dt>"Last bucket"</dt><dd class="verdict">{last.map_or_else(|| "no history yet".to_owned(), |p| format!(
+                    "{} /s · p50 {} · p95 {} · p99 {}",
                     trim_float((p.completed_per_sec * 10.0).round() / 10.0),
                     num(p.latency_p50_ms, "ms"), num(p.latency_p95_ms, "ms"), num(p.latency_p99_ms, "ms")
-                ))}</dd>
+                ))}</dd></div>
             </dl>
             {(!work.unknown.is_empty()).then(|| view! {
                 <p class="muted unknown">{work.unknown.iter().map(|(t, why)| format!("{}: {why}", &t[..8.min(t.len())])).collect::<Vec<_>>().join("; ")}</p>
