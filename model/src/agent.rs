@@ -444,6 +444,14 @@ impl SyncRequest {
                     message: "must be at most 1024 characters without NUL".into(),
                 });
             }
+            if let Some(w) = &t.work
+                && let Err(message) = w.check()
+            {
+                errors.push(FieldError {
+                    field: format!("tasks[{i}].work"),
+                    message,
+                });
+            }
             for (name, value, max) in [("pulling", &t.pulling, 512), ("error", &t.error, 2048)] {
                 if value
                     .as_deref()

@@ -104,8 +104,10 @@ impl WorkSpec {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct LatencyBucket {
     /// The upper bound in seconds (`+Inf` is sent as `null`).
+    #[cfg_attr(feature = "openapi", schema(exclusive_minimum = 0.0))]
     pub le: Option<f64>,
     /// Observations at most `le` in the interval (cumulative, as Prometheus counts them).
+    #[cfg_attr(feature = "openapi", schema(minimum = 0.0))]
     pub count: f64,
 }
 
@@ -114,11 +116,14 @@ pub struct LatencyBucket {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WorkSample {
     /// Seconds between the two scrapes compared.
+    #[cfg_attr(feature = "openapi", schema(minimum = 0.001, maximum = 3600.0))]
     pub interval_secs: f64,
     /// Work completed in the interval.
+    #[cfg_attr(feature = "openapi", schema(minimum = 0.0))]
     pub completed: f64,
     /// Work failed in the interval (absent: the task does not count failures).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0.0))]
     pub errors: Option<f64>,
     /// The interval's latency histogram (bucket deltas; empty when nothing was observed
     /// or the task publishes no latency).
@@ -136,9 +141,54 @@ pub struct WorkSample {
 pub enum WorkReport {
     Measured(WorkSample),
     Unknown {
-        #[cfg_attr(feature = "openapi", schema(max_length = 512))]
+        #[cfg_attr(
+            feature = "openapi",
+            schema(max_length = 512, pattern = "^[^\\u0000]*$")
+        )]
         reason: String,
     },
+}
+
+impl WorkReport {
+    /// What an agent may report: an interval of 1 ms to an hour, counts that are finite
+    /// and not negative, at most 64 latency buckets with finite positive bounds, a reason
+    /// of at most 512 characters. The server refuses a sync with anything else.
+    pub fn check(&self) -> Result<(), String> {
+        let count = |v: f64| v.is_finite() && v >= 0.0;
+        match self {
+            WorkReport::Unknown { reason } => {
+                if reason.chars().count() > 512 || reason.contains('\0') {
+                    return Err("the reason must be at most 512 characters without NUL".into());
+                }
+            }
+            WorkReport::Measured(s) => {
+                if !(s.interval_secs.is_finite() && (0.001..=3600.0).contains(&s.interval_secs)) {
+                    return Err(format!(
+                        "interval_secs must be from 0.001 to 3600, got {}",
+                        s.interval_secs
+                    ));
+                }
+                if !count(s.completed) || s.errors.is_some_and(|e| !count(e)) {
+                    return Err("completed and errors must be counts: finite, at least 0".into());
+                }
+                if s.latency.len() > 64 {
+                    return Err(format!(
+                        "at most 64 latency buckets, got {}",
+                        s.latency.len()
+                    ));
+                }
+                if s.latency.iter().any(|b| {
+                    !count(b.count) || b.le.is_some_and(|le| !(le.is_finite() && le > 0.0))
+                }) {
+                    return Err(
+                        "latency buckets need a positive bound (or null for +Inf) and a count of at least 0"
+                            .into(),
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Nearest-rank-interpolated percentile `q` (0–1) of a cumulative histogram, in seconds, as
@@ -709,6 +759,52 @@ mod tests {
             histogram_quantile(0.99, &[b(Some(1.0), 0.0), b(None, 10.0)]),
             Some(1.0)
         );
+    }
+
+    #[test]
+    fn an_agent_reports_plausible_work_or_is_refused() {
+        let ok = WorkReport::Measured(WorkSample {
+            interval_secs: 5.0,
+            completed: 10.0,
+            errors: Some(0.0),
+            latency: vec![b(Some(0.1), 10.0), b(None, 10.0)],
+        });
+        assert!(ok.check().is_ok());
+        for bad in [
+            WorkSample {
+                interval_secs: 0.0,
+                completed: 1.0,
+                errors: None,
+                latency: vec![],
+            },
+            WorkSample {
+                interval_secs: 1.0,
+                completed: -1.0,
+                errors: None,
+                latency: vec![],
+            },
+            WorkSample {
+                interval_secs: 1.0,
+                completed: 1.0,
+                errors: None,
+                latency: vec![b(Some(-0.5), 1.0)],
+            },
+            WorkSample {
+                interval_secs: 1.0,
+                completed: 1.0,
+                errors: None,
+                latency: vec![b(None, 1.0); 65],
+            },
+        ] {
+            assert!(
+                WorkReport::Measured(bad.clone()).check().is_err(),
+                "{bad:?}"
+            );
+        }
+        let long = WorkReport::Unknown {
+            reason: "x".repeat(513),
+        };
+        assert!(long.check().is_err());
     }
 
     #[test]
