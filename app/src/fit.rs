@@ -40,10 +40,10 @@ pub fn VerdictBadge(verdict: Verdict) -> impl IntoView {
 }
 
 /// One line of a chart: its name, CSS class and points (time, value).
-struct Series {
-    name: &'static str,
-    class: &'static str,
-    points: Vec<(i64, f64)>,
+pub struct Series {
+    pub name: &'static str,
+    pub class: &'static str,
+    pub points: Vec<(i64, f64)>,
 }
 
 const W: f64 = 640.0;
@@ -53,7 +53,7 @@ const PAD_B: f64 = 22.0;
 
 /// A line chart in SVG: `series` over time, with horizontal `marks` (a budget, a cap).
 #[component]
-fn Chart(
+pub(crate) fn Chart(
     title: String,
     unit: &'static str,
     series: Vec<Series>,
@@ -101,10 +101,10 @@ fn Chart(
     let axis = [0.0, 0.5, 1.0]
         .map(|f| {
             let v = top / 1.1 * f;
-            let label = if unit == "MiB" {
-                measured_text(MiB(v.round() as u64))
-            } else {
-                format!("{v:.0} %")
+            let label = match unit {
+                "MiB" => measured_text(MiB(v.round() as u64)),
+                "%" => format!("{v:.0} %"),
+                other => format!("{} {other}", tessera_model::work::trim_float((v * 10.0).round() / 10.0)),
             };
             view! { <text class="axis" x=format!("{}", PAD_L - 6.0) y=format!("{:.1}", y(v) + 4.0) text-anchor="end">{label}</text> }
         })

@@ -29,3 +29,22 @@ test("the service page lists its endpoints with their health, and they answer", 
   await page.screenshot({ path: "screenshots/service-endpoints.png", fullPage: true });
   expect(errors).toEqual([]);
 });
+
+// The demo's clients send `embeddings` requests; its application's own metrics (scraped
+// by the agents) show on its page: the work completed, latency against its target, its
+// alarm, and interference as evidence accumulates.
+test("the service page shows the work its application completes", async ({ page }) => {
+  const errors = watchConsole(page);
+  await open(page, "/services/embeddings");
+  const panel = page.locator("section.work");
+  await expect(panel.getByRole("heading", { name: "Work", exact: true })).toBeVisible();
+  await expect(panel.locator("dd.completed")).toHaveText(/^\d+(\.\d)? \/s$/, { timeout: 60_000 });
+  await expect(panel).toContainText("example_requests_total");
+  await expect(panel.locator(".alarms li")).toContainText("latency_p99_ms above 150 for 30 s");
+  const work = await (await page.request.get("/api/v1/services/embeddings/work")).json();
+  expect(work.tasks_measured).toBeGreaterThan(0);
+  expect(work.completed_per_sec).toBeGreaterThan(0);
+  expect(work.objectives.slo.latency_p99_ms).toBe(40);
+  await panel.screenshot({ path: "screenshots/service-work.png" });
+  expect(errors).toEqual([]);
+});

@@ -111,6 +111,18 @@ fn samples() -> Vec<Sample> {
             peak_mib: "5837",
             work: Some(example_work()),
         },
+        // An HTTP service whose load rises and falls: autoscaled on the work it completes.
+        Sample {
+            family: "summarizer",
+            pool: "inference",
+            count: 1,
+            container: json!({"name": "summarizer", "command": [me, "example-server"], "cpu_milli": 1000, "memory_mib": 4096,
+                   "env": {"EXAMPLE_WORK_MS": "30"}, "gpu": {"mps": {"memory_mib": 4096, "max_compute_percent": 20}},
+                   "ports": [{"name": "http", "container_port": 8080}],
+                   "health_check": {"http": {"port": "http", "path": "/health"}, "interval_secs": 10}}),
+            peak_mib: "3500",
+            work: Some(example_work()),
+        },
         // A heavy neighbour on the simulated GPUs: the embeddings tasks that share a GPU
         // with it work 2.5 times slower, which the interference estimate finds.
         Sample {
@@ -216,11 +228,11 @@ pub async fn seed(control: &Control) -> Result<(), ControlError> {
                         Vec::new()
                     },
                     bake_secs: if embeddings { 60 } else { 0 },
-                    autoscaling: embeddings.then_some(Autoscaling {
-                        min: 2,
-                        max: 6,
+                    autoscaling: (family == "summarizer").then_some(Autoscaling {
+                        min: 1,
+                        max: 4,
                         metric: ScaleMetric::CompletedPerTaskPerSec,
-                        target: 8.0,
+                        target: 5.0,
                         scale_out_cooldown_secs: 30,
                         scale_in_cooldown_secs: 120,
                     }),
@@ -283,9 +295,34 @@ pub async fn run_agents(
     Ok(())
 }
 
-/// The demo's clients: requests to `embeddings`' healthy endpoints at a rate that rises
-/// and falls over ten minutes (5 to 35 a second; one in a hundred asks to fail), so its
-/// work, latency, autoscaling and the cost of its heavy neighbour show in the console.
+/// One service the demo's load reaches: its endpoints and when they were read, requests
+/// sent, and when the next is due (seconds since the load started).
+#[cfg(feature = "demo")]
+struct Client {
+    name: &'static str,
+    targets: Vec<String>,
+    refreshed: Option<std::time::Instant>,
+    sent: u64,
+    due: f64,
+}
+
+#[cfg(feature = "demo")]
+impl Client {
+    fn new(name: &'static str) -> Client {
+        Client {
+            name,
+            targets: Vec::new(),
+            refreshed: None,
+            sent: 0,
+            due: 0.0,
+        }
+    }
+}
+
+/// The demo's clients: requests to the healthy endpoints of `embeddings` (20 a second, one
+/// in a hundred asking to fail) and of `summarizer` (2 to 18 a second, rising and falling over
+/// ten minutes), so their work, latency, the cost of `batch-scorer` as a neighbour and
+/// `summarizer`'s autoscaling show in the console.
 #[cfg(feature = "demo")]
 pub async fn run_load(control: Control, mut shutdown: watch::Receiver<bool>) {
     let client = match reqwest::Client::builder()
@@ -300,42 +337,57 @@ pub async fn run_load(control: Control, mut shutdown: watch::Receiver<bool>) {
         }
     };
     let started = std::time::Instant::now();
-    let mut targets: Vec<String> = Vec::new();
-    let mut refreshed: Option<std::time::Instant> = None;
-    let mut sent: u64 = 0;
+    let mut services = [Client::new("embeddings"), Client::new("summarizer")];
+    let tick = std::time::Duration::from_millis(10);
     loop {
-        if refreshed.is_none_or(|t| t.elapsed() > std::time::Duration::from_secs(2)) {
-            refreshed = Some(std::time::Instant::now());
-            if let Ok(list) = control.endpoints("embeddings").await {
-                targets = list
-                    .endpoints
-                    .iter()
-                    .filter(|e| {
-                        e.health == tessera_model::api::EndpointHealth::Healthy
-                            && e.port_name.as_deref() == Some("http")
-                    })
-                    .map(|e| format!("http://{}:{}/", e.address, e.port))
-                    .collect();
-            }
-        }
         let t = started.elapsed().as_secs_f64();
-        let rate = 20.0 + 15.0 * (std::f64::consts::TAU * t / 600.0).sin();
-        if !targets.is_empty() {
-            sent += 1;
-            let url = &targets[(sent as usize) % targets.len()];
-            let url = if sent.is_multiple_of(100) {
-                format!("{url}?fail=1")
-            } else {
-                url.clone()
+        for Client {
+            name,
+            targets,
+            refreshed,
+            sent,
+            due,
+        } in services.iter_mut()
+        {
+            if refreshed.is_none_or(|r| r.elapsed() > std::time::Duration::from_secs(2)) {
+                *refreshed = Some(std::time::Instant::now());
+                if let Ok(list) = control.endpoints(name).await {
+                    *targets = list
+                        .endpoints
+                        .iter()
+                        .filter(|e| {
+                            e.health == tessera_model::api::EndpointHealth::Healthy
+                                && e.port_name.as_deref() == Some("http")
+                        })
+                        .map(|e| format!("http://{}:{}/", e.address, e.port))
+                        .collect();
+                }
+            }
+            let rate = match *name {
+                "summarizer" => 10.0 + 8.0 * (std::f64::consts::TAU * t / 600.0).sin(),
+                _ => 20.0,
             };
-            let client = client.clone();
-            tokio::spawn(async move {
-                let _ = client.get(url).send().await;
-            });
+            while *due <= t {
+                *due += 1.0 / rate;
+                if targets.is_empty() {
+                    continue;
+                }
+                *sent += 1;
+                let url = &targets[(*sent as usize) % targets.len()];
+                let url = if *name == "embeddings" && sent.is_multiple_of(100) {
+                    format!("{url}?fail=1")
+                } else {
+                    url.clone()
+                };
+                let client = client.clone();
+                tokio::spawn(async move {
+                    let _ = client.get(url).send().await;
+                });
+            }
         }
         tokio::select! {
             _ = shutdown.changed() => return,
-            _ = tokio::time::sleep(std::time::Duration::from_secs_f64(1.0 / rate)) => {}
+            _ = tokio::time::sleep(tick) => {}
         }
     }
 }

@@ -256,7 +256,7 @@ fn login_reads_the_fleet_acts_on_it_and_logout_ends_the_token() {
     s.until(&["get", "services"], "the demo's services run", |v| {
         v["services"]
             .as_array()
-            .is_some_and(|l| l.len() == 4 && l.iter().all(|s| s["running"] == s["desired_count"]))
+            .is_some_and(|l| l.len() == 6 && l.iter().all(|s| s["running"] == s["desired_count"]))
     });
     let hosts = s.ok(&["get", "hosts"]);
     assert!(hosts.starts_with("HOST"), "{hosts}");

@@ -136,6 +136,45 @@ fn Work(work: tessera_model::work::ServiceWork) -> impl IntoView {
         .into_any();
     };
     let last = work.series.last().cloned();
+    // The last hour, up to the end of the newest bucket.
+    let to = last.as_ref().map_or(0, |p| p.at + work.bucket_secs);
+    let from = to - 3600;
+    let points = |f: fn(&tessera_model::work::WorkPoint) -> Option<f64>| -> Vec<(i64, f64)> {
+        work.series
+            .iter()
+            .filter_map(|p| f(p).map(|v| (p.at, v)))
+            .collect()
+    };
+    use crate::fit::Series;
+    let completed = vec![Series {
+        name: "completed / s",
+        class: "s-p50",
+        points: points(|p| Some(p.completed_per_sec)),
+    }];
+    let latency = vec![
+        Series {
+            name: "p99",
+            class: "s-max",
+            points: points(|p| p.latency_p99_ms),
+        },
+        Series {
+            name: "p50",
+            class: "s-p50",
+            points: points(|p| p.latency_p50_ms),
+        },
+    ];
+    let latency_marks = work
+        .objectives
+        .slo
+        .as_ref()
+        .map(|s| {
+            vec![(
+                format!("target {} ms", trim_float(s.latency_p99_ms)),
+                "budget",
+                s.latency_p99_ms,
+            )]
+        })
+        .unwrap_or_default();
     view! {
         <section class="panel work">
             <h2>"Work"</h2>
@@ -158,6 +197,10 @@ fn Work(work: tessera_model::work::ServiceWork) -> impl IntoView {
                     num(p.latency_p50_ms, "ms"), num(p.latency_p95_ms, "ms"), num(p.latency_p99_ms, "ms")
                 ))}</dd></div>
             </dl>
+            <div class="charts">
+                <crate::fit::Chart title="Completed work".into() unit="/s" series=completed marks=vec![] from=from to=to />
+                <crate::fit::Chart title="Latency".into() unit="ms" series=latency marks=latency_marks from=from to=to />
+            </div>
             {(!work.unknown.is_empty()).then(|| view! {
                 <p class="muted unknown">{work.unknown.iter().map(|(t, why)| format!("{}: {why}", &t[..8.min(t.len())])).collect::<Vec<_>>().join("; ")}</p>
             })}
