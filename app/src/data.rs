@@ -37,6 +37,20 @@ pub(crate) mod ssr {
             .ok_or_else(|| ServerFnError::new("the console is not connected to the control plane"))
     }
 
+    /// The control plane, to a caller with at least `role`. A page rendered on the server
+    /// calls its server functions in process, past the layer that checks their roles over
+    /// HTTP: one that reads what only some roles may read checks the caller itself.
+    pub fn control_as(role: tessera_model::auth::Role) -> Result<Control, ServerFnError> {
+        match caller() {
+            Some(c) if c.role.allows(role) => control(),
+            Some(_) => Err(ServerFnError::new(format!(
+                "this needs the {} role",
+                role.as_str()
+            ))),
+            None => Err(ServerFnError::new("sign in first")),
+        }
+    }
+
     /// A failure the operator cannot act on: logged with its cause, shown without it.
     pub fn internal(e: impl std::fmt::Display) -> ServerFnError {
         tracing::error!(error = %e, "console request failed");

@@ -147,7 +147,7 @@ fn unix_now() -> i64 {
 
 impl Control {
     /// Makes sure the `admin` account exists. With `given`, that is its password from now on
-    /// (created, or reset and enabled). Without, on first start (no users at all) it gets a
+    /// (created, or its password reset; a disabled or demoted admin stays so). Without, on first start (no users at all) it gets a
     /// generated password, returned to be printed once; with `regenerate` (the demo) a new
     /// one is set on every start.
     pub async fn ensure_admin(
@@ -164,13 +164,21 @@ impl Control {
         };
         check_password(&password)?;
         let hash = hash_password(&password)?;
-        if self.store.user_credentials(ADMIN_USER).await?.is_some() {
+        if let Some(existing) = self.store.user_credentials(ADMIN_USER).await? {
+            // Its password only: a configured password that re-enabled a disabled admin,
+            // or restored a demoted one's role, would undo an administrator's decision on
+            // every restart (`tessera user enable admin` does that on purpose).
+            if existing.user.disabled {
+                tracing::warn!(
+                    "the admin account is disabled: the configured password is set, but it stays disabled (`tessera user enable admin` enables it)"
+                );
+            }
             self.store
                 .update_user(
                     ADMIN_USER,
                     &UserChange {
-                        role: Some(Role::Admin),
-                        disabled: Some(false),
+                        role: None,
+                        disabled: None,
                         password_hash: Some(hash),
                     },
                 )

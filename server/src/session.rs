@@ -31,11 +31,22 @@ pub struct SignIn {
 }
 
 /// A page of the console to go to after signing in: a local path only, never another site.
+/// Checked as a browser will read it: the URL parser drops tabs and newlines anywhere
+/// (`/\t/evil.example` is `//evil.example`, another site) and treats `\` as `/`; any other
+/// control character is refused.
 fn local_path(next: Option<&str>) -> String {
-    match next {
-        Some(p) if p.starts_with('/') && !p.starts_with("//") && !p.contains('\\') => p.to_owned(),
-        _ => "/".to_owned(),
-    }
+    let Some(raw) = next else {
+        return "/".to_owned();
+    };
+    let p: String = raw
+        .chars()
+        .filter(|c| !matches!(c, '\t' | '\n' | '\r'))
+        .collect();
+    let local = p.starts_with('/')
+        && !p.starts_with("//")
+        && !p.contains('\\')
+        && !p.chars().any(char::is_control);
+    if local { p } else { "/".to_owned() }
 }
 
 fn session_of(req: &Request) -> Result<Session, ApiError> {
@@ -399,4 +410,35 @@ pub async fn list_audit(
         })
         .await?;
     Ok(Json(AuditList { entries }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::local_path;
+
+    #[test]
+    fn next_is_a_local_path_as_a_browser_reads_it() {
+        assert_eq!(
+            local_path(Some("/services/web?range=day")),
+            "/services/web?range=day"
+        );
+        for other_site in [
+            "//evil.example",
+            "/\\evil.example",
+            "/\t/evil.example",
+            "/\n/evil.example",
+            "\t//evil.example",
+            "https://evil.example",
+            "/\r\n/evil.example",
+            "/\u{0}x",
+        ] {
+            assert_eq!(local_path(Some(other_site)), "/", "{other_site:?}");
+        }
+        assert_eq!(
+            local_path(Some("/hosts\t")),
+            "/hosts",
+            "tabs dropped as the browser does"
+        );
+        assert_eq!(local_path(None), "/");
+    }
 }

@@ -442,6 +442,7 @@ async fn the_loop_follows_the_live_feed_and_ends_on_operator_errors() {
         url: Some(url),
         token: Some(Token(TOKEN.to_owned())),
         ca_cert: None,
+        insecure_http: false,
     })
     .expect("a client");
     let a = lb::server_name(TASK_A, port_a);

@@ -69,6 +69,27 @@ async fn pages_render_on_the_server() {
     let (status, _) = get(&state, "/no-such-page", token).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 
+    // The audit log is the admins': a viewer's server-rendered /audit shows none of it
+    // (the REST route and the server function refuse it too).
+    state
+        .control
+        .audit(tessera_control::store::NewAuditEntry {
+            actor: "admin".into(),
+            action: "POST /api/v1/users".into(),
+            target: Some("secret-agent-07".into()),
+            address: None,
+        })
+        .await;
+    let (_, html) = get(&state, "/audit", token).await;
+    assert!(
+        !html.contains("secret-agent-07"),
+        "a viewer read the audit log through the rendered page"
+    );
+    let admin = api_token(&state.control, Role::Admin).await.expect("token");
+    let (status, html) = get(&state, "/audit", Some(admin.as_str())).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(html.contains("secret-agent-07"), "an admin reads it");
+
     // A secret's value is on no page; that it is set is.
     state
         .control

@@ -12,8 +12,8 @@ pub async fn list_audit(
     actor: Option<String>,
     text: Option<String>,
 ) -> Result<Vec<AuditEntry>, ServerFnError> {
-    use crate::data::ssr::{control, internal};
-    control()?
+    use crate::data::ssr::{control_as, internal};
+    control_as(tessera_model::auth::Role::Admin)?
         .list_audit(&tessera_control::store::AuditFilter {
             actor: actor.filter(|s| !s.is_empty()),
             text: text.filter(|s| !s.is_empty()),

@@ -252,8 +252,8 @@ pub(super) fn parse_ecs(c: &mut Checker, o: &Map<String, Value>) -> Option<TaskD
         .filter(|(k, _)| !["family", "containerDefinitions", "work"].contains(&k.as_str()))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
-    let task_cpu = task_size(c, &task_ecs, "cpu", "vCPU", 1024);
-    let task_memory = task_size(c, &task_ecs, "memory", "GB", 1024);
+    let task_cpu = task_size(c, &task_ecs, "cpu", "vCPU", 1024, MAX_TASK_CPU_UNITS);
+    let task_memory = task_size(c, &task_ecs, "memory", "GB", 1024, MAX_TASK_MEMORY_MIB);
     let containers: Vec<ContainerSpec> = parsed.iter().map(|p| p.container.clone()).collect();
     let (cpu_share, memory_share) = shares(&containers, task_cpu, task_memory);
     let given_cpu: u64 = parsed
@@ -314,12 +314,19 @@ struct Parsed {
 }
 
 /// A task-level size: a number, a numeric string, or `N <unit>` (× `per_unit`).
+/// The largest task-level `cpu` (units) and `memory` (MiB): what its most containers could
+/// each ask for. Past them a size is refused, never carried into arithmetic that overflows.
+const MAX_TASK_CPU_UNITS: u64 = 1_024_000 * MAX_CONTAINERS as u64;
+const MAX_TASK_MEMORY_MIB: u64 = MAX_MEMORY_MIB * MAX_CONTAINERS as u64;
+
+/// A task-level size: a number, a numeric string, or `N <unit>` (× `per_unit`), at most `max`.
 fn task_size(
     c: &mut Checker,
     task: &Map<String, Value>,
     key: &str,
     unit: &str,
     per_unit: u64,
+    max: u64,
 ) -> Option<u64> {
     let v = task.get(key)?;
     let parsed = match v {
@@ -334,20 +341,27 @@ fn task_size(
                     .trim()
                     .parse::<f64>()
                     .ok()
-                    .filter(|n| *n > 0.0)
-                    .map(|n| (n * per_unit as f64).round() as u64),
+                    .filter(|n| *n > 0.0 && n.is_finite())
+                    .map(|n| (n * per_unit as f64).round().min(u64::MAX as f64) as u64),
                 None => s.parse::<u64>().ok(),
             }
         }
         _ => None,
     };
-    if parsed.is_none() {
-        c.err(
-            key,
-            format!("must be a number, a string of one (\"2048\") or \"N {unit}\", got {v}"),
-        );
+    match parsed {
+        None => {
+            c.err(
+                key,
+                format!("must be a number, a string of one (\"2048\") or \"N {unit}\", got {v}"),
+            );
+            None
+        }
+        Some(n) if n > max => {
+            c.err(key, format!("must be at most {max}, got {v}"));
+            None
+        }
+        some => some,
     }
-    parsed
 }
 
 /// What each container that gives no CPU (units) or memory (MiB) gets of the task's: the
@@ -391,8 +405,22 @@ fn shares(
 /// what the spec says.
 pub fn to_ecs_json(spec: &TaskDefinitionSpec) -> Value {
     let mut probe = Checker { errors: Vec::new() };
-    let task_cpu = task_size(&mut probe, &spec.ecs, "cpu", "vCPU", 1024);
-    let task_memory = task_size(&mut probe, &spec.ecs, "memory", "GB", 1024);
+    let task_cpu = task_size(
+        &mut probe,
+        &spec.ecs,
+        "cpu",
+        "vCPU",
+        1024,
+        MAX_TASK_CPU_UNITS,
+    );
+    let task_memory = task_size(
+        &mut probe,
+        &spec.ecs,
+        "memory",
+        "GB",
+        1024,
+        MAX_TASK_MEMORY_MIB,
+    );
     let (cpu_share, memory_share) = shares(&spec.containers, task_cpu, task_memory);
     let defs: Vec<Value> = spec
         .containers

@@ -606,3 +606,20 @@ fn work_names_a_port_of_the_task_and_prometheus_metric_names() {
     assert_eq!(to_ecs_json(&spec)["work"]["port"], "http");
     assert!(spec.ecs.get("work").is_none(), "modelled, not kept twice");
 }
+
+#[test]
+fn an_ecs_task_size_near_the_integer_limit_is_an_error_not_an_overflow() {
+    for (key, value) in [
+        ("cpu", json!(u64::MAX)),
+        ("cpu", json!("18446744073709551615")),
+        ("memory", json!(u64::MAX - 1)),
+        ("cpu", json!("1e300 vCPU")),
+    ] {
+        let errs = errors(json!({"family": "big", key: value,
+            "containerDefinitions": [{"name": "a", "image": "x"}]}));
+        assert!(
+            errs.iter().any(|(f, m)| f == key && m.contains("at most")),
+            "{key} = {value}: {errs:?}"
+        );
+    }
+}

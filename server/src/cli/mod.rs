@@ -50,6 +50,9 @@ pub struct Connection {
     /// Trust this CA certificate (PEM) for the server's HTTPS, besides the system's roots.
     #[arg(long, env = "TESSERA_CA_CERT", global = true)]
     pub ca_cert: Option<PathBuf>,
+    /// Send the token over plain http:// to a server that is not on this machine.
+    #[arg(long, env = "TESSERA_INSECURE_HTTP", global = true)]
+    pub insecure_http: bool,
 }
 
 /// An API token from the command line or the environment: `Debug` shows `***`.
@@ -116,6 +119,9 @@ pub enum ClientCommand {
         expires_in_days: u32,
         #[arg(long, env = "TESSERA_CA_CERT")]
         ca_cert: Option<PathBuf>,
+        /// Send the password over plain http:// to a server that is not on this machine.
+        #[arg(long, env = "TESSERA_INSECURE_HTTP")]
+        insecure_http: bool,
     },
     /// Delete the kept token on the server and forget it here.
     Logout,
@@ -283,9 +289,11 @@ pub async fn run(command: ClientCommand) -> anyhow::Result<()> {
             token,
             expires_in_days,
             ca_cert,
+            insecure_http,
         } => {
             login(
                 &url,
+                insecure_http,
                 username,
                 password_stdin,
                 token,
@@ -420,6 +428,9 @@ struct Login {
     /// Who signed in.
     user: String,
     ca_cert: Option<PathBuf>,
+    /// Signed in over plain http:// to a remote server on purpose (`--insecure-http`).
+    #[serde(default)]
+    insecure_http: bool,
 }
 
 /// `$TESSERA_CONFIG_DIR`, else `$XDG_CONFIG_HOME/tessera`, else `~/.config/tessera`.
@@ -506,12 +517,25 @@ fn http_client(ca_cert: Option<&Path>) -> anyhow::Result<reqwest::Client> {
     b.build().context("setting up HTTPS")
 }
 
-fn base_url(url: &str) -> anyhow::Result<String> {
+/// The server's URL without a trailing `/`. Plain `http://` only to this machine (or with
+/// `insecure`): anything on the network between would read the password or token.
+fn base_url(url: &str, insecure: bool) -> anyhow::Result<String> {
     let parsed = reqwest::Url::parse(url).with_context(|| {
         format!("{url:?} is not a URL: give one like https://tessera.example:3000")
     })?;
     if !matches!(parsed.scheme(), "http" | "https") {
         bail!("{url:?}: only http:// and https:// servers");
+    }
+    let loopback = match parsed.host() {
+        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+        Some(url::Host::Ipv4(a)) => a.is_loopback(),
+        Some(url::Host::Ipv6(a)) => a.is_loopback(),
+        None => false,
+    };
+    if parsed.scheme() == "http" && !loopback && !insecure {
+        bail!(
+            "{url:?}: credentials would cross the network in clear; use https:// (the server's --tls-cert), or pass --insecure-http if this network is yours alone"
+        );
     }
     Ok(url.trim_end_matches('/').to_owned())
 }
@@ -531,13 +555,17 @@ impl Client {
             .map(|t| t.0.clone())
             .or_else(|| stored.as_ref().map(|l| l.token.clone()))
             .context("no token: run `tessera login URL` first, or pass --token (TESSERA_TOKEN)")?;
+        let insecure = conn.insecure_http
+            || stored
+                .as_ref()
+                .is_some_and(|l| l.insecure_http && l.url == url.trim_end_matches('/'));
         let ca = conn
             .ca_cert
             .clone()
             .or_else(|| stored.and_then(|l| l.ca_cert));
         Ok(Client {
             http: http_client(ca.as_deref())?,
-            base: base_url(&url)?,
+            base: base_url(&url, insecure)?,
             token,
         })
     }
@@ -626,13 +654,14 @@ fn api_error(status: reqwest::StatusCode, bytes: &[u8]) -> Exit {
 
 async fn login(
     url: &str,
+    insecure_http: bool,
     username: Option<String>,
     password_stdin: bool,
     token: Option<Token>,
     expires_in_days: u32,
     ca_cert: Option<PathBuf>,
 ) -> anyhow::Result<()> {
-    let base = base_url(url)?;
+    let base = base_url(url, insecure_http)?;
     let http = http_client(ca_cert.as_deref())?;
     let (token, token_id) = match token {
         Some(Token(t)) => (t, None),
@@ -693,6 +722,7 @@ async fn login(
         token_id,
         user: me.name.clone(),
         ca_cert,
+        insecure_http,
     })?;
     say!(
         "signed in to {base} as {} ({}); token kept in {}",
@@ -1280,5 +1310,29 @@ async fn events(
             say!("{}  {}", e.at, e.message);
             last = last.max(e.id);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::base_url;
+
+    #[test]
+    fn credentials_cross_a_network_in_clear_only_when_asked_to() {
+        for local in [
+            "http://127.0.0.1:3000/",
+            "http://localhost:3000",
+            "http://[::1]:3000",
+            "https://tessera.example",
+        ] {
+            assert!(base_url(local, false).is_ok(), "{local}");
+        }
+        let err = base_url("http://tessera.example:3000", false).expect_err("refused");
+        assert!(err.to_string().contains("--insecure-http"), "{err}");
+        assert!(base_url("http://10.0.0.5:3000", false).is_err());
+        assert_eq!(
+            base_url("http://10.0.0.5:3000/", true).expect("asked for"),
+            "http://10.0.0.5:3000"
+        );
     }
 }
