@@ -288,6 +288,14 @@ pub async fn delete_token(
                     "you may delete only the tokens you made; ask an admin".into(),
                 ));
             }
+            // A credential mutates nothing above its own role: a viewer token its admin
+            // made does not delete that admin's other tokens.
+            Some(t) if !caller.role.allows(t.role) => {
+                return Err(ApiError::Forbidden(format!(
+                    "a {} credential cannot delete a {} token; use one of at least that role",
+                    caller.role, t.role
+                )));
+            }
             Some(_) => {}
         }
     }

@@ -868,3 +868,70 @@ async fn admins_revoke_agents_delete_idle_hosts_and_rotate_the_join_token() {
     .await;
     assert_eq!(fresh.status, StatusCode::CREATED, "{}", fresh.body);
 }
+
+/// A read-only credential deletes nothing above its role: a viewer token an admin made
+/// cannot delete that admin's admin token. And a token is worth no more than its user is
+/// now: demoting the user demotes the token.
+#[tokio::test]
+async fn a_tokens_role_bounds_what_it_deletes_and_follows_its_users_role() {
+    let c = ctx().await;
+    let made = send(
+        &c,
+        Method::POST,
+        "/api/v1/users",
+        Some(json!({"username": "dora", "password": "dora-admin-password", "role": "admin"})),
+        &bearer(&c.admin),
+    )
+    .await;
+    assert_eq!(made.status, StatusCode::CREATED, "{}", made.body);
+    let login = send(
+        &c,
+        Method::POST,
+        "/api/v1/session/token",
+        Some(json!({"username": "dora", "password": "dora-admin-password", "name": "cli dora"})),
+        &[],
+    )
+    .await;
+    assert_eq!(login.status, StatusCode::CREATED, "{}", login.body);
+    let dora = login.body["token"].as_str().expect("token").to_owned();
+    let dora_id = login.body["id"].as_str().expect("id").to_owned();
+    let viewer = send(
+        &c,
+        Method::POST,
+        "/api/v1/tokens",
+        Some(json!({"name": "dashboards", "role": "viewer"})),
+        &bearer(&dora),
+    )
+    .await;
+    assert_eq!(viewer.status, StatusCode::CREATED, "{}", viewer.body);
+    let viewer = viewer.body["token"].as_str().expect("token").to_owned();
+    let attack = send(
+        &c,
+        Method::DELETE,
+        &format!("/api/v1/tokens/{dora_id}"),
+        None,
+        &bearer(&viewer),
+    )
+    .await;
+    assert_eq!(attack.status, StatusCode::FORBIDDEN, "{}", attack.body);
+    let still = send(&c, Method::GET, "/api/v1/audit", None, &bearer(&dora)).await;
+    assert_eq!(
+        still.status,
+        StatusCode::OK,
+        "the admin's token still works"
+    );
+
+    let demoted = send(
+        &c,
+        Method::PATCH,
+        "/api/v1/users/dora",
+        Some(json!({"role": "viewer"})),
+        &bearer(&c.admin),
+    )
+    .await;
+    assert_eq!(demoted.status, StatusCode::OK, "{}", demoted.body);
+    let me = send(&c, Method::GET, "/api/v1/session", None, &bearer(&dora)).await;
+    assert_eq!(me.body["role"], "viewer", "{}", me.body);
+    let audit = send(&c, Method::GET, "/api/v1/audit", None, &bearer(&dora)).await;
+    assert_eq!(audit.status, StatusCode::FORBIDDEN, "{}", audit.body);
+}

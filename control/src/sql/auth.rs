@@ -154,8 +154,8 @@ impl AuthStore for This {
     }
 
     async fn valid_api_token(&self, token_hash: &str) -> Result<Option<ApiTokenInfo>, StoreError> {
-        sqlx::query(&format!(
-            "SELECT {TOKEN_COLUMNS} FROM api_tokens t JOIN users u ON u.username = t.created_by
+        let Some(row) = sqlx::query(&format!(
+            "SELECT {TOKEN_COLUMNS}, u.role AS user_role FROM api_tokens t JOIN users u ON u.username = t.created_by
              WHERE t.token_hash = $1 AND u.disabled = 0
                AND (t.expires_at IS NULL OR t.expires_at > $2)"
         ))
@@ -163,9 +163,19 @@ impl AuthStore for This {
         .bind(crate::clock::stamp(chrono::Utc::now()))
         .fetch_optional(&self.db)
         .await?
-        .as_ref()
-        .map(token_from_row)
-        .transpose()
+        else {
+            return Ok(None);
+        };
+        let mut token = token_from_row(&row)?;
+        // Worth no more than its user is now: a demoted user's tokens are demoted too.
+        let user: String = row.try_get("user_role")?;
+        let user = user
+            .parse::<Role>()
+            .map_err(|e| StoreError::corrupt("user role", e))?;
+        if !user.allows(token.role) {
+            token.role = user;
+        }
+        Ok(Some(token))
     }
 
     async fn list_api_tokens(&self) -> Result<Vec<ApiTokenInfo>, StoreError> {
