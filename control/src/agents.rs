@@ -18,6 +18,8 @@ use tessera_model::taskdef::{GpuRequirement, TaskDefinitionSpec};
 use tessera_model::{GpuHealth, GpuInfo, HostId, HostInfo, HostStatus, MiB, SharingMode};
 
 const JOIN_TOKEN_SETTING: &str = "join_token_sha256";
+/// The hash of the join token the configuration last gave (see `ensure_join_token`).
+const JOIN_TOKEN_CONFIGURED: &str = "join_token_configured_sha256";
 
 /// SHA-256 of a token, hex; only hashes are stored.
 pub fn hash_token(token: &str) -> String {
@@ -148,9 +150,22 @@ impl Control {
                     "must be at least 16 characters",
                 ));
             }
-            self.store
-                .set_setting(JOIN_TOKEN_SETTING, &hash_token(token))
-                .await?;
+            // The configuration's token takes effect when it is new to this database; the
+            // same one configured again after an admin rotated the token (it leaked) does
+            // not bring it back.
+            let hash = hash_token(token);
+            let configured = self.store.get_setting(JOIN_TOKEN_CONFIGURED).await?;
+            let current = self.store.get_setting(JOIN_TOKEN_SETTING).await?;
+            if current.is_some() && configured.as_deref() == Some(hash.as_str()) {
+                if current.as_deref() != Some(hash.as_str()) {
+                    tracing::warn!(
+                        "the configured join token was rotated since it was set: agents join with the current one (drop --join-token / TESSERA_JOIN_TOKEN, or configure a new one)"
+                    );
+                }
+                return Ok(None);
+            }
+            self.store.set_setting(JOIN_TOKEN_SETTING, &hash).await?;
+            self.store.set_setting(JOIN_TOKEN_CONFIGURED, &hash).await?;
             return Ok(None);
         }
         if self.store.get_setting(JOIN_TOKEN_SETTING).await?.is_some() {
@@ -161,6 +176,14 @@ impl Control {
             .set_setting(JOIN_TOKEN_SETTING, &hash_token(&token))
             .await?;
         Ok(Some(token))
+    }
+
+    /// Makes `token` the join token now (a rotation), whatever the configuration gave.
+    pub(crate) async fn replace_join_token(&self, token: &str) -> Result<(), ControlError> {
+        Ok(self
+            .store
+            .set_setting(JOIN_TOKEN_SETTING, &hash_token(token))
+            .await?)
     }
 
     /// `POST /agent/v1/register`: checks the join token, then admits the host.

@@ -485,7 +485,7 @@ impl Control {
     /// A new join token, returned this once; the old one stops working at once.
     pub async fn rotate_join_token(&self) -> Result<String, ControlError> {
         let token = new_token();
-        self.ensure_join_token(Some(&token)).await?;
+        self.replace_join_token(&token).await?;
         Ok(token)
     }
 }

@@ -45,3 +45,62 @@ async fn the_configured_admin_password_never_enables_a_disabled_admin() {
         "a disabled account signs in"
     );
 }
+
+fn register_request(token: &str) -> tessera_model::agent::RegisterRequest {
+    tessera_model::agent::RegisterRequest {
+        address: None,
+        join_token: token.into(),
+        pool: tessera_model::PoolName::new("gpu").expect("valid"),
+        cpu_milli: tessera_model::MilliCpu(8000),
+        memory_mib: tessera_model::MiB(16 * 1024),
+        simulated: true,
+        labels: Default::default(),
+        gpus: gpus("joiner", 1, 24),
+        name: Some("joiner".into()),
+    }
+}
+
+/// An admin rotates the join token (the old one leaked); the server restarts with the old
+/// one still configured. It stays rotated: the leaked token admits nobody. A token the
+/// operator changes in the configuration does replace it.
+#[tokio::test]
+async fn a_rotated_join_token_stays_rotated_across_a_restart() {
+    let env = env(fast()).await;
+    let c = &env.control;
+    // `env` configured JOIN; an admin rotates it.
+    let rotated = c.rotate_join_token().await.expect("rotated");
+    // The restart, with the old token still in the configuration.
+    let restarted = env.restart(fast()).await;
+    restarted
+        .ensure_join_token(Some(JOIN))
+        .await
+        .expect("starts");
+    let err = restarted
+        .register_agent(&register_request(JOIN))
+        .await
+        .expect_err("the leaked token admits a host");
+    assert!(err.to_string().contains("join token"), "{err}");
+    restarted
+        .register_agent(&register_request(&rotated))
+        .await
+        .expect("the rotated token admits");
+    // A new token in the configuration is the operator's own rotation.
+    let chosen = "a-new-configured-join-token";
+    restarted
+        .ensure_join_token(Some(chosen))
+        .await
+        .expect("starts");
+    let mut r = register_request(chosen);
+    r.name = Some("joiner-2".into());
+    r.gpus = gpus("joiner-2", 1, 24);
+    restarted
+        .register_agent(&r)
+        .await
+        .expect("the new configured token admits");
+    assert!(
+        restarted
+            .register_agent(&register_request(&rotated))
+            .await
+            .is_err()
+    );
+}
