@@ -104,3 +104,20 @@ async fn a_rotated_join_token_stays_rotated_across_a_restart() {
             .is_err()
     );
 }
+
+/// The database holds password hashes, token hashes and task secrets: another local user
+/// reads none of it. A directory the server creates for it is 0700, its file 0600.
+#[tokio::test]
+async fn the_database_is_readable_by_its_owner_only() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("temp");
+    let data = dir.path().join("data");
+    let file = data.join("tessera.db");
+    let _store = tessera_control::open(&format!("sqlite://{}", file.display()))
+        .await
+        .expect("opened");
+    let mode =
+        |p: &std::path::Path| std::fs::metadata(p).expect("exists").permissions().mode() & 0o777;
+    assert_eq!(mode(&data), 0o700, "the data directory");
+    assert_eq!(mode(&file), 0o600, "the database file");
+}

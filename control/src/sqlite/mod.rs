@@ -41,14 +41,21 @@ impl SqliteStore {
             .journal_mode(SqliteJournalMode::Wal);
         let path = options.get_filename().to_path_buf();
         let in_memory = url.contains(":memory:");
+        // The database holds password, token and session hashes and task secrets: a
+        // directory made for it is its owner's alone (one that existed is left as it is),
+        // and so is the file.
+        use std::os::unix::fs::PermissionsExt;
+        let data_dir = |dir: &std::path::Path, source| StoreError::DataDir {
+            path: dir.display().to_string(),
+            source,
+        };
         if let Some(dir) = path
             .parent()
-            .filter(|d| !in_memory && !d.as_os_str().is_empty())
+            .filter(|d| !in_memory && !d.as_os_str().is_empty() && !d.exists())
         {
-            std::fs::create_dir_all(dir).map_err(|source| StoreError::DataDir {
-                path: dir.display().to_string(),
-                source,
-            })?;
+            std::fs::create_dir_all(dir).map_err(|e| data_dir(dir, e))?;
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+                .map_err(|e| data_dir(dir, e))?;
         }
         // An in-memory database lives as long as its one connection.
         let max = if in_memory { 1 } else { 8 };
@@ -56,6 +63,13 @@ impl SqliteStore {
             .max_connections(max)
             .connect_with(options)
             .await?;
+        if !in_memory
+            && let Err(e) = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+        {
+            // Another user's file that this one may write (a shared group): said, not fatal.
+            tracing::warn!(path = %path.display(), error = %e, "cannot make the database file owner-only (0600)");
+        }
+        // SQLite gives its -wal and -shm files the database file's mode.
         MIGRATOR.run(&db).await?;
         tracing::info!(path = %path.display(), "store opened");
         Ok(SqliteStore { db, fence: None })
