@@ -79,8 +79,11 @@ pub struct ControlConfig {
     pub migration_share: f64,
     /// Failed tasks after which a deployment is rolled back.
     pub failure_threshold: u32,
-    /// Stopped tasks, events and finished deployments older than this are deleted.
+    /// Stopped tasks, events, finished deployments and consolidation plans, and servers
+    /// not seen, older than this are deleted.
     pub retention: Duration,
+    /// Audit entries older than this are deleted.
+    pub audit_retention: Duration,
     /// The longest wait before a task that keeps failing is started again.
     pub max_restart_delay: Duration,
     /// What time it is: the machine's, or a test's [`crate::clock::ManualClock`].
@@ -103,6 +106,7 @@ impl Default for ControlConfig {
             migration_share: 0.2,
             failure_threshold: 3,
             retention: Duration::from_secs(7 * 24 * 3600),
+            audit_retention: Duration::from_secs(90 * 24 * 3600),
             max_restart_delay: Duration::from_secs(300),
             clock: Arc::new(SystemClock),
             lease_ttl: Duration::from_secs(8),

@@ -61,7 +61,10 @@ impl Control {
     pub async fn prune(&self) -> Result<Pruned, ControlError> {
         let pruned = self
             .store
-            .prune(&stamp(self.now() - to_chrono(self.config.retention)))
+            .prune(
+                &stamp(self.now() - to_chrono(self.config.retention)),
+                &stamp(self.now() - to_chrono(self.config.audit_retention)),
+            )
             .await?;
         if pruned != Pruned::default() {
             tracing::info!(?pruned, "pruned rows past the retention");

@@ -318,6 +318,12 @@ pub struct Pruned {
     pub tasks: u64,
     pub events: u64,
     pub deployments: u64,
+    /// Audit entries past the audit log's own retention.
+    pub audit: u64,
+    /// Servers not seen since the cutoff.
+    pub servers: u64,
+    /// Consolidation plans that finished (done, failed, cancelled) before the cutoff.
+    pub plans: u64,
 }
 
 #[async_trait]
@@ -553,7 +559,8 @@ pub trait TaskStore: Send + Sync + 'static {
 
     /// Deletes stopped tasks, events, and finished deployments without tasks, written
     /// before `before` (a stored time); returns how many of each.
-    async fn prune(&self, before: &str) -> Result<Pruned, StoreError>;
+    /// Deletes history older than `before` (the audit log: older than `audit_before`).
+    async fn prune(&self, before: &str, audit_before: &str) -> Result<Pruned, StoreError>;
 }
 
 #[async_trait]

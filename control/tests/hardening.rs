@@ -121,3 +121,46 @@ async fn the_database_is_readable_by_its_owner_only() {
     assert_eq!(mode(&data), 0o700, "the data directory");
     assert_eq!(mode(&file), 0o600, "the database file");
 }
+
+/// Nothing grows forever: the audit log past its own retention, servers long gone and
+/// finished consolidation plans past the retention are pruned with the rest.
+#[tokio::test]
+async fn the_audit_log_servers_and_finished_plans_are_pruned() {
+    let env = env(tessera_control::ControlConfig {
+        retention: std::time::Duration::from_secs(3600),
+        audit_retention: std::time::Duration::from_secs(7200),
+        ..fast()
+    })
+    .await;
+    let c = &env.control;
+    c.audit(tessera_control::store::NewAuditEntry {
+        actor: "admin".into(),
+        action: "POST /api/v1/users".into(),
+        target: Some("old".into()),
+        address: None,
+    })
+    .await;
+    c.tick().await.expect("this server announced");
+    let plan = c
+        .plan_consolidation(&tessera_model::consolidation::PlanInput {
+            pool: "gpu".into(),
+            goal: "gpus".into(),
+        })
+        .await
+        .expect("a plan");
+    c.cancel_consolidation_plan(&plan.id)
+        .await
+        .expect("cancelled");
+    // An hour and a half later: past the retention, within the audit's.
+    env.clock.advance(std::time::Duration::from_secs(5400));
+    let pruned = c.prune().await.expect("prune");
+    assert_eq!(
+        pruned.audit, 0,
+        "the audit log keeps its own, longer retention"
+    );
+    assert_eq!(pruned.plans, 1, "{pruned:?}");
+    assert_eq!(pruned.servers, 1, "{pruned:?}");
+    env.clock.advance(std::time::Duration::from_secs(3600));
+    let pruned = c.prune().await.expect("prune");
+    assert_eq!(pruned.audit, 1, "{pruned:?}");
+}

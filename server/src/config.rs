@@ -130,6 +130,9 @@ pub struct ServeArgs {
     /// Stopped tasks, events and finished deployments are deleted after this many days.
     #[arg(long, env = "TESSERA_RETENTION_DAYS", default_value_t = 7)]
     pub retention_days: u64,
+    /// Audit log entries are deleted after this many days.
+    #[arg(long, env = "TESSERA_AUDIT_RETENTION_DAYS", default_value_t = 90)]
+    pub audit_retention_days: u64,
 }
 
 /// A database URL with any password replaced, for logs.
@@ -160,6 +163,7 @@ impl fmt::Debug for ServeArgs {
             .field("join_token", &self.join_token.as_ref().map(|_| "***"))
             .field("sync_interval_secs", &self.sync_interval_secs)
             .field("retention_days", &self.retention_days)
+            .field("audit_retention_days", &self.audit_retention_days)
             .finish()
     }
 }
@@ -184,6 +188,7 @@ mod tests {
             join_token: Some("join-s3cret-token".into()),
             sync_interval_secs: 5,
             retention_days: 7,
+            audit_retention_days: 90,
         };
         let printed = format!("{args:?}");
         assert!(!printed.contains("s3cret"), "{printed}");

@@ -152,6 +152,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         ControlConfig {
             sync_interval: std::time::Duration::from_secs(args.sync_interval_secs.max(1)),
             retention: std::time::Duration::from_secs(args.retention_days * 24 * 3600),
+            audit_retention: std::time::Duration::from_secs(
+                args.audit_retention_days.saturating_mul(24 * 3600),
+            ),
             address: format!(
                 "{}://{}",
                 if args.tls_cert.is_some() {

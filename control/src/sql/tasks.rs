@@ -501,7 +501,7 @@ impl TaskStore for This {
         Ok(())
     }
 
-    async fn prune(&self, before: &str) -> Result<Pruned, StoreError> {
+    async fn prune(&self, before: &str, audit_before: &str) -> Result<Pruned, StoreError> {
         let mut tx = self.begin_immediate().await?;
         let tasks = sqlx::query(
             "DELETE FROM tasks WHERE state = 'stopped' AND COALESCE(stopped_at, created_at) < $1",
@@ -523,11 +523,31 @@ impl TaskStore for This {
         .execute(&mut *tx)
         .await?
         .rows_affected();
+        let audit = sqlx::query("DELETE FROM audit_log WHERE at < $1")
+            .bind(audit_before)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        let servers = sqlx::query("DELETE FROM servers WHERE last_seen_at < $1")
+            .bind(before)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        let plans = sqlx::query(
+            "DELETE FROM consolidation_plans WHERE status IN ('done', 'failed', 'cancelled') AND created_at < $1",
+        )
+        .bind(before)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
         tx.commit().await?;
         Ok(Pruned {
             tasks,
             events,
             deployments,
+            audit,
+            servers,
+            plans,
         })
     }
 }
