@@ -311,6 +311,7 @@ impl Control {
                 on_behalf_of: None,
                 kind: CallerKind::Session,
                 role: c.user.role,
+                token_id: None,
             }))
     }
 
@@ -377,6 +378,7 @@ impl Control {
             on_behalf_of: None,
             kind: CallerKind::Session,
             role: user.role,
+            token_id: None,
         };
         let token = self
             .create_api_token(&caller, name, user.role, expires_in_days)
@@ -413,6 +415,7 @@ impl Control {
                 on_behalf_of: Some(t.created_by),
                 kind: CallerKind::Token,
                 role: t.role,
+                token_id: Some(t.id),
             }))
     }
 

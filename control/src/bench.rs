@@ -163,6 +163,7 @@ pub async fn api_token(
         on_behalf_of: None,
         kind: CallerKind::Session,
         role,
+        token_id: None,
     };
     Ok(control
         .create_api_token(&caller, &format!("{role} token"), role, None)

@@ -90,6 +90,9 @@ pub struct Caller {
     pub on_behalf_of: Option<String>,
     pub kind: CallerKind,
     pub role: Role,
+    /// For a token, its id (what `DELETE /api/v1/tokens/{id}` names).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_id: Option<String>,
 }
 
 impl Caller {
@@ -141,6 +144,7 @@ mod tests {
             on_behalf_of: Some("alice".into()),
             kind: CallerKind::Token,
             role: Role::Operator,
+            token_id: None,
         };
         assert_eq!(c.actor(), "token ci (by alice)");
     }

@@ -278,26 +278,33 @@ pub async fn delete_token(
     Segment(id): Segment,
 ) -> Result<StatusCode, ApiError> {
     let caller = caller_of(Some(&authn))?;
-    if !caller.role.allows(Role::Admin) {
-        let owner = caller.on_behalf_of.as_deref().unwrap_or(&caller.name);
-        let tokens = state.control.list_api_tokens().await?;
-        match tokens.iter().find(|t| t.id == id) {
-            None => return Err(ApiError::NotFound(format!("no API token {id}"))),
-            Some(t) if t.created_by != owner => {
-                return Err(ApiError::Forbidden(
-                    "you may delete only the tokens you made; ask an admin".into(),
-                ));
-            }
-            // A credential mutates nothing above its own role: a viewer token its admin
-            // made does not delete that admin's other tokens.
-            Some(t) if !caller.role.allows(t.role) => {
-                return Err(ApiError::Forbidden(format!(
-                    "a {} credential cannot delete a {} token; use one of at least that role",
-                    caller.role, t.role
-                )));
-            }
-            Some(_) => {}
-        }
+    let tokens = state.control.list_api_tokens().await?;
+    let Some(t) = tokens.iter().find(|t| t.id == id) else {
+        return Err(ApiError::NotFound(format!("no API token {id}")));
+    };
+    let owner = caller.on_behalf_of.as_deref().unwrap_or(&caller.name);
+    if caller.kind == tessera_model::auth::CallerKind::Token
+        && !caller.role.allows(Role::Operator)
+        && caller.token_id.as_deref() != Some(id.as_str())
+    {
+        // A read-only token changes nothing but itself (`tessera logout`).
+        return Err(ApiError::Forbidden(
+            "a viewer token may delete only itself; use a credential of at least the operator role"
+                .into(),
+        ));
+    }
+    if !caller.role.allows(Role::Admin) && t.created_by != owner {
+        return Err(ApiError::Forbidden(
+            "you may delete only the tokens you made; ask an admin".into(),
+        ));
+    }
+    if !caller.role.allows(t.role) {
+        // A credential mutates nothing above its own role: a viewer token its admin made
+        // does not delete that admin's other tokens.
+        return Err(ApiError::Forbidden(format!(
+            "a {} credential cannot delete a {} token; use one of at least that role",
+            caller.role, t.role
+        )));
     }
     state.control.delete_api_token(&id).await?;
     Ok(StatusCode::NO_CONTENT)

@@ -920,6 +920,46 @@ async fn a_tokens_role_bounds_what_it_deletes_and_follows_its_users_role() {
         StatusCode::OK,
         "the admin's token still works"
     );
+    // Not even a token of its own role: a read-only credential changes nothing but itself.
+    let other = send(
+        &c,
+        Method::POST,
+        "/api/v1/tokens",
+        Some(json!({"name": "wallboard", "role": "viewer"})),
+        &bearer(&dora),
+    )
+    .await;
+    assert_eq!(other.status, StatusCode::CREATED, "{}", other.body);
+    let other_id = other.body["id"].as_str().expect("id").to_owned();
+    let attack = send(
+        &c,
+        Method::DELETE,
+        &format!("/api/v1/tokens/{other_id}"),
+        None,
+        &bearer(&viewer),
+    )
+    .await;
+    assert_eq!(attack.status, StatusCode::FORBIDDEN, "{}", attack.body);
+    // Itself: `tessera logout`.
+    let mine = send(&c, Method::GET, "/api/v1/tokens", None, &bearer(&dora)).await;
+    let own_id = mine.body["tokens"]
+        .as_array()
+        .expect("tokens")
+        .iter()
+        .find(|t| t["name"] == "dashboards")
+        .expect("the viewer token")["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    let logout = send(
+        &c,
+        Method::DELETE,
+        &format!("/api/v1/tokens/{own_id}"),
+        None,
+        &bearer(&viewer),
+    )
+    .await;
+    assert_eq!(logout.status, StatusCode::NO_CONTENT, "{}", logout.body);
 
     let demoted = send(
         &c,
