@@ -237,7 +237,10 @@ impl Control {
                     .get(name)
                     .is_some_and(|s| s.steady);
             let age = self.age_of(&primary.created_at).unwrap_or(i64::MAX);
-            if let Some(why) = self.watch_alarms(service, primary.id, steady, age).await? {
+            if let Some(why) = self
+                .watch_alarms(service, &tasks, primary.id, steady, age)
+                .await?
+            {
                 let previous = deployments.iter().find(|d| {
                     d.id != primary.id
                         && d.status != DeploymentStatus::RolledBack
@@ -275,7 +278,7 @@ impl Control {
                     }
                 }
             }
-            self.autoscale(service, rolling_out).await?;
+            self.autoscale(service, &tasks, rolling_out).await?;
         }
         let actions = match plan_service(
             service,

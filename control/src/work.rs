@@ -608,7 +608,8 @@ impl Control {
                 Some((t.id.clone(), w.unknown.clone()?))
             })
             .collect();
-        let measured_share: f64 = tasks
+        // What the tasks whose work was measured reserve: MiB, and shares of GPUs.
+        let (measured_mib, measured_share) = tasks
             .iter()
             .filter(|t| {
                 t.measured
@@ -616,18 +617,8 @@ impl Control {
                     .as_ref()
                     .is_some_and(|w| w.unknown.is_none())
             })
-            .map(|t| shares.get(&t.id).map_or(0.0, |s| s.1))
-            .sum();
-        let measured_mib: u64 = tasks
-            .iter()
-            .filter(|t| {
-                t.measured
-                    .work
-                    .as_ref()
-                    .is_some_and(|w| w.unknown.is_none())
-            })
-            .map(|t| shares.get(&t.id).map_or(0, |s| s.0))
-            .sum();
+            .filter_map(|t| shares.get(&t.id))
+            .fold((0u64, 0.0f64), |(mib, share), s| (mib + s.0, share + s.1));
         let verdict = match (&service.objectives.slo, figures.latency_p99_ms) {
             (Some(slo), Some(p99)) => Some(if p99 <= slo.latency_p99_ms {
                 format!(
@@ -720,6 +711,7 @@ impl Control {
     pub(crate) async fn watch_alarms(
         &self,
         service: &tessera_model::service::Service,
+        tasks: &[Task],
         primary: i64,
         steady: bool,
         age_secs: i64,
@@ -730,10 +722,8 @@ impl Control {
             return Ok(None);
         }
         let now = self.unix_now();
-        let (tasks, shares) = self.running_with_shares(name).await?;
-        let figures = Figures::of(tasks.iter().filter(|t| t.deployment_id == primary), |t| {
-            shares.get(&t.id).map_or(0, |s| s.0)
-        });
+        // The live tasks the pass already read: alarm figures need no reserved memory.
+        let figures = Figures::of(tasks.iter().filter(|t| t.deployment_id == primary), |_| 0);
         let mut fired_now = Vec::new();
         let watched = {
             let mut w = self.watches.lock().expect("not poisoned");
@@ -869,6 +859,7 @@ impl Control {
     pub(crate) async fn autoscale(
         &self,
         service: &tessera_model::service::Service,
+        tasks: &[Task],
         rolling_out: bool,
     ) -> Result<(), ControlError> {
         let Some(a) = &service.objectives.autoscaling else {
@@ -883,7 +874,13 @@ impl Control {
                 .insert(name.to_owned(), "held: a deployment is under way".into());
             return Ok(());
         }
-        let figures = self.figures_now(name).await?;
+        // The live tasks the pass already read; only GPU memory use against what is
+        // reserved needs their allocations.
+        let figures = if a.metric == ScaleMetric::GpuMemoryPercent {
+            self.figures_now(name).await?
+        } else {
+            Figures::of(tasks, |_| 0)
+        };
         let now = self.unix_now();
         let (last_out, last_any) = self
             .watches
