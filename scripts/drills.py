@@ -105,10 +105,11 @@ class Fleet:
 
     def start_agent(self, name):
         log = open(os.path.join(self.work, f"{name}.log"), "a")
-        env = dict(os.environ, RUST_LOG="warn")
+        # The join token from the environment: on the command line every process could read it.
+        env = dict(os.environ, RUST_LOG="warn", TESSERA_AGENT_JOIN_TOKEN=JOIN)
         self.agents[name] = subprocess.Popen(
             [os.path.join(self.bin, "tessera-agent"), "--server", f"{self.url},{self.url2}",
-             "--join-token", JOIN, "--state-dir", os.path.join(self.work, name),
+             "--state-dir", os.path.join(self.work, name),
              "--pool", "drill", "--name", name, "--simulate", "2xL4-24GB",
              "--mps-control", FAKE_MPS, "--cpu-milli", "32000", "--memory-mib", "65536"]
             + self.agent_args,

@@ -61,6 +61,31 @@ pub struct AgentConfig {
     pub port_range: (u16, u16),
 }
 
+/// How tasks are kept apart on this host (`--task-uids`, `--cgroup-parent`,
+/// `--task-pids-max`); applied with [`Agent::isolate`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Isolation {
+    /// Each task runs as a uid of its own from this range, inclusive (and a group of the
+    /// same number), unless its definition names a user. Needs root; takes precedence
+    /// over `run_as`.
+    pub task_uids: Option<(u32, u32)>,
+    /// Each task runs in a cgroup of its own under this one (relative to the root of each
+    /// cgroup hierarchy); `None`: no cgroups.
+    pub cgroup_parent: Option<String>,
+    /// The most processes and threads one task may have; 0: no limit.
+    pub pids_max: u64,
+}
+
+impl Default for Isolation {
+    fn default() -> Isolation {
+        Isolation {
+            task_uids: None,
+            cgroup_parent: Some("tessera".into()),
+            pids_max: crate::runtime::DEFAULT_PIDS_MAX,
+        }
+    }
+}
+
 /// This machine's primary address: the one a packet to the outside would leave from (a
 /// UDP socket is connected, nothing is sent); loopback when there is no route.
 pub fn primary_address() -> String {
@@ -93,7 +118,9 @@ pub enum AgentError {
     Probe(#[from] ProbeError),
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
-    #[error("this agent is not registered and has no join token: pass --join-token")]
+    #[error(
+        "this agent is not registered and has no join token: give one in a file (--join-token-file) or TESSERA_AGENT_JOIN_TOKEN"
+    )]
     NoJoinToken,
     /// The server URL or its TLS settings cannot be used.
     #[error("--server {server}: {why}")]
@@ -356,6 +383,38 @@ impl Agent {
         })
     }
 
+    /// Keeps tasks apart as `isolation` says: a uid of their own, a cgroup of their own
+    /// (leftover cgroups of tasks this agent no longer has are killed and removed), a pid
+    /// limit. Says in the log what is not enforced.
+    pub fn isolate(mut self, isolation: Isolation) -> Result<Agent, AgentError> {
+        let mut runtime = self.runtime.pids_max(isolation.pids_max);
+        match (isolation.task_uids, self.config.run_as) {
+            (Some((first, last)), _) => {
+                runtime = runtime.task_uids(first, last)?;
+                tracing::info!(first, last, "each task runs as a uid of its own");
+            }
+            (None, Some((uid, _))) => tracing::warn!(
+                uid,
+                "tasks share one uid: they can read each other's environment (secrets), signal each other's processes and open each other's files; pass --task-uids"
+            ),
+            (None, None) if nix::unistd::geteuid().is_root() => tracing::warn!(
+                "tasks run as the agent's own uid (root): they share it, can read each other's environment (secrets) and this agent's credentials; pass --task-uids"
+            ),
+            (None, None) => tracing::info!(
+                "tasks run as the agent's own uid: they share it and can read each other's environment (secrets); run the agent as root with --task-uids"
+            ),
+        }
+        if let Some(parent) = &isolation.cgroup_parent {
+            runtime = runtime.cgroups(crate::runtime::Cgroups::detect(parent));
+        } else {
+            tracing::warn!(
+                "no cgroups (--cgroup-parent unset): tasks run without CPU/memory/pid limits and a task's escaped processes cannot be killed"
+            );
+        }
+        self.runtime = runtime;
+        Ok(self)
+    }
+
     fn url(&self, path: &str) -> String {
         format!(
             "{}{path}",
@@ -601,6 +660,9 @@ impl Agent {
                 None => match self.register().await {
                     Ok(c) => {
                         save_credentials(&creds_path, &c)?;
+                        // Its credentials are what it keeps: the join token is forgotten
+                        // (a revoked host rejoins only with a token minted for it).
+                        self.config.join_token = None;
                         creds = Some(c);
                         Duration::ZERO
                     }

@@ -8,14 +8,19 @@
 //!   use) and `SimulatedProbe`.
 //! - [`mps`]: the MPS control daemon supervisor and its restart budget.
 //! - [`runtime`]: processes per task, capped logs, stop with SIGTERM/SIGKILL, re-adoption;
+//!   each task as a uid of its own and in a cgroup of its own ([`runtime::cgroup`]);
 //!   containers with an image through the Docker Engine API ([`runtime::docker`]).
-//! - [`agent`]: registration, the sync loop with backoff, and `AgentConfig`.
+//! - [`agent`]: registration, the sync loop with backoff, `AgentConfig` and `Isolation`.
+//!
+//! Unsafe code is denied everywhere but in one hook, allowed where it is: a task's
+//! process joins its cgroup in the child between `fork` and `exec` (`runtime::confine`),
+//! which cannot be written without it.
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 pub mod agent;
 pub mod mps;
 pub mod probe;
 pub mod runtime;
 
-pub use agent::{Agent, AgentConfig, AgentError, ContainerRuntime};
+pub use agent::{Agent, AgentConfig, AgentError, ContainerRuntime, Isolation};

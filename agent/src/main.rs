@@ -5,7 +5,7 @@ use clap::Parser;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use tessera_agent::probe::{GpuProbe, NvmlProbe, SimulatedProbe};
-use tessera_agent::{Agent, AgentConfig, ContainerRuntime};
+use tessera_agent::{Agent, AgentConfig, ContainerRuntime, Isolation};
 use tessera_model::PoolName;
 use tracing_subscriber::EnvFilter;
 
@@ -27,8 +27,15 @@ struct Cli {
     /// Allow plain http:// to a server that is not on loopback (tokens and secrets in clear).
     #[arg(long, env = "TESSERA_AGENT_INSECURE_HTTP")]
     insecure_http: bool,
-    /// Join token; needed only for the first registration.
-    #[arg(long, env = "TESSERA_AGENT_JOIN_TOKEN", hide_env_values = true)]
+    /// A file holding the join token (needed only to register; keep it readable by root
+    /// only). The token may also come from TESSERA_AGENT_JOIN_TOKEN, never the command
+    /// line, which every process on the host can read. The agent forgets it once
+    /// registered.
+    #[arg(long, env = "TESSERA_AGENT_JOIN_TOKEN_FILE")]
+    join_token_file: Option<PathBuf>,
+    /// Refused: a token here would be in /proc/PID/cmdline for every local process (every
+    /// task) to read. Use --join-token-file or TESSERA_AGENT_JOIN_TOKEN.
+    #[arg(long, hide = true)]
     join_token: Option<String>,
     /// Where the agent keeps its credentials, task state and logs.
     #[arg(
@@ -66,8 +73,28 @@ struct Cli {
     log_retention_hours: u64,
     /// Run tasks as this user (default: `nobody` when the agent runs as root, else the
     /// agent's own user). `--run-as root` keeps root for tasks, and says so in the log.
+    /// All tasks then share one uid and can read each other's environment (secrets):
+    /// --task-uids takes precedence and gives each task its own.
     #[arg(long, env = "TESSERA_AGENT_RUN_AS")]
     run_as: Option<String>,
+    /// Give each task a uid of its own from this range, START-END (e.g. 200000-265535:
+    /// uids no account has, like subordinate ids), with a group of the same number, unless
+    /// its definition names a user (which its pool must allow). Tasks then cannot read each
+    /// other's environment (secrets), signal each other's processes or open each other's
+    /// files and logs. Needs the agent to run as root; takes precedence over --run-as.
+    #[arg(long, env = "TESSERA_AGENT_TASK_UIDS", value_parser = parse_uid_range)]
+    task_uids: Option<(u32, u32)>,
+    /// The cgroup under which each task gets a cgroup of its own, named after its id
+    /// (relative to the root of each cgroup hierarchy, cgroup v2 or v1): its CPU, memory
+    /// and pid limits are set there, and stopping it kills every process in it, whatever
+    /// it did with setsid or double forks. Needs write access to /sys/fs/cgroup (root);
+    /// without it the agent says so and runs tasks without.
+    #[arg(long, env = "TESSERA_AGENT_CGROUP_PARENT", default_value = "tessera", value_parser = parse_cgroup_parent)]
+    cgroup_parent: String,
+    /// The most processes and threads one task may have (its cgroup's pids.max, a
+    /// container's PidsLimit); 0: no limit.
+    #[arg(long, env = "TESSERA_AGENT_TASK_PIDS_MAX", default_value_t = tessera_agent::runtime::DEFAULT_PIDS_MAX)]
+    task_pids_max: u64,
     /// How containers with an image run: `docker` (the engine on --docker-socket; the
     /// agent does not start without it), `process` (images refused), or `auto` (docker
     /// where the socket answers). A container without an image always runs as a process.
@@ -106,6 +133,31 @@ fn parse_port_range(s: &str) -> Result<(u16, u16), String> {
         return Err(format!("{s:?}: FROM is above TO"));
     }
     Ok((a, b))
+}
+
+/// `START-END`, both uids above 0, START at most END.
+fn parse_uid_range(s: &str) -> Result<(u32, u32), String> {
+    let (a, b) = s
+        .split_once('-')
+        .ok_or_else(|| format!("{s:?}: expected START-END, e.g. 200000-265535"))?;
+    let uid = |u: &str| {
+        u.trim()
+            .parse::<u32>()
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| format!("{u:?} is not a uid above 0"))
+    };
+    let (a, b) = (uid(a)?, uid(b)?);
+    if a > b {
+        return Err(format!("{s:?}: START is above END"));
+    }
+    Ok((a, b))
+}
+
+/// A relative cgroup path of plain names.
+fn parse_cgroup_parent(s: &str) -> Result<String, String> {
+    tessera_agent::runtime::cgroup::relative_cgroup(s)?;
+    Ok(s.to_owned())
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -152,7 +204,7 @@ async fn main() -> anyhow::Result<()> {
         server: cli.server.clone().expect("required by clap"),
         ca_cert: cli.ca_cert.clone(),
         insecure_http: cli.insecure_http,
-        join_token: cli.join_token.clone(),
+        join_token: join_token(&cli)?,
         state_dir: cli.state_dir.clone(),
         pool: PoolName::new(cli.pool.clone()).with_context(|| format!("--pool {:?}", cli.pool))?,
         name,
@@ -167,7 +219,11 @@ async fn main() -> anyhow::Result<()> {
         log_cap: cli.log_cap,
         stop_tasks_on_exit: false,
         log_retention: std::time::Duration::from_secs(cli.log_retention_hours * 3600),
-        run_as: task_user(cli.run_as.as_deref())?,
+        // Each task's own uid (--task-uids) takes precedence: --run-as is not used then.
+        run_as: match cli.task_uids {
+            Some(_) => None,
+            None => task_user(cli.run_as.as_deref())?,
+        },
         advertise_address: Some(
             cli.advertise_address
                 .clone()
@@ -185,6 +241,11 @@ async fn main() -> anyhow::Result<()> {
                 RuntimeArg::Process => ContainerRuntime::Process,
             }
         },
+    })?
+    .isolate(Isolation {
+        task_uids: cli.task_uids,
+        cgroup_parent: Some(cli.cgroup_parent.clone()),
+        pids_max: cli.task_pids_max,
     })?;
     agent
         .run(async {
@@ -215,4 +276,37 @@ fn task_user(name: Option<&str>) -> anyhow::Result<Option<(u32, u32)>> {
         "--run-as {name}: the agent must run as root to start tasks as another user"
     );
     Ok(Some((user.uid.as_raw(), user.gid.as_raw())))
+}
+
+/// The join token, from its file or the environment: never the command line.
+fn join_token(cli: &Cli) -> anyhow::Result<Option<String>> {
+    if cli.join_token.is_some() {
+        anyhow::bail!(
+            "--join-token puts the token on the command line, which every process on this host can read (/proc/PID/cmdline): put it in a file readable by root only and pass --join-token-file FILE, or set TESSERA_AGENT_JOIN_TOKEN"
+        );
+    }
+    if let Some(path) = &cli.join_token_file {
+        let token = std::fs::read_to_string(path)
+            .with_context(|| format!("reading the join token from {}", path.display()))?;
+        let token = token.trim();
+        anyhow::ensure!(
+            !token.is_empty(),
+            "--join-token-file {}: the file is empty",
+            path.display()
+        );
+        use std::os::unix::fs::PermissionsExt;
+        if let Ok(meta) = std::fs::metadata(path)
+            && meta.permissions().mode() & 0o077 != 0
+        {
+            tracing::warn!(
+                file = %path.display(),
+                "the join token file is readable by other users: chmod 600 it"
+            );
+        }
+        return Ok(Some(token.to_owned()));
+    }
+    Ok(std::env::var("TESSERA_AGENT_JOIN_TOKEN")
+        .ok()
+        .map(|t| t.trim().to_owned())
+        .filter(|t| !t.is_empty()))
 }

@@ -44,6 +44,7 @@ fn gpu_task(id: &str, mps: bool) -> WantedTask {
                 "hf-secret".to_owned(),
             )])),
             ports: vec![],
+            security: Default::default(),
             health_check: None,
             essential: true,
             depends_on: vec![],
@@ -71,6 +72,7 @@ fn cpu_task(id: &str) -> WantedTask {
             env: BTreeMap::from([("CUDA_VISIBLE_DEVICES".to_owned(), String::new())]),
             secrets: Default::default(),
             ports: vec![],
+            security: Default::default(),
             health_check: None,
             essential: true,
             depends_on: vec![],
@@ -526,4 +528,137 @@ async fn ports_are_published_and_dockers_own_health_check_is_read_back() {
         reports[0].health.as_ref().and_then(|h| h.output.as_deref()),
         Some("curl: (7) Failed to connect")
     );
+}
+
+/// Attack: a container that would gain privileges (setuid binaries, capabilities, an
+/// unbounded fork) or run as root when its definition did not ask. The create request
+/// holds it back: no-new-privileges, every capability dropped but those added, a pid
+/// limit, the definition's user, a read-only root when asked; privileged only when asked.
+#[tokio::test]
+async fn a_container_is_created_without_privileges_and_with_what_its_definition_asks() {
+    use tessera_model::taskdef::ContainerSecurity;
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake::start(dir.path()).await;
+    let mut rt = runtime(&dir.path().join("agent"), &fake).await;
+    let mut asks = cpu_task("asks");
+    asks.containers[0].security = ContainerSecurity {
+        user: Some("1000:1000".into()),
+        privileged: false,
+        readonly_root_filesystem: true,
+        cap_add: vec!["NET_BIND_SERVICE".into()],
+    };
+    let mut privileged = cpu_task("priv");
+    privileged.containers[0].security.privileged = true;
+    rt.converge(&[cpu_task("plain"), asks, privileged]);
+    until(&mut rt, "running", |r| {
+        r.iter().filter(|t| t.running).count() == 3
+    })
+    .await;
+    let body = |task: &str| {
+        fake.requests("POST", "/containers/create")
+            .into_iter()
+            .find(|r| r.query["name"].ends_with(&format!("-{task}-worker")))
+            .expect("created")
+            .body
+    };
+
+    let plain = body("plain");
+    let host = &plain["HostConfig"];
+    println!(
+        "tried: a container whose definition asks for nothing; held: SecurityOpt {} CapDrop {} CapAdd {} PidsLimit {} Privileged {} ReadonlyRootfs {} User {}",
+        host["SecurityOpt"],
+        host["CapDrop"],
+        host["CapAdd"],
+        host["PidsLimit"],
+        host["Privileged"],
+        host["ReadonlyRootfs"],
+        plain["User"]
+    );
+    assert_eq!(host["SecurityOpt"], json!(["no-new-privileges"]));
+    assert_eq!(host["CapDrop"], json!(["ALL"]));
+    assert!(host.get("CapAdd").is_none_or(Value::is_null), "{host}");
+    assert_eq!(host["PidsLimit"], 4096);
+    assert_eq!(host["Privileged"], false);
+    assert_eq!(host["ReadonlyRootfs"], false);
+    assert!(
+        plain.get("User").is_none_or(Value::is_null),
+        "without --task-uids the image's own user: {plain}"
+    );
+
+    let asks = body("asks");
+    let host = &asks["HostConfig"];
+    println!(
+        "tried: a container asking for user 1000:1000, a read-only root and NET_BIND_SERVICE; held: User {} ReadonlyRootfs {} CapDrop {} CapAdd {}",
+        asks["User"], host["ReadonlyRootfs"], host["CapDrop"], host["CapAdd"]
+    );
+    assert_eq!(asks["User"], "1000:1000");
+    assert_eq!(host["ReadonlyRootfs"], true);
+    assert_eq!(host["CapDrop"], json!(["ALL"]));
+    assert_eq!(host["CapAdd"], json!(["NET_BIND_SERVICE"]));
+    assert_eq!(host["SecurityOpt"], json!(["no-new-privileges"]));
+
+    let privileged = body("priv");
+    let host = &privileged["HostConfig"];
+    println!(
+        "tried: a privileged container (its pool allowed it); held: Privileged {} PidsLimit {}",
+        host["Privileged"], host["PidsLimit"]
+    );
+    assert_eq!(host["Privileged"], true);
+    assert!(host.get("SecurityOpt").is_none_or(Value::is_null), "{host}");
+    assert_eq!(host["PidsLimit"], 4096, "a pid limit whatever it asks");
+}
+
+/// Attack: two tasks' containers under one uid could read each other's files on shared
+/// volumes and signal each other. With --task-uids each runs as a uid of its own, unless
+/// its definition names a user.
+#[tokio::test]
+async fn with_task_uids_each_container_runs_as_its_tasks_own_uid() {
+    if !nix::unistd::geteuid().is_root() {
+        println!("skipped: --task-uids needs the agent to run as root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake::start(dir.path()).await;
+    let state = dir.path().join("agent");
+    let mut rt = Runtime::open(&state, 1 << 20, None)
+        .expect("runtime")
+        .task_uids(310_000, 310_009)
+        .expect("task uids")
+        .pids_max(100);
+    rt.attach_engine(
+        Engine::connect(&fake.socket)
+            .await
+            .expect("the fake answers"),
+    )
+    .await
+    .expect("adopt");
+    let mut named = cpu_task("named");
+    named.containers[0].security.user = Some("app".into());
+    rt.converge(&[cpu_task("one"), cpu_task("two"), named]);
+    until(&mut rt, "running", |r| {
+        r.iter().filter(|t| t.running).count() == 3
+    })
+    .await;
+    let user = |task: &str| {
+        fake.requests("POST", "/containers/create")
+            .into_iter()
+            .find(|r| r.query["name"].ends_with(&format!("-{task}-worker")))
+            .expect("created")
+            .body["User"]
+            .clone()
+    };
+    let (one, two) = (user("one"), user("two"));
+    println!("tried: two tasks' containers on one host; held: they run as {one} and {two}");
+    for u in [&one, &two] {
+        let (uid, gid) = u.as_str().and_then(|s| s.split_once(':')).expect("uid:gid");
+        assert_eq!(uid, gid);
+        assert!(
+            (310_000..=310_009).contains(&uid.parse::<u32>().expect("a uid")),
+            "{u}"
+        );
+    }
+    assert_ne!(one, two);
+    assert_eq!(user("named"), "app", "the definition's user wins");
+    let create = &fake.requests("POST", "/containers/create")[0].body;
+    assert_eq!(create["HostConfig"]["PidsLimit"], 100);
 }

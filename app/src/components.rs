@@ -178,6 +178,7 @@ pub fn HostCard(view: HostView, #[prop(optional)] link: bool) -> impl IntoView {
                 <h2>{title}</h2>
                 <StatusBadge status=host.status />
                 {host.simulated.then(|| view! { <SimulatedBadge /> })}
+                {host.held.then(|| view! { <span class="badge held" title="Its pool holds new hosts until an admin approves them: it runs no tasks">"awaiting approval"</span> })}
             </div>
             <p class="host-meta">
                 <span>"pool " <strong>{host.pool.to_string()}</strong></span>

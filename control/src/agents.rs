@@ -9,17 +9,10 @@ use crate::lifecycle;
 use crate::store::{HostReport, TaskFilter};
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, HashMap};
-use tessera_model::agent::{
-    RegisterRequest, RegisterResponse, SecretEnv, SyncRequest, SyncResponse, WantedContainer,
-    WantedTask,
-};
+use tessera_model::agent::{SecretEnv, SyncRequest, SyncResponse, WantedContainer, WantedTask};
 use tessera_model::service::{Measured, Task, TaskState};
 use tessera_model::taskdef::{GpuRequirement, TaskDefinitionSpec};
-use tessera_model::{GpuHealth, GpuInfo, HostId, HostInfo, HostStatus, MiB, SharingMode};
-
-const JOIN_TOKEN_SETTING: &str = "join_token_sha256";
-/// The hash of the join token the configuration last gave (see `ensure_join_token`).
-const JOIN_TOKEN_CONFIGURED: &str = "join_token_configured_sha256";
+use tessera_model::{GpuHealth, GpuInfo, HostId, MiB};
 
 /// SHA-256 of a token, hex; only hashes are stored.
 pub fn hash_token(token: &str) -> String {
@@ -36,34 +29,6 @@ pub fn new_token() -> String {
         uuid::Uuid::new_v4().simple(),
         uuid::Uuid::new_v4().simple()
     )
-}
-
-/// Equal strings, compared in time independent of where they differ.
-fn same(a: &str, b: &str) -> bool {
-    a.len() == b.len()
-        && a.bytes()
-            .zip(b.bytes())
-            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
-            == 0
-}
-
-/// A host id from a name an agent suggests: a DNS label.
-fn host_id_from(name: Option<&str>) -> String {
-    let base: String = name
-        .unwrap_or("host")
-        .to_ascii_lowercase()
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' {
-                c
-            } else {
-                '-'
-            }
-        })
-        .collect();
-    let base = base.trim_matches('-');
-    let base = if base.is_empty() { "host" } else { base };
-    base.chars().take(50).collect()
 }
 
 /// The environment of each container of a task placed with `allocations`.
@@ -110,6 +75,7 @@ pub fn container_env(spec: &TaskDefinitionSpec, task: &Task) -> Vec<WantedContai
             WantedContainer {
                 name: c.name.clone(),
                 ports: c.ports.clone(),
+                security: c.security(),
                 health_check: c.health_check.clone(),
                 essential: c.essential,
                 depends_on: c.depends_on.clone(),
@@ -136,177 +102,6 @@ pub fn container_env(spec: &TaskDefinitionSpec, task: &Task) -> Vec<WantedContai
 }
 
 impl Control {
-    /// Makes sure a join token exists. With `given`, that token is the join token from now
-    /// on. Without, one is generated on first start and returned (to print once); later
-    /// starts return `None` (only its hash is stored).
-    pub async fn ensure_join_token(
-        &self,
-        given: Option<&str>,
-    ) -> Result<Option<String>, ControlError> {
-        if let Some(token) = given {
-            if token.len() < 16 {
-                return Err(ControlError::invalid(
-                    "join_token",
-                    "must be at least 16 characters",
-                ));
-            }
-            // The configuration's token takes effect when it is new to this database; the
-            // same one configured again after an admin rotated the token (it leaked) does
-            // not bring it back.
-            let hash = hash_token(token);
-            let configured = self.store.get_setting(JOIN_TOKEN_CONFIGURED).await?;
-            let current = self.store.get_setting(JOIN_TOKEN_SETTING).await?;
-            if current.is_some() && configured.as_deref() == Some(hash.as_str()) {
-                if current.as_deref() != Some(hash.as_str()) {
-                    tracing::warn!(
-                        "the configured join token was rotated since it was set: agents join with the current one (drop --join-token / TESSERA_JOIN_TOKEN, or configure a new one)"
-                    );
-                }
-                return Ok(None);
-            }
-            self.store.set_setting(JOIN_TOKEN_SETTING, &hash).await?;
-            self.store.set_setting(JOIN_TOKEN_CONFIGURED, &hash).await?;
-            return Ok(None);
-        }
-        if self.store.get_setting(JOIN_TOKEN_SETTING).await?.is_some() {
-            return Ok(None);
-        }
-        let token = new_token();
-        self.store
-            .set_setting(JOIN_TOKEN_SETTING, &hash_token(&token))
-            .await?;
-        Ok(Some(token))
-    }
-
-    /// Makes `token` the join token now (a rotation), whatever the configuration gave.
-    pub(crate) async fn replace_join_token(&self, token: &str) -> Result<(), ControlError> {
-        Ok(self
-            .store
-            .set_setting(JOIN_TOKEN_SETTING, &hash_token(token))
-            .await?)
-    }
-
-    /// `POST /agent/v1/register`: checks the join token, then admits the host.
-    pub async fn register_agent(
-        &self,
-        req: &RegisterRequest,
-    ) -> Result<RegisterResponse, ControlError> {
-        req.validate().map_err(ControlError::Invalid)?;
-        let stored = self.store.get_setting(JOIN_TOKEN_SETTING).await?;
-        match stored {
-            Some(hash) if same(&hash, &hash_token(&req.join_token)) => self.admit_host(req).await,
-            _ => Err(ControlError::Unauthorized(
-                "the join token is not valid for this server".into(),
-            )),
-        }
-    }
-
-    /// Registers a host and issues its agent token. The one way hosts join, for agents
-    /// (after `register_agent` checked the join token) and the in-process demo fleet.
-    pub(crate) async fn admit_host(
-        &self,
-        req: &RegisterRequest,
-    ) -> Result<RegisterResponse, ControlError> {
-        if !self.store.pool_exists(&req.pool).await? {
-            return Err(ControlError::invalid(
-                "pool",
-                format!("no pool named {:?}", req.pool.as_str()),
-            ));
-        }
-        // A machine whose GPUs are already known: the same host, reinstalled or with its
-        // credentials lost. It rejoins under its old id once an admin has revoked the old
-        // token; otherwise it is refused, since two agents would answer for one host.
-        let uuids: Vec<_> = req.gpus.iter().map(|g| g.uuid.clone()).collect();
-        if let Some((owner, revoked)) = self.store.host_with_gpus(&uuids).await? {
-            if !revoked {
-                return Err(ControlError::Conflict(format!(
-                    "this machine's GPUs belong to host {owner}, whose agent is still registered; if it is that machine, an admin revokes the old token (POST /api/v1/hosts/{owner}/revoke) and it rejoins as {owner}, or deletes the host"
-                )));
-            }
-            let token = new_token();
-            self.store
-                .reissue_agent_token(&owner, &hash_token(&token))
-                .await?;
-            self.event(
-                None,
-                Some(&owner),
-                &format!("host {owner} rejoined with a new agent token"),
-            )
-            .await;
-            self.wake();
-            return Ok(RegisterResponse {
-                host_id: owner,
-                agent_token: token,
-                sync_interval_secs: self.config.sync_interval.as_secs().max(1) as u32,
-            });
-        }
-        let base = host_id_from(req.name.as_deref());
-        let mut id =
-            HostId::new(base.clone()).map_err(|e| ControlError::invalid("name", e.to_string()))?;
-        while self.store.get_host(&id).await.is_ok() {
-            let suffix = &uuid::Uuid::new_v4().simple().to_string()[..6];
-            id = HostId::new(format!("{base}-{suffix}"))
-                .map_err(|e| ControlError::invalid("name", e.to_string()))?;
-        }
-        let host = HostInfo {
-            id: id.clone(),
-            pool: req.pool.clone(),
-            status: HostStatus::Active,
-            simulated: req.simulated,
-            cpu: req.cpu_milli,
-            memory: req.memory_mib,
-            labels: req.labels.clone(),
-            gpus: req
-                .gpus
-                .iter()
-                .map(|g| GpuInfo {
-                    uuid: g.uuid.clone(),
-                    index: g.index,
-                    model: g.model.clone(),
-                    memory: g.memory_mib,
-                    mps_client_limit: g.mps_client_limit,
-                    health: if g.healthy {
-                        GpuHealth::Healthy
-                    } else {
-                        GpuHealth::Unhealthy
-                    },
-                    sharing_mode: SharingMode::Idle,
-                })
-                .collect(),
-            status_reason: None,
-            last_seen: None,
-            mps_restarts: 0,
-            address: req.address.clone(),
-            dynamic_ports_free: None,
-        };
-        let token = new_token();
-        self.store
-            .register_host(&host, &hash_token(&token), &stamp(self.now()))
-            .await?;
-        self.capacity_changed();
-        let kind = if req.simulated {
-            "simulated host"
-        } else {
-            "host"
-        };
-        self.event(
-            None,
-            Some(&id),
-            &format!(
-                "{kind} {id} registered in pool {} with {} GPU(s)",
-                req.pool,
-                req.gpus.len()
-            ),
-        )
-        .await;
-        self.wake();
-        Ok(RegisterResponse {
-            host_id: id,
-            agent_token: token,
-            sync_interval_secs: self.config.sync_interval.as_secs().max(1) as u32,
-        })
-    }
-
     /// The host an agent token belongs to.
     pub async fn authenticate_agent(&self, token: &str) -> Result<HostId, ControlError> {
         self.store
@@ -538,8 +333,11 @@ impl Control {
         // The answer: everything this host should run now, draining tasks included until
         // their deregistration delay is over.
         let now = stamp(self.now());
+        // A host held for approval runs nothing (and so learns no secret), whatever a
+        // store written before it was held says.
         let wanted: Vec<&Task> = mine
             .iter()
+            .filter(|_| !host.held)
             .filter(|t| match t.state {
                 TaskState::Assigned | TaskState::Running => true,
                 TaskState::Stopping => t.drain_until.as_deref().is_some_and(|d| d > now.as_str()),
@@ -801,15 +599,5 @@ mod tests {
         assert_eq!(env[0].env["CUDA_VISIBLE_DEVICES"], "GPU-0");
         assert_eq!(env[1].env["CUDA_VISIBLE_DEVICES"], "GPU-1,GPU-2");
         assert!(!env[0].env.contains_key("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"));
-    }
-
-    #[test]
-    fn tokens_hash_and_compare() {
-        let t = new_token();
-        assert_eq!(t.len(), 64);
-        assert_ne!(t, new_token());
-        assert!(same(&hash_token(&t), &hash_token(&t)));
-        assert!(!same(&hash_token(&t), &hash_token("other")));
-        assert_eq!(host_id_from(Some("GPU_Node.01")), "gpu-node-01");
     }
 }

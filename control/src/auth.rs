@@ -13,10 +13,8 @@ use argon2::Argon2;
 use argon2::password_hash::rand_core::OsRng;
 use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 use serde::{Deserialize, Serialize};
-use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tessera_model::HostId;
 use tessera_model::auth::{
     ApiTokenInfo, AuditEntry, Caller, CallerKind, NewApiToken, Role, UserInfo,
@@ -29,9 +27,12 @@ pub use tessera_model::auth::MIN_PASSWORD_LEN;
 /// What every API token starts with, so a leaked one is recognisable (and so the server
 /// tells them from agent tokens without a lookup).
 pub const API_TOKEN_PREFIX: &str = "tsr_";
-/// Failed sign-ins allowed per user and per client address within [`FAILURE_WINDOW`].
-pub const MAX_FAILURES: usize = 5;
-pub const FAILURE_WINDOW: Duration = Duration::from_secs(60);
+/// Sign-in attempts allowed per user and per client address within [`ATTEMPT_WINDOW`]:
+/// counted in the database before the password is checked, so the limit holds for a
+/// concurrent burst and across servers. A successful sign-in clears its user's count.
+pub const MAX_ATTEMPTS: u64 = 5;
+/// A key's window starts at its first attempt.
+pub const ATTEMPT_WINDOW: Duration = Duration::from_secs(60);
 const MAX_TOKEN_DAYS: u32 = 3650;
 
 /// What a console session holds: who signed in, and when (for the absolute expiry and for
@@ -43,46 +44,65 @@ pub struct SessionUser {
     pub signed_in_at: i64,
 }
 
-/// Failed sign-ins by user and by client address, in memory: a restart forgets them, which
-/// costs an attacker a restart per 5 guesses.
-#[derive(Debug, Default)]
-pub(crate) struct FailedSignIns {
-    by_key: Mutex<HashMap<String, VecDeque<Instant>>>,
+/// Password checks (argon2id: about 19 MiB and tens of milliseconds each) run at most
+/// this many at once per server, with a bounded queue behind them: a burst of sign-ins
+/// gets `Busy` (503) instead of memory and a blocking pool spent on hashing.
+#[derive(Debug)]
+pub(crate) struct HashQueue {
+    running: tokio::sync::Semaphore,
+    /// Checks running or waiting.
+    queued: std::sync::atomic::AtomicUsize,
+    capacity: usize,
 }
 
-impl FailedSignIns {
-    /// Seconds until `keys` may try again, if any of them is over the limit.
-    fn wait(&self, keys: &[String], now: Instant) -> Option<u64> {
-        let mut map = self.by_key.lock().expect("lock is never poisoned");
-        keys.iter()
-            .filter_map(|k| {
-                let q = map.get_mut(k)?;
-                while q
-                    .front()
-                    .is_some_and(|t| now.duration_since(*t) >= FAILURE_WINDOW)
-                {
-                    q.pop_front();
-                }
-                (q.len() >= MAX_FAILURES).then(|| {
-                    let oldest = *q.front().expect("non-empty");
-                    (FAILURE_WINDOW - now.duration_since(oldest)).as_secs() + 1
-                })
-            })
-            .max()
+impl Default for HashQueue {
+    fn default() -> Self {
+        let running = std::thread::available_parallelism().map_or(2, |n| n.get().clamp(1, 4));
+        HashQueue::new(running, 16)
+    }
+}
+
+impl HashQueue {
+    pub(crate) fn new(running: usize, waiting: usize) -> Self {
+        HashQueue {
+            running: tokio::sync::Semaphore::new(running),
+            queued: Default::default(),
+            capacity: running + waiting,
+        }
     }
 
-    fn record(&self, keys: &[String], now: Instant) {
-        let mut map = self.by_key.lock().expect("lock is never poisoned");
-        if map.len() > 100_000 {
-            // Bounded memory under a spray of names: forget windows that have passed.
-            map.retain(|_, q| {
-                q.back()
-                    .is_some_and(|t| now.duration_since(*t) < FAILURE_WINDOW)
+    /// Runs `f` (a hash) on the blocking pool when its turn comes; `Busy` at once when
+    /// the queue is full.
+    pub(crate) async fn run<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, ControlError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        if self.queued.fetch_add(1, SeqCst) >= self.capacity {
+            self.queued.fetch_sub(1, SeqCst);
+            return Err(ControlError::Busy {
+                retry_after: 1,
+                what: "password checks".into(),
             });
         }
-        for k in keys {
-            map.entry(k.clone()).or_default().push_back(now);
+        struct Leave<'a>(&'a std::sync::atomic::AtomicUsize);
+        impl Drop for Leave<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            }
         }
+        let _leave = Leave(&self.queued);
+        let _permit = self
+            .running
+            .acquire()
+            .await
+            .map_err(|_| ControlError::Busy {
+                retry_after: 1,
+                what: "password checks".into(),
+            })?;
+        tokio::task::spawn_blocking(f)
+            .await
+            .map_err(|e| ControlError::Conflict(format!("password check failed: {e}")))
     }
 }
 
@@ -199,7 +219,7 @@ impl Control {
     ) -> Result<UserInfo, ControlError> {
         check_username(username)?;
         check_password(password)?;
-        let hash = hash_password(password)?;
+        let hash = self.hash_of(password).await?;
         Ok(self.store.insert_user(username, role, &hash).await?)
     }
 
@@ -226,7 +246,7 @@ impl Control {
         let password_hash = match password {
             Some(p) => {
                 check_password(p)?;
-                Some(hash_password(p)?)
+                Some(self.hash_of(p).await?)
             }
             None => None,
         };
@@ -248,45 +268,78 @@ impl Control {
             .user)
     }
 
-    /// Checks a password sign-in. Failures are limited per user and per client address
-    /// ([`MAX_FAILURES`] per [`FAILURE_WINDOW`], then `TooManyAttempts`) and logged without
-    /// the password. Unknown users, wrong passwords and disabled accounts all get the same
-    /// answer, in the same time.
+    /// An argon2id hash of `password`, made in the hashing queue.
+    async fn hash_of(&self, password: &str) -> Result<String, ControlError> {
+        let password = password.to_owned();
+        self.hash_queue
+            .run(move || hash_password(&password))
+            .await?
+    }
+
+    /// Checks a password sign-in. Attempts are limited per user and per client address
+    /// ([`MAX_ATTEMPTS`] per [`ATTEMPT_WINDOW`], then `TooManyAttempts`), counted before
+    /// the password is hashed; hashing waits in a bounded queue (`Busy` when it is full).
+    /// Failures are logged without the password. Unknown users, wrong passwords and
+    /// disabled accounts all get the same answer, in the same time.
     pub async fn sign_in(
         &self,
         username: &str,
         password: &str,
         address: Option<IpAddr>,
     ) -> Result<(UserInfo, SessionUser), ControlError> {
-        let mut keys = vec![format!("user:{username}")];
+        // A sprayed name is bounded in what it stores.
+        let user_key = format!("user:{}", username.chars().take(128).collect::<String>());
+        let mut keys = vec![user_key.clone()];
         if let Some(a) = address {
             keys.push(format!("addr:{a}"));
         }
-        let now = Instant::now();
-        if let Some(retry_after) = self.failed_sign_ins.wait(&keys, now) {
-            tracing::warn!(username, ?address, "sign-in refused: too many failures");
+        let now = self.now();
+        let counted = self
+            .store
+            .count_sign_in_attempt(
+                &keys,
+                &crate::clock::stamp(now),
+                &crate::clock::stamp(now - crate::clock::to_chrono(ATTEMPT_WINDOW)),
+            )
+            .await?;
+        let over = counted
+            .iter()
+            .filter(|(n, _)| *n > MAX_ATTEMPTS)
+            .map(|(_, start)| {
+                let end = chrono::DateTime::parse_from_rfc3339(start)
+                    .map(|s| s.with_timezone(&chrono::Utc))
+                    .unwrap_or(now)
+                    + crate::clock::to_chrono(ATTEMPT_WINDOW);
+                crate::clock::since(end, now).as_secs() + 1
+            })
+            .max();
+        if let Some(retry_after) = over {
+            tracing::warn!(username, ?address, "sign-in refused: too many attempts");
             return Err(ControlError::TooManyAttempts { retry_after });
         }
         let creds = self.store.user_credentials(username).await?;
         let hash = creds
             .as_ref()
             .map_or_else(|| decoy_hash().to_owned(), |c| c.password_hash.clone());
-        let password_ok = tokio::task::spawn_blocking({
-            let password = password.to_owned();
-            move || verify_password(&password, &hash)
-        })
-        .await
-        .unwrap_or(false);
+        let password_ok = self
+            .hash_queue
+            .run({
+                let password = password.to_owned();
+                move || verify_password(&password, &hash)
+            })
+            .await?;
         match creds {
-            Some(c) if password_ok && !c.user.disabled => Ok((
-                c.user.clone(),
-                SessionUser {
-                    username: c.user.username,
-                    signed_in_at: unix_now(),
-                },
-            )),
+            Some(c) if password_ok && !c.user.disabled => {
+                self.store.clear_sign_in_attempts(&user_key).await?;
+                Ok((
+                    c.user.clone(),
+                    SessionUser {
+                        username: c.user.username,
+                        signed_in_at: unix_now(),
+                    },
+                ))
+            }
             _ => {
-                self.failed_sign_ins.record(&keys, now);
                 tracing::warn!(username, ?address, "sign-in failed");
                 Err(ControlError::Unauthorized(
                     "wrong username or password, or the account is disabled".into(),
@@ -484,31 +537,37 @@ impl Control {
         self.wake();
         Ok(())
     }
-
-    /// A new join token, returned this once; the old one stops working at once.
-    pub async fn rotate_join_token(&self) -> Result<String, ControlError> {
-        let token = new_token();
-        self.replace_join_token(&token).await?;
-        Ok(token)
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn failures_are_limited_per_key_within_the_window() {
-        let f = FailedSignIns::default();
-        let keys = vec!["user:a".to_owned()];
-        let t0 = Instant::now();
-        for _ in 0..MAX_FAILURES {
-            assert_eq!(f.wait(&keys, t0), None);
-            f.record(&keys, t0);
+    #[tokio::test]
+    async fn the_hash_queue_is_bounded() {
+        let q = std::sync::Arc::new(HashQueue::new(1, 1));
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let rx = std::sync::Arc::new(std::sync::Mutex::new(rx));
+        // One runs (blocked), one waits; a third is refused at once.
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            let (q, rx) = (q.clone(), rx.clone());
+            held.push(tokio::spawn(async move {
+                q.run(move || rx.lock().expect("lock").recv().is_ok()).await
+            }));
         }
-        assert!(f.wait(&keys, t0).is_some_and(|s| s <= 61));
-        assert_eq!(f.wait(&["user:b".to_owned()], t0), None);
-        assert_eq!(f.wait(&keys, t0 + FAILURE_WINDOW), None);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let refused = q.run(|| true).await;
+        assert!(
+            matches!(refused, Err(ControlError::Busy { .. })),
+            "{refused:?}"
+        );
+        tx.send(()).expect("send");
+        tx.send(()).expect("send");
+        for h in held {
+            assert!(h.await.expect("joined").expect("ran"));
+        }
+        assert!(q.run(|| true).await.expect("room again"));
     }
 
     #[test]

@@ -77,17 +77,20 @@ pub async fn admit_simulated_hosts(
     let mut admitted = Vec::with_capacity(hosts);
     for h in 0..hosts {
         let response = control
-            .admit_host(&RegisterRequest {
-                address: None,
-                join_token: String::new(),
-                pool: pool_of(h),
-                cpu_milli: MilliCpu(192_000),
-                memory_mib: MiB(2 * 1024 * 1024),
-                simulated: true,
-                labels: Default::default(),
-                gpus: simulated_gpus(h, gpus_per_host),
-                name: Some(format!("sim-{h:04}")),
-            })
+            .admit_host(
+                &RegisterRequest {
+                    address: None,
+                    join_token: String::new(),
+                    pool: pool_of(h),
+                    cpu_milli: MilliCpu(192_000),
+                    memory_mib: MiB(2 * 1024 * 1024),
+                    simulated: true,
+                    labels: Default::default(),
+                    gpus: simulated_gpus(h, gpus_per_host),
+                    name: Some(format!("sim-{h:04}")),
+                },
+                &Default::default(),
+            )
             .await?;
         admitted.push(response);
     }

@@ -70,7 +70,7 @@ fn host_spec(h: &HostInfo) -> HostSpec {
         cpu: h.cpu,
         memory: h.memory,
         labels: h.labels.clone(),
-        active: h.status == HostStatus::Active,
+        active: h.status == HostStatus::Active && !h.held,
         gpus: h
             .gpus
             .iter()

@@ -60,6 +60,7 @@ impl Control {
     /// lease. Returns the control plane to run a pass with (its writes fenced by the
     /// lease's epoch) when this server holds the lease.
     pub(crate) async fn tick_cluster(&self) -> Option<Control> {
+        self.read_db_clock().await;
         let now = self.now();
         let asked = std::time::Instant::now();
         let seen = self

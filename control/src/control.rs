@@ -131,10 +131,14 @@ pub struct Control {
     /// Serialises reconcile passes: the loop and tests calling `reconcile_once` directly.
     pub(crate) pass: Arc<tokio::sync::Mutex<()>>,
     /// Recent failed sign-ins, to limit password guessing.
-    pub(crate) failed_sign_ins: Arc<crate::auth::FailedSignIns>,
-    /// When this control plane started: hosts are not declared lost for one lost timeout
-    /// after it, since their agents could not reach a server that was down.
+    pub(crate) hash_queue: Arc<crate::auth::HashQueue>,
+    /// When this control plane started, by this machine's clock (what the cluster view
+    /// shows).
     pub(crate) started: DateTime<Utc>,
+    /// The fleet's time (the database's clock): what liveness and the lease are decided
+    /// by. Hosts are not declared lost for one lost timeout after it started, since their
+    /// agents could not reach a server that was down.
+    pub(crate) fleet_clock: Arc<crate::clock::FleetClock>,
     /// When this server last found itself unable to do its work on time: the database
     /// failed or stalled (agents could not have a sync recorded through any server
     /// meanwhile), or a tick came late. Hosts get one lost timeout after it too.
@@ -202,8 +206,9 @@ impl Control {
             changes,
             service_state: Arc::default(),
             pass: Arc::default(),
-            failed_sign_ins: Arc::default(),
+            hash_queue: Arc::default(),
             started: config.clock.now(),
+            fleet_clock: Arc::new(crate::clock::FleetClock::new(&*config.clock)),
             store_failed_at: Arc::default(),
             store_failing: Arc::default(),
             last_tick: Arc::default(),
@@ -266,9 +271,27 @@ impl Control {
         let _ = self.changes.send("capacity");
     }
 
-    /// Now, by the configured clock.
+    /// Now, by the fleet's clock (the database's; see [`crate::clock::FleetClock`]).
     pub(crate) fn now(&self) -> DateTime<Utc> {
-        self.config.clock.now()
+        self.fleet_clock.now(&*self.config.clock)
+    }
+
+    /// Reads the database's clock for [`Control::now`]; a failure keeps the last reading
+    /// (carried forward by this machine's monotonic clock).
+    pub(crate) async fn read_db_clock(&self) {
+        let asked = std::time::Instant::now();
+        match self.store.db_now().await {
+            Ok(t) => match chrono::DateTime::parse_from_rfc3339(&t) {
+                Ok(db) => {
+                    let at = asked + asked.elapsed() / 2;
+                    self.fleet_clock.sample(db.with_timezone(&Utc), at);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, time = t, "the database's clock is unreadable")
+                }
+            },
+            Err(e) => tracing::debug!(error = %e, "reading the database's clock failed"),
+        }
     }
 
     /// The store itself, for tests that look at or set up what no operation exposes

@@ -57,8 +57,12 @@ pub enum ControlError {
     #[error("{0}")]
     Unauthorized(String),
     /// Too many failed sign-ins; try again after this many seconds.
-    #[error("too many failed sign-ins; try again in {retry_after} s")]
+    #[error("too many sign-in attempts; try again in {retry_after} s")]
     TooManyAttempts { retry_after: u64 },
+    /// A bounded resource is full for now (the queue of password checks); try again
+    /// after this many seconds.
+    #[error("too many {what} at once; try again in {retry_after} s")]
+    Busy { retry_after: u64, what: String },
     #[error(transparent)]
     Store(StoreError),
 }

@@ -83,12 +83,22 @@ pub fn validate_pool(input: &PoolInput) -> Result<PoolInfo, ControlError> {
             format!("must be between 1 and 48 (MPS's own limit), got {l}"),
         );
     }
+    let admission = match &input.admission {
+        None => Some(tessera_model::Admission::default()),
+        Some(a) => a
+            .parse()
+            .map_err(|err: tessera_model::ParseEnumError| e.add("admission", err.to_string()))
+            .ok(),
+    };
     e.finish()?;
     Ok(PoolInfo {
         name: name.expect("validated"),
         policy: policy.expect("validated"),
         compute_overcommit: overcommit,
         mps_client_limit: input.mps_client_limit,
+        admission: admission.expect("validated"),
+        task_users: input.task_users.unwrap_or(false),
+        privileged: input.privileged.unwrap_or(false),
     })
 }
 
@@ -247,10 +257,19 @@ mod tests {
             policy: Some("fifo".into()),
             compute_overcommit: Some(0.5),
             mps_client_limit: Some(64),
+            admission: Some("sometimes".into()),
+            task_users: None,
+            privileged: None,
         });
         let Err(ControlError::Invalid(errs)) = bad else {
             panic!("accepted")
         };
-        assert_eq!(errs.errors.len(), 3);
+        assert_eq!(errs.errors.len(), 4);
+        assert!(
+            errs.errors
+                .iter()
+                .any(|e| e.field == "admission" && e.message.contains("auto manual")),
+            "{errs:?}"
+        );
     }
 }

@@ -34,6 +34,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod admission;
 pub mod agents;
 pub mod auth;
 #[cfg(feature = "bench")]

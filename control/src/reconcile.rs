@@ -107,9 +107,19 @@ impl Control {
             self.wake();
         }
         let timeout = self.lost_timeout();
+        let started = match self.fleet_clock.started() {
+            Some(s) => s,
+            None => {
+                self.read_db_clock().await;
+                let Some(s) = self.fleet_clock.started() else {
+                    return Ok(());
+                };
+                s
+            }
+        };
         let now = self.now();
         let outage = *self.store_failed_at.lock().expect("not poisoned");
-        let back = outage.map_or(self.started, |t| t.max(self.started));
+        let back = outage.map_or(started, |t| t.max(started));
         if since(now, back) < timeout {
             return Ok(());
         }

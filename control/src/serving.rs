@@ -204,6 +204,7 @@ mod tests {
             id: HostId::new("h1").expect("valid"),
             pool: PoolName::new("p").expect("valid"),
             status: tessera_model::HostStatus::Active,
+            held: false,
             simulated: true,
             cpu: MilliCpu(1),
             memory: MiB(1),

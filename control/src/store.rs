@@ -7,7 +7,7 @@ use crate::sqlite::SqliteStore;
 use async_trait::async_trait;
 use std::sync::Arc;
 use tessera_model::agent::GpuReport;
-use tessera_model::auth::{ApiTokenInfo, AuditEntry, Role, UserInfo};
+use tessera_model::auth::{ApiTokenInfo, AuditEntry, JoinTokenInfo, Role, UserInfo};
 use tessera_model::service::{
     Deployment, DeploymentStatus, Event, GpuAllocation, Service, Task, TaskDefRef, TaskDefinition,
     TaskState,
@@ -264,6 +264,19 @@ pub trait AuthStore: Send + Sync + 'static {
     ) -> Result<(), StoreError>;
     async fn delete_session(&self, id_hash: &str) -> Result<(), StoreError>;
 
+    /// Counts one sign-in attempt against each of `keys`, checked and counted in one
+    /// statement per key (so a burst across servers cannot slip past the limit): a key's
+    /// window restarts when it began before `window_cutoff`. Returns, per key, the
+    /// attempts counted in its window (this one included) and when that window began.
+    async fn count_sign_in_attempt(
+        &self,
+        keys: &[String],
+        now: &str,
+        window_cutoff: &str,
+    ) -> Result<Vec<(u64, String)>, StoreError>;
+    /// Forgets the attempts counted against `key` (after a successful sign-in).
+    async fn clear_sign_in_attempts(&self, key: &str) -> Result<(), StoreError>;
+
     async fn add_audit(&self, entry: &NewAuditEntry) -> Result<(), StoreError>;
     async fn list_audit(&self, filter: &AuditFilter) -> Result<Vec<AuditEntry>, StoreError>;
 }
@@ -324,6 +337,8 @@ pub struct Pruned {
     pub servers: u64,
     /// Consolidation plans that finished (done, failed, cancelled) before the cutoff.
     pub plans: u64,
+    /// Join tokens expired, or used up, before the cutoff.
+    pub join_tokens: u64,
 }
 
 #[async_trait]
@@ -356,6 +371,27 @@ pub trait HostStore: Send + Sync + 'static {
     ) -> Result<Option<(HostId, bool)>, StoreError>;
     /// Gives a host a new agent token (a host whose token was revoked, rejoining).
     async fn reissue_agent_token(&self, id: &HostId, token_hash: &str) -> Result<(), StoreError>;
+    /// Whether the host's agent token was revoked (it has none).
+    async fn host_token_revoked(&self, id: &HostId) -> Result<bool, StoreError>;
+    /// Holds a host for approval, or approves it.
+    async fn set_host_held(&self, id: &HostId, held: bool) -> Result<(), StoreError>;
+
+    /// Stores a minted join token (its hash only).
+    async fn insert_join_token(
+        &self,
+        token: &JoinTokenInfo,
+        token_hash: &str,
+    ) -> Result<(), StoreError>;
+    async fn list_join_tokens(&self) -> Result<Vec<JoinTokenInfo>, StoreError>;
+    async fn delete_join_token(&self, id: &str) -> Result<(), StoreError>;
+    /// The minted join token with this hash, whatever its state.
+    async fn join_token_by_hash(
+        &self,
+        token_hash: &str,
+    ) -> Result<Option<JoinTokenInfo>, StoreError>;
+    /// Takes one use of join token `id` if it has one left and has not expired at `now`,
+    /// in one statement (two registrations racing for the last use cannot both win).
+    async fn take_join_token_use(&self, id: &str, now: &str) -> Result<bool, StoreError>;
     /// Removes a host that holds no task (`Conflict` otherwise) and its GPUs, so their UUIDs
     /// can join again; stopped tasks keep their history without the host.
     async fn delete_host(&self, id: &HostId) -> Result<(), StoreError>;
@@ -603,6 +639,8 @@ pub struct ServerRow {
 #[async_trait]
 /// Several servers on one database: their announcements and the scheduler lease.
 pub trait ClusterStore: Send + Sync + 'static {
+    /// The database's clock now, as stored times are written (RFC 3339, UTC).
+    async fn db_now(&self) -> Result<String, StoreError>;
     /// Records that server `id` (reachable at `address`, up since `started_at`) is alive.
     async fn server_seen(
         &self,

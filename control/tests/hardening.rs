@@ -164,3 +164,355 @@ async fn the_audit_log_servers_and_finished_plans_are_pruned() {
     let pruned = c.prune().await.expect("prune");
     assert_eq!(pruned.audit, 1, "{pruned:?}");
 }
+
+fn minted(pool: Option<&str>, uses: u32, secs: u64) -> tessera_model::auth::JoinTokenInput {
+    tessera_model::auth::JoinTokenInput {
+        description: "rollout".into(),
+        pool: pool.map(str::to_owned),
+        expires_in_secs: Some(secs),
+        uses: Some(uses),
+        ..Default::default()
+    }
+}
+
+fn admin() -> tessera_model::auth::Caller {
+    tessera_model::auth::Caller {
+        name: "admin".into(),
+        on_behalf_of: None,
+        kind: tessera_model::auth::CallerKind::Session,
+        role: Role::Admin,
+        token_id: None,
+    }
+}
+
+fn joiner(token: &str, name: &str, pool: &str) -> tessera_model::agent::RegisterRequest {
+    tessera_model::agent::RegisterRequest {
+        name: Some(name.into()),
+        gpus: gpus(name, 1, 24),
+        pool: tessera_model::PoolName::new(pool).expect("valid"),
+        ..register_request(token)
+    }
+}
+
+/// A rogue registration with a minted token that is used up, expired, scoped to another
+/// pool, or raced for its last use: none registers a host.
+#[tokio::test]
+async fn join_tokens_register_nothing_past_their_scope() {
+    let env = env(fast()).await;
+    let c = &env.control;
+    c.create_pool(&tessera_control::inputs::PoolInput::named("other"))
+        .await
+        .expect("pool");
+    let one = c
+        .mint_join_token(&admin(), &minted(Some("gpu"), 1, 3600))
+        .await
+        .expect("minted");
+    c.register_agent(&joiner(&one.token, "first", "gpu"))
+        .await
+        .expect("the token's one use");
+    let used = c
+        .register_agent(&joiner(&one.token, "second", "gpu"))
+        .await
+        .expect_err("a used-up token registered a host");
+    println!("used-up token: refused ({used})");
+    assert!(used.to_string().contains("used up"), "{used}");
+
+    let scoped = c
+        .mint_join_token(&admin(), &minted(Some("gpu"), 5, 3600))
+        .await
+        .expect("minted");
+    let other_pool = c
+        .register_agent(&joiner(&scoped.token, "elsewhere", "other"))
+        .await
+        .expect_err("a token for pool gpu registered a host in pool other");
+    println!("token for another pool: refused ({other_pool})");
+
+    let short = c
+        .mint_join_token(&admin(), &minted(None, 5, 60))
+        .await
+        .expect("minted");
+    env.clock.advance(std::time::Duration::from_secs(61));
+    let expired = c
+        .register_agent(&joiner(&short.token, "late", "gpu"))
+        .await
+        .expect_err("an expired token registered a host");
+    println!("expired token: refused ({expired})");
+    assert!(expired.to_string().contains("expired"), "{expired}");
+
+    // Ten registrations race for one use: exactly one host is written.
+    let last = c
+        .mint_join_token(&admin(), &minted(None, 1, 3600))
+        .await
+        .expect("minted");
+    let mut racing = tokio::task::JoinSet::new();
+    for i in 0..10 {
+        let (c, token) = (c.clone(), last.token.clone());
+        racing.spawn(async move {
+            c.register_agent(&joiner(&token, &format!("racer-{i}"), "gpu"))
+                .await
+        });
+    }
+    let won = racing
+        .join_all()
+        .await
+        .into_iter()
+        .filter(Result::is_ok)
+        .count();
+    println!("10 registrations racing for a token's last use: {won} registered");
+    assert_eq!(won, 1);
+    let hosts = c.list_hosts().await.expect("hosts");
+    assert_eq!(hosts.len(), 2, "{hosts:?}");
+    let listed = c.list_join_tokens().await.expect("tokens");
+    assert!(
+        listed
+            .iter()
+            .all(|t| t.uses_left == 0 || t.id != last.info.id)
+    );
+}
+
+/// The join token printed at first start is for the first hosts, not forever: a day
+/// later it registers nothing.
+#[tokio::test]
+async fn the_token_printed_at_first_start_expires() {
+    let db = TestDb::new().await;
+    let clock = std::sync::Arc::new(tessera_control::clock::ManualClock::default());
+    let c = tessera_control::Control::new(
+        db.open().await,
+        tessera_control::ControlConfig {
+            clock: clock.clone(),
+            ..fast()
+        },
+    );
+    let token = c
+        .ensure_join_token(None)
+        .await
+        .expect("start")
+        .expect("printed once");
+    c.create_pool(&tessera_control::inputs::PoolInput::named("gpu"))
+        .await
+        .expect("pool");
+    c.register_agent(&joiner(&token, "day-one", "gpu"))
+        .await
+        .expect("registers on day one");
+    clock.advance(
+        tessera_control::admission::BOOTSTRAP_TOKEN_TTL + std::time::Duration::from_secs(1),
+    );
+    let err = c
+        .register_agent(&joiner(&token, "day-two", "gpu"))
+        .await
+        .expect_err("the bootstrap token still registers a day later");
+    println!("bootstrap token a day later: refused ({err})");
+    assert!(err.to_string().contains("expired"), "{err}");
+}
+
+/// A pool with manual admission: a host that registers (with any valid token) is held,
+/// gets no task and so no secret, until an admin approves it; a pre-approved token's
+/// host is not held.
+#[tokio::test]
+async fn a_manual_pool_holds_new_hosts_and_their_tasks_until_approved() {
+    let env = env(fast()).await;
+    let c = &env.control;
+    c.create_pool(&tessera_control::inputs::PoolInput {
+        admission: Some("manual".into()),
+        ..tessera_control::inputs::PoolInput::named("secure")
+    })
+    .await
+    .expect("pool");
+    let resp = c
+        .register_agent(&joiner(JOIN, "newcomer", "secure"))
+        .await
+        .expect("registers");
+    let host = c.get_host(&resp.host_id).await.expect("host");
+    assert!(host.held, "not held");
+    let def = c
+        .register_task_definition(&serde_json::json!({
+            "family": "secretive",
+            "containers": [{"name": "main", "command": ["sleep", "infinity"], "cpu_milli": 100, "memory_mib": 64,
+                "secrets": {"API_KEY": "s3cret-value"},
+                "gpu": {"mps": {"memory_mib": 1024}}}]
+        }))
+        .await
+        .expect("def");
+    c.create_service(
+        &serde_json::from_value(serde_json::json!({
+            "name": "secretive", "pool": "secure",
+            "task_definition": format!("{}:{}", def.family, def.revision),
+        }))
+        .expect("service input"),
+    )
+    .await
+    .expect("service");
+    c.reconcile_once().await.expect("pass");
+    let h = Host {
+        id: resp.host_id.clone(),
+        token: resp.agent_token.clone(),
+        gpus: gpus("newcomer", 1, 24),
+    };
+    let answer = sync(c, &h).await;
+    println!("held host's sync answer: {} task(s)", answer.tasks.len());
+    assert!(answer.tasks.is_empty(), "a held host was sent tasks");
+    c.approve_host(&admin(), &resp.host_id)
+        .await
+        .expect("approved");
+    c.reconcile_once().await.expect("pass");
+    let answer = sync(c, &h).await;
+    assert_eq!(answer.tasks.len(), 1, "the approved host runs the task");
+    assert!(
+        c.approve_host(&admin(), &resp.host_id).await.is_err(),
+        "approved twice"
+    );
+    let pre = c
+        .mint_join_token(
+            &admin(),
+            &tessera_model::auth::JoinTokenInput {
+                preapproved: true,
+                ..minted(Some("secure"), 1, 3600)
+            },
+        )
+        .await
+        .expect("minted");
+    let resp = c
+        .register_agent(&joiner(&pre.token, "trusted", "secure"))
+        .await
+        .expect("registers");
+    assert!(!c.get_host(&resp.host_id).await.expect("host").held);
+}
+
+/// A revoked host's GPU UUIDs are visible to viewers and tasks: presenting them with the
+/// fleet's join token does not take the host over. Only a token minted for that host does.
+#[tokio::test]
+async fn a_revoked_host_rejoins_only_with_a_token_minted_for_it() {
+    let env = env(fast()).await;
+    let c = &env.control;
+    let h = host(c, "victim", 1, 24).await;
+    c.revoke_host(&h.id).await.expect("revoked");
+    let mut impostor = joiner(JOIN, "impostor", "gpu");
+    impostor.gpus = h.gpus.clone();
+    let err = c
+        .register_agent(&impostor)
+        .await
+        .expect_err("GPU UUIDs took a revoked host over");
+    println!("rejoin by GPU UUIDs: refused ({err})");
+    let t = c
+        .mint_join_token(
+            &admin(),
+            &tessera_model::auth::JoinTokenInput {
+                host: Some(h.id.to_string()),
+                ..minted(None, 1, 3600)
+            },
+        )
+        .await
+        .expect("minted");
+    let mut back = joiner(&t.token, "victim", "gpu");
+    back.gpus = h.gpus.clone();
+    let resp = c.register_agent(&back).await.expect("rejoins");
+    assert_eq!(resp.host_id, h.id);
+    assert!(
+        c.mint_join_token(
+            &admin(),
+            &tessera_model::auth::JoinTokenInput {
+                host: Some(h.id.to_string()),
+                ..minted(None, 1, 3600)
+            },
+        )
+        .await
+        .is_err(),
+        "a token minted for a host that is registered"
+    );
+}
+
+/// A burst of concurrent wrong passwords for one user, through two servers on one
+/// database: at most the limit are checked; the rest are refused before any hashing.
+#[tokio::test]
+async fn a_burst_of_wrong_passwords_gets_at_most_the_limit_checked() {
+    let env = env(fast()).await;
+    let a = env.control.clone();
+    let b = env.restart(fast()).await;
+    a.add_user("ops", "the-right-password-1", Role::Operator)
+        .await
+        .expect("user");
+    let mut burst = tokio::task::JoinSet::new();
+    for i in 0..200 {
+        let c = if i % 2 == 0 { a.clone() } else { b.clone() };
+        burst.spawn(async move { c.sign_in("ops", &format!("guess-{i}"), None).await });
+    }
+    let results = burst.join_all().await;
+    let checked = results
+        .iter()
+        .filter(|r| {
+            matches!(
+                r,
+                Err(tessera_control::error::ControlError::Unauthorized(_))
+            )
+        })
+        .count();
+    let limited = results
+        .iter()
+        .filter(|r| {
+            matches!(
+                r,
+                Err(tessera_control::error::ControlError::TooManyAttempts { .. })
+            )
+        })
+        .count();
+    println!(
+        "200 concurrent wrong passwords through 2 servers: {checked} checked, {limited} refused unchecked"
+    );
+    assert!(
+        checked as u64 <= tessera_control::auth::MAX_ATTEMPTS,
+        "{checked} checked"
+    );
+    assert_eq!(checked + limited, 200);
+    // The window holds for the right password too, on either server, until it passes.
+    assert!(
+        b.sign_in("ops", "the-right-password-1", None)
+            .await
+            .is_err()
+    );
+    env.clock
+        .advance(tessera_control::auth::ATTEMPT_WINDOW + std::time::Duration::from_secs(1));
+    a.sign_in("ops", "the-right-password-1", None)
+        .await
+        .expect("signs in once the window passed");
+}
+
+/// Two servers on one database, one whose clock runs 30 s ahead, while a host syncs
+/// through the other: the skewed one neither takes the live lease nor declares the host
+/// lost (liveness and the lease run on the database's clock).
+#[tokio::test]
+async fn a_server_with_a_skewed_clock_loses_no_host_and_takes_no_live_lease() {
+    let config = || tessera_control::ControlConfig {
+        lease_ttl: std::time::Duration::from_secs(10),
+        ..fast()
+    };
+    let env = env(config()).await;
+    let a = env.control.clone();
+    let skewed = tessera_control::Control::new(
+        tessera_control::open(&env.url()).await.expect("store"),
+        tessera_control::ControlConfig {
+            clock: std::sync::Arc::new(tessera_control::clock::SkewedClock(
+                chrono::Duration::seconds(30),
+            )),
+            ..config()
+        },
+    );
+    let h = host(&a, "steady", 1, 24).await;
+    assert_eq!(a.tick().await, Ok(true));
+    let started = std::time::Instant::now();
+    let mut took = 0;
+    while started.elapsed() < std::time::Duration::from_secs(4) {
+        sync(&a, &h).await;
+        assert_eq!(a.tick().await, Ok(true), "the holder lost its lease");
+        if skewed.tick().await == Ok(true) {
+            took += 1;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let host = a.get_host(&h.id).await.expect("host");
+    println!(
+        "30 s of clock skew for 4 s: lease taken by the skewed server {took} time(s); host {}",
+        host.status
+    );
+    assert_eq!(took, 0);
+    assert_eq!(host.status, tessera_model::HostStatus::Active);
+}

@@ -20,6 +20,9 @@ fn pool(name: &str) -> PoolInfo {
         policy: PlacementPolicy::Fragmentation,
         compute_overcommit: 1.0,
         mps_client_limit: None,
+        admission: Default::default(),
+        task_users: false,
+        privileged: false,
     }
 }
 
@@ -28,6 +31,7 @@ fn host(id: &str, pool: &str, gpus: u32) -> HostInfo {
         id: HostId::new(id).expect("valid"),
         pool: PoolName::new(pool).expect("valid"),
         status: HostStatus::Active,
+        held: false,
         simulated: true,
         cpu: MilliCpu(32_000),
         memory: MiB(128 * 1024),

@@ -4,7 +4,7 @@
 
 use crate::ids::{GpuUuid, HostId, PoolName};
 use crate::service::{TaskHealth, TaskPort};
-use crate::taskdef::{Dependency, HealthCheck, PortSpec};
+use crate::taskdef::{ContainerSecurity, Dependency, HealthCheck, PortSpec};
 use crate::taskdef::{FieldError, ValidationErrors};
 use crate::units::{MiB, MilliCpu};
 use serde::{Deserialize, Serialize};
@@ -216,6 +216,10 @@ pub struct WantedContainer {
     /// Its ports; a `host_port` is fixed (placed), a missing one the agent picks.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ports: Vec<PortSpec>,
+    /// The user, privileges and capabilities it runs with (the definition's; its pool
+    /// allowed them).
+    #[serde(default, skip_serializing_if = "ContainerSecurity::is_default")]
+    pub security: ContainerSecurity,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health_check: Option<HealthCheck>,
     /// Whether its exit ends the task.

@@ -38,6 +38,18 @@ pub struct PoolInput {
     #[serde(default)]
     #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 48))]
     pub mps_client_limit: Option<u32>,
+    /// `auto` (the default): new hosts get tasks at once; `manual`: they wait for an
+    /// admin's approval.
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::optional_admission))]
+    pub admission: Option<String>,
+    /// Task definitions may name the user their containers run as (default false: each
+    /// task runs as a uid of its own).
+    #[serde(default)]
+    pub task_users: Option<bool>,
+    /// Containers may be privileged (default false).
+    #[serde(default)]
+    pub privileged: Option<bool>,
 }
 
 impl PoolInput {
@@ -49,6 +61,9 @@ impl PoolInput {
             policy: None,
             compute_overcommit: None,
             mps_client_limit: None,
+            admission: None,
+            task_users: None,
+            privileged: None,
         }
     }
 }

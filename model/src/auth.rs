@@ -149,3 +149,63 @@ mod tests {
         assert_eq!(c.actor(), "token ci (by alice)");
     }
 }
+
+/// `POST /api/v1/join-tokens`: a join token scoped to what one rollout needs.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JoinTokenInput {
+    /// What it is for (shown in lists).
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(max_length = 200))]
+    pub description: String,
+    /// The one pool hosts may register in with it; any pool when absent.
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::optional_name))]
+    pub pool: Option<String>,
+    /// A revoked host it rejoins (under its old id); nothing else registers with it.
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::optional_name))]
+    pub host: Option<String>,
+    /// Seconds until it expires (default one day, at most 30 days).
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 60, maximum = 2_592_000))]
+    pub expires_in_secs: Option<u64>,
+    /// How many registrations it allows (default 1, at most 10,000).
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 10_000))]
+    pub uses: Option<u32>,
+    /// Hosts it registers are admitted even where the pool holds new hosts for approval.
+    #[serde(default)]
+    pub preapproved: bool,
+}
+
+/// A join token as lists show it: never its value.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JoinTokenInfo {
+    pub id: String,
+    pub description: String,
+    pub pool: Option<String>,
+    pub host: Option<String>,
+    /// RFC 3339 UTC.
+    pub expires_at: String,
+    /// Registrations it still allows.
+    pub uses_left: u32,
+    /// Registrations made with it.
+    pub uses: u32,
+    pub preapproved: bool,
+    pub created_by: String,
+    pub created_at: String,
+}
+
+/// A join token just minted: the only time its value is shown.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NewJoinToken {
+    #[serde(flatten)]
+    pub info: JoinTokenInfo,
+    /// Give it to the agent in a file (`--join-token-file`) or `TESSERA_AGENT_JOIN_TOKEN`,
+    /// never on its command line; shown once, only its hash is kept.
+    pub token: String,
+}

@@ -76,6 +76,19 @@ text_enum!(
 );
 
 text_enum!(
+    /// Whether a pool gives a newly registered host tasks at once.
+    #[derive(Default)]
+    Admission, "admission" {
+        /// Hosts that register with a valid join token get tasks at once.
+        #[default]
+        Auto => "auto",
+        /// Hosts that register are held (no tasks, so no secrets) until an admin approves
+        /// them, unless their join token was minted pre-approved.
+        Manual => "manual",
+    }
+);
+
+text_enum!(
     /// How a GPU is being shared right now.
     SharingMode, "sharing mode" {
         /// Nothing runs on it.
@@ -128,6 +141,16 @@ pub struct PoolInfo {
     pub compute_overcommit: f64,
     /// Overrides the MPS client limit of every GPU in the pool when set.
     pub mps_client_limit: Option<u32>,
+    /// Whether new hosts get tasks at once or wait for an admin's approval.
+    #[serde(default)]
+    pub admission: Admission,
+    /// Task definitions may name the user their containers run as; otherwise each task
+    /// runs as a uid of its own.
+    #[serde(default)]
+    pub task_users: bool,
+    /// Containers may be privileged.
+    #[serde(default)]
+    pub privileged: bool,
 }
 
 /// One GPU as its host's agent reported it.
@@ -153,6 +176,10 @@ pub struct HostInfo {
     pub id: HostId,
     pub pool: PoolName,
     pub status: HostStatus,
+    /// Registered in a pool with manual admission and not yet approved: it gets no tasks
+    /// (and so no secrets) until an admin approves it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub held: bool,
     /// True for hosts whose GPUs are simulated (the demo fleet); the console labels them.
     pub simulated: bool,
     pub cpu: MilliCpu,

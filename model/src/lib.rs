@@ -44,7 +44,7 @@ pub mod work;
 
 pub use ids::{GpuUuid, HostId, IdError, PoolName};
 pub use inventory::{
-    GpuHealth, GpuInfo, HostInfo, HostStatus, ParseEnumError, PlacementPolicy, PoolInfo,
+    Admission, GpuHealth, GpuInfo, HostInfo, HostStatus, ParseEnumError, PlacementPolicy, PoolInfo,
     SharingMode,
 };
 pub use units::{ComputeMilli, MiB, MilliCpu, Percent};

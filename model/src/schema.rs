@@ -41,6 +41,16 @@ pub fn name() -> Schema {
         .into()
 }
 
+/// An optional name (see [`name`]).
+pub fn optional_name() -> Schema {
+    from_json(json!({
+        "type": ["string", "null"],
+        "pattern": NAME_PATTERN,
+        "maxLength": NAME_MAX,
+        "description": crate::ids::NAME_RULE,
+    }))
+}
+
 /// A new password: at least [`crate::auth::MIN_PASSWORD_LEN`] characters.
 pub fn password() -> Schema {
     ObjectBuilder::new()
@@ -94,6 +104,16 @@ pub fn optional_policy() -> Schema {
     let mut names: Vec<Value> = crate::PlacementPolicy::ALL
         .iter()
         .map(|p| json!(p.as_str()))
+        .collect();
+    names.push(Value::Null);
+    from_json(json!({ "type": ["string", "null"], "enum": names }))
+}
+
+/// An optional pool admission given as text.
+pub fn optional_admission() -> Schema {
+    let mut names: Vec<Value> = crate::Admission::ALL
+        .iter()
+        .map(|a| json!(a.as_str()))
         .collect();
     names.push(Value::Null);
     from_json(json!({ "type": ["string", "null"], "enum": names }))
@@ -416,5 +436,15 @@ string_schema!(
     "TokenId",
     from_json(
         json!({"type": "string", "pattern": "^[0-9a-f]{12}$", "description": "as the token list shows it"})
+    )
+);
+
+/// A join token's id, as `GET /api/v1/join-tokens` lists it.
+pub struct JoinTokenId;
+string_schema!(
+    JoinTokenId,
+    "JoinTokenId",
+    from_json(
+        json!({"type": "string", "pattern": "^[0-9a-f]{12}$", "description": "as the join token list shows it"})
     )
 );

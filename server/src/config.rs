@@ -37,6 +37,12 @@ pub enum Command {
     /// Print the API's OpenAPI document (what `/api/v1/openapi.json` serves), for client
     /// generators and schema-driven testers.
     Openapi,
+    /// Make a private certificate authority and the server's certificate for HTTPS (and
+    /// the CA file agents trust).
+    Tls {
+        #[command(subcommand)]
+        command: crate::cli::tls::TlsCommand,
+    },
     #[command(flatten)]
     Client(crate::cli::ClientCommand),
 }
@@ -133,6 +139,13 @@ pub struct ServeArgs {
     /// Audit log entries are deleted after this many days.
     #[arg(long, env = "TESSERA_AUDIT_RETENTION_DAYS", default_value_t = 90)]
     pub audit_retention_days: u64,
+    /// Connections one client address may hold open; raise it when every client comes
+    /// through one proxy.
+    #[arg(long, env = "TESSERA_CONNECTIONS_PER_ADDRESS", default_value_t = 256)]
+    pub connections_per_address: usize,
+    /// Requests one client address may have in flight (agents' syncs aside).
+    #[arg(long, env = "TESSERA_REQUESTS_PER_ADDRESS", default_value_t = 64)]
+    pub requests_per_address: usize,
 }
 
 /// A database URL with any password replaced, for logs.
@@ -189,6 +202,8 @@ mod tests {
             sync_interval_secs: 5,
             retention_days: 7,
             audit_retention_days: 90,
+            connections_per_address: 256,
+            requests_per_address: 64,
         };
         let printed = format!("{args:?}");
         assert!(!printed.contains("s3cret"), "{printed}");

@@ -32,7 +32,7 @@ pub enum ApiError {
     Forbidden(String),
     #[error("{0}")]
     PayloadTooLarge(String),
-    #[error("too many failed sign-ins; try again in {0} s")]
+    #[error("too many sign-in attempts; try again in {0} s")]
     TooManyAttempts(u64),
     /// A limit is reached for now (open event streams).
     #[error("{0}")]
@@ -56,6 +56,7 @@ impl From<ControlError> for ApiError {
             ControlError::Conflict(m) => ApiError::Conflict(m),
             ControlError::Unauthorized(m) => ApiError::Unauthorized(m),
             ControlError::TooManyAttempts { retry_after } => ApiError::TooManyAttempts(retry_after),
+            e @ ControlError::Busy { .. } => ApiError::Unavailable(e.to_string()),
             other => ApiError::Internal(other),
         }
     }

@@ -26,6 +26,7 @@ pub mod auth;
 pub mod cli;
 pub mod config;
 pub mod demo;
+pub mod edge;
 pub mod error;
 pub mod example;
 pub mod metrics;
@@ -52,9 +53,15 @@ pub struct AppState {
     pub auth: Arc<auth::AuthSettings>,
     /// Open `/api/v1/live` streams are capped: each holds a task and a connection.
     pub live_slots: Arc<tokio::sync::Semaphore>,
-    /// One permit per request being handled, shared by every route.
+    /// One permit per request being handled, shared by every route but the agents'.
     #[from_ref(skip)]
     pub request_slots: Arc<tokio::sync::Semaphore>,
+    /// The agents' own: a flood on other routes never makes a sync wait.
+    #[from_ref(skip)]
+    pub agent_slots: Arc<tokio::sync::Semaphore>,
+    /// Requests in flight per client address on routes other than the agents'.
+    #[from_ref(skip)]
+    pub request_addresses: edge::PerAddress,
     #[from_ref(skip)]
     pub limits: Limits,
 }
@@ -67,8 +74,19 @@ pub struct Limits {
     /// slot or in its handler (an event stream's answer is its first byte, so streams
     /// are not cut).
     pub request_timeout: std::time::Duration,
-    /// Requests handled at once, at most; more wait their turn (within the timeout).
+    /// Requests handled at once, at most, on routes other than the agents'; more wait
+    /// their turn (within the timeout).
     pub concurrent_requests: usize,
+    /// Agents' requests (registrations, syncs) handled at once, at most.
+    pub concurrent_agent_requests: usize,
+    /// Requests one client address may have in flight on routes other than the agents'
+    /// (`429` past it).
+    pub requests_per_address: usize,
+    /// Connections one client address may hold open (more are closed at accept).
+    pub connections_per_address: usize,
+    /// Request headers, and the first request on a new connection, must arrive within
+    /// this; a request body may not pause for longer.
+    pub header_timeout: std::time::Duration,
     /// Event streams open at once, at most; one more gets `503`.
     pub live_streams: usize,
 }
@@ -78,6 +96,10 @@ impl Default for Limits {
         Limits {
             request_timeout: std::time::Duration::from_secs(30),
             concurrent_requests: 1024,
+            concurrent_agent_requests: 1024,
+            requests_per_address: 64,
+            connections_per_address: 256,
+            header_timeout: std::time::Duration::from_secs(10),
             live_streams: 256,
         }
     }
@@ -88,15 +110,18 @@ impl AppState {
     pub fn new(control: Control, bind: SocketAddr) -> Self {
         // Timings are recorded from the start (the recorder is the process's, made once).
         crate::metrics::handle();
+        let limits = Limits::default();
         AppState {
             control,
             leptos: leptos_options(bind),
             auth: Arc::new(auth::AuthSettings::for_bind(bind, false)),
-            live_slots: Arc::new(tokio::sync::Semaphore::new(Limits::default().live_streams)),
-            request_slots: Arc::new(tokio::sync::Semaphore::new(
-                Limits::default().concurrent_requests,
+            live_slots: Arc::new(tokio::sync::Semaphore::new(limits.live_streams)),
+            request_slots: Arc::new(tokio::sync::Semaphore::new(limits.concurrent_requests)),
+            agent_slots: Arc::new(tokio::sync::Semaphore::new(
+                limits.concurrent_agent_requests,
             )),
-            limits: Limits::default(),
+            request_addresses: edge::PerAddress::new(limits.requests_per_address),
+            limits,
         }
     }
 
@@ -105,6 +130,10 @@ impl AppState {
         AppState {
             live_slots: Arc::new(tokio::sync::Semaphore::new(limits.live_streams)),
             request_slots: Arc::new(tokio::sync::Semaphore::new(limits.concurrent_requests)),
+            agent_slots: Arc::new(tokio::sync::Semaphore::new(
+                limits.concurrent_agent_requests,
+            )),
+            request_addresses: edge::PerAddress::new(limits.requests_per_address),
             limits,
             ..self
         }
@@ -139,10 +168,14 @@ pub fn app(state: AppState) -> Router {
             auth::authenticate,
         ))
         .layer(sessions)
-        // One limit for the whole router (a plain `ConcurrencyLimitLayer` would count per
-        // route); the timeout is outside it, so waiting for a slot counts too.
-        .layer(tower::limit::GlobalConcurrencyLimitLayer::with_semaphore(
-            state.request_slots.clone(),
+        // The budgets (see `edge`); the timeout is outside them, so waiting for a slot
+        // counts too, and so does reading the body.
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            edge::budget,
+        ))
+        .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
+            state.limits.header_timeout,
         ))
         .layer(tower_http::timeout::TimeoutLayer::with_status_code(
             axum::http::StatusCode::REQUEST_TIMEOUT,
@@ -163,11 +196,27 @@ pub async fn run(
     tls: Option<TlsFiles>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let limits = state.limits;
     let service = app(state).into_make_service_with_connect_info::<SocketAddr>();
+    let connections = edge::ConnectionLimit {
+        addresses: edge::PerAddress::new(limits.connections_per_address),
+    };
+    let handle = axum_server::Handle::new();
+    let stopper = handle.clone();
+    tokio::spawn(async move {
+        shutdown.await;
+        stopper.graceful_shutdown(Some(std::time::Duration::from_secs(10)));
+    });
+    let mut server = axum_server::from_tcp(listener.into_std()?)?
+        .handle(handle)
+        // A connection that sends no request, or headers that never end, is closed.
+        .first_request_timeout(limits.header_timeout);
+    server
+        .http_builder()
+        .http1()
+        .header_read_timeout(limits.header_timeout);
     let Some(tls) = tls else {
-        return axum::serve(listener, service)
-            .with_graceful_shutdown(shutdown)
-            .await;
+        return server.acceptor(connections).serve(service).await;
     };
     // One crypto provider for the process (ring), whichever crates asked for others.
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -183,14 +232,8 @@ pub async fn run(
                 ),
             )
         })?;
-    let handle = axum_server::Handle::new();
-    let stopper = handle.clone();
-    tokio::spawn(async move {
-        shutdown.await;
-        stopper.graceful_shutdown(Some(std::time::Duration::from_secs(10)));
-    });
-    axum_server::from_tcp_rustls(listener.into_std()?, config)?
-        .handle(handle)
+    server
+        .acceptor(axum_server::tls_rustls::RustlsAcceptor::new(config).acceptor(connections))
         .serve(service)
         .await
 }

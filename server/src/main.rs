@@ -47,6 +47,7 @@ async fn run_command() -> anyhow::Result<()> {
         Command::User { .. }
         | Command::Openapi
         | Command::Client(_)
+        | Command::Tls { .. }
         | Command::ExampleServer { .. } => "warn",
     };
     tracing_subscriber::fmt()
@@ -65,6 +66,7 @@ async fn run_command() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Client(c) => tessera_server::cli::run(c).await,
+        Command::Tls { command } => tessera_server::cli::tls::run(command),
         Command::ExampleServer { port } => tessera_server::example::run(port).await,
     }
 }
@@ -287,7 +289,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let state = AppState {
         auth: Arc::new(auth),
         ..AppState::new(control, args.bind)
-    };
+    }
+    .with_limits(tessera_server::Limits {
+        connections_per_address: args.connections_per_address.max(1),
+        requests_per_address: args.requests_per_address.max(1),
+        ..Default::default()
+    });
     run(listener, state, tls, async move {
         shutdown_signal().await;
         let _ = stop_tx.send(true);

@@ -27,6 +27,7 @@ use utoipa::OpenApi;
         session::list_users, session::add_user, session::update_user, session::list_audit,
         fleet::list_hosts, fleet::get_host, fleet::drain_host, fleet::activate_host,
         fleet::revoke_host, fleet::delete_host, fleet::rotate_join_token, fleet::cluster,
+        fleet::approve_host, fleet::list_join_tokens, fleet::mint_join_token, fleet::delete_join_token,
         fleet::list_pools, fleet::create_pool,
         workloads::register_task_definition, workloads::list_families,
         workloads::get_task_definition, workloads::deregister_task_definition,
@@ -44,7 +45,7 @@ use utoipa::OpenApi;
         tessera_model::schema::ServiceName, tessera_model::schema::Username,
         tessera_model::schema::FamilyOrRef, tessera_model::service::TaskDefRef,
         tessera_model::HostId, workloads::Format, tessera_model::schema::TokenId,
-        tessera_model::schema::PlanId, tessera_model::work::Slo, tessera_model::work::Alarm,
+        tessera_model::schema::PlanId, tessera_model::schema::JoinTokenId, tessera_model::work::Slo, tessera_model::work::Alarm,
         tessera_model::work::Autoscaling,
     )),
     tags(

@@ -57,7 +57,7 @@ fn session_of(req: &Request) -> Result<Session, ApiError> {
 }
 
 /// The caller the authentication layer found.
-fn caller_of(authn: Option<&Authn>) -> Result<Caller, ApiError> {
+pub(crate) fn caller_of(authn: Option<&Authn>) -> Result<Caller, ApiError> {
     match authn {
         Some(Authn::Caller(c)) => Ok(c.clone()),
         _ => Err(ApiError::Unauthorized("sign in first".into())),

@@ -594,6 +594,7 @@ async fn a_request_stuck_on_a_locked_database_gets_408_and_the_others_wait_their
         request_timeout: std::time::Duration::from_millis(400),
         concurrent_requests: 1,
         live_streams: 1,
+        ..Default::default()
     };
     let state = Ctx {
         app: AppState::new(control, "127.0.0.1:0".parse().expect("valid")).with_limits(limits),

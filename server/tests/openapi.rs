@@ -31,6 +31,8 @@ const NOT_SHAPE: &[&str] = &[
     "no task definition",
     "is deregistered",
     "no pool named",
+    "no host named",
+    "is still registered: revoke its agent token first",
     "is used by another container",
     "is also in env",
     "either whole GPUs or MPS slots",
@@ -391,7 +393,7 @@ async fn the_document_and_the_router_agree_and_answers_match_their_schemas() {
 
     // A sample answer of every GET against its schema.
     let host = server.host.clone();
-    let samples = [
+    let mut samples = vec![
         ("/healthz", "/healthz".to_owned()),
         ("/api/v1/openapi.json", "/api/v1/openapi.json".to_owned()),
         ("/api/v1/session", "/api/v1/session".to_owned()),
@@ -463,6 +465,15 @@ async fn the_document_and_the_router_agree_and_answers_match_their_schemas() {
             ),
         ),
     ];
+    let minted = server
+        .send(
+            &Method::POST,
+            "/api/v1/join-tokens",
+            Some(&json!({"pool": "inference", "uses": 2, "description": "sample"})),
+        )
+        .await;
+    assert_eq!(minted.status, StatusCode::CREATED, "{}", minted.body);
+    samples.push(("/api/v1/join-tokens", "/api/v1/join-tokens".to_owned()));
     let mut sampled = BTreeSet::new();
     for (path, uri) in &samples {
         let a = server.send(&Method::GET, uri, None).await;

@@ -1,7 +1,10 @@
 //! Containers that have an image run through the Docker Engine API (the host's socket):
 //! pulled first, created with their task's GPU (a device request by UUID, for the NVIDIA
 //! container runtime), limits and labels, started, their output copied to the task's
-//! capped logs, waited for, and removed once they end.
+//! capped logs, waited for, and removed once they end. Each is created without privileges
+//! unless its definition asks (and its pool allowed): `no-new-privileges`, every capability
+//! dropped but those its definition adds, a pid limit, as its task's own uid unless it
+//! names a user, and ECS's `readonlyRootFilesystem` and `privileged` as given.
 //!
 //! Each container carries labels that tie it to this agent and its task; its name is
 //! derived from both, so a restarted agent re-adopts what runs under its labels instead
@@ -251,6 +254,13 @@ pub struct Launch {
     pub host_network: bool,
     /// A command health check, which Docker runs itself.
     pub health_check: Option<tessera_model::taskdef::HealthCheck>,
+    /// The user it runs as (`uid`, `uid:gid`, `name`, `name:group`): the one its
+    /// definition names, else its task's own uid (`--task-uids`); `None`: the image's.
+    pub user: Option<String>,
+    /// Privileges and capabilities from its definition (its pool allowed them).
+    pub security: tessera_model::taskdef::ContainerSecurity,
+    /// The most processes and threads it may have (`--task-pids-max`); `None`: no limit.
+    pub pids_limit: Option<i64>,
 }
 
 impl std::fmt::Debug for Launch {
@@ -261,6 +271,8 @@ impl std::fmt::Debug for Launch {
             .field("image", &self.image)
             .field("env", &self.env.keys().collect::<Vec<_>>())
             .field("gpus", &self.gpus)
+            .field("user", &self.user)
+            .field("security", &self.security)
             .finish_non_exhaustive()
     }
 }
@@ -304,6 +316,18 @@ impl Launch {
                 .then(|| i64::try_from(self.cpu_milli * 1_000_000).unwrap_or(i64::MAX)),
             ..Default::default()
         };
+        let security = &self.security;
+        host.privileged = Some(security.privileged);
+        host.readonly_rootfs = Some(security.readonly_root_filesystem);
+        host.pids_limit = self.pids_limit;
+        if !security.privileged {
+            // Nothing it runs gains privileges (setuid binaries, file capabilities), and
+            // it keeps only the capabilities its definition adds. A privileged container
+            // gets every capability whatever is dropped: its pool allowed that.
+            host.security_opt = Some(vec!["no-new-privileges".into()]);
+            host.cap_drop = Some(vec!["ALL".into()]);
+            host.cap_add = (!security.cap_add.is_empty()).then(|| security.cap_add.clone());
+        }
         if self.memory_mib > 0 {
             if self.memory_soft {
                 host.memory_reservation = Some(mib(self.memory_mib));
@@ -372,6 +396,7 @@ impl Launch {
             cmd: (!self.command.is_empty()).then(|| self.command.clone()),
             env: Some(env),
             labels: Some(labels),
+            user: self.user.clone(),
             host_config: Some(host),
             ..Default::default()
         }
@@ -414,6 +439,8 @@ pub struct LogFiles {
     pub out: PathBuf,
     pub err: PathBuf,
     pub cap: u64,
+    /// The group the files belong to (its task's own gid), besides the agent.
+    pub group: Option<u32>,
 }
 
 impl Boxed {
@@ -636,8 +663,8 @@ async fn watch(
 }
 
 async fn copy_logs(engine: Engine, docker_name: String, files: LogFiles, since: i32) {
-    let mut out = CappedLog::new(files.out, files.cap);
-    let mut err = CappedLog::new(files.err, files.cap);
+    let mut out = CappedLog::new(files.out, files.cap).group(files.group);
+    let mut err = CappedLog::new(files.err, files.cap).group(files.group);
     let mut stream = engine.docker.logs(
         &docker_name,
         Some(LogsOptions {
@@ -681,6 +708,70 @@ mod tests {
         );
         assert_eq!(split_tag("ubuntu"), ("ubuntu", "latest"));
         assert_eq!(split_tag("app@sha256:abc"), ("app@sha256:abc", ""));
+    }
+
+    fn launch(security: tessera_model::taskdef::ContainerSecurity) -> Launch {
+        Launch {
+            task_id: "t1".into(),
+            name: "main".into(),
+            image: "busybox".into(),
+            entry_point: vec![],
+            command: vec![],
+            env: BTreeMap::new(),
+            gpus: vec![],
+            mps_pipe_dir: None,
+            cpu_milli: 0,
+            memory_mib: 0,
+            memory_soft: false,
+            mark: "m".into(),
+            ports: vec![],
+            host_network: false,
+            health_check: None,
+            user: security.user.clone(),
+            security,
+            pids_limit: Some(4096),
+        }
+    }
+
+    #[test]
+    fn a_container_runs_without_privileges_unless_its_definition_asks() {
+        use tessera_model::taskdef::ContainerSecurity;
+        let plain = launch(ContainerSecurity::default()).body();
+        let host = plain.host_config.clone().expect("host config");
+        assert_eq!(
+            host.security_opt,
+            Some(vec!["no-new-privileges".to_owned()])
+        );
+        assert_eq!(host.cap_drop, Some(vec!["ALL".to_owned()]));
+        assert_eq!(host.cap_add, None);
+        assert_eq!(host.pids_limit, Some(4096));
+        assert_eq!(host.privileged, Some(false));
+        assert_eq!(host.readonly_rootfs, Some(false));
+        assert_eq!(plain.user, None, "the image's user when nothing is set");
+
+        let asked = launch(ContainerSecurity {
+            user: Some("1000:1000".into()),
+            privileged: false,
+            readonly_root_filesystem: true,
+            cap_add: vec!["NET_BIND_SERVICE".into()],
+        })
+        .body();
+        let host = asked.host_config.clone().expect("host config");
+        assert_eq!(host.cap_drop, Some(vec!["ALL".to_owned()]));
+        assert_eq!(host.cap_add, Some(vec!["NET_BIND_SERVICE".to_owned()]));
+        assert_eq!(host.readonly_rootfs, Some(true));
+        assert_eq!(asked.user.as_deref(), Some("1000:1000"));
+
+        let privileged = launch(ContainerSecurity {
+            privileged: true,
+            ..ContainerSecurity::default()
+        })
+        .body();
+        let host = privileged.host_config.clone().expect("host config");
+        assert_eq!(host.privileged, Some(true));
+        assert_eq!(host.security_opt, None);
+        assert_eq!(host.cap_drop, None);
+        assert_eq!(host.pids_limit, Some(4096), "a pid limit whatever it asks");
     }
 
     #[test]

@@ -29,11 +29,12 @@ const MAX_OUTPUT: usize = 1024;
 pub enum Probe {
     /// GET this URL; 2xx and 3xx pass.
     Http(String),
-    /// Run this argv (for `CMD-SHELL`, `sh -c`) with this environment, as this user.
+    /// Run this argv (for `CMD-SHELL`, `sh -c`) with this environment, as its container
+    /// runs: its user, its working directory, its cgroup.
     Command {
         argv: Vec<String>,
         env: BTreeMap<String, String>,
-        run_as: Option<(u32, u32)>,
+        confine: super::confine::Confinement,
     },
     /// Docker runs the check itself; read its verdict.
     Docker {
@@ -269,7 +270,7 @@ async fn once(
                 None,
             ),
         },
-        Probe::Command { argv, env, run_as } => {
+        Probe::Command { argv, env, confine } => {
             let Some((program, args)) = argv.split_first() else {
                 return (false, Some("empty command".into()), None);
             };
@@ -282,10 +283,7 @@ async fn once(
                 .stderr(std::process::Stdio::piped())
                 .process_group(0)
                 .kill_on_drop(true);
-            if let Some((uid, gid)) = run_as {
-                cmd.uid(*uid).gid(*gid).current_dir("/");
-            }
-            let child = match cmd.spawn() {
+            let child = match confine.apply(&mut cmd).and_then(|()| cmd.spawn()) {
                 Ok(c) => c,
                 Err(e) => {
                     return (
@@ -419,7 +417,7 @@ mod tests {
         let probe = Probe::Command {
             argv: vec!["/bin/sh".into(), "-c".into(), "sleep 30".into()],
             env: BTreeMap::from([("PATH".to_owned(), "/usr/bin:/bin".to_owned())]),
-            run_as: None,
+            confine: Default::default(),
         };
         let started = Instant::now();
         let (passed, output, _) =
@@ -437,7 +435,7 @@ mod tests {
             })
             .expect("argv"),
             env: BTreeMap::from([("PATH".to_owned(), "/usr/bin:/bin".to_owned())]),
-            run_as: None,
+            confine: Default::default(),
         };
         let (passed, output, _) =
             once(&probe, Duration::from_secs(5), &reqwest::Client::new()).await;

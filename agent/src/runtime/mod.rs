@@ -11,7 +11,19 @@
 //! known by its leader's start time too: once a group has emptied and its id is reused,
 //! the new group is never signalled nor taken for the task. The state file
 //! (written atomically, owner-only) keeps what `/proc` cannot tell: stop timeouts.
+//!
+//! Tasks are kept apart. With `--task-uids` each task runs as a uid of its own (and a
+//! group of the same number), unless its definition names a user: it cannot read another
+//! task's environment (its secrets), signal its processes, or open its files; its logs are
+//! readable by the agent and its own group only, and it starts in a working directory only
+//! it can enter. Where the agent can use cgroups ([`cgroup`]), each task runs in a cgroup of
+//! its own, joined before its program runs (`confine`): its CPU, memory and pid limits
+//! hold, and once it is stopped (SIGTERM to its process groups, SIGKILL after its stop
+//! timeout) whatever is left in its cgroup is killed, processes that left its groups
+//! and sessions included; a task has ended only when its cgroup is empty.
 
+pub mod cgroup;
+mod confine;
 pub mod docker;
 mod health;
 mod ports;
@@ -20,6 +32,8 @@ mod procfs;
 mod tests;
 pub(crate) mod work;
 
+pub use cgroup::Cgroups;
+use confine::Confinement;
 use docker::Phase;
 pub use docker::{Engine, default_socket};
 pub use ports::{PortAllocator, port_environment};
@@ -35,7 +49,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tessera_model::agent::{TaskReport, WantedTask};
+use tessera_model::agent::{TaskReport, WantedContainer, WantedTask};
 use tessera_model::service::TaskPort;
 use tessera_model::taskdef::{DependencyCondition, Protocol};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
@@ -48,6 +62,10 @@ const PASSED_THROUGH: &[&str] = &["PATH", "HOME", "LANG", "TZ"];
 /// machine (the demo, tests) never adopt each other's tasks.
 const AGENT_MARK: &str = "TESSERA_AGENT_MARK";
 const TASK_ID: &str = "TESSERA_TASK_ID";
+/// A task's working directory inside its log directory, when it runs as a uid of its own.
+const WORK_DIR: &str = "work";
+/// How long the cgroup of a task that has ended is tried again before it is left.
+const CGROUP_REMOVAL: Duration = Duration::from_secs(60);
 
 /// Writes `bytes` to `path` so that a crash leaves the old file or the new one, never a
 /// mix: a temporary file, owner-only (0600), synced, renamed over, the directory synced.
@@ -179,6 +197,10 @@ struct Task {
     /// Where its application publishes its work (learnt again from the server's answer
     /// after a restart).
     work: Option<tessera_model::work::WorkSpec>,
+    /// Its own uid (and gid), from `--task-uids`.
+    uid: Option<u32>,
+    /// Its cgroup, once one of its containers runs as a process.
+    cgroup: Option<cgroup::TaskCgroup>,
 }
 
 /// What the state file keeps per task.
@@ -188,6 +210,9 @@ struct Saved {
     /// The kernel's boot id when it was written: after a reboot nothing is re-adopted.
     #[serde(default)]
     boot_id: Option<String>,
+    /// Where the next task uid is looked for (`--task-uids`).
+    #[serde(default)]
+    next_uid: Option<u32>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -211,6 +236,9 @@ struct SavedTask {
     /// Containers still waiting for their dependencies, by index.
     #[serde(default)]
     waiting: Vec<usize>,
+    /// Its own uid: a re-adopted task keeps it, and no other task is given it.
+    #[serde(default)]
+    uid: Option<u32>,
 }
 
 /// A task's processes, for measurement.
@@ -227,6 +255,8 @@ pub enum RuntimeError {
         path: String,
         source: std::io::Error,
     },
+    #[error("--task-uids: {0}")]
+    TaskUids(String),
 }
 
 /// The tasks this agent runs.
@@ -257,7 +287,25 @@ pub struct Runtime {
     health_changed: Arc<tokio::sync::Notify>,
     /// Ports the state file kept, for containers re-adopted once the engine is attached.
     saved_ports: BTreeMap<String, Vec<TaskPort>>,
+    /// Task uids the state file kept, for containers re-adopted once the engine is attached.
+    saved_uids: BTreeMap<String, u32>,
+    /// Each task runs as a uid of its own from this range (`--task-uids`), inclusive.
+    task_uids: Option<(u32, u32)>,
+    /// Where the next task uid is looked for: uids are handed out in turn, so that one
+    /// comes back to a new task as late as possible (what a task leaves in `/tmp` or
+    /// `/dev/shm` is its uid's).
+    next_uid: Option<u32>,
+    /// This agent's cgroups, where it can use them.
+    cgroups: Option<Cgroups>,
+    /// Cgroups of tasks gone that still held a process or that the kernel had not let go
+    /// of: killed again and removed at each poll, given up on after a while.
+    debris: Vec<(cgroup::TaskCgroup, Instant)>,
+    /// The most processes and threads a task may have (`--task-pids-max`); 0: no limit.
+    pids_max: u64,
 }
+
+/// The default of `--task-pids-max`.
+pub const DEFAULT_PIDS_MAX: u64 = 4096;
 
 impl Runtime {
     /// Opens the runtime over `state_dir`, re-adopting tasks a previous run left running.
@@ -299,6 +347,16 @@ impl Runtime {
                 .iter()
                 .map(|(id, t)| (id.clone(), t.ports.clone()))
                 .collect(),
+            saved_uids: saved
+                .tasks
+                .iter()
+                .filter_map(|(id, t)| Some((id.clone(), t.uid?)))
+                .collect(),
+            task_uids: None,
+            next_uid: saved.next_uid,
+            cgroups: None,
+            debris: Vec::new(),
+            pids_max: DEFAULT_PIDS_MAX,
         };
         // What runs with this agent's mark is ours, whether or not the state file had
         // time to record it; nothing else is, whatever process ids the file remembers.
@@ -363,6 +421,8 @@ impl Runtime {
                     resumed_health,
                     checks_expected: 0,
                     work: None,
+                    uid: kept.and_then(|t| t.uid),
+                    cgroup: None,
                 },
             );
         }
@@ -375,7 +435,12 @@ impl Runtime {
     pub async fn attach_engine(&mut self, engine: Engine) -> Result<(), String> {
         for (task_id, name, docker_name) in engine.marked(&self.mark).await? {
             tracing::info!(task = %task_id, container = %name, "re-adopted a container left by the previous agent");
-            let logs = self.log_files(&task_id, &name);
+            let uid = self
+                .tasks
+                .get(&task_id)
+                .and_then(|t| t.uid)
+                .or_else(|| self.saved_uids.get(&task_id).copied());
+            let logs = self.log_files(&task_id, &name, uid);
             let boxed = docker::Boxed::adopt(&engine, name, docker_name, logs).await;
             let stop_timeout = self
                 .saved_timeouts
@@ -399,6 +464,8 @@ impl Runtime {
                     resumed_health: None,
                     checks_expected: 0,
                     work: None,
+                    uid,
+                    cgroup: None,
                 })
                 .boxes
                 .push(boxed);
@@ -415,23 +482,163 @@ impl Runtime {
         Ok(())
     }
 
-    fn log_files(&self, task_id: &str, container: &str) -> docker::LogFiles {
-        let dir = self.dir.join(task_id);
-        if let Err(e) = std::fs::create_dir_all(&dir) {
+    fn log_files(&self, task_id: &str, container: &str, uid: Option<u32>) -> docker::LogFiles {
+        if let Err(e) = self.make_task_dir(task_id, uid) {
             tracing::error!(task = %task_id, error = %e, "cannot create the task's log directory");
         }
+        let dir = self.dir.join(task_id);
         docker::LogFiles {
             out: dir.join(format!("{container}.log")),
             err: dir.join(format!("{container}.err.log")),
             cap: self.log_cap,
+            group: uid,
         }
     }
 
+    /// Creates task `task_id`'s directory: its logs, which the agent writes and which no
+    /// other task can open (0750, the agent's, in the task's own group when it has a uid of
+    /// its own, else the agent's); with a uid of its own, its working directory inside
+    /// (0700, the task's). The task cannot write the directory itself, so it cannot
+    /// replace a log file with a link to where the agent should not write.
+    fn make_task_dir(&self, task_id: &str, uid: Option<u32>) -> std::io::Result<()> {
+        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+        let dir = self.dir.join(task_id);
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o750)
+            .create(&dir)?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o750))?;
+        let Some(uid) = uid else {
+            return Ok(());
+        };
+        std::os::unix::fs::lchown(&dir, None, Some(uid))?;
+        let work = dir.join(WORK_DIR);
+        match std::fs::DirBuilder::new().mode(0o700).create(&work) {
+            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
+            _ => {}
+        }
+        std::os::unix::fs::lchown(&work, Some(uid), Some(uid))?;
+        std::fs::set_permissions(&work, std::fs::Permissions::from_mode(0o700))
+    }
+
     /// Tasks run as this user and group (the agent must be root to switch), from `/` so
-    /// that they need no access to the agent's directories.
+    /// that they need no access to the agent's directories. `task_uids` takes precedence.
     pub fn run_as(mut self, uid: u32, gid: u32) -> Self {
         self.run_as = Some((uid, gid));
         self
+    }
+
+    /// Each task runs as a uid of its own from `first..=last` (and a group of the same
+    /// number), unless its definition names a user: no task can read another's
+    /// environment, processes or files. The agent must be root. The state directory and
+    /// the tasks' directory become traversable (0711, never listable), so that each task
+    /// reaches its own working directory.
+    pub fn task_uids(mut self, first: u32, last: u32) -> Result<Self, RuntimeError> {
+        use std::os::unix::fs::PermissionsExt;
+        if first == 0 || first > last {
+            return Err(RuntimeError::TaskUids(format!(
+                "{first}-{last}: expected START-END with 0 < START <= END"
+            )));
+        }
+        if !nix::unistd::geteuid().is_root() {
+            return Err(RuntimeError::TaskUids(
+                "the agent must run as root to start tasks as uids of their own".into(),
+            ));
+        }
+        let traversable = std::fs::Permissions::from_mode(0o711);
+        for dir in [self.dir.parent(), Some(self.dir.as_path())]
+            .into_iter()
+            .flatten()
+        {
+            std::fs::set_permissions(dir, traversable.clone()).map_err(|source| {
+                RuntimeError::StateDir {
+                    path: dir.display().to_string(),
+                    source,
+                }
+            })?;
+        }
+        // A task re-adopted before its uid was saved: its processes say which it has.
+        for t in self.tasks.values_mut().filter(|t| t.uid.is_none()) {
+            t.uid = t
+                .procs
+                .iter()
+                .filter_map(|p| u32::try_from(p.pgid).ok())
+                .find_map(confine::process_uid)
+                .filter(|uid| (first..=last).contains(uid));
+        }
+        self.task_uids = Some((first, last));
+        self.save();
+        Ok(self)
+    }
+
+    /// The most processes and threads a task may have: its cgroup's `pids.max`, its
+    /// containers' `PidsLimit`; 0: no limit.
+    pub fn pids_max(mut self, max: u64) -> Self {
+        self.pids_max = max;
+        self
+    }
+
+    /// Runs each task in a cgroup of its own under `cgroups`, and says in the log what
+    /// that enforces. Cgroups of tasks this agent no longer has (left by a previous run
+    /// that crashed, or by processes that outlived their task) are killed and removed.
+    pub fn cgroups(mut self, cgroups: Cgroups) -> Self {
+        let cgroups = cgroups.for_agent(&self.mark);
+        if cgroups.enforces_all() {
+            tracing::info!(cgroups = %cgroups.describe(), "each task runs in a cgroup of its own");
+        } else {
+            tracing::warn!(cgroups = %cgroups.describe(), "task limits are not all enforced");
+        }
+        if !cgroups.usable() {
+            return self;
+        }
+        let known: BTreeMap<String, String> = self
+            .tasks
+            .keys()
+            .map(|id| (cgroup::cgroup_name(id), id.clone()))
+            .collect();
+        for name in cgroups.task_names() {
+            let found = cgroups.named(&name);
+            match known.get(&name).and_then(|id| self.tasks.get_mut(id)) {
+                Some(t) => t.cgroup = Some(found),
+                None => {
+                    tracing::info!(cgroup = %found, "killing what is left in the cgroup of a task this agent no longer has");
+                    found.kill();
+                    if found.remove().is_err() {
+                        self.debris.push((found, Instant::now()));
+                    }
+                }
+            }
+        }
+        self.cgroups = Some(cgroups);
+        self
+    }
+
+    /// A uid of the range that no task of this agent has and that no account or group of
+    /// this host has: the next after the last one handed out (wrapping around).
+    fn allocate_uid(&mut self) -> Result<Option<u32>, String> {
+        let Some((first, last)) = self.task_uids else {
+            return Ok(None);
+        };
+        let held: BTreeSet<u32> = self.tasks.values().filter_map(|t| t.uid).collect();
+        let span = u64::from(last - first) + 1;
+        let start = self
+            .next_uid
+            .filter(|u| (first..=last).contains(u))
+            .unwrap_or(first);
+        for step in 0..span {
+            let offset = (u64::from(start - first) + step) % span;
+            let Ok(uid) = u32::try_from(u64::from(first) + offset) else {
+                continue;
+            };
+            if held.contains(&uid) || confine::id_taken(uid) {
+                continue;
+            }
+            self.next_uid = Some(if uid == last { first } else { uid + 1 });
+            return Ok(Some(uid));
+        }
+        Err(format!(
+            "no uid left in --task-uids {first}-{last}: each is held by a task of this agent or is an account's or a group's"
+        ))
     }
 
     /// The host's GPUs are simulated: tasks get `TESSERA_SIMULATED_GPU_DIR`, a directory
@@ -474,6 +681,7 @@ impl Runtime {
     fn save(&self) {
         let saved = Saved {
             boot_id: boot_id(),
+            next_uid: self.next_uid,
             tasks: self
                 .tasks
                 .iter()
@@ -493,6 +701,7 @@ impl Runtime {
                                 .collect(),
                             optional: t.optional.iter().cloned().collect(),
                             waiting: t.waiting.clone(),
+                            uid: t.uid,
                         },
                     )
                 })
@@ -558,8 +767,23 @@ impl Runtime {
                 });
                 let checkers: Vec<health::Checker> = (0..w.containers.len())
                     .filter_map(|i| {
-                        let boxed = t.boxes.iter().find(|b| b.name == w.containers[i].name);
-                        self.checker(w, i, &t.ports, boxed, resumed.clone())
+                        let c = &w.containers[i];
+                        let boxed = t.boxes.iter().find(|b| b.name == c.name);
+                        // A command check the agent runs runs as its container does.
+                        let by_agent = boxed.is_none()
+                            && c.health_check.as_ref().is_some_and(|h| h.http.is_none());
+                        let confine = if by_agent {
+                            match self.readopted_confinement(&w.task_id, c, t) {
+                                Ok(confine) => Some(confine),
+                                Err(why) => {
+                                    tracing::warn!(task = %w.task_id, container = %c.name, error = %why, "cannot run a re-adopted container's health check");
+                                    None
+                                }
+                            }
+                        } else {
+                            None
+                        };
+                        self.checker(w, i, &t.ports, boxed, resumed.clone(), confine.as_ref())
                     })
                     .collect();
                 if let Some(t) = self.tasks.get_mut(&w.task_id) {
@@ -582,7 +806,8 @@ impl Runtime {
 
     /// The health checker of container `i` of `w`, if it has a check: Docker's own for a
     /// command check of a container with an image, else the agent's (HTTP on its host
-    /// port, or the command as the task's user in its environment).
+    /// port, or the command confined as the container is: its user, its cgroup, in its
+    /// environment; none without `confine`).
     fn checker(
         &self,
         w: &WantedTask,
@@ -590,6 +815,7 @@ impl Runtime {
         ports: &[TaskPort],
         boxed: Option<&docker::Boxed>,
         resumed: Option<health::Verdict>,
+        confine: Option<&Confinement>,
     ) -> Option<health::Checker> {
         let c = &w.containers[i];
         let check = c.health_check.clone()?;
@@ -611,7 +837,7 @@ impl Runtime {
             health::Probe::Command {
                 argv: health::command_argv(&check)?,
                 env,
-                run_as: self.run_as,
+                confine: confine?.clone(),
             }
         };
         Some(health::Checker::start(
@@ -631,8 +857,21 @@ impl Runtime {
 
     fn start(&mut self, w: &WantedTask, fixed: &BTreeSet<(u16, Protocol)>) {
         let task_dir = self.dir.join(&w.task_id);
-        if let Err(e) = std::fs::create_dir_all(&task_dir) {
+        let (uid, mut refused) = match self.allocate_uid() {
+            Ok(uid) => (uid, None),
+            Err(why) => (None, Some(why)),
+        };
+        if let Err(e) = self.make_task_dir(&w.task_id, uid) {
             tracing::error!(task = %w.task_id, error = %e, "cannot create the task's log directory");
+            // A task of its own uid would start nowhere it may be.
+            if uid.is_some() {
+                refused.get_or_insert_with(|| {
+                    format!(
+                        "cannot prepare the task's directory {}: {e}",
+                        task_dir.display()
+                    )
+                });
+            }
         }
         let env = w
             .containers
@@ -670,7 +909,16 @@ impl Runtime {
                 .filter(|c| c.health_check.is_some())
                 .count(),
             work: w.work.clone(),
+            uid,
+            cgroup: None,
         };
+        if let Some(why) = refused {
+            tracing::warn!(task = %w.task_id, error = %why, "cannot start a task");
+            task.error = Some(why);
+            task.ending = Some((Ending::Exited(Some(125)), Instant::now()));
+            self.tasks.insert(w.task_id.clone(), task);
+            return;
+        }
         // Held: this agent's tasks' ports, and the fixed ports of other wanted tasks.
         let mine: BTreeSet<(u16, Protocol)> = w
             .containers
@@ -723,6 +971,18 @@ impl Runtime {
         let c = &w.containers[i];
         let task_dir = self.dir.join(&w.task_id);
         if let (Some(image), Some(engine)) = (&c.image, &self.engine) {
+            if let Some(spec) = &c.security.user {
+                let ids: Vec<u32> = spec.split(':').filter_map(|id| id.parse().ok()).collect();
+                if let Err(why) = self.not_a_task_uid(spec, &ids) {
+                    tracing::warn!(task = %w.task_id, container = %c.name, error = %why, "cannot start a container");
+                    let _ = std::fs::write(
+                        task_dir.join(format!("{}.err.log", c.name)),
+                        format!("cannot start image {image:?}: {why}\n"),
+                    );
+                    task.error.get_or_insert(why);
+                    return Err(125);
+                }
+            }
             let entry = c.entry_point_words.min(c.command.len());
             let mut env = container_environment(w, i, self.mps_pipe_dir.as_deref());
             if w.host_network {
@@ -762,10 +1022,19 @@ impl Runtime {
                     .collect(),
                 host_network: w.host_network,
                 health_check: c.health_check.clone(),
+                // The user its definition names, else its task's own uid.
+                user: c
+                    .security
+                    .user
+                    .clone()
+                    .or_else(|| task.uid.map(|uid| format!("{uid}:{uid}"))),
+                security: c.security.clone(),
+                pids_limit: (self.pids_max > 0)
+                    .then(|| i64::try_from(self.pids_max).unwrap_or(i64::MAX)),
             };
-            let logs = self.log_files(&w.task_id, &c.name);
+            let logs = self.log_files(&w.task_id, &c.name, task.uid);
             let boxed = docker::Boxed::launch(engine, launch, logs);
-            if let Some(checker) = self.checker(w, i, &task.ports, Some(&boxed), None) {
+            if let Some(checker) = self.checker(w, i, &task.ports, Some(&boxed), None, None) {
                 task.checkers.push(checker);
             }
             task.boxes.push(boxed);
@@ -785,6 +1054,18 @@ impl Runtime {
         let Some((program, args)) = c.command.split_first() else {
             return Ok(());
         };
+        let confine = match self.confinement(w, i, task) {
+            Ok(confine) => confine,
+            Err(why) => {
+                tracing::warn!(task = %w.task_id, container = %c.name, error = %why, "cannot start a container");
+                let _ = std::fs::write(
+                    task_dir.join(format!("{}.err.log", c.name)),
+                    format!("cannot start {program:?}: {why}\n"),
+                );
+                task.error.get_or_insert(why);
+                return Err(125);
+            }
+        };
         let mut cmd = Command::new(program);
         cmd.args(args)
             .env_clear()
@@ -801,21 +1082,20 @@ impl Runtime {
             .stderr(Stdio::piped())
             .process_group(0)
             .kill_on_drop(false);
-        if let Some((uid, gid)) = self.run_as {
-            cmd.uid(uid).gid(gid).current_dir("/");
-        }
-        match cmd.spawn() {
+        let spawned = confine.apply(&mut cmd).and_then(|()| cmd.spawn());
+        match spawned {
             Ok(mut child) => {
                 let pgid = child.id().map_or(0, |p| p as i32);
                 let log = task_dir.join(format!("{}.log", c.name));
                 if let Some(out) = child.stdout.take() {
-                    tokio::spawn(copy_capped(out, log.clone(), self.log_cap));
+                    tokio::spawn(copy_capped(out, log.clone(), self.log_cap, task.uid));
                 }
                 if let Some(err) = child.stderr.take() {
                     tokio::spawn(copy_capped(
                         err,
                         task_dir.join(format!("{}.err.log", c.name)),
                         self.log_cap,
+                        task.uid,
                     ));
                 }
                 task.procs.push(Proc {
@@ -826,7 +1106,7 @@ impl Runtime {
                     exit: None,
                     born: group_born(pgid),
                 });
-                if let Some(checker) = self.checker(w, i, &task.ports, None, None) {
+                if let Some(checker) = self.checker(w, i, &task.ports, None, None, Some(&confine)) {
                     task.checkers.push(checker);
                 }
                 Ok(())
@@ -840,6 +1120,99 @@ impl Runtime {
                 Err(127)
             }
         }
+    }
+
+    /// The user container `c` of a task with uid `uid` runs as on the host, where it
+    /// starts, and its `HOME`: the user its definition names (never root; from `/`), else
+    /// the task's own uid (in its working directory, which is also its `HOME` unless the
+    /// definition sets one), else `--run-as` (from `/`), else the agent's own.
+    fn identity(
+        &self,
+        c: &WantedContainer,
+        task_id: &str,
+        uid: Option<u32>,
+    ) -> Result<Confinement, String> {
+        if let Some(spec) = &c.security.user {
+            let (user, group) = confine::resolve_user(spec)?;
+            self.not_a_task_uid(spec, &[user, group])?;
+            return Ok(Confinement {
+                user: Some((user, group)),
+                cwd: Some(PathBuf::from("/")),
+                ..Confinement::default()
+            });
+        }
+        if let Some(uid) = uid {
+            let work = self.dir.join(task_id).join(WORK_DIR);
+            let own_home = c.env.contains_key("HOME") || c.secrets.0.contains_key("HOME");
+            return Ok(Confinement {
+                user: Some((uid, uid)),
+                home: (!own_home).then(|| work.clone()),
+                cwd: Some(work),
+                ..Confinement::default()
+            });
+        }
+        Ok(Confinement {
+            user: self.run_as,
+            cwd: self.run_as.map(|_| PathBuf::from("/")),
+            ..Confinement::default()
+        })
+    }
+
+    /// Refuses a `user` whose uid or gid is in `--task-uids`: those are other tasks', and
+    /// a task that named one could read their secrets and files.
+    fn not_a_task_uid(&self, spec: &str, ids: &[u32]) -> Result<(), String> {
+        match self.task_uids {
+            Some((first, last)) if ids.iter().any(|id| (first..=last).contains(id)) => {
+                Err(format!(
+                    "user {spec:?}: ids {first}-{last} are this host's task uids (--task-uids), each another task's"
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// How container `i` of `w` starts as a process: its identity, and with cgroups the
+    /// task's cgroup (created with the first such container) and the container's own
+    /// inside it, made now with its limits.
+    fn confinement(
+        &self,
+        w: &WantedTask,
+        i: usize,
+        task: &mut Task,
+    ) -> Result<Confinement, String> {
+        let c = &w.containers[i];
+        let mut confine = self.identity(c, &w.task_id, task.uid)?;
+        if let Some(cgroups) = &self.cgroups {
+            if task.cgroup.is_none() {
+                task.cgroup = Some(cgroups.create(&w.task_id, self.pids_max)?);
+            }
+            if let Some(own) = &task.cgroup {
+                confine.procs = own.container(
+                    &c.name,
+                    &cgroup::Limits {
+                        cpu_milli: c.cpu_milli,
+                        memory_mib: c.memory_mib,
+                        memory_soft: c.memory_soft,
+                    },
+                )?;
+            }
+        }
+        Ok(confine)
+    }
+
+    /// How the health check of container `c` of re-adopted task `t` runs: as the
+    /// container does, in the container's cgroup when it has one.
+    fn readopted_confinement(
+        &self,
+        task_id: &str,
+        c: &WantedContainer,
+        t: &Task,
+    ) -> Result<Confinement, String> {
+        let mut confine = self.identity(c, task_id, t.uid)?;
+        if let Some(procs) = t.cgroup.as_ref().and_then(|cg| cg.container_procs(&c.name)) {
+            confine.procs = procs;
+        }
+        Ok(confine)
     }
 
     /// Starts the waiting containers whose dependencies are met; ends a task one of whose
@@ -898,6 +1271,7 @@ impl Runtime {
     /// processes are all gone.
     pub fn poll(&mut self) {
         let now = Instant::now();
+        self.sweep_cgroups(now);
         let mut gone = Vec::new();
         // Reap first, then look: an exited child we have not waited for is a zombie.
         for t in self.tasks.values_mut() {
@@ -953,8 +1327,19 @@ impl Runtime {
                 t.ending = Some((Ending::Exited(*code), now + t.stop_timeout));
             }
             if let Some((ending, deadline)) = t.ending {
-                if all_done {
+                // Processes that left its process groups (`setsid`, double forks) are
+                // still in its cgroup.
+                let escaped = t.cgroup.as_ref().is_some_and(|c| !c.is_empty());
+                if all_done && !escaped {
                     gone.push((id.clone(), ending, t.error.clone()));
+                } else if all_done {
+                    // Its containers have ended: whatever is left of it goes now, and
+                    // its checks start nothing more in its cgroup.
+                    t.checkers.clear();
+                    if let Some(c) = &t.cgroup {
+                        tracing::info!(task = %id, cgroup = %c, "killing what the task left running outside its process groups");
+                        c.kill();
+                    }
                 } else if now >= deadline {
                     t.kill();
                 }
@@ -965,12 +1350,33 @@ impl Runtime {
                 // Not handed out again for a while: a load balancer may still send it
                 // traffic meant for this task.
                 self.ports.release(&t.ports);
+                if let Some(c) = t.cgroup
+                    && c.remove().is_err()
+                {
+                    self.debris.push((c, now));
+                }
             }
             if let Ending::Exited(code) = ending {
                 self.ended.insert(id, (code, error));
             }
         }
         self.save();
+    }
+
+    /// Cgroups of tasks gone that could not be removed yet: removed once empty, killed
+    /// again meanwhile, and left (with a warning) after [`CGROUP_REMOVAL`].
+    fn sweep_cgroups(&mut self, now: Instant) {
+        self.debris.retain(|(c, since)| {
+            if c.remove().is_ok() {
+                return false;
+            }
+            if now.duration_since(*since) >= CGROUP_REMOVAL {
+                tracing::warn!(cgroup = %c, pids = ?c.pids(), "cannot remove the cgroup of a task gone: something is still in it");
+                return false;
+            }
+            c.kill();
+            true
+        });
     }
 
     /// What to tell the server: tasks running, and tasks that exited on their own.
@@ -1057,9 +1463,8 @@ impl Runtime {
         self.tasks
             .iter()
             .filter(|(_, t)| t.ending.is_none())
-            .map(|(id, t)| TaskProcesses {
-                task_id: id.clone(),
-                pids: t
+            .map(|(id, t)| {
+                let mut pids: Vec<u32> = t
                     .procs
                     .iter()
                     .map(|p| p.pgid as u32)
@@ -1067,8 +1472,19 @@ impl Runtime {
                         Phase::Running(pid) => pid,
                         _ => None,
                     }))
-                    .collect(),
-                env: t.env.clone(),
+                    .collect();
+                // Then every other process of its cgroup: a GPU process one of its
+                // processes started is the task's, wherever it moved.
+                for pid in t.cgroup.iter().flat_map(cgroup::TaskCgroup::pids) {
+                    if !pids.contains(&pid) {
+                        pids.push(pid);
+                    }
+                }
+                TaskProcesses {
+                    task_id: id.clone(),
+                    pids,
+                    env: t.env.clone(),
+                }
             })
             .collect()
     }
@@ -1197,10 +1613,14 @@ impl Task {
         }
     }
 
-    /// SIGKILL to everything of it that is left.
+    /// SIGKILL to everything of it that is left: its process groups, and every process
+    /// in its cgroup.
     fn kill(&self) {
         for p in &self.procs {
             p.signal(Signal::SIGKILL);
+        }
+        if let Some(c) = &self.cgroup {
+            c.kill();
         }
         for b in &self.boxes {
             b.kill();
@@ -1209,12 +1629,14 @@ impl Task {
 }
 
 /// A task's log file that starts over (keeping one `.1` file) whenever it would exceed
-/// its cap; opened on the first write.
+/// its cap; opened on the first write. Readable by the agent and, with `group`, by the
+/// task's own group; by no one else (0640).
 pub(crate) struct CappedLog {
     path: PathBuf,
     cap: u64,
     file: Option<tokio::fs::File>,
     written: u64,
+    group: Option<u32>,
 }
 
 impl CappedLog {
@@ -1224,15 +1646,30 @@ impl CappedLog {
             cap: cap.max(1),
             file: None,
             written: 0,
+            group: None,
         }
     }
 
+    /// The file belongs to this group (its task's own gid) besides the agent.
+    pub(crate) fn group(mut self, group: Option<u32>) -> CappedLog {
+        self.group = group;
+        self
+    }
+
     async fn open(&mut self) -> std::io::Result<()> {
+        use std::os::unix::fs::PermissionsExt;
         let f = tokio::fs::OpenOptions::new()
             .create(true)
             .append(true)
+            .mode(0o640)
             .open(&self.path)
             .await?;
+        // A file from before (an agent restart) gets the same rights.
+        f.set_permissions(std::fs::Permissions::from_mode(0o640))
+            .await?;
+        if let Some(gid) = self.group {
+            std::os::unix::fs::fchown(&f, None, Some(gid))?;
+        }
         self.written = f.metadata().await.map_or(0, |m| m.len());
         self.file = Some(f);
         Ok(())
@@ -1266,9 +1703,14 @@ impl CappedLog {
     }
 }
 
-/// Copies a process's output to a capped log at `path`.
-async fn copy_capped(mut from: impl AsyncRead + Unpin, path: PathBuf, cap: u64) {
-    let mut log = CappedLog::new(path, cap);
+/// Copies a process's output to a capped log at `path`, in `group` (its task's own gid).
+async fn copy_capped(
+    mut from: impl AsyncRead + Unpin,
+    path: PathBuf,
+    cap: u64,
+    group: Option<u32>,
+) {
+    let mut log = CappedLog::new(path, cap).group(group);
     let mut buf = vec![0u8; 8192];
     loop {
         let n = match from.read(&mut buf).await {

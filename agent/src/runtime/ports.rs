@@ -210,6 +210,7 @@ mod tests {
                 env: Default::default(),
                 secrets: Default::default(),
                 ports,
+                security: Default::default(),
                 health_check: None,
                 essential: true,
                 depends_on: vec![],

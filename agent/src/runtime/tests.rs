@@ -21,6 +21,7 @@ fn wanted(id: &str, command: &[&str], mps: bool) -> WantedTask {
             ]),
             secrets: Default::default(),
             ports: vec![],
+            security: Default::default(),
             health_check: None,
             essential: true,
             depends_on: vec![],
@@ -407,6 +408,8 @@ fn remembered(pgid: i32, born: Option<u64>) -> Task {
         resumed_health: None,
         checks_expected: 0,
         work: None,
+        uid: None,
+        cgroup: None,
     }
 }
 
@@ -545,4 +548,433 @@ async fn a_process_gets_its_ports_and_keeps_them_across_an_agent_restart() {
     assert_eq!(reports[0].ports[0].host_port, Some(port), "the same port");
     again.converge(&[]);
     until(&mut again, |rt| rt.tasks.is_empty()).await;
+}
+
+// Isolation, written as attacks: each test prints what it tried and what held.
+
+/// This machine's cgroups for a test, under a parent of the tests' own; `None` (the
+/// reason printed) where they cannot be used here.
+fn test_cgroups() -> Option<Cgroups> {
+    let cgroups = Cgroups::detect("tessera-test");
+    println!("cgroups here: {}", cgroups.describe());
+    if !cgroups.usable() {
+        println!("skipped: no cgroups writable here (not root, or a read-only /sys)");
+        return None;
+    }
+    Some(cgroups)
+}
+
+fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// Whether process `pid` is gone (a zombie runs nothing either).
+fn dead(pid: u32) -> bool {
+    proc_stat(pid).is_none_or(|s| s.state == 'Z')
+}
+
+/// Removes what a test left of its agent's cgroup.
+fn clean_cgroups(rt: &Runtime) {
+    if let Some(c) = &rt.cgroups {
+        c.remove_agent_cgroup();
+    }
+}
+
+#[tokio::test]
+async fn attack_a_process_that_leaves_its_group_with_setsid_dies_with_its_task() {
+    let Some(cgroups) = test_cgroups() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("dir");
+    let mut rt = Runtime::open(dir.path(), 1 << 20, None).expect("open");
+    // As a uid of its own where the agent may switch users: the child joins its cgroup,
+    // then takes that uid, before the task's program runs.
+    if is_root() {
+        rt = rt.task_uids(320_100, 320_199).expect("task uids");
+    }
+    let mut rt = rt.cgroups(cgroups);
+    // Where the task may write: its own working directory (as a uid of its own), else
+    // the test's.
+    let place = if is_root() {
+        dir.path().join("tasks/escape").join(WORK_DIR)
+    } else {
+        dir.path().to_path_buf()
+    };
+    let script = format!(
+        "setsid sh -c 'echo $$ > {p}/escaped.pid; exec sleep 300' & \
+         sh -c 'sleep 299 & echo $! > {p}/orphan.pid'; \
+         exec sleep 298",
+        p = place.display()
+    );
+    rt.converge(&[wanted("escape", &["sh", "-c", &script], false)]);
+    let read_pid = |name: &str| {
+        std::fs::read_to_string(place.join(name))
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok())
+    };
+    until(&mut rt, |_| {
+        read_pid("escaped.pid").is_some() && read_pid("orphan.pid").is_some()
+    })
+    .await;
+    let escaped = read_pid("escaped.pid").expect("written");
+    let orphan = read_pid("orphan.pid").expect("written");
+    let leader = rt.processes()[0].pids[0];
+    let group = |pid: u32| proc_stat(pid).map(|s| s.pgrp);
+    println!(
+        "tried: task \"escape\" (process group {leader}) started {escaped} in a session of its own (setsid) and {orphan} through a double fork, then was stopped"
+    );
+    assert_ne!(
+        group(escaped),
+        Some(leader as i32),
+        "setsid took it out of the task's process group"
+    );
+    println!(
+        "  {escaped} is in process group {:?}: a signal to the task's process group misses it",
+        group(escaped)
+    );
+    let cgroup = rt.tasks["escape"]
+        .cgroup
+        .clone()
+        .expect("a cgroup of its own");
+    let members = cgroup.pids();
+    assert!(
+        members.contains(&escaped) && members.contains(&orphan),
+        "{members:?}"
+    );
+    println!("  both are in the task's cgroup {cgroup}: {members:?}");
+
+    rt.converge(&[]);
+    until(&mut rt, |rt| rt.tasks.is_empty()).await;
+    for pid in [leader, escaped, orphan] {
+        assert!(dead(pid), "process {pid} outlived its task");
+    }
+    println!("held: once the task is gone, none of {leader}, {escaped}, {orphan} is alive");
+    until(&mut rt, |rt| rt.debris.is_empty()).await;
+    assert!(
+        !PathBuf::from(cgroup.to_string()).exists(),
+        "its cgroup is removed"
+    );
+    println!("held: its cgroup {cgroup} is removed");
+    clean_cgroups(&rt);
+}
+
+#[tokio::test]
+async fn attack_a_task_reads_another_tasks_environment_logs_and_files() {
+    use std::os::unix::fs::MetadataExt;
+    if !is_root() {
+        println!("skipped: tasks of uids of their own need the agent to run as root");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("dir");
+    let mut rt = Runtime::open(dir.path(), 1 << 20, None)
+        .expect("open")
+        .task_uids(320_200, 320_299)
+        .expect("task uids");
+    let mut victim = wanted(
+        "victim",
+        &[
+            "sh",
+            "-c",
+            "echo \"token=$API_TOKEN\"; echo mine > own-file; exec sleep 300",
+        ],
+        false,
+    );
+    victim.containers[0].secrets = tessera_model::agent::SecretEnv(BTreeMap::from([(
+        "API_TOKEN".to_owned(),
+        "s3cr3t-of-the-victim".to_owned(),
+    )]));
+    rt.converge(std::slice::from_ref(&victim));
+    let victim_dir = dir.path().join("tasks/victim");
+    let victim_log = victim_dir.join("main.log");
+    let own_file = victim_dir.join(WORK_DIR).join("own-file");
+    until(&mut rt, |_| {
+        std::fs::read_to_string(&victim_log).is_ok_and(|s| s.contains("token="))
+            && own_file.exists()
+    })
+    .await;
+    let victim_pid = rt.processes()[0].pids[0];
+    let script = format!(
+        "cat /proc/{victim_pid}/environ; echo environ-exit=$?; \
+         cat {log}; echo log-exit=$?; \
+         ls {dir}; echo list-exit=$?; \
+         cat {own}; echo work-exit=$?; \
+         kill -0 {victim_pid}; echo signal-exit=$?; \
+         echo uid=$(id -u)",
+        log = victim_log.display(),
+        dir = victim_dir.display(),
+        own = own_file.display(),
+    );
+    let thief = wanted("thief", &["sh", "-c", &script], false);
+    rt.converge(&[victim.clone(), thief]);
+    until(&mut rt, |rt| {
+        rt.reports()
+            .iter()
+            .any(|r| r.task_id == "thief" && !r.running)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let thief_dir = dir.path().join("tasks/thief");
+    let out = ["main.log", "main.err.log"]
+        .iter()
+        .map(|f| std::fs::read_to_string(thief_dir.join(f)).unwrap_or_default())
+        .collect::<Vec<_>>()
+        .join("");
+    println!(
+        "tried: task \"thief\" read task \"victim\"'s environment (/proc/{victim_pid}/environ), its log, its directory and its working files, and signalled it; it saw:\n{out}"
+    );
+    assert!(!out.contains("s3cr3t-of-the-victim"), "{out}");
+    for what in ["environ", "log", "list", "work", "signal"] {
+        assert!(
+            out.contains(&format!("{what}-exit=")),
+            "{what} tried: {out}"
+        );
+        assert!(!out.contains(&format!("{what}-exit=0")), "{what}: {out}");
+    }
+    let victim_uid = confine::process_uid(victim_pid).expect("the victim's uid");
+    let thief_uid = out
+        .lines()
+        .find_map(|l| l.strip_prefix("uid="))
+        .and_then(|u| u.trim().parse::<u32>().ok())
+        .expect("the thief's uid");
+    assert_ne!(victim_uid, thief_uid);
+    for uid in [victim_uid, thief_uid] {
+        assert!((320_200..=320_299).contains(&uid), "{uid}");
+    }
+    println!(
+        "held: the victim runs as {victim_uid}, the thief as {thief_uid}; no secret, log, file or signal crossed"
+    );
+    // What the victim has is its own: its log in its group only, its working directory
+    // its alone; the agent's directories above can be passed, not listed.
+    let meta = |p: &Path| std::fs::metadata(p).expect("metadata");
+    let log = meta(victim_log.as_path());
+    assert_eq!(
+        (log.mode() & 0o777, log.uid(), log.gid()),
+        (0o640, 0, victim_uid)
+    );
+    let task_dir = meta(victim_dir.as_path());
+    assert_eq!(
+        (task_dir.mode() & 0o777, task_dir.uid(), task_dir.gid()),
+        (0o750, 0, victim_uid)
+    );
+    let work = meta(victim_dir.join(WORK_DIR).as_path());
+    assert_eq!((work.mode() & 0o777, work.uid()), (0o700, victim_uid));
+    assert_eq!(
+        meta(own_file.as_path()).uid(),
+        victim_uid,
+        "written by the victim where it runs"
+    );
+    for traversed in [dir.path().to_path_buf(), dir.path().join("tasks")] {
+        assert_eq!(
+            meta(traversed.as_path()).mode() & 0o777,
+            0o711,
+            "{}",
+            traversed.display()
+        );
+    }
+    println!(
+        "held: the victim's log is 0640 root:{victim_uid}, its directory 0750 root:{victim_uid}, its working directory 0700 {victim_uid}"
+    );
+    rt.stop_all().await;
+}
+
+#[tokio::test]
+async fn attack_a_fork_bomb_and_a_memory_hog_are_held_by_their_cgroup_limits() {
+    use cgroup::Controller;
+    let Some(detected) = test_cgroups() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("dir");
+    let mut rt = Runtime::open(dir.path(), 1 << 20, None)
+        .expect("open")
+        .pids_max(16)
+        .cgroups(detected);
+    let Some(cgroups) = rt.cgroups.clone() else {
+        println!("skipped: this agent's cgroup cannot be made here");
+        return;
+    };
+
+    // What the definition asks is what the kernel holds.
+    let mut limits = wanted("limits", &["sleep", "300"], false);
+    limits.containers[0].cpu_milli = 250;
+    limits.containers[0].memory_mib = 64;
+    rt.converge(std::slice::from_ref(&limits));
+    let back = rt.tasks["limits"]
+        .cgroup
+        .as_ref()
+        .expect("a cgroup of its own")
+        .readback("main");
+    println!(
+        "asked: 250 milli-CPU, 64 MiB, 16 pids; the kernel holds: {back:?} ({})",
+        rt.tasks["limits"].cgroup.as_ref().expect("a cgroup")
+    );
+    let check = |c: Controller, held: bool| {
+        if cgroups.enforces(c) {
+            assert!(held, "{} limit: {back:?}", c.name());
+        } else {
+            println!("not checked: no {} controller here", c.name());
+        }
+    };
+    check(Controller::Cpu, back.cpu_quota_us == Some(25_000));
+    check(Controller::Memory, back.memory_bytes == Some(64 << 20));
+    check(Controller::Pids, back.pids_max == Some(16));
+
+    // A fork bomb: far more processes than its limit.
+    if cgroups.enforces(Controller::Pids) {
+        let started = dir.path().join("bomb.pids");
+        let script = format!(
+            "i=0; while [ $i -lt 64 ]; do sleep 300 & echo $! >> {s}; i=$((i+1)); done; exec sleep 300",
+            s = started.display()
+        );
+        rt.converge(&[
+            limits.clone(),
+            wanted("bomb", &["sh", "-c", &script], false),
+        ]);
+        until(&mut rt, |rt| {
+            rt.reports()
+                .iter()
+                .any(|r| r.task_id == "bomb" && !r.running)
+        })
+        .await;
+        // Its output reaches the log a moment after it exited.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let count = std::fs::read_to_string(&started)
+            .unwrap_or_default()
+            .lines()
+            .count();
+        let err =
+            std::fs::read_to_string(dir.path().join("tasks/bomb/main.err.log")).unwrap_or_default();
+        println!(
+            "tried: a shell starting 64 processes under a limit of 16; held: {count} started, then: {}",
+            err.trim()
+        );
+        assert!(count < 16, "{count} processes started");
+        assert!(err.to_lowercase().contains("fork"), "{err}");
+    } else {
+        println!("not tried: a fork bomb, without a pids controller here");
+    }
+
+    // A memory hog: 100 MB held under a hard limit of 32 MiB.
+    if cgroups.enforces(Controller::Memory) {
+        let mut hog = wanted(
+            "hog",
+            &[
+                "sh",
+                "-c",
+                "x=$(head -c 100000000 /dev/zero | tr '\\0' a); echo ${#x}",
+            ],
+            false,
+        );
+        hog.containers[0].memory_mib = 32;
+        rt.converge(&[limits.clone(), hog]);
+        until(&mut rt, |rt| {
+            rt.reports()
+                .iter()
+                .any(|r| r.task_id == "hog" && !r.running)
+        })
+        .await;
+        let code = rt
+            .reports()
+            .iter()
+            .find(|r| r.task_id == "hog")
+            .and_then(|r| r.exit_code);
+        println!(
+            "tried: holding 100 MB under a 32 MiB limit; held: it ended with {code:?} (137: killed)"
+        );
+        assert_eq!(code, Some(137), "killed by the kernel at its limit");
+    } else {
+        println!("not tried: a memory hog, without a memory controller here");
+    }
+    rt.stop_all().await;
+    until(&mut rt, |rt| rt.debris.is_empty()).await;
+    clean_cgroups(&rt);
+}
+
+#[tokio::test]
+async fn attack_a_process_left_in_a_task_cgroup_by_a_crash_is_killed_when_the_agent_starts() {
+    use std::os::unix::process::ExitStatusExt;
+    let Some(cgroups) = test_cgroups() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("dir");
+    // What a crashed run left: the cgroup of a task it no longer has, with a process in it
+    // that carries no mark of the agent (it cleared its environment).
+    let mine = cgroups.for_agent(&agent_mark(dir.path()));
+    let left = mine.create("gone-task", 0).expect("create");
+    let procs = left
+        .container("main", &cgroup::Limits::default())
+        .expect("container");
+    let mut cmd = Command::new("sleep");
+    cmd.arg("300")
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .process_group(0);
+    Confinement {
+        procs,
+        ..Confinement::default()
+    }
+    .apply(&mut cmd)
+    .expect("confined");
+    let mut child = cmd.spawn().expect("spawn");
+    let pid = child.id().expect("a pid");
+    assert!(left.pids().contains(&pid), "{:?}", left.pids());
+    println!(
+        "tried: process {pid} left in {left}, the cgroup of a task the agent no longer has, without the agent's mark"
+    );
+    let mut rt = Runtime::open(dir.path(), 1 << 20, None)
+        .expect("open")
+        .cgroups(cgroups);
+    assert_eq!(rt.running_count(), 0, "not taken for a task");
+    let mut status = None;
+    for _ in 0..100 {
+        status = child.try_wait().expect("wait");
+        if status.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(status.and_then(|s| s.signal()), Some(9), "{status:?}");
+    until(&mut rt, |rt| rt.debris.is_empty()).await;
+    assert!(!PathBuf::from(left.to_string()).exists());
+    println!("held: the agent killed {pid} when it started and removed {left}");
+    clean_cgroups(&rt);
+}
+
+#[tokio::test]
+async fn attack_a_task_that_names_another_tasks_uid_or_root_is_refused() {
+    if !is_root() {
+        println!("skipped: tasks of uids of their own need the agent to run as root");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("dir");
+    let mut rt = Runtime::open(dir.path(), 1 << 20, None)
+        .expect("open")
+        .task_uids(320_300, 320_399)
+        .expect("task uids");
+    let mut impostor = wanted("impostor", &["sleep", "30"], false);
+    impostor.containers[0].security.user = Some("320300".into());
+    let mut root = wanted("root", &["sleep", "30"], false);
+    root.containers[0].security.user = Some("root".into());
+    rt.converge(&[impostor, root]);
+    until(&mut rt, |rt| {
+        rt.running_count() == 0 && rt.reports().len() == 2
+    })
+    .await;
+    for r in rt.reports() {
+        println!(
+            "tried: task {:?} naming a user that is not its to take; held: exit {:?}, {:?}",
+            r.task_id, r.exit_code, r.error
+        );
+        assert_eq!(r.exit_code, Some(125));
+        let why = r.error.unwrap_or_default();
+        let expected = if r.task_id == "root" {
+            "root"
+        } else {
+            "--task-uids"
+        };
+        assert!(why.contains(expected), "{why}");
+    }
+    assert_eq!(
+        marked(dir.path(), "impostor") + marked(dir.path(), "root"),
+        0
+    );
 }

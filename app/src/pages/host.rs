@@ -29,6 +29,18 @@ pub async fn set_host_draining(id: String, drain: bool) -> Result<(), ServerFnEr
     result.map_err(|e| ServerFnError::new(e.to_string()))
 }
 
+/// Lets a host its pool held for approval take tasks.
+#[server]
+pub async fn approve_host(id: String) -> Result<(), ServerFnError> {
+    let control = crate::data::ssr::control_as(tessera_model::auth::Role::Admin)?;
+    let caller = crate::data::ssr::caller().ok_or_else(|| ServerFnError::new("sign in first"))?;
+    let id = tessera_model::HostId::new(id).map_err(|e| ServerFnError::new(e.to_string()))?;
+    control
+        .approve_host(&caller, &id)
+        .await
+        .map_err(crate::data::ssr::failed)
+}
+
 #[component]
 pub fn HostPage() -> impl IntoView {
     let params = use_params_map();
@@ -36,9 +48,11 @@ pub fn HostPage() -> impl IntoView {
     let live = use_live();
     let set = Action::new(|(id, drain): &(String, bool)| set_host_draining(id.clone(), *drain));
     let operate = crate::app::needs(tessera_model::auth::Role::Operator);
+    let approve = Action::new(|id: &String| approve_host(id.clone()));
+    let admin = crate::app::needs(tessera_model::auth::Role::Admin);
     let data = Resource::new(
-        move || (live(), id(), set.version().get()),
-        |(_, id, _)| get_host_view(id),
+        move || (live(), id(), set.version().get(), approve.version().get()),
+        |(_, id, _, _)| get_host_view(id),
     );
     view! {
         <Title text=move || format!("Host {}", id()) />
@@ -51,7 +65,20 @@ pub fn HostPage() -> impl IntoView {
                             let host_id = view.host.id.to_string();
                             let draining = matches!(view.host.status, HostStatus::Draining);
                             let lost = view.host.status == HostStatus::Lost;
+                            let held = view.host.held.then(|| {
+                                let host_id = host_id.clone();
+                                view! {
+                                    <div class="notice held" role="status">
+                                        <p>"Held for approval: this host registered in a pool whose admission is manual. It runs no tasks and receives no secrets until an admin approves it."</p>
+                                        <button class="primary" title=move || admin.get() disabled=move || admin.get().is_some() on:click=move |_| { approve.dispatch(host_id.clone()); }>
+                                            "Approve"
+                                        </button>
+                                        {move || approve.value().get().and_then(|r| r.err()).map(|e| view! { <p class="error">{e.to_string()}</p> })}
+                                    </div>
+                                }
+                            });
                             view! {
+                                {held}
                                 <div class="actions">
                                     {if draining {
                                         let host_id = host_id.clone();

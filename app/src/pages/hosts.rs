@@ -68,6 +68,7 @@ pub fn HostsPage() -> impl IntoView {
                 {move || Suspend::new(async move { data.await.map(|page| view! { <HostList page query /> }) })}
             </ErrorBoundary>
         </Transition>
+        <crate::pages::join_tokens::JoinTokens />
     }
 }
 

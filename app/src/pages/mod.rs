@@ -4,6 +4,7 @@ pub mod audit;
 pub mod consolidation;
 pub mod host;
 pub mod hosts;
+pub mod join_tokens;
 pub mod overview;
 pub mod service;
 pub mod service_new;

@@ -196,6 +196,44 @@ impl AuthStore for This {
         updated(done, "API token", id)
     }
 
+    async fn count_sign_in_attempt(
+        &self,
+        keys: &[String],
+        now: &str,
+        window_cutoff: &str,
+    ) -> Result<Vec<(u64, String)>, StoreError> {
+        let mut counted = Vec::with_capacity(keys.len());
+        for key in keys {
+            let row = sqlx::query(
+                "INSERT INTO sign_in_attempts (key, window_start, attempts) VALUES ($1, $2, 1)
+                 ON CONFLICT (key) DO UPDATE SET
+                     attempts = CASE WHEN sign_in_attempts.window_start < $3 THEN 1
+                                     ELSE sign_in_attempts.attempts + 1 END,
+                     window_start = CASE WHEN sign_in_attempts.window_start < $3 THEN $2
+                                         ELSE sign_in_attempts.window_start END
+                 RETURNING attempts, window_start",
+            )
+            .bind(key)
+            .bind(now)
+            .bind(window_cutoff)
+            .fetch_one(&self.db)
+            .await?;
+            counted.push((
+                row.try_get::<i64, _>("attempts")?.max(0) as u64,
+                row.try_get("window_start")?,
+            ));
+        }
+        Ok(counted)
+    }
+
+    async fn clear_sign_in_attempts(&self, key: &str) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM sign_in_attempts WHERE key = $1")
+            .bind(key)
+            .execute(&self.db)
+            .await?;
+        Ok(())
+    }
+
     async fn load_session(&self, id_hash: &str, now: i64) -> Result<Option<String>, StoreError> {
         let row = sqlx::query("SELECT data FROM sessions WHERE id_hash = $1 AND expires_at > $2")
             .bind(id_hash)

@@ -54,6 +54,13 @@ impl ClusterStore for This {
             .collect()
     }
 
+    async fn db_now(&self) -> Result<String, StoreError> {
+        let row = sqlx::query(&format!("SELECT {NOW} AS now"))
+            .fetch_one(&self.db)
+            .await?;
+        Ok(row.try_get("now")?)
+    }
+
     async fn acquire_lease(
         &self,
         holder: &str,

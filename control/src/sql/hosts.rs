@@ -100,11 +100,12 @@ impl This {
         let labels = serde_json::to_string(&host.labels)
             .map_err(|e| StoreError::corrupt("host labels", e))?;
         sqlx::query(
-            "INSERT INTO hosts (id, pool, status, simulated, cpu_milli, memory_mib, labels, agent_token_hash, last_seen_at, address)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+            "INSERT INTO hosts (id, pool, status, simulated, cpu_milli, memory_mib, labels, agent_token_hash, last_seen_at, address, held)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
              ON CONFLICT (id) DO UPDATE SET pool = excluded.pool, status = excluded.status,
                  simulated = excluded.simulated, cpu_milli = excluded.cpu_milli,
-                 memory_mib = excluded.memory_mib, labels = excluded.labels, address = excluded.address",
+                 memory_mib = excluded.memory_mib, labels = excluded.labels, address = excluded.address,
+                 held = excluded.held",
         )
         .bind(host.id.as_str())
         .bind(host.pool.as_str())
@@ -116,6 +117,7 @@ impl This {
         .bind(token_hash)
         .bind(seen_at)
         .bind(host.address.as_deref())
+        .bind(i64::from(host.held))
         .execute(&mut *tx)
         .await?;
         write_gpus(&mut tx, &host.id, &host.gpus).await?;
@@ -128,14 +130,19 @@ impl This {
 impl HostStore for This {
     async fn upsert_pool(&self, pool: &PoolInfo) -> Result<(), StoreError> {
         self.write_one(sqlx::query(
-            "INSERT INTO pools (name, policy, compute_overcommit, mps_client_limit) VALUES ($1, $2, $3, $4)
+            "INSERT INTO pools (name, policy, compute_overcommit, mps_client_limit, admission, task_users, privileged)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)
              ON CONFLICT (name) DO UPDATE SET policy = excluded.policy,
-                 compute_overcommit = excluded.compute_overcommit, mps_client_limit = excluded.mps_client_limit",
+                 compute_overcommit = excluded.compute_overcommit, mps_client_limit = excluded.mps_client_limit,
+                 admission = excluded.admission, task_users = excluded.task_users, privileged = excluded.privileged",
         )
         .bind(pool.name.as_str())
         .bind(pool.policy.as_str())
         .bind(pool.compute_overcommit)
         .bind(pool.mps_client_limit.map(i64::from))
+        .bind(pool.admission.as_str())
+        .bind(i64::from(pool.task_users))
+        .bind(i64::from(pool.privileged))
         )
         .await?;
         Ok(())
@@ -230,6 +237,101 @@ impl HostStore for This {
             )
             .await?;
         updated(done, "host", id)
+    }
+
+    async fn host_token_revoked(&self, id: &HostId) -> Result<bool, StoreError> {
+        let row = sqlx::query("SELECT agent_token_hash FROM hosts WHERE id = $1")
+            .bind(id.as_str())
+            .fetch_optional(&self.db)
+            .await?
+            .ok_or_else(|| not_found("host", id))?;
+        Ok(row
+            .try_get::<Option<String>, _>("agent_token_hash")?
+            .is_none())
+    }
+
+    async fn set_host_held(&self, id: &HostId, held: bool) -> Result<(), StoreError> {
+        let done = self
+            .write_one(
+                sqlx::query("UPDATE hosts SET held = $1 WHERE id = $2")
+                    .bind(i64::from(held))
+                    .bind(id.as_str()),
+            )
+            .await?;
+        updated(done, "host", id)
+    }
+
+    async fn insert_join_token(
+        &self,
+        t: &JoinTokenInfo,
+        token_hash: &str,
+    ) -> Result<(), StoreError> {
+        self.write_one(
+            sqlx::query(
+                "INSERT INTO join_tokens (id, token_sha256, description, pool, host_id, expires_at,
+                     uses_left, uses, preapproved, created_by, created_at)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, 0, $8, $9, $10)",
+            )
+            .bind(&t.id)
+            .bind(token_hash)
+            .bind(&t.description)
+            .bind(t.pool.as_deref())
+            .bind(t.host.as_deref())
+            .bind(&t.expires_at)
+            .bind(i64::from(t.uses_left))
+            .bind(i64::from(t.preapproved))
+            .bind(&t.created_by)
+            .bind(&t.created_at),
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn list_join_tokens(&self) -> Result<Vec<JoinTokenInfo>, StoreError> {
+        sqlx::query(&format!(
+            "SELECT {JOIN_TOKEN_COLUMNS} FROM join_tokens ORDER BY created_at, id"
+        ))
+        .fetch_all(&self.db)
+        .await?
+        .iter()
+        .map(join_token_from_row)
+        .collect()
+    }
+
+    async fn delete_join_token(&self, id: &str) -> Result<(), StoreError> {
+        let done = self
+            .write_one(sqlx::query("DELETE FROM join_tokens WHERE id = $1").bind(id))
+            .await?;
+        updated(done, "join token", id)
+    }
+
+    async fn join_token_by_hash(
+        &self,
+        token_hash: &str,
+    ) -> Result<Option<JoinTokenInfo>, StoreError> {
+        sqlx::query(&format!(
+            "SELECT {JOIN_TOKEN_COLUMNS} FROM join_tokens WHERE token_sha256 = $1"
+        ))
+        .bind(token_hash)
+        .fetch_optional(&self.db)
+        .await?
+        .as_ref()
+        .map(join_token_from_row)
+        .transpose()
+    }
+
+    async fn take_join_token_use(&self, id: &str, now: &str) -> Result<bool, StoreError> {
+        let done = self
+            .write_one(
+                sqlx::query(
+                    "UPDATE join_tokens SET uses_left = uses_left - 1, uses = uses + 1
+                     WHERE id = $1 AND uses_left > 0 AND expires_at > $2",
+                )
+                .bind(id)
+                .bind(now),
+            )
+            .await?;
+        Ok(done.rows_affected() == 1)
     }
 
     async fn delete_host(&self, id: &HostId) -> Result<(), StoreError> {

@@ -37,6 +37,7 @@ use async_trait::async_trait;
 use sqlx::{Acquire, QueryBuilder, Row};
 use std::collections::{BTreeMap, HashMap};
 use std::str::FromStr;
+use tessera_model::auth::JoinTokenInfo;
 use tessera_model::service::{
     Deployment, DeploymentConfig, DeploymentStatus, Event, GpuAllocation, Measured, Service,
     ServiceConstraints, Task, TaskDefRef, TaskDefinition, TaskState,

@@ -2,9 +2,10 @@
 //! the small helpers every aggregate's queries share.
 use super::*;
 
-pub(super) const POOL_COLUMNS: &str = "name, policy, compute_overcommit, mps_client_limit";
+pub(super) const POOL_COLUMNS: &str =
+    "name, policy, compute_overcommit, mps_client_limit, admission, task_users, privileged";
 
-pub(super) const HOST_COLUMNS: &str = "id, pool, status, simulated, cpu_milli, memory_mib, labels, status_reason, last_seen_at, mps_restarts, address, dynamic_ports_free";
+pub(super) const HOST_COLUMNS: &str = "id, pool, status, simulated, cpu_milli, memory_mib, labels, status_reason, last_seen_at, mps_restarts, address, dynamic_ports_free, held";
 
 pub(super) const GPU_COLUMNS: &str =
     "uuid, host_id, idx, model, memory_mib, mps_client_limit, health, sharing_mode";
@@ -50,6 +51,9 @@ pub(super) fn pool_from_row(row: &DbRow) -> Result<PoolInfo, StoreError> {
         policy: parse::<PlacementPolicy>("pool policy", row.try_get("policy")?)?,
         compute_overcommit: row.try_get("compute_overcommit")?,
         mps_client_limit: limit.map(|l| l as u32),
+        admission: parse::<tessera_model::Admission>("pool admission", row.try_get("admission")?)?,
+        task_users: row.try_get::<i64, _>("task_users")? != 0,
+        privileged: row.try_get::<i64, _>("privileged")? != 0,
     })
 }
 
@@ -66,6 +70,31 @@ pub(super) fn gpu_from_row(row: &DbRow) -> Result<GpuInfo, StoreError> {
     })
 }
 
+pub(super) const JOIN_TOKEN_COLUMNS: &str = "id, description, pool, host_id, expires_at, uses_left, uses, preapproved, created_by, created_at";
+
+pub(super) fn join_token_from_row(row: &DbRow) -> Result<JoinTokenInfo, StoreError> {
+    let count = |c: &str| -> Result<u32, StoreError> {
+        Ok(row
+            .try_get::<Option<i64>, _>(c)?
+            .unwrap_or(0)
+            .clamp(0, i64::from(u32::MAX)) as u32)
+    };
+    Ok(JoinTokenInfo {
+        id: row.try_get("id")?,
+        description: row.try_get("description")?,
+        pool: row.try_get("pool")?,
+        host: row.try_get("host_id")?,
+        expires_at: row
+            .try_get::<Option<String>, _>("expires_at")?
+            .unwrap_or_default(),
+        uses_left: count("uses_left")?,
+        uses: count("uses")?,
+        preapproved: row.try_get::<i64, _>("preapproved")? != 0,
+        created_by: row.try_get("created_by")?,
+        created_at: row.try_get("created_at")?,
+    })
+}
+
 pub(super) fn host_from_row(row: &DbRow) -> Result<HostInfo, StoreError> {
     let labels: String = row.try_get("labels")?;
     Ok(HostInfo {
@@ -73,6 +102,7 @@ pub(super) fn host_from_row(row: &DbRow) -> Result<HostInfo, StoreError> {
         pool: PoolName::new(row.try_get::<String, _>("pool")?)
             .map_err(|e| StoreError::corrupt("host pool", e))?,
         status: parse::<HostStatus>("host status", row.try_get("status")?)?,
+        held: row.try_get::<i64, _>("held")? != 0,
         simulated: row.try_get::<i64, _>("simulated")? != 0,
         cpu: MilliCpu(row.try_get::<i64, _>("cpu_milli")? as u64),
         memory: MiB(row.try_get::<i64, _>("memory_mib")? as u64),

@@ -540,6 +540,18 @@ impl TaskStore for This {
         .execute(&mut *tx)
         .await?
         .rows_affected();
+        // Join tokens that can no longer register anything, and sign-in windows long over.
+        let join_tokens = sqlx::query(
+            "DELETE FROM join_tokens WHERE expires_at < $1 OR (uses_left = 0 AND created_at < $1)",
+        )
+        .bind(before)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        sqlx::query("DELETE FROM sign_in_attempts WHERE window_start < $1")
+            .bind(before)
+            .execute(&mut *tx)
+            .await?;
         tx.commit().await?;
         Ok(Pruned {
             tasks,
@@ -548,6 +560,7 @@ impl TaskStore for This {
             audit,
             servers,
             plans,
+            join_tokens,
         })
     }
 }

@@ -14,6 +14,7 @@ use std::fmt;
 mod ecs;
 mod native;
 mod rules;
+mod security;
 mod serving;
 mod spec;
 #[cfg(test)]
@@ -22,6 +23,7 @@ mod tests;
 pub use crate::error::{FieldError, ValidationErrors};
 pub use ecs::to_ecs_json;
 pub use rules::{FAMILY_PATTERN, MAX_CONTAINERS, MAX_GPUS, MAX_MEMORY_MIB};
+pub use security::{CAPABILITIES, ContainerSecurity};
 pub use spec::*;
 
 use ecs::parse_ecs;

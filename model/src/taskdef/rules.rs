@@ -203,6 +203,7 @@ pub(super) fn check_spec(c: &mut Checker, spec: &TaskDefinitionSpec) {
                 c.err(f, format!("is longer than {MAX_SECRET_BYTES} bytes"));
             }
         }
+        super::security::check_security(c, &p, ct);
         match ct.gpu {
             Some(GpuRequirement::Gpus(_)) => whole = true,
             Some(GpuRequirement::Mps { .. }) => mps = true,

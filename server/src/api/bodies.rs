@@ -71,6 +71,12 @@ pub struct JoinToken {
     pub join_token: String,
 }
 
+/// `GET /api/v1/join-tokens`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct JoinTokenList {
+    pub join_tokens: Vec<tessera_model::auth::JoinTokenInfo>,
+}
+
 /// A task definition in ECS's shape (`?format=ecs`).
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(transparent)]

@@ -1,6 +1,6 @@
 //! Hosts, pools and the join token.
 
-use super::bodies::{HostDetail, HostList, JoinToken, PoolList};
+use super::bodies::{HostDetail, HostList, JoinToken, JoinTokenList, PoolList};
 use super::{Body, Segment, host_id};
 use crate::AppState;
 use crate::error::ApiError;
@@ -9,6 +9,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use tessera_control::inputs::PoolInput;
 use tessera_control::store::TaskFilter;
+use tessera_model::auth::{JoinTokenInput, NewJoinToken};
 use tessera_model::service::TaskState;
 use tessera_model::views::ClusterView;
 use tessera_model::{HostId, HostInfo, PoolInfo};
@@ -108,6 +109,57 @@ pub async fn rotate_join_token(State(state): State<AppState>) -> Result<Json<Joi
     Ok(Json(JoinToken {
         join_token: state.control.rotate_join_token().await?,
     }))
+}
+
+/// Join tokens an admin minted, without their values
+#[utoipa::path(get, path = "/api/v1/join-tokens", tag = "fleet",
+    responses((status = 200, description = "Join tokens", body = JoinTokenList)))]
+pub async fn list_join_tokens(
+    State(state): State<AppState>,
+) -> Result<Json<JoinTokenList>, ApiError> {
+    Ok(Json(JoinTokenList {
+        join_tokens: state.control.list_join_tokens().await?,
+    }))
+}
+
+/// Mint a join token for a pool, an expiry and a number of uses (or to rejoin one revoked host); its value is in this answer only
+#[utoipa::path(post, path = "/api/v1/join-tokens", tag = "fleet", request_body = JoinTokenInput,
+    responses((status = 201, description = "Minted", body = NewJoinToken), (status = 422, description = "Invalid scope", body = crate::api::bodies::ErrorBody)))]
+pub async fn mint_join_token(
+    State(state): State<AppState>,
+    axum::Extension(authn): axum::Extension<crate::auth::Authn>,
+    Body(input): Body<JoinTokenInput>,
+) -> Result<(StatusCode, Json<NewJoinToken>), ApiError> {
+    let caller = crate::session::caller_of(Some(&authn))?;
+    let token = state.control.mint_join_token(&caller, &input).await?;
+    Ok((StatusCode::CREATED, Json(token)))
+}
+
+/// Delete a join token: hosts can no longer register with it (hosts it registered stay)
+#[utoipa::path(delete, path = "/api/v1/join-tokens/{id}", tag = "fleet",
+    params(("id" = tessera_model::schema::JoinTokenId, Path, description = "join token id")),
+    responses((status = 204, description = "Deleted"), (status = 404, description = "No such join token", body = crate::api::bodies::ErrorBody)))]
+pub async fn delete_join_token(
+    State(state): State<AppState>,
+    Segment(id): Segment,
+) -> Result<StatusCode, ApiError> {
+    state.control.delete_join_token(&id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Approve a host held by its pool's manual admission: it takes tasks from now on
+#[utoipa::path(post, path = "/api/v1/hosts/{id}/approve", tag = "fleet",
+    params(("id" = HostId, Path, description = "host id")),
+    responses((status = 200, description = "Host", body = HostInfo), (status = 404, description = "No such host", body = crate::api::bodies::ErrorBody), (status = 409, description = "Not waiting for approval", body = crate::api::bodies::ErrorBody)))]
+pub async fn approve_host(
+    State(state): State<AppState>,
+    axum::Extension(authn): axum::Extension<crate::auth::Authn>,
+    Segment(id): Segment,
+) -> Result<Json<HostInfo>, ApiError> {
+    let caller = crate::session::caller_of(Some(&authn))?;
+    let id = host_id(id)?;
+    state.control.approve_host(&caller, &id).await?;
+    Ok(Json(state.control.get_host(&id).await?))
 }
 
 /// Pools and their placement policies

@@ -139,7 +139,21 @@ pub fn routes() -> Routes {
             ADMIN,
             revoke_host,
         )
+        .add(
+            Method::POST,
+            "/api/v1/hosts/{id}/approve",
+            ADMIN,
+            approve_host,
+        )
         .add(Method::POST, "/api/v1/join-token", ADMIN, rotate_join_token)
+        .add(Method::GET, "/api/v1/join-tokens", ADMIN, list_join_tokens)
+        .add(Method::POST, "/api/v1/join-tokens", ADMIN, mint_join_token)
+        .add(
+            Method::DELETE,
+            "/api/v1/join-tokens/{id}",
+            ADMIN,
+            delete_join_token,
+        )
         .add(Method::GET, "/api/v1/cluster", VIEW, cluster)
         .add(Method::GET, "/api/v1/pools", VIEW, list_pools)
         .add(Method::POST, "/api/v1/pools", ADMIN, create_pool)

@@ -206,8 +206,8 @@ pub fn server_fn_rules() -> &'static HashMap<&'static str, (&'static str, Access
     static RULES: OnceLock<HashMap<&'static str, (&'static str, Access)>> = OnceLock::new();
     RULES.get_or_init(|| {
         use tessera_app::pages::{
-            audit, consolidation, host, hosts, overview, service, service_new, services,
-            task_definition, task_definitions,
+            audit, consolidation, host, hosts, join_tokens, overview, service, service_new,
+            services, task_definition, task_definitions,
         };
         const VIEW: Access = Access::Role(Role::Viewer);
         const OPERATE: Access = Access::Role(Role::Operator);
@@ -227,6 +227,14 @@ pub fn server_fn_rules() -> &'static HashMap<&'static str, (&'static str, Access
             (hosts::ListHostsPage::PATH, "list_hosts_page", VIEW),
             (host::GetHostView::PATH, "get_host_view", VIEW),
             (host::SetHostDraining::PATH, "set_host_draining", OPERATE),
+            (host::ApproveHost::PATH, "approve_host", ADMIN),
+            (join_tokens::ListJoinTokens::PATH, "list_join_tokens", ADMIN),
+            (join_tokens::MintJoinToken::PATH, "mint_join_token", ADMIN),
+            (
+                join_tokens::DeleteJoinToken::PATH,
+                "delete_join_token",
+                ADMIN,
+            ),
             (
                 services::ListServiceDetails::PATH,
                 "list_service_details",

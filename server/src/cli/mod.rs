@@ -13,6 +13,7 @@ macro_rules! say {
 mod apply;
 pub mod lb;
 mod table;
+pub mod tls;
 
 pub(crate) fn write_out(text: &str) {
     use std::io::Write;
@@ -191,6 +192,18 @@ pub enum ClientCommand {
         #[command(flatten)]
         conn: Connection,
     },
+    /// Let a host that its pool held for approval (manual admission) take tasks.
+    Approve {
+        host: String,
+        #[command(flatten)]
+        conn: Connection,
+    },
+    /// Mint, list and delete join tokens: what agents register with, scoped to a pool,
+    /// an expiry and a number of uses (or to one revoked host).
+    JoinToken {
+        #[command(subcommand)]
+        command: JoinTokenCommand,
+    },
     /// Where a file's services would be placed now, and what would not fit (commits
     /// nothing).
     Preview {
@@ -225,6 +238,48 @@ pub enum ClientCommand {
     },
     /// Print a shell completion script.
     Completion { shell: clap_complete::Shell },
+}
+
+/// `tessera join-token …`.
+#[derive(Debug, Subcommand)]
+pub enum JoinTokenCommand {
+    /// Mint one; its value is printed this once (give it to the agent in a file:
+    /// `tessera-agent --join-token-file`).
+    Create {
+        /// The pool hosts may register in with it (any pool when absent).
+        #[arg(long)]
+        pool: Option<String>,
+        /// A revoked host it rejoins, and nothing else.
+        #[arg(long)]
+        host: Option<String>,
+        /// How many hosts may register with it.
+        #[arg(long, default_value_t = 1)]
+        uses: u32,
+        /// Hours until it expires (at most 720).
+        #[arg(long, default_value_t = 24)]
+        expires_in_hours: u64,
+        /// Admit its hosts at once even where the pool holds new hosts for approval.
+        #[arg(long)]
+        preapproved: bool,
+        /// What it is for.
+        #[arg(long, default_value = "")]
+        description: String,
+        #[command(flatten)]
+        conn: Connection,
+    },
+    /// The minted tokens, without their values.
+    List {
+        #[arg(short, long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+        #[command(flatten)]
+        conn: Connection,
+    },
+    /// Stop a token from registering anything (hosts it registered stay).
+    Delete {
+        id: String,
+        #[command(flatten)]
+        conn: Connection,
+    },
 }
 
 /// The load balancers `tessera lb` drives.
@@ -375,6 +430,10 @@ pub async fn run(command: ClientCommand) -> anyhow::Result<()> {
         ClientCommand::Activate { host, conn } => {
             host_action(&Client::new(&conn)?, &host, "activate").await
         }
+        ClientCommand::Approve { host, conn } => {
+            host_action(&Client::new(&conn)?, &host, "approve").await
+        }
+        ClientCommand::JoinToken { command } => join_token(command).await,
         ClientCommand::Preview { file, count, conn } => {
             apply::preview(&Client::new(&conn)?, &file, count).await
         }
@@ -933,7 +992,7 @@ async fn get(
                 let mut row = vec![
                     h.id.to_string(),
                     h.pool.to_string(),
-                    h.status.to_string(),
+                    host_status(h),
                     gpus_summary(h),
                 ];
                 if wide {
@@ -1271,8 +1330,88 @@ async fn host_action(c: &Client, host: &str, action: &str) -> anyhow::Result<()>
             None,
         )
         .await?;
-    say!("host {}: {}", h.id, h.status);
+    say!("host {}: {}", h.id, host_status(&h));
     Ok(())
+}
+
+/// A host's status as lists show it: held hosts say so.
+fn host_status(h: &HostInfo) -> String {
+    if h.held {
+        format!("{} (held for approval)", h.status)
+    } else {
+        h.status.to_string()
+    }
+}
+
+async fn join_token(command: JoinTokenCommand) -> anyhow::Result<()> {
+    use tessera_model::auth::{JoinTokenInfo, NewJoinToken};
+    match command {
+        JoinTokenCommand::Create {
+            pool,
+            host,
+            uses,
+            expires_in_hours,
+            preapproved,
+            description,
+            conn,
+        } => {
+            let body = serde_json::json!({
+                "pool": pool, "host": host, "uses": uses,
+                "expires_in_secs": expires_in_hours.saturating_mul(3600),
+                "preapproved": preapproved, "description": description,
+            });
+            let t: NewJoinToken = Client::new(&conn)?
+                .send(reqwest::Method::POST, "/api/v1/join-tokens", Some(&body))
+                .await?;
+            say!("{}", t.token);
+            eprintln!(
+                "join token {}: pool {}, {} use(s), expires {}{}; shown this once. Give it to the agent in a file (--join-token-file) or TESSERA_AGENT_JOIN_TOKEN, never on its command line.",
+                t.info.id,
+                t.info.pool.as_deref().unwrap_or("any"),
+                t.info.uses_left,
+                t.info.expires_at,
+                t.info
+                    .host
+                    .as_deref()
+                    .map_or(String::new(), |h| format!(", rejoins host {h}")),
+            );
+            Ok(())
+        }
+        JoinTokenCommand::List { output, conn } => {
+            #[derive(serde::Deserialize, serde::Serialize)]
+            struct List {
+                join_tokens: Vec<JoinTokenInfo>,
+            }
+            let list: List = Client::new(&conn)?.get("/api/v1/join-tokens").await?;
+            if output == Output::Json {
+                return print_json(&list);
+            }
+            let mut t = Table::new(&["ID", "POOL", "USES LEFT", "USED", "EXPIRES", "DESCRIPTION"]);
+            for j in &list.join_tokens {
+                t.row(vec![
+                    j.id.clone(),
+                    j.pool.clone().unwrap_or_else(|| "any".into()),
+                    j.uses_left.to_string(),
+                    j.uses.to_string(),
+                    j.expires_at.clone(),
+                    j.description.clone(),
+                ]);
+            }
+            t.print();
+            Ok(())
+        }
+        JoinTokenCommand::Delete { id, conn } => {
+            let _: serde_json::Value = Client::new(&conn)?
+                .send(
+                    reqwest::Method::DELETE,
+                    &format!("/api/v1/join-tokens/{}", seg(&id)),
+                    None,
+                )
+                .await?;
+            say!("join token {id} deleted");
+            Ok(())
+        }
+    }
 }
 
 async fn events(

@@ -1,0 +1,475 @@
+//! How hosts join: the fleet-wide join token (configured, or generated at first start and
+//! then expiring), join tokens an admin mints for one rollout (a pool, an expiry, a number
+//! of uses, or one revoked host), pools that hold new hosts for approval, and the
+//! registration that checks all of it before a host is written.
+//!
+//! A host is who its agent token says; GPU UUIDs only find a machine that is already
+//! known, and never let it back in: a revoked host rejoins with a token minted for it.
+
+use crate::agents::{hash_token, new_token};
+use crate::clock::{stamp, to_chrono};
+use crate::control::Control;
+use crate::error::ControlError;
+use std::time::Duration;
+use tessera_model::agent::{RegisterRequest, RegisterResponse};
+use tessera_model::auth::{Caller, JoinTokenInfo, JoinTokenInput, NewJoinToken};
+use tessera_model::{Admission, GpuHealth, GpuInfo, HostId, HostInfo, HostStatus, SharingMode};
+
+const JOIN_TOKEN_SETTING: &str = "join_token_sha256";
+/// The hash of the join token the configuration last gave (see `ensure_join_token`).
+const JOIN_TOKEN_CONFIGURED: &str = "join_token_configured_sha256";
+/// When the fleet-wide token stops working (RFC 3339), for the one generated at first
+/// start; absent: it does not expire (configured, or rotated by an admin).
+const JOIN_TOKEN_EXPIRES: &str = "join_token_expires_at";
+
+/// How long the join token generated at first start works.
+pub const BOOTSTRAP_TOKEN_TTL: Duration = Duration::from_secs(24 * 3600);
+/// A minted token's default and longest life.
+const DEFAULT_TOKEN_SECS: u64 = 24 * 3600;
+const MAX_TOKEN_SECS: u64 = 30 * 24 * 3600;
+const MAX_TOKEN_USES: u32 = 10_000;
+
+/// Equal strings, compared in time independent of where they differ.
+fn same(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
+}
+
+/// A host id from a name an agent suggests: a DNS label.
+fn host_id_from(name: Option<&str>) -> String {
+    let base: String = name
+        .unwrap_or("host")
+        .to_ascii_lowercase()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let base = base.trim_matches('-');
+    let base = if base.is_empty() { "host" } else { base };
+    base.chars().take(50).collect()
+}
+
+/// What a join token lets a registration do.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Grant {
+    /// The minted token it came from (a use is taken when the host is written); `None`
+    /// for the fleet-wide token and the in-process demo fleet.
+    minted: Option<String>,
+    /// The revoked host it rejoins, and nothing else.
+    host: Option<HostId>,
+    /// Admitted even where the pool holds new hosts.
+    preapproved: bool,
+}
+
+impl Control {
+    /// Makes sure a join token exists. With `given`, that token is the join token from now
+    /// on. Without, one is generated on first start and returned (to print once); it
+    /// expires after [`BOOTSTRAP_TOKEN_TTL`]. Later starts return `None` (only its hash
+    /// is stored).
+    pub async fn ensure_join_token(
+        &self,
+        given: Option<&str>,
+    ) -> Result<Option<String>, ControlError> {
+        if let Some(token) = given {
+            if token.len() < 16 {
+                return Err(ControlError::invalid(
+                    "join_token",
+                    "must be at least 16 characters",
+                ));
+            }
+            // The configuration's token takes effect when it is new to this database; the
+            // same one configured again after an admin rotated the token (it leaked) does
+            // not bring it back.
+            let hash = hash_token(token);
+            let configured = self.store.get_setting(JOIN_TOKEN_CONFIGURED).await?;
+            let current = self.store.get_setting(JOIN_TOKEN_SETTING).await?;
+            if current.is_some() && configured.as_deref() == Some(hash.as_str()) {
+                if current.as_deref() != Some(hash.as_str()) {
+                    tracing::warn!(
+                        "the configured join token was rotated since it was set: agents join with the current one (drop --join-token / TESSERA_JOIN_TOKEN, or configure a new one)"
+                    );
+                }
+                return Ok(None);
+            }
+            self.set_fleet_token(&hash, None).await?;
+            self.store.set_setting(JOIN_TOKEN_CONFIGURED, &hash).await?;
+            return Ok(None);
+        }
+        if self.store.get_setting(JOIN_TOKEN_SETTING).await?.is_some() {
+            return Ok(None);
+        }
+        let token = new_token();
+        let expires = stamp(self.now() + to_chrono(BOOTSTRAP_TOKEN_TTL));
+        self.set_fleet_token(&hash_token(&token), Some(&expires))
+            .await?;
+        Ok(Some(token))
+    }
+
+    async fn set_fleet_token(&self, hash: &str, expires: Option<&str>) -> Result<(), ControlError> {
+        self.store.set_setting(JOIN_TOKEN_SETTING, hash).await?;
+        // An empty expiry: none (settings have no delete).
+        self.store
+            .set_setting(JOIN_TOKEN_EXPIRES, expires.unwrap_or(""))
+            .await?;
+        Ok(())
+    }
+
+    /// A new fleet-wide join token, returned this once; the old one stops working at once.
+    pub async fn rotate_join_token(&self) -> Result<String, ControlError> {
+        let token = new_token();
+        self.set_fleet_token(&hash_token(&token), None).await?;
+        Ok(token)
+    }
+
+    /// `POST /api/v1/join-tokens`: a join token for one rollout, its value returned this
+    /// once.
+    pub async fn mint_join_token(
+        &self,
+        caller: &Caller,
+        input: &JoinTokenInput,
+    ) -> Result<NewJoinToken, ControlError> {
+        let mut e = crate::inputs::Errors::default();
+        if input.description.chars().count() > 200 {
+            e.add("description", "at most 200 characters");
+        }
+        let secs = input.expires_in_secs.unwrap_or(DEFAULT_TOKEN_SECS);
+        if !(60..=MAX_TOKEN_SECS).contains(&secs) {
+            e.add(
+                "expires_in_secs",
+                format!("must be between 60 and {MAX_TOKEN_SECS} (30 days), got {secs}"),
+            );
+        }
+        let uses = input.uses.unwrap_or(1);
+        if !(1..=MAX_TOKEN_USES).contains(&uses) {
+            e.add(
+                "uses",
+                format!("must be between 1 and {MAX_TOKEN_USES}, got {uses}"),
+            );
+        }
+        let pool = match &input.pool {
+            Some(p) => match tessera_model::PoolName::new(p.clone()) {
+                Ok(name) if self.store.pool_exists(&name).await? => Some(name.to_string()),
+                Ok(_) => {
+                    e.add("pool", format!("no pool named {p:?}"));
+                    None
+                }
+                Err(err) => {
+                    e.add("pool", err.rule);
+                    None
+                }
+            },
+            None => None,
+        };
+        let host = match &input.host {
+            Some(h) => match HostId::new(h.clone()) {
+                Ok(id) => match self.store.get_host(&id).await {
+                    Ok(_) if self.store.host_token_revoked(&id).await? => Some(id.to_string()),
+                    Ok(_) => {
+                        e.add(
+                            "host",
+                            format!("host {h} is still registered: revoke its agent token first (POST /api/v1/hosts/{h}/revoke)"),
+                        );
+                        None
+                    }
+                    Err(_) => {
+                        e.add("host", format!("no host named {h:?}"));
+                        None
+                    }
+                },
+                Err(err) => {
+                    e.add("host", err.rule);
+                    None
+                }
+            },
+            None => None,
+        };
+        e.finish()?;
+        let now = self.now();
+        let token = new_token();
+        let info = JoinTokenInfo {
+            id: uuid::Uuid::new_v4().simple().to_string()[..12].to_owned(),
+            description: input.description.trim().to_owned(),
+            pool,
+            host,
+            expires_at: stamp(now + chrono::Duration::seconds(secs as i64)),
+            uses_left: uses,
+            uses: 0,
+            preapproved: input.preapproved,
+            created_by: caller.name.clone(),
+            created_at: stamp(now),
+        };
+        self.store
+            .insert_join_token(&info, &hash_token(&token))
+            .await?;
+        Ok(NewJoinToken { info, token })
+    }
+
+    pub async fn list_join_tokens(&self) -> Result<Vec<JoinTokenInfo>, ControlError> {
+        Ok(self.store.list_join_tokens().await?)
+    }
+
+    pub async fn delete_join_token(&self, id: &str) -> Result<(), ControlError> {
+        self.store.delete_join_token(id).await?;
+        Ok(())
+    }
+
+    /// `POST /api/v1/hosts/{id}/approve`: a held host gets tasks from now on.
+    pub async fn approve_host(&self, caller: &Caller, id: &HostId) -> Result<(), ControlError> {
+        let host = self.store.get_host(id).await?;
+        if !host.held {
+            return Err(ControlError::Conflict(format!(
+                "host {id} is not waiting for approval"
+            )));
+        }
+        self.store.set_host_held(id, false).await?;
+        self.capacity_changed();
+        self.event(
+            None,
+            Some(id),
+            &format!("host {id} approved by {}: it takes tasks now", caller.name),
+        )
+        .await;
+        self.wake();
+        Ok(())
+    }
+
+    /// What `token` lets a registration do, or why it lets it do nothing.
+    async fn grant_of(&self, token: &str, pool: &str) -> Result<Grant, ControlError> {
+        let hash = hash_token(token);
+        let now = stamp(self.now());
+        if let Some(fleet) = self.store.get_setting(JOIN_TOKEN_SETTING).await?
+            && same(&fleet, &hash)
+        {
+            let expires = self.store.get_setting(JOIN_TOKEN_EXPIRES).await?;
+            return match expires.filter(|e| !e.is_empty()) {
+                Some(e) if e <= now => Err(ControlError::Unauthorized(format!(
+                    "the join token printed at first start expired at {e}: an admin mints one (tessera create join-token --pool POOL)"
+                ))),
+                _ => Ok(Grant::default()),
+            };
+        }
+        let Some(t) = self.store.join_token_by_hash(&hash).await? else {
+            return Err(ControlError::Unauthorized(
+                "the join token is not valid for this server".into(),
+            ));
+        };
+        if t.expires_at <= now {
+            return Err(ControlError::Unauthorized(format!(
+                "join token {} expired at {}",
+                t.id, t.expires_at
+            )));
+        }
+        if t.uses_left == 0 {
+            return Err(ControlError::Unauthorized(format!(
+                "join token {} is used up ({} registration(s))",
+                t.id, t.uses
+            )));
+        }
+        if let Some(p) = t.pool.as_deref().filter(|p| *p != pool) {
+            return Err(ControlError::Unauthorized(format!(
+                "join token {} registers hosts in pool {p} only, not {pool}",
+                t.id
+            )));
+        }
+        Ok(Grant {
+            host: t.host.map(HostId::new).transpose().map_err(|e| {
+                ControlError::Store(crate::error::StoreError::corrupt("join token host", e))
+            })?,
+            minted: Some(t.id),
+            preapproved: t.preapproved,
+        })
+    }
+
+    /// `POST /agent/v1/register`: checks the join token, then admits the host.
+    pub async fn register_agent(
+        &self,
+        req: &RegisterRequest,
+    ) -> Result<RegisterResponse, ControlError> {
+        req.validate().map_err(ControlError::Invalid)?;
+        let grant = self.grant_of(&req.join_token, req.pool.as_str()).await?;
+        self.admit_host(req, &grant).await
+    }
+
+    /// Takes a use of the minted token behind `grant`, if any: the last step before a host
+    /// is written, so a refused registration costs none.
+    async fn take_use(&self, grant: &Grant) -> Result<(), ControlError> {
+        let Some(id) = &grant.minted else {
+            return Ok(());
+        };
+        if self
+            .store
+            .take_join_token_use(id, &stamp(self.now()))
+            .await?
+        {
+            Ok(())
+        } else {
+            Err(ControlError::Unauthorized(format!(
+                "join token {id} was used up or expired meanwhile"
+            )))
+        }
+    }
+
+    /// Registers a host and issues its agent token. The one way hosts join, for agents
+    /// (after `register_agent` checked the join token) and the in-process demo fleet.
+    pub(crate) async fn admit_host(
+        &self,
+        req: &RegisterRequest,
+        grant: &Grant,
+    ) -> Result<RegisterResponse, ControlError> {
+        let pool = self.store.get_pool(&req.pool).await.map_err(|_| {
+            ControlError::invalid("pool", format!("no pool named {:?}", req.pool.as_str()))
+        })?;
+        // A machine whose GPUs are already known is that host, reinstalled or with its
+        // credentials lost: refused while its agent is registered (two agents would answer
+        // for one host), and let back in only with a token minted for it once revoked.
+        let uuids: Vec<_> = req.gpus.iter().map(|g| g.uuid.clone()).collect();
+        let known = self.store.host_with_gpus(&uuids).await?;
+        let rejoin = match (&grant.host, known) {
+            (_, Some((owner, false))) => {
+                return Err(ControlError::Conflict(format!(
+                    "this machine's GPUs belong to host {owner}, whose agent is still registered; if it is that machine, an admin revokes the old token (POST /api/v1/hosts/{owner}/revoke) and mints a join token for it (tessera create join-token --host {owner})"
+                )));
+            }
+            (Some(for_host), Some((owner, true))) if *for_host != owner => {
+                return Err(ControlError::Conflict(format!(
+                    "this join token rejoins host {for_host}, but this machine's GPUs belong to host {owner}"
+                )));
+            }
+            (None, Some((owner, true))) => {
+                return Err(ControlError::Unauthorized(format!(
+                    "this machine's GPUs belong to host {owner}, whose agent token was revoked: it rejoins only with a join token minted for it (tessera create join-token --host {owner})"
+                )));
+            }
+            (Some(for_host), _) => {
+                if !self.store.host_token_revoked(for_host).await? {
+                    return Err(ControlError::Conflict(format!(
+                        "this join token rejoins host {for_host}, whose agent is registered again"
+                    )));
+                }
+                Some(for_host.clone())
+            }
+            (None, None) => None,
+        };
+        if let Some(owner) = rejoin {
+            self.take_use(grant).await?;
+            let token = new_token();
+            self.store
+                .reissue_agent_token(&owner, &hash_token(&token))
+                .await?;
+            self.event(
+                None,
+                Some(&owner),
+                &format!(
+                    "host {owner} rejoined with a join token minted for it and a new agent token"
+                ),
+            )
+            .await;
+            self.wake();
+            return Ok(RegisterResponse {
+                host_id: owner,
+                agent_token: token,
+                sync_interval_secs: self.config.sync_interval.as_secs().max(1) as u32,
+            });
+        }
+        let base = host_id_from(req.name.as_deref());
+        let mut id =
+            HostId::new(base.clone()).map_err(|e| ControlError::invalid("name", e.to_string()))?;
+        while self.store.get_host(&id).await.is_ok() {
+            let suffix = &uuid::Uuid::new_v4().simple().to_string()[..6];
+            id = HostId::new(format!("{base}-{suffix}"))
+                .map_err(|e| ControlError::invalid("name", e.to_string()))?;
+        }
+        let held = pool.admission == Admission::Manual && !grant.preapproved;
+        let host = HostInfo {
+            id: id.clone(),
+            pool: req.pool.clone(),
+            status: HostStatus::Active,
+            held,
+            simulated: req.simulated,
+            cpu: req.cpu_milli,
+            memory: req.memory_mib,
+            labels: req.labels.clone(),
+            gpus: req
+                .gpus
+                .iter()
+                .map(|g| GpuInfo {
+                    uuid: g.uuid.clone(),
+                    index: g.index,
+                    model: g.model.clone(),
+                    memory: g.memory_mib,
+                    mps_client_limit: g.mps_client_limit,
+                    health: if g.healthy {
+                        GpuHealth::Healthy
+                    } else {
+                        GpuHealth::Unhealthy
+                    },
+                    sharing_mode: SharingMode::Idle,
+                })
+                .collect(),
+            status_reason: None,
+            last_seen: None,
+            mps_restarts: 0,
+            address: req.address.clone(),
+            dynamic_ports_free: None,
+        };
+        self.take_use(grant).await?;
+        let token = new_token();
+        self.store
+            .register_host(&host, &hash_token(&token), &stamp(self.now()))
+            .await?;
+        self.capacity_changed();
+        let kind = if req.simulated {
+            "simulated host"
+        } else {
+            "host"
+        };
+        let how = grant
+            .minted
+            .as_deref()
+            .map_or(String::new(), |t| format!(" with join token {t}"));
+        let held_note = if held {
+            "; held until an admin approves it (the pool's admission is manual)"
+        } else {
+            ""
+        };
+        self.event(
+            None,
+            Some(&id),
+            &format!(
+                "{kind} {id} registered in pool {}{how} with {} GPU(s){held_note}",
+                req.pool,
+                req.gpus.len()
+            ),
+        )
+        .await;
+        self.wake();
+        Ok(RegisterResponse {
+            host_id: id,
+            agent_token: token,
+            sync_interval_secs: self.config.sync_interval.as_secs().max(1) as u32,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_hash_and_compare() {
+        let t = new_token();
+        assert_eq!(t.len(), 64);
+        assert_ne!(t, new_token());
+        assert!(same(&hash_token(&t), &hash_token(&t)));
+        assert!(!same(&hash_token(&t), &hash_token("other")));
+        assert_eq!(host_id_from(Some("GPU_Node.01")), "gpu-node-01");
+    }
+}

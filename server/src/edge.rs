@@ -1,0 +1,218 @@
+//! What a connection and a request may hold, so that slow or numerous clients cannot
+//! starve the server, and above all not the agents' syncs (a fleet whose syncs time out
+//! is declared lost and its tasks stopped):
+//!
+//! - connections per client address are capped at accept ([`ConnectionLimit`]);
+//! - request headers must arrive within [`Limits::header_timeout`], a first request on
+//!   a new connection too, and bodies may not pause longer than it ([`crate::run`]);
+//! - agent routes (`/agent/…`) and every other route draw on separate budgets of
+//!   requests handled at once, and the other routes also on a per-address budget
+//!   ([`budget`]); the whole request, its body included, ends within
+//!   [`Limits::request_timeout`].
+
+use crate::AppState;
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use std::collections::HashMap;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+
+/// How many of something each client address holds at once.
+#[derive(Debug, Clone)]
+pub struct PerAddress {
+    held: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    max: usize,
+}
+
+/// One held; given back when dropped.
+#[derive(Debug)]
+pub struct Held {
+    held: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    ip: IpAddr,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let mut held = self.held.lock().expect("not poisoned");
+        if let Some(n) = held.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                held.remove(&self.ip);
+            }
+        }
+    }
+}
+
+impl PerAddress {
+    pub fn new(max: usize) -> Self {
+        PerAddress {
+            held: Arc::default(),
+            max,
+        }
+    }
+
+    /// One more for `ip`, unless it holds `max` already.
+    pub fn enter(&self, ip: IpAddr) -> Option<Held> {
+        let mut held = self.held.lock().expect("not poisoned");
+        let n = held.entry(ip).or_default();
+        if *n >= self.max {
+            return None;
+        }
+        *n += 1;
+        Some(Held {
+            held: self.held.clone(),
+            ip,
+        })
+    }
+}
+
+/// Refuses a connection from an address that holds its share already (an accept that
+/// fails closes the connection at once, before TLS or HTTP cost anything).
+#[derive(Debug, Clone)]
+pub struct ConnectionLimit {
+    pub addresses: PerAddress,
+}
+
+/// A connection that gives its address's place back when it closes.
+#[derive(Debug)]
+pub struct Counted<T> {
+    inner: T,
+    _held: Held,
+}
+
+impl<S: Send + 'static> axum_server::accept::Accept<TcpStream, S> for ConnectionLimit {
+    type Stream = Counted<TcpStream>;
+    type Service = S;
+    type Future = std::future::Ready<io::Result<(Self::Stream, S)>>;
+
+    fn accept(&self, stream: TcpStream, service: S) -> Self::Future {
+        let ip = match stream.peer_addr() {
+            Ok(a) => a.ip(),
+            Err(e) => return std::future::ready(Err(e)),
+        };
+        std::future::ready(match self.addresses.enter(ip) {
+            Some(held) => Ok((
+                Counted {
+                    inner: stream,
+                    _held: held,
+                },
+                service,
+            )),
+            None => {
+                tracing::debug!(%ip, "connection refused: too many from this address");
+                Err(io::Error::other(format!("too many connections from {ip}")))
+            }
+        })
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Counted<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Counted<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+/// Whether a request is an agent's (registration, sync): those have their own budget.
+fn is_agent_route(path: &str) -> bool {
+    path.starts_with("/agent/")
+}
+
+/// The budgets: agents' requests wait only for other agents'; everyone else's for each
+/// other's, and a client address may hold only its share of those (429 past it).
+pub async fn budget(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    if is_agent_route(req.uri().path()) {
+        let Ok(_slot) = state.agent_slots.clone().acquire_owned().await else {
+            return StatusCode::SERVICE_UNAVAILABLE.into_response();
+        };
+        return next.run(req).await;
+    }
+    let ip = req
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0.ip());
+    let _mine = match ip {
+        Some(ip) => match state.request_addresses.enter(ip) {
+            Some(held) => Some(held),
+            None => {
+                let mut r = (
+                    StatusCode::TOO_MANY_REQUESTS,
+                    axum::Json(serde_json::json!({
+                        "error": format!("too many requests at once from {ip}; wait for the ones in flight")
+                    })),
+                )
+                    .into_response();
+                r.headers_mut().insert(
+                    axum::http::header::RETRY_AFTER,
+                    axum::http::HeaderValue::from_static("1"),
+                );
+                return r;
+            }
+        },
+        None => None,
+    };
+    let Ok(_slot) = state.request_slots.clone().acquire_owned().await else {
+        return StatusCode::SERVICE_UNAVAILABLE.into_response();
+    };
+    next.run(req).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_address_holds_at_most_its_share_and_gives_it_back() {
+        let a = PerAddress::new(2);
+        let ip: IpAddr = "10.0.0.1".parse().expect("ip");
+        let other: IpAddr = "10.0.0.2".parse().expect("ip");
+        let one = a.enter(ip).expect("first");
+        let _two = a.enter(ip).expect("second");
+        assert!(a.enter(ip).is_none(), "a third is refused");
+        assert!(a.enter(other).is_some(), "another address is not");
+        drop(one);
+        assert!(a.enter(ip).is_some(), "given back when dropped");
+        assert!(is_agent_route("/agent/v1/sync"));
+        assert!(!is_agent_route("/api/v1/agent/v1"));
+    }
+}
