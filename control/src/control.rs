@@ -458,7 +458,8 @@ impl Control {
             .objectives
             .check(def.spec.published())
             .map_err(ControlError::Invalid)?;
-        self.existing_pool(&service.pool).await?;
+        let pool = self.existing_pool(&service.pool).await?;
+        allowed_in_pool(&def.spec, &pool)?;
         self.store.create_service(&service).await?;
         self.event(
             Some(&service.name),
@@ -580,6 +581,9 @@ impl Control {
             objectives
                 .check(def.spec.published())
                 .map_err(ControlError::Invalid)?;
+            if new_def.is_some() {
+                allowed_in_pool(&def.spec, &self.existing_pool(&service.pool).await?)?;
+            }
         }
         if let Some(d) = patch.desired_count.filter(|&d| d != service.desired_count) {
             self.store.set_desired_count(name, d).await?;
@@ -744,6 +748,35 @@ impl Control {
                 ..Default::default()
             })
             .await?)
+    }
+}
+
+/// Whether `spec`'s containers ask only what `pool` allows of a host's security (a user of
+/// their choosing, privileges): a `422` naming the container's field otherwise.
+fn allowed_in_pool(
+    spec: &tessera_model::taskdef::TaskDefinitionSpec,
+    pool: &PoolInfo,
+) -> Result<(), ControlError> {
+    let errors: Vec<_> = spec
+        .containers
+        .iter()
+        .enumerate()
+        .flat_map(|(i, c)| {
+            c.security()
+                .refused_by(pool.task_users, pool.privileged)
+                .into_iter()
+                .map(move |(field, message)| tessera_model::taskdef::FieldError {
+                    field: format!("task_definition.containers[{i}].{field}"),
+                    message: format!("{message} (pool {})", pool.name),
+                })
+        })
+        .collect();
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(ControlError::Invalid(
+            tessera_model::taskdef::ValidationErrors { errors },
+        ))
     }
 }
 

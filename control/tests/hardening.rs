@@ -516,3 +516,67 @@ async fn a_server_with_a_skewed_clock_loses_no_host_and_takes_no_live_lease() {
     assert_eq!(took, 0);
     assert_eq!(host.status, tessera_model::HostStatus::Active);
 }
+
+/// A definition that asks for a privileged container or a user of its choosing is
+/// refused in a pool that does not allow it, naming the field; never stored and ignored.
+#[tokio::test]
+async fn privileges_a_pool_does_not_allow_are_refused_with_the_field() {
+    let env = env(fast()).await;
+    let c = &env.control;
+    let def = c
+        .register_task_definition(&serde_json::json!({
+            "family": "escalator",
+            "containerDefinitions": [{"name": "main", "image": "busybox", "memory": 64,
+                "privileged": true, "user": "0",
+                "linuxParameters": {"capabilities": {"add": ["SYS_ADMIN"]}}}]
+        }))
+        .await
+        .expect("a definition may ask");
+    let input = |pool: &str| -> tessera_control::inputs::ServiceInput {
+        serde_json::from_value(serde_json::json!({
+            "name": format!("esc-{pool}"), "pool": pool,
+            "task_definition": format!("{}:{}", def.family, def.revision),
+        }))
+        .expect("input")
+    };
+    let err = c
+        .create_service(&input("gpu"))
+        .await
+        .expect_err("a privileged container in a pool that does not allow it");
+    println!("privileged container, user 0 in pool gpu: refused ({err})");
+    let tessera_control::error::ControlError::Invalid(v) = err else {
+        panic!("not a validation error: {err}")
+    };
+    let fields: Vec<_> = v.errors.iter().map(|e| e.field.as_str()).collect();
+    assert_eq!(
+        fields,
+        [
+            "task_definition.containers[0].user",
+            "task_definition.containers[0].privileged"
+        ],
+        "{v:?}"
+    );
+    c.create_pool(&tessera_control::inputs::PoolInput {
+        task_users: Some(true),
+        privileged: Some(true),
+        ..tessera_control::inputs::PoolInput::named("trusted")
+    })
+    .await
+    .expect("pool");
+    c.create_service(&input("trusted"))
+        .await
+        .expect("a pool that allows both");
+    // An unknown capability never reaches a pool: the definition is refused.
+    let bad = c
+        .register_task_definition(&serde_json::json!({
+            "family": "typo",
+            "containerDefinitions": [{"name": "main", "image": "busybox", "memory": 64,
+                "linuxParameters": {"capabilities": {"add": ["SYS_ADMN"]}}}]
+        }))
+        .await
+        .expect_err("an unknown capability");
+    assert!(
+        bad.to_string().contains("is not a Linux capability"),
+        "{bad}"
+    );
+}

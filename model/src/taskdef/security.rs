@@ -76,15 +76,20 @@ impl ContainerSecurity {
         *self == ContainerSecurity::default()
     }
 
-    /// Whether a pool's settings allow it: `Err` names the field and what the pool lacks.
-    pub fn allowed_by(&self, task_users: bool, privileged: bool) -> Result<(), String> {
+    /// What a pool's settings refuse of it: each field with what the pool lacks.
+    pub fn refused_by(&self, task_users: bool, privileged: bool) -> Vec<(&'static str, String)> {
+        let mut refused = Vec::new();
         if self.user.is_some() && !task_users {
-            return Err("user: the pool does not let tasks choose their user (pool setting task_users); without it each task runs as a uid of its own".into());
+            refused.push(("user", "the pool does not let tasks choose their user (pool setting task_users); without it each task runs as a uid of its own".to_owned()));
         }
         if self.privileged && !privileged {
-            return Err("privileged: the pool does not allow privileged containers (pool setting privileged)".into());
+            refused.push((
+                "privileged",
+                "the pool does not allow privileged containers (pool setting privileged)"
+                    .to_owned(),
+            ));
         }
-        Ok(())
+        refused
     }
 }
 
