@@ -450,6 +450,22 @@ impl Control {
         Ok(self.store.list_api_tokens().await?)
     }
 
+    /// Deletes every API token `username` made (after their password leaked, say);
+    /// returns how many.
+    pub async fn revoke_user_tokens(&self, username: &str) -> Result<u64, ControlError> {
+        self.get_user(username).await?;
+        Ok(self.store.delete_api_tokens_of(username).await?)
+    }
+
+    pub async fn get_user(&self, username: &str) -> Result<UserInfo, ControlError> {
+        Ok(self
+            .store
+            .user_credentials(username)
+            .await?
+            .ok_or_else(|| ControlError::NotFound(format!("user {username:?} not found")))?
+            .user)
+    }
+
     pub async fn delete_api_token(&self, id: &str) -> Result<(), ControlError> {
         Ok(self.store.delete_api_token(id).await?)
     }

@@ -251,6 +251,8 @@ pub trait AuthStore: Send + Sync + 'static {
     async fn valid_api_token(&self, token_hash: &str) -> Result<Option<ApiTokenInfo>, StoreError>;
     async fn list_api_tokens(&self) -> Result<Vec<ApiTokenInfo>, StoreError>;
     async fn delete_api_token(&self, id: &str) -> Result<(), StoreError>;
+    /// Deletes the tokens `username` made; returns how many.
+    async fn delete_api_tokens_of(&self, username: &str) -> Result<u64, StoreError>;
 
     /// A session's data, if it exists and has not expired at `now` (unix seconds).
     async fn load_session(&self, id_hash: &str, now: i64) -> Result<Option<String>, StoreError>;

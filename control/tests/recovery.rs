@@ -304,6 +304,33 @@ async fn a_machine_rejoins_under_its_old_id_only_once_its_old_token_is_revoked()
         .expect_err("two agents, one host");
     assert!(refused.to_string().contains("revoke"), "{refused}");
     c.revoke_host(&a.id).await.expect("revoke");
+    // Not by presenting its GPU UUIDs (anyone can see them): with a token minted for it.
+    let unminted = c
+        .register_agent(&again)
+        .await
+        .expect_err("a revoked host rejoined with the fleet's token");
+    assert!(unminted.to_string().contains("minted for it"), "{unminted}");
+    let admin = tessera_model::auth::Caller {
+        name: "admin".into(),
+        on_behalf_of: None,
+        kind: tessera_model::auth::CallerKind::Session,
+        role: tessera_model::auth::Role::Admin,
+        token_id: None,
+    };
+    let minted = c
+        .mint_join_token(
+            &admin,
+            &tessera_model::auth::JoinTokenInput {
+                host: Some(a.id.to_string()),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("minted");
+    let again = tessera_model::agent::RegisterRequest {
+        join_token: minted.token,
+        ..again
+    };
     let rejoined = c.register_agent(&again).await.expect("rejoins");
     assert_eq!(rejoined.host_id, a.id, "under its old id");
     assert!(

@@ -345,13 +345,16 @@ pub async fn add_user(
     Ok((StatusCode::CREATED, Json(user)))
 }
 
-/// What to change about a user: at least one of the three.
+/// What to change about a user: at least one of the four.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UserPatch {
     role: Option<Role>,
     disabled: Option<bool>,
     password: Option<String>,
+    /// Delete the user's API tokens too (a password that leaked may have made some).
+    #[serde(default)]
+    revoke_tokens: bool,
 }
 
 // By hand: utoipa 5.5 writes `min_properties` out as `maxProperties`.
@@ -359,13 +362,14 @@ impl utoipa::PartialSchema for UserPatch {
     fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
         tessera_model::schema::from_json(serde_json::json!({
             "type": "object",
-            "description": "What to change about a user: at least one of the three.",
+            "description": "What to change about a user: at least one of the four. `revoke_tokens`: delete the user's API tokens too.",
             "minProperties": 1,
             "additionalProperties": false,
             "properties": {
                 "role": {"$ref": "#/components/schemas/Role"},
                 "disabled": {"type": "boolean"},
                 "password": tessera_model::schema::password(),
+                "revoke_tokens": {"type": "boolean"},
             }
         }))
         .into()
@@ -382,15 +386,31 @@ pub async fn update_user(
     Segment(username): Segment,
     crate::api::Body(patch): crate::api::Body<UserPatch>,
 ) -> Result<Json<UserInfo>, ApiError> {
-    let user = state
-        .control
-        .update_user(
-            &username,
-            patch.role,
-            patch.disabled,
-            patch.password.as_deref(),
+    let changes = patch.role.is_some() || patch.disabled.is_some() || patch.password.is_some();
+    if !changes && !patch.revoke_tokens {
+        return Err(tessera_control::ControlError::invalid(
+            "(body)",
+            "give role, disabled, password and/or revoke_tokens",
         )
-        .await?;
+        .into());
+    }
+    let user = if changes {
+        state
+            .control
+            .update_user(
+                &username,
+                patch.role,
+                patch.disabled,
+                patch.password.as_deref(),
+            )
+            .await?
+    } else {
+        state.control.get_user(&username).await?
+    };
+    if patch.revoke_tokens {
+        let n = state.control.revoke_user_tokens(&username).await?;
+        tracing::info!(user = %username, tokens = n, "API tokens revoked");
+    }
     Ok(Json(user))
 }
 

@@ -974,4 +974,26 @@ async fn a_tokens_role_bounds_what_it_deletes_and_follows_its_users_role() {
     assert_eq!(me.body["role"], "viewer", "{}", me.body);
     let audit = send(&c, Method::GET, "/api/v1/audit", None, &bearer(&dora)).await;
     assert_eq!(audit.status, StatusCode::FORBIDDEN, "{}", audit.body);
+    // Her password leaked: a new one, and every token she made goes with the old.
+    let changed = send(
+        &c,
+        Method::PATCH,
+        "/api/v1/users/dora",
+        Some(json!({"password": "dora-new-password-2", "revoke_tokens": true})),
+        &bearer(&c.admin),
+    )
+    .await;
+    assert_eq!(changed.status, StatusCode::OK, "{}", changed.body);
+    let me = send(&c, Method::GET, "/api/v1/session", None, &bearer(&dora)).await;
+    assert_eq!(me.status, StatusCode::UNAUTHORIZED, "{}", me.body);
+    let listed = send(&c, Method::GET, "/api/v1/tokens", None, &bearer(&c.admin)).await;
+    assert!(
+        listed.body["tokens"]
+            .as_array()
+            .expect("tokens")
+            .iter()
+            .all(|t| t["created_by"] != "dora"),
+        "{}",
+        listed.body
+    );
 }

@@ -234,6 +234,13 @@ impl AuthStore for This {
         Ok(())
     }
 
+    async fn delete_api_tokens_of(&self, username: &str) -> Result<u64, StoreError> {
+        Ok(self
+            .write_one(sqlx::query("DELETE FROM api_tokens WHERE created_by = $1").bind(username))
+            .await?
+            .rows_affected())
+    }
+
     async fn load_session(&self, id_hash: &str, now: i64) -> Result<Option<String>, StoreError> {
         let row = sqlx::query("SELECT data FROM sessions WHERE id_hash = $1 AND expires_at > $2")
             .bind(id_hash)

@@ -1,0 +1,205 @@
+#!/usr/bin/env python3
+"""Security drill on the real binaries: `tessera serve` and a `tessera-agent` running as
+root with per-task uids (`--task-uids`) and cgroups, attacked as one compromised task and
+one leaked token would attack them. Each attack prints what it tried and what held:
+
+ 1. a "thief" task looks for another task's secret in every /proc/PID/environ it can
+    read, reads every task log under the agent's state directory it can, and signals
+    the victim;
+ 2. an "escaper" task starts a child in a session of its own (setsid) and another through
+    a double fork, then its service is deleted: no process of it may survive;
+ 3. a rogue registration with a join token used up, and one scoped to another pool;
+ 4. an agent given its join token on the command line (where /proc/PID/cmdline shows it to
+    every process) refuses to start.
+
+    scripts/security_drill.py [--bin DIR] [--keep]
+
+Needs root (per-task uids and cgroups); otherwise it says so and exits 0 having run only
+what needs no root (3 and 4). Exits 1 when an attack got through.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.dont_write_bytecode = True
+import drills  # noqa: E402
+
+SECRET = "drill-secret-value-7f3a9c"
+UIDS = "300000-300999"
+
+# The thief: every environ it can read (looking for the victim's secret), every log file
+# under the agent's state directory, and a signal to every process of another task.
+THIEF = r"""
+leaks=0
+for e in /proc/[0-9]*/environ; do
+  if tr '\0' '\n' < "$e" 2>/dev/null | grep -q "$SECRET_TO_FIND"; then echo "LEAK environ $e"; leaks=$((leaks+1)); fi
+done
+for f in $(find "$STATE_DIR" -name '*.log' 2>/dev/null); do
+  if grep -q "victim-says" "$f" 2>/dev/null; then echo "LEAK log $f"; leaks=$((leaks+1)); fi
+done
+for p in $(pgrep -f victim-marker); do
+  if kill -0 "$p" 2>/dev/null; then echo "LEAK signal $p"; leaks=$((leaks+1)); fi
+done
+echo "THIEF-DONE leaks=$leaks"
+exec sleep 600
+"""
+
+# The escaper: a child in its own session and a grandchild reparented to init.
+ESCAPER = r"""
+setsid sh -c 'exec sleep 600 escaper-child-setsid' &
+(sh -c 'exec sleep 600 escaper-child-doublefork' &) &
+exec sleep 600
+"""
+
+
+def definition(f, family, script, env=None, secrets=None):
+    status, body = f.api("POST", "/api/v1/task-definitions", {
+        "family": family, "containers": [{
+            "name": "main", "command": ["sh", "-c", script], "cpu_milli": 100, "memory_mib": 64,
+            "env": dict({"DRILL_RUN": f.run_id}, **(env or {})),
+            "secrets": secrets or {}}]})
+    assert status == 201, (status, body)
+
+
+def service(f, name, family):
+    status, body = f.api("POST", "/api/v1/services", {
+        "name": name, "task_definition": f"{family}:1", "pool": "drill", "desired_count": 1,
+        "stop_timeout_secs": 2})
+    assert status == 201, (status, body)
+
+
+def pids_with(marker):
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                if marker.encode() in fh.read():
+                    found.append(int(entry))
+        except OSError:
+            pass
+    return found
+
+
+def task_log(f, service_name):
+    """The thief's log as the agent wrote it (read as root)."""
+    tasks = f.running(service_name)
+    if not tasks:
+        return ""
+    tid = tasks[0]["id"]
+    text = ""
+    for dirpath, _, files in os.walk(os.path.join(f.work, "a1")):
+        if tid in dirpath:
+            for name in files:
+                if name.endswith(".log"):
+                    with open(os.path.join(dirpath, name), errors="replace") as fh:
+                        text += fh.read()
+    return text
+
+
+def register(f, token, pool, name):
+    body = {"join_token": token, "pool": pool, "name": name, "cpu_milli": 1000,
+            "memory_mib": 1024, "gpus": []}
+    req = urllib.request.Request(f.url + "/agent/v1/register", method="POST",
+                                 data=json.dumps(body).encode(),
+                                 headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", default=os.environ.get("TESSERA_BIN_DIR")
+                    or os.path.join(drills.ROOT, "target", "debug"))
+    ap.add_argument("--keep", action="store_true")
+    args = ap.parse_args()
+    root = os.geteuid() == 0
+    work = tempfile.mkdtemp(prefix="tessera-security-")
+    f = drills.Fleet(args.bin, work)
+    if root:
+        f.agent_args = ["--task-uids", UIDS, "--cgroup-parent", f"tessera-drill-{f.run_id}"]
+    held = []
+    failed = []
+
+    def report(attack, ok, detail):
+        print(f"{'held' if ok else 'BROKEN':6}  {attack}: {detail}")
+        (held if ok else failed).append(attack)
+
+    try:
+        f.start_fleet(["a1"] if root else [])
+        if root:
+            state = os.path.join(work, "a1")
+            definition(f, "victim", "echo victim-says-hello; exec sleep 600 victim-marker",
+                       secrets={"API_KEY": SECRET})
+            definition(f, "thief", THIEF, env={"SECRET_TO_FIND": SECRET, "STATE_DIR": state})
+            definition(f, "escaper", ESCAPER)
+            service(f, "victim", "victim")
+            f.wait(lambda: f.running("victim") and pids_with("victim-marker"), 60, "the victim to run")
+            service(f, "thief", "thief")
+            f.wait(lambda: "THIEF-DONE" in task_log(f, "thief"), 60, "the thief to finish looking")
+            log = task_log(f, "thief")
+            leaks = [line for line in log.splitlines() if line.startswith("LEAK")]
+            report("a task reads another's environment and logs, and signals it", not leaks,
+                   "; ".join(leaks) or "no secret, log line or signal crossed (each task its own uid)")
+
+            service(f, "escaper", "escaper")
+            f.wait(lambda: len(pids_with("escaper-child")) == 2, 60, "the escaper's children")
+            before = pids_with("escaper-child")
+            assert f.api("DELETE", "/api/v1/services/escaper")[0] in (200, 204)
+            f.wait(lambda: not pids_with("escaper-child"), 30, "the escaper's children to die")
+            report("a task escapes its stop with setsid and a double fork", True,
+                   f"{len(before)} escaped processes {before}, 0 alive after the stop (its cgroup killed)")
+        else:
+            print("skipped: per-task uids and cgroups need root (run as root for attacks 1 and 2)")
+
+        status, minted = f.api("POST", "/api/v1/join-tokens", {"pool": "drill", "uses": 1})
+        assert status == 201, (status, minted)
+        first, _ = register(f, minted["token"], "drill", "rogue-1")
+        second, answer = register(f, minted["token"], "drill", "rogue-2")
+        report("a rogue registration with a used-up token", first == 201 and second == 401,
+               f"first use {first}, second {second} ({(answer or {}).get('error')})")
+        assert f.api("POST", "/api/v1/pools", {"name": "other"})[0] == 201
+        status, scoped = f.api("POST", "/api/v1/join-tokens", {"pool": "other", "uses": 5})
+        assert status == 201
+        wrong, answer = register(f, scoped["token"], "drill", "rogue-3")
+        report("a token for pool other registering in pool drill", wrong == 401,
+               f"{wrong} ({(answer or {}).get('error')})")
+
+        cli = subprocess.run(
+            [os.path.join(args.bin, "tessera-agent"), "--server", f.url, "--join-token",
+             "on-the-command-line", "--state-dir", os.path.join(work, "argv"), "--pool", "drill",
+             "--simulate", "1xL4-24GB"], capture_output=True, text=True, timeout=30)
+        refused = cli.returncode != 0 and "command line" in cli.stderr
+        report("an agent given its join token on the command line", refused,
+               f"exit {cli.returncode}: {cli.stderr.strip().splitlines()[-1] if cli.stderr.strip() else ''}")
+    finally:
+        f.stop()
+        if root:
+            # Cgroups of this run, if a failure left any.
+            base = "/sys/fs/cgroup/unified" if os.path.isdir("/sys/fs/cgroup/unified") else "/sys/fs/cgroup"
+            for d in (f"{base}/tessera-drill-{f.run_id}",):
+                if os.path.isdir(d):
+                    subprocess.run(["find", d, "-depth", "-type", "d", "-exec", "rmdir", "{}", ";"],
+                                   capture_output=True)
+        if args.keep or failed:
+            print(f"logs: {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    print(f"{len(held)} attacks held, {len(failed)} got through")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
