@@ -39,13 +39,17 @@ UIDS = "300000-300999"
 # under the agent's state directory, and a signal to every process of another task.
 THIEF = r"""
 leaks=0
+mine=$(cut -d' ' -f5 /proc/$$/stat)
+needle="${SECRET_HEAD}${SECRET_TAIL}"
 for e in /proc/[0-9]*/environ; do
-  if tr '\0' '\n' < "$e" 2>/dev/null | grep -q "$SECRET_TO_FIND"; then echo "LEAK environ $e"; leaks=$((leaks+1)); fi
+  [ "$(cut -d' ' -f5 "${e%/environ}/stat" 2>/dev/null)" = "$mine" ] && continue
+  if tr '\0' '\n' < "$e" 2>/dev/null | grep -q "$needle"; then echo "LEAK environ $e"; leaks=$((leaks+1)); fi
 done
 for f in $(find "$STATE_DIR" -name '*.log' 2>/dev/null); do
   if grep -q "victim-says" "$f" 2>/dev/null; then echo "LEAK log $f"; leaks=$((leaks+1)); fi
 done
 for p in $(pgrep -f victim-marker); do
+  [ "$(cut -d' ' -f5 /proc/$p/stat 2>/dev/null)" = "$mine" ] && continue
   if kill -0 "$p" 2>/dev/null; then echo "LEAK signal $p"; leaks=$((leaks+1)); fi
 done
 echo "THIEF-DONE leaks=$leaks"
@@ -54,8 +58,8 @@ exec sleep 600
 
 # The escaper: a child in its own session and a grandchild reparented to init.
 ESCAPER = r"""
-setsid sh -c 'exec sleep 600 escaper-child-setsid' &
-(sh -c 'exec sleep 600 escaper-child-doublefork' &) &
+setsid sh -c 'while :; do sleep 1; done' escaper-child-setsid &
+(sh -c 'while :; do sleep 1; done' escaper-child-doublefork &) &
 exec sleep 600
 """
 
@@ -124,12 +128,16 @@ def main():
     ap.add_argument("--bin", default=os.environ.get("TESSERA_BIN_DIR")
                     or os.path.join(drills.ROOT, "target", "debug"))
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--shared-uid", action="store_true",
+                    help="run the agent without --task-uids (all tasks one uid): attack 1 must then get through")
     args = ap.parse_args()
     root = os.geteuid() == 0
     work = tempfile.mkdtemp(prefix="tessera-security-")
     f = drills.Fleet(args.bin, work)
     if root:
-        f.agent_args = ["--task-uids", UIDS, "--cgroup-parent", f"tessera-drill-{f.run_id}"]
+        f.agent_args = ["--cgroup-parent", f"tessera-drill-{f.run_id}"]
+        if not args.shared_uid:
+            f.agent_args += ["--task-uids", UIDS]
     held = []
     failed = []
 
@@ -141,9 +149,11 @@ def main():
         f.start_fleet(["a1"] if root else [])
         if root:
             state = os.path.join(work, "a1")
-            definition(f, "victim", "echo victim-says-hello; exec sleep 600 victim-marker",
+            definition(f, "victim", "echo victim-says-hello; exec sh -c 'while :; do sleep 1; done' victim-marker",
                        secrets={"API_KEY": SECRET})
-            definition(f, "thief", THIEF, env={"SECRET_TO_FIND": SECRET, "STATE_DIR": state})
+            # The secret in two halves: the thief's own environment must not match.
+            definition(f, "thief", THIEF, env={"SECRET_HEAD": SECRET[:10], "SECRET_TAIL": SECRET[10:],
+                                               "STATE_DIR": state})
             definition(f, "escaper", ESCAPER)
             service(f, "victim", "victim")
             f.wait(lambda: f.running("victim") and pids_with("victim-marker"), 60, "the victim to run")
@@ -157,7 +167,8 @@ def main():
             service(f, "escaper", "escaper")
             f.wait(lambda: len(pids_with("escaper-child")) == 2, 60, "the escaper's children")
             before = pids_with("escaper-child")
-            assert f.api("DELETE", "/api/v1/services/escaper")[0] in (200, 204)
+            status, body = f.api("DELETE", "/api/v1/services/escaper")
+            assert status in (200, 202, 204), (status, body)
             f.wait(lambda: not pids_with("escaper-child"), 30, "the escaper's children to die")
             report("a task escapes its stop with setsid and a double fork", True,
                    f"{len(before)} escaped processes {before}, 0 alive after the stop (its cgroup killed)")
@@ -182,8 +193,9 @@ def main():
              "on-the-command-line", "--state-dir", os.path.join(work, "argv"), "--pool", "drill",
              "--simulate", "1xL4-24GB"], capture_output=True, text=True, timeout=30)
         refused = cli.returncode != 0 and "command line" in cli.stderr
+        said = next((line for line in cli.stderr.splitlines() if "command line" in line), cli.stderr.strip()[:200])
         report("an agent given its join token on the command line", refused,
-               f"exit {cli.returncode}: {cli.stderr.strip().splitlines()[-1] if cli.stderr.strip() else ''}")
+               f"exit {cli.returncode}: {said.strip()}")
     finally:
         f.stop()
         if root:

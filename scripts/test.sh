@@ -2,8 +2,9 @@
 # Sets up what is missing, then runs every check: formatting, clippy, the Rust tests
 # (unit, store, HTTP, hostile input), the control plane's tests again on a throwaway
 # PostgreSQL server, the browser tests in headless Chromium against a fresh demo server,
-# the short fault drills on the real binaries, the serving drill (HAProxy under load) and
-# the work drill (autoscaling and a latency alarm on what the application reports).
+# the short fault drills on the real binaries, the serving drill (HAProxy under load), the
+# work drill (autoscaling and a latency alarm on what the application reports) and the
+# security drill (a compromised task and a leaked token).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -33,3 +34,5 @@ echo "== serving drill: traffic through HAProxy during a deployment, a scale-in 
 TESSERA_BIN_DIR="$CARGO_TARGET_DIR/debug" scripts/serve_drill.sh --changes 10
 echo "== work drill: application metrics, autoscaling and a latency alarm on the real binaries"
 TESSERA_BIN_DIR="$CARGO_TARGET_DIR/debug" python3 scripts/work_drill.py
+echo "== security drill: a compromised task and a leaked token against the real binaries"
+TESSERA_BIN_DIR="$CARGO_TARGET_DIR/debug" python3 scripts/security_drill.py

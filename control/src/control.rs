@@ -405,6 +405,41 @@ impl Control {
         Ok(pool)
     }
 
+    /// `PATCH /api/v1/pools/{name}`: the pool with what `patch` gives changed. Services
+    /// already running keep their definitions; a stricter pool applies to their next
+    /// deployment.
+    pub async fn update_pool(
+        &self,
+        name: &PoolName,
+        patch: &tessera_model::api::PoolPatch,
+    ) -> Result<PoolInfo, ControlError> {
+        let pool = self.store.get_pool(name).await?;
+        let merged = PoolInput {
+            name: pool.name.to_string(),
+            policy: Some(
+                patch
+                    .policy
+                    .clone()
+                    .unwrap_or_else(|| pool.policy.as_str().to_owned()),
+            ),
+            compute_overcommit: Some(patch.compute_overcommit.unwrap_or(pool.compute_overcommit)),
+            mps_client_limit: patch.mps_client_limit.or(pool.mps_client_limit),
+            admission: Some(
+                patch
+                    .admission
+                    .clone()
+                    .unwrap_or_else(|| pool.admission.as_str().to_owned()),
+            ),
+            task_users: Some(patch.task_users.unwrap_or(pool.task_users)),
+            privileged: Some(patch.privileged.unwrap_or(pool.privileged)),
+        };
+        let updated = crate::inputs::validate_pool(&merged)?;
+        self.store.upsert_pool(&updated).await?;
+        self.capacity_changed();
+        self.wake();
+        Ok(updated)
+    }
+
     // Task definitions.
 
     /// Validates `input` (Tessera's JSON or ECS's) and stores it as the family's next revision.

@@ -312,12 +312,33 @@ async fn the_token_printed_at_first_start_expires() {
 async fn a_manual_pool_holds_new_hosts_and_their_tasks_until_approved() {
     let env = env(fast()).await;
     let c = &env.control;
-    c.create_pool(&tessera_control::inputs::PoolInput {
-        admission: Some("manual".into()),
-        ..tessera_control::inputs::PoolInput::named("secure")
-    })
-    .await
-    .expect("pool");
+    c.create_pool(&tessera_control::inputs::PoolInput::named("secure"))
+        .await
+        .expect("pool");
+    // An existing pool turned manual.
+    let pool = c
+        .update_pool(
+            &tessera_model::PoolName::new("secure").expect("name"),
+            &tessera_model::api::PoolPatch {
+                admission: Some("manual".into()),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("patched");
+    assert_eq!(pool.admission, tessera_model::Admission::Manual);
+    assert!(
+        c.update_pool(
+            &tessera_model::PoolName::new("secure").expect("name"),
+            &tessera_model::api::PoolPatch {
+                admission: Some("sometimes".into()),
+                ..Default::default()
+            },
+        )
+        .await
+        .is_err(),
+        "an admission that is not one"
+    );
     let resp = c
         .register_agent(&joiner(JOIN, "newcomer", "secure"))
         .await

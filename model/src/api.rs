@@ -68,6 +68,33 @@ impl PoolInput {
     }
 }
 
+/// `PATCH /api/v1/pools/{name}`: what to change; a field left out keeps its value.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolPatch {
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::optional_policy))]
+    pub policy: Option<String>,
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1.0, maximum = 10.0))]
+    pub compute_overcommit: Option<f64>,
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 48))]
+    pub mps_client_limit: Option<u32>,
+    /// `auto`: new hosts get tasks at once; `manual`: they wait for an admin's approval
+    /// (hosts already admitted stay admitted).
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::optional_admission))]
+    pub admission: Option<String>,
+    /// Task definitions may name the user their containers run as.
+    #[serde(default)]
+    pub task_users: Option<bool>,
+    /// Containers may be privileged.
+    #[serde(default)]
+    pub privileged: Option<bool>,
+}
+
 /// `POST /api/v1/services`.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

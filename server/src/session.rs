@@ -354,7 +354,7 @@ pub struct UserPatch {
     password: Option<String>,
     /// Delete the user's API tokens too (a password that leaked may have made some).
     #[serde(default)]
-    revoke_tokens: bool,
+    revoke_tokens: Option<bool>,
 }
 
 // By hand: utoipa 5.5 writes `min_properties` out as `maxProperties`.
@@ -387,7 +387,7 @@ pub async fn update_user(
     crate::api::Body(patch): crate::api::Body<UserPatch>,
 ) -> Result<Json<UserInfo>, ApiError> {
     let changes = patch.role.is_some() || patch.disabled.is_some() || patch.password.is_some();
-    if !changes && !patch.revoke_tokens {
+    if !changes && patch.revoke_tokens.is_none() {
         return Err(tessera_control::ControlError::invalid(
             "(body)",
             "give role, disabled, password and/or revoke_tokens",
@@ -407,7 +407,7 @@ pub async fn update_user(
     } else {
         state.control.get_user(&username).await?
     };
-    if patch.revoke_tokens {
+    if patch.revoke_tokens == Some(true) {
         let n = state.control.revoke_user_tokens(&username).await?;
         tracing::info!(user = %username, tokens = n, "API tokens revoked");
     }

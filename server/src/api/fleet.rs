@@ -162,6 +162,20 @@ pub async fn approve_host(
     Ok(Json(state.control.get_host(&id).await?))
 }
 
+/// Change a pool's placement policy, limits, admission or what its tasks may ask of a host
+#[utoipa::path(patch, path = "/api/v1/pools/{name}", tag = "fleet", request_body = tessera_model::api::PoolPatch,
+    params(("name" = tessera_model::PoolName, Path, description = "pool name")),
+    responses((status = 200, description = "Changed", body = PoolInfo), (status = 404, description = "No such pool", body = crate::api::bodies::ErrorBody), (status = 422, description = "Invalid settings", body = crate::api::bodies::ErrorBody)))]
+pub async fn update_pool(
+    State(state): State<AppState>,
+    Segment(name): Segment,
+    Body(patch): Body<tessera_model::api::PoolPatch>,
+) -> Result<Json<PoolInfo>, ApiError> {
+    let name = tessera_model::PoolName::new(name)
+        .map_err(|e| ApiError::NotFound(format!("no pool named {:?}", e.value)))?;
+    Ok(Json(state.control.update_pool(&name, &patch).await?))
+}
+
 /// Pools and their placement policies
 #[utoipa::path(get, path = "/api/v1/pools", tag = "fleet",
     responses((status = 200, description = "Pools", body = PoolList)))]

@@ -157,6 +157,7 @@ pub fn routes() -> Routes {
         .add(Method::GET, "/api/v1/cluster", VIEW, cluster)
         .add(Method::GET, "/api/v1/pools", VIEW, list_pools)
         .add(Method::POST, "/api/v1/pools", ADMIN, create_pool)
+        .add(Method::PATCH, "/api/v1/pools/{name}", ADMIN, update_pool)
         .add(Method::GET, "/api/v1/task-definitions", VIEW, list_families)
         .add(
             Method::POST,
