@@ -600,4 +600,17 @@ async fn privileges_a_pool_does_not_allow_are_refused_with_the_field() {
         bad.to_string().contains("is not a Linux capability"),
         "{bad}"
     );
+    // MPS serves one Linux user at a time: a container sharing a GPU names none.
+    let mps = c
+        .register_task_definition(&serde_json::json!({
+            "family": "mps-user",
+            "containers": [{"name": "main", "command": ["sleep", "1"], "cpu_milli": 100, "memory_mib": 64,
+                "gpu": {"mps": {"memory_mib": 1024}}, "ecs": {"user": "1000"}}]
+        }))
+        .await
+        .expect_err("a user for an MPS container");
+    assert!(
+        mps.to_string().contains("one Linux user at a time"),
+        "{mps}"
+    );
 }

@@ -613,12 +613,28 @@ impl Runtime {
         self
     }
 
+    /// The uid every MPS task of this host runs as: the first of the range. MPS serves
+    /// one Linux user at a time (nvidia-cuda-mps-control(1): a client of another user waits
+    /// until every client of the running server is done), so tasks that share GPUs through
+    /// it share a uid too; containers keep them apart with their own PID namespaces.
+    fn mps_uid(&self) -> Option<u32> {
+        self.task_uids.map(|(first, _)| first)
+    }
+
     /// A uid of the range that no task of this agent has and that no account or group of
-    /// this host has: the next after the last one handed out (wrapping around).
+    /// this host has: the next after the last one handed out (wrapping around). The
+    /// range's first is the MPS tasks' (see [`Runtime::mps_uid`]).
     fn allocate_uid(&mut self) -> Result<Option<u32>, String> {
         let Some((first, last)) = self.task_uids else {
             return Ok(None);
         };
+        let first = first + 1;
+        if first > last {
+            return Err(format!(
+                "--task-uids {}-{last} holds only the MPS tasks' uid: give a range of at least two",
+                first - 1
+            ));
+        }
         let held: BTreeSet<u32> = self.tasks.values().filter_map(|t| t.uid).collect();
         let span = u64::from(last - first) + 1;
         let start = self
@@ -857,7 +873,12 @@ impl Runtime {
 
     fn start(&mut self, w: &WantedTask, fixed: &BTreeSet<(u16, Protocol)>) {
         let task_dir = self.dir.join(&w.task_id);
-        let (uid, mut refused) = match self.allocate_uid() {
+        let allocated = if w.mps {
+            Ok(self.mps_uid())
+        } else {
+            self.allocate_uid()
+        };
+        let (uid, mut refused) = match allocated {
             Ok(uid) => (uid, None),
             Err(why) => (None, Some(why)),
         };

@@ -978,3 +978,46 @@ async fn attack_a_task_that_names_another_tasks_uid_or_root_is_refused() {
         0
     );
 }
+
+/// MPS serves one Linux user at a time (a client of another user waits until every client
+/// of the running server is done), so the MPS tasks of a host share the range's first uid;
+/// other tasks get uids of their own.
+#[tokio::test]
+async fn mps_tasks_share_the_mps_uid_and_others_get_their_own() {
+    if !is_root() {
+        println!("skipped: tasks of uids of their own need the agent to run as root");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("dir");
+    let mut rt = Runtime::open(dir.path(), 1 << 20, None)
+        .expect("open")
+        .task_uids(320_400, 320_499)
+        .expect("task uids");
+    rt.converge(&[
+        wanted("mps-a", &["sleep", "300"], true),
+        wanted("mps-b", &["sleep", "300"], true),
+        wanted("cpu-only", &["sleep", "300"], false),
+    ]);
+    until(&mut rt, |rt| rt.processes().len() == 3).await;
+    let uid_of = |task: &str| rt.tasks[task].uid;
+    println!(
+        "MPS tasks run as {:?} and {:?}; the other as {:?}",
+        uid_of("mps-a"),
+        uid_of("mps-b"),
+        uid_of("cpu-only")
+    );
+    assert_eq!(uid_of("mps-a"), Some(320_400));
+    assert_eq!(uid_of("mps-b"), Some(320_400));
+    assert_eq!(uid_of("cpu-only"), Some(320_401));
+    for p in rt.processes() {
+        let expected = uid_of(&p.task_id).expect("a uid");
+        assert_eq!(
+            confine::process_uid(p.pids[0]),
+            Some(expected),
+            "{} runs as another uid",
+            p.task_id
+        );
+    }
+    rt.converge(&[]);
+    until(&mut rt, |rt| rt.tasks.is_empty()).await;
+}

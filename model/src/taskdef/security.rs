@@ -151,7 +151,14 @@ pub(super) fn check_security(c: &mut Checker, p: &str, ct: &ContainerSpec) {
     match ct.ecs.get("user") {
         None | Some(Value::Null) => {}
         Some(Value::String(u)) if valid_user(u) => {
-            if ct.image.is_none() && u.contains(':') {
+            if matches!(ct.gpu, Some(GpuRequirement::Mps { .. })) {
+                // MPS serves one Linux user at a time: a client of another user waits
+                // until every client of the running server is done.
+                c.err(
+                    format!("{p}.user"),
+                    "a container sharing a GPU through MPS runs as the host's MPS user (MPS serves one Linux user at a time); remove user",
+                );
+            } else if ct.image.is_none() && u.contains(':') {
                 // A process runs as a user's primary group; a group of its own is a
                 // container's.
                 c.err(
