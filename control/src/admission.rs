@@ -147,7 +147,12 @@ impl Control {
                 format!("must be between 60 and {MAX_TOKEN_SECS} (30 days), got {secs}"),
             );
         }
-        let uses = input.uses.unwrap_or(1);
+        // A token for one host rejoins it once.
+        let uses = if input.host.is_some() {
+            1
+        } else {
+            input.uses.unwrap_or(1)
+        };
         if !(1..=MAX_TOKEN_USES).contains(&uses) {
             e.add(
                 "uses",

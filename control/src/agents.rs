@@ -348,9 +348,26 @@ impl Control {
             .stop_timeouts_of(wanted.iter().map(|t| t.deployment_id))
             .await?;
         let mut tasks = Vec::with_capacity(wanted.len());
+        let mut pool = None;
         for t in wanted {
             // Specs are kept in memory (revisions never change).
             let spec = self.spec_of(&t.task_definition).await?;
+            // The last gate before a host runs it: what the pool allows of the host's
+            // security now.
+            if spec.containers.iter().any(|c| !c.security().is_default()) {
+                if pool.is_none() {
+                    pool = Some(self.store.get_pool(&host.pool).await?);
+                }
+                if let Some(Err(e)) = pool
+                    .as_ref()
+                    .map(|p| crate::control::allowed_in_pool(&spec, p))
+                {
+                    let reason = format!("refused by pool {}: {e}", host.pool);
+                    tracing::warn!(task = %t.id, %reason, "task not sent to its host");
+                    self.task_ended(t, host_id, &reason, None, true).await?;
+                    continue;
+                }
+            }
             tasks.push(WantedTask {
                 task_id: t.id.clone(),
                 containers: container_env(&spec, t),

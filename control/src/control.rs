@@ -278,7 +278,7 @@ impl Control {
 
     /// Reads the database's clock for [`Control::now`]; a failure keeps the last reading
     /// (carried forward by this machine's monotonic clock).
-    pub(crate) async fn read_db_clock(&self) {
+    pub async fn read_db_clock(&self) {
         let asked = std::time::Instant::now();
         match self.store.db_now().await {
             Ok(t) => match chrono::DateTime::parse_from_rfc3339(&t) {
@@ -787,8 +787,10 @@ impl Control {
 }
 
 /// Whether `spec`'s containers ask only what `pool` allows of a host's security (a user of
-/// their choosing, privileges): a `422` naming the container's field otherwise.
-fn allowed_in_pool(
+/// their choosing, privileges, capabilities that reach past the container): a `422` naming
+/// the container's field otherwise. Checked on create and deploy, and again for every task
+/// a sync would send (a rollback, a pool made stricter, a definition stored before).
+pub(crate) fn allowed_in_pool(
     spec: &tessera_model::taskdef::TaskDefinitionSpec,
     pool: &PoolInfo,
 ) -> Result<(), ControlError> {

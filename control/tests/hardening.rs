@@ -573,7 +573,8 @@ async fn privileges_a_pool_does_not_allow_are_refused_with_the_field() {
         fields,
         [
             "task_definition.containers[0].user",
-            "task_definition.containers[0].privileged"
+            "task_definition.containers[0].privileged",
+            "task_definition.containers[0].linuxParameters.capabilities.add"
         ],
         "{v:?}"
     );
@@ -587,6 +588,34 @@ async fn privileges_a_pool_does_not_allow_are_refused_with_the_field() {
     c.create_service(&input("trusted"))
         .await
         .expect("a pool that allows both");
+    // The pool made stricter afterwards: a sync no longer sends the task (the last gate,
+    // as for a rollback to such a revision or a definition stored before the check).
+    let resp = c
+        .register_agent(&joiner(JOIN, "trusted-host", "trusted"))
+        .await
+        .expect("registers");
+    let h = Host {
+        id: resp.host_id.clone(),
+        token: resp.agent_token.clone(),
+        gpus: gpus("trusted-host", 1, 24),
+    };
+    c.reconcile_once().await.expect("pass");
+    assert_eq!(sync(c, &h).await.tasks.len(), 1, "allowed: sent");
+    c.update_pool(
+        &tessera_model::PoolName::new("trusted").expect("name"),
+        &tessera_model::api::PoolPatch {
+            privileged: Some(false),
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("stricter");
+    let answer = sync(c, &h).await;
+    println!(
+        "pool made stricter: the sync sends {} task(s)",
+        answer.tasks.len()
+    );
+    assert!(answer.tasks.is_empty(), "a refused task was sent");
     // An unknown capability never reaches a pool: the definition is refused.
     let bad = c
         .register_task_definition(&serde_json::json!({

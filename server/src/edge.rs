@@ -5,10 +5,10 @@
 //! - connections per client address are capped at accept ([`ConnectionLimit`]);
 //! - request headers must arrive within [`Limits::header_timeout`], a first request on
 //!   a new connection too, and bodies may not pause longer than it ([`crate::run`]);
-//! - agent routes (`/agent/…`) and every other route draw on separate budgets of
-//!   requests handled at once, and the other routes also on a per-address budget
-//!   ([`budget`]); the whole request, its body included, ends within
-//!   [`Limits::request_timeout`].
+//! - agents' syncs (`/agent/…` with a valid agent token, registration aside) and every
+//!   other request draw on separate budgets of requests handled at once, and the others
+//!   also on a per-address budget ([`budget`]); the whole request, its body included,
+//!   ends within [`Limits::request_timeout`].
 
 use crate::AppState;
 use axum::extract::{ConnectInfo, Request, State};
@@ -40,7 +40,7 @@ pub struct Held {
 
 impl Drop for Held {
     fn drop(&mut self) {
-        let mut held = self.held.lock().expect("not poisoned");
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(n) = held.get_mut(&self.ip) {
             *n -= 1;
             if *n == 0 {
@@ -58,9 +58,20 @@ impl PerAddress {
         }
     }
 
-    /// One more for `ip`, unless it holds `max` already.
+    /// One more for `ip`, unless it holds `max` already. IPv6 addresses count by their
+    /// /64 (one client's share, however many addresses it takes from its prefix).
     pub fn enter(&self, ip: IpAddr) -> Option<Held> {
-        let mut held = self.held.lock().expect("not poisoned");
+        let ip = match ip {
+            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                Some(v4) => IpAddr::V4(v4),
+                None => {
+                    let s = v6.segments();
+                    IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+                }
+            },
+            v4 => v4,
+        };
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
         let n = held.entry(ip).or_default();
         if *n >= self.max {
             return None;
@@ -153,15 +164,34 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Counted<T> {
     }
 }
 
-/// Whether a request is an agent's (registration, sync): those have their own budget.
+/// Whether a request is a registered agent's (its sync): those have their own budget.
+/// Registration carries only a join token, so it waits with everyone else.
 fn is_agent_route(path: &str) -> bool {
-    path.starts_with("/agent/")
+    path.starts_with("/agent/") && path != "/agent/v1/register"
 }
 
 /// The budgets: agents' requests wait only for other agents'; everyone else's for each
 /// other's, and a client address may hold only its share of those (429 past it).
 pub async fn budget(State(state): State<AppState>, req: Request, next: Next) -> Response {
     if is_agent_route(req.uri().path()) {
+        // Only an agent's own token takes an agent's slot: without one, slow requests
+        // could hold them all.
+        let token = req
+            .headers()
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        let known = match token {
+            Some(t) => state.control.authenticate_agent(t).await.is_ok(),
+            None => false,
+        };
+        if !known {
+            return (
+                StatusCode::UNAUTHORIZED,
+                axum::Json(serde_json::json!({"error": "unknown agent token"})),
+            )
+                .into_response();
+        }
         let Ok(_slot) = state.agent_slots.clone().acquire_owned().await else {
             return StatusCode::SERVICE_UNAVAILABLE.into_response();
         };
@@ -212,7 +242,16 @@ mod tests {
         assert!(a.enter(other).is_some(), "another address is not");
         drop(one);
         assert!(a.enter(ip).is_some(), "given back when dropped");
+        let v6 = |s: &str| s.parse::<IpAddr>().expect("ip");
+        let b = PerAddress::new(1);
+        let _one = b.enter(v6("2001:db8::1")).expect("first");
+        assert!(
+            b.enter(v6("2001:db8::ffff")).is_none(),
+            "another address of the same /64 shares its share"
+        );
+        assert!(b.enter(v6("2001:db8:0:1::1")).is_some(), "another /64");
         assert!(is_agent_route("/agent/v1/sync"));
+        assert!(!is_agent_route("/agent/v1/register"));
         assert!(!is_agent_route("/api/v1/agent/v1"));
     }
 }

@@ -213,6 +213,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         }
         (None, false) => None,
     };
+    // The fleet's clock (the database's) before anything is written with it.
+    control.read_db_clock().await;
     if let Some(token) = control
         .ensure_join_token(join_token.as_deref())
         .await

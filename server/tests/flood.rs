@@ -20,14 +20,23 @@ const JOIN: &str = "flood-test-join-token-000";
 /// Attacking addresses, and connections from each (under the per-address cap, so every
 /// one is accepted and the budgets, not the cap, must hold). The first `BODY_ATTACKERS`
 /// trickle bodies (1,100 of them: more than the 1,024 requests the other routes may have
-/// in flight), the others send headers that never end.
+/// in flight): sign-ins, and from the last two of them agents' syncs with a made-up
+/// token; the others send headers that never end.
 const ATTACKERS: u8 = 13;
 const BODY_ATTACKERS: u8 = 11;
+const SYNC_ATTACKERS: u8 = 2;
 const PER_ATTACKER: usize = 100;
+
+#[derive(Clone, Copy)]
+enum Slow {
+    Headers,
+    SignIn,
+    Sync,
+}
 
 /// A slow client: headers cut short (`slow_headers`), or a sign-in whose body arrives one
 /// byte every 2 s. Returns whether the server closed it before the flood ended.
-async fn slow_client(server: SocketAddr, from: IpAddr, slow_headers: bool, until: Instant) -> bool {
+async fn slow_client(server: SocketAddr, from: IpAddr, how: Slow, until: Instant) -> bool {
     let socket = tokio::net::TcpSocket::new_v4().expect("socket");
     if socket.bind(SocketAddr::new(from, 0)).is_err() {
         return false;
@@ -35,10 +44,14 @@ async fn slow_client(server: SocketAddr, from: IpAddr, slow_headers: bool, until
     let Ok(mut stream) = socket.connect(server).await else {
         return true;
     };
-    let head = if slow_headers {
-        "GET /api/v1/hosts HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ".to_owned()
-    } else {
-        "POST /api/v1/session HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 4096\r\n\r\n{".to_owned()
+    let head = match how {
+        Slow::Headers => "GET /api/v1/hosts HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ",
+        Slow::SignIn => {
+            "POST /api/v1/session HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 4096\r\n\r\n{"
+        }
+        Slow::Sync => {
+            "POST /agent/v1/sync HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer made-up-agent-token\r\nContent-Type: application/json\r\nContent-Length: 4096\r\n\r\n{"
+        }
     };
     if stream.write_all(head.as_bytes()).await.is_err() {
         return true;
@@ -150,8 +163,15 @@ async fn a_flood_of_slow_clients_costs_no_host_and_no_sync() {
     let mut flood = tokio::task::JoinSet::new();
     for a in 0..ATTACKERS {
         let from = IpAddr::from([127, 0, 0, 2 + a]);
+        let how = if a >= BODY_ATTACKERS {
+            Slow::Headers
+        } else if a >= BODY_ATTACKERS - SYNC_ATTACKERS {
+            Slow::Sync
+        } else {
+            Slow::SignIn
+        };
         for _ in 0..PER_ATTACKER {
-            flood.spawn(slow_client(addr, from, a >= BODY_ATTACKERS, until));
+            flood.spawn(slow_client(addr, from, how, until));
         }
     }
     // Meanwhile the console answers someone else.

@@ -57,8 +57,8 @@ impl Confinement {
             .map(|(uid, gid)| (Uid::from_raw(uid), Gid::from_raw(gid)));
         let root = nix::unistd::geteuid().is_root();
         // SAFETY: the hook runs in the forked child, where only async-signal-safe calls
-        // are allowed. It makes nothing but write(2), setgroups(2), setgid(2) and
-        // setuid(2) calls, on file descriptors and ids prepared before the fork, and
+        // are allowed. It makes nothing but write(2), setgroups(2), setgid(2), setuid(2)
+        // and umask(2) calls, on file descriptors and ids prepared before the fork, and
         // allocates nothing (its errors are raw OS errors). The files are close-on-exec.
         unsafe {
             cmd.pre_exec(move || enter(&files, user, root));
@@ -82,6 +82,8 @@ fn enter(files: &[std::fs::File], user: Option<(Uid, Gid)>, root: bool) -> std::
         }
         nix::unistd::setgid(gid)?;
         nix::unistd::setuid(uid)?;
+        // What it creates in /tmp or /dev/shm is its own, not every other task's to read.
+        nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
     }
     Ok(())
 }

@@ -51,6 +51,27 @@ pub const CAPABILITIES: &[&str] = &[
     "WAKE_ALARM",
 ];
 
+/// Capabilities a container may add in any pool: Docker's default set, none of which
+/// reaches past the container. Any other (`SYS_ADMIN`, `SYS_MODULE`, `DAC_READ_SEARCH`,
+/// `SYS_PTRACE`, ...) is a way onto the host, and needs a pool that allows privileged
+/// containers.
+pub const UNPRIVILEGED_CAPABILITIES: &[&str] = &[
+    "AUDIT_WRITE",
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "MKNOD",
+    "NET_BIND_SERVICE",
+    "NET_RAW",
+    "SETFCAP",
+    "SETGID",
+    "SETPCAP",
+    "SETUID",
+    "SYS_CHROOT",
+];
+
 /// What a container asks of the host's security, read from its ECS fields. The default
 /// (nothing asked) runs it as the task's own uid, unprivileged, every capability dropped.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -87,6 +108,21 @@ impl ContainerSecurity {
                 "privileged",
                 "the pool does not allow privileged containers (pool setting privileged)"
                     .to_owned(),
+            ));
+        }
+        let escalating: Vec<&str> = self
+            .cap_add
+            .iter()
+            .map(String::as_str)
+            .filter(|c| !UNPRIVILEGED_CAPABILITIES.contains(c))
+            .collect();
+        if !escalating.is_empty() && !privileged {
+            refused.push((
+                "linuxParameters.capabilities.add",
+                format!(
+                    "{} reach past the container: the pool does not allow privileged containers (pool setting privileged)",
+                    escalating.join(", ")
+                ),
             ));
         }
         refused
