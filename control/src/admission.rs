@@ -385,13 +385,17 @@ impl Control {
             });
         }
         let base = host_id_from(req.name.as_deref());
-        let mut id =
-            HostId::new(base.clone()).map_err(|e| ControlError::invalid("name", e.to_string()))?;
-        while self.store.get_host(&id).await.is_ok() {
-            let suffix = &uuid::Uuid::new_v4().simple().to_string()[..6];
-            id = HostId::new(format!("{base}-{suffix}"))
+        let free_id = || async {
+            let mut id = HostId::new(base.clone())
                 .map_err(|e| ControlError::invalid("name", e.to_string()))?;
-        }
+            while self.store.get_host(&id).await.is_ok() {
+                let suffix = &uuid::Uuid::new_v4().simple().to_string()[..6];
+                id = HostId::new(format!("{base}-{suffix}"))
+                    .map_err(|e| ControlError::invalid("name", e.to_string()))?;
+            }
+            Ok::<_, ControlError>(id)
+        };
+        let id = free_id().await?;
         let held = pool.admission == Admission::Manual && !grant.preapproved;
         let host = HostInfo {
             id: id.clone(),
@@ -427,9 +431,27 @@ impl Control {
         };
         self.take_use(grant).await?;
         let token = new_token();
-        self.store
-            .register_host(&host, &hash_token(&token), &stamp(self.now()))
-            .await?;
+        let mut host = host;
+        // Another registration may take the id between the look and the write: then
+        // another id, never its row.
+        for attempt in 0.. {
+            match self
+                .store
+                .register_host(&host, &hash_token(&token), &stamp(self.now()))
+                .await
+            {
+                Err(crate::error::StoreError::Conflict(m))
+                    if m.starts_with(crate::store::HOST_ID_TAKEN) && attempt < 5 =>
+                {
+                    host.id = free_id().await?;
+                }
+                other => {
+                    other?;
+                    break;
+                }
+            }
+        }
+        let id = host.id.clone();
         self.capacity_changed();
         let kind = if req.simulated {
             "simulated host"

@@ -29,7 +29,8 @@ pub use tessera_model::auth::MIN_PASSWORD_LEN;
 pub const API_TOKEN_PREFIX: &str = "tsr_";
 /// Sign-in attempts allowed per user and per client address within [`ATTEMPT_WINDOW`]:
 /// counted in the database before the password is checked, so the limit holds for a
-/// concurrent burst and across servers. A successful sign-in clears its user's count.
+/// concurrent burst and across servers. A successful sign-in clears its user's count and
+/// gives its address's attempt back: failures are what use the allowance up.
 pub const MAX_ATTEMPTS: u64 = 5;
 /// A key's window starts at its first attempt.
 pub const ATTEMPT_WINDOW: Duration = Duration::from_secs(60);
@@ -330,7 +331,12 @@ impl Control {
             .await?;
         match creds {
             Some(c) if password_ok && !c.user.disabled => {
+                // Counted before the check, so a burst cannot slip past; given back once it
+                // succeeds: only failures use up the allowance.
                 self.store.clear_sign_in_attempts(&user_key).await?;
+                for key in keys.iter().skip(1) {
+                    self.store.refund_sign_in_attempt(key).await?;
+                }
                 Ok((
                     c.user.clone(),
                     SessionUser {

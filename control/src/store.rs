@@ -278,6 +278,9 @@ pub trait AuthStore: Send + Sync + 'static {
     ) -> Result<Vec<(u64, String)>, StoreError>;
     /// Forgets the attempts counted against `key` (after a successful sign-in).
     async fn clear_sign_in_attempts(&self, key: &str) -> Result<(), StoreError>;
+    /// Gives back one attempt counted against `key` (a sign-in that succeeded: only
+    /// failures use up an address's allowance).
+    async fn refund_sign_in_attempt(&self, key: &str) -> Result<(), StoreError>;
 
     async fn add_audit(&self, entry: &NewAuditEntry) -> Result<(), StoreError>;
     async fn list_audit(&self, filter: &AuditFilter) -> Result<Vec<AuditEntry>, StoreError>;
@@ -326,6 +329,10 @@ impl std::fmt::Display for GpuChange {
         }
     }
 }
+
+/// How a registration that lost a race for its host id is refused (a `Conflict` starting
+/// with this): the caller picks another id.
+pub const HOST_ID_TAKEN: &str = "host id taken:";
 
 /// What a prune deleted.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

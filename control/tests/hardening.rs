@@ -643,3 +643,32 @@ async fn privileges_a_pool_does_not_allow_are_refused_with_the_field() {
         "{mps}"
     );
 }
+
+/// Operators behind one address sign in as often as they like: only failures use up the
+/// address's allowance (each attempt counted before the check, given back on success).
+#[tokio::test]
+async fn successful_sign_ins_use_up_no_allowance_and_failures_do() {
+    let env = env(fast()).await;
+    let c = &env.control;
+    c.add_user("ops", "the-right-password-1", Role::Operator)
+        .await
+        .expect("user");
+    let here: std::net::IpAddr = "10.1.2.3".parse().expect("ip");
+    for _ in 0..12 {
+        c.sign_in("ops", "the-right-password-1", Some(here))
+            .await
+            .expect("a good sign-in is never limited");
+    }
+    for i in 0..tessera_control::auth::MAX_ATTEMPTS {
+        assert!(matches!(
+            c.sign_in("nobody", &format!("guess-{i}"), Some(here)).await,
+            Err(tessera_control::error::ControlError::Unauthorized(_))
+        ));
+    }
+    let limited = c.sign_in("ops", "the-right-password-1", Some(here)).await;
+    println!("after 5 failures from one address, its next sign-in: {limited:?}");
+    assert!(matches!(
+        limited,
+        Err(tessera_control::error::ControlError::TooManyAttempts { .. })
+    ));
+}

@@ -155,6 +155,19 @@ pub(crate) fn id_taken(id: u32) -> bool {
             .is_some()
 }
 
+/// The uids of every live process: a uid one of them still has (a task's process that
+/// outlived it where no cgroup could kill it) is not handed to a new task, which it could
+/// then read.
+pub(crate) fn uids_alive() -> std::collections::BTreeSet<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Default::default();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(process_uid)
+        .collect()
+}
+
 /// The uid of process `pid` (its real uid), from `/proc`.
 pub(crate) fn process_uid(pid: u32) -> Option<u32> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;

@@ -635,7 +635,8 @@ impl Runtime {
                 first - 1
             ));
         }
-        let held: BTreeSet<u32> = self.tasks.values().filter_map(|t| t.uid).collect();
+        let mut held: BTreeSet<u32> = self.tasks.values().filter_map(|t| t.uid).collect();
+        held.extend(confine::uids_alive());
         let span = u64::from(last - first) + 1;
         let start = self
             .next_uid

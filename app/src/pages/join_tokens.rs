@@ -95,8 +95,8 @@ fn JoinTokensPanel() -> impl IntoView {
                     {move || Suspend::new(async move {
                         let pools = data.await.map(|(_, pools)| pools).unwrap_or_default();
                         view! {
-                            <label>"Pool "
-                                <select name="pool" on:change=move |ev| pool.set(event_target_value(&ev))>
+                            <label>"Registers in "
+                                <select name="token-pool" on:change=move |ev| pool.set(event_target_value(&ev))>
                                     <option value="">"any pool"</option>
                                     {pools.into_iter().map(|p| view! { <option value=p.clone()>{p.clone()}</option> }).collect_view()}
                                 </select>

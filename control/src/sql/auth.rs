@@ -241,6 +241,16 @@ impl AuthStore for This {
             .rows_affected())
     }
 
+    async fn refund_sign_in_attempt(&self, key: &str) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE sign_in_attempts SET attempts = attempts - 1 WHERE key = $1 AND attempts > 0",
+        )
+        .bind(key)
+        .execute(&self.db)
+        .await?;
+        Ok(())
+    }
+
     async fn load_session(&self, id_hash: &str, now: i64) -> Result<Option<String>, StoreError> {
         let row = sqlx::query("SELECT data FROM sessions WHERE id_hash = $1 AND expires_at > $2")
             .bind(id_hash)

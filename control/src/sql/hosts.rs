@@ -2,6 +2,7 @@
 //! and set), lost hosts (marked and their tasks stopped in one transaction).
 use super::tasks::stop_task_rows;
 use super::*;
+use crate::store::HOST_ID_TAKEN;
 
 pub(super) async fn write_gpus(
     conn: &mut DbConn,
@@ -100,12 +101,20 @@ impl This {
         let labels = serde_json::to_string(&host.labels)
             .map_err(|e| StoreError::corrupt("host labels", e))?;
         sqlx::query(
+            &format!(
             "INSERT INTO hosts (id, pool, status, simulated, cpu_milli, memory_mib, labels, agent_token_hash, last_seen_at, address, held)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
-             ON CONFLICT (id) DO UPDATE SET pool = excluded.pool, status = excluded.status,
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) {}",
+            // A registration writes a new row or nothing: two racing for one id must not
+            // have the second overwrite the first's pool and admission.
+            if token_hash.is_some() {
+                ""
+            } else {
+                "ON CONFLICT (id) DO UPDATE SET pool = excluded.pool, status = excluded.status,
                  simulated = excluded.simulated, cpu_milli = excluded.cpu_milli,
                  memory_mib = excluded.memory_mib, labels = excluded.labels, address = excluded.address,
-                 held = excluded.held",
+                 held = excluded.held"
+            }
+        ),
         )
         .bind(host.id.as_str())
         .bind(host.pool.as_str())
@@ -119,7 +128,13 @@ impl This {
         .bind(host.address.as_deref())
         .bind(i64::from(host.held))
         .execute(&mut *tx)
-        .await?;
+        .await
+        .map_err(|e| match &e {
+            sqlx::Error::Database(db) if db.is_unique_violation() => {
+                StoreError::Conflict(format!("{HOST_ID_TAKEN} {}", host.id))
+            }
+            _ => StoreError::Database(e),
+        })?;
         write_gpus(&mut tx, &host.id, &host.gpus).await?;
         tx.commit().await?;
         Ok(())
