@@ -10,15 +10,27 @@ test("hosts page shows the demo fleet and filters it after hydration", async ({ 
   await expect(page.locator('[data-host="sim-h100-1"] .simulated')).toBeVisible();
   await expect(page.locator('[data-host="sim-h100-1"] .gpu')).toHaveCount(8);
 
-  await page.getByLabel("Pool").selectOption("inference");
+  await page.locator("form.filters").getByLabel("Pool").selectOption("inference");
   await expect(cards).toHaveCount(2);
   await expect(page.locator(".filters .count")).toHaveText("2 of 4 hosts");
   await expect(page.locator('[data-host="sim-l4-1"]')).toBeVisible();
   await expect(page.locator('[data-host="sim-h100-1"]')).toHaveCount(0);
 
-  await page.getByLabel("Status").selectOption("draining");
+  await page.locator("form.filters").getByLabel("Status").selectOption("draining");
   await expect(page.getByText("No host matches these filters.")).toBeVisible();
-  await page.getByLabel("Status").selectOption("");
+  await page.locator("form.filters").getByLabel("Status").selectOption("");
+
+  // Adding hosts: an admin mints a join token for a pool, shown once, then listed
+  // without its value.
+  const panel = page.locator(".join-tokens");
+  await panel.getByLabel("Registers in").selectOption("inference");
+  await panel.getByLabel("Hosts").fill("3");
+  await panel.getByRole("button", { name: "Mint join token" }).click();
+  await expect(panel.locator(".minted pre code")).toHaveText(/^[0-9a-f]{64}$/);
+  const row = panel.locator(".join-token-list tbody tr");
+  await expect(row).toHaveCount(1);
+  await expect(row.locator("td").nth(1)).toHaveText("inference");
+  await expect(row.locator("td").nth(2)).toHaveText("3");
 
   // The footer names the servers and the one that schedules.
   const footer = page.getByRole("contentinfo", { name: "Servers" });

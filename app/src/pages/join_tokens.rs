@@ -97,7 +97,7 @@ fn JoinTokensPanel() -> impl IntoView {
                         view! {
                             <label>"Registers in "
                                 <select name="token-pool" on:change=move |ev| pool.set(event_target_value(&ev))>
-                                    <option value="">"any pool"</option>
+                                    <option value="">"any"</option>
                                     {pools.into_iter().map(|p| view! { <option value=p.clone()>{p.clone()}</option> }).collect_view()}
                                 </select>
                             </label>
