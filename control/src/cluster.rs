@@ -60,9 +60,11 @@ impl Control {
     /// lease. Returns the control plane to run a pass with (its writes fenced by the
     /// lease's epoch) when this server holds the lease.
     pub(crate) async fn tick_cluster(&self) -> Option<Control> {
+        // Reading the database's clock is the tick's first call to the database: a
+        // database that keeps it waiting counts as one that kept the announcement waiting.
+        let asked = std::time::Instant::now();
         self.read_db_clock().await;
         let now = self.now();
-        let asked = std::time::Instant::now();
         let seen = self
             .store
             .server_seen(

@@ -281,10 +281,17 @@ impl Control {
     pub async fn read_db_clock(&self) {
         let asked = std::time::Instant::now();
         match self.store.db_now().await {
+            // A reading that took long (a database coming back, a queue for connections)
+            // says little about when it was taken: kept only when quick, and placed at
+            // its answer, so that an error makes the fleet's time lag (it waits for the
+            // database to catch up) rather than run ahead (declaring hosts lost early).
+            Ok(_) if asked.elapsed() > std::time::Duration::from_millis(500) => {
+                tracing::debug!("a slow reading of the database's clock is not used");
+            }
             Ok(t) => match chrono::DateTime::parse_from_rfc3339(&t) {
                 Ok(db) => {
-                    let at = asked + asked.elapsed() / 2;
-                    self.fleet_clock.sample(db.with_timezone(&Utc), at);
+                    self.fleet_clock
+                        .sample(db.with_timezone(&Utc), std::time::Instant::now());
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, time = t, "the database's clock is unreadable")

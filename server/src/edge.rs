@@ -182,15 +182,30 @@ pub async fn budget(State(state): State<AppState>, req: Request, next: Next) -> 
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "));
         let known = match token {
-            Some(t) => state.control.authenticate_agent(t).await.is_ok(),
-            None => false,
+            Some(t) => state.control.authenticate_agent(t).await,
+            None => Err(tessera_control::ControlError::Unauthorized(
+                "no agent token".into(),
+            )),
         };
-        if !known {
-            return (
-                StatusCode::UNAUTHORIZED,
-                axum::Json(serde_json::json!({"error": "unknown agent token"})),
-            )
+        match known {
+            Ok(_) => {}
+            // Refused only for a token that is not one: a database that cannot answer
+            // now is a 503 (the agent keeps its credentials and tries again), never a 401
+            // (which would have it drop them).
+            Err(tessera_control::ControlError::Unauthorized(m)) => {
+                return (
+                    StatusCode::UNAUTHORIZED,
+                    axum::Json(serde_json::json!({ "error": m })),
+                )
+                    .into_response();
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "checking an agent token failed");
+                return crate::error::ApiError::Unavailable(
+                    "the server cannot check agent tokens now; try again".into(),
+                )
                 .into_response();
+            }
         }
         let Ok(_slot) = state.agent_slots.clone().acquire_owned().await else {
             return StatusCode::SERVICE_UNAVAILABLE.into_response();
