@@ -303,23 +303,13 @@ impl Control {
         self.admit_host(req, &grant).await
     }
 
-    /// Takes a use of the minted token behind `grant`, if any: the last step before a host
-    /// is written, so a refused registration costs none.
-    async fn take_use(&self, grant: &Grant) -> Result<(), ControlError> {
-        let Some(id) = &grant.minted else {
-            return Ok(());
-        };
-        if self
-            .store
-            .take_join_token_use(id, &stamp(self.now()))
-            .await?
-        {
-            Ok(())
-        } else {
-            Err(ControlError::Unauthorized(format!(
-                "join token {id} was used up or expired meanwhile"
-            )))
-        }
+    /// The use of the minted token behind `grant`, if any, for the store to take with
+    /// the host's write (a refused or failed registration costs none).
+    fn token_use(&self, grant: &Grant) -> Option<crate::store::JoinTokenUse> {
+        grant.minted.as_ref().map(|id| crate::store::JoinTokenUse {
+            id: id.clone(),
+            now: stamp(self.now()),
+        })
     }
 
     /// Registers a host and issues its agent token. The one way hosts join, for agents
@@ -364,11 +354,11 @@ impl Control {
             (None, None) => None,
         };
         if let Some(owner) = rejoin {
-            self.take_use(grant).await?;
             let token = new_token();
             self.store
-                .reissue_agent_token(&owner, &hash_token(&token))
-                .await?;
+                .reissue_agent_token(&owner, &hash_token(&token), self.token_use(grant).as_ref())
+                .await
+                .map_err(spent)?;
             self.event(
                 None,
                 Some(&owner),
@@ -429,15 +419,20 @@ impl Control {
             address: req.address.clone(),
             dynamic_ports_free: None,
         };
-        self.take_use(grant).await?;
         let token = new_token();
+        let token_use = self.token_use(grant);
         let mut host = host;
         // Another registration may take the id between the look and the write: then
         // another id, never its row.
         for attempt in 0.. {
             match self
                 .store
-                .register_host(&host, &hash_token(&token), &stamp(self.now()))
+                .register_host(
+                    &host,
+                    &hash_token(&token),
+                    &stamp(self.now()),
+                    token_use.as_ref(),
+                )
                 .await
             {
                 Err(crate::error::StoreError::Conflict(m))
@@ -446,7 +441,7 @@ impl Control {
                     host.id = free_id().await?;
                 }
                 other => {
-                    other?;
+                    other.map_err(spent)?;
                     break;
                 }
             }
@@ -483,6 +478,20 @@ impl Control {
             agent_token: token,
             sync_interval_secs: self.config.sync_interval.as_secs().max(1) as u32,
         })
+    }
+}
+
+/// A store error, with a join token that had no use left said as the credential problem
+/// it is.
+fn spent(e: crate::error::StoreError) -> ControlError {
+    match e {
+        crate::error::StoreError::Conflict(m) if m.starts_with(crate::store::JOIN_TOKEN_SPENT) => {
+            ControlError::Unauthorized(format!(
+                "join token{} was used up or expired meanwhile",
+                &m[crate::store::JOIN_TOKEN_SPENT.len()..]
+            ))
+        }
+        other => other.into(),
     }
 }
 

@@ -330,6 +330,19 @@ impl std::fmt::Display for GpuChange {
     }
 }
 
+/// A use of minted join token `id`, taken if it has one left and has not expired at
+/// `now`, in the transaction that writes the host it registers (two registrations racing
+/// for the last use cannot both win, and a failed write costs none).
+#[derive(Debug, Clone)]
+pub struct JoinTokenUse {
+    pub id: String,
+    pub now: String,
+}
+
+/// How a write whose join token had no use left is refused (a `Conflict` starting with
+/// this).
+pub const JOIN_TOKEN_SPENT: &str = "join token spent:";
+
 /// How a registration that lost a race for its host id is refused (a `Conflict` starting
 /// with this): the caller picks another id.
 pub const HOST_ID_TAKEN: &str = "host id taken:";
@@ -364,11 +377,14 @@ pub trait HostStore: Send + Sync + 'static {
     /// Creates or replaces a host and its GPUs (GPUs it no longer has are removed).
     async fn upsert_host(&self, host: &HostInfo) -> Result<(), StoreError>;
     /// A new host registered by an agent, with the hash of its token.
+    /// Takes `join_token`'s use in the same transaction: no host without its use, no use
+    /// without its host.
     async fn register_host(
         &self,
         host: &HostInfo,
         token_hash: &str,
         seen_at: &str,
+        join_token: Option<&JoinTokenUse>,
     ) -> Result<(), StoreError>;
     async fn host_by_token_hash(&self, token_hash: &str) -> Result<Option<HostId>, StoreError>;
     /// Forgets a host's agent token: its agent must register again.
@@ -378,8 +394,14 @@ pub trait HostStore: Send + Sync + 'static {
         &self,
         uuids: &[tessera_model::GpuUuid],
     ) -> Result<Option<(HostId, bool)>, StoreError>;
-    /// Gives a host a new agent token (a host whose token was revoked, rejoining).
-    async fn reissue_agent_token(&self, id: &HostId, token_hash: &str) -> Result<(), StoreError>;
+    /// Gives a host whose token was revoked a new agent token (it rejoins), taking
+    /// `join_token`'s use in the same transaction; a `Conflict` when it has a token again.
+    async fn reissue_agent_token(
+        &self,
+        id: &HostId,
+        token_hash: &str,
+        join_token: Option<&JoinTokenUse>,
+    ) -> Result<(), StoreError>;
     /// Whether the host's agent token was revoked (it has none).
     async fn host_token_revoked(&self, id: &HostId) -> Result<bool, StoreError>;
     /// Holds a host for approval, or approves it.
@@ -398,9 +420,7 @@ pub trait HostStore: Send + Sync + 'static {
         &self,
         token_hash: &str,
     ) -> Result<Option<JoinTokenInfo>, StoreError>;
-    /// Takes one use of join token `id` if it has one left and has not expired at `now`,
-    /// in one statement (two registrations racing for the last use cannot both win).
-    async fn take_join_token_use(&self, id: &str, now: &str) -> Result<bool, StoreError>;
+
     /// Removes a host that holds no task (`Conflict` otherwise) and its GPUs, so their UUIDs
     /// can join again; stopped tasks keep their history without the host.
     async fn delete_host(&self, id: &HostId) -> Result<(), StoreError>;

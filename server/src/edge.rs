@@ -164,6 +164,10 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Counted<T> {
     }
 }
 
+/// The host whose agent token [`budget`] checked, for the handler.
+#[derive(Debug, Clone)]
+pub struct AgentHost(pub tessera_model::HostId);
+
 /// Whether a request is a registered agent's (its sync): those have their own budget.
 /// Registration carries only a join token, so it waits with everyone else.
 fn is_agent_route(path: &str) -> bool {
@@ -172,7 +176,7 @@ fn is_agent_route(path: &str) -> bool {
 
 /// The budgets: agents' requests wait only for other agents'; everyone else's for each
 /// other's, and a client address may hold only its share of those (429 past it).
-pub async fn budget(State(state): State<AppState>, req: Request, next: Next) -> Response {
+pub async fn budget(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
     if is_agent_route(req.uri().path()) {
         // Only an agent's own token takes an agent's slot: without one, slow requests
         // could hold them all.
@@ -188,7 +192,10 @@ pub async fn budget(State(state): State<AppState>, req: Request, next: Next) -> 
             )),
         };
         match known {
-            Ok(_) => {}
+            // The handler acts for this host: the token is checked once per sync.
+            Ok(host) => {
+                req.extensions_mut().insert(AgentHost(host));
+            }
             // Refused only for a token that is not one: a database that cannot answer
             // now is a 503 (the agent keeps its credentials and tries again), never a 401
             // (which would have it drop them).

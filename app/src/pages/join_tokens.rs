@@ -114,8 +114,8 @@ fn JoinTokensPanel() -> impl IntoView {
                     <input type="checkbox" name="preapproved" prop:checked=preapproved on:change=move |ev| preapproved.set(event_target_checked(&ev)) />
                     " pre-approved"
                 </label>
-                <label>"For "
-                    <input type="text" name="description" placeholder="what it is for" prop:value=description on:input=move |ev| description.set(event_target_value(&ev)) />
+                <label>"Description "
+                    <input type="text" name="description" maxlength="200" placeholder="e.g. rack 7 rollout" prop:value=description on:input=move |ev| description.set(event_target_value(&ev)) />
                 </label>
                 <button type="submit" class="primary" title=move || admin.get() disabled=move || admin.get().is_some()>"Mint join token"</button>
             </form>
@@ -139,7 +139,7 @@ fn JoinTokensPanel() -> impl IntoView {
                         Ok((tokens, _)) if tokens.is_empty() => view! { <p class="muted">"No join tokens minted."</p> }.into_any(),
                         Ok((tokens, _)) => view! {
                             <table class="table join-token-list">
-                                <thead><tr><th>"Token"</th><th>"Pool"</th><th>"Hosts left"</th><th>"Registered"</th><th>"Expires"</th><th>"For"</th><th></th></tr></thead>
+                                <thead><tr><th>"Token"</th><th>"Pool"</th><th>"Hosts left"</th><th>"Registered"</th><th>"Expires"</th><th>"Description"</th><th></th></tr></thead>
                                 <tbody>
                                     {tokens.into_iter().map(|t| {
                                         let id = t.id.clone();

@@ -2,7 +2,24 @@
 //! and set), lost hosts (marked and their tasks stopped in one transaction).
 use super::tasks::stop_task_rows;
 use super::*;
-use crate::store::HOST_ID_TAKEN;
+use crate::store::{HOST_ID_TAKEN, JOIN_TOKEN_SPENT, JoinTokenUse};
+
+/// Takes a use of a minted join token inside `tx` (see [`JoinTokenUse`]).
+async fn take_use(conn: &mut DbConn, u: &JoinTokenUse) -> Result<(), StoreError> {
+    let done = sqlx::query(
+        "UPDATE join_tokens SET uses_left = uses_left - 1, uses = uses + 1
+         WHERE id = $1 AND uses_left > 0 AND expires_at > $2",
+    )
+    .bind(&u.id)
+    .bind(&u.now)
+    .execute(&mut *conn)
+    .await?;
+    if done.rows_affected() == 1 {
+        Ok(())
+    } else {
+        Err(StoreError::Conflict(format!("{JOIN_TOKEN_SPENT} {}", u.id)))
+    }
+}
 
 pub(super) async fn write_gpus(
     conn: &mut DbConn,
@@ -85,8 +102,12 @@ impl This {
         host: &HostInfo,
         token_hash: Option<&str>,
         seen_at: Option<&str>,
+        join_token: Option<&JoinTokenUse>,
     ) -> Result<(), StoreError> {
         let mut tx = self.begin_immediate().await?;
+        if let Some(u) = join_token {
+            take_use(&mut tx, u).await?;
+        }
         if sqlx::query("SELECT 1 FROM pools WHERE name = $1")
             .bind(host.pool.as_str())
             .fetch_optional(&mut *tx)
@@ -190,7 +211,7 @@ impl HostStore for This {
     }
 
     async fn upsert_host(&self, host: &HostInfo) -> Result<(), StoreError> {
-        self.write_host(host, None, None).await
+        self.write_host(host, None, None, None).await
     }
 
     async fn register_host(
@@ -198,8 +219,10 @@ impl HostStore for This {
         host: &HostInfo,
         token_hash: &str,
         seen_at: &str,
+        join_token: Option<&JoinTokenUse>,
     ) -> Result<(), StoreError> {
-        self.write_host(host, Some(token_hash), Some(seen_at)).await
+        self.write_host(host, Some(token_hash), Some(seen_at), join_token)
+            .await
     }
 
     async fn host_by_token_hash(&self, token_hash: &str) -> Result<Option<HostId>, StoreError> {
@@ -243,15 +266,31 @@ impl HostStore for This {
         Ok(None)
     }
 
-    async fn reissue_agent_token(&self, id: &HostId, token_hash: &str) -> Result<(), StoreError> {
-        let done = self
-            .write_one(
-                sqlx::query("UPDATE hosts SET agent_token_hash = $1 WHERE id = $2")
-                    .bind(token_hash)
-                    .bind(id.as_str()),
-            )
-            .await?;
-        updated(done, "host", id)
+    async fn reissue_agent_token(
+        &self,
+        id: &HostId,
+        token_hash: &str,
+        join_token: Option<&JoinTokenUse>,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.begin_immediate().await?;
+        if let Some(u) = join_token {
+            take_use(&mut tx, u).await?;
+        }
+        // Only a host without a token: two rejoins racing cannot both win.
+        let done = sqlx::query(
+            "UPDATE hosts SET agent_token_hash = $1 WHERE id = $2 AND agent_token_hash IS NULL",
+        )
+        .bind(token_hash)
+        .bind(id.as_str())
+        .execute(&mut *tx)
+        .await?;
+        if done.rows_affected() == 0 {
+            return Err(StoreError::Conflict(format!(
+                "host {id} has an agent token again (another rejoin won)"
+            )));
+        }
+        tx.commit().await?;
+        Ok(())
     }
 
     async fn host_token_revoked(&self, id: &HostId) -> Result<bool, StoreError> {
@@ -333,20 +372,6 @@ impl HostStore for This {
         .as_ref()
         .map(join_token_from_row)
         .transpose()
-    }
-
-    async fn take_join_token_use(&self, id: &str, now: &str) -> Result<bool, StoreError> {
-        let done = self
-            .write_one(
-                sqlx::query(
-                    "UPDATE join_tokens SET uses_left = uses_left - 1, uses = uses + 1
-                     WHERE id = $1 AND uses_left > 0 AND expires_at > $2",
-                )
-                .bind(id)
-                .bind(now),
-            )
-            .await?;
-        Ok(done.rows_affected() == 1)
     }
 
     async fn delete_host(&self, id: &HostId) -> Result<(), StoreError> {
