@@ -4,18 +4,37 @@
 # PostgreSQL server, the browser tests in headless Chromium against a fresh demo server,
 # the short fault drills on the real binaries, the serving drill (HAProxy under load), the
 # work drill (autoscaling and a latency alarm on what the application reports) and the
-# security drill (a compromised task and a leaked token).
+# security drill (a compromised task and a leaked token). This is what CI runs.
+#
+#   scripts/test.sh           everything (15-30 minutes warm on 2 cores)
+#   scripts/test.sh --quick   formatting, clippy, every crate's unit tests and the store
+#                             tests on SQLite (a few minutes warm): the check before a commit
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+quick=0
+case "${1:-}" in
+  --quick) quick=1 ;;
+  "") ;;
+  *) echo "usage: scripts/test.sh [--quick]" >&2; exit 2 ;;
+esac
 scripts/prune-target.sh
-scripts/setup.sh --test
+if [ "$quick" = 1 ]; then scripts/setup.sh; else scripts/setup.sh --test; fi
 source scripts/env.sh
 
 echo "== cargo fmt"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== no import circle between the files of a crate (these crates have none left)"
+python3 scripts/import_circles.py control/src agent/src cli/src placement-lab/src
+if [ "$quick" = 1 ]; then
+  echo "== cargo test: unit tests of every crate, and the store tests on SQLite"
+  cargo test --workspace --locked --lib --bins
+  cargo test -p tessera-control --locked --test store
+  echo "== quick checks passed (the full run, scripts/test.sh, is what CI runs)"
+  exit 0
+fi
 echo "== cargo test"
 cargo test --workspace --locked
 echo "== cargo test, control plane on PostgreSQL"

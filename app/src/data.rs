@@ -58,11 +58,34 @@ pub(crate) mod ssr {
     }
 
     /// A control-plane error as the operator should see it: what they can act on (not
-    /// found, invalid, conflict) in words; anything else as [`internal`].
+    /// found, invalid, conflict, busy) in words; a store error as [`internal`], never its
+    /// text (it can name tables, paths and the database's own words). Every server function
+    /// maps control errors through this one function (or takes field errors first).
     pub fn failed(e: ControlError) -> ServerFnError {
         match e {
             ControlError::Store(_) => internal(e),
             other => ServerFnError::new(other.to_string()),
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+        use tessera_control::StoreError;
+
+        #[test]
+        fn a_store_error_reaches_the_browser_without_its_text() {
+            let leaked = "no such table: tasks_secret_column at /var/lib/tessera/tessera.db";
+            let shown = failed(ControlError::Store(StoreError::Conflict(leaked.into())));
+            assert!(!shown.to_string().contains("tasks_secret"), "{shown}");
+            assert!(
+                shown.to_string().contains("its log has the cause"),
+                "{shown}"
+            );
+            let refused = failed(ControlError::Conflict(
+                "service web is being deleted".into(),
+            ));
+            assert!(refused.to_string().contains("service web is being deleted"));
         }
     }
 }

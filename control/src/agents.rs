@@ -168,9 +168,9 @@ impl Control {
             && same_gpus(&host.gpus, &req.gpus)
             && req.mps.restarts.is_none_or(|r| r == host.mps_restarts)
         {
-            self.heartbeats
+            self.gateway
+                .heartbeats
                 .lock()
-                .expect("not poisoned")
                 .insert(host_id.clone(), seen_at);
         } else {
             let gpu_changes = self
@@ -360,7 +360,7 @@ impl Control {
                 }
                 if let Some(Err(e)) = pool
                     .as_ref()
-                    .map(|p| crate::control::allowed_in_pool(&spec, p))
+                    .map(|p| crate::workloads::allowed_in_pool(&spec, p))
                 {
                     let reason = format!("refused by pool {}: {e}", host.pool);
                     tracing::warn!(task = %t.id, %reason, "task not sent to its host");
@@ -408,15 +408,14 @@ impl Control {
     /// Writes the times of the quiet syncs received since the last call, in one statement.
     /// On failure they are kept for the next call (a newer time for a host wins).
     pub async fn flush_heartbeats(&self) -> Result<(), ControlError> {
-        let seen: Vec<(HostId, String)> =
-            std::mem::take(&mut *self.heartbeats.lock().expect("not poisoned"))
-                .into_iter()
-                .collect();
+        let seen: Vec<(HostId, String)> = std::mem::take(&mut *self.gateway.heartbeats.lock())
+            .into_iter()
+            .collect();
         if seen.is_empty() {
             return self.flush_work().await;
         }
         if let Err(e) = self.store.touch_hosts(&seen).await {
-            let mut pending = self.heartbeats.lock().expect("not poisoned");
+            let mut pending = self.gateway.heartbeats.lock();
             for (id, at) in seen {
                 pending.entry(id).or_insert(at);
             }
@@ -430,28 +429,12 @@ impl Control {
         &self,
         deployments: impl Iterator<Item = i64>,
     ) -> Result<HashMap<i64, u32>, ControlError> {
-        let mut out = HashMap::new();
-        let mut missing = Vec::new();
-        {
-            let known = self.stop_timeouts.lock().expect("not poisoned");
-            for d in deployments {
-                match known.get(&d) {
-                    Some(&secs) => {
-                        out.insert(d, secs);
-                    }
-                    None => missing.push(d),
-                }
-            }
-        }
-        missing.sort_unstable();
-        missing.dedup();
+        let (mut out, missing) = self.gateway.stop_timeouts.get_many(deployments);
         if !missing.is_empty() {
             let read = self.store.stop_timeouts(&missing).await?;
-            let mut known = self.stop_timeouts.lock().expect("not poisoned");
-            if known.len() > 100_000 {
-                known.clear();
+            for (&d, &secs) in &read {
+                self.gateway.stop_timeouts.insert(d, secs);
             }
-            known.extend(read.iter().map(|(&d, &s)| (d, s)));
             out.extend(read);
         }
         Ok(out)

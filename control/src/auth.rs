@@ -45,68 +45,6 @@ pub struct SessionUser {
     pub signed_in_at: i64,
 }
 
-/// Password checks (argon2id: about 19 MiB and tens of milliseconds each) run at most
-/// this many at once per server, with a bounded queue behind them: a burst of sign-ins
-/// gets `Busy` (503) instead of memory and a blocking pool spent on hashing.
-#[derive(Debug)]
-pub(crate) struct HashQueue {
-    running: tokio::sync::Semaphore,
-    /// Checks running or waiting.
-    queued: std::sync::atomic::AtomicUsize,
-    capacity: usize,
-}
-
-impl Default for HashQueue {
-    fn default() -> Self {
-        let running = std::thread::available_parallelism().map_or(2, |n| n.get().clamp(1, 4));
-        HashQueue::new(running, 16)
-    }
-}
-
-impl HashQueue {
-    pub(crate) fn new(running: usize, waiting: usize) -> Self {
-        HashQueue {
-            running: tokio::sync::Semaphore::new(running),
-            queued: Default::default(),
-            capacity: running + waiting,
-        }
-    }
-
-    /// Runs `f` (a hash) on the blocking pool when its turn comes; `Busy` at once when
-    /// the queue is full.
-    pub(crate) async fn run<T: Send + 'static>(
-        &self,
-        f: impl FnOnce() -> T + Send + 'static,
-    ) -> Result<T, ControlError> {
-        use std::sync::atomic::Ordering::SeqCst;
-        if self.queued.fetch_add(1, SeqCst) >= self.capacity {
-            self.queued.fetch_sub(1, SeqCst);
-            return Err(ControlError::Busy {
-                retry_after: 1,
-                what: "password checks".into(),
-            });
-        }
-        struct Leave<'a>(&'a std::sync::atomic::AtomicUsize);
-        impl Drop for Leave<'_> {
-            fn drop(&mut self) {
-                self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-            }
-        }
-        let _leave = Leave(&self.queued);
-        let _permit = self
-            .running
-            .acquire()
-            .await
-            .map_err(|_| ControlError::Busy {
-                retry_after: 1,
-                what: "password checks".into(),
-            })?;
-        tokio::task::spawn_blocking(f)
-            .await
-            .map_err(|e| ControlError::Conflict(format!("password check failed: {e}")))
-    }
-}
-
 /// An argon2id hash (PHC string) of `password`.
 pub fn hash_password(password: &str) -> Result<String, ControlError> {
     let salt = SaltString::generate(&mut OsRng);
@@ -272,7 +210,8 @@ impl Control {
     /// An argon2id hash of `password`, made in the hashing queue.
     async fn hash_of(&self, password: &str) -> Result<String, ControlError> {
         let password = password.to_owned();
-        self.hash_queue
+        self.accounts
+            .hash_queue
             .run(move || hash_password(&password))
             .await?
     }
@@ -323,6 +262,7 @@ impl Control {
             .as_ref()
             .map_or_else(|| decoy_hash().to_owned(), |c| c.password_hash.clone());
         let password_ok = self
+            .accounts
             .hash_queue
             .run({
                 let password = password.to_owned();
@@ -564,6 +504,7 @@ impl Control {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::parts::HashQueue;
 
     #[tokio::test]
     async fn the_hash_queue_is_bounded() {

@@ -433,7 +433,7 @@ mod tests {
     }
 
     fn builds(c: &Control) -> u64 {
-        c.engine_builds.load(std::sync::atomic::Ordering::SeqCst)
+        c.scheduling.builds()
     }
 
     async fn scale(c: &Control, desired: u32) {

@@ -7,7 +7,7 @@
 //! clock is never behind it.)
 
 use chrono::{DateTime, SecondsFormat, Utc};
-use std::sync::Mutex;
+use parking_lot::Mutex;
 use std::time::Duration;
 
 /// A source of the current time: this machine's clock, which may be wrong.
@@ -43,17 +43,17 @@ pub struct ManualClock {
 impl ManualClock {
     /// Moves the clock forward by `by`.
     pub fn advance(&self, by: Duration) {
-        *self.ahead.lock().expect("not poisoned") += to_chrono(by);
+        *self.ahead.lock() += to_chrono(by);
     }
 }
 
 impl Clock for ManualClock {
     fn now(&self) -> DateTime<Utc> {
-        Utc::now() + *self.ahead.lock().expect("not poisoned")
+        Utc::now() + *self.ahead.lock()
     }
 
     fn advanced(&self) -> chrono::Duration {
-        *self.ahead.lock().expect("not poisoned")
+        *self.ahead.lock()
     }
 }
 
@@ -104,7 +104,7 @@ impl FleetClock {
 
     /// Takes a reading of the database's clock, `db`, made at `at`.
     pub fn sample(&self, db: DateTime<Utc>, at: std::time::Instant) {
-        let mut s = self.state.lock().expect("not poisoned");
+        let mut s = self.state.lock();
         s.anchor = Some((db, at));
         if s.started.is_none() {
             let ago = to_chrono(at.saturating_duration_since(self.created));
@@ -114,7 +114,7 @@ impl FleetClock {
 
     /// Now, by the fleet's clock.
     pub fn now(&self, clock: &dyn Clock) -> DateTime<Utc> {
-        let mut s = self.state.lock().expect("not poisoned");
+        let mut s = self.state.lock();
         let t = match s.anchor {
             Some((db, at)) => db + to_chrono(at.elapsed()) + clock.advanced(),
             None => clock.now(),
@@ -127,7 +127,7 @@ impl FleetClock {
     /// When this control plane started, by the fleet's clock (`None` before the first
     /// reading of the database's).
     pub fn started(&self) -> Option<DateTime<Utc>> {
-        self.state.lock().expect("not poisoned").started
+        self.state.lock().started
     }
 }
 

@@ -25,35 +25,10 @@ pub(crate) const SLOW_STORE: std::time::Duration = std::time::Duration::from_sec
 /// The topic of a change another server made (never published again).
 pub(crate) const ELSEWHERE: &str = "elsewhere";
 
-/// This machine's name, for server ids that say where a server runs.
-pub(crate) fn host_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|h| h.trim().to_owned())
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "server".to_owned())
-}
-
-/// A server's id: its machine and address, so a restarted server is the same server (it
-/// takes its lease back at once, with a new epoch that fences off its earlier run); one
-/// without an address (tests, tools) gets a random one.
-pub(crate) fn server_id(address: &str) -> String {
-    let address = address.split("://").last().unwrap_or(address);
-    if address.is_empty() {
-        format!(
-            "{}-{}",
-            host_name(),
-            &uuid::Uuid::new_v4().simple().to_string()[..6]
-        )
-    } else {
-        format!("{}/{address}", host_name())
-    }
-}
-
 impl Control {
     /// This server's id among the servers sharing the database.
     pub fn server_id(&self) -> &str {
-        &self.server_id
+        &self.membership.server_id
     }
 
     /// One tick: announce this server, write the quiet syncs' times, take or renew the
@@ -68,9 +43,9 @@ impl Control {
         let seen = self
             .store
             .server_seen(
-                &self.server_id,
+                &self.membership.server_id,
                 &self.config.address,
-                &stamp(self.started),
+                &stamp(self.membership.started),
                 &stamp(now),
             )
             .await;
@@ -82,36 +57,40 @@ impl Control {
         // record agents' syncs either.
         let failing = seen.is_err();
         let was_failing = self
+            .membership
             .store_failing
             .swap(failing, std::sync::atomic::Ordering::SeqCst);
         // ... and the first announcement that succeeds after failures marks when the
         // database came back: hosts get their lost timeout from then, not from the last
         // failure (up to a tick earlier).
         if failing || was_failing || asked.elapsed() > SLOW_STORE {
-            *self.store_failed_at.lock().expect("not poisoned") = Some(self.now());
+            *self.membership.store_failed_at.lock() = Some(self.now());
         }
         let now = self.now();
+        let announced = asked.elapsed();
         if let Err(e) = self.flush_heartbeats().await {
             tracing::warn!(error = %e, "writing the last syncs' times failed");
         }
+        let heartbeats = asked.elapsed() - announced;
         if let Err(e) = self.flush_usage(false).await {
             tracing::warn!(error = %e, "writing usage buckets failed; they are written at the next tick");
         }
+        tracing::debug!(
+            ?announced,
+            ?heartbeats,
+            usage = ?(asked.elapsed() - announced - heartbeats),
+            "tick: announced, wrote heartbeats and usage"
+        );
         let expires = stamp(now + to_chrono(self.config.lease_ttl));
-        let held = self
-            .lease
-            .lock()
-            .expect("not poisoned")
-            .as_ref()
-            .map(|l| l.epoch);
+        let held = self.membership.lease.lock().as_ref().map(|l| l.epoch);
         let lease = match self
             .store
-            .acquire_lease(&self.server_id, held, &stamp(now), &expires)
+            .acquire_lease(&self.membership.server_id, held, &stamp(now), &expires)
             .await
         {
             Ok(Some(lease)) => lease,
             Ok(None) => {
-                if self.lease.lock().expect("not poisoned").take().is_some() {
+                if self.membership.lease.lock().take().is_some() {
                     tracing::warn!("another server holds the scheduler lease now");
                 }
                 return None;
@@ -122,16 +101,21 @@ impl Control {
             }
         };
         let taken = {
-            let mut held = self.lease.lock().expect("not poisoned");
+            let mut held = self.membership.lease.lock();
             let taken = held.as_ref().is_none_or(|l| l.epoch != lease.epoch);
             *held = Some(lease.clone());
             taken
         };
         if taken {
             tracing::info!(epoch = lease.epoch, "this server holds the scheduler lease");
-            // Others may have scheduled since this server's engines were built.
+            // Others may have scheduled since this server's engines were built, and read
+            // (and deleted) changes its passes have not.
             self.capacity_changed();
-        } else if !self.relayed.load(std::sync::atomic::Ordering::SeqCst)
+            self.passes.memory.lock().forget();
+        } else if !self
+            .membership
+            .relayed
+            .load(std::sync::atomic::Ordering::SeqCst)
             && self.others_alive().await
         {
             // Other servers' agents change capacity too (tasks ending, GPUs going), and
@@ -144,7 +128,7 @@ impl Control {
         // came back meanwhile): the pass that follows must not judge hosts' silence by the
         // time before it. (The drill found hosts lost 1 s after PostgreSQL returned.)
         if asked.elapsed() > SLOW_STORE {
-            *self.store_failed_at.lock().expect("not poisoned") = Some(self.now());
+            *self.membership.store_failed_at.lock() = Some(self.now());
         }
         let mut fenced = self.clone();
         fenced.store = self.store.fenced(Fence {
@@ -157,10 +141,9 @@ impl Control {
     /// Whether another server announced itself within a lease time.
     async fn others_alive(&self) -> bool {
         let since = stamp(self.now() - to_chrono(self.config.lease_ttl));
-        self.store
-            .list_servers(&since)
-            .await
-            .map_or(true, |s| s.iter().any(|s| *s.id != *self.server_id))
+        self.store.list_servers(&since).await.map_or(true, |s| {
+            s.iter().any(|s| *s.id != *self.membership.server_id)
+        })
     }
 
     /// Carries changes between the servers on this database, until the returned tasks are
@@ -178,23 +161,22 @@ impl Control {
                 return Vec::new();
             }
         };
-        self.relayed
+        self.membership
+            .relayed
             .store(true, std::sync::atomic::Ordering::SeqCst);
         let listen = {
             let control = self.clone();
             tokio::spawn(async move {
                 while let Some(from) = news.recv().await {
                     // `None`: notices may have been lost; look again, as for a change.
-                    if from.as_deref() == Some(&*control.server_id) {
+                    if from.as_deref() == Some(&*control.membership.server_id) {
                         continue;
                     }
                     // Capacity may have changed there: this server's engines are stale
                     // (bumped here, not through `capacity_changed`, which would publish
                     // the change again).
-                    control
-                        .capacity_epoch
-                        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                    if control.lease.lock().expect("not poisoned").is_some() {
+                    control.scheduling.capacity_changed();
+                    if control.membership.lease.lock().is_some() {
                         control.wake.notify_one();
                     }
                     let _ = control.changes.send(ELSEWHERE);
@@ -214,7 +196,11 @@ impl Control {
                     }
                     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                     while changes.try_recv().is_ok() {}
-                    if let Err(e) = control.store.publish_change(&control.server_id).await {
+                    if let Err(e) = control
+                        .store
+                        .publish_change(&control.membership.server_id)
+                        .await
+                    {
                         tracing::warn!(error = %e, "telling the other servers of a change failed");
                     }
                 }
@@ -226,9 +212,9 @@ impl Control {
     /// Lets go of the lease on a clean shutdown, so another server takes over at its next
     /// tick instead of after the lease time.
     pub(crate) async fn let_go_of_lease(&self) {
-        let held = self.lease.lock().expect("not poisoned").take();
+        let held = self.membership.lease.lock().take();
         if held.is_some()
-            && let Err(e) = self.store.release_lease(&self.server_id).await
+            && let Err(e) = self.store.release_lease(&self.membership.server_id).await
         {
             tracing::warn!(error = %e, "letting go of the scheduler lease failed");
         }

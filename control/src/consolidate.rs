@@ -646,7 +646,7 @@ impl Control {
                 .min()
                 .unwrap_or(now);
             let fired = {
-                let watches = self.watches.lock().expect("not poisoned");
+                let watches = self.passes.watches.lock();
                 service
                     .objectives
                     .alarms

@@ -18,9 +18,6 @@ use tessera_model::taskdef::{TaskDefinitionSpec, TaskGpu};
 use tessera_model::{MiB, SharingMode};
 use tessera_placement::{DemandProfile, Engine, GpuDemand, Policy, TaskRequest};
 
-/// How long the hosts pages reuse the verdicts they mark segments with.
-const VERDICTS_FRESH: std::time::Duration = std::time::Duration::from_secs(10);
-
 /// The ranges a service's history is drawn over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Range {
@@ -429,13 +426,11 @@ impl Control {
         })
     }
 
-    /// Each holding task's verdict, as read at most [`VERDICTS_FRESH`] ago (pages that mark
+    /// Each holding task's verdict, as read at most [`crate::control::VERDICTS_FRESH`] ago (pages that mark
     /// segments read it on every render); empty when it cannot be read.
     pub(crate) async fn cached_verdicts(&self) -> std::sync::Arc<HashMap<String, Verdict>> {
-        if let Some((at, v)) = self.verdicts.lock().expect("not poisoned").as_ref()
-            && at.elapsed() < VERDICTS_FRESH
-        {
-            return v.clone();
+        if let Some(v) = self.verdicts.get(&()) {
+            return v;
         }
         let fresh = match self.task_verdicts().await {
             Ok(v) => std::sync::Arc::new(v),
@@ -444,8 +439,7 @@ impl Control {
                 std::sync::Arc::default()
             }
         };
-        *self.verdicts.lock().expect("not poisoned") =
-            Some((std::time::Instant::now(), fresh.clone()));
+        self.verdicts.insert((), fresh.clone());
         fresh
     }
 

@@ -2,11 +2,18 @@
 //! it that the HTTP server, the console and the agents call.
 //!
 //! # Layout
-//! - [`store`]: the `Store` interface every backend implements, and `open` to pick one from
-//!   a database URL.
+//! - [`store`]: the `Store` interface every backend implements ([`open`] picks one from
+//!   a database URL).
 //! - [`sqlite`]: the embedded SQLite backend (the default), with its migrations.
-//! - [`control`]: `Control`, the entry point: pools, task definitions, services, hosts, and
-//!   the reconcile loop.
+//! - [`control`]: `Control`, the entry point: the parts it is made of, and the helpers every
+//!   operation shares (the time, events, waking the loop).
+//! - `config`: `ControlConfig`, the timings and limits.
+//! - `workloads`: pools, task definitions and services as operators change them.
+//! - `hosts`: operators' host operations (drain, activate).
+//! - `run`: the reconcile loop (ticks, the lease, supervised passes).
+//! - `cache`: the one bounded cache type every cache uses.
+//! - `parts`: the parts `Control` is made of, each owning its state: scheduling, the agent
+//!   gateway, membership (id, lease, clock), the passes' memory, accounts.
 //! - `lifecycle`: a host's status as a state machine (sync, drain, activate, silence).
 //! - `plan`: what a service needs next (stops, starts, rollback), as a pure function.
 //! - `reconcile`: one reconcile pass: lost hosts, migrations, services and deployments.
@@ -39,19 +46,24 @@ pub mod agents;
 pub mod auth;
 #[cfg(feature = "bench")]
 pub mod bench;
+mod cache;
 pub mod capacity;
 pub mod clock;
 mod cluster;
+mod config;
 mod consolidate;
 pub mod control;
 pub mod error;
 mod fit;
+mod hosts;
 pub mod inputs;
 mod interference;
 mod lifecycle;
+mod parts;
 mod plan;
 pub mod postgres;
 mod reconcile;
+mod run;
 mod scheduler;
 mod serving;
 pub mod sqlite;
@@ -59,10 +71,29 @@ pub mod store;
 pub mod usage;
 mod views;
 mod work;
+mod workloads;
 
-pub use control::{Control, ControlConfig};
+pub use config::ControlConfig;
+pub use control::Control;
 pub use error::{ControlError, StoreError};
 pub use scheduler::{density, density_of};
-pub use store::{AuthStore, Store, open};
+pub use store::{AuthStore, Store};
 /// A GPU's usage, as `density_of` reads it.
 pub use tessera_placement::GpuUsage;
+pub use workloads::DEFAULT_POOL;
+
+/// Opens the store named by `url`, applying pending migrations: `sqlite://PATH` (the file
+/// and its directory are created if missing) or `postgres://USER@HOST[:PORT]/DATABASE`
+/// (the database must exist).
+pub async fn open(url: &str) -> Result<std::sync::Arc<dyn Store>, StoreError> {
+    if url.starts_with("sqlite:") {
+        Ok(std::sync::Arc::new(sqlite::SqliteStore::open(url).await?))
+    } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+        Ok(std::sync::Arc::new(postgres::PgStore::open(url).await?))
+    } else {
+        Err(StoreError::UnsupportedUrl {
+            url: url.to_owned(),
+            why: "expected sqlite://PATH or postgres://USER@HOST/DATABASE",
+        })
+    }
+}

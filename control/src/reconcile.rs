@@ -10,18 +10,62 @@ use crate::store::{HostState, NewTask, Pruned, TaskFilter};
 
 /// How often old rows are pruned.
 const PRUNE_EVERY: std::time::Duration = std::time::Duration::from_secs(600);
-use std::collections::BTreeMap;
+/// Changes recorded this recently are read again by each pass: a transaction that took
+/// its number before the last pass read may commit after it (PostgreSQL).
+const LATE_COMMITS: std::time::Duration = std::time::Duration::from_secs(10);
+/// How often the changes already read are deleted.
+const FORGET_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
+/// More changed services than this are read in one query rather than one by one.
+const READ_ONE_BY_ONE: usize = 64;
+
+/// How long each phase of a pass took: the histogram `tessera_reconcile_phase_seconds`,
+/// and a debug line per pass.
+struct Phases {
+    last: std::time::Instant,
+    took: Vec<(&'static str, std::time::Duration)>,
+}
+
+impl Default for Phases {
+    fn default() -> Self {
+        Phases {
+            last: std::time::Instant::now(),
+            took: Vec::with_capacity(8),
+        }
+    }
+}
+
+impl Phases {
+    fn done(&mut self, phase: &'static str) {
+        let now = std::time::Instant::now();
+        let took = now - self.last;
+        self.last = now;
+        metrics::histogram!("tessera_reconcile_phase_seconds", "phase" => phase)
+            .record(took.as_secs_f64());
+        self.took.push((phase, took));
+        if phase == "scheduling" {
+            tracing::debug!(phases = ?self.took, "reconcile pass");
+        }
+    }
+}
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use tessera_model::service::{DeploymentStatus, Service, Task, TaskState};
-use tessera_model::{HostId, HostStatus};
+use tessera_model::{HostId, HostStatus, PoolName};
 
 impl Control {
     /// One pass over everything. Serialised: concurrent callers wait for each other.
     pub async fn reconcile_once(&self) -> Result<(), ControlError> {
-        let _pass = self.pass.lock().await;
+        let _pass = self.passes.pass.lock().await;
+        let mut phases = Phases::default();
         self.flush_heartbeats().await?;
+        phases.done("heartbeats");
         self.detect_lost_hosts().await?;
+        phases.done("lost_hosts");
         self.migrate_off_unhealthy_hosts().await?;
-        for service in self.store.list_services().await? {
+        phases.done("migrations");
+        let services = self.services_to_reconcile().await?;
+        phases.done("changes");
+        for service in services {
             // Each service on its own: one that fails (a definition that no longer parses,
             // say) is reported and the others are still reconciled.
             match self.reconcile_service(&service).await {
@@ -38,11 +82,16 @@ impl Control {
                     }
                 }
             }
+            self.note_reconciled(&service);
         }
+        phases.done("services");
+        self.forget_changes_read().await?;
         self.advance_consolidation().await?;
+        phases.done("consolidation");
         self.schedule().await?;
+        phases.done("scheduling");
         let due = {
-            let mut last = self.last_prune.lock().expect("not poisoned");
+            let mut last = self.passes.last_prune.lock();
             let now = self.now();
             let due = last.is_none_or(|t| since(now, t) >= PRUNE_EVERY);
             if due {
@@ -53,6 +102,130 @@ impl Control {
         if due {
             self.prune().await?;
         }
+        Ok(())
+    }
+
+    /// The services this pass looks at. A full pass (the first, then one every
+    /// `full_pass_every`, and after the scheduler lease changed hands) takes them all;
+    /// any other takes those the database recorded a change of since the last pass (its
+    /// triggers record every write to a service, its deployments or its tasks' state,
+    /// whoever made it) and those that move with time (not steady, failing, deleting,
+    /// with alarms or autoscaling). An unchanged fleet costs a pass one small read.
+    async fn services_to_reconcile(&self) -> Result<Vec<Service>, ControlError> {
+        let recent = stamp(self.now() - to_chrono(LATE_COMMITS));
+        let (full, seen, every_pass) = {
+            let m = self.passes.memory.lock();
+            (
+                m.full_due(self.config.full_pass_every),
+                m.seen,
+                m.every_pass.clone(),
+            )
+        };
+        let seen = match seen {
+            Some(seen) if !full => seen,
+            _ => {
+                // Numbered before the services are read: a change committed meanwhile is
+                // read by the next pass.
+                let last = self.store.last_service_change().await?;
+                let services = self.store.list_services().await?;
+                let mut m = self.passes.memory.lock();
+                m.seen = Some(last);
+                m.acted.clear();
+                m.every_pass.clear();
+                m.last_full = Some(std::time::Instant::now());
+                m.unforgotten = true;
+                m.last_scope = (true, services.len());
+                metrics::counter!("tessera_reconcile_passes_total", "scope" => "full").increment(1);
+                return Ok(services);
+            }
+        };
+        metrics::counter!("tessera_reconcile_passes_total", "scope" => "changed").increment(1);
+        let changes = self.store.service_changes(seen, &recent).await?;
+        let mut names: BTreeSet<String> = every_pass;
+        {
+            let mut m = self.passes.memory.lock();
+            let mut acted = HashSet::with_capacity(changes.len());
+            let mut newest = seen;
+            for (seq, service) in changes {
+                // At or below the last number read: a late commit inside the window, new
+                // unless a pass already acted on it.
+                if seq > seen || !m.acted.contains(&seq) {
+                    names.insert(service);
+                }
+                acted.insert(seq);
+                newest = newest.max(seq);
+            }
+            if newest > seen {
+                m.unforgotten = true;
+            }
+            m.acted = acted;
+            m.seen = Some(newest);
+        }
+        self.passes.memory.lock().last_scope = (false, names.len());
+        if names.len() > READ_ONE_BY_ONE {
+            return Ok(self
+                .store
+                .list_services()
+                .await?
+                .into_iter()
+                .filter(|s| names.contains(&s.name))
+                .collect());
+        }
+        let mut services = Vec::with_capacity(names.len());
+        for name in names {
+            match self.store.get_service(&name).await {
+                Ok(s) => services.push(s),
+                Err(crate::error::StoreError::NotFound { .. }) => {
+                    self.passes.memory.lock().every_pass.remove(&name);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(services)
+    }
+
+    /// The last pass: whether it looked at every service, and at how many it looked.
+    pub fn last_pass_scope(&self) -> (bool, usize) {
+        self.passes.memory.lock().last_scope
+    }
+
+    /// After a service was reconciled: whether the next passes must look at it even
+    /// without a change recorded (it moves with time).
+    fn note_reconciled(&self, service: &Service) {
+        let o = &service.objectives;
+        let settled = !service.deleting
+            && o.alarms.is_empty()
+            && o.autoscaling.is_none()
+            && self
+                .passes
+                .service_state
+                .lock()
+                .get(&service.name)
+                .is_some_and(|s| s.steady && s.failure.is_none());
+        let mut m = self.passes.memory.lock();
+        if settled {
+            m.every_pass.remove(&service.name);
+        } else {
+            m.every_pass.insert(service.name.clone());
+        }
+    }
+
+    /// Deletes the changes the passes have read, at most every [`FORGET_EVERY`].
+    async fn forget_changes_read(&self) -> Result<(), ControlError> {
+        let upto = {
+            let mut m = self.passes.memory.lock();
+            let due = m.unforgotten && m.last_forget.is_none_or(|t| t.elapsed() >= FORGET_EVERY);
+            match (due, m.seen) {
+                (true, Some(seen)) => {
+                    m.unforgotten = false;
+                    m.last_forget = Some(std::time::Instant::now());
+                    seen
+                }
+                _ => return Ok(()),
+            }
+        };
+        let recent = stamp(self.now() - to_chrono(LATE_COMMITS));
+        self.store.forget_service_changes(upto, &recent).await?;
         Ok(())
     }
 
@@ -84,7 +257,7 @@ impl Control {
             return None;
         }
         let now = self.now();
-        let mut backoff = self.restart_backoff.lock().expect("not poisoned");
+        let mut backoff = self.passes.restart_backoff.lock();
         let entry = backoff.entry(id).or_insert((0, now));
         if failed > entry.0 {
             let delay = std::time::Duration::from_secs(1u64 << (failed - 1).min(16))
@@ -107,18 +280,18 @@ impl Control {
             self.wake();
         }
         let timeout = self.lost_timeout();
-        let started = match self.fleet_clock.started() {
+        let started = match self.membership.fleet_clock.started() {
             Some(s) => s,
             None => {
                 self.read_db_clock().await;
-                let Some(s) = self.fleet_clock.started() else {
+                let Some(s) = self.membership.fleet_clock.started() else {
                     return Ok(());
                 };
                 s
             }
         };
         let now = self.now();
-        let outage = *self.store_failed_at.lock().expect("not poisoned");
+        let outage = *self.membership.store_failed_at.lock();
         let back = outage.map_or(started, |t| t.max(started));
         if since(now, back) < timeout {
             return Ok(());
@@ -164,21 +337,26 @@ impl Control {
     /// each pool's hosts at a time. Their services then start replacements first and stop
     /// the old tasks once the replacements run (see `reconcile_service`).
     async fn migrate_off_unhealthy_hosts(&self) -> Result<(), ControlError> {
-        // Every pass: the hosts' statuses only, not their GPUs.
-        let hosts = self.store.host_statuses().await?;
-        let mut by_pool: BTreeMap<String, Vec<&HostState>> = BTreeMap::new();
-        for h in &hosts {
-            by_pool.entry(h.pool.to_string()).or_default().push(h);
+        // Every pass: the draining and impaired hosts (found by an index), and the pools'
+        // sizes only when there are some.
+        let hosts = self
+            .store
+            .hosts_in_status(&[HostStatus::Draining, HostStatus::Impaired])
+            .await?;
+        if hosts.is_empty() {
+            return Ok(());
         }
-        for (_, pool_hosts) in by_pool {
-            let limit =
-                ((pool_hosts.len() as f64 * self.config.migration_share).floor() as usize).max(1);
+        let sizes = self.store.hosts_per_pool().await?;
+        let mut by_pool: BTreeMap<&PoolName, Vec<&HostState>> = BTreeMap::new();
+        for h in &hosts {
+            by_pool.entry(&h.pool).or_default().push(h);
+        }
+        for (pool, pool_hosts) in by_pool {
+            let size = sizes.get(pool).copied().unwrap_or(pool_hosts.len());
+            let limit = ((size as f64 * self.config.migration_share).floor() as usize).max(1);
             let mut moving = 0;
             let mut candidates = Vec::new();
-            for h in pool_hosts
-                .iter()
-                .filter(|h| matches!(h.status, HostStatus::Draining | HostStatus::Impaired))
-            {
+            for h in pool_hosts {
                 let tasks = self.tasks_on(&h.id).await?;
                 let live: Vec<&Task> = tasks
                     .iter()
@@ -241,9 +419,9 @@ impl Control {
             });
             let steady = !rolling_out
                 && self
+                    .passes
                     .service_state
                     .lock()
-                    .expect("not poisoned")
                     .get(name)
                     .is_some_and(|s| s.steady);
             let age = self.age_of(&primary.created_at).unwrap_or(i64::MAX);
@@ -304,10 +482,7 @@ impl Control {
                 }
                 if gone {
                     self.store.delete_service(name).await?;
-                    self.service_state
-                        .lock()
-                        .expect("not poisoned")
-                        .remove(name);
+                    self.passes.service_state.lock().remove(name);
                     self.event(Some(name), None, &format!("service {name} deleted"))
                         .await;
                 } else if !stop.is_empty() {

@@ -7,6 +7,7 @@ use crate::capacity::{Held, PoolCapacity};
 use crate::control::Control;
 use crate::error::ControlError;
 use crate::inputs::{Density, PreviewInput, PreviewResult, PreviewTask};
+use crate::parts::{CachedEngine, PoolEngine};
 use crate::store::{PendingTask, PlacementCommit, TaskFilter};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use tessera_model::service::{
@@ -77,26 +78,6 @@ pub(crate) fn with_live(mut req: TaskRequest, live: &[Task]) -> TaskRequest {
         }
     }
     req
-}
-
-/// A pool's engine with what live tasks hold already assigned.
-pub(crate) struct PoolEngine {
-    pub engine: Engine,
-    pub pool: PoolInfo,
-    /// The revisions its workload profile was built from.
-    pub profiled: HashSet<TaskDefRef>,
-}
-
-/// A pool's engine kept from one scheduling pass to the next: it already holds every
-/// placement the scheduler committed since it was built. A pass takes it out of the cache
-/// and puts it back only after all its placements were committed, so a pass that fails
-/// midway or whose commit was refused in part (the engine's picture drifted from the store;
-/// the commit's re-check caught it) leaves nothing behind. It is also rebuilt when capacity
-/// changed elsewhere (`Control::capacity_changed`, after `epoch`) and when a revision its
-/// profile does not know is pending.
-pub(crate) struct CachedEngine {
-    pub built: PoolEngine,
-    pub epoch: u64,
 }
 
 impl Control {
@@ -206,23 +187,19 @@ impl Control {
                     )
                 })
                 .collect();
-            let epoch = self
-                .capacity_epoch
-                .load(std::sync::atomic::Ordering::SeqCst);
+            let epoch = self.scheduling.epoch();
             let pending_refs: HashSet<TaskDefRef> =
                 tasks.iter().map(|t| t.task_definition.clone()).collect();
             let kept = self
+                .scheduling
                 .engines
-                .lock()
-                .expect("not poisoned")
-                .remove(&pool)
+                .take(&pool)
                 .filter(|c| c.epoch == epoch && pending_refs.is_subset(&c.built.profiled));
             let mut cached = match kept {
                 Some(cached) => cached,
                 None => {
                     let mut built = self.pool_engine(&pool, None, &extra).await?;
-                    self.engine_builds
-                        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    self.scheduling.built();
                     built.profiled.extend(pending_refs);
                     CachedEngine { built, epoch }
                 }
@@ -381,10 +358,7 @@ impl Control {
                 );
                 self.wake();
             } else {
-                self.engines
-                    .lock()
-                    .expect("not poisoned")
-                    .insert(pool.clone(), cached);
+                self.scheduling.engines.insert(pool.clone(), cached);
             }
             for (service, ids, sentence) in complaints {
                 self.store.set_placement_message(&ids, &sentence).await?;

@@ -2,8 +2,6 @@
 //! behind it: embedded SQLite, or PostgreSQL for fleets that outgrow one machine.
 
 use crate::error::StoreError;
-use crate::postgres::PgStore;
-use crate::sqlite::SqliteStore;
 use async_trait::async_trait;
 use std::sync::Arc;
 use tessera_model::agent::GpuReport;
@@ -429,9 +427,13 @@ pub trait HostStore: Send + Sync + 'static {
     /// One page of hosts matching `q` (ordered by pool then id) with their GPUs, read in a
     /// handful of queries whatever the fleet's size.
     async fn host_page(&self, q: &HostPageQuery) -> Result<HostPage, StoreError>;
-    /// Every host's pool and status, ordered by pool then id (what a reconcile pass needs
-    /// of each host, in one light query).
-    async fn host_statuses(&self) -> Result<Vec<HostState>, StoreError>;
+    /// The hosts in one of `statuses`, ordered by pool then id (a reconcile pass looks for
+    /// draining and impaired hosts: an index finds them without reading the others).
+    async fn hosts_in_status(&self, statuses: &[HostStatus]) -> Result<Vec<HostState>, StoreError>;
+    /// How many hosts each pool has, whatever their status.
+    async fn hosts_per_pool(
+        &self,
+    ) -> Result<std::collections::HashMap<PoolName, usize>, StoreError>;
     async fn get_host(&self, id: &HostId) -> Result<HostInfo, StoreError>;
     async fn set_host_status(
         &self,
@@ -549,6 +551,20 @@ pub trait ServiceStore: Send + Sync + 'static {
         id: i64,
         status: DeploymentStatus,
     ) -> Result<(), StoreError>;
+
+    // What changed, by service (rows the database's triggers add; see the migration
+    // `service_changes`).
+    /// Changes numbered above `after`, and those recorded at or after `recent` (a
+    /// transaction that took its number earlier may commit later): (number, service).
+    async fn service_changes(
+        &self,
+        after: i64,
+        recent: &str,
+    ) -> Result<Vec<(i64, String)>, StoreError>;
+    /// The newest change's number; 0 when there is none.
+    async fn last_service_change(&self) -> Result<i64, StoreError>;
+    /// Deletes the changes numbered up to `upto` recorded before `before`.
+    async fn forget_service_changes(&self, upto: i64, before: &str) -> Result<(), StoreError>;
 }
 
 #[async_trait]
@@ -849,20 +865,4 @@ impl<
         + PlanStore,
 > Store for T
 {
-}
-
-/// Opens the store named by `url`, applying pending migrations: `sqlite://PATH` (the file
-/// and its directory are created if missing) or `postgres://USER@HOST[:PORT]/DATABASE`
-/// (the database must exist).
-pub async fn open(url: &str) -> Result<Arc<dyn Store>, StoreError> {
-    if url.starts_with("sqlite:") {
-        Ok(Arc::new(SqliteStore::open(url).await?))
-    } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
-        Ok(Arc::new(PgStore::open(url).await?))
-    } else {
-        Err(StoreError::UnsupportedUrl {
-            url: url.to_owned(),
-            why: "expected sqlite://PATH or postgres://USER@HOST/DATABASE",
-        })
-    }
 }

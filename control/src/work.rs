@@ -10,6 +10,7 @@ use crate::control::Control;
 use crate::error::ControlError;
 use crate::fit::Range;
 use crate::interference::{ANY, Observation, alone_p99, estimate, predicted_p99};
+use crate::parts::{Estimates, Watch};
 use crate::store::{TaskFilter, UsageQuery};
 use std::collections::BTreeSet;
 use std::collections::HashMap;
@@ -173,14 +174,6 @@ impl Figures {
     }
 }
 
-/// One alarm's watch: since when its figure breaches, and since when it is in alarm.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub(crate) struct Watch {
-    pub breaching_since: Option<i64>,
-    pub fired_at: Option<i64>,
-    pub value: Option<f64>,
-}
-
 /// The next watch of `alarm` given its figure `value` measured at `at` and seen at `now`
 /// (unix seconds), and whether it fired just now. A breach counts from when it was
 /// measured, not from when a pass saw it: `for_secs` is the application's time past the
@@ -322,10 +315,6 @@ pub(crate) fn decide_scale(
     }
 }
 
-/// A service's interference estimates and its p99 alone, cached (they come from a day of
-/// usage buckets).
-pub(crate) type Estimates = Arc<(Vec<Interference>, Option<f64>)>;
-
 /// How long (seconds, by the control plane's clock) estimates are reused before they are
 /// read again.
 const ESTIMATES_TTL: i64 = 30;
@@ -399,91 +388,13 @@ pub(crate) fn conflicts(
     out
 }
 
-/// Work reports received by this server: the ones to write, and what was last written of
-/// each task. A report is written when it says something new: a rate or percentile that
-/// moved by more than [`WORK_CHANGE`], work turning unknown or known, or the last write
-/// older than [`WORK_REFRESH`] s. A steady fleet's syncs then cost no write each, and what
-/// the store holds is never further than that from what was measured.
-#[derive(Debug, Default)]
-pub(crate) struct WorkLatest {
-    pending: HashMap<String, String>,
-    /// Per task: when its stored figures were written (unix seconds), and them.
-    written: HashMap<String, (i64, WorkNow)>,
-}
-
-/// How far (a fraction) a figure may move before it is written again.
-const WORK_CHANGE: f64 = 0.1;
-/// How old (seconds) a task's stored work may get while it says the same.
-const WORK_REFRESH: i64 = 30;
-
-/// Whether `new` says something `old` does not, by [`WORK_CHANGE`].
-fn work_moved(old: &WorkNow, new: &WorkNow) -> bool {
-    let moved = |a: Option<f64>, b: Option<f64>| match (a, b) {
-        (Some(a), Some(b)) => (a - b).abs() > WORK_CHANGE * a.abs().max(b.abs()).max(1e-9),
-        (None, None) => false,
-        _ => true,
-    };
-    old.unknown.is_some() != new.unknown.is_some()
-        || moved(old.completed_per_sec, new.completed_per_sec)
-        || moved(old.errors_per_sec, new.errors_per_sec)
-        || moved(old.latency_p50_ms, new.latency_p50_ms)
-        || moved(old.latency_p95_ms, new.latency_p95_ms)
-        || moved(old.latency_p99_ms, new.latency_p99_ms)
-}
-
-impl WorkLatest {
-    /// A task's new report, measured at `now`: kept to write when it says something new.
-    pub(crate) fn offer(&mut self, task: &str, work: WorkNow, now: i64) {
-        let due = match self.written.get(task) {
-            None => true,
-            Some((at, old)) => now - at >= WORK_REFRESH || work_moved(old, &work),
-        };
-        if !due {
-            return;
-        }
-        if let Ok(json) = serde_json::to_string(&work) {
-            self.pending.insert(task.to_owned(), json);
-            self.written.insert(task.to_owned(), (now, work));
-        }
-    }
-
-    /// The reports to write now; tasks not heard of for long are forgotten.
-    pub(crate) fn take(&mut self, now: i64) -> Vec<(String, String)> {
-        self.written
-            .retain(|_, (at, _)| now - *at < 10 * WORK_REFRESH);
-        std::mem::take(&mut self.pending).into_iter().collect()
-    }
-
-    /// Reports whose write failed, to try again.
-    pub(crate) fn put_back(&mut self, work: Vec<(String, String)>) {
-        for (id, w) in work {
-            self.pending.entry(id).or_insert(w);
-        }
-    }
-}
-
-/// Each service's alarm watches and autoscaling memory (kept by the server that
-/// reconciles; a new one starts watching afresh).
-#[derive(Debug, Default)]
-pub(crate) struct Watches {
-    pub alarms: HashMap<(String, usize), Watch>,
-    /// (last scale-out, last scaling of either kind), unix seconds.
-    pub scaled: HashMap<String, (Option<i64>, Option<i64>)>,
-    /// The last autoscaling decision, in words.
-    pub scaling: HashMap<String, String>,
-    /// When each primary deployment reached its steady state (for the bake time).
-    pub steady_at: HashMap<i64, i64>,
-    /// Interference estimates by service, and when they were read.
-    pub estimates: HashMap<String, (i64, Estimates)>,
-}
-
 impl Control {
     /// Keeps what a sync reported of its tasks' work, written with the next heartbeats
     /// when it says something new (see [`WorkLatest::offer`]).
     pub(crate) fn record_work(&self, tasks: &[Task], reports: &[TaskReport]) {
         let at = stamp(self.now());
         let now = self.unix_now();
-        let mut latest = self.work.lock().expect("not poisoned");
+        let mut latest = self.gateway.work.lock();
         for r in reports {
             let Some(w) = &r.work else { continue };
             if !tasks.iter().any(|t| t.id == r.task_id) {
@@ -495,16 +406,12 @@ impl Control {
 
     /// Writes the work received since the last flush that says something new.
     pub(crate) async fn flush_work(&self) -> Result<(), ControlError> {
-        let work = self
-            .work
-            .lock()
-            .expect("not poisoned")
-            .take(self.unix_now());
+        let work = self.gateway.work.lock().take(self.unix_now());
         if work.is_empty() {
             return Ok(());
         }
         if let Err(e) = self.store.set_task_work(&work).await {
-            self.work.lock().expect("not poisoned").put_back(work);
+            self.gateway.work.lock().put_back(work);
             return Err(e.into());
         }
         Ok(())
@@ -648,7 +555,7 @@ impl Control {
         let observations = self
             .observations(name, self.config.usage.fine_keep.as_secs() as i64)
             .await?;
-        let watches = self.watches.lock().expect("not poisoned");
+        let watches = self.passes.watches.lock();
         let alarms = service
             .objectives
             .alarms
@@ -726,7 +633,7 @@ impl Control {
         let figures = Figures::of(tasks.iter().filter(|t| t.deployment_id == primary), |_| 0);
         let mut fired_now = Vec::new();
         let watched = {
-            let mut w = self.watches.lock().expect("not poisoned");
+            let mut w = self.passes.watches.lock();
             let steady_at = if steady {
                 // First seen steady by this server: a deployment older than its bake time
                 // (steady before this server started watching) is past it.
@@ -777,12 +684,7 @@ impl Control {
 
     /// A service's interference estimates and p99 alone, read at most every 30 s.
     pub(crate) async fn estimates_of(&self, service: &str) -> Result<Estimates, ControlError> {
-        if let Some((at, e)) = self
-            .watches
-            .lock()
-            .expect("not poisoned")
-            .estimates
-            .get(service)
+        if let Some((at, e)) = self.passes.watches.lock().estimates.get(service)
             && self.unix_now() - at < ESTIMATES_TTL
         {
             return Ok(e.clone());
@@ -791,9 +693,9 @@ impl Control {
             .observations(service, self.config.usage.fine_keep.as_secs() as i64)
             .await?;
         let e: Estimates = Arc::new((estimate(service, &obs), alone_p99(service, &obs)));
-        self.watches
+        self.passes
+            .watches
             .lock()
-            .expect("not poisoned")
             .estimates
             .insert(service.to_owned(), (self.unix_now(), e.clone()));
         Ok(e)
@@ -848,9 +750,9 @@ impl Control {
     /// Forgets the service's alarm watches (after a rollback, the revision rolled back to
     /// is watched afresh).
     pub(crate) fn forget_alarms(&self, name: &str) {
-        self.watches
+        self.passes
+            .watches
             .lock()
-            .expect("not poisoned")
             .alarms
             .retain(|(s, _), _| s != name);
     }
@@ -867,9 +769,9 @@ impl Control {
         };
         let name = service.name.as_str();
         if rolling_out {
-            self.watches
+            self.passes
+                .watches
                 .lock()
-                .expect("not poisoned")
                 .scaling
                 .insert(name.to_owned(), "held: a deployment is under way".into());
             return Ok(());
@@ -883,9 +785,9 @@ impl Control {
         };
         let now = self.unix_now();
         let (last_out, last_any) = self
+            .passes
             .watches
             .lock()
-            .expect("not poisoned")
             .scaled
             .get(name)
             .copied()
@@ -900,9 +802,9 @@ impl Control {
         );
         match decision {
             ScaleDecision::Hold(why) => {
-                self.watches
+                self.passes
+                    .watches
                     .lock()
-                    .expect("not poisoned")
                     .scaling
                     .insert(name.to_owned(), why);
             }
@@ -910,7 +812,7 @@ impl Control {
                 self.store.set_desired_count(name, to).await?;
                 let out = to > service.desired_count;
                 {
-                    let mut w = self.watches.lock().expect("not poisoned");
+                    let mut w = self.passes.watches.lock();
                     let entry = w.scaled.entry(name.to_owned()).or_default();
                     if out {
                         entry.0 = Some(now);
@@ -1012,6 +914,7 @@ pub(crate) fn work_series(rows: &[crate::store::UsageRow], group: i64) -> Vec<Wo
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::parts::{WORK_REFRESH, WorkLatest};
 
     fn alarm(above: f64, for_secs: u32) -> Alarm {
         Alarm {

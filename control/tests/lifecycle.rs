@@ -621,3 +621,100 @@ async fn a_services_settings_change_in_place_by_the_rules_of_a_new_one() {
             .is_err()
     );
 }
+
+#[tokio::test]
+async fn a_fresh_fleet_gets_the_default_pool_once_and_a_fleet_with_pools_none() {
+    let db = TestDb::new().await;
+    let control = tessera_control::Control::new(db.open().await, fast());
+    assert!(control.ensure_default_pool().await.expect("first start"));
+    assert!(!control.ensure_default_pool().await.expect("second start"));
+    let names: Vec<String> = control
+        .list_pools()
+        .await
+        .expect("pools")
+        .into_iter()
+        .map(|p| p.name.to_string())
+        .collect();
+    assert_eq!(names, ["default"]);
+    // An agent started with its defaults joins it.
+    control
+        .ensure_join_token(Some(JOIN))
+        .await
+        .expect("join token");
+    let joined = control
+        .register_agent(&tessera_model::agent::RegisterRequest {
+            address: None,
+            join_token: JOIN.into(),
+            pool: tessera_model::PoolName::new("default").expect("valid"),
+            cpu_milli: tessera_model::MilliCpu(1_000),
+            memory_mib: tessera_model::MiB(1024),
+            simulated: true,
+            labels: Default::default(),
+            gpus: gpus("d", 1, 24),
+            name: Some("first".into()),
+        })
+        .await;
+    assert!(joined.is_ok(), "{joined:?}");
+    // A fleet that already has pools (the test harness's `gpu`) gets no `default`.
+    let env = env(fast()).await;
+    assert!(!env.control.ensure_default_pool().await.expect("ensure"));
+}
+
+#[tokio::test]
+async fn a_pass_looks_only_at_services_that_changed_whoever_changed_them() {
+    let env = env(fast()).await;
+    let c = &env.control;
+    let h = host(c, "a", 2, 24).await;
+    let def = register_def(c, "infer", 10, 40).await;
+    service(c, "infer", &def, 2, DeploymentConfig::default()).await;
+    service(c, "other", &def, 1, DeploymentConfig::default()).await;
+    c.reconcile_once().await.expect("pass");
+    assert_eq!(c.last_pass_scope(), (true, 2), "the first pass is full");
+    // The tasks start (the agent's sync changes their state), the services settle.
+    sync(c, &h).await;
+    c.reconcile_once().await.expect("pass");
+    assert_eq!(
+        c.last_pass_scope(),
+        (false, 2),
+        "both services' tasks changed"
+    );
+    c.reconcile_once().await.expect("pass");
+    c.reconcile_once().await.expect("pass");
+    assert_eq!(
+        c.last_pass_scope(),
+        (false, 0),
+        "an unchanged, steady fleet: no service looked at"
+    );
+    // A change made through another server on the same database is recorded by the
+    // database, and this server's next pass acts on it.
+    let other = env.restart(fast()).await;
+    other
+        .update_service(
+            "infer",
+            &ServicePatch {
+                desired_count: Some(3),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("scale through the other server");
+    c.reconcile_once().await.expect("pass");
+    assert_eq!(c.last_pass_scope(), (false, 1), "only the scaled service");
+    let live = tasks(c, "infer", LIVE).await;
+    assert_eq!(live.len(), 3, "{live:?}");
+    // Deleted services drop out; a full pass comes round at its interval.
+    let c2 = tessera_control::Control::new(
+        env.db.open().await,
+        tessera_control::ControlConfig {
+            full_pass_every: std::time::Duration::ZERO,
+            ..fast()
+        },
+    );
+    c2.reconcile_once().await.expect("pass");
+    c2.reconcile_once().await.expect("pass");
+    assert_eq!(
+        c2.last_pass_scope(),
+        (true, 2),
+        "every pass full when asked"
+    );
+}

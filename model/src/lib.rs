@@ -28,6 +28,7 @@
 pub mod agent;
 pub mod api;
 pub mod auth;
+pub mod bodies;
 pub mod consolidation;
 pub mod error;
 pub mod fit;

@@ -11,31 +11,27 @@
 //! - [`request`]: what a task asks for (CPU, memory, whole GPUs or an MPS slot) and its constraints.
 //! - [`engine`]: filter, score, choose; the policies (`policy`), binpack's index (`index`),
 //!   scoring (`scoring`), rejections explained (`explain`); batches and dry runs.
-//! - [`bound`]: the most GPU share any engine could allocate to a set of tasks (for `replay`).
 //! - [`consolidate`]: consolidation plans: moves that empty partly used GPUs or hosts.
 //! - [`profile`]: the workload's shape and the fragmentation measure built on it.
 //! - `gaps`: what a GPU's free share is worth to the workload, learned from its shape.
 //! - `classes`: hosts grouped by identical state, so each state is scored once.
 //! - [`reject`]: rejection reports with counts by reason and the operator's sentence.
-//! - [`openb`]: reading the Alibaba openb trace format, for the `replay` benchmark.
-//! - [`variants`]: workload variants of a trace made with a seed (GPU-model pinning, CPU-only
-//!   scale, shared and multi-GPU mix), for the `replay --variants` table.
 //! - [`rng`]: the seeded generator behind tie-breaks and shuffles.
+//!
+//! The benchmark harness (trace readers, workload variants, the LP bound, `replay` and
+//! `consolidate`) is the crate `tessera-placement-lab`, beside this one.
 
 #![forbid(unsafe_code)]
 
-pub mod bound;
 mod classes;
 pub mod consolidate;
 pub mod engine;
 mod gaps;
-pub mod openb;
 pub mod profile;
 pub mod reject;
 pub mod request;
 pub mod rng;
 pub mod snapshot;
-pub mod variants;
 
 pub use engine::{BatchOutcome, Engine, Policy, describe_request};
 pub use profile::{DemandProfile, ProfileEntry};

@@ -15,11 +15,12 @@ use axum::extract::{ConnectInfo, Request, State};
 use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
@@ -40,7 +41,7 @@ pub struct Held {
 
 impl Drop for Held {
     fn drop(&mut self) {
-        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let mut held = self.held.lock();
         if let Some(n) = held.get_mut(&self.ip) {
             *n -= 1;
             if *n == 0 {
@@ -71,7 +72,7 @@ impl PerAddress {
             },
             v4 => v4,
         };
-        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let mut held = self.held.lock();
         let n = held.entry(ip).or_default();
         if *n >= self.max {
             return None;

@@ -23,7 +23,8 @@
 
 pub mod api;
 pub mod auth;
-pub mod cli;
+/// The command line's client side (its own crate, `tessera-cli`).
+pub use tessera_cli as cli;
 pub mod config;
 pub mod demo;
 pub mod edge;

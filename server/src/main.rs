@@ -65,7 +65,10 @@ async fn run_command() -> anyhow::Result<()> {
             );
             Ok(())
         }
-        Command::Client(c) => tessera_server::cli::run(c).await,
+        Command::Client(c) => {
+            use clap::CommandFactory;
+            tessera_server::cli::run(c, Cli::command()).await
+        }
         Command::Tls { command } => tessera_server::cli::tls::run(command),
         Command::ExampleServer { port } => tessera_server::example::run(port).await,
     }
@@ -224,6 +227,15 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         println!(
             "Join token for agents (shown once; set TESSERA_JOIN_TOKEN to choose your own): {token}"
         );
+    }
+    // As ECS has its default cluster: a fresh fleet has a pool that an agent started with
+    // its defaults joins.
+    if control
+        .ensure_default_pool()
+        .await
+        .context("creating the default pool")?
+    {
+        println!("Created the pool `default` (agents join it unless told another)");
     }
     let (stop_tx, stop_rx) = watch::channel(false);
     if args.demo {

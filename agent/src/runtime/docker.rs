@@ -20,9 +20,10 @@ use bollard::query_parameters::{
     WaitContainerOptions,
 };
 use futures_util::StreamExt;
+use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinHandle;
 
@@ -493,7 +494,7 @@ impl Boxed {
     }
 
     pub fn phase(&self) -> Phase {
-        self.phase.lock().expect("not poisoned").clone()
+        self.phase.lock().clone()
     }
 
     /// The engine and the container's name there, for reading Docker's health verdict.
@@ -509,7 +510,7 @@ impl Boxed {
         match self.phase() {
             Phase::Pulling(_) | Phase::Starting => {
                 self.driver.abort();
-                *self.phase.lock().expect("not poisoned") = Phase::Exited(None);
+                *self.phase.lock() = Phase::Exited(None);
                 tokio::spawn(async move { engine.remove(&name).await });
             }
             Phase::Running(_) => {
@@ -556,7 +557,7 @@ impl Boxed {
 }
 
 fn set(phase: &Mutex<Phase>, to: Phase) {
-    *phase.lock().expect("not poisoned") = to;
+    *phase.lock() = to;
 }
 
 /// Pull, create, start, then watch until it ends.

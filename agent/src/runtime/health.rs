@@ -9,8 +9,9 @@
 //! half second (the first 0.2 s after the start), so a healthy task is known as soon as it answers; after that every
 //! `interval`. A check that outlives its timeout is killed and counts as a failure.
 
+use parking_lot::Mutex;
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tessera_model::agent::HealthReport;
 use tessera_model::service::TaskHealth;
@@ -93,7 +94,7 @@ impl Checker {
     }
 
     pub fn verdict(&self) -> Verdict {
-        self.verdict.lock().expect("not poisoned").clone()
+        self.verdict.lock().clone()
     }
 }
 
@@ -198,7 +199,7 @@ async fn run(
         tokio::time::sleep(delay).await;
         delay = counter.next_delay();
         let (passed, output, docker_status) = once(&probe, timeout, &client).await;
-        let current = verdict.lock().expect("not poisoned").status;
+        let current = verdict.lock().status;
         let status = match docker_status {
             // The engine did not answer: nothing new is known.
             Some(None) => continue,
@@ -220,7 +221,7 @@ async fn run(
                     .fold(o, |o, secret| o.replace(secret.as_str(), "***"))
             })
         };
-        let mut v = verdict.lock().expect("not poisoned");
+        let mut v = verdict.lock();
         let before = v.clone();
         v.status = status;
         v.output = output;

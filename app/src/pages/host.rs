@@ -26,7 +26,7 @@ pub async fn set_host_draining(id: String, drain: bool) -> Result<(), ServerFnEr
     } else {
         control.activate_host(&id).await
     };
-    result.map_err(|e| ServerFnError::new(e.to_string()))
+    result.map_err(crate::data::ssr::failed)
 }
 
 /// Lets a host its pool held for approval take tasks.

@@ -55,7 +55,7 @@ pub async fn patch_service(
     {
         Ok(_) => Ok(Ok(())),
         Err(tessera_control::ControlError::Invalid(v)) => Ok(Err(v.errors)),
-        Err(e) => Err(ServerFnError::new(e.to_string())),
+        Err(e) => Err(crate::data::ssr::failed(e)),
     }
 }
 
@@ -64,7 +64,7 @@ pub async fn delete_service(name: String) -> Result<(), ServerFnError> {
     crate::data::ssr::control()?
         .delete_service(&name)
         .await
-        .map_err(|e| ServerFnError::new(e.to_string()))
+        .map_err(crate::data::ssr::failed)
 }
 
 #[component]

@@ -32,7 +32,7 @@ fn invalid(e: tessera_control::ControlError) -> Result<Vec<FieldError>, ServerFn
                 message: m,
             }])
         }
-        other => Err(crate::data::ssr::internal(other)),
+        other => Err(crate::data::ssr::failed(other)),
     }
 }
 

@@ -26,7 +26,7 @@ pub async fn deregister_revision(family: String, revision: u32) -> Result<(), Se
         .deregister_task_definition(&r)
         .await
         .map(|_| ())
-        .map_err(|e| ServerFnError::new(e.to_string()))
+        .map_err(crate::data::ssr::failed)
 }
 
 /// A line of a diff.

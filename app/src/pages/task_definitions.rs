@@ -53,7 +53,7 @@ pub async fn register_task_definition(
     {
         Ok(def) => Ok(Ok(def)),
         Err(tessera_control::ControlError::Invalid(v)) => Ok(Err(v.errors)),
-        Err(e) => Err(crate::data::ssr::internal(e)),
+        Err(e) => Err(crate::data::ssr::failed(e)),
     }
 }
 

@@ -494,8 +494,32 @@ impl HostStore for This {
         })
     }
 
-    async fn host_statuses(&self) -> Result<Vec<HostState>, StoreError> {
-        sqlx::query("SELECT id, pool, status FROM hosts ORDER BY pool, id")
+    async fn hosts_per_pool(&self) -> Result<HashMap<PoolName, usize>, StoreError> {
+        let rows: Vec<(String, i64)> =
+            sqlx::query_as("SELECT pool, COUNT(*) FROM hosts GROUP BY pool")
+                .fetch_all(&self.db)
+                .await?;
+        rows.into_iter()
+            .map(|(pool, n)| {
+                Ok((
+                    PoolName::new(pool).map_err(|e| StoreError::corrupt("host pool", e))?,
+                    usize::try_from(n).unwrap_or(0),
+                ))
+            })
+            .collect()
+    }
+
+    async fn hosts_in_status(&self, statuses: &[HostStatus]) -> Result<Vec<HostState>, StoreError> {
+        if statuses.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut q = QueryBuilder::<Db>::new("SELECT id, pool, status FROM hosts WHERE status IN (");
+        let mut sep = q.separated(", ");
+        for s in statuses {
+            sep.push_bind(s.as_str());
+        }
+        q.push(") ORDER BY pool, id");
+        q.build()
             .fetch_all(&self.db)
             .await?
             .iter()

@@ -181,6 +181,40 @@ impl ServiceStore for This {
         .collect()
     }
 
+    async fn service_changes(
+        &self,
+        after: i64,
+        recent: &str,
+    ) -> Result<Vec<(i64, String)>, StoreError> {
+        let rows = sqlx::query_as(
+            // Two indexed reads (an `OR` would scan the table).
+            "SELECT seq, service FROM service_changes WHERE seq > $1
+             UNION SELECT seq, service FROM service_changes WHERE at >= $2 ORDER BY seq",
+        )
+        .bind(after)
+        .bind(recent)
+        .fetch_all(&self.db)
+        .await?;
+        Ok(rows)
+    }
+
+    async fn last_service_change(&self) -> Result<i64, StoreError> {
+        let (last,): (Option<i64>,) = sqlx::query_as("SELECT MAX(seq) FROM service_changes")
+            .fetch_one(&self.db)
+            .await?;
+        Ok(last.unwrap_or(0))
+    }
+
+    async fn forget_service_changes(&self, upto: i64, before: &str) -> Result<(), StoreError> {
+        self.write_one(
+            sqlx::query("DELETE FROM service_changes WHERE seq <= $1 AND at < $2")
+                .bind(upto)
+                .bind(before),
+        )
+        .await?;
+        Ok(())
+    }
+
     async fn get_service(&self, name: &str) -> Result<Service, StoreError> {
         let row = sqlx::query(&format!(
             "SELECT {SERVICE_COLUMNS} FROM services WHERE name = $1"

@@ -4,8 +4,15 @@
 //!
 //! ```text
 //! sync-bench [--hosts 10000] [--gpus-per-host 8] [--tasks 20000] [--interval 5] [--seconds 30]
-//!            [--no-reconcile 1] [--postgres URL] [--servers 1] [--work 1] [--compare-work 1]
+//!            [--no-reconcile 1] [--full-passes 1] [--compare-reconcile 1]
+//!            [--postgres URL] [--servers 1] [--work 1] [--compare-work 1]
 //! ```
+//!
+//! The reconcile loop's passes look only at the services that changed, with a full pass
+//! every two minutes; `--full-passes 1` makes every pass full (as before passes were
+//! incremental), `--no-reconcile 1` runs no loop at all. `--compare-reconcile 1` runs the
+//! same fleet three times (no loop, incremental passes, full passes) and prints the sync
+//! latencies and the cost of one pass of each kind side by side.
 //!
 //! `--work 1` adds to every task's report what its application completed (as agents
 //! scrape it); `--compare-work 1` runs the same fleet twice, without and with it, and
@@ -55,19 +62,47 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
-/// What one run measured: sync latency p50 and p99 (ms), and hosts wrongly lost.
+/// What one run measured: sync latency p50 and p99 (ms), hosts wrongly lost, and one
+/// full and one incremental pass over the settled fleet (ms).
 struct Outcome {
     p50_ms: f64,
     p99_ms: f64,
     lost: usize,
+    full_pass_ms: f64,
+    changed_pass_ms: f64,
+}
+
+/// What runs beside the syncs.
+#[derive(Clone, Copy, PartialEq)]
+enum Loop {
+    /// No reconcile loop: the sync path alone.
+    Off,
+    /// Passes that look at what changed, a full one every two minutes (the default).
+    Incremental,
+    /// Every pass looks at every service.
+    Full,
 }
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // `RUST_LOG=tessera_control=debug` shows each pass's phases.
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .init();
     // `--compare-work 1`: the same fleet in one run, its tasks' reports without and with
     // the work their applications completed (what agents scrape), side by side.
+    if arg("--compare-reconcile", 0) != 0 {
+        return compare_reconcile().await;
+    }
     if arg("--compare-work", 0) == 0 {
-        run(arg("--work", 0) != 0, "").await?;
+        let mode = if arg("--no-reconcile", 0) != 0 {
+            Loop::Off
+        } else if arg("--full-passes", 0) != 0 {
+            Loop::Full
+        } else {
+            Loop::Incremental
+        };
+        run(arg("--work", 0) != 0, "", mode).await?;
         return Ok(());
     }
     // Each run on its own database, twice in turn (without, with, without, with), and
@@ -76,8 +111,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut without = Vec::new();
     let mut with = Vec::new();
     for round in 0..2 {
-        without.push(run(false, &format!("_{round}")).await?);
-        with.push(run(true, &format!("_work_{round}")).await?);
+        without.push(run(false, &format!("_{round}"), Loop::Incremental).await?);
+        with.push(run(true, &format!("_work_{round}"), Loop::Incremental).await?);
     }
     let best = |v: Vec<Outcome>| {
         v.into_iter()
@@ -106,9 +141,60 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// The same fleet with no reconcile loop, with incremental passes and with full passes,
+/// each on its own database, side by side.
+async fn compare_reconcile() -> Result<(), Box<dyn std::error::Error>> {
+    // Twice in turn, each figure the better of its two (as `--compare-work`): the
+    // machine's noise weighs on every mode alike.
+    let mut runs: [Vec<Outcome>; 3] = Default::default();
+    for round in 0..2 {
+        for (i, mode) in [Loop::Off, Loop::Incremental, Loop::Full]
+            .into_iter()
+            .enumerate()
+        {
+            runs[i].push(run(false, &format!("_{i}_{round}"), mode).await?);
+        }
+    }
+    let [off, incremental, full] = runs.map(|v| {
+        v.into_iter()
+            .min_by(|a, b| a.p99_ms.total_cmp(&b.p99_ms))
+            .expect("two runs")
+    });
+    let (off, incremental, full) = (&off, &incremental, &full);
+    println!("sync-bench, the reconcile loop beside the syncs, side by side:");
+    println!(
+        "  {:<34} {:>10} {:>10} {:>11}",
+        "", "p50 ms", "p99 ms", "hosts lost"
+    );
+    for (what, o) in [
+        ("no reconcile loop", off),
+        ("incremental passes (default)", incremental),
+        ("every pass full", full),
+    ] {
+        println!(
+            "  {what:<34} {:>10.1} {:>10.1} {:>11}",
+            o.p50_ms, o.p99_ms, o.lost
+        );
+    }
+    println!(
+        "  p99 with incremental passes / without a loop: {:.2} (target: at most 1.5); with full passes: {:.2}",
+        incremental.p99_ms / off.p99_ms.max(1e-9),
+        full.p99_ms / off.p99_ms.max(1e-9)
+    );
+    println!(
+        "  one pass over the settled fleet: full {:.1} ms, incremental {:.2} ms (target: under 10 ms)",
+        incremental.full_pass_ms, incremental.changed_pass_ms
+    );
+    Ok(())
+}
+
 /// One measured run on a fresh database; with `work`, every task's report carries an
 /// interval of completed work, errors and a latency histogram.
-async fn run(work: bool, db_suffix: &str) -> Result<Outcome, Box<dyn std::error::Error>> {
+async fn run(
+    work: bool,
+    db_suffix: &str,
+    mode: Loop,
+) -> Result<Outcome, Box<dyn std::error::Error>> {
     let hosts = arg("--hosts", 10_000);
     let per_host = arg("--gpus-per-host", 8);
     let tasks = arg("--tasks", 20_000);
@@ -201,6 +287,11 @@ async fn run(work: bool, db_suffix: &str) -> Result<Outcome, Box<dyn std::error:
             tessera_control::open(&url).await?,
             ControlConfig {
                 sync_interval: interval,
+                full_pass_every: if mode == Loop::Full {
+                    Duration::ZERO
+                } else {
+                    ControlConfig::default().full_pass_every
+                },
                 ..ControlConfig::default()
             },
         );
@@ -240,12 +331,38 @@ async fn run(work: bool, db_suffix: &str) -> Result<Outcome, Box<dyn std::error:
     control.tick().await?;
     analyze(&url).await?;
     control.reconcile_once().await?;
-    let t = Instant::now();
-    control.reconcile_once().await?;
-    let pass = t.elapsed();
+    // One full pass and one that looks at what changed (nothing), over the settled fleet;
+    // each the best of three.
+    async fn time_pass(url: &str, full: bool) -> Result<Duration, Box<dyn std::error::Error>> {
+        let measured = Control::new(
+            tessera_control::open(url).await?,
+            ControlConfig {
+                full_pass_every: if full {
+                    Duration::ZERO
+                } else {
+                    ControlConfig::default().full_pass_every
+                },
+                ..ControlConfig::default()
+            },
+        );
+        measured.reconcile_once().await?;
+        let mut best = Duration::MAX;
+        for _ in 0..3 {
+            let t = Instant::now();
+            measured.reconcile_once().await?;
+            best = best.min(t.elapsed());
+        }
+        Ok(best)
+    }
+    let full_pass = time_pass(&url, true).await?;
+    let changed_pass = time_pass(&url, false).await?;
+    let pass = if mode == Loop::Full {
+        full_pass
+    } else {
+        changed_pass
+    };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    // `--no-reconcile 1`: the sync path alone, as a baseline.
-    let reconcile = arg("--no-reconcile", 0) == 0;
+    let reconcile = mode != Loop::Off;
     let reconcilers: Vec<_> = controls
         .iter()
         .map(|control| {
@@ -263,10 +380,17 @@ async fn run(work: bool, db_suffix: &str) -> Result<Outcome, Box<dyn std::error:
         })
         .collect();
     println!(
-        "sync-bench: {hosts} hosts × {per_host} GPUs, {tasks} tasks, each host syncing every {} s ({:.0} syncs/s) for {seconds} s, {store_name}, {servers} server(s); one reconcile pass after the warm-up took {:.1} ms",
+        "sync-bench: {hosts} hosts × {per_host} GPUs, {tasks} tasks, each host syncing every {} s ({:.0} syncs/s) for {seconds} s, {store_name}, {servers} server(s), {}; one reconcile pass after the warm-up took {:.1} ms (full {:.1} ms, incremental {:.2} ms)",
         interval.as_secs(),
         hosts as f64 / interval.as_secs_f64(),
-        pass.as_secs_f64() * 1000.0
+        match mode {
+            Loop::Off => "no reconcile loop",
+            Loop::Incremental => "incremental passes",
+            Loop::Full => "every pass full",
+        },
+        pass.as_secs_f64() * 1000.0,
+        full_pass.as_secs_f64() * 1000.0,
+        changed_pass.as_secs_f64() * 1000.0,
     );
     // One sender per host slot would be 10,000 tasks; a few hundred workers each take
     // every n-th host and keep its schedule, so a slow answer delays only that worker.
@@ -354,6 +478,8 @@ async fn run(work: bool, db_suffix: &str) -> Result<Outcome, Box<dyn std::error:
         p50_ms: ms(percentile(&latencies, 0.5)),
         p99_ms: ms(percentile(&latencies, 0.99)),
         lost,
+        full_pass_ms: ms(full_pass),
+        changed_pass_ms: ms(changed_pass),
     })
 }
 

@@ -4,10 +4,12 @@
 //! user's config directory), or `--url` / `--token` (`TESSERA_URL` / `TESSERA_TOKEN`) for
 //! scripts and CI.
 
+#![forbid(unsafe_code)]
+
 /// Prints a line to standard output; a closed pipe (`tessera get tasks | head`) ends the
 /// command quietly.
 macro_rules! say {
-    ($($t:tt)*) => { $crate::cli::write_out(&format!("{}\n", format_args!($($t)*))) };
+    ($($t:tt)*) => { $crate::write_out(&format!("{}\n", format_args!($($t)*))) };
 }
 
 mod apply;
@@ -15,7 +17,8 @@ pub mod lb;
 mod table;
 pub mod tls;
 
-pub(crate) fn write_out(text: &str) {
+#[doc(hidden)]
+pub fn write_out(text: &str) {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
     if let Err(e) = out.write_all(text.as_bytes()).and_then(|()| out.flush())
@@ -25,9 +28,6 @@ pub(crate) fn write_out(text: &str) {
     }
 }
 
-use crate::api::bodies::{
-    ErrorBody, EventList, FamilyList, HostDetail, HostList, ServiceList, TaskList,
-};
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand, ValueEnum};
 use serde::{Deserialize, Serialize};
@@ -37,6 +37,9 @@ use table::Table;
 use tessera_model::HostInfo;
 use tessera_model::api::{EndpointList, ServiceDetail};
 use tessera_model::auth::{Caller, NewApiToken};
+use tessera_model::bodies::{
+    ErrorBody, EventList, FamilyList, HostDetail, HostList, ServiceList, TaskList,
+};
 use tessera_model::service::Task;
 
 /// Where the server is and who is calling (the stored login unless given).
@@ -335,7 +338,8 @@ impl Exit {
 }
 
 /// Runs a client command; the error says what to do.
-pub async fn run(command: ClientCommand) -> anyhow::Result<()> {
+/// Runs a client command. `root` is the whole `tessera` command, for `tessera completion`.
+pub async fn run(command: ClientCommand, root: clap::Command) -> anyhow::Result<()> {
     match command {
         ClientCommand::Login {
             url,
@@ -464,8 +468,7 @@ pub async fn run(command: ClientCommand) -> anyhow::Result<()> {
             .await
         }
         ClientCommand::Completion { shell } => {
-            use clap::CommandFactory;
-            let mut cmd = crate::config::Cli::command();
+            let mut cmd = root;
             clap_complete::generate(shell, &mut cmd, "tessera", &mut std::io::stdout());
             Ok(())
         }

@@ -5,7 +5,6 @@
 //! `--wait` follows each rollout until it is steady or rolled back.
 
 use super::{Client, Exit, seg};
-use crate::api::bodies::RevisionList;
 use anyhow::{Context, bail};
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
@@ -13,6 +12,7 @@ use std::io::{IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tessera_model::api::{PreviewResult, ServiceDetail, ServiceInput};
+use tessera_model::bodies::RevisionList;
 use tessera_model::service::{DeploymentStatus, Service, TaskDefRef, TaskDefinition};
 use tessera_model::taskdef::{Secret, TaskDefinitionSpec, parse_task_definition};
 

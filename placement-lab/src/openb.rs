@@ -2,10 +2,10 @@
 //! as CSV. GPUs become 1000 units of memory and 1000 of compute, so a task needs
 //! `gpu_milli` of each, which makes the problem the published one.
 
-use crate::request::{Constraints, GpuDemand, TaskRequest};
-use crate::snapshot::{GpuSpec, HostSpec};
 use std::collections::HashMap;
 use tessera_model::{ComputeMilli, GpuUuid, HostId, MiB, MilliCpu};
+use tessera_placement::request::{Constraints, GpuDemand, TaskRequest};
+use tessera_placement::snapshot::{GpuSpec, HostSpec};
 
 /// Memory of one GPU in trace units: a GPU is 1000 milli.
 pub const GPU_UNITS: u64 = 1000;

@@ -7,14 +7,14 @@
 //! skipping what does not fit), and read the unallocated GPU share when the arrived
 //! requests reach 100 % and 130 % of capacity. Several policies run side by side, and a
 //! last row (`floor`) gives the least unallocated share that any engine could reach on the
-//! same arrivals ([`tessera_placement::bound`]).
+//! same arrivals ([`tessera_placement_lab::bound`]).
 //!
 //! ```text
 //! replay --nodes FILE --tasks FILE [--policy NAME[,NAME...]] [--seeds 42..51] [--scale N]
 //!        [--placements FILE] [--json] [--diagnose] [--variants N [--first-variant K]]
 //! ```
 //!
-//! With `--variants N`, it makes N variants of the task list (`tessera_placement::variants`,
+//! With `--variants N`, it makes N variants of the task list (`tessera_placement_lab::variants`,
 //! variant k from seed k, k from `--first-variant`, default 1: a range never tuned on is a
 //! held-out test) and prints, for each, every policy's unallocated share at 100 %
 //! and 130 % (mean over `--seeds`) and the floor, then on how many variants the first
@@ -25,9 +25,10 @@ use std::fmt::Write as _;
 use std::process::ExitCode;
 use std::time::Instant;
 use tessera_model::{GpuUuid, HostId, SharingMode};
-use tessera_placement::openb::{self, TraceTask};
 use tessera_placement::rng::Rng;
-use tessera_placement::{DemandProfile, Engine, HostSpec, Policy, PoolLimits, Snapshot, bound};
+use tessera_placement::{DemandProfile, Engine, HostSpec, Policy, PoolLimits, Snapshot};
+use tessera_placement_lab::bound;
+use tessera_placement_lab::openb::{self, TraceTask};
 
 const USAGE: &str = "usage: replay --nodes FILE --tasks FILE [--policy NAME[,NAME...]] [--seeds 42..51] [--scale N] [--placements FILE] [--json] [--diagnose] [--variants N [--first-variant K]]
 policies: default (= fragmentation), fgd-sim, bestfit-sim, binpack, spread_host, spread_gpu";
@@ -430,7 +431,7 @@ fn main() -> ExitCode {
 
 /// `--variants N`: each policy on each generated variant, side by side.
 fn run_variants(args: &Args, hosts: &[HostSpec], tasks: &[TraceTask]) -> ExitCode {
-    use tessera_placement::variants::{VariantSpec, make_variant};
+    use tessera_placement_lab::variants::{VariantSpec, make_variant};
     println!(
         "replay: {} variants of {} ({} nodes), seeds {:?}; unallocated GPU share in % at 100 % / 130 % arrived",
         args.variants,

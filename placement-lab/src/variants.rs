@@ -4,10 +4,10 @@
 //! and the mix of shared, single-GPU and multi-GPU tasks changed.
 
 use crate::openb::TraceTask;
-use crate::request::GpuDemand;
-use crate::rng::Rng;
-use crate::snapshot::HostSpec;
 use std::collections::BTreeMap;
+use tessera_placement::request::GpuDemand;
+use tessera_placement::rng::Rng;
+use tessera_placement::snapshot::HostSpec;
 
 /// How a variant differs from its source trace.
 #[derive(Debug, Clone, Copy, PartialEq)]

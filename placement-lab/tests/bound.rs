@@ -5,9 +5,9 @@
 
 use proptest::prelude::*;
 use std::fmt::Write as _;
-use tessera_placement::bound::{Demand, allocation_ceiling};
-use tessera_placement::openb::{parse_nodes, parse_tasks};
 use tessera_placement::{DemandProfile, Engine, GpuDemand, Policy, PoolLimits, Snapshot};
+use tessera_placement_lab::bound::{Demand, allocation_ceiling};
+use tessera_placement_lab::openb::{parse_nodes, parse_tasks};
 
 const POLICIES: [Policy; 4] = [
     Policy::Fragmentation,

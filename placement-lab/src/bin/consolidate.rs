@@ -15,8 +15,8 @@ use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::time::Instant;
 use tessera_placement::consolidate::{Goal, Movable, gpu_bound, plan};
-use tessera_placement::openb;
 use tessera_placement::{DemandProfile, Engine, Placement, Policy, PoolLimits, Snapshot};
+use tessera_placement_lab::openb;
 
 const USAGE: &str =
     "usage: consolidate --nodes FILE --tasks FILE [--policy NAME] [--leave-share 0.5]";

@@ -1,0 +1,102 @@
+//! The agent gateway's state: what syncs leave to write at the next tick, and what their
+//! answers need often.
+
+use super::usage_buffer::UsageBuffer;
+use crate::cache::Cache;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use tessera_model::HostId;
+use tessera_model::work::WorkNow;
+
+/// Each deployment's stop timeout is cached; past this many, the oldest are read again.
+const MAX_DEPLOYMENTS_CACHED: usize = 100_000;
+
+/// What agents' syncs received here leave behind.
+pub(crate) struct Gateway {
+    /// When each host last synced with nothing else to say, not yet written: written
+    /// together every tick, and at the start of every pass (before lost hosts are looked
+    /// for), so a quiet sync costs no write of its own.
+    pub heartbeats: Mutex<HashMap<HostId, String>>,
+    /// Each deployment's stop timeout (its service's, which never changes; deployment ids
+    /// are never reused).
+    pub stop_timeouts: Cache<i64, u32>,
+    /// Measured use received and not written yet.
+    pub usage: Mutex<UsageBuffer>,
+    /// Each task's work as its syncs here reported it: written with the heartbeats when it
+    /// says something new.
+    pub work: Mutex<WorkLatest>,
+}
+
+impl Default for Gateway {
+    fn default() -> Self {
+        Gateway {
+            heartbeats: Mutex::default(),
+            stop_timeouts: Cache::new(MAX_DEPLOYMENTS_CACHED),
+            usage: Mutex::default(),
+            work: Mutex::default(),
+        }
+    }
+}
+
+/// Work reports received by this server: the ones to write, and what was last written of
+/// each task. A report is written when it says something new: a rate or percentile that
+/// moved by more than [`WORK_CHANGE`], work turning unknown or known, or the last write
+/// older than [`WORK_REFRESH`] s. A steady fleet's syncs then cost no write each, and what
+/// the store holds is never further than that from what was measured.
+#[derive(Debug, Default)]
+pub(crate) struct WorkLatest {
+    pending: HashMap<String, String>,
+    /// Per task: when its stored figures were written (unix seconds), and them.
+    written: HashMap<String, (i64, WorkNow)>,
+}
+
+/// How far (a fraction) a figure may move before it is written again.
+const WORK_CHANGE: f64 = 0.1;
+/// How old (seconds) a task's stored work may get while it says the same.
+pub(crate) const WORK_REFRESH: i64 = 30;
+
+/// Whether `new` says something `old` does not, by [`WORK_CHANGE`].
+fn work_moved(old: &WorkNow, new: &WorkNow) -> bool {
+    let moved = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) => (a - b).abs() > WORK_CHANGE * a.abs().max(b.abs()).max(1e-9),
+        (None, None) => false,
+        _ => true,
+    };
+    old.unknown.is_some() != new.unknown.is_some()
+        || moved(old.completed_per_sec, new.completed_per_sec)
+        || moved(old.errors_per_sec, new.errors_per_sec)
+        || moved(old.latency_p50_ms, new.latency_p50_ms)
+        || moved(old.latency_p95_ms, new.latency_p95_ms)
+        || moved(old.latency_p99_ms, new.latency_p99_ms)
+}
+
+impl WorkLatest {
+    /// A task's new report, measured at `now`: kept to write when it says something new.
+    pub(crate) fn offer(&mut self, task: &str, work: WorkNow, now: i64) {
+        let due = match self.written.get(task) {
+            None => true,
+            Some((at, old)) => now - at >= WORK_REFRESH || work_moved(old, &work),
+        };
+        if !due {
+            return;
+        }
+        if let Ok(json) = serde_json::to_string(&work) {
+            self.pending.insert(task.to_owned(), json);
+            self.written.insert(task.to_owned(), (now, work));
+        }
+    }
+
+    /// The reports to write now; tasks not heard of for long are forgotten.
+    pub(crate) fn take(&mut self, now: i64) -> Vec<(String, String)> {
+        self.written
+            .retain(|_, (at, _)| now - *at < 10 * WORK_REFRESH);
+        std::mem::take(&mut self.pending).into_iter().collect()
+    }
+
+    /// Reports whose write failed, to try again.
+    pub(crate) fn put_back(&mut self, work: Vec<(String, String)>) {
+        for (id, w) in work {
+            self.pending.entry(id).or_insert(w);
+        }
+    }
+}

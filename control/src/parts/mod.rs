@@ -1,0 +1,32 @@
+//! The parts `Control` is made of. Each owns its state behind locks that do not poison
+//! (`parking_lot`: a panic while one is held does not take later callers down), and none
+//! knows `Control`, so each can be read alone. `Control` composes them; the operations (the
+//! `impl Control` blocks of the other modules) work through them.
+//!
+//! - [`Scheduling`]: each pool's engine kept between passes, the capacity epoch that
+//!   invalidates them, revisions' specs.
+//! - [`Gateway`]: what agents' syncs leave to write (heartbeats, usage, work) and the stop
+//!   timeouts their answers carry.
+//! - [`Membership`]: this server among the servers on one database: its id, the scheduler
+//!   lease, the fleet's clock, outages and late ticks.
+//! - [`Passes`]: what the reconcile passes remember: each service's state, crash-loop
+//!   backoff, the changes read, alarm watches.
+//! - [`Accounts`]: the bounded queue of password checks.
+
+mod accounts;
+mod gateway;
+mod membership;
+mod passes;
+mod scheduling;
+mod usage_buffer;
+
+pub(crate) use accounts::Accounts;
+#[cfg(test)]
+pub(crate) use accounts::HashQueue;
+pub(crate) use gateway::Gateway;
+#[cfg(test)]
+pub(crate) use gateway::{WORK_REFRESH, WorkLatest};
+pub(crate) use membership::Membership;
+pub(crate) use passes::{Estimates, Passes, ServiceState, Watch};
+pub(crate) use scheduling::{CachedEngine, PoolEngine, Scheduling};
+pub(crate) use usage_buffer::neighbours_of;

@@ -1,0 +1,17 @@
+//! The placement engine's laboratory: what the benchmarks need around the pure engine of
+//! `tessera-placement`, kept out of it so the engine stays what the control plane links.
+//!
+//! - [`openb`]: reading the Alibaba openb trace format (nodes and pods).
+//! - [`variants`]: workload variants of a trace made with a seed (GPU-model pinning,
+//!   CPU-only scale, shared and multi-GPU mix), for the `replay --variants` table.
+//! - [`bound`]: the most GPU share any engine could allocate to a set of tasks, a ceiling
+//!   to read `replay`'s figures against.
+//!
+//! Binaries: `replay` (the placement benchmark on a trace, against FGD's published
+//! figures and the bound) and `consolidate` (the consolidation simulator).
+
+#![forbid(unsafe_code)]
+
+pub mod bound;
+pub mod openb;
+pub mod variants;
