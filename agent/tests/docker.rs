@@ -1,6 +1,6 @@
 //! The Docker path's contract: what the agent asks a Docker engine for, checked against a
 //! fake engine that speaks the Engine API over a unix socket. One test, ignored by default,
-//! runs against a real engine (see the README).
+//! runs against a real engine (see docs/operations.md, "The agent").
 
 mod fake_docker;
 

@@ -3,7 +3,7 @@
 //! nesting, very long strings). Whatever comes in: no panic, no 5xx, every rejection names
 //! its field, and nothing invalid is stored.
 //!
-//! `PROPTEST_CASES` sets the number of cases (default 256 here, for CI); the README's figure
+//! `PROPTEST_CASES` sets the number of cases (default 256 here, for CI); docs/operations.md's figure
 //! comes from `PROPTEST_CASES=10000 cargo test --release -p tessera-server --test hostile`.
 
 mod common;

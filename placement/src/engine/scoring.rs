@@ -92,7 +92,7 @@ pub(super) fn score_state(
                 }
                 // FGD's coarse score: a sigmoid of the change cut to 100 levels. The
                 // many ties it makes are broken at random, which spreads load usefully
-                // (an exact score packs worse; see the README's benchmark notes).
+                // (an exact score packs worse; see docs/placement.md).
                 let level = ((1.0 / (1.0 + (-delta / 1000.0).exp())) * 100.0).floor() as i64;
                 if policy == Policy::FgdSim {
                     level
