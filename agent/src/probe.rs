@@ -96,7 +96,7 @@ pub trait GpuProbe: Send {
 }
 
 /// MPS accepts 48 clients per device on Volta and later.
-const MPS_CLIENT_LIMIT: u32 = 48;
+const MPS_CLIENT_LIMIT: u32 = tessera_model::limits::MPS_CLIENT_LIMIT_MAX;
 
 /// GPUs as the NVIDIA driver reports them.
 pub struct NvmlProbe {

@@ -6,6 +6,10 @@ pub use tessera_model::api::{
     Density, PoolInput, PreviewInput, PreviewResult, PreviewTask, ServiceDetail, ServiceInput,
     ServicePatch,
 };
+use tessera_model::limits::{
+    COMPUTE_OVERCOMMIT_MAX, DEREGISTRATION_DELAY_MAX_SECS, MPS_CLIENT_LIMIT_MAX,
+    STOP_TIMEOUT_MAX_SECS, STOP_TIMEOUT_MIN_SECS,
+};
 use tessera_model::service::{DeploymentConfig, Service, TaskDefRef};
 use tessera_model::taskdef::{FieldError, ValidationErrors};
 use tessera_model::{PlacementPolicy, PoolInfo, PoolName, ids};
@@ -71,16 +75,21 @@ pub fn validate_pool(input: &PoolInput) -> Result<PoolInfo, ControlError> {
             .ok(),
     };
     let overcommit = input.compute_overcommit.unwrap_or(1.0);
-    if !(1.0..=10.0).contains(&overcommit) {
+    if !(1.0..=COMPUTE_OVERCOMMIT_MAX).contains(&overcommit) {
         e.add(
             "compute_overcommit",
-            format!("must be between 1.0 (caps reserved) and 10.0, got {overcommit}"),
+            format!(
+                "must be between 1.0 (caps reserved) and {COMPUTE_OVERCOMMIT_MAX:.1}, got {overcommit}"
+            ),
         );
     }
-    if let Some(l) = input.mps_client_limit.filter(|l| !(1..=48).contains(l)) {
+    if let Some(l) = input
+        .mps_client_limit
+        .filter(|l| !(1..=MPS_CLIENT_LIMIT_MAX).contains(l))
+    {
         e.add(
             "mps_client_limit",
-            format!("must be between 1 and 48 (MPS's own limit), got {l}"),
+            format!("must be between 1 and {MPS_CLIENT_LIMIT_MAX} (MPS's own limit), got {l}"),
         );
     }
     let admission = match &input.admission {
@@ -121,20 +130,20 @@ pub(crate) fn validate_service(input: &ServiceInput) -> Result<Service, ControlE
     let strategy = e.strategy(input.strategy.as_ref());
     let deployment = input.deployment.unwrap_or_default();
     check_deployment(&mut e, &deployment);
-    if !(1..=600).contains(&input.stop_timeout_secs) {
+    if !(STOP_TIMEOUT_MIN_SECS..=STOP_TIMEOUT_MAX_SECS).contains(&input.stop_timeout_secs) {
         e.add(
             "stop_timeout_secs",
             format!(
-                "must be between 1 and 600 seconds, got {}",
+                "must be between {STOP_TIMEOUT_MIN_SECS} and {STOP_TIMEOUT_MAX_SECS} seconds, got {}",
                 input.stop_timeout_secs
             ),
         );
     }
-    if input.deregistration_delay_secs > 3600 {
+    if input.deregistration_delay_secs > DEREGISTRATION_DELAY_MAX_SECS {
         e.add(
             "deregistration_delay_secs",
             format!(
-                "must be between 0 and 3600 seconds, got {}",
+                "must be between 0 and {DEREGISTRATION_DELAY_MAX_SECS} seconds, got {}",
                 input.deregistration_delay_secs
             ),
         );
@@ -142,11 +151,11 @@ pub(crate) fn validate_service(input: &ServiceInput) -> Result<Service, ControlE
     if input
         .constraints
         .max_per_gpu
-        .is_some_and(|n| !(1..=48).contains(&n))
+        .is_some_and(|n| !(1..=MPS_CLIENT_LIMIT_MAX).contains(&n))
     {
         e.add(
             "constraints.max_per_gpu",
-            "must be between 1 and 48 (an MPS server's most clients)",
+            format!("must be between 1 and {MPS_CLIENT_LIMIT_MAX} (an MPS server's most clients)"),
         );
     }
     if input

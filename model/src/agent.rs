@@ -29,7 +29,7 @@ pub struct GpuReport {
 }
 
 fn default_client_limit() -> u32 {
-    48
+    crate::limits::MPS_CLIENT_LIMIT_MAX
 }
 
 /// `POST /agent/v1/register`.
@@ -329,8 +329,14 @@ fn check_gpus(gpus: &[GpuReport], errors: &mut Vec<FieldError>) {
         } else if !seen.insert(g.index) {
             err(format!("{p}.index"), "is reported twice");
         }
-        if !(1..=48).contains(&g.mps_client_limit) {
-            err(format!("{p}.mps_client_limit"), "must be between 1 and 48");
+        if !(1..=crate::limits::MPS_CLIENT_LIMIT_MAX).contains(&g.mps_client_limit) {
+            err(
+                format!("{p}.mps_client_limit"),
+                &format!(
+                    "must be between 1 and {}",
+                    crate::limits::MPS_CLIENT_LIMIT_MAX
+                ),
+            );
         }
         if g.model.is_empty() || !text_ok(&g.model) {
             err(

@@ -9,11 +9,10 @@ use crate::service::{
 };
 use serde::{Deserialize, Serialize};
 
-/// Most tasks one service may ask for.
-pub const MAX_DESIRED: u32 = 100_000;
+pub use crate::limits::MAX_DESIRED;
 
 fn default_stop_timeout() -> u32 {
-    30
+    crate::limits::STOP_TIMEOUT_DEFAULT_SECS
 }
 
 fn default_desired() -> u32 {

@@ -34,6 +34,7 @@ pub mod error;
 pub mod fit;
 pub mod ids;
 pub mod inventory;
+pub mod limits;
 #[cfg(feature = "openapi")]
 pub mod schema;
 pub mod service;
