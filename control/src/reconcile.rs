@@ -131,7 +131,9 @@ impl Control {
                 let mut m = self.passes.memory.lock();
                 m.seen = Some(last);
                 m.acted.clear();
-                m.every_pass.clear();
+                // Every service stays looked at until its reconcile says it is settled: a
+                // pass that ends early (a failure, a panic) leaves the rest for the next.
+                m.every_pass = services.iter().map(|s| s.name.clone()).collect();
                 m.last_full = Some(std::time::Instant::now());
                 m.unforgotten = true;
                 m.last_scope = (true, services.len());
@@ -160,16 +162,28 @@ impl Control {
             }
             m.acted = acted;
             m.seen = Some(newest);
+            // The changes are marked read: each service they name stays looked at until its
+            // reconcile says it is settled, so a pass that ends early (a failure, a panic)
+            // loses none of them.
+            m.every_pass.extend(names.iter().cloned());
+            m.last_scope = (false, names.len());
         }
-        self.passes.memory.lock().last_scope = (false, names.len());
         if names.len() > READ_ONE_BY_ONE {
-            return Ok(self
+            let services: Vec<Service> = self
                 .store
                 .list_services()
                 .await?
                 .into_iter()
                 .filter(|s| names.contains(&s.name))
-                .collect());
+                .collect();
+            let mut m = self.passes.memory.lock();
+            for gone in names
+                .iter()
+                .filter(|n| !services.iter().any(|s| &s.name == *n))
+            {
+                m.every_pass.remove(gone);
+            }
+            return Ok(services);
         }
         let mut services = Vec::with_capacity(names.len());
         for name in names {
@@ -178,7 +192,11 @@ impl Control {
                 Err(crate::error::StoreError::NotFound { .. }) => {
                     self.passes.memory.lock().every_pass.remove(&name);
                 }
-                Err(e) => return Err(e.into()),
+                // One service that cannot be read (a row that no longer parses) keeps its
+                // place for the next pass and holds up none of the others.
+                Err(e) => {
+                    tracing::error!(service = %name, error = %e, "reading a service to reconcile failed");
+                }
             }
         }
         Ok(services)
@@ -242,6 +260,11 @@ impl Control {
         if pruned != Pruned::default() {
             tracing::info!(?pruned, "pruned rows past the retention");
         }
+        // The changes the passes read are deleted as they go; this is the backstop for
+        // those no pass deleted (passes failing for long, an older server holding the lease).
+        self.store
+            .forget_service_changes(i64::MAX, &stamp(self.now() - chrono::Duration::hours(1)))
+            .await?;
         let buckets = self.prune_usage().await?;
         if buckets > 0 {
             tracing::info!(buckets, "pruned usage buckets past their retention");

@@ -718,3 +718,52 @@ async fn a_pass_looks_only_at_services_that_changed_whoever_changed_them() {
         "every pass full when asked"
     );
 }
+
+#[tokio::test]
+async fn a_service_that_cannot_be_read_holds_up_no_other_and_is_looked_at_again() {
+    let env = env(fast()).await;
+    let c = &env.control;
+    let h = host(c, "a", 2, 24).await;
+    let def = register_def(c, "infer", 4, 10).await;
+    service(c, "aaa-broken", &def, 1, DeploymentConfig::default()).await;
+    service(c, "bbb", &def, 1, DeploymentConfig::default()).await;
+    c.reconcile_once().await.expect("pass");
+    sync(c, &h).await;
+    c.reconcile_once().await.expect("pass");
+    c.reconcile_once().await.expect("pass");
+    assert_eq!(c.last_pass_scope(), (false, 0), "settled");
+    // A row that no longer parses (a hand edit), and a scale of another service: the
+    // pass reads both changes and reconciles the one it can.
+    env.db
+        .execute("UPDATE services SET constraints = 'not json' WHERE name = 'aaa-broken'")
+        .await;
+    c.update_service(
+        "bbb",
+        &ServicePatch {
+            desired_count: Some(2),
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("scale");
+    // (The pass itself still fails later, where scheduling reads every service: a row
+    // that does not parse stops placements until it is mended.)
+    let _ = c.reconcile_once().await;
+    assert_eq!(
+        tasks(c, "bbb", LIVE).await.len(),
+        2,
+        "bbb scaled past the broken service"
+    );
+    // Mended by hand (with a new desired count): reconciled as usual.
+    env.db
+        .execute(
+            "UPDATE services SET constraints = '{}', desired_count = 2 WHERE name = 'aaa-broken'",
+        )
+        .await;
+    c.reconcile_once().await.expect("pass");
+    assert_eq!(
+        tasks(c, "aaa-broken", LIVE).await.len(),
+        2,
+        "aaa-broken reconciled again"
+    );
+}
