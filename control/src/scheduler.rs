@@ -260,7 +260,8 @@ impl Control {
                         if c.distinct_hosts {
                             req.constraints.avoid_hosts.insert(p.host_id.clone());
                         }
-                        req.constraints.count(p, 1);
+                        req.constraints
+                            .count(&p.host_id, p.gpus.iter().map(|s| &s.uuid), 1);
                     }
                     if !req.constraints.host_ports.is_empty() {
                         req.constraints.ports_in_use = ports_in_use.clone();

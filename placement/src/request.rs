@@ -78,15 +78,21 @@ pub struct Constraints {
 }
 
 impl Constraints {
-    /// Counts placement `p` against the caps (the next task of the batch sees it).
-    pub fn count(&mut self, p: &crate::snapshot::Placement, delta: i32) {
+    /// Counts a placement on host `host_id` and GPUs `gpus` against the caps (the next
+    /// task of the batch sees it).
+    pub fn count<'a>(
+        &mut self,
+        host_id: &HostId,
+        gpus: impl IntoIterator<Item = &'a GpuUuid>,
+        delta: i32,
+    ) {
         if self.dynamic_ports > 0
-            && let Some(free) = self.dynamic_free.get_mut(&p.host_id)
+            && let Some(free) = self.dynamic_free.get_mut(host_id)
         {
             *free = free.saturating_add_signed(-delta * self.dynamic_ports as i32);
         }
         if !self.host_ports.is_empty() {
-            let used = self.ports_in_use.entry(p.host_id.clone()).or_default();
+            let used = self.ports_in_use.entry(host_id.clone()).or_default();
             for port in &self.host_ports {
                 if delta > 0 {
                     used.insert(*port);
@@ -96,12 +102,12 @@ impl Constraints {
             }
         }
         if self.max_per_host.is_some() {
-            let n = self.host_counts.entry(p.host_id.clone()).or_default();
+            let n = self.host_counts.entry(host_id.clone()).or_default();
             *n = n.saturating_add_signed(delta);
         }
         if self.max_per_gpu.is_some() {
-            for s in &p.gpus {
-                let n = self.gpu_counts.entry(s.uuid.clone()).or_default();
+            for uuid in gpus {
+                let n = self.gpu_counts.entry(uuid.clone()).or_default();
                 *n = n.saturating_add_signed(delta);
             }
         }

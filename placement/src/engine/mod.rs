@@ -182,7 +182,8 @@ impl Engine {
                         .extend(used_hosts.iter().cloned());
                 }
                 for p in &placed_so_far {
-                    req.constraints.count(p, 1);
+                    req.constraints
+                        .count(&p.host_id, p.gpus.iter().map(|s| &s.uuid), 1);
                 }
                 let placed = self.place(&req)?;
                 self.assign(&placed)
