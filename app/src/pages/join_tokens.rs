@@ -114,8 +114,8 @@ fn JoinTokensPanel() -> impl IntoView {
                     <input type="checkbox" name="preapproved" prop:checked=preapproved on:change=move |ev| preapproved.set(event_target_checked(&ev)) />
                     " pre-approved"
                 </label>
-                <label>"Description "
-                    <input type="text" name="description" maxlength="200" placeholder="e.g. rack 7 rollout" prop:value=description on:input=move |ev| description.set(event_target_value(&ev)) />
+                <label>"Description (optional, shown in the list below; at most 200 characters) "
+                    <input type="text" name="description" maxlength="200" prop:value=description on:input=move |ev| description.set(event_target_value(&ev)) />
                 </label>
                 <button type="submit" class="primary" title=move || admin.get() disabled=move || admin.get().is_some()>"Mint join token"</button>
             </form>
