@@ -1,5 +1,6 @@
 //! The HTML shell, the router and the navigation shared by every page.
 
+use crate::access::{Access, guard};
 use crate::live::provide_live;
 use crate::pages::audit::AuditPage;
 use crate::pages::consolidation::ConsolidationPage;
@@ -24,6 +25,8 @@ pub async fn current_caller() -> Result<Option<Caller>, ServerFnError> {
     Ok(crate::data::ssr::caller())
 }
 
+guard!(CurrentCaller, Access::Public);
+
 /// The servers sharing the database and which one schedules, for the footer.
 #[server]
 pub async fn cluster_status() -> Result<crate::data::ClusterView, ServerFnError> {
@@ -31,26 +34,12 @@ pub async fn cluster_status() -> Result<crate::data::ClusterView, ServerFnError>
     control.cluster().await.map_err(crate::data::ssr::failed)
 }
 
-/// The signed-in caller, loaded once per page load; pages ask [`needs`] what it may do.
+guard!(ClusterStatus, Access::VIEW);
+
+/// The signed-in caller, loaded once per page load; pages ask
+/// [`crate::access::allowed`] what it may do.
 #[derive(Clone, Copy)]
 pub struct SignedIn(pub Resource<Result<Option<Caller>, ServerFnError>>);
-
-/// Why a control that needs `role` is disabled for the signed-in caller, or `None` when it
-/// may be used. The server refuses it anyway; this only spares the operator the attempt.
-pub fn needs(role: Role) -> Signal<Option<String>> {
-    let signed_in = use_context::<SignedIn>();
-    Signal::derive(move || {
-        let caller = signed_in
-            .and_then(|s| s.0.get())
-            .and_then(Result::ok)
-            .flatten();
-        match caller {
-            Some(c) if c.role.allows(role) => None,
-            Some(c) => Some(format!("needs the {role} role; you are {}", c.role)),
-            None => Some("sign in first".to_owned()),
-        }
-    })
-}
 
 /// Each page's code loads on its own when the WASM bundle is split
 /// (`cargo leptos build --release --split`), so a first load carries one page.

@@ -7,7 +7,7 @@ use tessera_model::taskdef::FieldError;
 use tessera_model::{GpuHealth, HostStatus, MiB, SharingMode};
 
 /// Why the controls beside it are disabled for the signed-in caller (see
-/// [`crate::app::needs`]); nothing when they may be used.
+/// [`crate::access::allowed`]); nothing when they may be used.
 #[component]
 pub fn RoleHint(reason: Signal<Option<String>>) -> impl IntoView {
     move || {

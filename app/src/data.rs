@@ -37,10 +37,15 @@ pub(crate) mod ssr {
             .ok_or_else(|| ServerFnError::new("the console is not connected to the control plane"))
     }
 
-    /// The control plane, to a caller with at least `role`. A page rendered on the server
-    /// calls its server functions in process, past the layer that checks their roles over
-    /// HTTP: one that reads what only some roles may read checks the caller itself.
-    pub fn control_as(role: tessera_model::auth::Role) -> Result<Control, ServerFnError> {
+    /// The control plane, to a caller the server function `F` admits (its declared
+    /// [`crate::access::Access`]). A page rendered on the server calls its server functions in
+    /// process, past the layer that checks them over HTTP: one that reads what only some roles
+    /// may read checks the caller itself.
+    pub fn control_for<F: crate::access::Guarded>() -> Result<Control, ServerFnError> {
+        let role = match F::ACCESS {
+            crate::access::Access::Role(role) => role,
+            crate::access::Access::Public | crate::access::Access::Agent => return control(),
+        };
         match caller() {
             Some(c) if c.role.allows(role) => control(),
             Some(_) => Err(ServerFnError::new(format!(

@@ -2,6 +2,7 @@
 //! use over time against the budget and the compute cap, each task's verdict, how widely
 //! the service's tasks are spread (blast radius), and right-sizing in one step.
 
+use crate::access::{Access, guard};
 use crate::components::measured_text;
 use leptos::prelude::*;
 use tessera_model::MiB;
@@ -14,6 +15,8 @@ pub async fn get_service_fit(name: String, range: String) -> Result<ServiceFit, 
     control()?.service_fit(&name, &range).await.map_err(failed)
 }
 
+guard!(GetServiceFit, Access::VIEW);
+
 /// The right-size proposal, or why there is none.
 #[server]
 pub async fn get_right_size(name: String) -> Result<Result<RightSize, String>, ServerFnError> {
@@ -25,6 +28,8 @@ pub async fn get_right_size(name: String) -> Result<Result<RightSize, String>, S
     }
 }
 
+guard!(GetRightSize, Access::VIEW);
+
 /// Registers the proposal and rolls it out; the new revision.
 #[server]
 pub async fn apply_right_size(name: String) -> Result<String, ServerFnError> {
@@ -32,6 +37,8 @@ pub async fn apply_right_size(name: String) -> Result<String, ServerFnError> {
     let (_, def) = control()?.right_size(&name).await.map_err(failed)?;
     Ok(def.reference().to_string())
 }
+
+guard!(ApplyRightSize, Access::OPERATE);
 
 /// A verdict as a badge.
 #[component]
@@ -223,7 +230,7 @@ pub fn FitPanel(name: Signal<String>, live: Signal<u64>) -> impl IntoView {
             }
         },
     );
-    let operate = crate::app::needs(tessera_model::auth::Role::Operator);
+    let operate = crate::access::allowed::<ApplyRightSize>();
     let range_button = move |r: &'static str, label: &'static str| {
         view! {
             <button

@@ -4,6 +4,7 @@
 //! that call the control plane), `hydrate` the browser side (the WASM entry point).
 //!
 //! # Layout
+//! - [`access`]: what each server function needs from its caller, declared beside it.
 //! - [`app`]: the HTML shell, the router and the navigation shared by every page.
 //! - [`pages`]: one route per file (`HostsPage`, ...), each with the server functions it calls.
 //! - [`components`]: pieces shared by pages (badges, GPU bars, meters, events, field errors).
@@ -15,6 +16,7 @@
 // room than the default when the release build computes their layout.
 #![recursion_limit = "256"]
 
+pub mod access;
 pub mod app;
 pub mod components;
 pub mod data;

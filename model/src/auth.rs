@@ -35,6 +35,43 @@ impl Role {
     }
 }
 
+/// What an operation needs from its caller. Each REST operation declares it once, in its
+/// `#[utoipa::path]` (the `x-required-role` extension, [`Access::as_str`]); each console
+/// server function once, beside it (`tessera_app::access`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Anyone: `/healthz`, the OpenAPI document, signing in.
+    Public,
+    /// An agent: the handler checks the join token or the agent token itself.
+    Agent,
+    /// A signed-in user or an API token with at least this role.
+    Role(Role),
+}
+
+impl Access {
+    pub const VIEW: Access = Access::Role(Role::Viewer);
+    pub const OPERATE: Access = Access::Role(Role::Operator);
+    pub const ADMIN: Access = Access::Role(Role::Admin);
+
+    /// As the OpenAPI document's `x-required-role` names it: `none`, `agent` or a role.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Access::Public => "none",
+            Access::Agent => "agent",
+            Access::Role(r) => r.as_str(),
+        }
+    }
+
+    /// The inverse of [`Access::as_str`].
+    pub fn parse(s: &str) -> Option<Access> {
+        match s {
+            "none" => Some(Access::Public),
+            "agent" => Some(Access::Agent),
+            role => role.parse().ok().map(Access::Role),
+        }
+    }
+}
+
 /// An operator's account.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -133,6 +170,16 @@ mod tests {
         for &r in Role::ALL {
             assert_eq!(r.as_str().parse::<Role>().expect("round trip"), r);
         }
+        for a in [
+            Access::Public,
+            Access::Agent,
+            Access::VIEW,
+            Access::OPERATE,
+            Access::ADMIN,
+        ] {
+            assert_eq!(Access::parse(a.as_str()), Some(a));
+        }
+        assert_eq!(Access::parse("operatr"), None);
         let err = "root".parse::<Role>().expect_err("not a role");
         assert!(err.to_string().contains("viewer operator admin"), "{err}");
     }

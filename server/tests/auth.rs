@@ -145,7 +145,7 @@ async fn every_route_refuses_callers_without_credentials_or_role() {
     let routes = api::routes();
     assert!(routes.rules().len() >= 30, "the walk covers the API");
     for rule in routes.rules() {
-        let uri = concrete(rule.path);
+        let uri = concrete(&rule.path);
         let body = (rule.method != Method::GET && rule.method != Method::DELETE).then(|| json!({}));
         let anonymous = send(&c, rule.method.clone(), &uri, body.clone(), &[]).await;
         let viewer = send(
@@ -282,6 +282,18 @@ async fn every_server_function_has_a_rule_and_is_refused_without_it() {
     let a = app(c.app.clone()).oneshot(req).await.expect("answers");
     assert_eq!(a.status(), StatusCode::OK);
     assert_eq!(host_status(&c).await, "draining");
+    // The audit log names the function as its source does.
+    let audit = send(&c, Method::GET, "/api/v1/audit", None, &bearer(&c.admin)).await;
+    let actions: Vec<&str> = audit.body["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .filter_map(|e| e["action"].as_str())
+        .collect();
+    assert!(
+        actions.contains(&"server function set_host_draining"),
+        "{actions:?}"
+    );
 }
 
 /// Signs in with a password; returns the session cookie (`name=value`).

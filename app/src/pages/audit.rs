@@ -1,5 +1,6 @@
 //! The audit log (admins): every accepted change, who made it, on what, from where.
 
+use crate::access::{Access, guard};
 use crate::components::ErrorList;
 use leptos::prelude::*;
 use leptos_meta::Title;
@@ -12,8 +13,8 @@ pub async fn list_audit(
     actor: Option<String>,
     text: Option<String>,
 ) -> Result<Vec<AuditEntry>, ServerFnError> {
-    use crate::data::ssr::{control_as, internal};
-    control_as(tessera_model::auth::Role::Admin)?
+    use crate::data::ssr::{control_for, internal};
+    control_for::<ListAudit>()?
         .list_audit(&tessera_control::store::AuditFilter {
             actor: actor.filter(|s| !s.is_empty()),
             text: text.filter(|s| !s.is_empty()),
@@ -23,6 +24,8 @@ pub async fn list_audit(
         .await
         .map_err(internal)
 }
+
+guard!(ListAudit, Access::ADMIN);
 
 #[component]
 pub fn AuditPage() -> impl IntoView {

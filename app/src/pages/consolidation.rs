@@ -2,6 +2,7 @@
 //! after GPU bars, execute (start before stop, one move at a time) or cancel; and what the
 //! pool would hold with right-sized budgets.
 
+use crate::access::{Access, guard};
 use crate::components::{ErrorList, RoleHint, measured_text};
 use crate::live::use_live;
 use leptos::prelude::*;
@@ -24,11 +25,15 @@ pub async fn list_consolidation() -> Result<(Vec<String>, Vec<ConsolidationPlan>
     Ok((pools, control.consolidation_plans().await.map_err(failed)?))
 }
 
+guard!(ListConsolidation, Access::VIEW);
+
 #[server]
 pub async fn get_pool_fit(pool: String) -> Result<PoolFit, ServerFnError> {
     use crate::data::ssr::{control, failed};
     control()?.pool_fit(&pool).await.map_err(failed)
 }
+
+guard!(GetPoolFit, Access::VIEW);
 
 #[server]
 pub async fn make_plan(pool: String, goal: String) -> Result<String, ServerFnError> {
@@ -39,6 +44,8 @@ pub async fn make_plan(pool: String, goal: String) -> Result<String, ServerFnErr
         .map_err(failed)?;
     Ok(plan.id)
 }
+
+guard!(MakePlan, Access::OPERATE);
 
 /// Executes (`run = true`) or cancels a plan.
 #[server]
@@ -59,6 +66,8 @@ pub async fn run_plan(id: String, run: bool) -> Result<(), ServerFnError> {
     Ok(())
 }
 
+guard!(RunPlan, Access::OPERATE);
+
 #[component]
 pub fn ConsolidationPage() -> impl IntoView {
     let live = use_live();
@@ -68,7 +77,8 @@ pub fn ConsolidationPage() -> impl IntoView {
         move || (live(), make.version().get(), run.version().get()),
         |_| list_consolidation(),
     );
-    let operate = crate::app::needs(tessera_model::auth::Role::Operator);
+    let operate = crate::access::allowed::<MakePlan>();
+    let may_run = crate::access::allowed::<RunPlan>();
     let pool = RwSignal::new(String::new());
     let goal = RwSignal::new("gpus".to_owned());
     // On request: re-packing a pool takes a while, and its fit moves slowly.
@@ -116,7 +126,7 @@ pub fn ConsolidationPage() -> impl IntoView {
                                 {move || make.value().get().and_then(Result::err).map(|e| view! { <p class="field-error" role="alert">{e.to_string()}</p> })}
                                 {move || run.value().get().and_then(Result::err).map(|e| view! { <p class="field-error" role="alert">{e.to_string()}</p> })}
                             </section>
-                            {latest.map(|p| view! { <PlanView plan=p run operate /> })}
+                            {latest.map(|p| view! { <PlanView plan=p run operate=may_run /> })}
                             {(!older.is_empty()).then(|| view! {
                                 <section class="panel">
                                     <h2>"Earlier plans"</h2>

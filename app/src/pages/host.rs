@@ -1,5 +1,6 @@
 //! One host: its GPUs, the tasks it holds, its events; drain and activate.
 
+use crate::access::{Access, guard};
 use crate::components::{ErrorList, EventList, HostCard, RoleHint};
 use crate::data::HostView;
 use crate::live::use_live;
@@ -16,6 +17,8 @@ pub async fn get_host_view(id: String) -> Result<(HostView, Vec<Event>), ServerF
     control()?.host_view(&id).await.map_err(failed)
 }
 
+guard!(GetHostView, Access::VIEW);
+
 /// Drain (`drain = true`) or activate a host.
 #[server]
 pub async fn set_host_draining(id: String, drain: bool) -> Result<(), ServerFnError> {
@@ -29,10 +32,12 @@ pub async fn set_host_draining(id: String, drain: bool) -> Result<(), ServerFnEr
     result.map_err(crate::data::ssr::failed)
 }
 
+guard!(SetHostDraining, Access::OPERATE);
+
 /// Lets a host its pool held for approval take tasks.
 #[server]
 pub async fn approve_host(id: String) -> Result<(), ServerFnError> {
-    let control = crate::data::ssr::control_as(tessera_model::auth::Role::Admin)?;
+    let control = crate::data::ssr::control_for::<ApproveHost>()?;
     let caller = crate::data::ssr::caller().ok_or_else(|| ServerFnError::new("sign in first"))?;
     let id = tessera_model::HostId::new(id).map_err(|e| ServerFnError::new(e.to_string()))?;
     control
@@ -41,15 +46,17 @@ pub async fn approve_host(id: String) -> Result<(), ServerFnError> {
         .map_err(crate::data::ssr::failed)
 }
 
+guard!(ApproveHost, Access::ADMIN);
+
 #[component]
 pub fn HostPage() -> impl IntoView {
     let params = use_params_map();
     let id = move || params.read().get("id").unwrap_or_default();
     let live = use_live();
     let set = Action::new(|(id, drain): &(String, bool)| set_host_draining(id.clone(), *drain));
-    let operate = crate::app::needs(tessera_model::auth::Role::Operator);
+    let operate = crate::access::allowed::<SetHostDraining>();
     let approve = Action::new(|id: &String| approve_host(id.clone()));
-    let admin = crate::app::needs(tessera_model::auth::Role::Admin);
+    let admin = crate::access::allowed::<ApproveHost>();
     let data = Resource::new(
         move || (live(), id(), set.version().get(), approve.version().get()),
         |(_, id, _, _)| get_host_view(id),

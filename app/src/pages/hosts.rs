@@ -1,6 +1,7 @@
 //! The Hosts page: hosts and their GPUs drawn as bars (memory per task coloured by service,
 //! reserved compute), filtered by pool, status and GPU model, a page at a time.
 
+use crate::access::{Access, guard};
 use crate::components::{ErrorList, HostCard};
 use crate::data::{HostQuery, HostsPage};
 use crate::live::use_live;
@@ -19,6 +20,8 @@ pub async fn list_hosts_page(query: HostQuery) -> Result<HostsPage, ServerFnErro
         .await
         .map_err(crate::data::ssr::failed)
 }
+
+guard!(ListHostsPage, Access::VIEW);
 
 fn query_string(q: &HostQuery) -> String {
     let mut parts = Vec::new();

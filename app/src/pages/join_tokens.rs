@@ -2,14 +2,15 @@
 //! expiry and a number of uses, shown once with the agent's command; list and delete
 //! them.
 
+use crate::access::{Access, guard};
 use crate::components::RoleHint;
 use leptos::prelude::*;
-use tessera_model::auth::{JoinTokenInfo, JoinTokenInput, NewJoinToken, Role};
+use tessera_model::auth::{JoinTokenInfo, JoinTokenInput, NewJoinToken};
 
 /// The minted join tokens (never their values), and the pools to scope new ones to.
 #[server]
 pub async fn list_join_tokens() -> Result<(Vec<JoinTokenInfo>, Vec<String>), ServerFnError> {
-    let control = crate::data::ssr::control_as(Role::Admin)?;
+    let control = crate::data::ssr::control_for::<ListJoinTokens>()?;
     let tokens = control
         .list_join_tokens()
         .await
@@ -24,10 +25,12 @@ pub async fn list_join_tokens() -> Result<(Vec<JoinTokenInfo>, Vec<String>), Ser
     Ok((tokens, pools))
 }
 
+guard!(ListJoinTokens, Access::ADMIN);
+
 /// Mints a join token; its value is in this answer only.
 #[server]
 pub async fn mint_join_token(input: JoinTokenInput) -> Result<NewJoinToken, ServerFnError> {
-    let control = crate::data::ssr::control_as(Role::Admin)?;
+    let control = crate::data::ssr::control_for::<MintJoinToken>()?;
     let caller = crate::data::ssr::caller().ok_or_else(|| ServerFnError::new("sign in first"))?;
     control
         .mint_join_token(&caller, &input)
@@ -35,19 +38,23 @@ pub async fn mint_join_token(input: JoinTokenInput) -> Result<NewJoinToken, Serv
         .map_err(crate::data::ssr::failed)
 }
 
+guard!(MintJoinToken, Access::ADMIN);
+
 #[server]
 pub async fn delete_join_token(id: String) -> Result<(), ServerFnError> {
-    let control = crate::data::ssr::control_as(Role::Admin)?;
+    let control = crate::data::ssr::control_for::<DeleteJoinToken>()?;
     control
         .delete_join_token(&id)
         .await
         .map_err(crate::data::ssr::failed)
 }
 
+guard!(DeleteJoinToken, Access::ADMIN);
+
 /// The panel, for admins only (others see nothing of it).
 #[component]
 pub fn JoinTokens() -> impl IntoView {
-    let admin = crate::app::needs(Role::Admin);
+    let admin = crate::access::allowed::<ListJoinTokens>();
     move || admin.get().is_none().then(|| view! { <JoinTokensPanel /> })
 }
 
@@ -59,7 +66,7 @@ fn JoinTokensPanel() -> impl IntoView {
         move || (mint.version().get(), delete.version().get()),
         |_| list_join_tokens(),
     );
-    let admin = crate::app::needs(Role::Admin);
+    let admin = crate::access::allowed::<MintJoinToken>();
     let pool = RwSignal::new(String::new());
     let uses = RwSignal::new("1".to_owned());
     let hours = RwSignal::new("24".to_owned());

@@ -3,6 +3,7 @@
 //! they spread, the fit of their measured use (`crate::fit`), events; scale it, roll out
 //! another revision, right-size it, or delete it.
 
+use crate::access::{Access, guard};
 use crate::components::{ErrorList, EventList, measured_text};
 use crate::live::use_live;
 use leptos::prelude::*;
@@ -41,6 +42,8 @@ pub async fn get_service_view(name: String) -> Result<ServiceView, ServerFnError
     Ok((detail, tasks, revisions, endpoints, work))
 }
 
+guard!(GetServiceView, Access::VIEW);
+
 /// A scale or rollout: refused input comes back as field errors.
 type PatchResult = Result<Result<(), Vec<FieldError>>, ServerFnError>;
 
@@ -59,6 +62,8 @@ pub async fn patch_service(
     }
 }
 
+guard!(PatchService, Access::OPERATE);
+
 #[server]
 pub async fn delete_service(name: String) -> Result<(), ServerFnError> {
     crate::data::ssr::control()?
@@ -66,6 +71,8 @@ pub async fn delete_service(name: String) -> Result<(), ServerFnError> {
         .await
         .map_err(crate::data::ssr::failed)
 }
+
+guard!(DeleteService, Access::OPERATE);
 
 #[component]
 pub fn ServicePage() -> impl IntoView {
@@ -291,7 +298,8 @@ fn Detail(
     delete: Action<String, Result<(), ServerFnError>>,
 ) -> impl IntoView {
     let s = detail.service.clone();
-    let operate = crate::app::needs(tessera_model::auth::Role::Operator);
+    let operate = crate::access::allowed::<PatchService>();
+    let may_delete = crate::access::allowed::<DeleteService>();
     let desired = s.desired_count;
     let scale_to = RwSignal::new(desired.to_string());
     let revision = RwSignal::new(s.task_definition.to_string());
@@ -338,7 +346,7 @@ fn Detail(
                 </label>
                 <button type="submit" title=move || operate.get() disabled=move || operate.get().is_some()>"Deploy"</button>
             </form>
-            <button class="danger" title=move || operate.get() disabled=move || s.deleting || operate.get().is_some() on:click=move |_| { delete.dispatch(n3.clone()); }>"Delete service"</button>
+            <button class="danger" title=move || may_delete.get() disabled=move || s.deleting || may_delete.get().is_some() on:click=move |_| { delete.dispatch(n3.clone()); }>"Delete service"</button>
             <crate::components::RoleHint reason=operate />
             {move || {
                 let p = problems();

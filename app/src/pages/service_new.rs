@@ -2,6 +2,7 @@
 //! deployment settings, then a preview of where every task would land (and why any would
 //! not fit) before Create.
 
+use crate::access::{Access, guard};
 use leptos::prelude::*;
 use leptos::server_fn::codec::Json;
 use leptos_meta::Title;
@@ -20,6 +21,8 @@ pub async fn wizard_choices() -> Result<(Vec<String>, Vec<PoolInfo>), ServerFnEr
     let defs = control.active_revisions().await.map_err(failed)?;
     Ok((defs, control.list_pools().await.map_err(failed)?))
 }
+
+guard!(WizardChoices, Access::VIEW);
 
 /// A control-plane refusal as field errors the wizard shows; anything else is internal.
 #[cfg(feature = "ssr")]
@@ -46,6 +49,8 @@ pub async fn preview_placement(
     }
 }
 
+guard!(PreviewPlacement, Access::OPERATE);
+
 #[server(input = Json)]
 pub async fn create_service(
     input: ServiceInput,
@@ -55,6 +60,8 @@ pub async fn create_service(
         Err(e) => invalid(e).map(Err),
     }
 }
+
+guard!(CreateService, Access::OPERATE);
 
 const STEPS: [&str; 5] = [
     "Task definition",
@@ -146,8 +153,8 @@ fn Wizard(defs: Vec<String>, pools: Vec<PoolInfo>) -> impl IntoView {
         autoscaling: None,
     };
     let preview = Action::new(|input: &PreviewInput| preview_placement(input.clone()));
-    // Previewing and creating need the operator role.
-    let operate = crate::app::needs(tessera_model::auth::Role::Operator);
+    let operate = crate::access::allowed::<CreateService>();
+    let may_preview = crate::access::allowed::<PreviewPlacement>();
     let create = Action::new(|input: &ServiceInput| create_service(input.clone()));
     let go = move |to: usize| {
         step.set(to);
@@ -257,7 +264,7 @@ fn Wizard(defs: Vec<String>, pools: Vec<PoolInfo>) -> impl IntoView {
                         }
                     }
                 >
-                    <button type="button" class="primary" title=move || (step.get() == 3).then(|| operate.get()).flatten() disabled=move || step.get() == 3 && operate.get().is_some() on:click=move |_| go(step.get() + 1)>
+                    <button type="button" class="primary" title=move || (step.get() == 3).then(|| may_preview.get()).flatten() disabled=move || step.get() == 3 && may_preview.get().is_some() on:click=move |_| go(step.get() + 1)>
                         {move || if step.get() == 3 { "Preview" } else { "Next" }}
                     </button>
                 </Show>

@@ -1,5 +1,6 @@
 //! Services: each with its running, pending and desired counts.
 
+use crate::access::{Access, guard};
 use crate::components::ErrorList;
 use crate::live::use_live;
 use leptos::prelude::*;
@@ -11,6 +12,8 @@ pub async fn list_service_details() -> Result<Vec<ServiceDetail>, ServerFnError>
     use crate::data::ssr::{control, failed};
     control()?.service_details().await.map_err(failed)
 }
+
+guard!(ListServiceDetails, Access::VIEW);
 
 #[component]
 pub fn ServicesPage() -> impl IntoView {

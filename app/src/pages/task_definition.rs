@@ -1,6 +1,7 @@
 //! One task definition family: its revisions, deregistering one, and the difference
 //! between any two.
 
+use crate::access::{Access, guard};
 use crate::components::ErrorList;
 use crate::live::use_live;
 use crate::pages::task_definitions::gpu_summary;
@@ -18,6 +19,8 @@ pub async fn list_revisions(family: String) -> Result<Vec<TaskDefinition>, Serve
         .map_err(crate::data::ssr::failed)
 }
 
+guard!(ListRevisions, Access::VIEW);
+
 #[server]
 pub async fn deregister_revision(family: String, revision: u32) -> Result<(), ServerFnError> {
     let control = crate::data::ssr::control()?;
@@ -28,6 +31,8 @@ pub async fn deregister_revision(family: String, revision: u32) -> Result<(), Se
         .map(|_| ())
         .map_err(crate::data::ssr::failed)
 }
+
+guard!(DeregisterRevision, Access::OPERATE);
 
 /// A line of a diff.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,7 +100,7 @@ fn Revisions(
     deregister: Action<(String, u32), Result<(), ServerFnError>>,
 ) -> impl IntoView {
     let family = revs.first().map(|d| d.family.clone()).unwrap_or_default();
-    let operate = crate::app::needs(tessera_model::auth::Role::Operator);
+    let operate = crate::access::allowed::<DeregisterRevision>();
     let latest = revs.last().map_or(1, |d| d.revision);
     let pretty: Vec<(u32, String)> = revs
         .iter()

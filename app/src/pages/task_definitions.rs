@@ -2,6 +2,7 @@
 //! a new revision (a form, or JSON in Tessera's or ECS's shape), validated as you type by
 //! the same validator the API uses.
 
+use crate::access::{Access, guard};
 use crate::components::{ErrorList, FieldErrors};
 use crate::live::use_live;
 use leptos::prelude::*;
@@ -22,6 +23,8 @@ pub async fn list_task_definitions() -> Result<Vec<TaskDefinition>, ServerFnErro
         .map_err(failed)
 }
 
+guard!(ListTaskDefinitions, Access::VIEW);
+
 #[server]
 pub async fn get_task_definition(reference: String) -> Result<TaskDefinition, ServerFnError> {
     let r: tessera_model::service::TaskDefRef = reference
@@ -32,6 +35,8 @@ pub async fn get_task_definition(reference: String) -> Result<TaskDefinition, Se
         .await
         .map_err(crate::data::ssr::failed)
 }
+
+guard!(GetTaskDefinition, Access::VIEW);
 
 /// Registers `body` (JSON); invalid input comes back as field errors and stores nothing.
 #[server]
@@ -56,6 +61,8 @@ pub async fn register_task_definition(
         Err(e) => Err(crate::data::ssr::failed(e)),
     }
 }
+
+guard!(RegisterTaskDefinition, Access::OPERATE);
 
 /// The GPU part of a spec in a few words.
 pub fn gpu_summary(spec: &TaskDefinitionSpec) -> String {
@@ -359,7 +366,7 @@ fn Editor(base: Option<TaskDefinition>) -> impl IntoView {
             .unwrap_or_default(),
     });
     let register = Action::new(|body: &String| register_task_definition(body.clone()));
-    let operate = crate::app::needs(tessera_model::auth::Role::Operator);
+    let operate = crate::access::allowed::<RegisterTaskDefinition>();
     let server_errors = move || match register.value().get() {
         Some(Ok(Err(errors))) => errors,
         _ => vec![],

@@ -10,6 +10,7 @@ use tessera_model::agent::{RegisterRequest, RegisterResponse, SyncRequest, SyncR
 
 /// Register a host with the join token
 #[utoipa::path(post, path = "/agent/v1/register", tag = "agents", request_body = RegisterRequest,
+    extensions(("x-required-role" = json!("agent"))),
     responses(
         (status = 201, description = "Registered: the agent's token, shown once", body = RegisterResponse),
         (status = 401, description = "Wrong join token", body = crate::api::bodies::ErrorBody),
@@ -36,6 +37,7 @@ fn bearer(headers: &HeaderMap) -> Result<&str, ApiError> {
 
 /// Report the host's state; the answer is every task it should run
 #[utoipa::path(post, path = "/agent/v1/sync", tag = "agents", request_body = SyncRequest,
+    extensions(("x-required-role" = json!("agent"))),
     responses((status = 200, description = "The tasks to run", body = SyncResponse)))]
 pub async fn agent_sync(
     State(state): State<AppState>,

@@ -15,18 +15,17 @@ pub mod fleet;
 pub mod workloads;
 
 use crate::AppState;
-use crate::auth::{Access, Routes};
+use crate::auth::Routes;
 use crate::error::ApiError;
 use agents::*;
 use axum::Json;
 use axum::extract::State;
-use axum::http::Method;
 use axum::response::IntoResponse;
 use bodies::Health;
 use evidence::*;
 use fleet::*;
 use tessera_model::HostId;
-use tessera_model::auth::Role;
+use utoipa_axum::routes;
 use workloads::*;
 
 /// A JSON body whose parse errors come back as this API's JSON errors.
@@ -74,243 +73,74 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Segment {
     }
 }
 
-/// Every REST route, each with the access it needs (see [`crate::auth`]).
+/// Every REST route. Each handler's `#[utoipa::path]` is its one declaration: method, path,
+/// documentation and the access it needs (the `x-required-role` extension: `none`, `agent`,
+/// `viewer`, `operator` or `admin`). [`Routes::route`] reads them, guards the route with that
+/// access and adds the operation to the OpenAPI document.
 pub fn routes() -> Routes {
-    const VIEW: Access = Access::Role(Role::Viewer);
-    const OPERATE: Access = Access::Role(Role::Operator);
-    const ADMIN: Access = Access::Role(Role::Admin);
     Routes::default()
-        .add(Method::GET, "/healthz", Access::Public, healthz)
-        .add(Method::GET, "/metrics", VIEW, metrics)
-        .add(
-            Method::GET,
-            "/api/v1/openapi.json",
-            Access::Public,
-            crate::openapi::spec,
-        )
-        .add(
-            Method::POST,
-            "/api/v1/session",
-            Access::Public,
-            crate::session::sign_in,
-        )
-        .add(
-            Method::GET,
-            "/api/v1/session",
-            VIEW,
-            crate::session::who_am_i,
-        )
-        .add(
-            Method::DELETE,
-            "/api/v1/session",
-            Access::Public,
-            crate::session::sign_out_api,
-        )
-        .add(
-            Method::POST,
-            "/api/v1/session/token",
-            Access::Public,
-            crate::session::token_sign_in,
-        )
-        .add(
-            Method::POST,
-            "/api/v1/session/end",
-            Access::Public,
-            crate::session::sign_out_form,
-        )
-        .add(Method::GET, "/api/v1/hosts", VIEW, list_hosts)
-        .add(Method::GET, "/api/v1/hosts/{id}", VIEW, get_host)
-        .add(Method::DELETE, "/api/v1/hosts/{id}", ADMIN, delete_host)
-        .add(
-            Method::POST,
-            "/api/v1/hosts/{id}/drain",
-            OPERATE,
-            drain_host,
-        )
-        .add(
-            Method::POST,
-            "/api/v1/hosts/{id}/activate",
-            OPERATE,
-            activate_host,
-        )
-        .add(
-            Method::POST,
-            "/api/v1/hosts/{id}/revoke",
-            ADMIN,
-            revoke_host,
-        )
-        .add(
-            Method::POST,
-            "/api/v1/hosts/{id}/approve",
-            ADMIN,
-            approve_host,
-        )
-        .add(Method::POST, "/api/v1/join-token", ADMIN, rotate_join_token)
-        .add(Method::GET, "/api/v1/join-tokens", ADMIN, list_join_tokens)
-        .add(Method::POST, "/api/v1/join-tokens", ADMIN, mint_join_token)
-        .add(
-            Method::DELETE,
-            "/api/v1/join-tokens/{id}",
-            ADMIN,
-            delete_join_token,
-        )
-        .add(Method::GET, "/api/v1/cluster", VIEW, cluster)
-        .add(Method::GET, "/api/v1/pools", VIEW, list_pools)
-        .add(Method::POST, "/api/v1/pools", ADMIN, create_pool)
-        .add(Method::PATCH, "/api/v1/pools/{name}", ADMIN, update_pool)
-        .add(Method::GET, "/api/v1/task-definitions", VIEW, list_families)
-        .add(
-            Method::POST,
-            "/api/v1/task-definitions",
-            OPERATE,
-            register_task_definition,
-        )
-        .add(
-            Method::GET,
-            "/api/v1/task-definitions/{id}",
-            VIEW,
-            get_task_definition,
-        )
-        .add(
-            Method::DELETE,
-            "/api/v1/task-definitions/{id}",
-            OPERATE,
-            deregister_task_definition,
-        )
-        .add(Method::GET, "/api/v1/services", VIEW, list_services)
-        .add(Method::POST, "/api/v1/services", OPERATE, create_service)
-        .add(Method::GET, "/api/v1/services/{name}", VIEW, get_service)
-        .add(
-            Method::PATCH,
-            "/api/v1/services/{name}",
-            OPERATE,
-            update_service,
-        )
-        .add(
-            Method::DELETE,
-            "/api/v1/services/{name}",
-            OPERATE,
-            delete_service,
-        )
-        .add(Method::POST, "/api/v1/placement-preview", OPERATE, preview)
-        .add(
-            Method::GET,
-            "/api/v1/services/{name}/fit",
-            VIEW,
-            service_fit,
-        )
-        .add(Method::GET, "/api/v1/fit", VIEW, pool_fit)
-        .add(
-            Method::GET,
-            "/api/v1/services/{name}/work",
-            VIEW,
-            service_work,
-        )
-        .add(
-            Method::GET,
-            "/api/v1/services/{name}/endpoints",
-            VIEW,
-            service_endpoints,
-        )
-        .add(
-            Method::GET,
-            "/api/v1/discovery/prometheus",
-            VIEW,
-            prometheus_discovery,
-        )
-        .add(
-            Method::GET,
-            "/api/v1/services/{name}/right-size",
-            VIEW,
-            right_size_proposal,
-        )
-        .add(
-            Method::POST,
-            "/api/v1/services/{name}/right-size",
-            OPERATE,
-            right_size,
-        )
-        .add(Method::GET, "/api/v1/consolidation-plans", VIEW, list_plans)
-        .add(
-            Method::POST,
-            "/api/v1/consolidation-plans",
-            OPERATE,
-            plan_consolidation,
-        )
-        .add(
-            Method::GET,
-            "/api/v1/consolidation-plans/{id}",
-            VIEW,
-            get_plan,
-        )
-        .add(
-            Method::POST,
-            "/api/v1/consolidation-plans/{id}/execute",
-            OPERATE,
-            execute_plan,
-        )
-        .add(
-            Method::POST,
-            "/api/v1/consolidation-plans/{id}/cancel",
-            OPERATE,
-            cancel_plan,
-        )
-        .add(Method::GET, "/api/v1/tasks", VIEW, list_tasks)
-        .add(Method::GET, "/api/v1/events", VIEW, list_events)
-        .add(Method::GET, "/api/v1/live", VIEW, live)
-        .add(
-            Method::GET,
-            "/api/v1/tokens",
-            ADMIN,
-            crate::session::list_tokens,
-        )
-        .add(
-            Method::POST,
-            "/api/v1/tokens",
-            ADMIN,
-            crate::session::create_token,
-        )
-        .add(
-            Method::DELETE,
-            "/api/v1/tokens/{id}",
-            VIEW,
-            crate::session::delete_token,
-        )
-        .add(
-            Method::GET,
-            "/api/v1/users",
-            ADMIN,
-            crate::session::list_users,
-        )
-        .add(
-            Method::POST,
-            "/api/v1/users",
-            ADMIN,
-            crate::session::add_user,
-        )
-        .add(
-            Method::PATCH,
-            "/api/v1/users/{username}",
-            ADMIN,
-            crate::session::update_user,
-        )
-        .add(
-            Method::GET,
-            "/api/v1/audit",
-            ADMIN,
-            crate::session::list_audit,
-        )
-        .add(
-            Method::POST,
-            "/agent/v1/register",
-            Access::Agent,
-            agent_register,
-        )
-        .add(Method::POST, "/agent/v1/sync", Access::Agent, agent_sync)
+        .route(routes!(healthz))
+        .route(routes!(metrics))
+        .route(routes!(crate::openapi::spec))
+        .route(routes!(crate::session::sign_in))
+        .route(routes!(crate::session::who_am_i))
+        .route(routes!(crate::session::sign_out_api))
+        .route(routes!(crate::session::token_sign_in))
+        .route(routes!(crate::session::sign_out_form))
+        .route(routes!(list_hosts))
+        .route(routes!(get_host))
+        .route(routes!(delete_host))
+        .route(routes!(drain_host))
+        .route(routes!(activate_host))
+        .route(routes!(revoke_host))
+        .route(routes!(approve_host))
+        .route(routes!(rotate_join_token))
+        .route(routes!(list_join_tokens))
+        .route(routes!(mint_join_token))
+        .route(routes!(delete_join_token))
+        .route(routes!(cluster))
+        .route(routes!(list_pools))
+        .route(routes!(create_pool))
+        .route(routes!(update_pool))
+        .route(routes!(list_families))
+        .route(routes!(register_task_definition))
+        .route(routes!(get_task_definition))
+        .route(routes!(deregister_task_definition))
+        .route(routes!(list_services))
+        .route(routes!(create_service))
+        .route(routes!(get_service))
+        .route(routes!(update_service))
+        .route(routes!(delete_service))
+        .route(routes!(preview))
+        .route(routes!(service_fit))
+        .route(routes!(pool_fit))
+        .route(routes!(service_work))
+        .route(routes!(service_endpoints))
+        .route(routes!(prometheus_discovery))
+        .route(routes!(right_size_proposal))
+        .route(routes!(right_size))
+        .route(routes!(list_plans))
+        .route(routes!(plan_consolidation))
+        .route(routes!(get_plan))
+        .route(routes!(execute_plan))
+        .route(routes!(cancel_plan))
+        .route(routes!(list_tasks))
+        .route(routes!(list_events))
+        .route(routes!(live))
+        .route(routes!(crate::session::list_tokens))
+        .route(routes!(crate::session::create_token))
+        .route(routes!(crate::session::delete_token))
+        .route(routes!(crate::session::list_users))
+        .route(routes!(crate::session::add_user))
+        .route(routes!(crate::session::update_user))
+        .route(routes!(crate::session::list_audit))
+        .route(routes!(agent_register))
+        .route(routes!(agent_sync))
 }
 
 /// Liveness plus a store round trip, so a broken database shows as unhealthy.
 #[utoipa::path(get, path = "/healthz", tag = "server",
+    extensions(("x-required-role" = json!("none"))),
     responses((status = 200, description = "The server and its store answer", body = Health)))]
 pub async fn healthz(State(state): State<AppState>) -> Result<Json<Health>, ApiError> {
     state.control.list_pools().await?;
@@ -323,6 +153,7 @@ pub async fn healthz(State(state): State<AppState>) -> Result<Json<Health>, ApiE
 /// hosts, pending tasks, deployments) and the timings of passes, commits and syncs. Scrape
 /// with a viewer's API token (`authorization: Bearer …`).
 #[utoipa::path(get, path = "/metrics", tag = "server",
+    extensions(("x-required-role" = json!("viewer"))),
     responses((status = 200, description = "Prometheus text exposition format", content_type = "text/plain", body = String)))]
 pub async fn metrics(State(state): State<AppState>) -> Result<impl IntoResponse, ApiError> {
     let text = crate::metrics::render(&state.control).await?;

@@ -24,6 +24,7 @@ use utoipa::{IntoParams, ToSchema};
 
 /// Register a task definition (Tessera's JSON or ECS's) as its family's next revision
 #[utoipa::path(post, path = "/api/v1/task-definitions", tag = "workloads", request_body = TaskDefinitionInput,
+    extensions(("x-required-role" = json!("operator"))),
     responses((status = 201, description = "Registered", body = TaskDefinition)))]
 pub async fn register_task_definition(
     State(state): State<AppState>,
@@ -35,6 +36,7 @@ pub async fn register_task_definition(
 
 /// The newest revision of every family
 #[utoipa::path(get, path = "/api/v1/task-definitions", tag = "workloads",
+    extensions(("x-required-role" = json!("viewer"))),
     responses((status = 200, description = "Families", body = FamilyList)))]
 pub async fn list_families(State(state): State<AppState>) -> Result<Json<FamilyList>, ApiError> {
     Ok(Json(FamilyList {
@@ -61,6 +63,7 @@ pub struct FormatQuery {
 
 /// A family's revisions (`{family}`), or one revision (`{family}:{revision}`)
 #[utoipa::path(get, path = "/api/v1/task-definitions/{id}", tag = "workloads",
+    extensions(("x-required-role" = json!("viewer"))),
     params(("id" = FamilyOrRef, Path, description = "family, or family:revision"), FormatQuery),
     responses((status = 200, description = "The revision (in the shape asked for), or the family's revisions", body = TaskDefinitionAnswer), (status = 404, description = "No such revision", body = ErrorBody)))]
 pub async fn get_task_definition(
@@ -88,6 +91,7 @@ pub async fn get_task_definition(
 
 /// Deregister a revision: running tasks go on, no new ones start
 #[utoipa::path(delete, path = "/api/v1/task-definitions/{id}", tag = "workloads",
+    extensions(("x-required-role" = json!("operator"))),
     params(("id" = TaskDefRef, Path, description = "family:revision")),
     responses((status = 200, description = "Deregistered", body = TaskDefinition), (status = 404, description = "No such revision", body = ErrorBody)))]
 pub async fn deregister_task_definition(
@@ -102,6 +106,7 @@ pub async fn deregister_task_definition(
 
 /// Every service with its task counts, deployments and recent events
 #[utoipa::path(get, path = "/api/v1/services", tag = "workloads",
+    extensions(("x-required-role" = json!("viewer"))),
     responses((status = 200, description = "Services", body = ServiceList)))]
 pub async fn list_services(State(state): State<AppState>) -> Result<Json<ServiceList>, ApiError> {
     Ok(Json(ServiceList {
@@ -111,6 +116,7 @@ pub async fn list_services(State(state): State<AppState>) -> Result<Json<Service
 
 /// Create a service: its tasks are placed at once
 #[utoipa::path(post, path = "/api/v1/services", tag = "workloads", request_body = ServiceInput,
+    extensions(("x-required-role" = json!("operator"))),
     responses((status = 201, description = "Created", body = Service), (status = 409, description = "A service of that name exists", body = ErrorBody)))]
 pub async fn create_service(
     State(state): State<AppState>,
@@ -122,6 +128,7 @@ pub async fn create_service(
 
 /// One service with its task counts, deployments and recent events
 #[utoipa::path(get, path = "/api/v1/services/{name}", tag = "workloads",
+    extensions(("x-required-role" = json!("viewer"))),
     params(("name" = ServiceName, Path, description = "service")),
     responses((status = 200, description = "Service", body = ServiceDetail), (status = 404, description = "No such service", body = ErrorBody)))]
 pub async fn get_service(
@@ -134,6 +141,7 @@ pub async fn get_service(
 /// Where a service's tasks are reached, one entry per task and port, with whether each
 /// should get traffic (`healthy`) or not (`starting`, `unhealthy`, `draining`)
 #[utoipa::path(get, path = "/api/v1/services/{name}/endpoints", tag = "workloads",
+    extensions(("x-required-role" = json!("viewer"))),
     params(("name" = ServiceName, Path, description = "service")),
     responses((status = 200, description = "Endpoints", body = EndpointList), (status = 404, description = "No such service", body = ErrorBody)))]
 pub async fn service_endpoints(
@@ -146,6 +154,7 @@ pub async fn service_endpoints(
 /// Prometheus HTTP service discovery: every running task's port named `metrics`, labelled
 /// with service, revision, task, host, GPU and pool
 #[utoipa::path(get, path = "/api/v1/discovery/prometheus", tag = "workloads",
+    extensions(("x-required-role" = json!("viewer"))),
     responses((status = 200, description = "Target groups", body = Vec<PrometheusTargets>)))]
 pub async fn prometheus_discovery(
     State(state): State<AppState>,
@@ -155,6 +164,7 @@ pub async fn prometheus_discovery(
 
 /// Scale a service and/or deploy a new revision (rolling)
 #[utoipa::path(patch, path = "/api/v1/services/{name}", tag = "workloads", request_body = ServicePatch,
+    extensions(("x-required-role" = json!("operator"))),
     params(("name" = ServiceName, Path, description = "service")),
     responses((status = 200, description = "Updated", body = Service), (status = 404, description = "No such service", body = ErrorBody), (status = 409, description = "The service is being deleted", body = ErrorBody)))]
 pub async fn update_service(
@@ -167,6 +177,7 @@ pub async fn update_service(
 
 /// Delete a service: it drains to zero tasks, then goes
 #[utoipa::path(delete, path = "/api/v1/services/{name}", tag = "workloads",
+    extensions(("x-required-role" = json!("operator"))),
     params(("name" = ServiceName, Path, description = "service")),
     responses((status = 202, description = "Draining"), (status = 404, description = "No such service", body = ErrorBody)))]
 pub async fn delete_service(
@@ -179,6 +190,7 @@ pub async fn delete_service(
 
 /// Where `count` tasks would go now, and the packing before and after; nothing is stored
 #[utoipa::path(post, path = "/api/v1/placement-preview", tag = "workloads", request_body = PreviewInput,
+    extensions(("x-required-role" = json!("operator"))),
     responses((status = 200, description = "Preview", body = PreviewResult)))]
 pub async fn preview(
     State(state): State<AppState>,
@@ -207,6 +219,7 @@ pub struct TaskQuery {
 
 /// Tasks, filtered
 #[utoipa::path(get, path = "/api/v1/tasks", tag = "workloads", params(TaskQuery),
+    extensions(("x-required-role" = json!("viewer"))),
     responses((status = 200, description = "Tasks", body = TaskList)))]
 pub async fn list_tasks(
     State(state): State<AppState>,
@@ -275,6 +288,7 @@ pub struct EventQuery {
 
 /// Recent events, newest first
 #[utoipa::path(get, path = "/api/v1/events", tag = "workloads", params(EventQuery),
+    extensions(("x-required-role" = json!("viewer"))),
     responses((status = 200, description = "Events", body = EventList)))]
 pub async fn list_events(
     State(state): State<AppState>,
@@ -298,6 +312,7 @@ pub async fn list_events(
 /// `AppState::live_slots` streams are open at once; past that, `503` (the console then
 /// simply refreshes on navigation).
 #[utoipa::path(get, path = "/api/v1/live", tag = "workloads",
+    extensions(("x-required-role" = json!("viewer"))),
     responses((status = 200, description = "A stream of `change` events", content_type = "text/event-stream", body = String), (status = 503, description = "Too many streams are open", body = ErrorBody)))]
 pub async fn live(
     State(state): State<AppState>,

@@ -3,9 +3,10 @@
 //! - Callers prove who they are with a console session (a cookie from `tower-sessions`, its
 //!   records stored through `Control`) or an API token (`Authorization: Bearer tsr_...`);
 //!   agents use their own tokens on `/agent/v1`, checked by those handlers.
-//! - Deny by default: REST routes can only be added through [`Routes::add`], which takes an
-//!   [`Access`]; every server function must be listed in [`server_fn_rules`], and one that is
-//!   not is refused. Console pages need a session, except the sign-in page.
+//! - Deny by default: REST routes can only be added through [`Routes::route`], which reads the
+//!   [`Access`] the handler's `#[utoipa::path]` declares and refuses a handler without one;
+//!   a server function without its declaration (`tessera_app::access::guard!`) is refused.
+//!   Console pages need a session, except the sign-in page.
 //! - A state-changing request that does not carry a bearer token must come from the console's
 //!   own origin (`Sec-Fetch-Site` or `Origin`), and every request must name an allowed
 //!   `Host` (against DNS rebinding).
@@ -21,23 +22,21 @@ use crate::error::ApiError;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
-use axum::handler::Handler;
 use axum::http::{HeaderMap, Method, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Redirect, Response};
-use axum::routing::MethodFilter;
-use leptos::server_fn::ServerFn;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::OnceLock;
 use tessera_control::Control;
 use tessera_control::auth::SessionUser;
 use tessera_control::store::NewAuditEntry;
-use tessera_model::auth::{Caller, CallerKind, Role};
+use tessera_model::auth::{Caller, CallerKind};
 use tessera_model::urlenc::form_field;
 use tower_sessions::session::{Id, Record};
 use tower_sessions::session_store::{self, SessionStore};
 use tower_sessions::{Expiry, Session, SessionManagerLayer};
+use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouter};
 
 /// Where the session keeps who signed in.
 pub const SESSION_USER: &str = "user";
@@ -53,16 +52,7 @@ pub const SESSION_COOKIE: &str = "tessera_session";
 /// would be by the JSON extractor.
 const MAX_BODY: usize = 2 * 1024 * 1024;
 
-/// What a route needs from its caller.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Access {
-    /// Anyone: `/healthz`, the OpenAPI document, signing in.
-    Public,
-    /// An agent: the handler checks the join token or the agent token itself.
-    Agent,
-    /// A signed-in user or an API token with at least this role.
-    Role(Role),
-}
+pub use tessera_model::auth::Access;
 
 /// Settings of the layer, from the command line.
 #[derive(Debug, Clone)]
@@ -139,42 +129,64 @@ impl Authn {
 #[derive(Debug, Clone)]
 pub struct RouteRule {
     pub method: Method,
-    pub path: &'static str,
+    pub path: String,
     pub access: Access,
 }
 
-/// The REST router under construction. Routes are added only with their [`Access`], so no
-/// route can exist without a rule.
+/// The REST router under construction, with the OpenAPI document of what it serves. A route
+/// is added from its handler's `#[utoipa::path]`, which must declare its access (the
+/// `x-required-role` extension): a handler without one, or with an unknown one, is a
+/// programming error and stops the server before it serves anything.
 pub struct Routes {
-    router: Router<AppState>,
+    router: OpenApiRouter<AppState>,
     rules: Vec<RouteRule>,
 }
 
 impl Default for Routes {
     fn default() -> Self {
         Routes {
-            router: Router::new(),
+            router: OpenApiRouter::new(),
             rules: Vec::new(),
         }
     }
 }
 
 impl Routes {
-    pub fn add<H, T>(mut self, method: Method, path: &'static str, access: Access, h: H) -> Self
-    where
-        H: Handler<T, AppState>,
-        T: 'static,
-    {
-        let filter = MethodFilter::try_from(method.clone()).expect("routes use standard methods");
-        let route = axum::routing::on(filter, h).route_layer(axum::middleware::from_fn(
+    /// One handler, as `utoipa_axum::routes!(handler)` reads it.
+    pub fn route(mut self, (schemas, paths, method_router): UtoipaMethodRouter<AppState>) -> Self {
+        let mut declared = Vec::new();
+        for (path, item) in &paths.paths {
+            for (method, op) in [
+                (Method::GET, &item.get),
+                (Method::POST, &item.post),
+                (Method::PUT, &item.put),
+                (Method::PATCH, &item.patch),
+                (Method::DELETE, &item.delete),
+            ] {
+                let Some(op) = op else { continue };
+                let role = op
+                    .extensions
+                    .as_ref()
+                    .and_then(|e| e.get("x-required-role"))
+                    .and_then(|v| v.as_str());
+                let access = role.and_then(Access::parse).unwrap_or_else(|| {
+                    panic!("{method} {path}: its #[utoipa::path] must declare extensions((\"x-required-role\" = json!(\"none|agent|viewer|operator|admin\"))), not {role:?}")
+                });
+                declared.push(RouteRule {
+                    method,
+                    path: path.clone(),
+                    access,
+                });
+            }
+        }
+        let [rule] = <[RouteRule; 1]>::try_from(declared)
+            .unwrap_or_else(|d| panic!("add one operation at a time, not {d:?}"));
+        let access = rule.access;
+        let method_router = method_router.route_layer(axum::middleware::from_fn(
             move |req: Request, next: Next| require(access, req, next),
         ));
-        self.router = self.router.route(path, route);
-        self.rules.push(RouteRule {
-            method,
-            path,
-            access,
-        });
+        self.router = self.router.routes((schemas, paths, method_router));
+        self.rules.push(rule);
         self
     }
 
@@ -182,8 +194,13 @@ impl Routes {
         &self.rules
     }
 
+    /// The router and the OpenAPI document of its operations.
+    pub fn split(self) -> (Router<AppState>, utoipa::openapi::OpenApi) {
+        self.router.split_for_parts()
+    }
+
     pub fn into_router(self) -> Router<AppState> {
-        self.router
+        self.split().0
     }
 }
 
@@ -200,101 +217,15 @@ async fn require(access: Access, req: Request, next: Next) -> Response {
     }
 }
 
-/// Every server function of the console and what it needs. A server function missing here
-/// is refused (the test walks the registered ones).
-pub fn server_fn_rules() -> &'static HashMap<&'static str, (&'static str, Access)> {
-    static RULES: OnceLock<HashMap<&'static str, (&'static str, Access)>> = OnceLock::new();
+/// Every server function of the console and what it needs, as each declares it beside
+/// itself (`tessera_app::access`). A server function missing here is refused (the test walks
+/// the registered ones).
+pub fn server_fn_rules() -> &'static HashMap<&'static str, (String, Access)> {
+    static RULES: OnceLock<HashMap<&'static str, (String, Access)>> = OnceLock::new();
     RULES.get_or_init(|| {
-        use tessera_app::pages::{
-            audit, consolidation, host, hosts, join_tokens, overview, service, service_new,
-            services, task_definition, task_definitions,
-        };
-        const VIEW: Access = Access::Role(Role::Viewer);
-        const OPERATE: Access = Access::Role(Role::Operator);
-        const ADMIN: Access = Access::Role(Role::Admin);
-        [
-            (
-                tessera_app::app::CurrentCaller::PATH,
-                "current_caller",
-                Access::Public,
-            ),
-            (overview::GetOverview::PATH, "get_overview", VIEW),
-            (
-                tessera_app::app::ClusterStatus::PATH,
-                "cluster_status",
-                VIEW,
-            ),
-            (hosts::ListHostsPage::PATH, "list_hosts_page", VIEW),
-            (host::GetHostView::PATH, "get_host_view", VIEW),
-            (host::SetHostDraining::PATH, "set_host_draining", OPERATE),
-            (host::ApproveHost::PATH, "approve_host", ADMIN),
-            (join_tokens::ListJoinTokens::PATH, "list_join_tokens", ADMIN),
-            (join_tokens::MintJoinToken::PATH, "mint_join_token", ADMIN),
-            (
-                join_tokens::DeleteJoinToken::PATH,
-                "delete_join_token",
-                ADMIN,
-            ),
-            (
-                services::ListServiceDetails::PATH,
-                "list_service_details",
-                VIEW,
-            ),
-            (service::GetServiceView::PATH, "get_service_view", VIEW),
-            (service::PatchService::PATH, "patch_service", OPERATE),
-            (service::DeleteService::PATH, "delete_service", OPERATE),
-            (
-                tessera_app::fit::GetServiceFit::PATH,
-                "get_service_fit",
-                VIEW,
-            ),
-            (tessera_app::fit::GetRightSize::PATH, "get_right_size", VIEW),
-            (
-                tessera_app::fit::ApplyRightSize::PATH,
-                "apply_right_size",
-                OPERATE,
-            ),
-            (service_new::WizardChoices::PATH, "wizard_choices", VIEW),
-            (
-                service_new::PreviewPlacement::PATH,
-                "preview_placement",
-                OPERATE,
-            ),
-            (service_new::CreateService::PATH, "create_service", OPERATE),
-            (
-                task_definitions::ListTaskDefinitions::PATH,
-                "list_task_definitions",
-                VIEW,
-            ),
-            (
-                task_definitions::GetTaskDefinition::PATH,
-                "get_task_definition",
-                VIEW,
-            ),
-            (
-                task_definitions::RegisterTaskDefinition::PATH,
-                "register_task_definition",
-                OPERATE,
-            ),
-            (task_definition::ListRevisions::PATH, "list_revisions", VIEW),
-            (
-                task_definition::DeregisterRevision::PATH,
-                "deregister_revision",
-                OPERATE,
-            ),
-            (audit::ListAudit::PATH, "list_audit", ADMIN),
-            (
-                consolidation::ListConsolidation::PATH,
-                "list_consolidation",
-                VIEW,
-            ),
-            (consolidation::GetPoolFit::PATH, "get_pool_fit", VIEW),
-            (consolidation::MakePlan::PATH, "make_plan", OPERATE),
-            (consolidation::RunPlan::PATH, "run_plan", OPERATE),
-        ]
-        .into_iter()
-        .map(|(path, name, access)| (path, (name, access)))
-        .collect()
+        tessera_app::access::rules()
+            .map(|r| (r.path, (r.function(), r.access)))
+            .collect()
     })
 }
 
@@ -438,10 +369,10 @@ pub async fn authenticate(State(state): State<AppState>, mut req: Request, next:
         }
     }
     let server_fn = if path.starts_with("/api/") && !path.starts_with("/api/v1/") {
-        let Some(&(name, access)) = server_fn_rules().get(path.as_str()) else {
+        let Some((name, access)) = server_fn_rules().get(path.as_str()) else {
             return ApiError::Forbidden(format!("{path} has no access rule")).into_response();
         };
-        if let Err(e) = authn.check(access) {
+        if let Err(e) = authn.check(*access) {
             return e.into_response();
         }
         Some(name)
@@ -553,6 +484,45 @@ fn audit_target(path: &str, body: &[u8]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use utoipa_axum::routes;
+
+    /// Declares its access.
+    #[utoipa::path(post, path = "/declared", extensions(("x-required-role" = json!("operator"))),
+        responses((status = 204, description = "Done")))]
+    async fn declared() {}
+
+    /// Forgets its access.
+    #[utoipa::path(get, path = "/forgotten", responses((status = 204, description = "Done")))]
+    async fn forgotten() {}
+
+    /// Misspells it.
+    #[utoipa::path(get, path = "/misspelt", extensions(("x-required-role" = json!("operatr"))),
+        responses((status = 204, description = "Done")))]
+    async fn misspelt() {}
+
+    #[test]
+    fn a_route_carries_the_access_its_handler_declares() {
+        let routes = Routes::default().route(routes!(declared));
+        let rule = &routes.rules()[0];
+        assert_eq!(
+            (rule.method.clone(), rule.path.as_str(), rule.access),
+            (Method::POST, "/declared", Access::OPERATE)
+        );
+        let (_, doc) = routes.split();
+        assert!(doc.paths.paths["/declared"].post.is_some());
+    }
+
+    #[test]
+    #[should_panic(expected = "must declare")]
+    fn a_handler_that_declares_no_access_cannot_be_routed() {
+        let _ = Routes::default().route(routes!(forgotten));
+    }
+
+    #[test]
+    #[should_panic(expected = "must declare")]
+    fn a_handler_whose_access_is_misspelt_cannot_be_routed() {
+        let _ = Routes::default().route(routes!(misspelt));
+    }
 
     #[test]
     fn audit_targets_never_take_other_fields() {
