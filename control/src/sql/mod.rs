@@ -8,16 +8,18 @@
 //! flags, and times stored as RFC 3339 text (`crate::clock::stamp`).
 //!
 //! - `auth`: users, API tokens, console sessions and the audit log.
-//! - `hosts`: pools and hosts; `services`: task definitions, services, deployments;
-//!   `tasks`: tasks and placement commits; `events`: events and settings; `cluster`:
-//!   servers and the scheduler lease; `usage`: measured use in buckets, consolidation
-//!   plans.
+//! - `hosts`: pools and hosts; `inventory`: a host's row and GPUs as written, a sync's
+//!   report, the stops of tasks on what is gone; `services`: task definitions, services,
+//!   deployments; `tasks`: tasks and placement commits; `events`: events and settings;
+//!   `cluster`: servers and the scheduler lease; `usage`: measured use in buckets,
+//!   consolidation plans.
 //! - `rows`: row mapping and column lists shared by them.
 
 mod auth;
 mod cluster;
 mod events;
 mod hosts;
+mod inventory;
 mod rows;
 mod services;
 mod tasks;

@@ -1,0 +1,248 @@
+//! One service brought toward its desired state: alarms and autoscaling, then the plan of
+//! `plan_service` carried out (stops, starts with crash-loop backoff, rollbacks, deletion).
+
+use crate::clock::{since, stamp, to_chrono};
+use crate::control::Control;
+use crate::error::ControlError;
+use crate::plan::{DELETED, ServicePlan, UNHEALTHY, plan_service};
+use crate::store::NewTask;
+use tessera_model::service::{DeploymentStatus, Service};
+
+impl Control {
+    /// Whether new tasks of deployment `id` may start now. After the deployment's n-th
+    /// failed task they wait 2^(n-1) s (at most `max_restart_delay`), so a revision that
+    /// crashes at once, with nothing to roll back to, is not restarted in a tight loop.
+    fn may_start_tasks(&self, id: i64, failed: u32) -> Option<std::time::Duration> {
+        if failed == 0 {
+            return None;
+        }
+        let now = self.now();
+        let mut backoff = self.passes.restart_backoff.lock();
+        let entry = backoff.entry(id).or_insert((0, now));
+        if failed > entry.0 {
+            let delay = std::time::Duration::from_secs(1u64 << (failed - 1).min(16))
+                .min(self.config.max_restart_delay);
+            *entry = (failed, now + to_chrono(delay));
+        }
+        (now < entry.1).then(|| since(entry.1, now))
+    }
+
+    /// Brings one service toward its desired state: carries out [`plan_service`]'s plan.
+    pub(super) async fn reconcile_service(&self, service: &Service) -> Result<(), ControlError> {
+        let name = service.name.as_str();
+        let tasks = self.live_tasks(name).await?;
+        // A task stopped on purpose first leaves the endpoint list for the service's
+        // deregistration delay.
+        let drain = (service.deregistration_delay_secs > 0).then(|| {
+            stamp(
+                self.now()
+                    + chrono::Duration::seconds(i64::from(service.deregistration_delay_secs)),
+            )
+        });
+        let deployments = if service.deleting {
+            Vec::new()
+        } else {
+            self.store.list_deployments(name).await?
+        };
+        if !service.deleting
+            && let Some(primary) = deployments
+                .iter()
+                .find(|d| d.status == DeploymentStatus::Primary)
+        {
+            // Old tasks still run (a rollout or a rollback under way).
+            let rolling_out = deployments.iter().any(|d| {
+                d.id != primary.id
+                    && d.status != DeploymentStatus::Completed
+                    && d.running + d.pending > 0
+            });
+            let steady = !rolling_out
+                && self
+                    .passes
+                    .service_state
+                    .lock()
+                    .get(name)
+                    .is_some_and(|s| s.steady);
+            let age = self.age_of(&primary.created_at).unwrap_or(i64::MAX);
+            if let Some(why) = self
+                .watch_alarms(service, &tasks, primary.id, steady, age)
+                .await?
+            {
+                let previous = deployments.iter().find(|d| {
+                    d.id != primary.id
+                        && d.status != DeploymentStatus::RolledBack
+                        && d.task_definition != primary.task_definition
+                });
+                match previous {
+                    Some(prev) => {
+                        let id = self
+                            .store
+                            .start_deployment(name, &prev.task_definition, true)
+                            .await?;
+                        self.forget_alarms(name);
+                        self.event(
+                            Some(name),
+                            None,
+                            &format!(
+                                "deployment {} rolled back: {why}: {} → {} (deployment {id})",
+                                primary.id, primary.task_definition, prev.task_definition
+                            ),
+                        )
+                        .await;
+                        self.wake();
+                        return Ok(());
+                    }
+                    None => {
+                        self.event(
+                            Some(name),
+                            None,
+                            &format!(
+                                "deployment {}: {why}; there is no earlier revision to roll back to",
+                                primary.id
+                            ),
+                        )
+                        .await;
+                    }
+                }
+            }
+            self.autoscale(service, &tasks, rolling_out).await?;
+        }
+        let actions = match plan_service(
+            service,
+            &tasks,
+            &deployments,
+            self.config.failure_threshold,
+        ) {
+            ServicePlan::Delete { stop, gone } => {
+                for id in &stop {
+                    self.store
+                        .request_task_stop(id, DELETED, drain.as_deref(), false)
+                        .await?;
+                }
+                if gone {
+                    self.store.delete_service(name).await?;
+                    self.passes.service_state.lock().remove(name);
+                    self.event(Some(name), None, &format!("service {name} deleted"))
+                        .await;
+                } else if !stop.is_empty() {
+                    self.wake();
+                }
+                return Ok(());
+            }
+            ServicePlan::NoPrimary => {
+                tracing::warn!(service = name, "service has no primary deployment");
+                return Ok(());
+            }
+            ServicePlan::RollBack {
+                from,
+                failing,
+                failed,
+                to,
+            } => {
+                let id = self.store.start_deployment(name, &to, true).await?;
+                self.event(
+                    Some(name),
+                    None,
+                    &format!(
+                        "deployment {from} rolled back after {failed} failed tasks: {failing} → {to} (deployment {id})"
+                    ),
+                )
+                .await;
+                self.wake();
+                return Ok(());
+            }
+            ServicePlan::Converge(actions) => actions,
+        };
+        let primary = deployments
+            .iter()
+            .find(|d| d.id == actions.primary)
+            .expect("the plan's primary is one of them");
+        for (id, reason) in &actions.stop {
+            self.store
+                .request_task_stop(id, reason, drain.as_deref(), actions.failures.contains(id))
+                .await?;
+            if *reason == UNHEALTHY {
+                self.event(Some(name), None, &format!("task {id} stopped: {UNHEALTHY}"))
+                    .await;
+            }
+        }
+        // With a revision to roll back to, the circuit breaker answers failures; without
+        // one, restarts slow down.
+        let wait = if actions.start > 0 && !actions.can_roll_back {
+            self.may_start_tasks(primary.id, primary.failed_tasks)
+        } else {
+            None
+        };
+        if let Some(wait) = wait {
+            let message = format!(
+                "deployment {} has {} failed task(s): new tasks wait {:.0} s before they start",
+                primary.id,
+                primary.failed_tasks,
+                wait.as_secs_f64().ceil()
+            );
+            if self.service_state_changed(name, |s| s.backoff = Some(primary.failed_tasks)) {
+                self.event(Some(name), None, &message).await;
+            }
+        } else if actions.start > 0 {
+            let def = self
+                .store
+                .get_task_definition(&primary.task_definition)
+                .await?;
+            let tasks: Vec<NewTask> = (0..actions.start)
+                .map(|_| {
+                    NewTask::of(
+                        uuid::Uuid::new_v4().to_string(),
+                        name,
+                        primary.id,
+                        &primary.task_definition,
+                        &service.pool,
+                        &def.spec,
+                    )
+                })
+                .collect();
+            self.store.create_tasks(&tasks).await?;
+        }
+        if !actions.stop.is_empty() || actions.start > 0 {
+            self.wake();
+        }
+        for &id in &actions.completed {
+            self.store
+                .set_deployment_status(id, DeploymentStatus::Completed)
+                .await?;
+            if let Some(d) = deployments.iter().find(|d| d.id == id) {
+                self.event(
+                    Some(name),
+                    None,
+                    &format!("deployment {id} ({}) drained", d.task_definition),
+                )
+                .await;
+            }
+        }
+        let desired = service.desired_count;
+        // Progress of a rollout, when the new revision's running count changes.
+        if let Some((running, old_left)) = actions.progress
+            && self.service_state_changed(name, |s| s.progress = Some((primary.id, running)))
+        {
+            self.event(
+                Some(name),
+                None,
+                &format!(
+                    "deployment {} in progress: {running} of {desired} task(s) of {} running, {old_left} old task(s) left",
+                    primary.id, primary.task_definition
+                ),
+            )
+            .await;
+        }
+        if self.service_state_changed(name, |s| s.steady = actions.steady) && actions.steady {
+            self.event(
+                Some(name),
+                None,
+                &format!(
+                    "service {name} has reached a steady state: {desired} task(s) of {} running",
+                    primary.task_definition
+                ),
+            )
+            .await;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,57 @@
+//! The store interface. Callers hold an `Arc<dyn Store>` and never see which database is
+//! behind it: embedded SQLite, or PostgreSQL for fleets that outgrow one machine.
+//!
+//! One trait per aggregate, each in its own file with the types it reads and writes (the
+//! queries behind them are in `src/sql/`, by the same names): `auth`, `hosts`, `services`,
+//! `tasks`, `events`, `cluster`, and `usage` (measured use and consolidation plans).
+
+mod auth;
+mod cluster;
+mod events;
+mod hosts;
+mod services;
+mod tasks;
+mod usage;
+
+pub use auth::{AuditFilter, AuthStore, NewAuditEntry, UserChange, UserCredentials};
+pub use cluster::{ClusterStore, Fence, Lease, ServerRow};
+pub use events::{EventFilter, EventStore};
+pub use hosts::{
+    GpuChange, HOST_ID_TAKEN, HostPage, HostPageQuery, HostReport, HostState, HostStore,
+    JOIN_TOKEN_SPENT, JoinTokenUse,
+};
+pub use services::{ServiceStore, SettingsChange};
+pub use tasks::{
+    CommitContext, HeldCapacity, NewTask, PendingTask, PlacementCommit, Pruned, TaskFilter,
+    TaskStore,
+};
+pub use usage::{
+    PlanStore, StoredPlan, UsageGroup, UsageQuery, UsageRow, UsageStore, UsageSummary,
+};
+
+/// Everything the control plane persists, one trait per aggregate. Callers hold an `Arc<dyn Store>`;
+/// a backend implements the parts and gets this for free.
+pub trait Store:
+    AuthStore
+    + HostStore
+    + ServiceStore
+    + TaskStore
+    + EventStore
+    + ClusterStore
+    + UsageStore
+    + PlanStore
+{
+}
+
+impl<
+    T: AuthStore
+        + HostStore
+        + ServiceStore
+        + TaskStore
+        + EventStore
+        + ClusterStore
+        + UsageStore
+        + PlanStore,
+> Store for T
+{
+}
