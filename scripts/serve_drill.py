@@ -64,7 +64,7 @@ DRAIN_BITS = 0x08 | 0x10
 
 def server_name(task, port):
     """The name `tessera lb haproxy` gives the server of `task`'s host port `port`
-    (cli/src/lb.rs, `server_name`): tsr-, the task id's first 12 letters and
+    (cli/src/lb/runtime.rs, `server_name`): tsr-, the task id's first 12 letters and
     digits in lower case, the port."""
     short = "".join(c for c in task if c.isascii() and c.isalnum())[:12].lower()
     return f"tsr-{short}-{port}"

@@ -1,0 +1,16 @@
+//! The handling of the client commands other than `apply`, `preview` and `lb`: sign-in,
+//! `get` and `describe`, hosts, join tokens and events.
+
+pub(super) mod describe;
+pub(super) mod events;
+pub(super) mod get;
+pub(super) mod hosts;
+pub(super) mod join_tokens;
+pub(super) mod session;
+
+use serde::Serialize;
+
+fn print_json<T: Serialize>(v: &T) -> anyhow::Result<()> {
+    say!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
+}
