@@ -1,5 +1,11 @@
+use super::confine::Confinement;
+use super::procfs::{agent_mark, group_born, live_groups, marked_processes, proc_stat};
+use super::task::Proc;
 use super::*;
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
 use tessera_model::agent::WantedContainer;
+use tokio::process::Command;
 
 fn wanted(id: &str, command: &[&str], mps: bool) -> WantedTask {
     WantedTask {

@@ -3,114 +3,21 @@
 //! health and its tasks with their measured use, and converges on the answer. When the
 //! server is unreachable it backs off with jitter and keeps its tasks running.
 
+mod client;
+mod config;
+mod sync;
+
+pub use config::{AgentConfig, ContainerRuntime, Isolation, primary_address};
+
 use crate::mps::{MpsConfig, MpsHealth, MpsSupervisor};
-use crate::probe::{GpuProbe, NvmlProbe, ProbeError, SimulatedProbe, TaskView};
+use crate::probe::{GpuProbe, NvmlProbe, ProbeError, SimulatedProbe};
 use crate::runtime::{Runtime, RuntimeError};
+use client::{http_client, server_urls};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
-use tessera_model::agent::{
-    MpsReport, RegisterRequest, RegisterResponse, SyncRequest, SyncResponse,
-};
-use tessera_model::{MiB, MilliCpu, PoolName};
-
-/// How an agent runs.
-#[derive(Debug, Clone)]
-pub struct AgentConfig {
-    /// The control plane's base URL, e.g. `https://tessera.example:3000`, or several
-    /// separated by commas: servers of one control plane (one database), used one at a
-    /// time; when one does not answer, the next is tried at once.
-    pub server: String,
-    /// A PEM file of the CA (or self-signed certificate) that the server's certificate
-    /// must chain to, for a private CA; the system's roots are trusted as well.
-    pub ca_cert: Option<PathBuf>,
-    /// Allow `http://` to a server that is not on loopback: tokens, commands and secrets
-    /// would cross the network in clear.
-    pub insecure_http: bool,
-    /// Needed only until the agent has registered.
-    pub join_token: Option<String>,
-    pub state_dir: PathBuf,
-    pub pool: PoolName,
-    /// Suggested host id (the hostname by default).
-    pub name: String,
-    pub labels: BTreeMap<String, String>,
-    /// CPU and memory to offer, when not all of this machine's (a simulated host's own
-    /// size, or a reserve kept for the system).
-    pub resources: Option<(MilliCpu, MiB)>,
-    /// Simulated GPUs (`8xH100-80GB`) instead of NVML.
-    pub simulate: Option<String>,
-    /// The MPS control program. Unset: `nvidia-cuda-mps-control` on real GPUs, none on
-    /// simulated ones (their MPS is simulated too and always healthy).
-    pub mps_control: Option<PathBuf>,
-    pub max_mps_restarts: u32,
-    /// Bytes per task log before it starts over.
-    pub log_cap: u64,
-    /// Stop every task when the agent exits (the demo); a real agent leaves them running
-    /// and re-adopts them when it starts again.
-    pub stop_tasks_on_exit: bool,
-    /// Log directories of tasks this agent no longer has are deleted once untouched this long.
-    pub log_retention: Duration,
-    /// Run tasks as this user and group (uid, gid) instead of the agent's own.
-    pub run_as: Option<(u32, u32)>,
-    /// How containers that have an image run.
-    pub containers: ContainerRuntime,
-    /// The address tasks on this host are reached at (`--advertise-address`).
-    pub advertise_address: Option<String>,
-    /// Dynamic host ports come from this range (`--port-range`).
-    pub port_range: (u16, u16),
-}
-
-/// How tasks are kept apart on this host (`--task-uids`, `--cgroup-parent`,
-/// `--task-pids-max`); applied with [`Agent::isolate`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Isolation {
-    /// Each task runs as a uid of its own from this range, inclusive (and a group of the
-    /// same number), unless its definition names a user. Needs root; takes precedence
-    /// over `run_as`.
-    pub task_uids: Option<(u32, u32)>,
-    /// Each task runs in a cgroup of its own under this one (relative to the root of each
-    /// cgroup hierarchy); `None`: no cgroups.
-    pub cgroup_parent: Option<String>,
-    /// The most processes and threads one task may have; 0: no limit.
-    pub pids_max: u64,
-}
-
-impl Default for Isolation {
-    fn default() -> Isolation {
-        Isolation {
-            task_uids: None,
-            cgroup_parent: Some("tessera".into()),
-            pids_max: crate::runtime::DEFAULT_PIDS_MAX,
-        }
-    }
-}
-
-/// This machine's primary address: the one a packet to the outside would leave from (a
-/// UDP socket is connected, nothing is sent); loopback when there is no route.
-pub fn primary_address() -> String {
-    std::net::UdpSocket::bind("0.0.0.0:0")
-        .and_then(|s| {
-            s.connect("192.0.2.1:9")?;
-            s.local_addr()
-        })
-        .map(|a| a.ip())
-        .ok()
-        .filter(|ip| !ip.is_unspecified())
-        .map_or_else(|| "127.0.0.1".to_owned(), |ip| ip.to_string())
-}
-
-/// How containers that have an image run (`--runtime`); one without an image always
-/// runs as a process.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ContainerRuntime {
-    /// Images are refused: the task fails with the reason in its log.
-    Process,
-    /// Through the Docker engine on this socket; the agent does not start without it.
-    Docker(PathBuf),
-    /// Docker where this socket answers when the agent starts, else as `Process`.
-    Auto(PathBuf),
-}
+use tessera_model::{MiB, MilliCpu};
 
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
@@ -169,96 +76,6 @@ fn jitter(d: Duration) -> Duration {
     d.mul_f64(factor)
 }
 
-/// The servers `--server` names (one URL, or several separated by commas), each checked:
-/// a plain `http://` server is refused unless it is on loopback or `--insecure-http` says
-/// so.
-fn server_urls(config: &AgentConfig) -> Result<Vec<reqwest::Url>, AgentError> {
-    let mut urls = Vec::new();
-    for raw in config
-        .server
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-    {
-        let err = |why: String| AgentError::Server {
-            server: raw.to_owned(),
-            why,
-        };
-        let url = reqwest::Url::parse(raw).map_err(|e| err(format!("not a URL: {e}")))?;
-        match url.scheme() {
-            "https" => {}
-            "http" => {
-                let loopback = match url.host() {
-                    Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
-                    Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
-                    Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
-                    None => false,
-                };
-                if !loopback && !config.insecure_http {
-                    return Err(err(
-                        "plain http:// would send tokens, commands and secrets in clear; use https:// (with --ca-cert for a private CA), or pass --insecure-http".into(),
-                    ));
-                }
-            }
-            other => return Err(err(format!("scheme {other:?}: use https:// or http://"))),
-        }
-        urls.push(url);
-    }
-    if urls.is_empty() {
-        return Err(AgentError::Server {
-            server: config.server.clone(),
-            why: "names no server".into(),
-        });
-    }
-    Ok(urls)
-}
-
-/// The HTTPS client for the servers: rustls, the system's roots plus `--ca-cert`.
-fn http_client(config: &AgentConfig, urls: &[reqwest::Url]) -> Result<reqwest::Client, AgentError> {
-    let err = |why: String| AgentError::Server {
-        server: config.server.clone(),
-        why,
-    };
-    let mut builder = reqwest::Client::builder()
-        .use_rustls_tls()
-        .https_only(urls.iter().all(|u| u.scheme() == "https"))
-        .timeout(Duration::from_secs(10));
-    if let Some(path) = &config.ca_cert {
-        let pem = std::fs::read(path)
-            .map_err(|e| err(format!("cannot read --ca-cert {}: {e}", path.display())))?;
-        if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
-            return Err(err(format!(
-                "--ca-cert {} holds no PEM certificate (-----BEGIN CERTIFICATE-----)",
-                path.display()
-            )));
-        }
-        let cert = reqwest::Certificate::from_pem(&pem).map_err(|e| {
-            err(format!(
-                "--ca-cert {} is not a PEM certificate: {e}",
-                path.display()
-            ))
-        })?;
-        builder = builder.add_root_certificate(cert);
-    }
-    builder.build().map_err(|e| {
-        err(format!(
-            "cannot set up the HTTPS client (check --ca-cert): {e}"
-        ))
-    })
-}
-
-/// An error with its causes (a TLS failure says why: unknown issuer, wrong name, ...).
-fn with_causes(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
-}
-
 /// The wait before the next try after a failure: doubling, but never longer than two sync
 /// intervals. A restarted server declares a host lost only after three intervals of
 /// silence from its own start, so an agent that waited longer could lose its tasks to a
@@ -267,14 +84,6 @@ fn next_backoff(current: Duration, sync_interval: Duration) -> Duration {
     (current * 2)
         .min(sync_interval * 2)
         .max(Duration::from_secs(1))
-}
-
-/// Whether an answer says this server cannot serve now (another may): it is overloaded,
-/// shutting down, or cut off from the database.
-fn server_unavailable(status: reqwest::StatusCode) -> bool {
-    status.is_server_error()
-        || status == reqwest::StatusCode::REQUEST_TIMEOUT
-        || status == reqwest::StatusCode::TOO_MANY_REQUESTS
 }
 
 /// A request that failed: whether the server refused our credentials.
@@ -413,189 +222,6 @@ impl Agent {
         }
         self.runtime = runtime;
         Ok(self)
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!(
-            "{}{path}",
-            self.servers[self.current].as_str().trim_end_matches('/')
-        )
-    }
-
-    /// The server in use did not answer (or cannot serve now): the next one is used from
-    /// now on.
-    fn fail_over(&mut self, why: &str) {
-        if self.servers.len() > 1 {
-            let from = self.current;
-            self.current = (self.current + 1) % self.servers.len();
-            tracing::warn!(
-                from = %self.servers[from],
-                to = %self.servers[self.current],
-                error = %why,
-                "server unavailable; trying the next"
-            );
-        }
-    }
-
-    async fn register(&mut self) -> Result<Credentials, String> {
-        let token = self
-            .config
-            .join_token
-            .clone()
-            .ok_or_else(|| AgentError::NoJoinToken.to_string())?;
-        let inventory = self.probe.inventory().map_err(|e| e.to_string())?;
-        let (cpu, memory) = self.config.resources.unwrap_or_else(host_resources);
-        let req = RegisterRequest {
-            address: self.config.advertise_address.clone(),
-            join_token: token,
-            pool: self.config.pool.clone(),
-            cpu_milli: cpu,
-            memory_mib: memory,
-            simulated: self.probe.simulated(),
-            labels: self.config.labels.clone(),
-            gpus: inventory.reports(),
-            name: Some(self.config.name.clone()),
-        };
-        let resp = match self
-            .http
-            .post(self.url("/agent/v1/register"))
-            .json(&req)
-            .send()
-            .await
-        {
-            Ok(r) => r,
-            Err(e) => {
-                let why = with_causes(&e);
-                self.fail_over(&why);
-                return Err(why);
-            }
-        };
-        if server_unavailable(resp.status()) {
-            let why = format!("registration not answered ({})", resp.status());
-            self.fail_over(&why);
-            return Err(why);
-        }
-        if !resp.status().is_success() {
-            let status = resp.status();
-            return Err(format!(
-                "registration refused ({status}): {}",
-                resp.text().await.unwrap_or_default()
-            ));
-        }
-        let r: RegisterResponse = resp.json().await.map_err(|e| e.to_string())?;
-        tracing::info!(host = %r.host_id, "registered with the control plane");
-        Ok(Credentials {
-            server: self.servers[self.current].to_string(),
-            host_id: r.host_id.to_string(),
-            agent_token: r.agent_token,
-        })
-    }
-
-    async fn sync(&mut self, creds: &Credentials) -> Result<SyncResponse, SyncFailure> {
-        self.runtime.poll();
-        let mps = match &mut self.mps {
-            Some(m) => m.supervise().await,
-            None => MpsHealth::Healthy,
-        };
-        let inventory = self
-            .probe
-            .inventory()
-            .map_err(|e| SyncFailure::Other(e.to_string()))?;
-        let mut now = HashMap::new();
-        for t in self.runtime.processes() {
-            if let Some(u) = self.probe.task_usage(&TaskView {
-                pids: &t.pids,
-                env: &t.env,
-            }) {
-                let w = self.windows.entry(t.task_id.clone()).or_default();
-                w.peak = w.peak.max(u.gpu_memory);
-                w.memory_errors = w.memory_errors.saturating_add(u.memory_errors);
-                now.insert(t.task_id, u);
-            }
-        }
-        let mut tasks = self.runtime.reports();
-        for r in &mut tasks {
-            if let (Some(u), Some(w)) = (now.get(&r.task_id), self.windows.get(&r.task_id)) {
-                r.gpu_memory_peak_mib = Some(w.peak);
-                r.gpu_memory_mib = Some(u.gpu_memory);
-                r.sm_percent = u.sm_percent;
-                r.memory_errors = (w.memory_errors > 0).then_some(w.memory_errors);
-            }
-        }
-        self.measure_work(&mut tasks).await;
-        let req = SyncRequest {
-            address: self.config.advertise_address.clone(),
-            dynamic_ports_free: Some(self.runtime.dynamic_ports_free()),
-            gpus: inventory.reports(),
-            mps: MpsReport {
-                healthy: mps == MpsHealth::Healthy,
-                reason: mps.reason().map(str::to_owned),
-                restarts: self.mps.as_ref().map(MpsSupervisor::restarts),
-            },
-            tasks,
-        };
-        let resp = match self
-            .http
-            .post(self.url("/agent/v1/sync"))
-            .bearer_auth(&creds.agent_token)
-            .json(&req)
-            .send()
-            .await
-        {
-            Ok(r) => r,
-            Err(e) => {
-                let why = with_causes(&e);
-                self.fail_over(&why);
-                return Err(SyncFailure::Other(why));
-            }
-        };
-        if resp.status() == reqwest::StatusCode::UNAUTHORIZED {
-            return Err(SyncFailure::Unauthorized);
-        }
-        if server_unavailable(resp.status()) {
-            let why = format!("sync not answered ({})", resp.status());
-            self.fail_over(&why);
-            return Err(SyncFailure::Other(why));
-        }
-        if !resp.status().is_success() {
-            return Err(SyncFailure::Other(format!(
-                "sync refused ({})",
-                resp.status()
-            )));
-        }
-        let answer: SyncResponse = resp
-            .json()
-            .await
-            .map_err(|e| SyncFailure::Other(e.to_string()))?;
-        self.runtime.converge(&answer.tasks);
-        // Reported: the next sync measures a new window.
-        self.windows.clear();
-        Ok(answer)
-    }
-
-    /// Scrapes the work of every task that publishes it, all at once (each within the
-    /// scrape timeout), and adds what each completed since its last scrape to its report.
-    async fn measure_work(&mut self, reports: &mut [tessera_model::agent::TaskReport]) {
-        use crate::runtime::work;
-        let targets = self.runtime.work_targets();
-        self.work
-            .retain(|id, _| targets.iter().any(|(t, _, _)| t == id));
-        let client = &self.scraper;
-        let scraped =
-            futures_util::future::join_all(targets.iter().map(|(id, url, spec)| async move {
-                let result = match work::fetch(client, url).await {
-                    Ok(text) => work::totals(&text, spec),
-                    Err(e) => Err(e),
-                };
-                (id.clone(), std::time::Instant::now(), result)
-            }))
-            .await;
-        for (id, at, result) in scraped {
-            let report = self.work.entry(id.clone()).or_default().observe(at, result);
-            if let Some(r) = reports.iter_mut().find(|r| r.task_id == id && r.running) {
-                r.work = report;
-            }
-        }
     }
 
     /// Runs until `shutdown` resolves.
@@ -760,6 +386,7 @@ pub fn host_resources() -> (MilliCpu, MiB) {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+    use tessera_model::PoolName;
 
     #[test]
     fn credentials_are_owner_only_and_outlive_a_new_server_address() {

@@ -1,0 +1,136 @@
+//! Task logs: files that start over once they reach their cap, a process's output copied
+//! to them, and the pruning of log directories of tasks gone.
+
+use super::Runtime;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+
+impl Runtime {
+    /// Removes the log directories of tasks this runtime no longer has, once nothing in
+    /// them changed for `older_than`; returns how many.
+    pub fn prune_logs(&self, older_than: Duration) -> usize {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return 0;
+        };
+        let newest = |dir: &Path| -> Option<std::time::SystemTime> {
+            let own = std::fs::metadata(dir).and_then(|m| m.modified()).ok();
+            std::fs::read_dir(dir)
+                .ok()?
+                .flatten()
+                .filter_map(|f| f.metadata().and_then(|m| m.modified()).ok())
+                .chain(own)
+                .max()
+        };
+        let mut removed = 0;
+        for e in entries.flatten() {
+            let id = e.file_name().to_string_lossy().into_owned();
+            if self.tasks.contains_key(&id) || self.ended.contains_key(&id) {
+                continue;
+            }
+            let old = newest(&e.path())
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age >= older_than);
+            if old && std::fs::remove_dir_all(e.path()).is_ok() {
+                removed += 1;
+            }
+        }
+        removed
+    }
+}
+
+/// A task's log file that starts over (keeping one `.1` file) whenever it would exceed
+/// its cap; opened on the first write. Readable by the agent and, with `group`, by the
+/// task's own group; by no one else (0640).
+pub(crate) struct CappedLog {
+    path: PathBuf,
+    cap: u64,
+    file: Option<tokio::fs::File>,
+    written: u64,
+    group: Option<u32>,
+}
+
+impl CappedLog {
+    pub(crate) fn new(path: PathBuf, cap: u64) -> CappedLog {
+        CappedLog {
+            path,
+            cap: cap.max(1),
+            file: None,
+            written: 0,
+            group: None,
+        }
+    }
+
+    /// The file belongs to this group (its task's own gid) besides the agent.
+    pub(crate) fn group(mut self, group: Option<u32>) -> CappedLog {
+        self.group = group;
+        self
+    }
+
+    async fn open(&mut self) -> std::io::Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        let f = tokio::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o640)
+            .open(&self.path)
+            .await?;
+        // A file from before (an agent restart) gets the same rights.
+        f.set_permissions(std::fs::Permissions::from_mode(0o640))
+            .await?;
+        if let Some(gid) = self.group {
+            std::os::unix::fs::fchown(&f, None, Some(gid))?;
+        }
+        self.written = f.metadata().await.map_or(0, |m| m.len());
+        self.file = Some(f);
+        Ok(())
+    }
+
+    pub(crate) async fn write(&mut self, mut chunk: &[u8]) -> std::io::Result<()> {
+        if self.file.is_none() {
+            self.open().await?;
+        }
+        while !chunk.is_empty() {
+            if self.written >= self.cap {
+                self.flush().await;
+                let _ = tokio::fs::rename(&self.path, self.path.with_extension("log.1")).await;
+                self.open().await?;
+            }
+            let take = chunk.len().min((self.cap - self.written) as usize);
+            let Some(file) = &mut self.file else {
+                return Ok(());
+            };
+            file.write_all(&chunk[..take]).await?;
+            self.written += take as u64;
+            chunk = &chunk[take..];
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn flush(&mut self) {
+        if let Some(f) = &mut self.file {
+            let _ = f.flush().await;
+        }
+    }
+}
+
+/// Copies a process's output to a capped log at `path`, in `group` (its task's own gid).
+pub(super) async fn copy_capped(
+    mut from: impl AsyncRead + Unpin,
+    path: PathBuf,
+    cap: u64,
+    group: Option<u32>,
+) {
+    let mut log = CappedLog::new(path, cap).group(group);
+    let mut buf = vec![0u8; 8192];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if log.write(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+    log.flush().await;
+}
