@@ -77,6 +77,12 @@ impl From<StoreError> for ControlError {
     }
 }
 
+impl From<ValidationErrors> for ControlError {
+    fn from(e: ValidationErrors) -> Self {
+        ControlError::Invalid(e)
+    }
+}
+
 impl ControlError {
     /// One invalid field.
     pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {

@@ -190,14 +190,8 @@ impl Control {
             )));
         }
         let mut e = crate::inputs::Errors::default();
-        if patch
-            .desired_count
-            .is_some_and(|d| d > crate::inputs::MAX_DESIRED)
-        {
-            e.add(
-                "desired_count",
-                format!("must be at most {}", crate::inputs::MAX_DESIRED),
-            );
+        if let Some(d) = patch.desired_count {
+            e.desired_count(d);
         }
         let new_def = patch
             .task_definition

@@ -39,11 +39,21 @@ test("a task definition registered through the form", async ({ page }) => {
 test("a service created through the wizard, seeing the preview first", async ({ page }) => {
   const errors = watchConsole(page);
   await open(page, "/services/new");
+  // The browser checks each step with the server's rules before the next one opens.
+  await page.getByLabel("Service name").fill("E2E svc");
+  await page.getByRole("button", { name: "Next" }).click();
+  await expect(page.getByRole("alert")).toContainText("name");
+  await expect(page.getByLabel("Service name")).toBeVisible();
   await page.getByLabel("Service name").fill("e2e-svc");
+  await expect(page.getByRole("alert")).toHaveCount(0);
   await page.getByLabel("Task definition").selectOption("e2e-infer:1");
   await page.getByRole("button", { name: "Next" }).click();
   await page.locator("select[name=pool]").selectOption("inference");
+  await page.getByLabel("Desired tasks").fill("three");
+  await page.getByRole("button", { name: "Next" }).click();
+  await expect(page.getByRole("alert")).toContainText("desired_count: must be a whole number");
   await page.getByLabel("Desired tasks").fill("3");
+  await expect(page.getByRole("alert")).toHaveCount(0);
   await page.getByRole("button", { name: "Next" }).click();
   await page.getByRole("button", { name: "Next" }).click();
   await page.getByRole("button", { name: "Preview" }).click();

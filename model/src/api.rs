@@ -116,9 +116,9 @@ pub struct ServiceInput {
     #[serde(default)]
     #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::optional_policy))]
     pub strategy: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::service::object_only")]
     pub constraints: ServiceConstraints,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::service::object_only")]
     pub deployment: Option<DeploymentConfig>,
     /// How long a task gets between SIGTERM and SIGKILL.
     #[serde(default = "default_stop_timeout")]

@@ -46,18 +46,6 @@ impl PlanStatus {
             PlanStatus::Cancelled => "cancelled",
         }
     }
-
-    pub fn parse(s: &str) -> Option<PlanStatus> {
-        [
-            PlanStatus::Planned,
-            PlanStatus::Executing,
-            PlanStatus::Done,
-            PlanStatus::Failed,
-            PlanStatus::Cancelled,
-        ]
-        .into_iter()
-        .find(|p| p.as_str() == s)
-    }
 }
 
 /// Where one move is.

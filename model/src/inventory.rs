@@ -203,12 +203,6 @@ pub struct HostInfo {
     pub dynamic_ports_free: Option<u32>,
 }
 
-impl HostInfo {
-    pub fn gpu_memory_total(&self) -> MiB {
-        self.gpus.iter().map(|g| g.memory).sum()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

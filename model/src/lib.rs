@@ -17,6 +17,7 @@
 //! - [`agent`]: the agent protocol (register, sync) spoken over `/agent/v1`.
 //! - [`views`]: read models of the console's pages (hosts with GPU segments, overview).
 //! - `schema` (feature `openapi`): the JSON Schemas of the API's bodies, with the validators' rules.
+//! - [`validate`]: the rules of pool and service bodies (the server's and the browser's).
 //! - [`urlenc`]: percent-encoding of query values and form fields.
 //! - [`work`]: the work applications complete (Prometheus metrics), service objectives
 //!   (latency target, alarms, autoscaling) and the read models built from them.
@@ -41,6 +42,7 @@ pub mod service;
 pub mod taskdef;
 pub mod units;
 pub mod urlenc;
+pub mod validate;
 pub mod views;
 pub mod work;
 

@@ -1,5 +1,5 @@
 //! Bounds that requests and reports are checked against, each declared once. The
-//! validators (`agent.rs`, `taskdef`, `control::inputs`), the hand-written JSON Schemas
+//! validators (`agent.rs`, `taskdef`, `validate`), the hand-written JSON Schemas
 //! (`schema.rs`) and the agent read these constants. utoipa's attributes take literals
 //! only: `derived_schemas_carry_these_bounds` checks that the derived schemas' bounds agree.
 
@@ -19,6 +19,9 @@ pub const DEREGISTRATION_DELAY_MAX_SECS: u32 = 3600;
 
 /// Most tasks one service may ask for.
 pub const MAX_DESIRED: u32 = 100_000;
+
+/// The highest per-host cap a service may set (`constraints.max_per_host`).
+pub const MAX_PER_HOST_MAX: u32 = 10_000;
 
 /// How far a pool's MPS compute caps may be overcommitted (1.0: reserved, never
 /// overcommitted).
@@ -59,7 +62,11 @@ mod tests {
         assert_eq!(bound(gpu.clone(), "mps_client_limit", "maximum"), mps);
         assert_eq!(bound(gpu, "mps_client_limit", "default"), mps);
         let constraints = json::<crate::service::ServiceConstraints>();
-        assert_eq!(bound(constraints, "max_per_gpu", "maximum"), mps);
+        assert_eq!(bound(constraints.clone(), "max_per_gpu", "maximum"), mps);
+        assert_eq!(
+            bound(constraints, "max_per_host", "maximum"),
+            f64::from(MAX_PER_HOST_MAX)
+        );
         let service = json::<crate::api::ServiceInput>();
         assert_eq!(
             bound(service.clone(), "stop_timeout_secs", "maximum"),

@@ -68,15 +68,6 @@ pub fn task_def_ref() -> Schema {
         .into()
 }
 
-/// An optional `family:revision` reference.
-pub fn optional_task_def_ref() -> Schema {
-    from_json(json!({
-        "type": ["string", "null"],
-        "pattern": TASK_DEF_REF_PATTERN,
-        "description": "family:revision, e.g. llm-serve:3",
-    }))
-}
-
 /// Host labels a service requires: keys are not empty.
 pub fn labels() -> Schema {
     from_json(
@@ -290,27 +281,79 @@ fn work() -> Value {
     })
 }
 
+/// Every optional property of every object in `v` may also be null: the parsers read a
+/// null as a field left out.
+fn nullable_optionals(v: &mut Value) {
+    match v {
+        Value::Object(o) => {
+            let required: Vec<String> = o
+                .get("required")
+                .and_then(Value::as_array)
+                .map(|r| {
+                    r.iter()
+                        .filter_map(|k| k.as_str().map(str::to_owned))
+                        .collect()
+                })
+                .unwrap_or_default();
+            for (key, inner) in o.iter_mut() {
+                nullable_optionals(inner);
+                if key != "properties" {
+                    continue;
+                }
+                let Value::Object(props) = inner else {
+                    continue;
+                };
+                for (name, p) in props.iter_mut() {
+                    if !required.contains(name) {
+                        let description = p.get("description").cloned();
+                        let mut wrapped = json!({"anyOf": [p.take(), {"type": "null"}]});
+                        if let Some(d) = description {
+                            wrapped["description"] = d;
+                        }
+                        *p = wrapped;
+                    }
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(nullable_optionals),
+        _ => {}
+    }
+}
+
+/// Fields kept for ECS's shape: any object, stored and given back by `?format=ecs`.
+fn ecs_fields() -> Value {
+    json!({"type": "object", "description": "fields Tessera does not use, kept for ECS's shape: stored, and given back by ?format=ecs"})
+}
+
 /// `POST /api/v1/task-definitions` in Tessera's shape.
 pub fn native_task_definition() -> Schema {
-    from_json(json!({
+    let mut doc = json!({
         "type": "object",
         "required": ["family", "containers"],
         "additionalProperties": false,
         "properties": {
             "family": family(),
+            "ecs": ecs_fields(),
             "work": work(),
             "containers": {
                 "type": "array",
                 "minItems": 1,
                 "maxItems": MAX_CONTAINERS,
                 "description": "Names unique within the task; a variable is either in env or in secrets; the task's GPU containers use either whole GPUs (at most 16 in all) or MPS slots (compute caps adding up to at most 100 %), not both; port names and fixed host ports unique in the task, a container port once per container; a health check's http.port names a port of its container; depends_on names other containers of the task, without cycles, HEALTHY only on one with a health check; at least one container essential.",
-                "items": {
+                "items": {"description": "A program (command) run on the host, or an image run by the Docker engine (then command and entry_point are optional)", "allOf": [{"anyOf": [
+                        {"type": "object", "required": ["command"], "properties": {"command": command()}},
+                        {"type": "object", "required": ["image"], "properties": {"image": {"type": "string"}}},
+                        {"type": "object", "required": ["entry_point"], "properties": {"entry_point": command()}}
+                    ]}, {
                     "type": "object",
-                    "required": ["name", "command", "cpu_milli", "memory_mib"],
+                    "required": ["name", "cpu_milli", "memory_mib"],
                     "additionalProperties": false,
                     "properties": {
                         "name": family(),
-                        "command": command(),
+                        "image": {"type": "string", "pattern": r"\S", "maxLength": 1024, "description": "a container image; the Docker engine runs it (the host's agent must run containers)"},
+                        "entry_point": {"type": "array", "items": {"type": "string"}, "description": "replaces the image's entry point"},
+                        "command": {"type": "array", "items": {"type": "string"}, "description": "argv: the program, then its arguments; with an image, the arguments to its entry point"},
+                        "ecs": ecs_fields(),
                         "env": {"type": "object", "propertyNames": env_name(), "additionalProperties": {"type": "string"}},
                         "secrets": {"type": "object", "propertyNames": env_name(), "additionalProperties": {"$ref": "#/components/schemas/Secret"}},
                         "cpu_milli": {"type": "integer", "minimum": 0, "maximum": 1_000_000, "description": "CPU reserved, in thousandths of a core; 0 reserves none (as an ECS container without cpu)"},
@@ -344,10 +387,12 @@ pub fn native_task_definition() -> Schema {
                             ]
                         }
                     }
-                }
+                }]}
             }
         }
-    }))
+    });
+    nullable_optionals(&mut doc);
+    from_json(doc)
 }
 
 /// The same in ECS's shape (`containerDefinitions`; fields Tessera does not use are
@@ -372,7 +417,7 @@ pub fn ecs_task_definition() -> Schema {
             }}}
         }}
     ]});
-    from_json(json!({
+    let mut doc = json!({
         "type": "object",
         "required": ["family", "containerDefinitions"],
         "properties": {
@@ -383,14 +428,21 @@ pub fn ecs_task_definition() -> Schema {
                 "minItems": 1,
                 "maxItems": MAX_CONTAINERS,
                 "description": "The same cross-container rules as Tessera's shape.",
-                "items": {
+                "items": {"description": "A program (command) run on the host, or an image run by the Docker engine (then command and entryPoint are optional). Memory: memory or memoryReservation here, or the task's memory (ECS's rule).", "allOf": [{"anyOf": [
+                        {"type": "object", "required": ["command"], "properties": {"command": command()}},
+                        {"type": "object", "required": ["image"], "properties": {"image": {"type": "string"}}},
+                        {"type": "object", "required": ["entryPoint"], "properties": {"entryPoint": command()}}
+                    ]}, {
                     "type": "object",
-                    "required": ["name", "command", "cpu", "memory"],
+                    "required": ["name"],
                     "properties": {
                         "name": family(),
-                        "command": command(),
-                        "cpu": {"type": "integer", "minimum": 1, "maximum": 1_024_000, "description": "1/1024 vCPU"},
+                        "image": {"type": "string", "pattern": r"\S", "maxLength": 1024},
+                        "entryPoint": {"type": "array", "items": {"type": "string"}},
+                        "command": {"type": "array", "items": {"type": "string"}},
+                        "cpu": {"type": "integer", "minimum": 0, "maximum": 1_024_000, "description": "1/1024 vCPU; 0 or none reserves none"},
                         "memory": whole(1, MAX_MEMORY_MIB),
+                        "memoryReservation": whole(1, MAX_MEMORY_MIB),
                         "environment": {"type": "array", "items": variable},
                         "secrets": {"type": "array", "items": secret},
                         "resourceRequirements": {
@@ -399,10 +451,12 @@ pub fn ecs_task_definition() -> Schema {
                             "items": gpu,
                         }
                     }
-                }
+                }]}
             }
         }
-    }))
+    });
+    nullable_optionals(&mut doc);
+    from_json(doc)
 }
 
 /// The name of a service (path parameter).

@@ -86,8 +86,6 @@ pub struct Percent(u8);
 pub struct PercentOutOfRange(pub u32);
 
 impl Percent {
-    pub const FULL: Percent = Percent(100);
-
     pub fn new(value: u32) -> Result<Self, PercentOutOfRange> {
         if value <= 100 {
             Ok(Percent(value as u8))

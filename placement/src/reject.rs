@@ -52,18 +52,6 @@ impl FilterReason {
             }
         }
     }
-
-    /// True when the reason is about one GPU rather than the whole host.
-    pub fn is_gpu_level(self) -> bool {
-        matches!(
-            self,
-            FilterReason::GpuUnhealthy
-                | FilterReason::GpuMode
-                | FilterReason::GpuMemory
-                | FilterReason::GpuCompute
-                | FilterReason::MpsClientLimit
-        )
-    }
 }
 
 /// The largest free amounts seen among hosts and GPUs that passed the host-level filters.

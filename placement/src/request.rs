@@ -184,11 +184,6 @@ impl TaskRequest {
         }
     }
 
-    pub fn with_models(mut self, models: &[&str]) -> Self {
-        self.constraints.gpu_models = models.iter().map(|m| (*m).to_owned()).collect();
-        self
-    }
-
     pub(crate) fn allows_model(&self, model: &str) -> bool {
         self.constraints.gpu_models.is_empty()
             || self.constraints.gpu_models.iter().any(|m| m == model)

@@ -261,13 +261,6 @@ impl Snapshot {
         &self.hosts[h as usize].id
     }
 
-    pub fn host_index(&self, id: &HostId) -> Option<HostIdx> {
-        self.hosts
-            .iter()
-            .position(|h| &h.id == id)
-            .map(|i| i as HostIdx)
-    }
-
     /// A GPU's model name.
     pub fn gpu_model(&self, g: GpuIdx) -> &str {
         &self.models[usize::from(self.gpus[g as usize].model)].0

@@ -61,6 +61,8 @@ const NOT_SHAPE: &[&str] = &[
     "which the task does not have",
     "but the task has no named port",
     "is a percentage: at most 100",
+    // ECS's memory rule spans the task and its containers.
+    "give memory or memoryReservation here, or the task's memory",
 ];
 
 struct Server {
@@ -678,4 +680,195 @@ async fn requests_the_schemas_allow_are_never_refused_for_their_shape() {
     }
     assert!(tried > 300, "{tried} requests tried");
     assert!(accepted > 50, "only {accepted} of {tried} were accepted");
+}
+
+/// Every variant of `v` that changes one place in it (named by its JSON pointer and what
+/// it became): each object key removed, and each value replaced by null, other types, empty
+/// and boundary values.
+fn mutants(v: &Value) -> Vec<(String, Value)> {
+    let replacements = || {
+        [
+            json!(null),
+            json!(""),
+            json!(" "),
+            json!("x"),
+            json!("a-b_c"),
+            json!("CMD"),
+            json!("x".repeat(1025)),
+            json!(0),
+            json!(1),
+            json!(-1),
+            json!(1.5),
+            json!(100),
+            json!(101),
+            json!(65536),
+            json!(1_000_001),
+            json!(4_294_967_296_u64),
+            json!(true),
+            json!([]),
+            json!(["x"]),
+            json!({}),
+        ]
+    };
+    let short = |v: &Value| {
+        let t = v.to_string();
+        if t.len() > 40 {
+            format!("{}…", &t[..40])
+        } else {
+            t
+        }
+    };
+    let mut out = Vec::new();
+    let mut at = |key: String, inner: &Value, set: &mut dyn FnMut(Option<Value>) -> Value| {
+        out.push((format!("/{key} removed"), set(None)));
+        for r in replacements() {
+            out.push((format!("/{key} = {}", short(&r)), set(Some(r))));
+        }
+        for (place, r) in mutants(inner) {
+            out.push((format!("/{key}{place}"), set(Some(r))));
+        }
+    };
+    match v {
+        Value::Object(o) => {
+            for (k, inner) in o {
+                at(pointer_escape(k), inner, &mut |r| {
+                    let mut changed = o.clone();
+                    match r {
+                        Some(r) => changed.insert(k.clone(), r),
+                        None => changed.remove(k),
+                    };
+                    Value::Object(changed)
+                });
+            }
+        }
+        Value::Array(items) => {
+            for (i, inner) in items.iter().enumerate() {
+                at(i.to_string(), inner, &mut |r| {
+                    let mut changed = items.clone();
+                    match r {
+                        Some(r) => changed[i] = r,
+                        None => {
+                            changed.remove(i);
+                        }
+                    }
+                    Value::Array(changed)
+                });
+            }
+        }
+        _ => {}
+    }
+    out
+}
+
+/// The other direction: what a validator accepts, the body's schema accepts too. Valid
+/// bodies of every shape are mutated one place at a time (removed, null, other types,
+/// empty, bounds); every mutant the server's validator accepts must match the schema the
+/// document publishes, or a client generated from the document could not send it.
+#[test]
+fn what_the_validators_accept_the_schemas_accept_too() {
+    use tessera_model::api::{PoolInput, ServiceInput};
+    let doc = tessera_server::openapi::document();
+    /// The server's verdict on a body: its validator's errors, if any.
+    type Accepts = fn(&Value) -> Result<(), String>;
+    let task_definition: Accepts = |v| {
+        tessera_model::taskdef::parse_task_definition(v)
+            .map(drop)
+            .map_err(|e| format!("{e:?}"))
+    };
+    let service: Accepts = |v| {
+        let input = serde_json::from_value::<ServiceInput>(v.clone()).map_err(|e| e.to_string())?;
+        tessera_model::validate::service(&input).map_err(|e| format!("{e:?}"))?;
+        // As the server checks them against a definition that publishes every figure.
+        let everything = tessera_model::work::Published {
+            work: true,
+            errors: true,
+            latency: true,
+            gpu: true,
+        };
+        input
+            .objectives()
+            .check(everything)
+            .map_err(|e| format!("{e:?}"))
+    };
+    let pool: Accepts = |v| {
+        let input = serde_json::from_value::<PoolInput>(v.clone()).map_err(|e| e.to_string())?;
+        tessera_model::validate::pool(&input)
+            .map(drop)
+            .map_err(|e| format!("{e:?}"))
+    };
+    let cases: [(&str, Accepts, Vec<Value>); 3] = [
+        (
+            "/api/v1/task-definitions",
+            task_definition,
+            vec![
+                json!({"family": "llm", "work": {"port": "http", "path": "/metrics", "completed": "requests_total", "errors": "errors_total", "latency": "latency_seconds"},
+                    "containers": [{"name": "server", "command": ["python3", "-m", "serve"], "cpu_milli": 2000, "memory_mib": 4096,
+                        "env": {"MODEL": "7b"}, "secrets": {"TOKEN": "s3cret", "KEPT": {"set": true}},
+                        "gpu": {"mps": {"memory_mib": 20480, "max_compute_percent": 50}},
+                        "ports": [{"name": "http", "container_port": 8000, "protocol": "tcp"}],
+                        "health_check": {"http": {"port": "http", "path": "/health"}, "interval_secs": 10, "timeout_secs": 5, "retries": 3, "start_period_secs": 30},
+                        "essential": true},
+                      {"name": "sidecar", "command": ["sleep", "infinity"], "cpu_milli": 0, "memory_mib": 64, "essential": false,
+                        "depends_on": [{"container": "server", "condition": "HEALTHY"}],
+                        "health_check": {"command": ["CMD", "true"]}}]}),
+                json!({"family": "trainer", "ecs": {"networkMode": "host"},
+                    "containers": [{"name": "t", "image": "registry.example/trainer:1", "entry_point": ["/bin/train"], "command": [], "cpu_milli": 1000, "memory_mib": 2048,
+                        "gpu": {"gpus": 2}, "ports": [{"container_port": 9000, "host_port": 9000}], "ecs": {"ulimits": []}}]}),
+                json!({"family": "web", "containerDefinitions": [{"name": "web", "image": "nginx:1", "cpu": 256, "memory": 512,
+                    "essential": true, "portMappings": [{"containerPort": 80, "protocol": "tcp", "name": "http"}],
+                    "environment": [{"name": "A", "value": "1"}], "secrets": [{"name": "S", "valueFrom": "v"}],
+                    "resourceRequirements": [{"type": "GPU", "value": "1"}],
+                    "healthCheck": {"command": ["CMD-SHELL", "curl -f localhost"], "interval": 10, "timeout": 5, "retries": 3, "startPeriod": 0}}]}),
+            ],
+        ),
+        (
+            "/api/v1/services",
+            service,
+            vec![
+                json!({"name": "chat", "task_definition": "llm:1", "pool": "inference", "desired_count": 2,
+                "strategy": "binpack", "constraints": {"gpu_models": ["L4"], "labels": {"zone": "a"}, "distinct_hosts": false, "max_per_gpu": 4, "max_per_host": 8},
+                "deployment": {"minimum_healthy_percent": 50, "maximum_percent": 200},
+                "stop_timeout_secs": 30, "deregistration_delay_secs": 5, "bake_secs": 60}),
+            ],
+        ),
+        (
+            "/api/v1/pools",
+            pool,
+            vec![
+                json!({"name": "inference", "policy": "fragmentation", "compute_overcommit": 1.5, "mps_client_limit": 16,
+                "admission": "manual", "task_users": true, "privileged": false}),
+            ],
+        ),
+    ];
+    let mut checked = 0;
+    let mut disagreements = Vec::new();
+    for (path, accepts, seeds) in cases {
+        let pointer = format!(
+            "/paths/{}/post/requestBody/content/application~1json/schema",
+            pointer_escape(path)
+        );
+        let schema = validator_at(&doc, &pointer);
+        for seed in seeds {
+            if let Err(e) = accepts(&seed) {
+                panic!("{path}: the seed itself is valid: {seed}: {e}");
+            }
+            for (place, body) in
+                std::iter::once(("".to_owned(), seed.clone())).chain(mutants(&seed))
+            {
+                if accepts(&body).is_ok() {
+                    checked += 1;
+                    if !schema.is_valid(&body) {
+                        disagreements.push(format!("POST {path}, {place}"));
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked > 300, "only {checked} accepted mutants");
+    assert!(
+        disagreements.is_empty(),
+        "{} bodies a validator accepts and its schema refuses, e.g.:\n{}",
+        disagreements.len(),
+        disagreements.join("\n")
+    );
 }

@@ -1,6 +1,7 @@
 //! The guided service setup: task definition, pool and count, strategy and constraints,
 //! deployment settings, then a preview of where every task would land (and why any would
-//! not fit) before Create.
+//! not fit) before Create. Each step is checked in the browser with the server's own rules
+//! (`tessera_model::validate`) before the next one opens.
 
 use crate::access::{Access, guard};
 use leptos::prelude::*;
@@ -62,6 +63,24 @@ pub async fn create_service(
 }
 
 guard!(CreateService, Access::OPERATE);
+
+/// The step (index into [`STEPS`]) whose form holds `field`.
+fn step_of(field: &str) -> usize {
+    match field {
+        "name" | "task_definition" => 0,
+        "pool" | "desired_count" => 1,
+        f if f == "strategy" || f.starts_with("constraints") => 2,
+        _ => 3,
+    }
+}
+
+/// A whole number typed into a field, or the error that names the field.
+fn whole(field: &str, raw: &str) -> Result<u32, FieldError> {
+    raw.trim().parse().map_err(|_| FieldError {
+        field: field.to_owned(),
+        message: format!("must be a whole number, got {:?}", raw.trim()),
+    })
+}
 
 const STEPS: [&str; 5] = [
     "Task definition",
@@ -168,6 +187,50 @@ fn Wizard(defs: Vec<String>, pools: Vec<PoolInfo>) -> impl IntoView {
             });
         }
     };
+    // What the typed text breaks, by the server's rules: numbers that are not numbers
+    // first, then the body's own rules for the fields that are.
+    let problems = move || {
+        let mut errors: Vec<FieldError> = [
+            ("desired_count", count.get()),
+            ("deployment.minimum_healthy_percent", min_healthy.get()),
+            ("deployment.maximum_percent", max_percent.get()),
+            ("stop_timeout_secs", stop_timeout.get()),
+            ("deregistration_delay_secs", deregistration_delay.get()),
+            ("constraints.max_per_gpu", per_gpu.get()),
+            ("constraints.max_per_host", per_host.get()),
+        ]
+        .into_iter()
+        .filter(|(f, raw)| !(f.starts_with("constraints") && raw.trim().is_empty()))
+        .filter_map(|(f, raw)| whole(f, &raw).err())
+        .collect();
+        if let Err(rules) = tessera_model::validate::service(&service_input()) {
+            let unreadable: Vec<String> = errors.iter().map(|e| e.field.clone()).collect();
+            errors.extend(
+                rules
+                    .errors
+                    .into_iter()
+                    .filter(|e| !unreadable.contains(&e.field)),
+            );
+        }
+        errors
+    };
+    // Shown once Next was pressed on a step with problems; they go as they are fixed.
+    let tried = RwSignal::new(false);
+    let step_problems = move || {
+        let at = step.get();
+        problems()
+            .into_iter()
+            .filter(|e| step_of(&e.field) == at)
+            .collect::<Vec<_>>()
+    };
+    let next = move || {
+        if step_problems().is_empty() {
+            tried.set(false);
+            go(step.get_untracked() + 1);
+        } else {
+            tried.set(true);
+        }
+    };
     let navigate = use_navigate();
     Effect::new(move |_| {
         if let Some(Ok(Ok(s))) = create.value().get() {
@@ -251,8 +314,12 @@ fn Wizard(defs: Vec<String>, pools: Vec<PoolInfo>) -> impl IntoView {
                     (!errors.is_empty()).then(|| view! { <Problems errors /> })
                 }}
             </div>
+            {move || {
+                let errors = step_problems();
+                (tried.get() && !errors.is_empty()).then(|| view! { <Problems errors /> })
+            }}
             <div class="actions">
-                <button type="button" disabled=move || step.get() == 0 on:click=move |_| go(step.get().saturating_sub(1))>"Back"</button>
+                <button type="button" disabled=move || step.get() == 0 on:click=move |_| { tried.set(false); go(step.get().saturating_sub(1)) }>"Back"</button>
                 <crate::components::RoleHint reason=operate />
                 <Show
                     when=move || step.get() < 4
@@ -264,7 +331,7 @@ fn Wizard(defs: Vec<String>, pools: Vec<PoolInfo>) -> impl IntoView {
                         }
                     }
                 >
-                    <button type="button" class="primary" title=move || (step.get() == 3).then(|| may_preview.get()).flatten() disabled=move || step.get() == 3 && may_preview.get().is_some() on:click=move |_| go(step.get() + 1)>
+                    <button type="button" class="primary" title=move || (step.get() == 3).then(|| may_preview.get()).flatten() disabled=move || step.get() == 3 && may_preview.get().is_some() on:click=move |_| next()>
                         {move || if step.get() == 3 { "Preview" } else { "Next" }}
                     </button>
                 </Show>
@@ -273,7 +340,7 @@ fn Wizard(defs: Vec<String>, pools: Vec<PoolInfo>) -> impl IntoView {
     }
 }
 
-/// Field errors from the server, each with the field it concerns.
+/// Field errors, each with the field it concerns.
 #[component]
 fn Problems(errors: Vec<FieldError>) -> impl IntoView {
     view! {
