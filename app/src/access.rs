@@ -71,9 +71,8 @@ pub(crate) use guard;
 /// or `None` when it may be used. The server refuses the call anyway; this only spares the
 /// operator the attempt.
 pub fn allowed<F: Guarded>() -> Signal<Option<String>> {
-    let needed = match F::ACCESS {
-        Access::Role(role) => role,
-        Access::Public | Access::Agent => return Signal::derive(|| None),
+    let Some(needed) = F::ACCESS.role() else {
+        return Signal::derive(|| None);
     };
     let signed_in = use_context::<SignedIn>();
     Signal::derive(move || {

@@ -42,9 +42,8 @@ pub(crate) mod ssr {
     /// process, past the layer that checks them over HTTP: one that reads what only some roles
     /// may read checks the caller itself.
     pub fn control_for<F: crate::access::Guarded>() -> Result<Control, ServerFnError> {
-        let role = match F::ACCESS {
-            crate::access::Access::Role(role) => role,
-            crate::access::Access::Public | crate::access::Access::Agent => return control(),
+        let Some(role) = F::ACCESS.role() else {
+            return control();
         };
         match caller() {
             Some(c) if c.role.allows(role) => control(),

@@ -5,8 +5,8 @@
 use crate::error::ControlError;
 use tessera_model::PoolInfo;
 pub use tessera_model::api::{
-    Density, MAX_DESIRED, PoolInput, PreviewInput, PreviewResult, PreviewTask, ServiceDetail,
-    ServiceInput, ServicePatch,
+    Density, PoolInput, PreviewInput, PreviewResult, PreviewTask, ServiceDetail, ServiceInput,
+    ServicePatch,
 };
 use tessera_model::service::Service;
 pub(crate) use tessera_model::validate::Errors;

@@ -116,9 +116,9 @@ pub struct ServiceInput {
     #[serde(default)]
     #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::optional_policy))]
     pub strategy: Option<String>,
-    #[serde(default, deserialize_with = "crate::service::object_only")]
+    #[serde(default, deserialize_with = "object_only")]
     pub constraints: ServiceConstraints,
-    #[serde(default, deserialize_with = "crate::service::object_only")]
+    #[serde(default, deserialize_with = "object_only")]
     pub deployment: Option<DeploymentConfig>,
     /// How long a task gets between SIGTERM and SIGKILL.
     #[serde(default = "default_stop_timeout")]
@@ -165,10 +165,10 @@ impl ServiceInput {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServicePatch {
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub desired_count: Option<u32>,
     /// `family:revision`; a new revision starts a rolling deployment.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task_definition: Option<String>,
     /// The placement policy for the service's next placements; `null`: the pool's.
     #[serde(
@@ -255,6 +255,25 @@ where
     T: Deserialize<'de>,
 {
     Option::<T>::deserialize(d).map(Some)
+}
+
+/// Reads a field as serde's derive would, but only from a JSON object (or null): the
+/// derive also reads a struct from an array of its fields in order, which the published
+/// schema does not allow and no client means.
+fn object_only<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::de::DeserializeOwned,
+{
+    use serde::de::Error;
+    let v = serde_json::Value::deserialize(d)?;
+    if !(v.is_object() || v.is_null()) {
+        return Err(D::Error::custom(format!(
+            "must be an object, got {}",
+            crate::taskdef::kind(&v)
+        )));
+    }
+    T::deserialize(v).map_err(D::Error::custom)
 }
 
 /// `POST /api/v1/placement-preview`.

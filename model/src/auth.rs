@@ -53,6 +53,15 @@ impl Access {
     pub const OPERATE: Access = Access::Role(Role::Operator);
     pub const ADMIN: Access = Access::Role(Role::Admin);
 
+    /// The role a caller needs; `None` when no signed-in caller is needed (anyone, or an
+    /// agent, whose token its handlers check).
+    pub fn role(self) -> Option<Role> {
+        match self {
+            Access::Role(r) => Some(r),
+            Access::Public | Access::Agent => None,
+        }
+    }
+
     /// As the OpenAPI document's `x-required-role` names it: `none`, `agent` or a role.
     pub fn as_str(self) -> &'static str {
         match self {

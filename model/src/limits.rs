@@ -23,6 +23,10 @@ pub const MAX_DESIRED: u32 = 100_000;
 /// The highest per-host cap a service may set (`constraints.max_per_host`).
 pub const MAX_PER_HOST_MAX: u32 = 10_000;
 
+/// The most characters of a free-text field of a task definition: a container's image, an
+/// ECS port mapping's name.
+pub const MAX_TEXT_CHARS: usize = 1024;
+
 /// How far a pool's MPS compute caps may be overcommitted (1.0: reserved, never
 /// overcommitted).
 pub const COMPUTE_OVERCOMMIT_MAX: f64 = 10.0;

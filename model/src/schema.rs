@@ -185,7 +185,7 @@ string_schema!(
         "minProperties": 1,
         "additionalProperties": false,
         "properties": {
-            "desired_count": {"type": "integer", "minimum": 0, "maximum": crate::api::MAX_DESIRED},
+            "desired_count": {"type": "integer", "minimum": 0, "maximum": crate::limits::MAX_DESIRED},
             "task_definition": {"type": "string", "pattern": TASK_DEF_REF_PATTERN, "description": "family:revision; a new revision starts a rolling deployment"},
             "strategy": {
                 "type": ["string", "null"],
@@ -286,32 +286,23 @@ fn work() -> Value {
 fn nullable_optionals(v: &mut Value) {
     match v {
         Value::Object(o) => {
-            let required: Vec<String> = o
+            o.values_mut().for_each(nullable_optionals);
+            let required: Vec<Value> = o
                 .get("required")
                 .and_then(Value::as_array)
-                .map(|r| {
-                    r.iter()
-                        .filter_map(|k| k.as_str().map(str::to_owned))
-                        .collect()
-                })
+                .cloned()
                 .unwrap_or_default();
-            for (key, inner) in o.iter_mut() {
-                nullable_optionals(inner);
-                if key != "properties" {
-                    continue;
-                }
-                let Value::Object(props) = inner else {
-                    continue;
-                };
-                for (name, p) in props.iter_mut() {
-                    if !required.contains(name) {
-                        let description = p.get("description").cloned();
-                        let mut wrapped = json!({"anyOf": [p.take(), {"type": "null"}]});
-                        if let Some(d) = description {
-                            wrapped["description"] = d;
-                        }
-                        *p = wrapped;
+            let Some(Value::Object(props)) = o.get_mut("properties") else {
+                return;
+            };
+            for (name, p) in props.iter_mut() {
+                if !required.contains(&json!(name)) {
+                    let description = p.get("description").cloned();
+                    let mut wrapped = json!({"anyOf": [p.take(), {"type": "null"}]});
+                    if let Some(d) = description {
+                        wrapped["description"] = d;
                     }
+                    *p = wrapped;
                 }
             }
         }
@@ -350,7 +341,7 @@ pub fn native_task_definition() -> Schema {
                     "additionalProperties": false,
                     "properties": {
                         "name": family(),
-                        "image": {"type": "string", "pattern": r"\S", "maxLength": 1024, "description": "a container image; the Docker engine runs it (the host's agent must run containers)"},
+                        "image": {"type": "string", "pattern": r"\S", "maxLength": crate::limits::MAX_TEXT_CHARS, "description": "a container image; the Docker engine runs it (the host's agent must run containers)"},
                         "entry_point": {"type": "array", "items": {"type": "string"}, "description": "replaces the image's entry point"},
                         "command": {"type": "array", "items": {"type": "string"}, "description": "argv: the program, then its arguments; with an image, the arguments to its entry point"},
                         "ecs": ecs_fields(),
@@ -437,7 +428,7 @@ pub fn ecs_task_definition() -> Schema {
                     "required": ["name"],
                     "properties": {
                         "name": family(),
-                        "image": {"type": "string", "pattern": r"\S", "maxLength": 1024},
+                        "image": {"type": "string", "pattern": r"\S", "maxLength": crate::limits::MAX_TEXT_CHARS},
                         "entryPoint": {"type": "array", "items": {"type": "string"}},
                         "command": {"type": "array", "items": {"type": "string"}},
                         "cpu": {"type": "integer", "minimum": 0, "maximum": 1_024_000, "description": "1/1024 vCPU; 0 or none reserves none"},

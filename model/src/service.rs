@@ -394,30 +394,6 @@ pub struct Event {
     pub message: String,
 }
 
-/// Reads a field as serde's derive would, but only from a JSON object (or null): the
-/// derive also reads a struct from an array of its fields in order, which the published
-/// schema does not allow and no client means.
-pub fn object_only<'de, D, T>(d: D) -> Result<T, D::Error>
-where
-    D: serde::Deserializer<'de>,
-    T: serde::de::DeserializeOwned,
-{
-    use serde::de::Error;
-    let v = serde_json::Value::deserialize(d)?;
-    if !(v.is_object() || v.is_null()) {
-        return Err(D::Error::custom(format!(
-            "must be an object, got {}",
-            match v {
-                serde_json::Value::Array(_) => "an array",
-                serde_json::Value::String(_) => "a string",
-                serde_json::Value::Number(_) => "a number",
-                _ => "a boolean",
-            }
-        )));
-    }
-    T::deserialize(v).map_err(D::Error::custom)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

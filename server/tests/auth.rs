@@ -138,6 +138,97 @@ fn concrete(path: &str) -> String {
         .replace("{username}", "admin")
 }
 
+/// Every route's role, written out here rather than read from the declarations, so a role
+/// changes only on purpose (both the handler's `x-required-role` and this list).
+#[test]
+fn every_route_has_the_role_this_list_gives_it() {
+    let expected: Vec<(&str, &str, &str)> = vec![
+        ("GET", "/healthz", "none"),
+        ("GET", "/metrics", "viewer"),
+        ("GET", "/api/v1/openapi.json", "none"),
+        ("POST", "/api/v1/session", "none"),
+        ("GET", "/api/v1/session", "viewer"),
+        ("DELETE", "/api/v1/session", "none"),
+        ("POST", "/api/v1/session/token", "none"),
+        ("POST", "/api/v1/session/end", "none"),
+        ("GET", "/api/v1/hosts", "viewer"),
+        ("GET", "/api/v1/hosts/{id}", "viewer"),
+        ("DELETE", "/api/v1/hosts/{id}", "admin"),
+        ("POST", "/api/v1/hosts/{id}/drain", "operator"),
+        ("POST", "/api/v1/hosts/{id}/activate", "operator"),
+        ("POST", "/api/v1/hosts/{id}/revoke", "admin"),
+        ("POST", "/api/v1/hosts/{id}/approve", "admin"),
+        ("POST", "/api/v1/join-token", "admin"),
+        ("GET", "/api/v1/join-tokens", "admin"),
+        ("POST", "/api/v1/join-tokens", "admin"),
+        ("DELETE", "/api/v1/join-tokens/{id}", "admin"),
+        ("GET", "/api/v1/cluster", "viewer"),
+        ("GET", "/api/v1/pools", "viewer"),
+        ("POST", "/api/v1/pools", "admin"),
+        ("PATCH", "/api/v1/pools/{name}", "admin"),
+        ("GET", "/api/v1/task-definitions", "viewer"),
+        ("POST", "/api/v1/task-definitions", "operator"),
+        ("GET", "/api/v1/task-definitions/{id}", "viewer"),
+        ("DELETE", "/api/v1/task-definitions/{id}", "operator"),
+        ("GET", "/api/v1/services", "viewer"),
+        ("POST", "/api/v1/services", "operator"),
+        ("GET", "/api/v1/services/{name}", "viewer"),
+        ("PATCH", "/api/v1/services/{name}", "operator"),
+        ("DELETE", "/api/v1/services/{name}", "operator"),
+        ("POST", "/api/v1/placement-preview", "operator"),
+        ("GET", "/api/v1/services/{name}/fit", "viewer"),
+        ("GET", "/api/v1/fit", "viewer"),
+        ("GET", "/api/v1/services/{name}/work", "viewer"),
+        ("GET", "/api/v1/services/{name}/endpoints", "viewer"),
+        ("GET", "/api/v1/discovery/prometheus", "viewer"),
+        ("GET", "/api/v1/services/{name}/right-size", "viewer"),
+        ("POST", "/api/v1/services/{name}/right-size", "operator"),
+        ("GET", "/api/v1/consolidation-plans", "viewer"),
+        ("POST", "/api/v1/consolidation-plans", "operator"),
+        ("GET", "/api/v1/consolidation-plans/{id}", "viewer"),
+        (
+            "POST",
+            "/api/v1/consolidation-plans/{id}/execute",
+            "operator",
+        ),
+        (
+            "POST",
+            "/api/v1/consolidation-plans/{id}/cancel",
+            "operator",
+        ),
+        ("GET", "/api/v1/tasks", "viewer"),
+        ("GET", "/api/v1/events", "viewer"),
+        ("GET", "/api/v1/live", "viewer"),
+        ("GET", "/api/v1/tokens", "admin"),
+        ("POST", "/api/v1/tokens", "admin"),
+        ("DELETE", "/api/v1/tokens/{id}", "viewer"),
+        ("GET", "/api/v1/users", "admin"),
+        ("POST", "/api/v1/users", "admin"),
+        ("PATCH", "/api/v1/users/{username}", "admin"),
+        ("GET", "/api/v1/audit", "admin"),
+        ("POST", "/agent/v1/register", "agent"),
+        ("POST", "/agent/v1/sync", "agent"),
+    ];
+    let mut declared: Vec<(String, String, String)> = api::routes()
+        .rules()
+        .iter()
+        .map(|r| {
+            (
+                r.method.to_string(),
+                r.path.clone(),
+                r.access.as_str().to_owned(),
+            )
+        })
+        .collect();
+    let mut expected: Vec<(String, String, String)> = expected
+        .into_iter()
+        .map(|(m, p, r)| (m.to_owned(), p.to_owned(), r.to_owned()))
+        .collect();
+    declared.sort();
+    expected.sort();
+    assert_eq!(declared, expected);
+}
+
 #[tokio::test]
 async fn every_route_refuses_callers_without_credentials_or_role() {
     let c = ctx().await;

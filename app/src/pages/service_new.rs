@@ -152,7 +152,8 @@ fn Wizard(defs: Vec<String>, pools: Vec<PoolInfo>) -> impl IntoView {
         max_per_gpu: cap(per_gpu.get()),
         max_per_host: cap(per_host.get()),
     };
-    let number = |s: String| s.trim().parse::<u32>().unwrap_or(u32::MAX);
+    // Text that is not a number is named by `problems`; the body gets a value the rules refuse.
+    let number = |s: String| whole("", &s).unwrap_or(u32::MAX);
     let service_input = move || ServiceInput {
         name: name.get(),
         task_definition: def.get(),
@@ -315,8 +316,11 @@ fn Wizard(defs: Vec<String>, pools: Vec<PoolInfo>) -> impl IntoView {
                 }}
             </div>
             {move || {
-                let errors = step_problems();
-                (tried.get() && !errors.is_empty()).then(|| view! { <Problems errors /> })
+                tried
+                    .get()
+                    .then(step_problems)
+                    .filter(|errors| !errors.is_empty())
+                    .map(|errors| view! { <Problems errors /> })
             }}
             <div class="actions">
                 <button type="button" disabled=move || step.get() == 0 on:click=move |_| { tried.set(false); go(step.get().saturating_sub(1)) }>"Back"</button>
@@ -390,5 +394,5 @@ fn Preview(r: PreviewResult) -> impl IntoView {
 /// server refuses with the field's rule.
 fn cap(raw: String) -> Option<u32> {
     let raw = raw.trim();
-    (!raw.is_empty()).then(|| raw.parse().unwrap_or(0))
+    (!raw.is_empty()).then(|| whole("", raw).unwrap_or(0))
 }

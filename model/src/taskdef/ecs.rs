@@ -79,7 +79,7 @@ pub(super) fn parse_ecs(c: &mut Checker, o: &Map<String, Value>) -> Option<TaskD
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         let mut env = BTreeMap::new();
-        if let Some(list) = d.get("environment").filter(|v| !v.is_null()) {
+        if let Some(list) = given(d, "environment") {
             match list.as_array() {
                 Some(items) => {
                     for (j, item) in items.iter().enumerate() {
@@ -102,7 +102,7 @@ pub(super) fn parse_ecs(c: &mut Checker, o: &Map<String, Value>) -> Option<TaskD
             }
         }
         let mut secrets = BTreeMap::new();
-        if let Some(list) = d.get("secrets").filter(|v| !v.is_null()) {
+        if let Some(list) = given(d, "secrets") {
             match list.as_array() {
                 Some(items) => {
                     for (j, item) in items.iter().enumerate() {
@@ -135,7 +135,7 @@ pub(super) fn parse_ecs(c: &mut Checker, o: &Map<String, Value>) -> Option<TaskD
             }
         }
         let mut gpu = None;
-        if let Some(reqs) = d.get("resourceRequirements").filter(|v| !v.is_null()) {
+        if let Some(reqs) = given(d, "resourceRequirements") {
             let Some(items) = reqs.as_array() else {
                 c.err(join(&prefix, "resourceRequirements"), "must be an array");
                 continue;

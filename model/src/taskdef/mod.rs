@@ -22,6 +22,7 @@ mod tests;
 
 pub use crate::error::{FieldError, ValidationErrors};
 pub use ecs::to_ecs_json;
+pub(crate) use rules::kind;
 pub use rules::{FAMILY_PATTERN, MAX_CONTAINERS, MAX_GPUS, MAX_MEMORY_MIB};
 pub use security::{CAPABILITIES, ContainerSecurity, UNPRIVILEGED_CAPABILITIES};
 pub use spec::*;

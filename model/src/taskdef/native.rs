@@ -3,6 +3,7 @@
 use super::rules::*;
 use super::serving::*;
 use super::*;
+use crate::limits::MAX_TEXT_CHARS;
 
 pub(super) fn parse_native(c: &mut Checker, o: &Map<String, Value>) -> Option<TaskDefinitionSpec> {
     c.unknown_keys(o, &["family", "containers", "ecs", "work"], "");
@@ -223,12 +224,14 @@ pub(super) fn optional_string(
 ) -> Option<String> {
     match o.get(key) {
         None | Some(Value::Null) => None,
-        Some(Value::String(s)) if !s.trim().is_empty() && s.len() <= 1024 => Some(s.clone()),
+        Some(Value::String(s)) if !s.trim().is_empty() && s.len() <= MAX_TEXT_CHARS => {
+            Some(s.clone())
+        }
         Some(v) => {
             c.err(
                 field,
                 format!(
-                    "must be a non-empty string of at most 1024 characters, got {}",
+                    "must be a non-empty string of at most {MAX_TEXT_CHARS} characters, got {}",
                     kind(v)
                 ),
             );

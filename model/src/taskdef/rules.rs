@@ -119,7 +119,8 @@ impl Checker {
     }
 }
 
-pub(super) fn kind(v: &Value) -> &'static str {
+/// What a JSON value is, in words, for error messages.
+pub(crate) fn kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",
@@ -128,6 +129,11 @@ pub(super) fn kind(v: &Value) -> &'static str {
         Value::Array(_) => "an array",
         Value::Object(_) => "an object",
     }
+}
+
+/// A field that is given: present and not null (a null reads as left out).
+pub(super) fn given<'a>(o: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
+    o.get(key).filter(|v| !v.is_null())
 }
 
 pub(super) fn join(prefix: &str, key: &str) -> String {

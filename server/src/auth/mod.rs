@@ -104,9 +104,8 @@ impl Authn {
 
     /// Whether the caller may do what `access` requires.
     pub fn check(&self, access: Access) -> Result<(), ApiError> {
-        let needed = match access {
-            Access::Public | Access::Agent => return Ok(()),
-            Access::Role(r) => r,
+        let Some(needed) = access.role() else {
+            return Ok(());
         };
         match self {
             Authn::Caller(c) if c.role.allows(needed) => Ok(()),
@@ -137,18 +136,10 @@ pub struct RouteRule {
 /// is added from its handler's `#[utoipa::path]`, which must declare its access (the
 /// `x-required-role` extension): a handler without one, or with an unknown one, is a
 /// programming error and stops the server before it serves anything.
+#[derive(Default)]
 pub struct Routes {
     router: OpenApiRouter<AppState>,
     rules: Vec<RouteRule>,
-}
-
-impl Default for Routes {
-    fn default() -> Self {
-        Routes {
-            router: OpenApiRouter::new(),
-            rules: Vec::new(),
-        }
-    }
 }
 
 impl Routes {
@@ -223,9 +214,13 @@ async fn require(access: Access, req: Request, next: Next) -> Response {
 pub fn server_fn_rules() -> &'static HashMap<&'static str, (String, Access)> {
     static RULES: OnceLock<HashMap<&'static str, (String, Access)>> = OnceLock::new();
     RULES.get_or_init(|| {
-        tessera_app::access::rules()
-            .map(|r| (r.path, (r.function(), r.access)))
-            .collect()
+        let mut rules = HashMap::new();
+        for r in tessera_app::access::rules() {
+            let earlier = rules.insert(r.path, (r.function(), r.access));
+            // Fail closed: one declaration must not quietly replace another.
+            assert!(earlier.is_none(), "{} declares its access twice", r.path);
+        }
+        rules
     })
 }
 
