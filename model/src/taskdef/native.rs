@@ -224,7 +224,7 @@ pub(super) fn optional_string(
 ) -> Option<String> {
     match o.get(key) {
         None | Some(Value::Null) => None,
-        Some(Value::String(s)) if !s.trim().is_empty() && s.len() <= MAX_TEXT_CHARS => {
+        Some(Value::String(s)) if !s.trim().is_empty() && s.chars().count() <= MAX_TEXT_CHARS => {
             Some(s.clone())
         }
         Some(v) => {

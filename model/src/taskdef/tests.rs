@@ -623,3 +623,11 @@ fn an_ecs_task_size_near_the_integer_limit_is_an_error_not_an_overflow() {
         );
     }
 }
+
+#[test]
+fn an_image_is_limited_in_characters_as_its_schema_says_not_in_bytes() {
+    let with = |image: String| json!({"family": "f", "containers": [{"name": "c", "image": image, "cpu_milli": 0, "memory_mib": 16}]});
+    let limit = crate::limits::MAX_TEXT_CHARS;
+    assert!(parse_task_definition(&with("é".repeat(limit))).is_ok());
+    assert!(parse_task_definition(&with("é".repeat(limit + 1))).is_err());
+}
