@@ -22,7 +22,8 @@ def circles(root):
                 files[mod] = open(p).read()
     graph = {m: set() for m in files}
     for m, text in files.items():
-        text = re.sub(r'#\[cfg\(test\)\]\s*mod tests \{.*', '', text, flags=re.S)
+        # its test module: `#[cfg(test)]`, or `#[cfg(all(test, ...))]` for feature-gated tests
+        text = re.sub(r'#\[cfg\((?:all\()?test\b[^\]]*\]\s*mod tests \{.*', '', text, flags=re.S)
         text = re.sub(r'//.*', '', text)
         for ref in re.findall(r'crate::([a-z_][a-z0-9_]*(?:::[a-z_][a-z0-9_]*)*)', text):
             parts = ref.split('::')

@@ -27,7 +27,7 @@ cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== no import circle between the files of a crate (these crates have none left)"
-python3 scripts/import_circles.py placement/src placement-lab/src control/src agent/src cli/src
+python3 scripts/import_circles.py model/src placement/src placement-lab/src control/src agent/src cli/src server/src app/src
 if [ "$quick" = 1 ]; then
   echo "== cargo test: unit tests of every crate, and the store tests on SQLite"
   cargo test --workspace --locked --lib --bins

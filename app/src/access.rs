@@ -3,9 +3,14 @@
 //! declaration is refused), and the console disables a control whose server function the
 //! signed-in caller may not call ([`allowed`]).
 
-use crate::app::SignedIn;
 use leptos::prelude::*;
 pub use tessera_model::auth::Access;
+use tessera_model::auth::Caller;
+
+/// The signed-in caller, loaded once per page load (the shell provides it); pages ask
+/// [`allowed`] what it may do.
+#[derive(Clone, Copy)]
+pub struct SignedIn(pub Resource<Result<Option<Caller>, ServerFnError>>);
 
 /// A server function and the access it needs.
 pub trait Guarded {

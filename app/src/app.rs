@@ -1,6 +1,6 @@
 //! The HTML shell, the router and the navigation shared by every page.
 
-use crate::access::{Access, guard};
+use crate::access::{Access, SignedIn, guard};
 use crate::live::provide_live;
 use crate::pages::audit::AuditPage;
 use crate::pages::consolidation::ConsolidationPage;
@@ -35,11 +35,6 @@ pub async fn cluster_status() -> Result<crate::data::ClusterView, ServerFnError>
 }
 
 guard!(ClusterStatus, Access::VIEW);
-
-/// The signed-in caller, loaded once per page load; pages ask
-/// [`crate::access::allowed`] what it may do.
-#[derive(Clone, Copy)]
-pub struct SignedIn(pub Resource<Result<Option<Caller>, ServerFnError>>);
 
 /// Each page's code loads on its own when the WASM bundle is split
 /// (`cargo leptos build --release --split`), so a first load carries one page.

@@ -9,7 +9,7 @@ pub struct LiveTick(pub RwSignal<u64>);
 
 /// Provides the counter; in the browser, also opens the event stream once someone is
 /// signed in (the stream needs a signed-in viewer; the sign-in page has none).
-pub fn provide_live(signed_in: crate::app::SignedIn) -> LiveTick {
+pub fn provide_live(signed_in: crate::access::SignedIn) -> LiveTick {
     let tick = LiveTick(RwSignal::new(0));
     provide_context(tick);
     let opened = StoredValue::new(false);

@@ -18,7 +18,7 @@ pub struct GpuReport {
     /// Unique on the host.
     #[cfg_attr(feature = "openapi", schema(maximum = 1023))]
     pub index: u32,
-    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::agent_text))]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::fields::agent_text))]
     pub model: String,
     #[cfg_attr(feature = "openapi", schema(value_type = u64, minimum = 1, maximum = 16_777_216))]
     pub memory_mib: MiB,
@@ -45,7 +45,7 @@ pub struct RegisterRequest {
     #[serde(default)]
     pub simulated: bool,
     #[serde(default)]
-    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::agent_labels))]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::fields::agent_labels))]
     pub labels: BTreeMap<String, String>,
     /// GPU indices unique.
     #[cfg_attr(feature = "openapi", schema(max_items = 64))]

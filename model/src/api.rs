@@ -24,10 +24,10 @@ fn default_desired() -> u32 {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PoolInput {
-    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::name))]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::fields::name))]
     pub name: String,
     #[serde(default)]
-    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::optional_policy))]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::fields::optional_policy))]
     pub policy: Option<String>,
     /// 1.0 (the default): compute caps are reserved; up to 10.0 times a GPU.
     #[serde(default)]
@@ -40,7 +40,7 @@ pub struct PoolInput {
     /// `auto` (the default): new hosts get tasks at once; `manual`: they wait for an
     /// admin's approval.
     #[serde(default)]
-    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::optional_admission))]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::fields::optional_admission))]
     pub admission: Option<String>,
     /// Task definitions may name the user their containers run as (default false: each
     /// task runs as a uid of its own).
@@ -73,7 +73,7 @@ impl PoolInput {
 #[serde(deny_unknown_fields)]
 pub struct PoolPatch {
     #[serde(default)]
-    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::optional_policy))]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::fields::optional_policy))]
     pub policy: Option<String>,
     #[serde(default)]
     #[cfg_attr(feature = "openapi", schema(minimum = 1.0, maximum = 10.0))]
@@ -84,7 +84,7 @@ pub struct PoolPatch {
     /// `auto`: new hosts get tasks at once; `manual`: they wait for an admin's approval
     /// (hosts already admitted stay admitted).
     #[serde(default)]
-    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::optional_admission))]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::fields::optional_admission))]
     pub admission: Option<String>,
     /// Task definitions may name the user their containers run as.
     #[serde(default)]
@@ -99,12 +99,12 @@ pub struct PoolPatch {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServiceInput {
-    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::name))]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::fields::name))]
     pub name: String,
     /// `family:revision`.
-    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::task_def_ref))]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::fields::task_def_ref))]
     pub task_definition: String,
-    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::name))]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::fields::name))]
     pub pool: String,
     #[serde(default = "default_desired")]
     #[cfg_attr(
@@ -114,7 +114,7 @@ pub struct ServiceInput {
     pub desired_count: u32,
     /// Overrides the pool's placement policy.
     #[serde(default)]
-    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::optional_policy))]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::fields::optional_policy))]
     pub strategy: Option<String>,
     #[serde(default, deserialize_with = "object_only")]
     pub constraints: ServiceConstraints,
@@ -281,14 +281,14 @@ where
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PreviewInput {
-    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::task_def_ref))]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::fields::task_def_ref))]
     pub task_definition: String,
-    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::name))]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::fields::name))]
     pub pool: String,
     #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 1000))]
     pub count: u32,
     #[serde(default)]
-    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::optional_policy))]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::fields::optional_policy))]
     pub strategy: Option<String>,
     #[serde(default)]
     pub constraints: ServiceConstraints,

@@ -217,11 +217,11 @@ pub struct JoinTokenInput {
     pub description: String,
     /// The one pool hosts may register in with it; any pool when absent.
     #[serde(default)]
-    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::optional_name))]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::fields::optional_name))]
     pub pool: Option<String>,
     /// A revoked host it rejoins (under its old id); nothing else registers with it.
     #[serde(default)]
-    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::optional_name))]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::fields::optional_name))]
     pub host: Option<String>,
     /// Seconds until it expires (default one day, at most 30 days).
     #[serde(default)]

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PlanInput {
-    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::name))]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::fields::name))]
     pub pool: String,
     /// `gpus` (free whole GPUs) or `hosts` (free whole hosts).
     #[cfg_attr(

@@ -91,7 +91,7 @@ pub struct ServiceConstraints {
     /// GPU models allowed; empty means any.
     pub gpu_models: Vec<String>,
     /// Host labels that must equal these values.
-    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::labels))]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::fields::labels))]
     pub labels: BTreeMap<String, String>,
     /// At most one task of the service per host.
     pub distinct_hosts: bool,

@@ -31,8 +31,7 @@ pub mod edge;
 pub mod error;
 pub mod example;
 pub mod metrics;
-pub mod openapi;
-pub mod session;
+pub use api::openapi;
 
 use axum::Router;
 use axum::extract::FromRef;

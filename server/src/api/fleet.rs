@@ -140,7 +140,7 @@ pub async fn mint_join_token(
     axum::Extension(authn): axum::Extension<crate::auth::Authn>,
     Body(input): Body<JoinTokenInput>,
 ) -> Result<(StatusCode, Json<NewJoinToken>), ApiError> {
-    let caller = crate::session::caller_of(Some(&authn))?;
+    let caller = crate::api::session::caller_of(Some(&authn))?;
     let token = state.control.mint_join_token(&caller, &input).await?;
     Ok((StatusCode::CREATED, Json(token)))
 }
@@ -168,7 +168,7 @@ pub async fn approve_host(
     axum::Extension(authn): axum::Extension<crate::auth::Authn>,
     Segment(id): Segment,
 ) -> Result<Json<HostInfo>, ApiError> {
-    let caller = crate::session::caller_of(Some(&authn))?;
+    let caller = crate::api::session::caller_of(Some(&authn))?;
     let id = host_id(id)?;
     state.control.approve_host(&caller, &id).await?;
     Ok(Json(state.control.get_host(&id).await?))

@@ -1,6 +1,6 @@
 //! The REST API under `/api/v1` (JSON; described at `/api/v1/openapi.json`), the agent API
 //! under `/agent/v1`, and `/healthz`. Handlers translate HTTP to `Control` calls and answer
-//! typed bodies; each carries its `#[utoipa::path]`, from which [`crate::openapi`] builds
+//! typed bodies; each carries its `#[utoipa::path]`, from which [`openapi`] builds
 //! the document.
 //!
 //! - `fleet`: hosts, pools, the join token. `workloads`: task definitions, services,
@@ -12,6 +12,8 @@ pub mod agents;
 pub mod bodies;
 pub mod evidence;
 pub mod fleet;
+pub mod openapi;
+pub mod session;
 pub mod workloads;
 
 use crate::AppState;
@@ -81,12 +83,12 @@ pub fn routes() -> Routes {
     Routes::default()
         .route(routes!(healthz))
         .route(routes!(metrics))
-        .route(routes!(crate::openapi::spec))
-        .route(routes!(crate::session::sign_in))
-        .route(routes!(crate::session::who_am_i))
-        .route(routes!(crate::session::sign_out_api))
-        .route(routes!(crate::session::token_sign_in))
-        .route(routes!(crate::session::sign_out_form))
+        .route(routes!(crate::api::openapi::spec))
+        .route(routes!(crate::api::session::sign_in))
+        .route(routes!(crate::api::session::who_am_i))
+        .route(routes!(crate::api::session::sign_out_api))
+        .route(routes!(crate::api::session::token_sign_in))
+        .route(routes!(crate::api::session::sign_out_form))
         .route(routes!(list_hosts))
         .route(routes!(get_host))
         .route(routes!(delete_host))
@@ -127,13 +129,13 @@ pub fn routes() -> Routes {
         .route(routes!(list_tasks))
         .route(routes!(list_events))
         .route(routes!(live))
-        .route(routes!(crate::session::list_tokens))
-        .route(routes!(crate::session::create_token))
-        .route(routes!(crate::session::delete_token))
-        .route(routes!(crate::session::list_users))
-        .route(routes!(crate::session::add_user))
-        .route(routes!(crate::session::update_user))
-        .route(routes!(crate::session::list_audit))
+        .route(routes!(crate::api::session::list_tokens))
+        .route(routes!(crate::api::session::create_token))
+        .route(routes!(crate::api::session::delete_token))
+        .route(routes!(crate::api::session::list_users))
+        .route(routes!(crate::api::session::add_user))
+        .route(routes!(crate::api::session::update_user))
+        .route(routes!(crate::api::session::list_audit))
         .route(routes!(agent_register))
         .route(routes!(agent_sync))
 }
