@@ -29,7 +29,7 @@ pub enum Range {
 impl Range {
     pub fn parse(s: &str) -> Result<Range, ControlError> {
         match s {
-            "" | "hour" => Ok(Range::Hour),
+            "hour" => Ok(Range::Hour),
             "day" => Ok(Range::Day),
             "month" => Ok(Range::Month),
             other => {

@@ -165,10 +165,18 @@ impl ServiceInput {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServicePatch {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "not_null",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub desired_count: Option<u32>,
     /// `family:revision`; a new revision starts a rolling deployment.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "not_null",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub task_definition: Option<String>,
     /// The placement policy for the service's next placements; `null`: the pool's.
     #[serde(
@@ -178,14 +186,30 @@ pub struct ServicePatch {
     )]
     pub strategy: Option<Option<String>>,
     /// Where its next tasks may run (tasks already placed stay).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "not_null",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub constraints: Option<ServiceConstraints>,
     /// How its next rollouts replace tasks.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "not_null",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub deployment: Option<DeploymentConfig>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "not_null",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub stop_timeout_secs: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "not_null",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub deregistration_delay_secs: Option<u32>,
     /// `null` removes the target.
     #[serde(
@@ -195,9 +219,17 @@ pub struct ServicePatch {
     )]
     pub slo: Option<Option<crate::work::Slo>>,
     /// Replaces every alarm (`[]`: none).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "not_null",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub alarms: Option<Vec<crate::work::Alarm>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "not_null",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub bake_secs: Option<u32>,
     /// `null` turns autoscaling off (the desired count stays where it is).
     #[serde(
@@ -246,6 +278,17 @@ impl ServicePatch {
     pub fn is_empty(&self) -> bool {
         self.desired_count.is_none() && self.task_definition.is_none() && !self.changes_settings()
     }
+}
+
+/// Reads a field that may be left out but not given as `null` (the schema's type has no
+/// null): `"desired_count": null` is refused, where serde's derive would read it as left
+/// out and silently change nothing.
+pub fn not_null<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    T::deserialize(d).map(Some)
 }
 
 /// A field that is present, `null` included (`Some(None)`), as opposed to left out (`None`).

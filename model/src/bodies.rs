@@ -17,6 +17,19 @@ pub struct Health {
 }
 
 /// Every error: what was wrong, and for invalid input each field with its rule.
+/// One event of `GET /api/v1/live` as an event-stream client reads it (each event's
+/// fields, as OpenAPI 3.2's `itemSchema` describes a stream): `data` is `change`, the event
+/// name the default `message`.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Serialize, Deserialize)]
+pub struct LiveEvent {
+    #[cfg_attr(feature = "openapi", schema(pattern = "^change$"))]
+    pub data: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(pattern = "^message$"))]
+    pub event: Option<String>,
+}
+
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", schema(as = Error))]

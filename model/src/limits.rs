@@ -17,6 +17,9 @@ pub const STOP_TIMEOUT_DEFAULT_SECS: u32 = 30;
 /// signal (seconds).
 pub const DEREGISTRATION_DELAY_MAX_SECS: u32 = 3600;
 
+/// The longest an alarm's metric must stay past its threshold before it fires (seconds).
+pub const ALARM_FOR_MAX_SECS: u32 = 3600;
+
 /// Most tasks one service may ask for.
 pub const MAX_DESIRED: u32 = 100_000;
 

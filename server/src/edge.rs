@@ -170,15 +170,19 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Counted<T> {
 pub struct AgentHost(pub tessera_model::HostId);
 
 /// Whether a request is a registered agent's (its sync): those have their own budget.
-/// Registration carries only a join token, so it waits with everyone else.
-fn is_agent_route(path: &str) -> bool {
-    path.starts_with("/agent/") && path != "/agent/v1/register"
+/// Registration carries only a join token, so it waits with everyone else. The agent API
+/// is POST only: another method waits with everyone else too, and the router answers it
+/// `405`.
+fn is_agent_route(method: &axum::http::Method, path: &str) -> bool {
+    method == axum::http::Method::POST
+        && path.starts_with("/agent/")
+        && path != "/agent/v1/register"
 }
 
 /// The budgets: agents' requests wait only for other agents'; everyone else's for each
 /// other's, and a client address may hold only its share of those (429 past it).
 pub async fn budget(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
-    if is_agent_route(req.uri().path()) {
+    if is_agent_route(req.method(), req.uri().path()) {
         // Only an agent's own token takes an agent's slot: without one, slow requests
         // could hold them all.
         let token = req
@@ -273,8 +277,13 @@ mod tests {
             "another address of the same /64 shares its share"
         );
         assert!(b.enter(v6("2001:db8:0:1::1")).is_some(), "another /64");
-        assert!(is_agent_route("/agent/v1/sync"));
-        assert!(!is_agent_route("/agent/v1/register"));
-        assert!(!is_agent_route("/api/v1/agent/v1"));
+        let post = axum::http::Method::POST;
+        assert!(is_agent_route(&post, "/agent/v1/sync"));
+        assert!(!is_agent_route(&post, "/agent/v1/register"));
+        assert!(!is_agent_route(&post, "/api/v1/agent/v1"));
+        assert!(
+            !is_agent_route(&axum::http::Method::GET, "/agent/v1/sync"),
+            "the agent API is POST only: a GET gets the router's 405"
+        );
     }
 }

@@ -68,6 +68,12 @@ impl From<StoreError> for ApiError {
     }
 }
 
+impl From<tessera_model::error::FieldError> for ApiError {
+    fn from(e: tessera_model::error::FieldError) -> Self {
+        ApiError::Invalid(vec![e])
+    }
+}
+
 impl From<JsonRejection> for ApiError {
     fn from(r: JsonRejection) -> Self {
         match r {

@@ -89,6 +89,33 @@ string_schema!(
     }))
 );
 
+// By hand: an alarm needs a threshold (`above`, `below` or both), which the derive
+// cannot say.
+string_schema!(
+    crate::work::Alarm,
+    "Alarm",
+    from_json(json!({
+        "type": "object",
+        "description": "Fires when `metric` stays above `above` (or below `below`) for `for_secs`. At least one threshold.",
+        "additionalProperties": false,
+        "required": ["metric"],
+        "properties": {
+            "metric": {"type": "string", "enum": [
+                crate::work::AlarmMetric::LatencyP99Ms.as_str(),
+                crate::work::AlarmMetric::ErrorRate.as_str(),
+                crate::work::AlarmMetric::CompletedPerSec.as_str(),
+            ]},
+            "above": {"type": ["number", "null"]},
+            "below": {"type": ["number", "null"]},
+            "for_secs": {"type": "integer", "default": 30, "minimum": 0, "maximum": crate::limits::ALARM_FOR_MAX_SECS}
+        },
+        "anyOf": [
+            {"type": "object", "required": ["above"], "properties": {"above": {"type": "number"}}},
+            {"type": "object", "required": ["below"], "properties": {"below": {"type": "number"}}}
+        ]
+    }))
+);
+
 string_schema!(
     crate::api::ServicePatch,
     "ServicePatch",

@@ -44,8 +44,8 @@ impl AlarmMetric {
     }
 }
 
-/// Fires when `metric` stays above `above` (or below `below`) for `for_secs`.
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+/// Fires when `metric` stays above `above` (or below `below`) for `for_secs`. Its schema is
+/// written in `crate::schema` (at least one threshold).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Alarm {
@@ -55,7 +55,6 @@ pub struct Alarm {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub below: Option<f64>,
     #[serde(default = "default_alarm_for")]
-    #[cfg_attr(feature = "openapi", schema(default = 30, minimum = 0, maximum = 3600))]
     pub for_secs: u32,
 }
 
@@ -270,10 +269,14 @@ impl Objectives {
                 ),
                 _ => {}
             }
-            if a.for_secs > 3600 {
+            if a.for_secs > crate::limits::ALARM_FOR_MAX_SECS {
                 err(
                     format!("{at}.for_secs"),
-                    format!("must be from 0 to 3600, got {}", a.for_secs),
+                    format!(
+                        "must be from 0 to {}, got {}",
+                        crate::limits::ALARM_FOR_MAX_SECS,
+                        a.for_secs
+                    ),
                 );
             }
             let missing = match a.metric {

@@ -14,6 +14,7 @@ pub mod evidence;
 pub mod fleet;
 pub mod openapi;
 pub mod session;
+pub mod strict;
 pub mod workloads;
 
 use crate::AppState;
@@ -27,17 +28,23 @@ use bodies::Health;
 use evidence::*;
 use fleet::*;
 use tessera_model::HostId;
+use tessera_model::error::FieldError;
 use utoipa_axum::routes;
 use workloads::*;
 
-/// A JSON body whose parse errors come back as this API's JSON errors.
+/// A JSON body, read as its published schema reads it ([`strict`]), whose errors come back
+/// as this API's JSON errors.
 pub struct Body<T>(pub T);
 
 impl<S: Send + Sync, T: serde::de::DeserializeOwned> axum::extract::FromRequest<S> for Body<T> {
     type Rejection = ApiError;
     async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, ApiError> {
-        let Json(v) = Json::<T>::from_request(req, state).await?;
-        Ok(Body(v))
+        let Json(v) = Json::<serde_json::Value>::from_request(req, state).await?;
+        strict::from_value(v).map(Body).map_err(|e| {
+            ApiError::WrongShape(format!(
+                "Failed to deserialize the JSON body into the target type: {e}"
+            ))
+        })
     }
 }
 
@@ -171,4 +178,31 @@ pub async fn metrics(State(state): State<AppState>) -> Result<impl IntoResponse,
 /// A host id from the path; one that cannot exist is simply not found.
 fn host_id(raw: String) -> Result<HostId, ApiError> {
     HostId::new(raw).map_err(|e| ApiError::NotFound(e.to_string()))
+}
+
+/// A host id given as the query parameter `host`: one that cannot be a host id is invalid
+/// input (`422`), as any other query parameter that breaks its rule; in a path it is `404`.
+fn query_host(raw: Option<String>) -> Result<Option<HostId>, FieldError> {
+    raw.map(|h| HostId::new(h).map_err(|e| field_error("host", e.to_string())))
+        .transpose()
+}
+
+/// A query's `limit`: `default` when left out; above `max` (the maximum its schema
+/// documents) is invalid input, not quietly lowered.
+fn limit(given: Option<u32>, default: u32, max: u32) -> Result<u32, FieldError> {
+    match given {
+        None => Ok(default),
+        Some(n) if n <= max => Ok(n),
+        Some(n) => Err(field_error(
+            "limit",
+            format!("must be at most {max}, got {n}"),
+        )),
+    }
+}
+
+fn field_error(field: &str, message: String) -> FieldError {
+    FieldError {
+        field: field.into(),
+        message,
+    }
 }

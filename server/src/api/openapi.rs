@@ -73,6 +73,9 @@ pub fn document() -> Value {
             Access::Role(_) => json!([{"apiToken": []}, {"session": []}]),
         };
         let has_body = op.get("requestBody").is_some();
+        let has_query = op["parameters"]
+            .as_array()
+            .is_some_and(|ps| ps.iter().any(|p| p["in"] == "query"));
         let responses = op["responses"].as_object_mut().expect("responses");
         let mut add = |status: &str, v: Value| {
             responses.entry(status.to_owned()).or_insert(v);
@@ -105,6 +108,8 @@ pub fn document() -> Value {
         }
         if has_body {
             add("413", error("The body is too large"));
+        }
+        if has_body || has_query {
             add(
                 "422",
                 error("Invalid input: `errors` names every broken rule with its field"),

@@ -16,6 +16,7 @@ use axum::response::{IntoResponse, Redirect, Response};
 use serde::Deserialize;
 use std::net::SocketAddr;
 use tessera_control::store::AuditFilter;
+use tessera_model::api::not_null;
 use tessera_model::auth::{Caller, NewApiToken, Role, UserInfo};
 use tessera_model::schema::Username;
 use tessera_model::urlenc::{encode, form_field};
@@ -174,6 +175,7 @@ pub struct TokenSignIn {
     #[schema(min_length = 1, max_length = 100, pattern = "\\S")]
     name: String,
     /// Left out: it does not expire.
+    #[serde(default, deserialize_with = "not_null")]
     #[schema(nullable = false, minimum = 1, maximum = 3650)]
     expires_in_days: Option<u32>,
 }
@@ -239,6 +241,7 @@ pub struct TokenInput {
     #[schema(default = "viewer")]
     role: Role,
     /// Left out: it does not expire.
+    #[serde(default, deserialize_with = "not_null")]
     #[schema(nullable = false, minimum = 1, maximum = 3650)]
     expires_in_days: Option<u32>,
 }
@@ -359,11 +362,14 @@ pub async fn add_user(
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UserPatch {
+    #[serde(default, deserialize_with = "not_null")]
     role: Option<Role>,
+    #[serde(default, deserialize_with = "not_null")]
     disabled: Option<bool>,
+    #[serde(default, deserialize_with = "not_null")]
     password: Option<String>,
     /// Delete the user's API tokens too (a password that leaked may have made some).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "not_null")]
     revoke_tokens: Option<bool>,
 }
 
@@ -453,7 +459,7 @@ pub async fn list_audit(
             actor: q.actor.filter(|s| !s.is_empty()),
             text: q.q.filter(|s| !s.is_empty()),
             before: q.before,
-            limit: q.limit.unwrap_or(100).min(1000),
+            limit: super::limit(q.limit, 100, 1000)?,
         })
         .await?;
     Ok(Json(AuditList { entries }))

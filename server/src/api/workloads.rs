@@ -4,7 +4,7 @@ use super::bodies::{
     EcsTaskDefinition, ErrorBody, EventList, FamilyList, RevisionList, ServiceList,
     TaskDefinitionAnswer, TaskDefinitionInput, TaskList,
 };
-use super::{Body, Params, Segment, host_id};
+use super::{Body, Params, Segment};
 use crate::AppState;
 use crate::error::ApiError;
 use axum::Json;
@@ -242,19 +242,13 @@ pub async fn list_tasks(
             })
             .collect(),
     };
-    let host = match q.host {
-        None => None,
-        Some(h) => match HostId::new(h) {
-            Ok(h) => Some(h),
-            Err(e) => {
-                errors.push(FieldError {
-                    field: "host".into(),
-                    message: e.to_string(),
-                });
-                None
-            }
-        },
-    };
+    let host = super::query_host(q.host)
+        .map_err(|e| errors.push(e))
+        .ok()
+        .flatten();
+    let limit = super::limit(q.limit, 1000, 10_000)
+        .map_err(|e| errors.push(e))
+        .unwrap_or_default();
     if !errors.is_empty() {
         return Err(ApiError::Invalid(errors));
     }
@@ -264,7 +258,7 @@ pub async fn list_tasks(
             service: q.service,
             host,
             states,
-            limit: Some(q.limit.unwrap_or(1000).min(10_000)),
+            limit: Some(limit),
             ..Default::default()
         })
         .await?;
@@ -294,14 +288,15 @@ pub async fn list_events(
     State(state): State<AppState>,
     Params(q): Params<EventQuery>,
 ) -> Result<Json<EventList>, ApiError> {
-    let host = q.host.map(host_id).transpose()?;
+    let host = super::query_host(q.host)?;
+    let limit = super::limit(q.limit, 100, 1000)?;
     let events = state
         .control
         .list_events(&EventFilter {
             service: q.service,
             host,
             after: q.after,
-            limit: q.limit.unwrap_or(100).min(1000),
+            limit,
         })
         .await?;
     Ok(Json(EventList { events }))
@@ -313,7 +308,7 @@ pub async fn list_events(
 /// simply refreshes on navigation).
 #[utoipa::path(get, path = "/api/v1/live", tag = "workloads",
     extensions(("x-required-role" = json!("viewer"))),
-    responses((status = 200, description = "A stream of `change` events", content_type = "text/event-stream", body = String), (status = 503, description = "Too many streams are open", body = ErrorBody)))]
+    responses((status = 200, description = "A stream of `change` events", content_type = "text/event-stream", body = crate::api::bodies::LiveEvent), (status = 503, description = "Too many streams are open", body = ErrorBody)))]
 pub async fn live(
     State(state): State<AppState>,
 ) -> Result<
