@@ -432,8 +432,14 @@ async fn a_real_engine_runs_a_task_and_stops_it() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(rt.reports().iter().any(|t| t.running), "{:?}", rt.reports());
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let log = std::fs::read_to_string(state.join("tasks/real1/worker.log")).unwrap_or_default();
+    let log_file = state.join("tasks/real1/worker.log");
+    for _ in 0..100 {
+        if std::fs::read_to_string(&log_file).is_ok_and(|log| log == "hello\n") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let log = std::fs::read_to_string(&log_file).unwrap_or_default();
     assert_eq!(log, "hello\n");
     rt.converge(&[]);
     for _ in 0..200 {

@@ -18,12 +18,35 @@ fn supervisor(dir: &std::path::Path, max_restarts: u32) -> MpsSupervisor {
 
 fn kill_daemon(dir: &std::path::Path) {
     let pid = std::fs::read_to_string(dir.join("mps-pipe/fake-daemon.pid")).expect("daemon pid");
+    let pid = pid.trim();
     let status = std::process::Command::new("kill")
-        .arg(pid.trim())
+        .arg(pid)
         .status()
         .expect("kill");
     assert!(status.success());
-    std::thread::sleep(Duration::from_millis(100));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !dead(pid) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the daemon {pid} did not end"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Whether process `pid` has ended, as the stand-in control program judges it: gone, or a
+/// zombie that nothing reaped.
+fn dead(pid: &str) -> bool {
+    let signalled = std::process::Command::new("kill")
+        .args(["-0", pid])
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    !signalled
+        || std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|s| {
+            s.lines()
+                .any(|l| l.starts_with("State:") && l.contains('Z'))
+        })
 }
 
 #[tokio::test]

@@ -38,6 +38,9 @@
 //! - [`error`]: `StoreError` and `ControlError`.
 //! - `bench` (feature `bench`): the simulated fleet and arguments the benchmark programs
 //!   share.
+//! - `testkit` (feature `testing`): the harness and builders the control plane's and the
+//!   server's tests share (a test database, a control plane, hosts, agents' syncs,
+//!   services, waiting on a condition).
 
 #![forbid(unsafe_code)]
 
@@ -68,6 +71,8 @@ mod scheduler;
 mod serving;
 pub mod sqlite;
 pub mod store;
+#[cfg(feature = "testing")]
+pub mod testkit;
 pub mod usage;
 mod views;
 mod work;

@@ -1,14 +1,12 @@
 //! Several servers on one database: one schedules at a time, another takes over when its
 //! lease runs out, and a former holder's writes are refused once a newer one exists.
 
-mod common;
-
-use common::*;
 use std::time::Duration;
 use tessera_control::ControlConfig;
 use tessera_control::error::StoreError;
 use tessera_control::inputs::ServicePatch;
 use tessera_control::store::Fence;
+use tessera_control::testkit::*;
 use tessera_model::service::{DeploymentConfig, TaskState};
 
 fn config() -> ControlConfig {
@@ -186,8 +184,12 @@ async fn a_change_made_through_one_server_reaches_the_live_views_of_another() {
     };
     let (ra, rb) = (run(a.clone()), run(b.clone()));
     let mut live_b = b.subscribe();
-    // Both loops listen once they run; give them a moment to start.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Both loops listen once they run: each starts listening before its first tick, which
+    // announces it.
+    wait_until("both servers' loops running", || async {
+        b.cluster().await.is_ok_and(|view| view.servers.len() == 2)
+    })
+    .await;
     while live_b.try_recv().is_ok() {}
     let def = register_def(&a, "infer", 10, 40).await;
     service(&a, "infer", &def, 1, DeploymentConfig::default()).await;

@@ -1,11 +1,9 @@
 //! Fit evidence through the control plane: agents' reports gathered into buckets, verdicts
 //! as evidence builds up, right-sizing in one step, and what a pool would hold.
 
-mod common;
-
-use common::*;
 use std::time::Duration;
 use tessera_control::ControlConfig;
+use tessera_control::testkit::*;
 use tessera_control::usage::UsageConfig;
 use tessera_model::MiB;
 use tessera_model::agent::{MpsReport, SyncRequest, TaskReport};

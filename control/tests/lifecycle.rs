@@ -1,11 +1,9 @@
 //! The control plane end to end: hosts registered through the agent API, services scaled,
 //! rolled out and rolled back, hosts lost and impaired, and many clients at once.
 
-mod common;
-
-use common::*;
 use std::collections::HashSet;
 use tessera_control::inputs::ServicePatch;
+use tessera_control::testkit::*;
 use tessera_model::HostStatus;
 use tessera_model::service::{DeploymentConfig, DeploymentStatus, TaskState};
 

@@ -1,11 +1,9 @@
 //! Faults the control plane must survive: a restart longer than the lost timeout, tasks
 //! left on a lost host, status changes that race, a service that cannot be reconciled.
 
-mod common;
-
-use common::*;
 use std::time::Duration;
 use tessera_control::store::EventFilter;
+use tessera_control::testkit::*;
 use tessera_model::service::{DeploymentConfig, TaskState};
 use tessera_model::{GpuHealth, GpuUuid, HostStatus};
 

@@ -2,11 +2,9 @@
 //! health reported by agents, endpoints, draining for the deregistration delay, rollouts
 //! gated on health and a revision that never becomes healthy rolled back.
 
-mod common;
-
-use common::*;
 use serde_json::json;
 use tessera_control::inputs::{ServiceInput, ServicePatch};
+use tessera_control::testkit::*;
 use tessera_model::agent::{HealthReport, MpsReport, SyncRequest, SyncResponse, TaskReport};
 use tessera_model::api::EndpointHealth;
 use tessera_model::service::{

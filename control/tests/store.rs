@@ -1,11 +1,9 @@
 //! The store itself, on a fresh database: SQLite, or PostgreSQL with
-//! `TESSERA_TEST_STORE=postgres` (see `common::TestDb`).
+//! `TESSERA_TEST_STORE=postgres` (see `tessera_control::testkit::TestDb`).
 
-mod common;
-
-use common::TestDb;
 use std::collections::BTreeMap;
 use tessera_control::store::{NewTask, PlacementCommit, StoredPlan, UsageQuery, UsageRow};
+use tessera_control::testkit::{self, TestDb};
 use tessera_control::{StoreError, open};
 use tessera_model::ComputeMilli;
 use tessera_model::service::{GpuAllocation, TaskDefRef};
@@ -168,10 +166,10 @@ async fn unusable_urls_get_clear_errors() {
 /// commits' re-checks run one after the other, so the GPU's memory is never overcommitted.
 #[tokio::test]
 async fn racing_commits_from_two_stores_never_overcommit_a_gpu() {
-    let env = common::env(common::fast()).await;
-    let h = common::host(&env.control, "h1", 1, 24).await;
-    let def = common::register_def(&env.control, "racer", 1, 1).await;
-    common::service(&env.control, "svc", &def, 0, Default::default()).await;
+    let env = testkit::env(testkit::fast()).await;
+    let h = testkit::host(&env.control, "h1", 1, 24).await;
+    let def = testkit::register_def(&env.control, "racer", 1, 1).await;
+    testkit::service(&env.control, "svc", &def, 0, Default::default()).await;
     let a = env.control.store().clone();
     let b = env.db.open().await;
     let deployment = a.list_deployments("svc").await.expect("deployments")[0].id;
@@ -230,7 +228,7 @@ async fn racing_commits_from_two_stores_never_overcommit_a_gpu() {
         .map(|a| a.memory.0)
         .sum();
     assert_eq!(held, 24 * 1024);
-    common::assert_no_overcommit(&env.control).await;
+    testkit::assert_no_overcommit(&env.control).await;
 }
 
 fn usage_row(task: &str, width: i64, start: i64, memory: u64, errors: u32) -> UsageRow {

@@ -1,10 +1,8 @@
 //! Read models: what the console and the API show of a GPU is the scheduler's own count,
 //! with the pool's compute overcommit and MPS client limit.
 
-mod common;
-
-use common::{JOIN, fast, gpus, register_def};
 use tessera_control::inputs::{PoolInput, ServiceInput};
+use tessera_control::testkit::{self, JOIN, fast, gpus, register_def};
 use tessera_model::agent::RegisterRequest;
 use tessera_model::service::{DeploymentConfig, ServiceConstraints};
 use tessera_model::views::HostQuery;
@@ -12,7 +10,7 @@ use tessera_model::{ComputeMilli, MiB, MilliCpu, PoolName, SharingMode};
 
 #[tokio::test]
 async fn a_gpu_is_shown_as_the_scheduler_counts_it_with_the_pools_overcommit() {
-    let env = common::env(fast()).await;
+    let env = testkit::env(fast()).await;
     let control = &env.control;
     control
         .create_pool(&PoolInput {
@@ -104,7 +102,7 @@ async fn a_gpu_is_shown_as_the_scheduler_counts_it_with_the_pools_overcommit() {
 
 #[tokio::test]
 async fn a_deregistered_revision_is_refused_by_the_preview_as_by_the_service_forms() {
-    let env = common::env(fast()).await;
+    let env = testkit::env(fast()).await;
     let control = &env.control;
     let def = register_def(control, "old", 4, 20).await;
     let r: tessera_model::service::TaskDefRef = def.parse().expect("valid");
@@ -130,10 +128,10 @@ async fn a_deregistered_revision_is_refused_by_the_preview_as_by_the_service_for
 
 #[tokio::test]
 async fn the_hosts_page_is_read_a_page_at_a_time_with_its_filters() {
-    let env = common::env(fast()).await;
+    let env = testkit::env(fast()).await;
     let control = &env.control;
     for i in 0..30 {
-        common::host(control, &format!("h{i:02}"), 1, 24).await;
+        testkit::host(control, &format!("h{i:02}"), 1, 24).await;
     }
     let page = |page: u32, status: &str| {
         let q = HostQuery {

@@ -4,14 +4,12 @@
 //! GPUs, rolls back a deployment whose latency alarm fires (and completes one whose
 //! latency is fine after its bake time), and scales a service to its load and back.
 
-mod common;
-
-use common::*;
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::time::Duration;
 use tessera_control::Control;
 use tessera_control::inputs::{ServiceInput, ServicePatch};
+use tessera_control::testkit::*;
 use tessera_model::agent::{MpsReport, RegisterRequest, SyncRequest, TaskReport};
 use tessera_model::service::{
     DeploymentConfig, DeploymentStatus, ServiceConstraints, Task, TaskPort, TaskState,

@@ -1,8 +1,9 @@
-//! Helpers shared by the server's test binaries.
+//! Helpers shared by the server's test binaries, on the control plane's test kit
+//! (`tessera_control::testkit`): the demo's hosts registered through the agent path, and
+//! agents' requests as the HTTP API takes them.
 
 use tessera_control::Control;
-use tessera_model::agent::{GpuReport, RegisterRequest};
-use tessera_model::{GpuUuid, MiB, MilliCpu, PoolName};
+use tessera_control::testkit::{gpus_of, registration};
 
 /// The demo's four simulated hosts: (name, pool, GPU model, GPUs, GiB per GPU).
 pub const DEMO_HOSTS: [(&str, &str, &str, u32, u64); 4] = [
@@ -15,15 +16,7 @@ pub const DEMO_HOSTS: [(&str, &str, &str, u32, u64); 4] = [
 /// A control plane on an in-memory store that agents join with `join_token`.
 #[allow(dead_code)]
 pub async fn control(join_token: &str) -> Control {
-    let store = tessera_control::open("sqlite::memory:")
-        .await
-        .expect("in-memory store");
-    let control = Control::new(store, tessera_control::ControlConfig::default());
-    control
-        .ensure_join_token(Some(join_token))
-        .await
-        .expect("join token");
-    control
+    tessera_control::testkit::in_memory(join_token).await
 }
 
 /// Registers simulated hosts through the agent registration path with `join_token`;
@@ -35,27 +28,9 @@ pub async fn register_hosts(
 ) -> Vec<String> {
     let mut tokens = Vec::new();
     for &(name, pool, model, count, gib) in hosts {
+        let gpus = gpus_of(name, model, count, gib);
         let registered = control
-            .register_agent(&RegisterRequest {
-                address: None,
-                join_token: join_token.into(),
-                pool: PoolName::new(pool).expect("valid"),
-                cpu_milli: MilliCpu(64_000),
-                memory_mib: MiB(256 * 1024),
-                simulated: true,
-                labels: Default::default(),
-                gpus: (0..count)
-                    .map(|i| GpuReport {
-                        uuid: GpuUuid::new(format!("GPU-{name}-{i}")).expect("valid"),
-                        index: i,
-                        model: model.into(),
-                        memory_mib: MiB(gib * 1024),
-                        mps_client_limit: 48,
-                        healthy: true,
-                    })
-                    .collect(),
-                name: Some(name.into()),
-            })
+            .register_agent(&registration(join_token, pool, name, gpus))
             .await
             .expect("register");
         tokens.push(registered.agent_token);

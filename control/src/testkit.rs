@@ -1,22 +1,34 @@
-//! Helpers shared by the control-plane tests: a fresh database (SQLite in a temporary
-//! directory, or PostgreSQL: see [`TestDb`]), pools, hosts registered through the agent
-//! API, and a stand-in agent that syncs.
+//! The test kit (feature `testing`): what the control plane's and the server's tests build
+//! their fleets with, so that each does it the same way.
+//!
+//! - A database: [`TestDb`], fresh and empty per test, SQLite in a temporary directory or,
+//!   with `TESSERA_TEST_STORE=postgres`, a new database on a PostgreSQL server; it can
+//!   stall the database or edit it behind the store's back.
+//! - A control plane: [`env()`] (on a [`TestDb`], with a manual clock, the join token
+//!   [`JOIN`] and pool `gpu`; [`fast`] timings), [`Env::restart`] (another server on the
+//!   same database), [`in_memory`] (on an in-memory store, the default configuration).
+//! - Hosts and agents: [`gpus`] and [`gpus_of`], [`registration`], [`host`] (registered
+//!   through the agent API), [`sync`] and [`sync_with`] (a stand-in agent that runs what it
+//!   is asked to).
+//! - Workloads: [`register_def`], [`service`], [`deploy`], and [`tasks`] (in the states
+//!   asked, [`LIVE`] for those not ended).
+//! - Checks: [`assert_no_overcommit`], and [`wait_until`] for what a test waits on (a
+//!   loop's tick, an agent's sync, a process) instead of sleeping a fixed time.
 
-#![allow(dead_code)]
-
+use crate::clock::ManualClock;
+use crate::inputs::{PoolInput, ServiceInput};
+use crate::store::TaskFilter;
+use crate::{Control, ControlConfig};
 use serde_json::json;
 use std::sync::Arc;
 use std::time::Duration;
-use tessera_control::clock::ManualClock;
-use tessera_control::inputs::{PoolInput, ServiceInput};
-use tessera_control::store::TaskFilter;
-use tessera_control::{Control, ControlConfig};
 use tessera_model::agent::{
     GpuReport, MpsReport, RegisterRequest, SyncRequest, SyncResponse, TaskReport,
 };
 use tessera_model::service::{DeploymentConfig, ServiceConstraints, Task, TaskState};
 use tessera_model::{GpuUuid, HostId, MiB, MilliCpu, PoolName};
 
+/// The join token of [`env()`]'s control plane.
 pub const JOIN: &str = "test-join-token-0123456789";
 
 /// A fresh, empty database for one test. SQLite in a temporary directory, unless
@@ -43,8 +55,8 @@ impl TestDb {
         self.url.starts_with("postgres")
     }
 
-    pub async fn open(&self) -> Arc<dyn tessera_control::Store> {
-        tessera_control::open(&self.url).await.expect("store")
+    pub async fn open(&self) -> Arc<dyn crate::Store> {
+        crate::open(&self.url).await.expect("store")
     }
 
     /// Stalls the database for `how_long` from now: another connection holds what the
@@ -114,7 +126,7 @@ async fn postgres_database() -> String {
         "TESSERA_TEST_STORE=postgres needs TESSERA_TEST_POSTGRES: run the tests under scripts/with-postgres.sh",
     );
     let name = format!("t_{}", uuid::Uuid::new_v4().simple());
-    tessera_control::bench::fresh_postgres_database(&admin, &name)
+    crate::bench::fresh_postgres_database(&admin, &name)
         .await
         .expect("a test database on the test PostgreSQL server")
 }
@@ -134,7 +146,7 @@ impl Env {
 
     /// A new control plane on the same database: the server restarted.
     pub async fn restart(&self, config: ControlConfig) -> Control {
-        let store = tessera_control::open(&self.url()).await.expect("store");
+        let store = crate::open(&self.url()).await.expect("store");
         Control::new(
             store,
             ControlConfig {
@@ -145,6 +157,8 @@ impl Env {
     }
 }
 
+/// A control plane on a fresh [`TestDb`] with `config` and a manual clock; agents join with
+/// [`JOIN`], and pool `gpu` exists.
 pub async fn env(config: ControlConfig) -> Env {
     let db = TestDb::new().await;
     let store = db.open().await;
@@ -167,6 +181,7 @@ pub async fn env(config: ControlConfig) -> Env {
     Env { control, clock, db }
 }
 
+/// Timings for tests: a sync every second, a host lost after two missed, a 50 ms tick.
 pub fn fast() -> ControlConfig {
     ControlConfig {
         sync_interval: Duration::from_secs(1),
@@ -176,18 +191,55 @@ pub fn fast() -> ControlConfig {
     }
 }
 
+/// A control plane on an in-memory store with the default configuration, that agents join
+/// with `join_token`.
+pub async fn in_memory(join_token: &str) -> Control {
+    let store = crate::open("sqlite::memory:")
+        .await
+        .expect("in-memory store");
+    let control = Control::new(store, ControlConfig::default());
+    control
+        .ensure_join_token(Some(join_token))
+        .await
+        .expect("join token");
+    control
+}
+
+/// Waits until `check` holds, asking again every 100 ms; panics naming `what` when it
+/// still does not after 15 s. For what a test cannot make happen itself (a loop's tick, an
+/// agent's sync, a process starting or ending), in place of a fixed sleep.
+pub async fn wait_until<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    const WAIT: Duration = Duration::from_secs(15);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if check().await {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {WAIT:?} waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 pub struct Host {
     pub id: HostId,
     pub token: String,
     pub gpus: Vec<GpuReport>,
 }
 
-pub fn gpus(name: &str, count: u32, gib: u64) -> Vec<GpuReport> {
+/// `count` healthy GPUs of `model` with `gib` GiB each, named `GPU-{name}-{index}`.
+pub fn gpus_of(name: &str, model: &str, count: u32, gib: u64) -> Vec<GpuReport> {
     (0..count)
         .map(|i| GpuReport {
             uuid: GpuUuid::new(format!("GPU-{name}-{i}")).expect("valid"),
             index: i,
-            model: "NVIDIA L4".into(),
+            model: model.into(),
             memory_mib: MiB(gib * 1024),
             mps_client_limit: 48,
             healthy: true,
@@ -195,21 +247,37 @@ pub fn gpus(name: &str, count: u32, gib: u64) -> Vec<GpuReport> {
         .collect()
 }
 
+/// `count` healthy NVIDIA L4s with `gib` GiB each, as [`gpus_of`] makes them.
+pub fn gpus(name: &str, count: u32, gib: u64) -> Vec<GpuReport> {
+    gpus_of(name, "NVIDIA L4", count, gib)
+}
+
+/// A simulated host's registration (64 cores, 256 GiB) as `name` in `pool`, with
+/// `join_token` and `gpus`.
+pub fn registration(
+    join_token: &str,
+    pool: &str,
+    name: &str,
+    gpus: Vec<GpuReport>,
+) -> RegisterRequest {
+    RegisterRequest {
+        address: None,
+        join_token: join_token.into(),
+        pool: PoolName::new(pool).expect("valid"),
+        cpu_milli: MilliCpu(64_000),
+        memory_mib: MiB(256 * 1024),
+        simulated: true,
+        labels: Default::default(),
+        gpus,
+        name: Some(name.into()),
+    }
+}
+
 /// Registers a host through the agent API with the join token.
 pub async fn host(control: &Control, name: &str, count: u32, gib: u64) -> Host {
     let gpus = gpus(name, count, gib);
     let resp = control
-        .register_agent(&RegisterRequest {
-            address: None,
-            join_token: JOIN.into(),
-            pool: PoolName::new("gpu").expect("valid"),
-            cpu_milli: MilliCpu(64_000),
-            memory_mib: MiB(256 * 1024),
-            simulated: true,
-            labels: Default::default(),
-            gpus: gpus.clone(),
-            name: Some(name.into()),
-        })
+        .register_agent(&registration(JOIN, "gpu", name, gpus.clone()))
         .await
         .expect("register");
     let id = control
@@ -276,10 +344,13 @@ pub async fn sync_with(
         .expect("sync")
 }
 
+/// One sync of a healthy agent that runs everything it is asked to.
 pub async fn sync(control: &Control, h: &Host) -> SyncResponse {
     sync_with(control, h, true, &[]).await
 }
 
+/// Registers a definition of family `family`: one container asking `gib` GiB and `percent`
+/// % compute of a shared GPU; its reference (`family:revision`).
 pub async fn register_def(control: &Control, family: &str, gib: u64, percent: u32) -> String {
     let def = control
         .register_task_definition(&json!({
@@ -292,6 +363,7 @@ pub async fn register_def(control: &Control, family: &str, gib: u64, percent: u3
     format!("{}:{}", def.family, def.revision)
 }
 
+/// Creates service `name` of `count` tasks of `def` in pool `gpu`.
 pub async fn service(
     control: &Control,
     name: &str,
@@ -319,6 +391,7 @@ pub async fn service(
         .expect("service");
 }
 
+/// Service `service`'s tasks in `states`.
 pub async fn tasks(control: &Control, service: &str, states: &[TaskState]) -> Vec<Task> {
     control
         .store()
@@ -331,6 +404,7 @@ pub async fn tasks(control: &Control, service: &str, states: &[TaskState]) -> Ve
         .expect("tasks")
 }
 
+/// The states of tasks that have not ended.
 pub const LIVE: &[TaskState] = &[
     TaskState::Pending,
     TaskState::Assigned,
