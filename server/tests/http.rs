@@ -659,3 +659,138 @@ async fn a_request_stuck_on_a_locked_database_gets_408_and_the_others_wait_their
     let (status, _) = post(&state, "/api/v1/pools", json!({"name": "stuck"})).await;
     assert_eq!(status, StatusCode::CREATED);
 }
+
+/// Bodies and queries are read as the published schema reads them (the mismatches an
+/// independent fuzzer, schemathesis, found): a body is an object at every depth, `5.0` is an
+/// integer, a PATCH field the schema does not let be null is refused as null instead of
+/// silently changing nothing, a `limit` above its documented maximum and an empty `range`
+/// are invalid, a bad `host` in a query is invalid input on every list, and a method the
+/// agent API does not have is `405`.
+#[tokio::test]
+async fn the_api_reads_bodies_and_queries_as_its_schema_says() {
+    let state = state().await;
+    demo_fleet(&state).await;
+    let patch = |body: Value| {
+        let state = &state;
+        async move {
+            call(
+                state,
+                Method::PATCH,
+                "/api/v1/services/summarizer",
+                Some(body),
+                None,
+            )
+            .await
+        }
+    };
+    let (_, before) = get(&state, "/api/v1/services/summarizer").await;
+
+    // Arrays are not objects, at the top or inside.
+    let (status, err) = patch(json!([3])).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{err}");
+    assert!(
+        err["error"]
+            .as_str()
+            .unwrap()
+            .contains("expected struct ServicePatch"),
+        "{err}"
+    );
+    let (status, err) = patch(json!({"constraints": [false, [], {}, null, null]})).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{err}");
+    assert!(
+        err["error"]
+            .as_str()
+            .unwrap()
+            .contains("constraints: invalid type: sequence"),
+        "{err}"
+    );
+    let (status, err) = patch(json!({"alarms": [["error_rate", 0.5, null, 30]]})).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{err}");
+    assert!(
+        err["error"]
+            .as_str()
+            .unwrap()
+            .contains("alarms[0]: invalid type: sequence"),
+        "{err}"
+    );
+
+    // Null where the schema has no null changes nothing and says so.
+    for field in [
+        "desired_count",
+        "task_definition",
+        "constraints",
+        "deployment",
+        "stop_timeout_secs",
+        "deregistration_delay_secs",
+        "alarms",
+        "bake_secs",
+    ] {
+        let (status, err) = patch(json!({ field: null })).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{field}: {err}");
+        let message = err["error"].as_str().unwrap();
+        assert!(
+            message.contains(&format!("{field}: invalid type: null")),
+            "{message}"
+        );
+    }
+    let (_, after) = get(&state, "/api/v1/services/summarizer").await;
+    assert_eq!(
+        before["service"], after["service"],
+        "nothing refused was stored"
+    );
+    let (status, err) = call(
+        &state,
+        Method::PATCH,
+        "/api/v1/users/admin",
+        Some(json!({"disabled": null})),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{err}");
+
+    // 5.0 is the integer 5; 5.5 is not an integer.
+    let (status, body) = patch(json!({"desired_count": 3.0, "bake_secs": 0.0})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (_, after) = get(&state, "/api/v1/services/summarizer").await;
+    assert_eq!(after["desired_count"], 3, "{after}");
+    let (status, err) = patch(json!({"desired_count": 3.5})).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{err}");
+
+    // Queries: a limit above the documented maximum, an empty range, a bad host.
+    for (uri, field) in [
+        ("/api/v1/events?limit=1001", "limit"),
+        ("/api/v1/audit?limit=1001", "limit"),
+        ("/api/v1/tasks?limit=10001", "limit"),
+        ("/api/v1/events?host=Not_A_Host", "host"),
+        ("/api/v1/tasks?host=Not_A_Host", "host"),
+        ("/api/v1/services/summarizer/fit?range=", "range"),
+        ("/api/v1/services/summarizer/work?range=", "range"),
+    ] {
+        let (status, err) = get(&state, uri).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{uri}: {err}");
+        assert_eq!(fields(&err), vec![field.to_owned()], "{uri}: {err}");
+    }
+    let (status, body) = get(&state, "/api/v1/events?limit=1000").await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "the maximum itself is allowed: {body}"
+    );
+
+    // The agent API is POST only.
+    let (status, _) = call_as(&state, Method::GET, "/agent/v1/sync", None, None).await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+    let (status, _) = call_as(
+        &state,
+        Method::POST,
+        "/agent/v1/sync",
+        Some(json!({})),
+        None,
+    )
+    .await;
+    assert_eq!(
+        status,
+        StatusCode::UNAUTHORIZED,
+        "a POST still needs an agent token"
+    );
+}
