@@ -48,6 +48,7 @@ pub enum Output {
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum Kind {
     Hosts,
+    Projects,
     Services,
     Tasks,
     #[value(name = "task-definitions", alias = "taskdefs")]

@@ -133,6 +133,7 @@ pub async fn create_service(
             name: name.into(),
             task_definition: "bench:1".into(),
             pool: pool.into(),
+            project: None,
             desired_count: desired as u32,
             strategy: None,
             constraints: Default::default(),

@@ -286,6 +286,7 @@ mod tests {
             name: "s".into(),
             task_definition: format!("{}:{}", def.family, def.revision),
             pool: "gpu".into(),
+            project: None,
             desired_count: 0,
             strategy: None,
             constraints: ServiceConstraints::default(),

@@ -10,6 +10,8 @@
 //! - `config`: `ControlConfig`, the timings and limits.
 //! - `workloads`: pools, task definitions and services as operators change them.
 //! - `hosts`: operators' host operations (drain, activate).
+//! - [`projects`]: projects and their quotas: guarantees checked against pools, what each
+//!   project uses, the limit the scheduler holds placements to.
 //! - `run`: the reconcile loop (ticks, the lease, supervised passes).
 //! - `cache`: the one bounded cache type every cache uses.
 //! - `parts`: the parts `Control` is made of, each owning its state: scheduling, the agent
@@ -65,6 +67,7 @@ mod lifecycle;
 mod parts;
 mod plan;
 pub mod postgres;
+pub mod projects;
 mod reconcile;
 mod run;
 mod scheduler;

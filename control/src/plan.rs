@@ -251,6 +251,7 @@ mod tests {
             name: "web".into(),
             task_definition: rev(2),
             pool: PoolName::new("gpu").expect("valid"),
+            project: "default".into(),
             desired_count: desired,
             strategy: None,
             constraints: ServiceConstraints::default(),

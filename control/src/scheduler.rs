@@ -10,6 +10,7 @@ use crate::inputs::{Density, PreviewInput, PreviewResult, PreviewTask};
 use crate::parts::{CachedEngine, PoolEngine};
 use crate::store::{PendingTask, PlacementCommit, TaskFilter};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use tessera_model::project::{Amounts, Project};
 use tessera_model::service::{
     GpuAllocation, Service, ServiceConstraints, Task, TaskDefRef, TaskState,
 };
@@ -17,7 +18,7 @@ use tessera_model::taskdef::{Protocol, TaskDefinitionSpec, TaskGpu};
 use tessera_model::{HostId, PlacementPolicy, PoolInfo, PoolName, SharingMode};
 use tessera_placement::{
     Constraints, DemandProfile, Engine, GpuDemand, GpuUsage, LabelRule, Placement, Policy,
-    Snapshot, TaskRequest,
+    Snapshot, TaskRequest, describe_request,
 };
 
 /// The request a task of `spec` makes under a service's constraints.
@@ -175,6 +176,15 @@ impl Control {
         for t in &pending {
             by_pool.entry(t.pool.clone()).or_default().push(t);
         }
+        // Projects whose limits bound placement, by name (none: nothing to count).
+        let limited: HashMap<String, Project> = self
+            .store
+            .list_projects()
+            .await?
+            .into_iter()
+            .filter(|p| p.quotas.iter().any(|q| q.limit != Amounts::default()))
+            .map(|p| (p.name.clone(), p))
+            .collect();
         let mut placed_total = 0;
         for (pool, tasks) in by_pool {
             let extra: Vec<TaskRequest> = tasks
@@ -227,6 +237,30 @@ impl Control {
             }
             let mut commits = Vec::new();
             let mut complaints: Vec<(String, Vec<String>, String)> = Vec::new();
+            // What each project uses in the pool, read fresh (the cached engine does not
+            // know projects) when any project has a limit here; each placement adds to it.
+            let limits: HashMap<&str, Amounts> = limited
+                .values()
+                .filter_map(|p| Some((p.name.as_str(), p.quota(pool.as_str())?.limit)))
+                .filter(|(_, l)| *l != Amounts::default())
+                .collect();
+            let mut project_use = if limits.is_empty() {
+                HashMap::new()
+            } else {
+                let project_of: HashMap<String, String> = services
+                    .values()
+                    .map(|s| (s.name.clone(), s.project.clone()))
+                    .collect();
+                let holding = self
+                    .store
+                    .list_tasks(&TaskFilter {
+                        pool: Some(pool.clone()),
+                        states: TaskState::HOLDING.to_vec(),
+                        ..Default::default()
+                    })
+                    .await?;
+                crate::projects::usage_by_project(&holding, &project_of)
+            };
 
             for (name, tasks) in by_service {
                 let Some(service) = services.get(&name) else {
@@ -283,6 +317,30 @@ impl Control {
                             Err(_) => beside += 1,
                         }
                         req.constraints.avoid_gpus.clear();
+                    }
+                    // The project's limit in this pool: a placement past it is undone
+                    // (the engine has not assigned it yet) and the task waits.
+                    let limit = limits.get(service.project.as_str());
+                    if let (Some(limit), Ok(p)) = (limit, &result) {
+                        let used = project_use.entry(service.project.clone()).or_default();
+                        let after = used.plus(&crate::projects::reserved(
+                            req.cpu,
+                            req.memory,
+                            &allocations(p),
+                        ));
+                        if let Some(over) = after.exceeds(limit) {
+                            if sentence.is_empty() {
+                                sentence = format!(
+                                    "unable to place task ({}): project `{}` is at its limit in pool `{}`: it would use {over}",
+                                    describe_request(&req),
+                                    service.project,
+                                    pool
+                                );
+                            }
+                            unplaced.push(t.id.clone());
+                            continue;
+                        }
+                        *used = after;
                     }
                     match result {
                         Ok(p) => {

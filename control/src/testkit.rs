@@ -376,6 +376,7 @@ pub async fn service(
             name: name.into(),
             task_definition: def.into(),
             pool: "gpu".into(),
+            project: None,
             desired_count: count,
             strategy: None,
             constraints: ServiceConstraints::default(),

@@ -134,6 +134,12 @@ impl Control {
             .map_err(ControlError::Invalid)?;
         let pool = self.existing_pool(&service.pool).await?;
         allowed_in_pool(&def.spec, &pool)?;
+        if self.store.get_project(&service.project).await.is_err() {
+            return Err(ControlError::invalid(
+                "project",
+                format!("no project named {:?}", service.project),
+            ));
+        }
         self.store.create_service(&service).await?;
         self.event(
             Some(&service.name),
@@ -210,6 +216,7 @@ impl Control {
                 name: service.name.clone(),
                 task_definition: service.task_definition.to_string(),
                 pool: service.pool.to_string(),
+                project: Some(service.project.clone()),
                 desired_count: service.desired_count,
                 strategy: match &patch.strategy {
                     Some(s) => s.clone(),

@@ -37,6 +37,7 @@ async fn web_service(c: &tessera_control::Control, def: &str, count: u32, delay:
         name: "web".into(),
         task_definition: def.into(),
         pool: "gpu".into(),
+        project: None,
         desired_count: count,
         strategy: None,
         constraints: ServiceConstraints::default(),

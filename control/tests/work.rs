@@ -68,6 +68,7 @@ fn input(name: &str, def: &str, count: u32, label: &str) -> ServiceInput {
         name: name.into(),
         task_definition: def.into(),
         pool: "gpu".into(),
+        project: None,
         desired_count: count,
         strategy: Some("binpack".into()),
         constraints: ServiceConstraints {

@@ -106,6 +106,10 @@ pub struct ServiceInput {
     pub task_definition: String,
     #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::fields::name))]
     pub pool: String,
+    /// The project it belongs to (default `default`): its quotas bound the service's tasks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::fields::optional_name))]
+    pub project: Option<String>,
     #[serde(default = "default_desired")]
     #[cfg_attr(
         feature = "openapi",

@@ -13,6 +13,7 @@
 //! - [`consolidation`]: consolidation plans: moves that free GPUs or hosts.
 //! - [`fit`]: fit evidence: verdicts of measured use against budgets, suggested budgets.
 //! - [`error`]: `FieldError` and `ValidationErrors`, every validator's answer.
+//! - [`project`]: projects (teams), their quotas per pool and what they use.
 //! - [`auth`]: roles, operators' accounts, API tokens, callers and the audit log.
 //! - [`agent`]: the agent protocol (register, sync) spoken over `/agent/v1`.
 //! - [`views`]: read models of the console's pages (hosts with GPU segments, overview).
@@ -36,6 +37,7 @@ pub mod fit;
 pub mod ids;
 pub mod inventory;
 pub mod limits;
+pub mod project;
 #[cfg(feature = "openapi")]
 pub mod schema;
 pub mod service;

@@ -140,6 +140,9 @@ pub struct Service {
     pub name: String,
     pub task_definition: TaskDefRef,
     pub pool: PoolName,
+    /// The project it belongs to ([`crate::project::DEFAULT_PROJECT`] unless it said).
+    #[serde(default = "default_project")]
+    pub project: String,
     pub desired_count: u32,
     /// Overrides the pool's placement policy when set.
     pub strategy: Option<PlacementPolicy>,
@@ -156,6 +159,10 @@ pub struct Service {
     /// `true` after DELETE: it drains to zero tasks and is then removed.
     pub deleting: bool,
     pub created_at: String,
+}
+
+fn default_project() -> String {
+    crate::project::DEFAULT_PROJECT.to_owned()
 }
 
 /// ECS's default deregistration delay is 300 s; a GPU service's clients retry, and 5 s

@@ -128,6 +128,13 @@ pub fn service(input: &ServiceInput) -> Result<Service, ValidationErrors> {
     }
     let task_definition = e.task_definition(&input.task_definition);
     let pool = e.pool(&input.pool);
+    let project = input
+        .project
+        .clone()
+        .unwrap_or_else(|| crate::project::DEFAULT_PROJECT.to_owned());
+    if !ids::is_valid_name(&project) {
+        e.add("project", ids::NAME_RULE);
+    }
     e.desired_count(input.desired_count);
     let strategy = e.strategy(input.strategy.as_ref());
     let deployment = input.deployment.unwrap_or_default();
@@ -180,6 +187,7 @@ pub fn service(input: &ServiceInput) -> Result<Service, ValidationErrors> {
         name: input.name.clone(),
         task_definition: task_definition.expect("validated"),
         pool: pool.expect("validated"),
+        project,
         desired_count: input.desired_count,
         strategy: strategy.expect("validated"),
         constraints: input.constraints.clone(),
@@ -228,6 +236,7 @@ mod tests {
             name: "Bad Name".into(),
             task_definition: "nope".into(),
             pool: "".into(),
+            project: None,
             desired_count: MAX_DESIRED + 1,
             strategy: Some("random".into()),
             constraints: ServiceConstraints::default(),

@@ -70,6 +70,26 @@ fn describe() {
     );
     describe_gauge!("tessera_hosts", "Hosts by status");
     describe_gauge!(
+        "tessera_project_used",
+        "What a project's tasks reserve in a pool, by resource (gpus, gpu_memory_mib, compute_milli, cpu_milli, memory_mib)"
+    );
+    describe_gauge!(
+        "tessera_project_borrowed",
+        "What a project uses in a pool beyond its guarantee, by resource"
+    );
+    describe_gauge!(
+        "tessera_project_guaranteed",
+        "A project's guaranteed quota in a pool, by resource (only those it names)"
+    );
+    describe_gauge!(
+        "tessera_project_limit",
+        "A project's limit in a pool, by resource (only those it names; absent: no limit)"
+    );
+    describe_gauge!(
+        "tessera_project_tasks_pending",
+        "A project's tasks in a pool waiting for a placement"
+    );
+    describe_gauge!(
         "tessera_tasks_pending",
         "Tasks waiting for a placement, by the scheduler's reason"
     );
@@ -143,6 +163,32 @@ pub async fn render(control: &Control) -> Result<String, ApiError> {
         }
         if let Some(sm) = t.measured.sm_percent {
             gauge!("tessera_task_sm_percent", &labels).set(f64::from(sm));
+        }
+    }
+    for p in control.list_projects().await? {
+        for share in &p.pools {
+            let labels = [
+                ("project", p.project.name.clone()),
+                ("pool", share.pool.clone()),
+            ];
+            let with = |resource: &str| {
+                let mut l = labels.to_vec();
+                l.push(("resource", resource.to_owned()));
+                l
+            };
+            for ((resource, used), (_, borrowed)) in
+                share.used.named().into_iter().zip(share.borrowed.named())
+            {
+                gauge!("tessera_project_used", &with(resource)).set(used as f64);
+                gauge!("tessera_project_borrowed", &with(resource)).set(borrowed as f64);
+            }
+            for (resource, v) in share.guaranteed.named() {
+                gauge!("tessera_project_guaranteed", &with(resource)).set(v as f64);
+            }
+            for (resource, v) in share.limit.named() {
+                gauge!("tessera_project_limit", &with(resource)).set(v as f64);
+            }
+            gauge!("tessera_project_tasks_pending", &labels).set(f64::from(share.pending));
         }
     }
     let pending = control

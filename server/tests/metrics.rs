@@ -205,6 +205,40 @@ async fn metrics_parse_and_show_the_fleet_its_tasks_and_the_timings() {
         sum(&samples, "tessera_task_sm_percent", "service=\"infer\""),
         placed_here as f64 * 12.0
     );
+    // Every service is in the default project: it reserves what the GPUs show.
+    assert_eq!(
+        sum(
+            &samples,
+            "tessera_project_used",
+            "resource=\"gpu_memory_mib\""
+        ),
+        8.0 * 10240.0
+    );
+    assert_eq!(
+        sum(
+            &samples,
+            "tessera_project_used",
+            "resource=\"compute_milli\""
+        ),
+        8.0 * 300.0
+    );
+    assert_eq!(
+        sum(
+            &samples,
+            "tessera_project_borrowed",
+            "resource=\"gpu_memory_mib\""
+        ),
+        8.0 * 10240.0,
+        "no guarantee: all of it is borrowed"
+    );
+    assert_eq!(
+        sum(
+            &samples,
+            "tessera_project_tasks_pending",
+            "project=\"default\""
+        ),
+        1.0
+    );
     assert_eq!(sum(&samples, "tessera_hosts", "status=\"active\""), 1.0);
     assert_eq!(sum(&samples, "tessera_tasks_pending", "reason=\""), 1.0);
     assert_eq!(sum(&samples, "tessera_hosts", "status=\"lost\""), 0.0);

@@ -158,6 +158,7 @@ fn Wizard(defs: Vec<String>, pools: Vec<PoolInfo>) -> impl IntoView {
         name: name.get(),
         task_definition: def.get(),
         pool: pool.get(),
+        project: None,
         desired_count: number(count.get()),
         strategy: Some(strategy.get()).filter(|s| !s.is_empty()),
         constraints: constraints(),

@@ -9,7 +9,7 @@ use crate::{Client, Kind, Output, seg};
 use anyhow::Context;
 use tessera_model::HostInfo;
 use tessera_model::api::EndpointList;
-use tessera_model::bodies::{FamilyList, HostList, ServiceList, TaskList};
+use tessera_model::bodies::{FamilyList, HostList, ProjectList, ServiceList, TaskList};
 use tessera_model::service::Task;
 
 fn gpus_summary(h: &HostInfo) -> String {
@@ -174,6 +174,58 @@ pub(crate) async fn get(
                     ]);
                 }
                 t.row(row);
+            }
+            t.print();
+        }
+        Kind::Projects => {
+            let list: ProjectList = c.get("/api/v1/projects").await?;
+            if output == Output::Json {
+                return print_json(&list);
+            }
+            let mut t = Table::new(&["PROJECT", "POOL", "GUARANTEED", "LIMIT", "USED", "PENDING"]);
+            if wide {
+                t.add_columns(&["BORROWED", "WEIGHT", "SERVICES"]);
+            }
+            for p in &list.projects {
+                let rows: Vec<Vec<String>> = if p.pools.is_empty() {
+                    vec![vec![
+                        p.project.name.clone(),
+                        "-".into(),
+                        "none".into(),
+                        "no limit".into(),
+                        "none".into(),
+                        "0".into(),
+                    ]]
+                } else {
+                    p.pools
+                        .iter()
+                        .map(|s| {
+                            vec![
+                                p.project.name.clone(),
+                                s.pool.clone(),
+                                s.guaranteed.describe(),
+                                if s.limit == Default::default() {
+                                    "no limit".into()
+                                } else {
+                                    s.limit.describe()
+                                },
+                                s.used.describe(),
+                                s.pending.to_string(),
+                            ]
+                        })
+                        .collect()
+                };
+                for (i, mut row) in rows.into_iter().enumerate() {
+                    if wide {
+                        let borrowed = p.pools.get(i).map(|s| s.borrowed.describe());
+                        row.extend([
+                            borrowed.unwrap_or_else(|| "none".into()),
+                            p.project.weight.to_string(),
+                            p.services.to_string(),
+                        ]);
+                    }
+                    t.row(row);
+                }
             }
             t.print();
         }

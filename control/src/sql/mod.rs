@@ -10,7 +10,7 @@
 //! - `auth`: users, API tokens, console sessions and the audit log.
 //! - `hosts`: pools and hosts; `inventory`: a host's row and GPUs as written, a sync's
 //!   report, the stops of tasks on what is gone; `services`: task definitions, services,
-//!   deployments; `tasks`: tasks and placement commits; `events`: events and settings;
+//!   deployments; `projects`: projects and their quotas; `tasks`: tasks and placement commits; `events`: events and settings;
 //!   `cluster`: servers and the scheduler lease; `usage`: measured use in buckets,
 //!   consolidation plans.
 //! - `rows`: row mapping and column lists shared by them.
@@ -20,6 +20,7 @@ mod cluster;
 mod events;
 mod hosts;
 mod inventory;
+mod projects;
 mod rows;
 mod services;
 mod tasks;

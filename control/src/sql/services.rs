@@ -137,8 +137,8 @@ impl ServiceStore for This {
         let mut tx = self.begin_immediate().await?;
         sqlx::query(
             "INSERT INTO services (name, family, revision, pool, desired_count, strategy, constraints,
-                 minimum_healthy_percent, maximum_percent, stop_timeout_secs, deregistration_delay_secs, objectives)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+                 minimum_healthy_percent, maximum_percent, stop_timeout_secs, deregistration_delay_secs, objectives, project)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
         )
         .bind(&s.name)
         .bind(&s.task_definition.family)
@@ -152,6 +152,7 @@ impl ServiceStore for This {
         .bind(i64::from(s.stop_timeout_secs))
         .bind(i64::from(s.deregistration_delay_secs))
         .bind(objectives_json(&s.objectives)?)
+        .bind(&s.project)
         .execute(&mut *tx)
         .await
         .map_err(|e| match &e {

@@ -3,12 +3,13 @@
 //!
 //! One trait per aggregate, each in its own file with the types it reads and writes (the
 //! queries behind them are in `src/sql/`, by the same names): `auth`, `hosts`, `services`,
-//! `tasks`, `events`, `cluster`, and `usage` (measured use and consolidation plans).
+//! `projects`, `tasks`, `events`, `cluster`, and `usage` (measured use and consolidation plans).
 
 mod auth;
 mod cluster;
 mod events;
 mod hosts;
+mod projects;
 mod services;
 mod tasks;
 mod usage;
@@ -20,6 +21,7 @@ pub use hosts::{
     GpuChange, HOST_ID_TAKEN, HostPage, HostPageQuery, HostReport, HostState, HostStore,
     JOIN_TOKEN_SPENT, JoinTokenUse,
 };
+pub use projects::ProjectStore;
 pub use services::{ServiceStore, SettingsChange};
 pub use tasks::{
     CommitContext, HeldCapacity, NewTask, PendingTask, PlacementCommit, Pruned, TaskFilter,
@@ -35,6 +37,7 @@ pub trait Store:
     AuthStore
     + HostStore
     + ServiceStore
+    + ProjectStore
     + TaskStore
     + EventStore
     + ClusterStore
@@ -47,6 +50,7 @@ impl<
     T: AuthStore
         + HostStore
         + ServiceStore
+        + ProjectStore
         + TaskStore
         + EventStore
         + ClusterStore

@@ -393,6 +393,9 @@ pub fn ecs_task_definition() -> Schema {
 /// The name of a service (path parameter).
 pub struct ServiceName;
 string_schema!(ServiceName, "ServiceName", name());
+/// A project's name (a path segment).
+pub struct ProjectName;
+string_schema!(ProjectName, "ProjectName", name());
 /// The name of an operator's account (path parameter).
 pub struct Username;
 string_schema!(Username, "Username", name());

@@ -5,7 +5,8 @@
 //!
 //! - `fleet`: hosts, pools, the join token. `workloads`: task definitions, services,
 //!   placement preview, tasks, events, the live stream. `agents`: register and sync.
-//! - `evidence`: fit verdicts, right-sizing, consolidation plans.
+//! - `evidence`: fit verdicts, right-sizing, consolidation plans. `projects`: projects
+//!   and their quotas.
 //! - `bodies`: the API's own response bodies and its error body.
 
 pub mod agents;
@@ -13,6 +14,7 @@ pub mod bodies;
 pub mod evidence;
 pub mod fleet;
 pub mod openapi;
+pub mod projects;
 pub mod session;
 pub mod strict;
 pub mod workloads;
@@ -111,6 +113,11 @@ pub fn routes() -> Routes {
         .route(routes!(list_pools))
         .route(routes!(create_pool))
         .route(routes!(update_pool))
+        .route(routes!(projects::list_projects))
+        .route(routes!(projects::create_project))
+        .route(routes!(projects::get_project))
+        .route(routes!(projects::replace_project))
+        .route(routes!(projects::delete_project))
         .route(routes!(list_families))
         .route(routes!(register_task_definition))
         .route(routes!(get_task_definition))

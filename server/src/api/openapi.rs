@@ -21,7 +21,7 @@ use utoipa::OpenApi;
     ),
     components(schemas(
         bodies::ErrorBody, bodies::EcsTaskDefinition, tessera_model::taskdef::Secret,
-        tessera_model::schema::ServiceName, tessera_model::schema::Username,
+        tessera_model::schema::ServiceName, tessera_model::schema::ProjectName, tessera_model::schema::Username,
         tessera_model::schema::FamilyOrRef, tessera_model::service::TaskDefRef,
         tessera_model::HostId, tessera_model::PoolName, workloads::Format, tessera_model::schema::TokenId,
         tessera_model::schema::PlanId, tessera_model::schema::JoinTokenId, tessera_model::work::Slo, tessera_model::work::Alarm,
@@ -31,6 +31,7 @@ use utoipa::OpenApi;
         (name = "server", description = "Health and this document"),
         (name = "session", description = "Signing in, API tokens, users, the audit log"),
         (name = "fleet", description = "Hosts, pools, the join token"),
+        (name = "projects", description = "Projects (teams), their quotas per pool and what they use"),
         (name = "workloads", description = "Task definitions, services, placement, tasks, events"),
         (name = "evidence", description = "Fit of measured use against budgets, right-sizing, consolidation plans"),
         (name = "agents", description = "What host agents call"),

@@ -1,0 +1,231 @@
+//! Projects and their quotas: creating and changing them (a guarantee the pool cannot give
+//! is refused), what each project uses per pool, and the limit check the scheduler asks
+//! before it places a task.
+
+use crate::control::Control;
+use crate::error::ControlError;
+use std::collections::{BTreeMap, HashMap};
+use tessera_model::HostInfo;
+use tessera_model::HostStatus;
+use tessera_model::project::{
+    self, DEFAULT_PROJECT, PoolShare, Project, ProjectInput, ProjectView, Usage,
+};
+use tessera_model::service::{GpuAllocation, Task, TaskState};
+use tessera_model::validate::Errors;
+use tessera_model::{MiB, MilliCpu};
+
+/// What a task reserves, as quotas count it: its host CPU and memory, and each GPU slot's
+/// memory and compute (a whole GPU counts as one GPU, all its memory and all its compute).
+pub fn reserved(cpu: MilliCpu, memory: MiB, allocations: &[GpuAllocation]) -> Usage {
+    let mut u = Usage {
+        cpu_milli: cpu.0,
+        memory_mib: memory.0,
+        ..Default::default()
+    };
+    for a in allocations {
+        u.gpus += u64::from(a.dedicated);
+        u.gpu_memory_mib += a.memory.0;
+        u.compute_milli += u64::from(a.compute.0);
+    }
+    u
+}
+
+/// What a task holding capacity reserves.
+pub fn task_usage(t: &Task) -> Usage {
+    reserved(t.cpu, t.memory, &t.allocations)
+}
+
+/// What a pool's hosts offer, as guarantees are checked against it: every host not lost.
+pub fn pool_capacity<'a>(hosts: impl IntoIterator<Item = &'a HostInfo>) -> Usage {
+    let mut c = Usage::default();
+    for h in hosts.into_iter().filter(|h| h.status != HostStatus::Lost) {
+        c.cpu_milli += h.cpu.0;
+        c.memory_mib += h.memory.0;
+        for g in &h.gpus {
+            c.gpus += 1;
+            c.gpu_memory_mib += g.memory.0;
+            c.compute_milli += 1000;
+        }
+    }
+    c
+}
+
+/// Each project's use of one pool, from the tasks holding capacity there.
+pub fn usage_by_project<'a>(
+    holding: impl IntoIterator<Item = &'a Task>,
+    project_of: &HashMap<String, String>,
+) -> HashMap<String, Usage> {
+    let mut used: HashMap<String, Usage> = HashMap::new();
+    for t in holding {
+        let project = project_of
+            .get(&t.service)
+            .map(String::as_str)
+            .unwrap_or(DEFAULT_PROJECT);
+        let u = used.entry(project.to_owned()).or_default();
+        *u = u.plus(&task_usage(t));
+    }
+    used
+}
+
+impl Control {
+    pub async fn list_projects(&self) -> Result<Vec<ProjectView>, ControlError> {
+        let projects = self.store.list_projects().await?;
+        let services = self.store.list_services().await?;
+        let project_of: HashMap<String, String> = services
+            .iter()
+            .map(|s| (s.name.clone(), s.project.clone()))
+            .collect();
+        let tasks = self
+            .store
+            .list_tasks(&crate::store::TaskFilter {
+                states: [TaskState::HOLDING.as_slice(), &[TaskState::Pending]].concat(),
+                ..Default::default()
+            })
+            .await?;
+        // (project, pool) -> (used, pending)
+        let mut by: BTreeMap<(String, String), (Usage, u32)> = BTreeMap::new();
+        for t in &tasks {
+            let project = project_of
+                .get(&t.service)
+                .cloned()
+                .unwrap_or_else(|| DEFAULT_PROJECT.to_owned());
+            let e = by.entry((project, t.pool.to_string())).or_default();
+            if t.state == TaskState::Pending {
+                e.1 += 1;
+            } else {
+                e.0 = e.0.plus(&task_usage(t));
+            }
+        }
+        Ok(projects
+            .into_iter()
+            .map(|p| {
+                let mut pools: BTreeMap<String, PoolShare> = BTreeMap::new();
+                for q in &p.quotas {
+                    pools.insert(q.pool.clone(), share(&q.pool, &p, Usage::default(), 0));
+                }
+                for ((project, pool), (used, pending)) in &by {
+                    if project == &p.name {
+                        pools.insert(pool.clone(), share(pool, &p, *used, *pending));
+                    }
+                }
+                ProjectView {
+                    services: services.iter().filter(|s| s.project == p.name).count() as u32,
+                    pools: pools.into_values().collect(),
+                    project: p,
+                }
+            })
+            .collect())
+    }
+
+    pub async fn get_project(&self, name: &str) -> Result<ProjectView, ControlError> {
+        self.list_projects()
+            .await?
+            .into_iter()
+            .find(|p| p.project.name == name)
+            .ok_or_else(|| ControlError::NotFound(format!("no project named {name:?}")))
+    }
+
+    pub async fn create_project(&self, input: &ProjectInput) -> Result<Project, ControlError> {
+        let project = project::validate(input)?;
+        self.check_quotas(&project).await?;
+        self.store.create_project(&project).await?;
+        self.event(None, None, &format!("project {} created", project.name))
+            .await;
+        self.wake();
+        Ok(self.store.get_project(&project.name).await?)
+    }
+
+    /// Replaces `name`'s weight and quotas with `input`'s (whose name must be `name`).
+    pub async fn replace_project(
+        &self,
+        name: &str,
+        input: &ProjectInput,
+    ) -> Result<Project, ControlError> {
+        if input.name != name {
+            return Err(ControlError::invalid(
+                "name",
+                format!("a project keeps its name: this is {name:?}"),
+            ));
+        }
+        let project = project::validate(input)?;
+        self.check_quotas(&project).await?;
+        self.store.replace_project(&project).await?;
+        self.event(None, None, &format!("project {name}'s quotas changed"))
+            .await;
+        self.wake();
+        Ok(self.store.get_project(name).await?)
+    }
+
+    pub async fn delete_project(&self, name: &str) -> Result<(), ControlError> {
+        if name == DEFAULT_PROJECT {
+            return Err(ControlError::Conflict(
+                "the default project cannot be deleted: services that name no project belong to it"
+                    .into(),
+            ));
+        }
+        self.store.delete_project(name).await?;
+        self.event(None, None, &format!("project {name} deleted"))
+            .await;
+        Ok(())
+    }
+
+    /// A quota's pool exists, and the guarantees of every project in it, this one's
+    /// included, fit in what its hosts offer. Limits may add up to more (that is what
+    /// borrowing is).
+    async fn check_quotas(&self, project: &Project) -> Result<(), ControlError> {
+        let pools: Vec<String> = self
+            .store
+            .list_pools()
+            .await?
+            .into_iter()
+            .map(|p| p.name.to_string())
+            .collect();
+        let others: Vec<Project> = self
+            .store
+            .list_projects()
+            .await?
+            .into_iter()
+            .filter(|p| p.name != project.name)
+            .collect();
+        let hosts = self.store.list_hosts().await?;
+        let mut e = Errors::default();
+        for (i, q) in project.quotas.iter().enumerate() {
+            if !pools.contains(&q.pool) {
+                e.add(
+                    &format!("quotas[{i}].pool"),
+                    format!("no pool named {:?}", q.pool),
+                );
+                continue;
+            }
+            let guaranteed = others
+                .iter()
+                .filter_map(|o| o.quota(&q.pool))
+                .fold(q.guaranteed.or_zero(), |sum, o| {
+                    sum.plus(&o.guaranteed.or_zero())
+                });
+            let capacity = pool_capacity(hosts.iter().filter(|h| h.pool.as_str() == q.pool));
+            for (field, shortfall) in capacity.shortfalls(&guaranteed) {
+                e.add(
+                    &format!("quotas[{i}].guaranteed.{field}"),
+                    format!("pool {}: {shortfall}", q.pool),
+                );
+            }
+        }
+        Ok(e.finish()?)
+    }
+}
+
+fn share(pool: &str, p: &Project, used: Usage, pending: u32) -> PoolShare {
+    let (guaranteed, limit) = p
+        .quota(pool)
+        .map(|q| (q.guaranteed, q.limit))
+        .unwrap_or_default();
+    PoolShare {
+        pool: pool.to_owned(),
+        guaranteed,
+        limit,
+        borrowed: used.above(&guaranteed.or_zero()),
+        used,
+        pending,
+    }
+}

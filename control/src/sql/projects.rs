@@ -1,0 +1,103 @@
+//! Projects and their quotas (stored as JSON, read back through the model's validator's
+//! types).
+use super::*;
+use crate::store::ProjectStore;
+use tessera_model::project::{Project, Quota};
+
+const PROJECT_COLUMNS: &str = "name, weight, quotas, created_at";
+
+fn project_from_row(row: &DbRow) -> Result<Project, StoreError> {
+    let quotas: String = row.try_get("quotas")?;
+    Ok(Project {
+        name: row.try_get("name")?,
+        weight: u32::try_from(row.try_get::<i64, _>("weight")?)
+            .map_err(|e| StoreError::corrupt("project weight", e))?,
+        quotas: serde_json::from_str::<Vec<Quota>>(&quotas)
+            .map_err(|e| StoreError::corrupt("project quotas", e))?,
+        created_at: row.try_get("created_at")?,
+    })
+}
+
+fn quotas_json(p: &Project) -> Result<String, StoreError> {
+    serde_json::to_string(&p.quotas).map_err(|e| StoreError::corrupt("project quotas", e))
+}
+
+#[async_trait]
+impl ProjectStore for This {
+    async fn create_project(&self, p: &Project) -> Result<(), StoreError> {
+        self.write_one(
+            sqlx::query("INSERT INTO projects (name, weight, quotas) VALUES ($1, $2, $3)")
+                .bind(&p.name)
+                .bind(i64::from(p.weight))
+                .bind(quotas_json(p)?),
+        )
+        .await
+        .map_err(|e| match e {
+            StoreError::Database(sqlx::Error::Database(db)) if db.is_unique_violation() => {
+                StoreError::Conflict(format!("a project named {:?} already exists", p.name))
+            }
+            other => other,
+        })?;
+        Ok(())
+    }
+
+    async fn replace_project(&self, p: &Project) -> Result<(), StoreError> {
+        let done = self
+            .write_one(
+                sqlx::query("UPDATE projects SET weight = $2, quotas = $3 WHERE name = $1")
+                    .bind(&p.name)
+                    .bind(i64::from(p.weight))
+                    .bind(quotas_json(p)?),
+            )
+            .await?;
+        if done.rows_affected() == 0 {
+            return Err(not_found("project", &p.name));
+        }
+        Ok(())
+    }
+
+    async fn list_projects(&self) -> Result<Vec<Project>, StoreError> {
+        sqlx::query(&format!(
+            "SELECT {PROJECT_COLUMNS} FROM projects ORDER BY name"
+        ))
+        .fetch_all(&self.db)
+        .await?
+        .iter()
+        .map(project_from_row)
+        .collect()
+    }
+
+    async fn get_project(&self, name: &str) -> Result<Project, StoreError> {
+        let row = sqlx::query(&format!(
+            "SELECT {PROJECT_COLUMNS} FROM projects WHERE name = $1"
+        ))
+        .bind(name)
+        .fetch_optional(&self.db)
+        .await?
+        .ok_or_else(|| not_found("project", name))?;
+        project_from_row(&row)
+    }
+
+    async fn delete_project(&self, name: &str) -> Result<(), StoreError> {
+        let mut tx = self.begin_immediate().await?;
+        let services: i64 = sqlx::query("SELECT COUNT(*) AS n FROM services WHERE project = $1")
+            .bind(name)
+            .fetch_one(&mut *tx)
+            .await?
+            .try_get("n")?;
+        if services > 0 {
+            return Err(StoreError::Conflict(format!(
+                "project {name:?} has {services} service(s): delete them or move them to another project first"
+            )));
+        }
+        let done = sqlx::query("DELETE FROM projects WHERE name = $1")
+            .bind(name)
+            .execute(&mut *tx)
+            .await?;
+        if done.rows_affected() == 0 {
+            return Err(not_found("project", name));
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,20 @@
+//! Projects (teams) and their quotas: the `ProjectStore` trait.
+
+use crate::error::StoreError;
+use async_trait::async_trait;
+use tessera_model::project::Project;
+
+#[async_trait]
+/// Projects: who a service belongs to, and the quotas that bound its tasks.
+pub trait ProjectStore: Send + Sync + 'static {
+    /// Stores a new project; `Conflict` when one of that name exists.
+    async fn create_project(&self, project: &Project) -> Result<(), StoreError>;
+    /// Replaces an existing project's weight and quotas; `NotFound` when there is none.
+    async fn replace_project(&self, project: &Project) -> Result<(), StoreError>;
+    /// Every project, by name (`default` among them).
+    async fn list_projects(&self) -> Result<Vec<Project>, StoreError>;
+    async fn get_project(&self, name: &str) -> Result<Project, StoreError>;
+    /// Deletes a project that no service belongs to (`Conflict` naming how many do: the
+    /// check and the delete are one transaction).
+    async fn delete_project(&self, name: &str) -> Result<(), StoreError>;
+}

@@ -1,0 +1,296 @@
+//! Projects share a fleet: a service belongs to one (`default` unless it says), a project's
+//! guarantees must fit in the pool, and placement never takes a project past its limit.
+//! Runs on both databases (`TESSERA_TEST_STORE=postgres`).
+
+use serde_json::json;
+use tessera_control::ControlError;
+use tessera_control::inputs::{ServiceInput, ServicePatch};
+use tessera_control::testkit::*;
+use tessera_model::project::{Amounts, DEFAULT_PROJECT, ProjectInput, Quota};
+use tessera_model::service::{DeploymentConfig, ServiceConstraints, TaskState};
+
+fn quota(pool: &str, guaranteed: Amounts, limit: Amounts) -> Quota {
+    Quota {
+        pool: pool.into(),
+        guaranteed,
+        limit,
+    }
+}
+
+fn gpu_memory_gib(gib: u64) -> Amounts {
+    Amounts {
+        gpu_memory_mib: Some(gib * 1024),
+        ..Default::default()
+    }
+}
+
+fn project(name: &str, quotas: Vec<Quota>) -> ProjectInput {
+    ProjectInput {
+        name: name.into(),
+        weight: None,
+        quotas,
+    }
+}
+
+fn fields(e: &ControlError) -> Vec<String> {
+    match e {
+        ControlError::Invalid(v) => v.errors.iter().map(|e| e.field.clone()).collect(),
+        other => panic!("expected invalid input, got {other}"),
+    }
+}
+
+async fn service_in(
+    c: &tessera_control::Control,
+    name: &str,
+    def: &str,
+    count: u32,
+    project: &str,
+) {
+    c.create_service(&ServiceInput {
+        name: name.into(),
+        task_definition: def.into(),
+        pool: "gpu".into(),
+        project: Some(project.into()),
+        desired_count: count,
+        strategy: None,
+        constraints: ServiceConstraints::default(),
+        deployment: Some(DeploymentConfig::default()),
+        stop_timeout_secs: 5,
+        deregistration_delay_secs: 0,
+        slo: None,
+        alarms: Vec::new(),
+        bake_secs: 0,
+        autoscaling: None,
+    })
+    .await
+    .expect("service");
+}
+
+#[tokio::test]
+async fn every_service_has_a_project_and_guarantees_must_fit_in_the_pool() {
+    let env = env(fast()).await;
+    let c = &env.control;
+    host(c, "a", 2, 24).await;
+    let def = register_def(c, "infer", 10, 40).await;
+
+    // A fresh fleet has the default project, and a service that names none is in it.
+    service(c, "plain", &def, 1, DeploymentConfig::default()).await;
+    let projects = c.list_projects().await.expect("projects");
+    assert_eq!(projects.len(), 1);
+    assert_eq!(projects[0].project.name, DEFAULT_PROJECT);
+    assert_eq!(projects[0].services, 1);
+    assert_eq!(
+        c.store()
+            .get_service("plain")
+            .await
+            .expect("service")
+            .project,
+        DEFAULT_PROJECT
+    );
+
+    // A service naming a project that does not exist is refused, and nothing is stored.
+    let err = c
+        .create_service(&ServiceInput {
+            project: Some("nobody".into()),
+            ..serde_json::from_value(json!({"name": "x", "task_definition": def, "pool": "gpu"}))
+                .expect("input")
+        })
+        .await
+        .expect_err("no such project");
+    assert_eq!(fields(&err), ["project"]);
+    assert!(c.store().get_service("x").await.is_err());
+
+    // The pool has 48 GiB of GPU memory: guarantees may not add up to more, limits may.
+    c.create_project(&project(
+        "research",
+        vec![quota("gpu", gpu_memory_gib(30), gpu_memory_gib(48))],
+    ))
+    .await
+    .expect("fits");
+    let err = c
+        .create_project(&project(
+            "prod",
+            vec![quota("gpu", gpu_memory_gib(20), gpu_memory_gib(100))],
+        ))
+        .await
+        .expect_err("30 + 20 GiB guaranteed of 48");
+    assert_eq!(fields(&err), ["quotas[0].guaranteed.gpu_memory_mib"]);
+    let ControlError::Invalid(v) = &err else {
+        unreachable!()
+    };
+    assert!(
+        v.errors[0]
+            .message
+            .starts_with("pool gpu: 2048 MiB of GPU memory short"),
+        "{}",
+        v.errors[0].message
+    );
+    assert!(
+        c.store().get_project("prod").await.is_err(),
+        "nothing stored"
+    );
+    c.create_project(&project(
+        "prod",
+        vec![quota("gpu", gpu_memory_gib(18), gpu_memory_gib(100))],
+    ))
+    .await
+    .expect("18 + 30 fits, and limits may add up to more than the pool");
+
+    // A quota in a pool that does not exist; a limit below its guarantee.
+    let err = c
+        .create_project(&project(
+            "ops",
+            vec![quota("nowhere", Amounts::default(), Amounts::default())],
+        ))
+        .await
+        .expect_err("no such pool");
+    assert_eq!(fields(&err), ["quotas[0].pool"]);
+    let err = c
+        .create_project(&project(
+            "ops",
+            vec![quota("gpu", gpu_memory_gib(2), gpu_memory_gib(1))],
+        ))
+        .await
+        .expect_err("limit below guarantee");
+    assert_eq!(fields(&err), ["quotas[0].limit.gpu_memory_mib"]);
+    assert!(
+        c.store().get_project("ops").await.is_err(),
+        "nothing stored"
+    );
+
+    // Deleting: not the default project, not one with services, yes an empty one.
+    assert!(matches!(
+        c.delete_project(DEFAULT_PROJECT).await,
+        Err(ControlError::Conflict(_))
+    ));
+    service_in(c, "trainer", &def, 0, "research").await;
+    let err = c
+        .delete_project("research")
+        .await
+        .expect_err("has a service");
+    assert!(err.to_string().contains("1 service(s)"), "{err}");
+    c.delete_project("prod").await.expect("empty");
+    assert!(c.store().get_project("prod").await.is_err());
+}
+
+#[tokio::test]
+async fn placement_never_takes_a_project_past_its_limit_and_says_so() {
+    let env = env(fast()).await;
+    let c = &env.control;
+    host(c, "a", 2, 24).await;
+    let def = register_def(c, "infer", 10, 40).await;
+    // research may use 20 GiB of GPU memory in the pool: two 10 GiB tasks, not three.
+    c.create_project(&project(
+        "research",
+        vec![quota("gpu", Amounts::default(), gpu_memory_gib(20))],
+    ))
+    .await
+    .expect("project");
+    service_in(c, "trainer", &def, 3, "research").await;
+    // Another project's tasks are not held back by research's limit.
+    service(c, "web", &def, 1, DeploymentConfig::default()).await;
+    c.reconcile_once().await.expect("pass");
+
+    assert_eq!(tasks(c, "trainer", &[TaskState::Assigned]).await.len(), 2);
+    assert_eq!(tasks(c, "web", &[TaskState::Assigned]).await.len(), 1);
+    let pending = tasks(c, "trainer", &[TaskState::Pending]).await;
+    assert_eq!(pending.len(), 1);
+    let why = pending[0].placement_message.as_deref().expect("explained");
+    assert!(
+        why.contains("project `research` is at its limit in pool `gpu`: it would use 30720 of 20480 MiB of GPU memory"),
+        "{why}"
+    );
+
+    // The view: used, borrowed (all of it: no guarantee), pending.
+    let research = c.get_project("research").await.expect("project");
+    let share = &research.pools[0];
+    assert_eq!(share.pool, "gpu");
+    assert_eq!(share.used.gpu_memory_mib, 20 * 1024);
+    assert_eq!(share.used.gpus, 0, "shared slots are no whole GPUs");
+    assert_eq!(share.borrowed, share.used);
+    assert_eq!(share.pending, 1);
+
+    // A higher limit lets the third task in on the next pass.
+    c.replace_project(
+        "research",
+        &project(
+            "research",
+            vec![quota("gpu", gpu_memory_gib(10), gpu_memory_gib(30))],
+        ),
+    )
+    .await
+    .expect("raise");
+    c.reconcile_once().await.expect("pass");
+    assert_eq!(tasks(c, "trainer", &[TaskState::Assigned]).await.len(), 3);
+    let share = &c.get_project("research").await.expect("project").pools[0];
+    assert_eq!(
+        share.borrowed.gpu_memory_mib,
+        20 * 1024,
+        "30 used, 10 guaranteed"
+    );
+    assert_no_overcommit(c).await;
+
+    // Scaling past the limit again leaves the new task pending; scaling down frees room.
+    c.update_service(
+        "trainer",
+        &ServicePatch {
+            desired_count: Some(4),
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("scale");
+    c.reconcile_once().await.expect("pass");
+    assert_eq!(tasks(c, "trainer", &[TaskState::Pending]).await.len(), 1);
+}
+
+#[tokio::test]
+async fn a_whole_gpu_limit_counts_gpus_and_a_replaced_name_is_refused() {
+    let env = env(fast()).await;
+    let c = &env.control;
+    host(c, "a", 4, 24).await;
+    let whole = c
+        .register_task_definition(&json!({
+            "family": "train",
+            "containers": [{"name": "main", "command": ["sleep", "infinity"], "cpu_milli": 1000,
+                "memory_mib": 1024, "gpu": {"gpus": 1}}]
+        }))
+        .await
+        .expect("register");
+    c.create_project(&project(
+        "research",
+        vec![quota(
+            "gpu",
+            Amounts::default(),
+            Amounts {
+                gpus: Some(2),
+                ..Default::default()
+            },
+        )],
+    ))
+    .await
+    .expect("project");
+    service_in(
+        c,
+        "trainer",
+        &format!("train:{}", whole.revision),
+        3,
+        "research",
+    )
+    .await;
+    c.reconcile_once().await.expect("pass");
+    assert_eq!(tasks(c, "trainer", &[TaskState::Assigned]).await.len(), 2);
+    let pending = tasks(c, "trainer", &[TaskState::Pending]).await;
+    let why = pending[0].placement_message.as_deref().expect("explained");
+    assert!(why.contains("it would use 3 of 2 whole GPUs"), "{why}");
+
+    let err = c
+        .replace_project("research", &project("other", vec![]))
+        .await
+        .expect_err("a project keeps its name");
+    assert_eq!(fields(&err), ["name"]);
+    assert!(matches!(
+        c.replace_project("ghost", &project("ghost", vec![])).await,
+        Err(ControlError::NotFound(_))
+    ));
+}

@@ -1,0 +1,16 @@
+-- Projects: the teams that share a fleet. Every service belongs to one; `default` holds
+-- every service from before projects and those that name none. `quotas` is a JSON array of
+-- per-pool quotas (guaranteed amounts and a limit above them).
+CREATE TABLE projects (
+    name        TEXT PRIMARY KEY NOT NULL,
+    weight      INTEGER NOT NULL DEFAULT 1 CHECK (weight >= 1),
+    quotas      TEXT NOT NULL DEFAULT '[]',
+    created_at  TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
+);
+
+INSERT INTO projects (name) VALUES ('default');
+
+-- SQLite cannot add a column that references another table and has a default: the
+-- control plane checks that a service's project exists.
+ALTER TABLE services ADD COLUMN project TEXT NOT NULL DEFAULT 'default';
+CREATE INDEX services_project ON services (project);

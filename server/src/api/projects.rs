@@ -1,0 +1,71 @@
+//! Projects (teams): their quotas per pool and what they use.
+
+use super::bodies::{ErrorBody, ProjectList};
+use super::{Body, Segment};
+use crate::AppState;
+use crate::error::ApiError;
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use tessera_model::project::{Project, ProjectInput, ProjectView};
+
+/// Every project with its quotas, and per pool what it uses, borrows and waits for
+#[utoipa::path(get, path = "/api/v1/projects", tag = "projects",
+    extensions(("x-required-role" = json!("viewer"))),
+    responses((status = 200, description = "Projects", body = ProjectList)))]
+pub async fn list_projects(State(state): State<AppState>) -> Result<Json<ProjectList>, ApiError> {
+    Ok(Json(ProjectList {
+        projects: state.control.list_projects().await?,
+    }))
+}
+
+/// One project with its quotas and use
+#[utoipa::path(get, path = "/api/v1/projects/{name}", tag = "projects",
+    extensions(("x-required-role" = json!("viewer"))),
+    params(("name" = tessera_model::schema::ProjectName, Path, description = "project name")),
+    responses((status = 200, description = "Project", body = ProjectView), (status = 404, description = "No such project", body = ErrorBody)))]
+pub async fn get_project(
+    State(state): State<AppState>,
+    Segment(name): Segment,
+) -> Result<Json<ProjectView>, ApiError> {
+    Ok(Json(state.control.get_project(&name).await?))
+}
+
+/// Create a project. Guarantees in a pool, all projects' together, must fit in what its
+/// hosts offer (`422` names the pool and the shortfall); limits may add up to more
+#[utoipa::path(post, path = "/api/v1/projects", tag = "projects", request_body = ProjectInput,
+    extensions(("x-required-role" = json!("admin"))),
+    responses((status = 201, description = "Created", body = Project), (status = 409, description = "A project of that name exists", body = ErrorBody)))]
+pub async fn create_project(
+    State(state): State<AppState>,
+    Body(input): Body<ProjectInput>,
+) -> Result<(StatusCode, Json<Project>), ApiError> {
+    let project = state.control.create_project(&input).await?;
+    Ok((StatusCode::CREATED, Json(project)))
+}
+
+/// Replace a project's weight and quotas (the body's name is the project's)
+#[utoipa::path(put, path = "/api/v1/projects/{name}", tag = "projects", request_body = ProjectInput,
+    extensions(("x-required-role" = json!("admin"))),
+    params(("name" = tessera_model::schema::ProjectName, Path, description = "project name")),
+    responses((status = 200, description = "Replaced", body = Project), (status = 404, description = "No such project", body = ErrorBody)))]
+pub async fn replace_project(
+    State(state): State<AppState>,
+    Segment(name): Segment,
+    Body(input): Body<ProjectInput>,
+) -> Result<Json<Project>, ApiError> {
+    Ok(Json(state.control.replace_project(&name, &input).await?))
+}
+
+/// Delete a project no service belongs to (`default` stays)
+#[utoipa::path(delete, path = "/api/v1/projects/{name}", tag = "projects",
+    extensions(("x-required-role" = json!("admin"))),
+    params(("name" = tessera_model::schema::ProjectName, Path, description = "project name")),
+    responses((status = 204, description = "Deleted"), (status = 404, description = "No such project", body = ErrorBody), (status = 409, description = "Services belong to it, or it is `default`", body = ErrorBody)))]
+pub async fn delete_project(
+    State(state): State<AppState>,
+    Segment(name): Segment,
+) -> Result<StatusCode, ApiError> {
+    state.control.delete_project(&name).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
