@@ -7,6 +7,7 @@ use crate::pages::consolidation::ConsolidationPage;
 use crate::pages::host::HostPage;
 use crate::pages::hosts::HostsPage;
 use crate::pages::overview::OverviewPage;
+use crate::pages::projects::ProjectsPage;
 use crate::pages::service::ServicePage;
 use crate::pages::service_new::ServiceWizardPage;
 use crate::pages::services::ServicesPage;
@@ -72,6 +73,7 @@ lazy_page!(TaskDefinitionRoute, TaskDefinitionPage);
 lazy_page!(SignInRoute, SignInPage);
 lazy_page!(AuditRoute, AuditPage);
 lazy_page!(ConsolidationRoute, ConsolidationPage);
+lazy_page!(ProjectsRoute, ProjectsPage);
 
 /// The document around the app, rendered on the server only.
 pub fn shell(options: LeptosOptions) -> impl IntoView {
@@ -134,6 +136,7 @@ pub fn App() -> impl IntoView {
                     <Route path=path!("/sign-in") view={ Lazy::<SignInRoute>::new() } />
                     <Route path=path!("/audit") view={ Lazy::<AuditRoute>::new() } />
                     <Route path=path!("/consolidation") view={ Lazy::<ConsolidationRoute>::new() } />
+                    <Route path=path!("/projects") view={ Lazy::<ProjectsRoute>::new() } />
                 </Routes>
             </main>
             <Transition fallback=|| ()>
@@ -157,6 +160,7 @@ fn MainNav(caller: Caller) -> impl IntoView {
             <A href="/services">"Services"</A>
             <A href="/task-definitions">"Task definitions"</A>
             <A href="/consolidation">"Consolidation"</A>
+            <A href="/projects">"Projects"</A>
             {admin.then(|| view! { <A href="/audit">"Audit log"</A> })}
         </nav>
         <form

@@ -53,6 +53,9 @@ pub struct PoolCapacity {
     pub snapshot: Snapshot,
     hosts: HashMap<HostId, HostIdx>,
     gpus: HashMap<GpuUuid, GpuIdx>,
+    /// Tasks whose stored allocation the snapshot could not take (their host reports less
+    /// than they hold now): they are in no placement of the snapshot.
+    pub not_in_snapshot: std::collections::HashSet<String>,
 }
 
 /// The engine's limits for `pool`.
@@ -103,6 +106,7 @@ impl PoolCapacity {
                 .collect(),
             gpus: HashMap::new(),
             snapshot,
+            not_in_snapshot: Default::default(),
         };
         for (i, h) in hosts.iter().enumerate() {
             let slots: Vec<GpuIdx> = capacity.snapshot.gpus_of(i as HostIdx).collect();
@@ -116,10 +120,12 @@ impl PoolCapacity {
             }
             let Some(placement) = capacity.placement(h.host, h.cpu, h.memory, h.allocations) else {
                 tracing::warn!(task = %h.task_id, "task holds a GPU its host no longer reports");
+                capacity.not_in_snapshot.insert(h.task_id.to_owned());
                 continue;
             };
             if let Err(e) = capacity.snapshot.assign(&placement) {
                 tracing::warn!(task = %h.task_id, error = %e, "stored allocation does not fit the host as reported now");
+                capacity.not_in_snapshot.insert(h.task_id.to_owned());
             }
         }
         capacity

@@ -206,7 +206,7 @@ impl Control {
         if patch.is_empty() {
             e.add(
                 "(body)",
-                "give desired_count, task_definition, strategy, constraints, deployment, stop_timeout_secs, deregistration_delay_secs, slo, alarms, bake_secs or autoscaling",
+                "give desired_count, task_definition, project, strategy, constraints, deployment, stop_timeout_secs, deregistration_delay_secs, slo, alarms, bake_secs or autoscaling",
             );
         }
         e.finish()?;
@@ -216,7 +216,12 @@ impl Control {
                 name: service.name.clone(),
                 task_definition: service.task_definition.to_string(),
                 pool: service.pool.to_string(),
-                project: Some(service.project.clone()),
+                project: Some(
+                    patch
+                        .project
+                        .clone()
+                        .unwrap_or_else(|| service.project.clone()),
+                ),
                 desired_count: service.desired_count,
                 strategy: match &patch.strategy {
                     Some(s) => s.clone(),
@@ -276,6 +281,16 @@ impl Control {
             // Only what the patch gives and changes is written.
             let mut change = crate::store::SettingsChange::default();
             let mut changed = Vec::new();
+            if patch.project.is_some() && new.project != service.project {
+                if self.store.get_project(&new.project).await.is_err() {
+                    return Err(ControlError::invalid(
+                        "project",
+                        format!("no project named {:?}", new.project),
+                    ));
+                }
+                changed.push(format!("project {}", new.project));
+                change.project = Some(new.project.clone());
+            }
             if patch.strategy.is_some() && new.strategy != service.strategy {
                 changed.push(format!(
                     "strategy {}",

@@ -171,6 +171,39 @@ async fn every_service_has_a_project_and_guarantees_must_fit_in_the_pool() {
     assert!(err.to_string().contains("1 service(s)"), "{err}");
     c.delete_project("prod").await.expect("empty");
     assert!(c.store().get_project("prod").await.is_err());
+
+    // A service moves to another project (one that exists); then research can go.
+    let err = c
+        .update_service(
+            "trainer",
+            &ServicePatch {
+                project: Some("prod".into()),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect_err("prod was deleted");
+    assert_eq!(fields(&err), ["project"]);
+    c.update_service(
+        "trainer",
+        &ServicePatch {
+            project: Some(DEFAULT_PROJECT.into()),
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("move");
+    assert_eq!(
+        c.store()
+            .get_service("trainer")
+            .await
+            .expect("service")
+            .project,
+        DEFAULT_PROJECT
+    );
+    c.delete_project("research")
+        .await
+        .expect("no service left in it");
 }
 
 #[tokio::test]

@@ -128,3 +128,16 @@ test("the overview shows density, pending work and events", async ({ page }) => 
   await page.screenshot({ path: "screenshots/overview.png", fullPage: true });
   expect(errors).toEqual([]);
 });
+
+test("the projects page shows each project's quota and use per pool", async ({ page }) => {
+  const errors = watchConsole(page);
+  await open(page, "/projects");
+  await expect(page.getByRole("heading", { name: "Projects" })).toBeVisible();
+  // The demo's services are all in the default project: it uses GPU memory in its pools.
+  const row = page.locator("table.projects tbody tr", { has: page.getByRole("rowheader", { name: "default" }) }).first();
+  await expect(row).toBeVisible();
+  await expect(row).toContainText("no limit");
+  await expect(row).toContainText("GPU memory");
+  await page.screenshot({ path: "screenshots/projects.png", fullPage: true });
+  expect(errors).toEqual([]);
+});

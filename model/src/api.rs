@@ -182,6 +182,14 @@ pub struct ServicePatch {
         skip_serializing_if = "Option::is_none"
     )]
     pub task_definition: Option<String>,
+    /// The project it belongs to from now on (its tasks count against that project's
+    /// quotas from the next pass).
+    #[serde(
+        default,
+        deserialize_with = "not_null",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub project: Option<String>,
     /// The placement policy for the service's next placements; `null`: the pool's.
     #[serde(
         default,
@@ -247,7 +255,8 @@ pub struct ServicePatch {
 impl ServicePatch {
     /// Whether it changes more than the count and the revision.
     pub fn changes_settings(&self) -> bool {
-        self.strategy.is_some()
+        self.project.is_some()
+            || self.strategy.is_some()
             || self.constraints.is_some()
             || self.deployment.is_some()
             || self.stop_timeout_secs.is_some()

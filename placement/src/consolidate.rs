@@ -156,10 +156,18 @@ impl Planner<'_> {
         let mut order = ids.to_vec();
         order.sort_by_key(|&i| std::cmp::Reverse(size(&self.tasks[i].request)));
         // Where each would go, with all of them gone.
-        for &i in &order {
-            self.engine
-                .release(&self.at[i])
-                .expect("a task's own placement is in the snapshot");
+        for (n, &i) in order.iter().enumerate() {
+            if self.engine.release(&self.at[i]).is_err() {
+                // Its placement is not in the snapshot (the caller's picture of the pool
+                // drifted): the source stays as it is.
+                for &j in order[..n].iter().rev() {
+                    self.engine
+                        .assign(&self.at[j])
+                        .expect("what was just released fits again");
+                    self.count(self.tasks[j].group, &self.at[j].clone(), 1);
+                }
+                return false;
+            }
             self.count(self.tasks[i].group, &self.at[i].clone(), -1);
         }
         self.close(goal, src, true);

@@ -12,6 +12,7 @@
 //! - [`engine`]: filter, score, choose; the policies (`policy`), binpack's index (`index`),
 //!   scoring (`scoring`), rejections explained (`explain`); batches and dry runs.
 //! - [`consolidate`]: consolidation plans: moves that empty partly used GPUs or hosts.
+//! - [`preempt`]: preemption plans: the fewest tasks to stop so that a waiting one fits.
 //! - [`profile`]: the workload's shape and the fragmentation measure built on it.
 //! - `gaps`: what a GPU's free share is worth to the workload, learned from its shape.
 //! - `classes`: hosts grouped by identical state, so each state is scored once.
@@ -27,6 +28,7 @@ mod classes;
 pub mod consolidate;
 pub mod engine;
 mod gaps;
+pub mod preempt;
 pub mod profile;
 pub mod reject;
 pub mod request;

@@ -292,3 +292,57 @@ fn two_half_empty_gpus_become_one() {
     assert_eq!(out.moves.len(), 1);
     assert_eq!(out.freed_gpus.len(), 1);
 }
+
+/// A task whose placement the snapshot does not hold (the caller's picture drifted: its
+/// host now reports less than it holds) is never released from it: the plan leaves its
+/// source alone instead of panicking.
+#[test]
+fn a_task_missing_from_the_snapshot_stays_and_nothing_panics() {
+    let host = HostSpec {
+        id: HostId::new("h").expect("valid"),
+        cpu: MilliCpu(64_000),
+        memory: MiB(256 * 1024),
+        labels: Default::default(),
+        active: true,
+        gpus: (0..2)
+            .map(|g| GpuSpec {
+                uuid: GpuUuid::new(format!("GPU-{g}")).expect("valid"),
+                model: "A16".into(),
+                memory: MiB(16 * 1024),
+                mps_client_limit: 8,
+                healthy: true,
+            })
+            .collect(),
+    };
+    let mut engine = Engine::new(
+        Snapshot::new(vec![host], PoolLimits::default()),
+        Policy::SpreadGpu,
+        &DemandProfile::default(),
+        1,
+    );
+    let req = TaskRequest::shared(MilliCpu(1000), MiB(1024), MiB(6 * 1024), None);
+    let placed = engine.try_place(&req).expect("room");
+    engine.assign(&placed).expect("fits");
+    // The second task's placement never reached the snapshot.
+    let mut missing = engine.try_place(&req).expect("room");
+    missing.gpus[0].gpu = placed.gpus[0].gpu;
+    missing.gpus[0].uuid = placed.gpus[0].uuid.clone();
+    missing.gpus[0].index = placed.gpus[0].index;
+    let tasks: Vec<Movable> = [placed, missing]
+        .into_iter()
+        .map(|p| Movable {
+            placement: p,
+            request: req.clone(),
+            group: 0,
+            fixed: false,
+        })
+        .collect();
+    let before = engine.snapshot().clone();
+    let out = plan(&mut engine, &tasks, Goal::Gpus, 10);
+    assert!(out.moves.is_empty(), "{:?}", out.moves);
+    assert_eq!(
+        engine.snapshot().gpu_usage(tasks[0].placement.gpus[0].gpu),
+        before.gpu_usage(tasks[0].placement.gpus[0].gpu),
+        "the snapshot is as it was"
+    );
+}

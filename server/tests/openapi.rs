@@ -56,11 +56,16 @@ const NOT_SHAPE: &[&str] = &[
     "needs an error counter",
     "needs tasks with a GPU",
     "must be at most max",
-    "needs a threshold",
-    "not both (make two alarms)",
     "which the task does not have",
     "but the task has no named port",
     "is a percentage: at most 100",
+    // Projects: a limit against its guarantee, guarantees against the pool, names that
+    // must exist or stay.
+    "must be at least the guarantee",
+    "has a quota already: one per pool",
+    "guaranteed in all, the pool has",
+    "no project named",
+    "a project keeps its name",
     // ECS's memory rule spans the task and its containers.
     "give memory or memoryReservation here, or the task's memory",
 ];
@@ -454,6 +459,11 @@ async fn the_document_and_the_router_agree_and_answers_match_their_schemas() {
         (
             "/api/v1/consolidation-plans",
             "/api/v1/consolidation-plans".to_owned(),
+        ),
+        ("/api/v1/projects", "/api/v1/projects".to_owned()),
+        (
+            "/api/v1/projects/{name}",
+            "/api/v1/projects/default".to_owned(),
         ),
         (
             "/api/v1/consolidation-plans/{id}",

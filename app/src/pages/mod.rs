@@ -6,6 +6,7 @@ pub mod host;
 pub mod hosts;
 pub mod join_tokens;
 pub mod overview;
+pub mod projects;
 pub mod service;
 pub mod service_new;
 pub mod services;

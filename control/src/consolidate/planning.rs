@@ -206,6 +206,10 @@ impl Control {
             }
             for t in mine {
                 let Some(h) = Held::of(t) else { continue };
+                // A task the snapshot could not take cannot be moved in it either.
+                if capacity.not_in_snapshot.contains(&t.id) {
+                    continue;
+                }
                 let Some(p) = capacity.placement(h.host, h.cpu, h.memory, h.allocations) else {
                     continue;
                 };
@@ -224,6 +228,7 @@ impl Control {
             .filter(|t| !services.iter().any(|s| s.name == t.service))
         {
             if let Some(h) = Held::of(t)
+                && !capacity.not_in_snapshot.contains(&t.id)
                 && let Some(p) = capacity.placement(h.host, h.cpu, h.memory, h.allocations)
             {
                 movable.push(Movable {

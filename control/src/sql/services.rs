@@ -263,6 +263,9 @@ impl ServiceStore for This {
         change: &crate::store::SettingsChange,
     ) -> Result<(), StoreError> {
         let mut q = QueryBuilder::<Db>::new("UPDATE services SET name = name");
+        if let Some(project) = &change.project {
+            q.push(", project = ").push_bind(project.clone());
+        }
         if let Some(strategy) = &change.strategy {
             q.push(", strategy = ")
                 .push_bind(strategy.map(|p| p.as_str()));

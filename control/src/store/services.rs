@@ -9,6 +9,8 @@ use tessera_model::taskdef::TaskDefinitionSpec;
 /// Settings of a service that change in place, each `None` when it stays.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SettingsChange {
+    /// The project it moves to.
+    pub project: Option<String>,
     /// `Some(None)`: back to the pool's policy.
     pub strategy: Option<Option<tessera_model::PlacementPolicy>>,
     pub constraints: Option<tessera_model::service::ServiceConstraints>,

@@ -89,29 +89,35 @@ string_schema!(
     }))
 );
 
-// By hand: an alarm needs a threshold (`above`, `below` or both), which the derive
-// cannot say.
+// By hand: an alarm has exactly one threshold (`above` or `below`), which the derive
+// cannot say. utoipa keeps `oneOf` only inside `allOf` (see DeploymentConfig).
 string_schema!(
     crate::work::Alarm,
     "Alarm",
     from_json(json!({
-        "type": "object",
-        "description": "Fires when `metric` stays above `above` (or below `below`) for `for_secs`. At least one threshold.",
-        "additionalProperties": false,
-        "required": ["metric"],
-        "properties": {
-            "metric": {"type": "string", "enum": [
-                crate::work::AlarmMetric::LatencyP99Ms.as_str(),
-                crate::work::AlarmMetric::ErrorRate.as_str(),
-                crate::work::AlarmMetric::CompletedPerSec.as_str(),
-            ]},
-            "above": {"type": ["number", "null"]},
-            "below": {"type": ["number", "null"]},
-            "for_secs": {"type": "integer", "default": 30, "minimum": 0, "maximum": crate::limits::ALARM_FOR_MAX_SECS}
-        },
-        "anyOf": [
-            {"type": "object", "required": ["above"], "properties": {"above": {"type": "number"}}},
-            {"type": "object", "required": ["below"], "properties": {"below": {"type": "number"}}}
+        "description": "Fires when `metric` stays above `above` (or below `below`) for `for_secs`. Exactly one threshold, a number of at least 0 (two thresholds: two alarms).",
+        "allOf": [
+            {
+                "type": "object",
+                "additionalProperties": false,
+                "required": ["metric"],
+                "properties": {
+                    "metric": {"type": "string", "enum": [
+                        crate::work::AlarmMetric::LatencyP99Ms.as_str(),
+                        crate::work::AlarmMetric::ErrorRate.as_str(),
+                        crate::work::AlarmMetric::CompletedPerSec.as_str(),
+                    ]},
+                    "above": {"type": ["number", "null"], "minimum": 0},
+                    "below": {"type": ["number", "null"], "minimum": 0},
+                    "for_secs": {"type": "integer", "default": 30, "minimum": 0, "maximum": crate::limits::ALARM_FOR_MAX_SECS}
+                }
+            },
+            {
+                "oneOf": [
+                    {"type": "object", "required": ["above"], "properties": {"above": {"type": "number"}}},
+                    {"type": "object", "required": ["below"], "properties": {"below": {"type": "number"}}}
+                ]
+            }
         ]
     }))
 );
@@ -127,6 +133,7 @@ string_schema!(
         "properties": {
             "desired_count": {"type": "integer", "minimum": 0, "maximum": crate::limits::MAX_DESIRED},
             "task_definition": {"type": "string", "pattern": TASK_DEF_REF_PATTERN, "description": "family:revision; a new revision starts a rolling deployment"},
+            "project": {"type": "string", "pattern": crate::ids::NAME_PATTERN, "maxLength": crate::ids::NAME_MAX, "description": "the project it belongs to from now on"},
             "strategy": {
                 "type": ["string", "null"],
                 "enum": crate::PlacementPolicy::ALL.iter().map(|p| json!(p.as_str())).chain([Value::Null]).collect::<Vec<_>>(),

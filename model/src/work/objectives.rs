@@ -126,6 +126,8 @@ pub struct Autoscaling {
     #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 100_000))]
     pub max: u32,
     pub metric: ScaleMetric,
+    /// The metric's value to hold. For `sm_percent` and `gpu_memory_percent` a percentage
+    /// (at most 100); `min` at most `max`.
     #[cfg_attr(feature = "openapi", schema(exclusive_minimum = 0.0))]
     pub target: f64,
     #[serde(default = "default_scale_out_cooldown")]

@@ -22,13 +22,21 @@ use tessera_model::schema::Username;
 use tessera_model::urlenc::{encode, form_field};
 use tower_sessions::Session;
 
-/// Credentials, as JSON or as the console's sign-in form (which may add `next`, the page
-/// to go to).
+/// Credentials, as JSON.
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SignIn {
     username: String,
     password: String,
+}
+
+/// The console's sign-in form: credentials, and the page to go to after.
+#[derive(utoipa::ToSchema)]
+pub struct SignInForm {
+    username: String,
+    password: String,
+    /// A page of the console (a local path); anything else goes to `/`.
+    next: Option<String>,
 }
 
 /// A page of the console to go to after signing in: a local path only, never another site.
@@ -70,7 +78,7 @@ pub(crate) fn caller_of(authn: Option<&Authn>) -> Result<Caller, ApiError> {
     extensions(("x-required-role" = json!("none"))),
     request_body(content(
         (SignIn = "application/json"),
-        (SignIn = "application/x-www-form-urlencoded"),
+        (SignInForm = "application/x-www-form-urlencoded"),
     )),
     responses(
         (status = 200, description = "Signed in (JSON)", body = UserInfo),
@@ -99,17 +107,25 @@ pub async fn sign_in(State(state): State<AppState>, req: Request) -> Response {
     let (input, next) = if form {
         let text = String::from_utf8_lossy(&body);
         let field = |name: &str| form_field(&text, name);
+        let f = SignInForm {
+            username: field("username").unwrap_or_default(),
+            password: field("password").unwrap_or_default(),
+            next: field("next"),
+        };
         (
             SignIn {
-                username: field("username").unwrap_or_default(),
-                password: field("password").unwrap_or_default(),
+                username: f.username,
+                password: f.password,
             },
-            Some(local_path(field("next").as_deref())),
+            Some(local_path(f.next.as_deref())),
         )
     } else {
-        match serde_json::from_slice::<SignIn>(&body) {
+        let read = serde_json::from_slice(&body)
+            .map_err(|e| e.to_string())
+            .and_then(super::strict::from_value::<SignIn>);
+        match read {
             Ok(i) => (i, None),
-            Err(e) => return ApiError::WrongShape(e.to_string()).into_response(),
+            Err(e) => return ApiError::WrongShape(e).into_response(),
         }
     };
     let outcome = state
