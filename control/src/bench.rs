@@ -134,6 +134,7 @@ pub async fn create_service(
             task_definition: "bench:1".into(),
             pool: pool.into(),
             project: None,
+            priority: None,
             desired_count: desired as u32,
             strategy: None,
             constraints: Default::default(),

@@ -293,6 +293,7 @@ mod tests {
             task_definition: format!("{}:{}", def.family, def.revision),
             pool: "gpu".into(),
             project: None,
+            priority: None,
             desired_count: 0,
             strategy: None,
             constraints: ServiceConstraints::default(),

@@ -10,6 +10,8 @@
 //! - `config`: `ControlConfig`, the timings and limits.
 //! - `workloads`: pools, task definitions and services as operators change them.
 //! - `hosts`: operators' host operations (drain, activate).
+//! - `preemption`: stopping lower-priority tasks that use borrowed capacity so that a
+//!   waiting task of a project within its guarantee fits.
 //! - [`projects`]: projects and their quotas: guarantees checked against pools, what each
 //!   project uses, the limit the scheduler holds placements to.
 //! - `run`: the reconcile loop (ticks, the lease, supervised passes).
@@ -67,6 +69,7 @@ mod lifecycle;
 mod parts;
 mod plan;
 pub mod postgres;
+mod preemption;
 pub mod projects;
 mod reconcile;
 mod run;

@@ -252,6 +252,7 @@ mod tests {
             task_definition: rev(2),
             pool: PoolName::new("gpu").expect("valid"),
             project: "default".into(),
+            priority: Default::default(),
             desired_count: desired,
             strategy: None,
             constraints: ServiceConstraints::default(),

@@ -176,13 +176,12 @@ impl Control {
         for t in &pending {
             by_pool.entry(t.pool.clone()).or_default().push(t);
         }
-        // Projects whose limits bound placement, by name (none: nothing to count).
-        let limited: HashMap<String, Project> = self
+        // Every project, for limits (placement) and guarantees (preemption).
+        let projects: HashMap<String, Project> = self
             .store
             .list_projects()
             .await?
             .into_iter()
-            .filter(|p| p.quotas.iter().any(|q| q.limit != Amounts::default()))
             .map(|p| (p.name.clone(), p))
             .collect();
         let mut placed_total = 0;
@@ -237,9 +236,12 @@ impl Control {
             }
             let mut commits = Vec::new();
             let mut complaints: Vec<(String, Vec<String>, String)> = Vec::new();
+            // The first task of each service that found no room (not held by its own
+            // project's limit): preemption may make room for it once this pass commits.
+            let mut short: Vec<(String, TaskRequest)> = Vec::new();
             // What each project uses in the pool, read fresh (the cached engine does not
             // know projects) when any project has a limit here; each placement adds to it.
-            let limits: HashMap<&str, Amounts> = limited
+            let limits: HashMap<&str, Amounts> = projects
                 .values()
                 .filter_map(|p| Some((p.name.as_str(), p.quota(pool.as_str())?.limit)))
                 .filter(|(_, l)| *l != Amounts::default())
@@ -285,6 +287,7 @@ impl Control {
                     .interference_avoid(service, &services.values().collect::<Vec<_>>())
                     .await?;
                 let (mut kept_off, mut beside) = (0usize, 0usize);
+                let (mut held_by_limit, mut wanting) = (false, None::<TaskRequest>);
                 for t in tasks {
                     let mut req = with_live(
                         request_for(&specs[&t.task_definition], c, BTreeSet::new()),
@@ -329,6 +332,7 @@ impl Control {
                             &allocations(p),
                         ));
                         if let Some(over) = after.exceeds(limit) {
+                            held_by_limit = true;
                             if sentence.is_empty() {
                                 sentence = format!(
                                     "unable to place task ({}): project `{}` is at its limit in pool `{}`: it would use {over}",
@@ -365,6 +369,9 @@ impl Control {
                             if sentence.is_empty() {
                                 sentence = rejection.to_string();
                             }
+                            if wanting.is_none() {
+                                wanting = Some(req.clone());
+                            }
                             unplaced.push(t.id.clone());
                         }
                     }
@@ -398,6 +405,9 @@ impl Control {
                     )
                     .await;
                 }
+                if let (false, Some(req)) = (held_by_limit, wanting) {
+                    short.push((name.clone(), req));
+                }
                 if !unplaced.is_empty() {
                     complaints.push((name, unplaced, sentence));
                 } else {
@@ -418,6 +428,12 @@ impl Control {
                 self.wake();
             } else {
                 self.scheduling.engines.insert(pool.clone(), cached);
+            }
+            for (name, req) in short {
+                if let Some(service) = services.get(&name) {
+                    self.preempt_for(&pool, service, &req, &services, &projects)
+                        .await?;
+                }
             }
             for (service, ids, sentence) in complaints {
                 self.store.set_placement_message(&ids, &sentence).await?;

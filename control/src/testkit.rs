@@ -377,6 +377,7 @@ pub async fn service(
             task_definition: def.into(),
             pool: "gpu".into(),
             project: None,
+            priority: None,
             desired_count: count,
             strategy: None,
             constraints: ServiceConstraints::default(),

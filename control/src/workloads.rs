@@ -206,7 +206,7 @@ impl Control {
         if patch.is_empty() {
             e.add(
                 "(body)",
-                "give desired_count, task_definition, project, strategy, constraints, deployment, stop_timeout_secs, deregistration_delay_secs, slo, alarms, bake_secs or autoscaling",
+                "give desired_count, task_definition, project, priority, strategy, constraints, deployment, stop_timeout_secs, deregistration_delay_secs, slo, alarms, bake_secs or autoscaling",
             );
         }
         e.finish()?;
@@ -221,6 +221,12 @@ impl Control {
                         .project
                         .clone()
                         .unwrap_or_else(|| service.project.clone()),
+                ),
+                priority: Some(
+                    patch
+                        .priority
+                        .clone()
+                        .unwrap_or_else(|| service.priority.as_str().to_owned()),
                 ),
                 desired_count: service.desired_count,
                 strategy: match &patch.strategy {
@@ -290,6 +296,10 @@ impl Control {
                 }
                 changed.push(format!("project {}", new.project));
                 change.project = Some(new.project.clone());
+            }
+            if patch.priority.is_some() && new.priority != service.priority {
+                changed.push(format!("priority {}", new.priority));
+                change.priority = Some(new.priority);
             }
             if patch.strategy.is_some() && new.strategy != service.strategy {
                 changed.push(format!(

@@ -229,6 +229,7 @@ async fn a_per_gpu_cap_spreads_a_service_and_the_preview_explains_what_it_refuse
         task_definition: def,
         pool: "gpu".into(),
         project: None,
+        priority: None,
         desired_count: 3,
         strategy: Some("binpack".into()),
         constraints,
@@ -270,6 +271,7 @@ async fn a_per_gpu_cap_spreads_a_service_and_the_preview_explains_what_it_refuse
             task_definition: "capped:1".into(),
             pool: "gpu".into(),
             project: None,
+            priority: None,
             desired_count: 1,
             strategy: None,
             constraints: tessera_model::service::ServiceConstraints {

@@ -51,6 +51,7 @@ async fn service_in(
         task_definition: def.into(),
         pool: "gpu".into(),
         project: Some(project.into()),
+        priority: None,
         desired_count: count,
         strategy: None,
         constraints: ServiceConstraints::default(),
@@ -92,6 +93,7 @@ async fn every_service_has_a_project_and_guarantees_must_fit_in_the_pool() {
     let err = c
         .create_service(&ServiceInput {
             project: Some("nobody".into()),
+            priority: None,
             ..serde_json::from_value(json!({"name": "x", "task_definition": def, "pool": "gpu"}))
                 .expect("input")
         })
@@ -326,4 +328,123 @@ async fn a_whole_gpu_limit_counts_gpus_and_a_replaced_name_is_refused() {
         c.replace_project("ghost", &project("ghost", vec![])).await,
         Err(ControlError::NotFound(_))
     ));
+}
+
+async fn service_with(
+    c: &tessera_control::Control,
+    name: &str,
+    def: &str,
+    count: u32,
+    project: &str,
+    priority: &str,
+) {
+    c.create_service(&ServiceInput {
+        priority: Some(priority.into()),
+        ..serde_json::from_value(json!({
+            "name": name, "task_definition": def, "pool": "gpu", "desired_count": count,
+            "project": project, "stop_timeout_secs": 5, "deregistration_delay_secs": 0
+        }))
+        .expect("input")
+    })
+    .await
+    .expect("service");
+}
+
+/// A production task of a project within its guarantee takes room from batch tasks that
+/// borrow: the fewest are stopped (two 12 GiB tasks on one GPU for 20 GiB), events say who
+/// preempted whom, the batch service's replacements wait, and the production task is placed
+/// once the victims have stopped. Nothing else is stopped meanwhile.
+#[tokio::test]
+async fn a_guaranteed_production_task_preempts_the_fewest_borrowing_batch_tasks() {
+    let env = env(fast()).await;
+    let c = &env.control;
+    let a = host(c, "a", 2, 24).await;
+    c.create_project(&project("lab", vec![]))
+        .await
+        .expect("no quota: all it uses is borrowed");
+    c.create_project(&project(
+        "prod",
+        vec![quota("gpu", gpu_memory_gib(24), Amounts::default())],
+    ))
+    .await
+    .expect("prod");
+    let small = register_def(c, "crunch", 12, 40).await;
+    let big = register_def(c, "api", 20, 50).await;
+    service_with(c, "crunch", &small, 4, "lab", "batch").await;
+    c.reconcile_once().await.expect("pass");
+    sync(c, &a).await;
+    assert_eq!(
+        tasks(c, "crunch", &[TaskState::Running]).await.len(),
+        4,
+        "both GPUs full"
+    );
+
+    // A task of equal or lower priority never preempts: another batch service waits.
+    service_with(c, "other", &big, 1, "prod", "batch").await;
+    c.reconcile_once().await.expect("pass");
+    assert_eq!(tasks(c, "crunch", &[TaskState::Running]).await.len(), 4);
+    c.delete_service("other").await.expect("delete");
+    c.reconcile_once().await.expect("pass");
+
+    service_with(c, "api", &big, 1, "prod", "production").await;
+    c.reconcile_once().await.expect("pass");
+    let stopping = tasks(c, "crunch", &[TaskState::Stopping, TaskState::Stopped]).await;
+    assert_eq!(stopping.len(), 2, "the fewest that free 20 GiB on one GPU");
+    let gpus: std::collections::HashSet<_> = stopping
+        .iter()
+        .map(|t| t.allocations.first().map(|a| a.gpu.clone()))
+        .collect();
+    assert!(gpus.len() <= 1, "both on one GPU");
+    for t in &stopping {
+        let why = t.stop_reason.as_deref().expect("a reason");
+        assert!(
+            why.contains("preempted: service api (project prod, production)"),
+            "{why}"
+        );
+    }
+    let events = c
+        .store()
+        .list_events(&tessera_control::store::EventFilter {
+            service: Some("crunch".into()),
+            limit: 50,
+            ..Default::default()
+        })
+        .await
+        .expect("events");
+    assert!(
+        events.iter().any(|e| e
+            .message
+            .contains("preempted for service api (project prod, production)")),
+        "{events:?}"
+    );
+    // Until the victims let go, the next pass stops nothing more.
+    c.reconcile_once().await.expect("pass");
+    assert_eq!(
+        tasks(c, "crunch", &[TaskState::Stopping, TaskState::Stopped])
+            .await
+            .len(),
+        2
+    );
+
+    // The agent stops them; the production task gets the GPU; crunch's replacements wait.
+    sync(c, &a).await;
+    c.reconcile_once().await.expect("pass");
+    c.reconcile_once().await.expect("pass");
+    assert_eq!(
+        tasks(c, "api", &[TaskState::Assigned, TaskState::Running])
+            .await
+            .len(),
+        1
+    );
+    let crunch_live = tasks(c, "crunch", LIVE).await;
+    assert_eq!(crunch_live.len(), 4, "replacements for the stopped ones");
+    assert_eq!(
+        crunch_live
+            .iter()
+            .filter(|t| t.state == TaskState::Pending)
+            .count(),
+        2,
+        "they wait: the batch class takes nothing back"
+    );
+    assert_no_overcommit(c).await;
 }

@@ -38,6 +38,7 @@ async fn web_service(c: &tessera_control::Control, def: &str, count: u32, delay:
         task_definition: def.into(),
         pool: "gpu".into(),
         project: None,
+        priority: None,
         desired_count: count,
         strategy: None,
         constraints: ServiceConstraints::default(),

@@ -42,6 +42,7 @@ async fn a_gpu_is_shown_as_the_scheduler_counts_it_with_the_pools_overcommit() {
             task_definition: def,
             pool: "over".into(),
             project: None,
+            priority: None,
             desired_count: 3,
             strategy: None,
             constraints: ServiceConstraints::default(),

@@ -69,6 +69,7 @@ fn input(name: &str, def: &str, count: u32, label: &str) -> ServiceInput {
         task_definition: def.into(),
         pool: "gpu".into(),
         project: None,
+        priority: None,
         desired_count: count,
         strategy: Some("binpack".into()),
         constraints: ServiceConstraints {

@@ -14,3 +14,7 @@ INSERT INTO projects (name) VALUES ('default');
 -- control plane checks that a service's project exists.
 ALTER TABLE services ADD COLUMN project TEXT NOT NULL DEFAULT 'default';
 CREATE INDEX services_project ON services (project);
+
+-- A service's priority class: a waiting task of a higher class may have tasks of a lower
+-- class that use borrowed capacity stopped to make room.
+ALTER TABLE services ADD COLUMN priority TEXT NOT NULL DEFAULT 'default' CHECK (priority IN ('batch', 'default', 'production'));

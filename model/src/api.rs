@@ -110,6 +110,11 @@ pub struct ServiceInput {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::fields::optional_name))]
     pub project: Option<String>,
+    /// `batch`, `default` (the default) or `production`: a waiting task of a higher class
+    /// may take room from tasks of a lower one that use borrowed capacity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::fields::optional_priority))]
+    pub priority: Option<String>,
     #[serde(default = "default_desired")]
     #[cfg_attr(
         feature = "openapi",
@@ -190,6 +195,13 @@ pub struct ServicePatch {
         skip_serializing_if = "Option::is_none"
     )]
     pub project: Option<String>,
+    /// Its priority class from now on (`batch`, `default`, `production`).
+    #[serde(
+        default,
+        deserialize_with = "not_null",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub priority: Option<String>,
     /// The placement policy for the service's next placements; `null`: the pool's.
     #[serde(
         default,
@@ -256,6 +268,7 @@ impl ServicePatch {
     /// Whether it changes more than the count and the revision.
     pub fn changes_settings(&self) -> bool {
         self.project.is_some()
+            || self.priority.is_some()
             || self.strategy.is_some()
             || self.constraints.is_some()
             || self.deployment.is_some()

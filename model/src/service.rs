@@ -143,6 +143,9 @@ pub struct Service {
     /// The project it belongs to ([`crate::project::DEFAULT_PROJECT`] unless it said).
     #[serde(default = "default_project")]
     pub project: String,
+    /// Its tasks' priority class (`default` unless it said).
+    #[serde(default)]
+    pub priority: PriorityClass,
     pub desired_count: u32,
     /// Overrides the pool's placement policy when set.
     pub strategy: Option<PlacementPolicy>,
@@ -232,6 +235,34 @@ impl TaskState {
     pub fn is_live(self) -> bool {
         self != TaskState::Stopped
     }
+}
+
+word_enum!(
+    /// How much a service's tasks matter when a pool is short: a waiting task of a higher
+    /// class, of a project within its guarantee, may have tasks of a lower class that use
+    /// borrowed capacity stopped to make room (preemption). Ordered: batch < default <
+    /// production.
+    PriorityClass {
+        Batch => "batch",
+        Default => "default",
+        Production => "production",
+    }
+);
+
+// By hand: `word_enum!` takes no attributes on variants, so `#[default]` cannot be said.
+#[allow(clippy::derivable_impls)]
+impl Default for PriorityClass {
+    fn default() -> Self {
+        PriorityClass::Default
+    }
+}
+
+impl PriorityClass {
+    pub const ALL: [PriorityClass; 3] = [
+        PriorityClass::Batch,
+        PriorityClass::Default,
+        PriorityClass::Production,
+    ];
 }
 
 word_enum!(

@@ -135,6 +135,13 @@ pub fn service(input: &ServiceInput) -> Result<Service, ValidationErrors> {
     if !ids::is_valid_name(&project) {
         e.add("project", ids::NAME_RULE);
     }
+    let priority = match &input.priority {
+        None => Some(crate::service::PriorityClass::default()),
+        Some(p) => p
+            .parse()
+            .map_err(|err: ParseEnumError| e.add("priority", err.to_string()))
+            .ok(),
+    };
     e.desired_count(input.desired_count);
     let strategy = e.strategy(input.strategy.as_ref());
     let deployment = input.deployment.unwrap_or_default();
@@ -188,6 +195,7 @@ pub fn service(input: &ServiceInput) -> Result<Service, ValidationErrors> {
         task_definition: task_definition.expect("validated"),
         pool: pool.expect("validated"),
         project,
+        priority: priority.expect("validated"),
         desired_count: input.desired_count,
         strategy: strategy.expect("validated"),
         constraints: input.constraints.clone(),
@@ -237,6 +245,7 @@ mod tests {
             task_definition: "nope".into(),
             pool: "".into(),
             project: None,
+            priority: None,
             desired_count: MAX_DESIRED + 1,
             strategy: Some("random".into()),
             constraints: ServiceConstraints::default(),

@@ -202,6 +202,7 @@ pub async fn seed(control: &Control) -> Result<(), ControlError> {
                     task_definition: format!("{family}:1"),
                     pool: pool.into(),
                     project: None,
+                    priority: None,
                     desired_count: count,
                     // One service spreads its tasks over GPUs, as operators do for
                     // isolation: the consolidation page then has GPUs to free.

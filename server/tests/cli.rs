@@ -258,6 +258,15 @@ fn login_reads_the_fleet_acts_on_it_and_logout_ends_the_token() {
             .as_array()
             .is_some_and(|l| l.len() == 6 && l.iter().all(|s| s["running"] == s["desired_count"]))
     });
+    // Projects: the demo's services are all in `default`, which uses GPU memory somewhere.
+    let projects = s.ok(&["get", "projects"]);
+    assert!(projects.starts_with("PROJECT"), "{projects}");
+    assert!(
+        projects.lines().any(|l| l.starts_with("default")
+            && l.contains("no limit")
+            && l.contains("GPU memory")),
+        "{projects}"
+    );
     let hosts = s.ok(&["get", "hosts"]);
     assert!(hosts.starts_with("HOST"), "{hosts}");
     for h in ["sim-l4-1", "sim-l4-2", "sim-h100-1", "sim-h100-2"] {

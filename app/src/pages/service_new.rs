@@ -159,6 +159,7 @@ fn Wizard(defs: Vec<String>, pools: Vec<PoolInfo>) -> impl IntoView {
         task_definition: def.get(),
         pool: pool.get(),
         project: None,
+        priority: None,
         desired_count: number(count.get()),
         strategy: Some(strategy.get()).filter(|s| !s.is_empty()),
         constraints: constraints(),

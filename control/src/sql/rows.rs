@@ -13,7 +13,7 @@ pub(super) const GPU_COLUMNS: &str =
 pub(super) const TASK_COLUMNS: &str = "id, service, deployment_id, family, revision, pool, cpu_milli, memory_mib, state, migrating, host_id, placement_message, \
      stop_reason, exit_code, gpu_memory_peak_mib, sm_percent, ports, health, health_output, drain_until, work, created_at, started_at, stopped_at";
 
-pub(super) const SERVICE_COLUMNS: &str = "name, family, revision, pool, project, desired_count, strategy, constraints, \
+pub(super) const SERVICE_COLUMNS: &str = "name, family, revision, pool, project, priority, desired_count, strategy, constraints, \
      minimum_healthy_percent, maximum_percent, stop_timeout_secs, deregistration_delay_secs, objectives, deleting, created_at";
 
 pub(super) fn allocation_from_row(row: &DbRow) -> Result<GpuAllocation, StoreError> {
@@ -161,6 +161,7 @@ pub(super) fn service_from_row(row: &DbRow) -> Result<Service, StoreError> {
         pool: PoolName::new(row.try_get::<String, _>("pool")?)
             .map_err(|e| StoreError::corrupt("service pool", e))?,
         project: row.try_get("project")?,
+        priority: parse("service priority", &row.try_get::<String, _>("priority")?)?,
         desired_count: row.try_get::<i64, _>("desired_count")? as u32,
         strategy: strategy
             .map(|s| parse::<PlacementPolicy>("service strategy", &s))

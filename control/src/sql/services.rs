@@ -137,8 +137,8 @@ impl ServiceStore for This {
         let mut tx = self.begin_immediate().await?;
         sqlx::query(
             "INSERT INTO services (name, family, revision, pool, desired_count, strategy, constraints,
-                 minimum_healthy_percent, maximum_percent, stop_timeout_secs, deregistration_delay_secs, objectives, project)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+                 minimum_healthy_percent, maximum_percent, stop_timeout_secs, deregistration_delay_secs, objectives, project, priority)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
         )
         .bind(&s.name)
         .bind(&s.task_definition.family)
@@ -153,6 +153,7 @@ impl ServiceStore for This {
         .bind(i64::from(s.deregistration_delay_secs))
         .bind(objectives_json(&s.objectives)?)
         .bind(&s.project)
+        .bind(s.priority.as_str())
         .execute(&mut *tx)
         .await
         .map_err(|e| match &e {
@@ -265,6 +266,9 @@ impl ServiceStore for This {
         let mut q = QueryBuilder::<Db>::new("UPDATE services SET name = name");
         if let Some(project) = &change.project {
             q.push(", project = ").push_bind(project.clone());
+        }
+        if let Some(priority) = change.priority {
+            q.push(", priority = ").push_bind(priority.as_str());
         }
         if let Some(strategy) = &change.strategy {
             q.push(", strategy = ")

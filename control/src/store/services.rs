@@ -11,6 +11,7 @@ use tessera_model::taskdef::TaskDefinitionSpec;
 pub struct SettingsChange {
     /// The project it moves to.
     pub project: Option<String>,
+    pub priority: Option<tessera_model::service::PriorityClass>,
     /// `Some(None)`: back to the pool's policy.
     pub strategy: Option<Option<tessera_model::PlacementPolicy>>,
     pub constraints: Option<tessera_model::service::ServiceConstraints>,

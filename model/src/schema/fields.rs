@@ -96,3 +96,13 @@ pub fn optional_admission() -> Schema {
     names.push(Value::Null);
     from_json(json!({ "type": ["string", "null"], "enum": names }))
 }
+
+/// An optional priority class given as text.
+pub fn optional_priority() -> Schema {
+    let mut names: Vec<Value> = crate::service::PriorityClass::ALL
+        .iter()
+        .map(|p| json!(p.as_str()))
+        .collect();
+    names.push(Value::Null);
+    from_json(json!({ "type": ["string", "null"], "enum": names }))
+}

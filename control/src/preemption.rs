@@ -1,0 +1,259 @@
+//! Preemption: when a task of a project within its guarantee cannot be placed, tasks of a
+//! lower priority class that use borrowed capacity are stopped to make room for it.
+//!
+//! The scheduler asks after a pass's placements are committed, once per waiting service
+//! and pool. The plan (`tessera_placement::preempt`) stops the fewest tasks, lowest
+//! priority then smallest, on one GPU or host, and never takes a project below its
+//! guarantee. The victims are stopped as any stop is (out of the endpoint list first,
+//! then signalled); their services start replacements, which wait like any other task.
+//! The waiting task is placed on a later pass, once the victims have let go; until then,
+//! the stopping tasks' room counts as free, so nothing more is stopped for it.
+
+use crate::capacity::{Held, PoolCapacity};
+use crate::control::Control;
+use crate::error::ControlError;
+use crate::projects::usage_by_project;
+use std::collections::HashMap;
+use tessera_model::HostStatus;
+use tessera_model::PoolName;
+use tessera_model::project::{Project, Usage};
+use tessera_model::service::{PriorityClass, Service, TaskState};
+use tessera_placement::preempt::{self, Ask, Budget, GpuNeed, GpuRoom, HostRoom, Victim};
+use tessera_placement::{GpuDemand, TaskRequest};
+
+/// What the waiting task would add to its project's use.
+fn demand(req: &TaskRequest) -> Usage {
+    let mut u = Usage {
+        cpu_milli: req.cpu.0,
+        memory_mib: req.memory.0,
+        ..Default::default()
+    };
+    match req.gpu {
+        GpuDemand::None => {}
+        GpuDemand::Whole { count } => u.gpus = u64::from(count),
+        GpuDemand::Shared { memory, compute } => {
+            u.gpu_memory_mib = memory.0;
+            u.compute_milli = compute.map_or(0, |c| u64::from(c.0));
+        }
+    }
+    u
+}
+
+fn rank(p: PriorityClass) -> u32 {
+    match p {
+        PriorityClass::Batch => 0,
+        PriorityClass::Default => 1,
+        PriorityClass::Production => 2,
+    }
+}
+
+impl Control {
+    /// Stops tasks to make room for a task of `service` that `req` describes, if the plan
+    /// allows it; how many it stopped.
+    pub(crate) async fn preempt_for(
+        &self,
+        pool: &PoolName,
+        service: &Service,
+        req: &TaskRequest,
+        services: &HashMap<String, Service>,
+        projects: &HashMap<String, Project>,
+    ) -> Result<usize, ControlError> {
+        if service.priority == PriorityClass::Batch {
+            return Ok(0);
+        }
+        // Only a project within its guarantee here, with this task, takes room back.
+        let Some(own) = projects
+            .get(&service.project)
+            .and_then(|p| p.quota(pool.as_str()))
+        else {
+            return Ok(0);
+        };
+        if own.guaranteed == Default::default() {
+            return Ok(0);
+        }
+        let (info, hosts, holding) = self.pool_state(pool).await?;
+        let project_of: HashMap<String, String> = services
+            .values()
+            .map(|s| (s.name.clone(), s.project.clone()))
+            .collect();
+        let used = usage_by_project(&holding, &project_of);
+        let mine = used.get(&service.project).copied().unwrap_or_default();
+        if mine.plus(&demand(req)).exceeds(&own.guaranteed).is_some() {
+            return Ok(0);
+        }
+        let capacity = PoolCapacity::build(&info, &hosts, holding.iter().filter_map(Held::of));
+        let snap = &capacity.snapshot;
+        // Each project may lose what it borrows beyond its guarantee.
+        let mut project_index: HashMap<String, usize> = HashMap::new();
+        let mut budgets = Vec::new();
+        for (name, u) in &used {
+            let guaranteed = projects
+                .get(name)
+                .and_then(|p| p.quota(pool.as_str()))
+                .map(|q| q.guaranteed.or_zero())
+                .unwrap_or_default();
+            let b = u.above(&guaranteed);
+            project_index.insert(name.clone(), budgets.len());
+            budgets.push(Budget {
+                gpu_memory: b.gpu_memory_mib,
+                compute: b.compute_milli,
+                gpus: b.gpus,
+                cpu: b.cpu_milli,
+                memory: b.memory_mib,
+            });
+        }
+        // Room now, with what stopping tasks hold counted as free (it soon is).
+        let mut rooms: Vec<HostRoom> = (0..snap.host_count())
+            .map(|h| {
+                let h = h as tessera_placement::HostIdx;
+                let (cpu, memory) = snap.host_free(h);
+                HostRoom {
+                    free_cpu: cpu.0,
+                    free_memory: memory.0,
+                    gpus: snap
+                        .gpus_of(h)
+                        .map(|g| {
+                            let u = snap.gpu_usage(g);
+                            GpuRoom {
+                                free_memory: u.memory_free.0,
+                                free_compute: u64::from(u.compute_free.0),
+                                free_clients: u.client_limit.saturating_sub(u.clients),
+                                pinned: false,
+                                usable: true,
+                            }
+                        })
+                        .collect(),
+                    usable: false,
+                }
+            })
+            .collect();
+        for (h, host) in hosts.iter().enumerate() {
+            if let Some(room) = rooms.get_mut(h) {
+                room.usable = host.status == HostStatus::Active && !host.held;
+                for (g, gpu) in host.gpus.iter().enumerate() {
+                    if let Some(r) = room.gpus.get_mut(g) {
+                        r.usable = gpu.health == tessera_model::GpuHealth::Healthy;
+                    }
+                }
+            }
+        }
+        let mut victims = Vec::new();
+        let mut victim_ids = Vec::new();
+        for t in &holding {
+            let Some(h) = Held::of(t) else { continue };
+            if capacity.not_in_snapshot.contains(&t.id) {
+                continue;
+            }
+            let Some(p) = capacity.placement(h.host, h.cpu, h.memory, h.allocations) else {
+                continue;
+            };
+            let host = p.host as usize;
+            let slot = |g: tessera_placement::GpuIdx| {
+                snap.gpus_of(p.host)
+                    .position(|x| x == g)
+                    .expect("a placement's GPU is on its host")
+            };
+            if t.state == TaskState::Stopping {
+                let room = &mut rooms[host];
+                room.free_cpu += t.cpu.0;
+                room.free_memory += t.memory.0;
+                for s in &p.gpus {
+                    let r = &mut room.gpus[slot(s.gpu)];
+                    r.free_memory += s.memory.0;
+                    r.free_compute += u64::from(s.compute.0);
+                    r.free_clients += 1;
+                }
+                continue;
+            }
+            let owner = services.get(&t.service);
+            let lower = owner.is_some_and(|s| s.priority < service.priority);
+            let project = owner.map_or(tessera_model::project::DEFAULT_PROJECT, |s| {
+                s.project.as_str()
+            });
+            match project_index.get(project) {
+                Some(&pi) if lower && !t.migrating => {
+                    victims.push(Victim {
+                        host,
+                        slots: p
+                            .gpus
+                            .iter()
+                            .map(|s| (slot(s.gpu), s.memory.0, u64::from(s.compute.0)))
+                            .collect(),
+                        cpu: t.cpu.0,
+                        memory: t.memory.0,
+                        whole: p.gpus.iter().any(|s| s.dedicated),
+                        priority: owner.map_or(0, |s| rank(s.priority)),
+                        project: pi,
+                    });
+                    victim_ids.push(t);
+                }
+                _ => {
+                    for s in &p.gpus {
+                        rooms[host].gpus[slot(s.gpu)].pinned = true;
+                    }
+                }
+            }
+        }
+        let ask = Ask {
+            gpu: match req.gpu {
+                GpuDemand::None => GpuNeed::None,
+                GpuDemand::Whole { count } => GpuNeed::Whole {
+                    count: count as usize,
+                },
+                GpuDemand::Shared { memory, compute } => GpuNeed::Shared {
+                    memory: memory.0,
+                    compute: compute.map_or(0, |c| u64::from(c.0)),
+                },
+            },
+            cpu: req.cpu.0,
+            memory: req.memory.0,
+        };
+        let Some(plan) = preempt::plan(&rooms, &victims, &budgets, &ask) else {
+            return Ok(0);
+        };
+        for &v in &plan.stop {
+            let t = victim_ids[v];
+            let owner = services.get(&t.service);
+            let reason = format!(
+                "preempted: service {} (project {}, {}) needs the room",
+                service.name, service.project, service.priority
+            );
+            let drain = owner.filter(|s| s.deregistration_delay_secs > 0).map(|s| {
+                crate::clock::stamp(
+                    self.now() + chrono::Duration::seconds(i64::from(s.deregistration_delay_secs)),
+                )
+            });
+            self.store
+                .request_task_stop(&t.id, &reason, drain.as_deref(), false)
+                .await?;
+            self.event(
+                Some(&t.service),
+                Some(&hosts[plan.host].id),
+                &format!(
+                    "task {} of {} (project {}, {}) preempted for service {} (project {}, {}): its project borrows beyond its guarantee",
+                    t.id,
+                    t.service,
+                    owner.map_or(tessera_model::project::DEFAULT_PROJECT, |s| s.project.as_str()),
+                    owner.map_or(PriorityClass::Default, |s| s.priority),
+                    service.name,
+                    service.project,
+                    service.priority
+                ),
+            )
+            .await;
+        }
+        self.event(
+            Some(&service.name),
+            Some(&hosts[plan.host].id),
+            &format!(
+                "preempting {} task(s) on host {} to make room for a task of {}",
+                plan.stop.len(),
+                hosts[plan.host].id,
+                service.name
+            ),
+        )
+        .await;
+        self.wake();
+        Ok(plan.stop.len())
+    }
+}
