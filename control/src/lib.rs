@@ -70,6 +70,7 @@ mod parts;
 mod plan;
 pub mod postgres;
 mod preemption;
+mod preview;
 pub mod projects;
 mod reconcile;
 mod run;
@@ -87,7 +88,7 @@ mod workloads;
 pub use config::ControlConfig;
 pub use control::Control;
 pub use error::{ControlError, StoreError};
-pub use scheduler::{density, density_of};
+pub use preview::{density, density_of};
 pub use store::{AuthStore, Store};
 /// A GPU's usage, as `density_of` reads it.
 pub use tessera_placement::GpuUsage;

@@ -7,10 +7,11 @@ use crate::error::ControlError;
 use std::collections::{BTreeMap, HashMap};
 use tessera_model::HostInfo;
 use tessera_model::HostStatus;
+use tessera_model::PoolName;
 use tessera_model::project::{
-    self, DEFAULT_PROJECT, PoolShare, Project, ProjectInput, ProjectView, Usage,
+    self, Amounts, DEFAULT_PROJECT, PoolShare, Project, ProjectInput, ProjectView, Usage,
 };
-use tessera_model::service::{GpuAllocation, Task, TaskState};
+use tessera_model::service::{GpuAllocation, Service, Task, TaskState};
 use tessera_model::validate::Errors;
 use tessera_model::{MiB, MilliCpu};
 
@@ -67,7 +68,89 @@ pub fn usage_by_project<'a>(
     used
 }
 
+/// The limits projects set in `pool` (only those that set one).
+pub(crate) fn limits_in<'a>(
+    projects: &'a HashMap<String, Project>,
+    pool: &str,
+) -> HashMap<&'a str, Amounts> {
+    projects
+        .values()
+        .filter_map(|p| Some((p.name.as_str(), p.quota(pool)?.limit)))
+        .filter(|(_, l)| *l != Amounts::default())
+        .collect()
+}
+
+/// A project's dominant share of a pool (its largest share of any quantity), over its
+/// weight: what fair share compares.
+fn weighted_share(used: &Usage, capacity: &Usage, weight: u32) -> f64 {
+    let share = used
+        .named()
+        .into_iter()
+        .zip(capacity.named())
+        .filter(|(_, (_, cap))| *cap > 0)
+        .map(|((_, u), (_, cap))| u as f64 / cap as f64)
+        .fold(0.0, f64::max);
+    share / f64::from(weight.max(1))
+}
+
+/// The order in which services' waiting tasks are placed: higher priority classes first;
+/// within a class, the project furthest below its fair share (its dominant share of the
+/// pool over its weight) first; otherwise in the order their tasks were created. `used`
+/// and `capacity` may be empty when one project waits (then only priority orders).
+pub(crate) fn fair_order<T>(
+    by_service: &mut [(String, T)],
+    services: &HashMap<String, Service>,
+    projects: &HashMap<String, Project>,
+    used: &HashMap<String, Usage>,
+    capacity: &Usage,
+) {
+    let key = |name: &String| {
+        let s = services.get(name);
+        let priority = s.map(|s| s.priority).unwrap_or_default();
+        let project = s.map_or(DEFAULT_PROJECT, |s| s.project.as_str());
+        let weight = projects.get(project).map_or(1, |p| p.weight);
+        let share = weighted_share(
+            &used.get(project).copied().unwrap_or_default(),
+            capacity,
+            weight,
+        );
+        (std::cmp::Reverse(priority), share)
+    };
+    // Stable: ties keep the order their tasks were created in.
+    by_service.sort_by(|(a, _), (b, _)| {
+        let (ka, kb) = (key(a), key(b));
+        ka.0.cmp(&kb.0).then(ka.1.total_cmp(&kb.1))
+    });
+}
+
 impl Control {
+    /// Each project's use of `pool` now, from the tasks holding capacity there.
+    pub(crate) async fn project_use_in(
+        &self,
+        pool: &PoolName,
+        services: &HashMap<String, Service>,
+    ) -> Result<HashMap<String, Usage>, ControlError> {
+        let project_of: HashMap<String, String> = services
+            .values()
+            .map(|s| (s.name.clone(), s.project.clone()))
+            .collect();
+        let holding = self
+            .store
+            .list_tasks(&crate::store::TaskFilter {
+                pool: Some(pool.clone()),
+                states: TaskState::HOLDING.to_vec(),
+                ..Default::default()
+            })
+            .await?;
+        Ok(usage_by_project(&holding, &project_of))
+    }
+
+    /// What `pool`'s hosts offer (see [`pool_capacity`]).
+    pub(crate) async fn pool_capacity_of(&self, pool: &PoolName) -> Result<Usage, ControlError> {
+        let hosts = self.store.list_hosts().await?;
+        Ok(pool_capacity(hosts.iter().filter(|h| &h.pool == pool)))
+    }
+
     pub async fn list_projects(&self) -> Result<Vec<ProjectView>, ControlError> {
         let projects = self.store.list_projects().await?;
         let services = self.store.list_services().await?;

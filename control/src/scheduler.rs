@@ -6,19 +6,18 @@
 use crate::capacity::{Held, PoolCapacity};
 use crate::control::Control;
 use crate::error::ControlError;
-use crate::inputs::{Density, PreviewInput, PreviewResult, PreviewTask};
 use crate::parts::{CachedEngine, PoolEngine};
 use crate::store::{PendingTask, PlacementCommit, TaskFilter};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use tessera_model::project::{Amounts, Project};
+use tessera_model::project::Project;
 use tessera_model::service::{
     GpuAllocation, Service, ServiceConstraints, Task, TaskDefRef, TaskState,
 };
 use tessera_model::taskdef::{Protocol, TaskDefinitionSpec, TaskGpu};
-use tessera_model::{HostId, PlacementPolicy, PoolInfo, PoolName, SharingMode};
+use tessera_model::{HostId, PlacementPolicy, PoolInfo, PoolName};
 use tessera_placement::{
-    Constraints, DemandProfile, Engine, GpuDemand, GpuUsage, LabelRule, Placement, Policy,
-    Snapshot, TaskRequest, describe_request,
+    Constraints, DemandProfile, Engine, GpuDemand, LabelRule, Placement, Policy, TaskRequest,
+    describe_request,
 };
 
 /// The request a task of `spec` makes under a service's constraints.
@@ -240,29 +239,30 @@ impl Control {
             // project's limit): preemption may make room for it once this pass commits.
             let mut short: Vec<(String, TaskRequest)> = Vec::new();
             // What each project uses in the pool, read fresh (the cached engine does not
-            // know projects) when any project has a limit here; each placement adds to it.
-            let limits: HashMap<&str, Amounts> = projects
-                .values()
-                .filter_map(|p| Some((p.name.as_str(), p.quota(pool.as_str())?.limit)))
-                .filter(|(_, l)| *l != Amounts::default())
+            // know projects) when a limit bounds placement here or several projects wait
+            // (fair share orders them); each placement adds to it.
+            let limits = crate::projects::limits_in(&projects, pool.as_str());
+            let waiting: HashSet<&str> = by_service
+                .iter()
+                .filter_map(|(name, _)| services.get(name).map(|s| s.project.as_str()))
                 .collect();
-            let mut project_use = if limits.is_empty() {
+            let mut project_use = if limits.is_empty() && waiting.len() < 2 {
                 HashMap::new()
             } else {
-                let project_of: HashMap<String, String> = services
-                    .values()
-                    .map(|s| (s.name.clone(), s.project.clone()))
-                    .collect();
-                let holding = self
-                    .store
-                    .list_tasks(&TaskFilter {
-                        pool: Some(pool.clone()),
-                        states: TaskState::HOLDING.to_vec(),
-                        ..Default::default()
-                    })
-                    .await?;
-                crate::projects::usage_by_project(&holding, &project_of)
+                self.project_use_in(&pool, &services).await?
             };
+            let capacity = if waiting.len() < 2 {
+                Default::default()
+            } else {
+                self.pool_capacity_of(&pool).await?
+            };
+            crate::projects::fair_order(
+                &mut by_service,
+                &services,
+                &projects,
+                &project_use,
+                &capacity,
+            );
 
             for (name, tasks) in by_service {
                 let Some(service) = services.get(&name) else {
@@ -457,7 +457,7 @@ impl Control {
     /// dynamic ports each host's agent has left (less those of tasks placed there that
     /// it has not bound yet).
     #[allow(clippy::type_complexity)]
-    async fn ports_in_use(
+    pub(crate) async fn ports_in_use(
         &self,
         pool: &PoolName,
     ) -> Result<
@@ -500,68 +500,6 @@ impl Control {
         }
         Ok((out, free))
     }
-
-    /// What placing `input.count` tasks now would do, without committing anything.
-    pub async fn preview(&self, input: &PreviewInput) -> Result<PreviewResult, ControlError> {
-        let mut e = crate::inputs::Errors::default();
-        let r = e.task_definition(&input.task_definition);
-        let pool = e.pool(&input.pool);
-        let strategy = e.strategy(input.strategy.as_ref()).flatten();
-        if !(1..=1000).contains(&input.count) {
-            e.add(
-                "count",
-                format!("must be between 1 and 1000, got {}", input.count),
-            );
-        }
-        e.finish()?;
-        let (r, pool) = (r.expect("validated"), pool.expect("validated"));
-        let def = self.usable_definition(&r).await?;
-        self.existing_pool(&pool).await?;
-        let mut req = request_for(&def.spec, &input.constraints, BTreeSet::new());
-        if def.spec.ports().next().is_some() {
-            (req.constraints.ports_in_use, req.constraints.dynamic_free) =
-                self.ports_in_use(&pool).await?;
-        }
-        let batch = vec![req; input.count as usize];
-        let PoolEngine {
-            mut engine,
-            pool: info,
-            ..
-        } = self.pool_engine(&pool, strategy, &batch).await?;
-        let density_before = density(engine.snapshot());
-        let outcome = engine.place_batch(&batch);
-        let density_after = density(engine.snapshot());
-        let tasks: Vec<PreviewTask> = outcome
-            .results
-            .iter()
-            .enumerate()
-            .map(|(i, r)| match r {
-                Ok(p) => PreviewTask {
-                    index: i as u32,
-                    host: Some(p.host_id.clone()),
-                    gpus: p.gpus.iter().map(|s| s.index).collect(),
-                    message: None,
-                },
-                Err(rej) => PreviewTask {
-                    index: i as u32,
-                    host: None,
-                    gpus: vec![],
-                    message: Some(rej.to_string()),
-                },
-            })
-            .collect();
-        let placed = outcome.placed() as u32;
-        Ok(PreviewResult {
-            task_definition: r,
-            pool,
-            policy: strategy.unwrap_or(info.policy),
-            placed,
-            unplaced: input.count - placed,
-            tasks,
-            density_before,
-            density_after,
-        })
-    }
 }
 
 /// The allocations a placement makes, as stored.
@@ -576,53 +514,4 @@ pub(crate) fn allocations(p: &Placement) -> Vec<GpuAllocation> {
             dedicated: s.dedicated,
         })
         .collect()
-}
-
-/// Packing density of a snapshot.
-pub fn density(snap: &Snapshot) -> Density {
-    density_of(
-        (0..snap.host_count() as u32).flat_map(|h| snap.gpus_of(h).map(move |g| snap.gpu_usage(g))),
-    )
-}
-
-/// Packing density of a set of GPUs, from each one's usage.
-pub fn density_of(gpus: impl IntoIterator<Item = GpuUsage>) -> Density {
-    let mut d = Density::default();
-    let (mut mem_total, mut mem_used) = (0u64, 0u64);
-    // Shared memory in use per GPU size, for the lower bound on GPUs needed.
-    let mut shared_by_size: BTreeMap<u64, u64> = BTreeMap::new();
-    for u in gpus {
-        d.gpus += 1;
-        mem_total += u.memory_capacity.0;
-        let used = u.memory_capacity.0 - u.memory_free.0;
-        mem_used += used;
-        match u.mode {
-            SharingMode::Idle => {}
-            SharingMode::Dedicated => {
-                d.gpus_in_use += 1;
-                d.gpus_needed_at_least += 1;
-                d.tasks_on_gpus += 1;
-            }
-            SharingMode::Mps => {
-                d.gpus_in_use += 1;
-                d.tasks_on_gpus += u.clients;
-                *shared_by_size.entry(u.memory_capacity.0).or_default() += used;
-            }
-        }
-    }
-    d.gpus_needed_at_least += shared_by_size
-        .iter()
-        .map(|(size, used)| used.div_ceil(*size.max(&1)) as u32)
-        .sum::<u32>();
-    d.tasks_per_gpu_in_use = if d.gpus_in_use > 0 {
-        f64::from(d.tasks_on_gpus) / f64::from(d.gpus_in_use)
-    } else {
-        0.0
-    };
-    d.memory_allocated_pct = if mem_total > 0 {
-        100.0 * mem_used as f64 / mem_total as f64
-    } else {
-        0.0
-    };
-    d
 }

@@ -448,3 +448,68 @@ async fn a_guaranteed_production_task_preempts_the_fewest_borrowing_batch_tasks(
     );
     assert_no_overcommit(c).await;
 }
+
+/// When room is short, the project furthest below its fair share goes first (its share of
+/// the pool over its weight), whatever the order its tasks were created in; a higher
+/// priority class goes before both.
+#[tokio::test]
+async fn the_project_furthest_below_its_fair_share_is_placed_first() {
+    let env = env(fast()).await;
+    let c = &env.control;
+    let a = host(c, "a", 1, 24).await;
+    for p in ["alpha", "beta"] {
+        c.create_project(&project(p, vec![]))
+            .await
+            .expect("project");
+    }
+    let def = register_def(c, "half", 12, 40).await;
+    service_with(c, "a1", &def, 1, "alpha", "default").await;
+    c.reconcile_once().await.expect("pass");
+    assert_eq!(
+        tasks(c, "a1", &[TaskState::Assigned]).await.len(),
+        1,
+        "alpha holds half"
+    );
+    // One slot is left; alpha and beta each want it in the same pass.
+    c.update_service(
+        "a1",
+        &ServicePatch {
+            desired_count: Some(2),
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("scale");
+    service_with(c, "b1", &def, 1, "beta", "default").await;
+    c.reconcile_once().await.expect("pass");
+    assert_eq!(
+        tasks(c, "b1", &[TaskState::Assigned]).await.len(),
+        1,
+        "beta uses nothing yet: it is furthest below its share"
+    );
+    assert_eq!(tasks(c, "a1", &[TaskState::Pending]).await.len(), 1);
+
+    // A production service goes first, whatever its project already uses.
+    c.update_service(
+        "a1",
+        &ServicePatch {
+            desired_count: Some(1),
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("scale down");
+    c.delete_service("b1").await.expect("delete");
+    c.reconcile_once().await.expect("pass");
+    sync(c, &a).await;
+    c.reconcile_once().await.expect("pass");
+    service_with(c, "b2", &def, 1, "beta", "default").await;
+    service_with(c, "a2", &def, 1, "alpha", "production").await;
+    c.reconcile_once().await.expect("pass");
+    assert_eq!(
+        tasks(c, "a2", &[TaskState::Assigned]).await.len(),
+        1,
+        "production first"
+    );
+    assert_eq!(tasks(c, "b2", &[TaskState::Pending]).await.len(), 1);
+}

@@ -6,7 +6,8 @@ use crate::capacity::{Held, PoolCapacity};
 use crate::control::Control;
 use crate::error::ControlError;
 use crate::inputs::Errors;
-use crate::scheduler::{allocations, density, request_for};
+use crate::preview::density;
+use crate::scheduler::{allocations, request_for};
 use std::collections::{BTreeSet, HashMap};
 use tessera_model::consolidation::{
     ConsolidationPlan, GpuBar, KeptService, MoveState, PlanInput, PlanStatus, PlannedMove,
