@@ -110,6 +110,20 @@ text_enum!(
 );
 
 text_enum!(
+    /// How much a service's tasks matter when a pool is short: a waiting task of a higher
+    /// class, of a project within its guarantee, may have tasks of a lower class that use
+    /// borrowed capacity stopped to make room (preemption). Ordered: batch < default <
+    /// production.
+    #[derive(Default)]
+    PriorityClass, "priority class" {
+        Batch => "batch",
+        #[default]
+        Default => "default",
+        Production => "production",
+    }
+);
+
+text_enum!(
     /// How a pool chooses among GPUs that have room.
     PlacementPolicy, "placement policy" {
         /// Fragmentation-aware packing: keeps free capacity in shapes the workload can use.

@@ -13,8 +13,7 @@ use crate::{PoolName, ids};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 
-/// The project of a service that names none, and of every service from before projects.
-pub const DEFAULT_PROJECT: &str = "default";
+pub use crate::service::DEFAULT_PROJECT;
 
 /// The most quotas one project may have (one per pool).
 pub const MAX_QUOTAS: usize = 64;

@@ -140,7 +140,7 @@ pub struct Service {
     pub name: String,
     pub task_definition: TaskDefRef,
     pub pool: PoolName,
-    /// The project it belongs to ([`crate::project::DEFAULT_PROJECT`] unless it said).
+    /// The project it belongs to ([`DEFAULT_PROJECT`] unless it said).
     #[serde(default = "default_project")]
     pub project: String,
     /// Its tasks' priority class (`default` unless it said).
@@ -164,9 +164,14 @@ pub struct Service {
     pub created_at: String,
 }
 
+/// The project of a service that names none, and of every service from before projects.
+pub const DEFAULT_PROJECT: &str = "default";
+
 fn default_project() -> String {
-    crate::project::DEFAULT_PROJECT.to_owned()
+    DEFAULT_PROJECT.to_owned()
 }
+
+pub use crate::inventory::PriorityClass;
 
 /// ECS's default deregistration delay is 300 s; a GPU service's clients retry, and 5 s
 /// lets a load balancer hear of the change and requests in flight finish.
@@ -235,34 +240,6 @@ impl TaskState {
     pub fn is_live(self) -> bool {
         self != TaskState::Stopped
     }
-}
-
-word_enum!(
-    /// How much a service's tasks matter when a pool is short: a waiting task of a higher
-    /// class, of a project within its guarantee, may have tasks of a lower class that use
-    /// borrowed capacity stopped to make room (preemption). Ordered: batch < default <
-    /// production.
-    PriorityClass {
-        Batch => "batch",
-        Default => "default",
-        Production => "production",
-    }
-);
-
-// By hand: `word_enum!` takes no attributes on variants, so `#[default]` cannot be said.
-#[allow(clippy::derivable_impls)]
-impl Default for PriorityClass {
-    fn default() -> Self {
-        PriorityClass::Default
-    }
-}
-
-impl PriorityClass {
-    pub const ALL: [PriorityClass; 3] = [
-        PriorityClass::Batch,
-        PriorityClass::Default,
-        PriorityClass::Production,
-    ];
 }
 
 word_enum!(

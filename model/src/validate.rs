@@ -131,12 +131,12 @@ pub fn service(input: &ServiceInput) -> Result<Service, ValidationErrors> {
     let project = input
         .project
         .clone()
-        .unwrap_or_else(|| crate::project::DEFAULT_PROJECT.to_owned());
+        .unwrap_or_else(|| crate::service::DEFAULT_PROJECT.to_owned());
     if !ids::is_valid_name(&project) {
         e.add("project", ids::NAME_RULE);
     }
     let priority = match &input.priority {
-        None => Some(crate::service::PriorityClass::default()),
+        None => Some(crate::inventory::PriorityClass::default()),
         Some(p) => p
             .parse()
             .map_err(|err: ParseEnumError| e.add("priority", err.to_string()))

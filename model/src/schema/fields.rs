@@ -99,7 +99,7 @@ pub fn optional_admission() -> Schema {
 
 /// An optional priority class given as text.
 pub fn optional_priority() -> Schema {
-    let mut names: Vec<Value> = crate::service::PriorityClass::ALL
+    let mut names: Vec<Value> = crate::inventory::PriorityClass::ALL
         .iter()
         .map(|p| json!(p.as_str()))
         .collect();

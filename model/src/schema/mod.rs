@@ -134,7 +134,7 @@ string_schema!(
             "desired_count": {"type": "integer", "minimum": 0, "maximum": crate::limits::MAX_DESIRED},
             "task_definition": {"type": "string", "pattern": TASK_DEF_REF_PATTERN, "description": "family:revision; a new revision starts a rolling deployment"},
             "project": {"type": "string", "pattern": crate::ids::NAME_PATTERN, "maxLength": crate::ids::NAME_MAX, "description": "the project it belongs to from now on"},
-            "priority": {"type": "string", "enum": crate::service::PriorityClass::ALL.iter().map(|p| json!(p.as_str())).collect::<Vec<_>>(), "description": "its priority class from now on"},
+            "priority": {"type": "string", "enum": crate::inventory::PriorityClass::ALL.iter().map(|p| json!(p.as_str())).collect::<Vec<_>>(), "description": "its priority class from now on"},
             "strategy": {
                 "type": ["string", "null"],
                 "enum": crate::PlacementPolicy::ALL.iter().map(|p| json!(p.as_str())).chain([Value::Null]).collect::<Vec<_>>(),
