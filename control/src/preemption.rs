@@ -16,10 +16,10 @@ use crate::projects::usage_by_project;
 use std::collections::HashMap;
 use tessera_model::HostStatus;
 use tessera_model::PoolName;
-use tessera_model::project::{Project, Usage};
+use tessera_model::project::{Amounts, Project, Usage};
 use tessera_model::service::{PriorityClass, Service, TaskState};
 use tessera_placement::preempt::{self, Ask, Budget, GpuNeed, GpuRoom, HostRoom, Victim};
-use tessera_placement::{GpuDemand, TaskRequest};
+use tessera_placement::{DemandProfile, Engine, GpuDemand, Policy, TaskRequest};
 
 /// What the waiting task would add to its project's use.
 fn demand(req: &TaskRequest) -> Usage {
@@ -39,12 +39,33 @@ fn demand(req: &TaskRequest) -> Usage {
     u
 }
 
-fn rank(p: PriorityClass) -> u32 {
-    match p {
-        PriorityClass::Batch => 0,
-        PriorityClass::Default => 1,
-        PriorityClass::Production => 2,
-    }
+/// Whether a project that uses `mine` stays within its guarantee with `want` more: every
+/// quantity its guarantee names holds, and the guarantee names one the task needs of a
+/// GPU (whole GPUs for whole GPUs; GPU memory or compute for a shared slot), or for a task
+/// without a GPU, its CPU or memory. A guarantee of CPU alone takes no GPU room back.
+fn within_guarantee(mine: &Usage, want: &Usage, guaranteed: &Amounts) -> bool {
+    let after = mine.plus(want);
+    let holds = after
+        .named()
+        .into_iter()
+        .zip(guaranteed.or_zero().named())
+        .zip([
+            guaranteed.gpus,
+            guaranteed.gpu_memory_mib,
+            guaranteed.compute_milli,
+            guaranteed.cpu_milli,
+            guaranteed.memory_mib,
+        ])
+        .all(|(((_, used), (_, g)), named)| named.is_none() || used <= g);
+    let needs_gpu = want.gpus + want.gpu_memory_mib + want.compute_milli > 0;
+    let covers = if needs_gpu {
+        (want.gpus > 0 && guaranteed.gpus.is_some())
+            || (want.gpu_memory_mib > 0 && guaranteed.gpu_memory_mib.is_some())
+            || (want.compute_milli > 0 && guaranteed.compute_milli.is_some())
+    } else {
+        guaranteed.cpu_milli.is_some() || guaranteed.memory_mib.is_some()
+    };
+    holds && covers
 }
 
 impl Control {
@@ -68,22 +89,29 @@ impl Control {
         else {
             return Ok(0);
         };
-        if own.guaranteed == Default::default() {
-            return Ok(0);
-        }
         let (info, hosts, holding) = self.pool_state(pool).await?;
         let project_of: HashMap<String, String> = services
             .values()
             .map(|s| (s.name.clone(), s.project.clone()))
             .collect();
-        let used = usage_by_project(&holding, &project_of);
+        // What each project holds and keeps: tasks already stopping count for nobody.
+        let kept: Vec<_> = holding
+            .iter()
+            .filter(|t| t.state != TaskState::Stopping)
+            .cloned()
+            .collect();
+        let used = usage_by_project(&kept, &project_of);
         let mine = used.get(&service.project).copied().unwrap_or_default();
-        if mine.plus(&demand(req)).exceeds(&own.guaranteed).is_some() {
+        let want = demand(req);
+        if !within_guarantee(&mine, &want, &own.guaranteed)
+            || mine.plus(&want).exceeds(&own.limit).is_some()
+        {
             return Ok(0);
         }
         let capacity = PoolCapacity::build(&info, &hosts, holding.iter().filter_map(Held::of));
         let snap = &capacity.snapshot;
-        // Each project may lose what it borrows beyond its guarantee.
+        // Each project may lose what it borrows beyond its guarantee (what it names; a
+        // quantity it does not name is all borrowed).
         let mut project_index: HashMap<String, usize> = HashMap::new();
         let mut budgets = Vec::new();
         for (name, u) in &used {
@@ -166,7 +194,9 @@ impl Control {
                 continue;
             }
             let owner = services.get(&t.service);
-            let lower = owner.is_some_and(|s| s.priority < service.priority);
+            // Never its own project's tasks, and only lower classes.
+            let lower = owner
+                .is_some_and(|s| s.priority < service.priority && s.project != service.project);
             let project = owner.map_or(tessera_model::project::DEFAULT_PROJECT, |s| {
                 s.project.as_str()
             });
@@ -182,7 +212,7 @@ impl Control {
                         cpu: t.cpu.0,
                         memory: t.memory.0,
                         whole: p.gpus.iter().any(|s| s.dedicated),
-                        priority: owner.map_or(0, |s| rank(s.priority)),
+                        priority: owner.map_or(0, |s| s.priority as u32),
                         project: pi,
                     });
                     victim_ids.push(t);
@@ -211,6 +241,32 @@ impl Control {
         let Some(plan) = preempt::plan(&rooms, &victims, &budgets, &ask) else {
             return Ok(0);
         };
+        // Nothing to stop: the room is there, or will be once stopping tasks let go.
+        if plan.stop.is_empty() {
+            return Ok(0);
+        }
+        // The planner knows room, not the task's constraints (models, labels, spread,
+        // ports): only a plan after which the engine itself places the task is carried out.
+        let mut check = Engine::new(
+            capacity.snapshot.clone(),
+            Policy::Binpack,
+            &DemandProfile::default(),
+            1,
+        );
+        let stopping = holding.iter().filter(|t| t.state == TaskState::Stopping);
+        let victims_of_plan = plan.stop.iter().map(|&v| victim_ids[v]);
+        for t in stopping.chain(victims_of_plan) {
+            if let Some(h) = Held::of(t)
+                && !capacity.not_in_snapshot.contains(&t.id)
+                && let Some(p) = capacity.placement(h.host, h.cpu, h.memory, h.allocations)
+            {
+                let _ = check.release(&p);
+            }
+        }
+        if check.try_place(req).is_none() {
+            tracing::debug!(service = %service.name, "a preemption plan would not let the task in (its constraints): none carried out");
+            return Ok(0);
+        }
         for &v in &plan.stop {
             let t = victim_ids[v];
             let owner = services.get(&t.service);
@@ -255,5 +311,57 @@ impl Control {
         .await;
         self.wake();
         Ok(plan.stop.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn usage(gpus: u64, gpu_memory_mib: u64, cpu_milli: u64) -> Usage {
+        Usage {
+            gpus,
+            gpu_memory_mib,
+            cpu_milli,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn only_a_guarantee_of_what_the_task_needs_takes_room_back() {
+        let memory = Amounts {
+            gpu_memory_mib: Some(24 * 1024),
+            ..Default::default()
+        };
+        let shared = usage(0, 20 * 1024, 1000);
+        assert!(within_guarantee(&Usage::default(), &shared, &memory));
+        assert!(
+            !within_guarantee(&usage(0, 8 * 1024, 0), &shared, &memory),
+            "28 GiB of 24"
+        );
+        let cpu_only = Amounts {
+            cpu_milli: Some(64_000),
+            ..Default::default()
+        };
+        assert!(
+            !within_guarantee(&Usage::default(), &shared, &cpu_only),
+            "a CPU guarantee takes no GPU room back"
+        );
+        let whole = usage(1, 0, 1000);
+        assert!(
+            !within_guarantee(&Usage::default(), &whole, &memory),
+            "GPU memory is not whole GPUs"
+        );
+        let gpus = Amounts {
+            gpus: Some(2),
+            ..Default::default()
+        };
+        assert!(within_guarantee(&usage(1, 0, 0), &whole, &gpus));
+        assert!(!within_guarantee(&usage(2, 0, 0), &whole, &gpus));
+        assert!(within_guarantee(
+            &Usage::default(),
+            &usage(0, 0, 4000),
+            &cpu_only
+        ));
     }
 }

@@ -23,6 +23,7 @@ impl Control {
                 format!("must be between 1 and 1000, got {}", input.count),
             );
         }
+        e.constraints(&input.constraints);
         e.finish()?;
         let (r, pool) = (r.expect("validated"), pool.expect("validated"));
         let def = self.usable_definition(&r).await?;

@@ -9,7 +9,8 @@ use tessera_model::HostInfo;
 use tessera_model::HostStatus;
 use tessera_model::PoolName;
 use tessera_model::project::{
-    self, Amounts, DEFAULT_PROJECT, PoolShare, Project, ProjectInput, ProjectView, Usage,
+    self, Amounts, DEFAULT_PROJECT, PoolShare, Project, ProjectInput, ProjectSettings, ProjectView,
+    Usage,
 };
 use tessera_model::service::{GpuAllocation, Service, Task, TaskState};
 use tessera_model::validate::Errors;
@@ -218,19 +219,16 @@ impl Control {
         Ok(self.store.get_project(&project.name).await?)
     }
 
-    /// Replaces `name`'s weight and quotas with `input`'s (whose name must be `name`).
+    /// Replaces `name`'s weight and quotas with `settings`.
     pub async fn replace_project(
         &self,
         name: &str,
-        input: &ProjectInput,
+        settings: &ProjectSettings,
     ) -> Result<Project, ControlError> {
-        if input.name != name {
-            return Err(ControlError::invalid(
-                "name",
-                format!("a project keeps its name: this is {name:?}"),
-            ));
-        }
-        let project = project::validate(input)?;
+        // Its name is its identity: a project that is not there is not found, whatever
+        // the body says.
+        self.store.get_project(name).await?;
+        let project = project::validate(&settings.named(name))?;
         self.check_quotas(&project).await?;
         self.store.replace_project(&project).await?;
         self.event(None, None, &format!("project {name}'s quotas changed"))
@@ -263,13 +261,12 @@ impl Control {
             .into_iter()
             .map(|p| p.name.to_string())
             .collect();
-        let others: Vec<Project> = self
+        let (before, others): (Vec<Project>, Vec<Project>) = self
             .store
             .list_projects()
             .await?
             .into_iter()
-            .filter(|p| p.name != project.name)
-            .collect();
+            .partition(|p| p.name == project.name);
         let hosts = self.store.list_hosts().await?;
         let mut e = Errors::default();
         for (i, q) in project.quotas.iter().enumerate() {
@@ -287,7 +284,26 @@ impl Control {
                     sum.plus(&o.guaranteed.or_zero())
                 });
             let capacity = pool_capacity(hosts.iter().filter(|h| h.pool.as_str() == q.pool));
+            // A guarantee that does not grow is never refused (the pool may have shrunk
+            // under guarantees given before: lowering one must stay possible).
+            let old = before
+                .first()
+                .and_then(|b| b.quota(&q.pool))
+                .map(|b| b.guaranteed.or_zero())
+                .unwrap_or_default();
+            let grows: Vec<&str> = q
+                .guaranteed
+                .or_zero()
+                .named()
+                .into_iter()
+                .zip(old.named())
+                .filter(|((_, new), (_, old))| new > old)
+                .map(|((field, _), _)| field)
+                .collect();
             for (field, shortfall) in capacity.shortfalls(&guaranteed) {
+                if !grows.contains(&field) {
+                    continue;
+                }
                 e.add(
                     &format!("quotas[{i}].guaranteed.{field}"),
                     format!("pool {}: {shortfall}", q.pool),

@@ -134,13 +134,17 @@ impl Control {
             .map_err(ControlError::Invalid)?;
         let pool = self.existing_pool(&service.pool).await?;
         allowed_in_pool(&def.spec, &pool)?;
-        if self.store.get_project(&service.project).await.is_err() {
-            return Err(ControlError::invalid(
-                "project",
-                format!("no project named {:?}", service.project),
-            ));
+        match self.store.create_service(&service).await {
+            Err(StoreError::NotFound {
+                what: "project", ..
+            }) => {
+                return Err(ControlError::invalid(
+                    "project",
+                    format!("no project named {:?}", service.project),
+                ));
+            }
+            other => other?,
         }
-        self.store.create_service(&service).await?;
         self.event(
             Some(&service.name),
             None,
@@ -288,11 +292,16 @@ impl Control {
             let mut change = crate::store::SettingsChange::default();
             let mut changed = Vec::new();
             if patch.project.is_some() && new.project != service.project {
-                if self.store.get_project(&new.project).await.is_err() {
-                    return Err(ControlError::invalid(
-                        "project",
-                        format!("no project named {:?}", new.project),
-                    ));
+                match self.store.get_project(&new.project).await {
+                    Err(StoreError::NotFound { .. }) => {
+                        return Err(ControlError::invalid(
+                            "project",
+                            format!("no project named {:?}", new.project),
+                        ));
+                    }
+                    other => {
+                        other?;
+                    }
                 }
                 changed.push(format!("project {}", new.project));
                 change.project = Some(new.project.clone());

@@ -6,7 +6,7 @@ use serde_json::json;
 use tessera_control::ControlError;
 use tessera_control::inputs::{ServiceInput, ServicePatch};
 use tessera_control::testkit::*;
-use tessera_model::project::{Amounts, DEFAULT_PROJECT, ProjectInput, Quota};
+use tessera_model::project::{Amounts, DEFAULT_PROJECT, ProjectInput, ProjectSettings, Quota};
 use tessera_model::service::{DeploymentConfig, ServiceConstraints, TaskState};
 
 fn quota(pool: &str, guaranteed: Amounts, limit: Amounts) -> Quota {
@@ -27,6 +27,13 @@ fn gpu_memory_gib(gib: u64) -> Amounts {
 fn project(name: &str, quotas: Vec<Quota>) -> ProjectInput {
     ProjectInput {
         name: name.into(),
+        weight: None,
+        quotas,
+    }
+}
+
+fn settings(quotas: Vec<Quota>) -> ProjectSettings {
+    ProjectSettings {
         weight: None,
         quotas,
     }
@@ -248,10 +255,7 @@ async fn placement_never_takes_a_project_past_its_limit_and_says_so() {
     // A higher limit lets the third task in on the next pass.
     c.replace_project(
         "research",
-        &project(
-            "research",
-            vec![quota("gpu", gpu_memory_gib(10), gpu_memory_gib(30))],
-        ),
+        &settings(vec![quota("gpu", gpu_memory_gib(10), gpu_memory_gib(30))]),
     )
     .await
     .expect("raise");
@@ -280,7 +284,7 @@ async fn placement_never_takes_a_project_past_its_limit_and_says_so() {
 }
 
 #[tokio::test]
-async fn a_whole_gpu_limit_counts_gpus_and_a_replaced_name_is_refused() {
+async fn a_whole_gpu_limit_counts_gpus_and_bad_replacements_are_refused() {
     let env = env(fast()).await;
     let c = &env.control;
     host(c, "a", 4, 24).await;
@@ -319,15 +323,26 @@ async fn a_whole_gpu_limit_counts_gpus_and_a_replaced_name_is_refused() {
     let why = pending[0].placement_message.as_deref().expect("explained");
     assert!(why.contains("it would use 3 of 2 whole GPUs"), "{why}");
 
-    let err = c
-        .replace_project("research", &project("other", vec![]))
-        .await
-        .expect_err("a project keeps its name");
-    assert_eq!(fields(&err), ["name"]);
     assert!(matches!(
-        c.replace_project("ghost", &project("ghost", vec![])).await,
+        c.replace_project("ghost", &settings(vec![])).await,
         Err(ControlError::NotFound(_))
     ));
+    // An amount past what JSON clients read as an integer is refused.
+    let err = c
+        .replace_project(
+            "research",
+            &settings(vec![quota(
+                "gpu",
+                Amounts::default(),
+                Amounts {
+                    memory_mib: Some(u64::MAX),
+                    ..Default::default()
+                },
+            )]),
+        )
+        .await
+        .expect_err("too large");
+    assert_eq!(fields(&err), ["quotas[0].limit.memory_mib"]);
 }
 
 async fn service_with(

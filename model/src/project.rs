@@ -18,6 +18,10 @@ pub use crate::service::DEFAULT_PROJECT;
 /// The most quotas one project may have (one per pool).
 pub const MAX_QUOTAS: usize = 64;
 
+/// The largest amount a quota may name of any quantity (what a signed 64-bit integer
+/// holds, as JSON clients read integers).
+pub const MAX_AMOUNT: u64 = i64::MAX as u64;
+
 /// The largest weight of a project (its share of borrowed capacity, against others').
 pub const MAX_WEIGHT: u32 = 1000;
 
@@ -28,15 +32,21 @@ pub const MAX_WEIGHT: u32 = 1000;
 #[serde(deny_unknown_fields)]
 pub struct Amounts {
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(maximum = 9_223_372_036_854_775_807_u64))]
+    // MAX_AMOUNT
     pub gpus: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(maximum = 9_223_372_036_854_775_807_u64))]
     pub gpu_memory_mib: Option<u64>,
     /// Thousandths of a GPU's compute (1000: one whole GPU).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(maximum = 9_223_372_036_854_775_807_u64))]
     pub compute_milli: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(maximum = 9_223_372_036_854_775_807_u64))]
     pub cpu_milli: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(maximum = 9_223_372_036_854_775_807_u64))]
     pub memory_mib: Option<u64>,
 }
 
@@ -218,8 +228,7 @@ pub struct Quota {
     pub limit: Amounts,
 }
 
-/// `POST /api/v1/projects`, and `PUT /api/v1/projects/{name}` (which replaces its weight and
-/// quotas).
+/// `POST /api/v1/projects`.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -235,6 +244,32 @@ pub struct ProjectInput {
     #[serde(default)]
     #[cfg_attr(feature = "openapi", schema(max_items = 64))]
     pub quotas: Vec<Quota>,
+}
+
+/// `PUT /api/v1/projects/{name}`: its weight and quotas, replacing the old ones (the name
+/// is the path's).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProjectSettings {
+    /// Default 1.
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 1000))]
+    pub weight: Option<u32>,
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(max_items = 64))]
+    pub quotas: Vec<Quota>,
+}
+
+impl ProjectSettings {
+    /// The whole body of a project named `name` with these settings.
+    pub fn named(&self, name: &str) -> ProjectInput {
+        ProjectInput {
+            name: name.to_owned(),
+            weight: self.weight,
+            quotas: self.quotas.clone(),
+        }
+    }
 }
 
 /// A project as stored.
@@ -321,6 +356,16 @@ pub fn validate(input: &ProjectInput) -> Result<Project, ValidationErrors> {
                 &format!("quotas[{i}].pool"),
                 format!("pool {:?} has a quota already: one per pool", q.pool),
             );
+        }
+        for (which, amounts) in [("guaranteed", &q.guaranteed), ("limit", &q.limit)] {
+            for (v, (field, _)) in amounts.values().into_iter().zip(QUANTITIES) {
+                if let Some(v) = v.filter(|v| *v > MAX_AMOUNT) {
+                    e.add(
+                        &format!("quotas[{i}].{which}.{field}"),
+                        format!("must be at most {MAX_AMOUNT}, got {v}"),
+                    );
+                }
+            }
         }
         let limit = q.limit.values();
         for ((guaranteed, limit), (field, words)) in

@@ -60,6 +60,31 @@ impl Errors {
         }
     }
 
+    /// A service's placement constraints (a service's, or a placement preview's).
+    pub fn constraints(&mut self, c: &crate::service::ServiceConstraints) {
+        if c.max_per_gpu
+            .is_some_and(|n| !(1..=MPS_CLIENT_LIMIT_MAX).contains(&n))
+        {
+            self.add(
+                "constraints.max_per_gpu",
+                format!(
+                    "must be between 1 and {MPS_CLIENT_LIMIT_MAX} (an MPS server's most clients)"
+                ),
+            );
+        }
+        if c.max_per_host
+            .is_some_and(|n| !(1..=MAX_PER_HOST_MAX).contains(&n))
+        {
+            self.add(
+                "constraints.max_per_host",
+                format!("must be between 1 and {MAX_PER_HOST_MAX}"),
+            );
+        }
+        if c.labels.keys().any(String::is_empty) {
+            self.add("constraints.labels", "label keys must not be empty");
+        }
+    }
+
     pub fn finish(self) -> Result<(), ValidationErrors> {
         if self.0.is_empty() {
             Ok(())
@@ -164,31 +189,7 @@ pub fn service(input: &ServiceInput) -> Result<Service, ValidationErrors> {
             ),
         );
     }
-    if input
-        .constraints
-        .max_per_gpu
-        .is_some_and(|n| !(1..=MPS_CLIENT_LIMIT_MAX).contains(&n))
-    {
-        e.add(
-            "constraints.max_per_gpu",
-            format!("must be between 1 and {MPS_CLIENT_LIMIT_MAX} (an MPS server's most clients)"),
-        );
-    }
-    if input
-        .constraints
-        .max_per_host
-        .is_some_and(|n| !(1..=MAX_PER_HOST_MAX).contains(&n))
-    {
-        e.add(
-            "constraints.max_per_host",
-            format!("must be between 1 and {MAX_PER_HOST_MAX}"),
-        );
-    }
-    for k in input.constraints.labels.keys() {
-        if k.is_empty() {
-            e.add("constraints.labels", "label keys must not be empty");
-        }
-    }
+    e.constraints(&input.constraints);
     e.finish()?;
     Ok(Service {
         name: input.name.clone(),

@@ -109,21 +109,31 @@ pub struct Plan {
     pub stop: Vec<usize>,
 }
 
-/// How many search steps one target (a GPU, or a choice of GPUs) may take: past it that
-/// target is given up (others may still have a plan). Small cases never reach it; a GPU
-/// shared by dozens of small victims can.
+/// How many search steps one plan may take in all: past it, the best plan found so far
+/// stands (or none). Small cases never reach it; a pool of hosts each shared by dozens of
+/// small victims can, and then the plan may stop more tasks than the fewest.
 pub const SEARCH_BUDGET: usize = 200_000;
+
+/// The most choices of whole GPUs tried on one host; past it, the GPUs with the fewest
+/// tasks on them are chosen.
+pub const MAX_GPU_CHOICES: usize = 1_000;
 
 /// The fewest victims to stop so that `ask` fits, or `None` when no choice of them makes
 /// room (see the module's documentation).
 pub fn plan(hosts: &[HostRoom], victims: &[Victim], budgets: &[Budget], ask: &Ask) -> Option<Plan> {
     let mut best: Option<(Cost, Plan)> = None;
+    let mut steps = 0usize;
     for (h, host) in hosts.iter().enumerate().filter(|(_, h)| h.usable) {
         let on_host: Vec<usize> = (0..victims.len())
             .filter(|&v| victims[v].host == h)
             .collect();
         for (gpus, mandatory) in targets(host, victims, &on_host, ask.gpu) {
-            let Some(stop) = cover(host, &gpus, victims, &on_host, &mandatory, budgets, ask) else {
+            if steps > SEARCH_BUDGET {
+                break;
+            }
+            let Some(stop) = cover(
+                host, &gpus, victims, &on_host, &mandatory, budgets, ask, &mut steps,
+            ) else {
                 continue;
             };
             let cost = Cost::of(&stop, victims);
@@ -182,11 +192,24 @@ fn targets(
         GpuNeed::None => vec![(Vec::new(), Vec::new())],
         GpuNeed::Shared { .. } => usable.into_iter().map(|g| (vec![g], Vec::new())).collect(),
         GpuNeed::Whole { count } => {
-            let free: Vec<usize> = usable
+            let mut free: Vec<usize> = usable
                 .into_iter()
                 .filter(|&g| !host.gpus[g].pinned)
                 .collect();
-            combinations(free.len(), count)
+            let choices = if choose(free.len(), count) <= MAX_GPU_CHOICES {
+                combinations(free.len(), count)
+            } else {
+                // Too many to try: the GPUs with the fewest tasks on them.
+                let tasks_on = |g: usize| {
+                    on_host
+                        .iter()
+                        .filter(|&&v| victims[v].slots.iter().any(|s| s.0 == g))
+                        .count()
+                };
+                free.sort_by_key(|&g| (tasks_on(g), g));
+                vec![(0..count).collect()]
+            };
+            choices
                 .into_iter()
                 .map(|pick| {
                     let gpus: Vec<usize> = pick.iter().map(|&i| free[i]).collect();
@@ -200,6 +223,15 @@ fn targets(
                 .collect()
         }
     }
+}
+
+/// n choose k (`usize::MAX` past what a usize holds).
+fn choose(n: usize, k: usize) -> usize {
+    if k > n {
+        return 0;
+    }
+    let exact = (0..k).fold(1u128, |acc, i| acc * (n - i) as u128 / (i as u128 + 1));
+    usize::try_from(exact).unwrap_or(usize::MAX)
 }
 
 fn combinations(n: usize, k: usize) -> Vec<Vec<usize>> {
@@ -255,6 +287,7 @@ fn budget_vec(b: &Budget) -> [u64; 5] {
 /// The fewest victims beyond `mandatory` (all of which stop) that make up what `ask` still
 /// misses on `host` with `gpus` as its target, within every project's budget; `None` when
 /// no choice does.
+#[allow(clippy::too_many_arguments)]
 fn cover(
     host: &HostRoom,
     gpus: &[usize],
@@ -263,6 +296,7 @@ fn cover(
     mandatory: &[usize],
     budgets: &[Budget],
     ask: &Ask,
+    steps: &mut usize,
 ) -> Option<Vec<usize>> {
     let shared_gpu = match ask.gpu {
         GpuNeed::Shared { .. } => Some(gpus[0]),
@@ -306,20 +340,23 @@ fn cover(
         optional: &optional,
         gpu: shared_gpu,
         budgets,
-        steps: 0,
+        steps: *steps,
         best: None,
     };
+    let mut found = None;
     for size in 0..=optional.len() {
         let mut chosen = Vec::new();
         search.go(0, size, missing, &mut spent.clone(), &mut chosen);
-        if let Some(found) = search.best.take() {
-            return Some(mandatory.iter().copied().chain(found).collect());
+        if let Some(f) = search.best.take() {
+            found = Some(mandatory.iter().copied().chain(f).collect());
+            break;
         }
         if search.steps > SEARCH_BUDGET {
-            return None;
+            break;
         }
     }
-    None
+    *steps = search.steps;
+    found
 }
 
 fn take(spent: &mut [[u64; 5]], budgets: &[Budget], v: &Victim) -> bool {
@@ -560,5 +597,7 @@ mod tests {
         );
         assert_eq!(combinations(4, 2).len(), 6);
         assert_eq!(combinations(2, 3).len(), 0);
+        assert_eq!(choose(4, 2), 6);
+        assert_eq!(choose(64, 16), 488_526_937_079_580);
     }
 }

@@ -794,3 +794,66 @@ async fn the_api_reads_bodies_and_queries_as_its_schema_says() {
         "a POST still needs an agent token"
     );
 }
+
+/// Projects have no roles of their own yet: an operator may not put a service in a project
+/// other than `default`, ask for the production class, or move a service; an admin may.
+#[tokio::test]
+async fn a_services_project_and_production_class_are_the_admins_to_give() {
+    let state = state().await;
+    demo_fleet(&state).await;
+    let operator = api_token(&state.control, Role::Operator)
+        .await
+        .expect("token");
+    let (status, _) = post(&state, "/api/v1/projects", json!({"name": "research"})).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let body = |extra: Value| {
+        let mut b = json!({"name": "svc", "task_definition": "embeddings:1", "pool": "inference", "desired_count": 0});
+        b.as_object_mut()
+            .expect("object")
+            .extend(extra.as_object().expect("object").clone());
+        b
+    };
+    for extra in [
+        json!({"project": "research"}),
+        json!({"priority": "production"}),
+    ] {
+        let (status, err) = call_as(
+            &state,
+            Method::POST,
+            "/api/v1/services",
+            Some(body(extra.clone())),
+            Some(&operator),
+        )
+        .await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{extra}: {err}");
+    }
+    let (status, err) = call_as(
+        &state,
+        Method::POST,
+        "/api/v1/services",
+        Some(body(json!({"priority": "batch"}))),
+        Some(&operator),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "batch is a step down: {err}");
+    let (status, _) = call_as(
+        &state,
+        Method::PATCH,
+        "/api/v1/services/svc",
+        Some(json!({"project": "research"})),
+        Some(&operator),
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, moved) = call(
+        &state,
+        Method::PATCH,
+        "/api/v1/services/svc",
+        Some(json!({"project": "research", "priority": "production"})),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{moved}");
+    assert_eq!(moved["project"], "research");
+    assert_eq!(moved["priority"], "production");
+}

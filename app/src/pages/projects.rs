@@ -72,7 +72,7 @@ pub fn ProjectsPage() -> impl IntoView {
                                                 <th scope="row" title=title.clone()>{name.clone()}</th>
                                                 <td>{s.pool}</td>
                                                 <td>{s.guaranteed.describe()}</td>
-                                                <td>{limit_text(&s.limit)}</td>
+                                                <td class="nowrap">{limit_text(&s.limit)}</td>
                                                 <td>{s.used.describe()}</td>
                                                 <td>{s.borrowed.describe()}</td>
                                                 <td>{s.pending}</td>

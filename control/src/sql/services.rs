@@ -135,10 +135,13 @@ impl ServiceStore for This {
         let constraints = serde_json::to_string(&s.constraints)
             .map_err(|e| StoreError::corrupt("service constraints", e))?;
         let mut tx = self.begin_immediate().await?;
-        sqlx::query(
+        // The project must exist when the service is written (a delete of the project
+        // checks for services in its own transaction): one statement, no window.
+        let done = sqlx::query(
             "INSERT INTO services (name, family, revision, pool, desired_count, strategy, constraints,
                  minimum_healthy_percent, maximum_percent, stop_timeout_secs, deregistration_delay_secs, objectives, project, priority)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+             SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14
+             WHERE EXISTS (SELECT 1 FROM projects WHERE name = $13)",
         )
         .bind(&s.name)
         .bind(&s.task_definition.family)
@@ -162,6 +165,9 @@ impl ServiceStore for This {
             }
             _ => StoreError::Database(e),
         })?;
+        if done.rows_affected() == 0 {
+            return Err(not_found("project", &s.project));
+        }
         sqlx::query("INSERT INTO deployments (service, family, revision, status) VALUES ($1, $2, $3, 'primary')")
             .bind(&s.name)
             .bind(&s.task_definition.family)

@@ -7,7 +7,7 @@ use crate::error::ApiError;
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use tessera_model::project::{Project, ProjectInput, ProjectView};
+use tessera_model::project::{Project, ProjectInput, ProjectSettings, ProjectView};
 
 /// Every project with its quotas, and per pool what it uses, borrows and waits for
 #[utoipa::path(get, path = "/api/v1/projects", tag = "projects",
@@ -44,17 +44,17 @@ pub async fn create_project(
     Ok((StatusCode::CREATED, Json(project)))
 }
 
-/// Replace a project's weight and quotas (the body's name is the project's)
-#[utoipa::path(put, path = "/api/v1/projects/{name}", tag = "projects", request_body = ProjectInput,
+/// Replace a project's weight and quotas
+#[utoipa::path(put, path = "/api/v1/projects/{name}", tag = "projects", request_body = ProjectSettings,
     extensions(("x-required-role" = json!("admin"))),
     params(("name" = tessera_model::schema::ProjectName, Path, description = "project name")),
     responses((status = 200, description = "Replaced", body = Project), (status = 404, description = "No such project", body = ErrorBody)))]
 pub async fn replace_project(
     State(state): State<AppState>,
     Segment(name): Segment,
-    Body(input): Body<ProjectInput>,
+    Body(settings): Body<ProjectSettings>,
 ) -> Result<Json<Project>, ApiError> {
-    Ok(Json(state.control.replace_project(&name, &input).await?))
+    Ok(Json(state.control.replace_project(&name, &settings).await?))
 }
 
 /// Delete a project no service belongs to (`default` stays)

@@ -30,11 +30,12 @@ pub struct SignIn {
     password: String,
 }
 
-/// The console's sign-in form: credentials, and the page to go to after.
+/// The console's sign-in form: credentials, and the page to go to after. A field left
+/// empty or out is refused like a wrong password (`303` back to the form).
 #[derive(utoipa::ToSchema)]
 pub struct SignInForm {
-    username: String,
-    password: String,
+    username: Option<String>,
+    password: Option<String>,
     /// A page of the console (a local path); anything else goes to `/`.
     next: Option<String>,
 }
@@ -108,14 +109,14 @@ pub async fn sign_in(State(state): State<AppState>, req: Request) -> Response {
         let text = String::from_utf8_lossy(&body);
         let field = |name: &str| form_field(&text, name);
         let f = SignInForm {
-            username: field("username").unwrap_or_default(),
-            password: field("password").unwrap_or_default(),
+            username: field("username"),
+            password: field("password"),
             next: field("next"),
         };
         (
             SignIn {
-                username: f.username,
-                password: f.password,
+                username: f.username.unwrap_or_default(),
+                password: f.password.unwrap_or_default(),
             },
             Some(local_path(f.next.as_deref())),
         )

@@ -104,6 +104,23 @@ pub async fn deregister_task_definition(
     Ok(Json(state.control.deregister_task_definition(&r).await?))
 }
 
+/// Projects have no roles of their own yet: which project a service counts against (its
+/// quotas) and its priority class (whom it may preempt) are the admin's to give. An
+/// operator's services are in `default`, of class `default` or `batch`.
+fn teams_need_admin(authn: &crate::auth::Authn, asks: bool) -> Result<(), ApiError> {
+    if !asks {
+        return Ok(());
+    }
+    let caller = crate::api::session::caller_of(Some(authn))?;
+    if caller.role.allows(tessera_model::auth::Role::Admin) {
+        Ok(())
+    } else {
+        Err(ApiError::Forbidden(
+            "a service's project and the production class are the admin's to give (projects have no roles of their own yet)".into(),
+        ))
+    }
+}
+
 /// Every service with its task counts, deployments and recent events
 #[utoipa::path(get, path = "/api/v1/services", tag = "workloads",
     extensions(("x-required-role" = json!("viewer"))),
@@ -120,8 +137,15 @@ pub async fn list_services(State(state): State<AppState>) -> Result<Json<Service
     responses((status = 201, description = "Created", body = Service), (status = 409, description = "A service of that name exists", body = ErrorBody)))]
 pub async fn create_service(
     State(state): State<AppState>,
+    axum::Extension(authn): axum::Extension<crate::auth::Authn>,
     Body(input): Body<ServiceInput>,
 ) -> Result<(StatusCode, Json<Service>), ApiError> {
+    let elsewhere = input
+        .project
+        .as_deref()
+        .is_some_and(|p| p != tessera_model::service::DEFAULT_PROJECT);
+    let production = input.priority.as_deref() == Some("production");
+    teams_need_admin(&authn, elsewhere || production)?;
     let s = state.control.create_service(&input).await?;
     Ok((StatusCode::CREATED, Json(s)))
 }
@@ -169,9 +193,11 @@ pub async fn prometheus_discovery(
     responses((status = 200, description = "Updated", body = Service), (status = 404, description = "No such service", body = ErrorBody), (status = 409, description = "The service is being deleted", body = ErrorBody)))]
 pub async fn update_service(
     State(state): State<AppState>,
+    axum::Extension(authn): axum::Extension<crate::auth::Authn>,
     Segment(name): Segment,
     Body(patch): Body<ServicePatch>,
 ) -> Result<Json<Service>, ApiError> {
+    teams_need_admin(&authn, patch.project.is_some() || patch.priority.is_some())?;
     Ok(Json(state.control.update_service(&name, &patch).await?))
 }
 
