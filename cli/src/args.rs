@@ -106,6 +106,9 @@ pub enum ClientCommand {
         /// Tasks: only those on this host.
         #[arg(long)]
         host: Option<String>,
+        /// Services and projects: only this project's.
+        #[arg(long)]
+        project: Option<String>,
         #[command(flatten)]
         conn: Connection,
     },

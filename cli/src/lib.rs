@@ -99,8 +99,12 @@ pub async fn run(command: ClientCommand, root: clap::Command) -> anyhow::Result<
             output,
             service,
             host,
+            project,
             conn,
         } => {
+            if project.is_some() && !matches!(kind, Kind::Services | Kind::Projects) {
+                bail!("--project filters services and projects only");
+            }
             // Only endpoints and work take a name; the others fail before asking the server.
             let one = matches!(kind, Kind::Endpoints | Kind::Work);
             let service = match (kind, name, service) {
@@ -117,7 +121,7 @@ pub async fn run(command: ClientCommand, root: clap::Command) -> anyhow::Result<
                 ),
                 (_, None, s) => s,
             };
-            get(&Client::new(&conn)?, kind, output, service, host).await
+            get(&Client::new(&conn)?, kind, output, service, host, project).await
         }
         ClientCommand::Describe { kind, name, conn } => {
             describe(&Client::new(&conn)?, kind, &name).await

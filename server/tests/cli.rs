@@ -267,6 +267,12 @@ fn login_reads_the_fleet_acts_on_it_and_logout_ends_the_token() {
             && l.contains("GPU memory")),
         "{projects}"
     );
+    let mine = s.json(&["get", "services", "--project", "default", "-o", "json"]);
+    assert_eq!(mine["services"].as_array().map(Vec::len), Some(6), "{mine}");
+    let none = s.json(&["get", "services", "--project", "nobody", "-o", "json"]);
+    assert_eq!(none["services"], serde_json::json!([]), "{none}");
+    let out = s.cli(&["get", "hosts", "--project", "default"]);
+    assert!(!out.status.success(), "--project does not filter hosts");
     let hosts = s.ok(&["get", "hosts"]);
     assert!(hosts.starts_with("HOST"), "{hosts}");
     for h in ["sim-l4-1", "sim-l4-2", "sim-h100-1", "sim-h100-2"] {

@@ -146,6 +146,7 @@ pub(crate) async fn get(
     output: Output,
     service: Option<String>,
     host: Option<String>,
+    project: Option<String>,
 ) -> anyhow::Result<()> {
     let wide = output == Output::Wide;
     match kind {
@@ -178,7 +179,10 @@ pub(crate) async fn get(
             t.print();
         }
         Kind::Projects => {
-            let list: ProjectList = c.get("/api/v1/projects").await?;
+            let mut list: ProjectList = c.get("/api/v1/projects").await?;
+            if let Some(p) = &project {
+                list.projects.retain(|v| &v.project.name == p);
+            }
             if output == Output::Json {
                 return print_json(&list);
             }
@@ -230,7 +234,14 @@ pub(crate) async fn get(
             t.print();
         }
         Kind::Services => {
-            let list: ServiceList = c.get("/api/v1/services").await?;
+            let uri = match &project {
+                Some(p) => format!(
+                    "/api/v1/services?project={}",
+                    tessera_model::urlenc::encode(p)
+                ),
+                None => "/api/v1/services".to_owned(),
+            };
+            let list: ServiceList = c.get(&uri).await?;
             if output == Output::Json {
                 return print_json(&list);
             }

@@ -121,14 +121,27 @@ fn teams_need_admin(authn: &crate::auth::Authn, asks: bool) -> Result<(), ApiErr
     }
 }
 
-/// Every service with its task counts, deployments and recent events
-#[utoipa::path(get, path = "/api/v1/services", tag = "workloads",
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ServiceQuery {
+    /// Only this project's services.
+    #[param(value_type = Option<tessera_model::schema::ProjectName>)]
+    project: Option<String>,
+}
+
+/// Every service (or one project's) with its task counts, deployments and recent events
+#[utoipa::path(get, path = "/api/v1/services", tag = "workloads", params(ServiceQuery),
     extensions(("x-required-role" = json!("viewer"))),
     responses((status = 200, description = "Services", body = ServiceList)))]
-pub async fn list_services(State(state): State<AppState>) -> Result<Json<ServiceList>, ApiError> {
-    Ok(Json(ServiceList {
-        services: state.control.service_details().await?,
-    }))
+pub async fn list_services(
+    State(state): State<AppState>,
+    Params(q): Params<ServiceQuery>,
+) -> Result<Json<ServiceList>, ApiError> {
+    let mut services = state.control.service_details().await?;
+    if let Some(p) = &q.project {
+        services.retain(|s| &s.service.project == p);
+    }
+    Ok(Json(ServiceList { services }))
 }
 
 /// Create a service: its tasks are placed at once
