@@ -26,8 +26,9 @@
 //! - [`clock`]: the control plane's time (the machine's, or a test's manual clock).
 //! - `cluster`: several servers on one database: announcements, the scheduler lease and
 //!   the fenced store its holder's passes write through; `Control::cluster`.
-//! - `scheduler`: placement against the live fleet through `tessera-placement`, commits
-//!   that re-check capacity, and previews.
+//! - `scheduler`: placement against the live fleet through `tessera-placement` (priority,
+//!   fair share, project limits), commits that re-check capacity.
+//! - `preview`: placement previews and packing density.
 //! - [`auth`]: operators' accounts, sign-in limits, API tokens, session records, the audit
 //!   log, and hosts' credentials (revoke, delete, rotate the join token).
 //! - [`agents`]: the agent API, server side: join token, registration, sync.
