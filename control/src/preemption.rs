@@ -89,11 +89,15 @@ impl Control {
         else {
             return Ok(0);
         };
+        // Nothing to stop unless another project runs a lower class in this pool: checked
+        // on what is in memory before the pool is read (a task may wait for many passes).
+        if !services.values().any(|s| {
+            &s.pool == pool && s.project != service.project && s.priority < service.priority
+        }) {
+            return Ok(0);
+        }
         let (info, hosts, holding) = self.pool_state(pool).await?;
-        let project_of: HashMap<String, String> = services
-            .values()
-            .map(|s| (s.name.clone(), s.project.clone()))
-            .collect();
+        let project_of = crate::projects::project_of(services.values());
         // What each project holds and keeps: tasks already stopping count for nobody.
         let kept: Vec<_> = holding
             .iter()

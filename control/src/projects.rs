@@ -52,6 +52,16 @@ pub fn pool_capacity<'a>(hosts: impl IntoIterator<Item = &'a HostInfo>) -> Usage
     c
 }
 
+/// Each service's project, by service name.
+pub(crate) fn project_of<'a>(
+    services: impl IntoIterator<Item = &'a Service>,
+) -> HashMap<String, String> {
+    services
+        .into_iter()
+        .map(|s| (s.name.clone(), s.project.clone()))
+        .collect()
+}
+
 /// Each project's use of one pool, from the tasks holding capacity there.
 pub fn usage_by_project<'a>(
     holding: impl IntoIterator<Item = &'a Task>,
@@ -131,10 +141,7 @@ impl Control {
         pool: &PoolName,
         services: &HashMap<String, Service>,
     ) -> Result<HashMap<String, Usage>, ControlError> {
-        let project_of: HashMap<String, String> = services
-            .values()
-            .map(|s| (s.name.clone(), s.project.clone()))
-            .collect();
+        let project_of = project_of(services.values());
         let holding = self
             .store
             .list_tasks(&crate::store::TaskFilter {
@@ -155,10 +162,7 @@ impl Control {
     pub async fn list_projects(&self) -> Result<Vec<ProjectView>, ControlError> {
         let projects = self.store.list_projects().await?;
         let services = self.store.list_services().await?;
-        let project_of: HashMap<String, String> = services
-            .iter()
-            .map(|s| (s.name.clone(), s.project.clone()))
-            .collect();
+        let project_of = project_of(&services);
         let tasks = self
             .store
             .list_tasks(&crate::store::TaskFilter {

@@ -7,7 +7,7 @@ use tessera_control::ControlError;
 use tessera_control::inputs::{ServiceInput, ServicePatch};
 use tessera_control::testkit::*;
 use tessera_model::project::{Amounts, DEFAULT_PROJECT, ProjectInput, ProjectSettings, Quota};
-use tessera_model::service::{DeploymentConfig, ServiceConstraints, TaskState};
+use tessera_model::service::{DeploymentConfig, TaskState};
 
 fn quota(pool: &str, guaranteed: Amounts, limit: Amounts) -> Quota {
     Quota {
@@ -44,34 +44,6 @@ fn fields(e: &ControlError) -> Vec<String> {
         ControlError::Invalid(v) => v.errors.iter().map(|e| e.field.clone()).collect(),
         other => panic!("expected invalid input, got {other}"),
     }
-}
-
-async fn service_in(
-    c: &tessera_control::Control,
-    name: &str,
-    def: &str,
-    count: u32,
-    project: &str,
-) {
-    c.create_service(&ServiceInput {
-        name: name.into(),
-        task_definition: def.into(),
-        pool: "gpu".into(),
-        project: Some(project.into()),
-        priority: None,
-        desired_count: count,
-        strategy: None,
-        constraints: ServiceConstraints::default(),
-        deployment: Some(DeploymentConfig::default()),
-        stop_timeout_secs: 5,
-        deregistration_delay_secs: 0,
-        slo: None,
-        alarms: Vec::new(),
-        bake_secs: 0,
-        autoscaling: None,
-    })
-    .await
-    .expect("service");
 }
 
 #[tokio::test]
@@ -172,7 +144,7 @@ async fn every_service_has_a_project_and_guarantees_must_fit_in_the_pool() {
         c.delete_project(DEFAULT_PROJECT).await,
         Err(ControlError::Conflict(_))
     ));
-    service_in(c, "trainer", &def, 0, "research").await;
+    service_with(c, "trainer", &def, 0, "research", "default").await;
     let err = c
         .delete_project("research")
         .await
@@ -228,7 +200,7 @@ async fn placement_never_takes_a_project_past_its_limit_and_says_so() {
     ))
     .await
     .expect("project");
-    service_in(c, "trainer", &def, 3, "research").await;
+    service_with(c, "trainer", &def, 3, "research", "default").await;
     // Another project's tasks are not held back by research's limit.
     service(c, "web", &def, 1, DeploymentConfig::default()).await;
     c.reconcile_once().await.expect("pass");
@@ -309,12 +281,13 @@ async fn a_whole_gpu_limit_counts_gpus_and_bad_replacements_are_refused() {
     ))
     .await
     .expect("project");
-    service_in(
+    service_with(
         c,
         "trainer",
         &format!("train:{}", whole.revision),
         3,
         "research",
+        "default",
     )
     .await;
     c.reconcile_once().await.expect("pass");

@@ -246,8 +246,8 @@ proptest! {
     }
 }
 
-#[test]
-fn two_half_empty_gpus_become_one() {
+/// One host with two 16 GiB GPUs, spreading tasks over them.
+fn two_gpu_host() -> Engine {
     let host = HostSpec {
         id: HostId::new("h").expect("valid"),
         cpu: MilliCpu(64_000),
@@ -264,12 +264,17 @@ fn two_half_empty_gpus_become_one() {
             })
             .collect(),
     };
-    let mut engine = Engine::new(
+    Engine::new(
         Snapshot::new(vec![host], PoolLimits::default()),
         Policy::SpreadGpu,
         &DemandProfile::default(),
         1,
-    );
+    )
+}
+
+#[test]
+fn two_half_empty_gpus_become_one() {
+    let mut engine = two_gpu_host();
     let req = TaskRequest::shared(MilliCpu(1000), MiB(1024), MiB(6 * 1024), None);
     let tasks: Vec<Movable> = (0..2)
         .map(|_| {
@@ -298,28 +303,7 @@ fn two_half_empty_gpus_become_one() {
 /// source alone instead of panicking.
 #[test]
 fn a_task_missing_from_the_snapshot_stays_and_nothing_panics() {
-    let host = HostSpec {
-        id: HostId::new("h").expect("valid"),
-        cpu: MilliCpu(64_000),
-        memory: MiB(256 * 1024),
-        labels: Default::default(),
-        active: true,
-        gpus: (0..2)
-            .map(|g| GpuSpec {
-                uuid: GpuUuid::new(format!("GPU-{g}")).expect("valid"),
-                model: "A16".into(),
-                memory: MiB(16 * 1024),
-                mps_client_limit: 8,
-                healthy: true,
-            })
-            .collect(),
-    };
-    let mut engine = Engine::new(
-        Snapshot::new(vec![host], PoolLimits::default()),
-        Policy::SpreadGpu,
-        &DemandProfile::default(),
-        1,
-    );
+    let mut engine = two_gpu_host();
     let req = TaskRequest::shared(MilliCpu(1000), MiB(1024), MiB(6 * 1024), None);
     let placed = engine.try_place(&req).expect("room");
     engine.assign(&placed).expect("fits");
