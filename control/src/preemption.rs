@@ -1,371 +1,259 @@
 //! Preemption: when a task of a project within its guarantee cannot be placed, tasks of a
 //! lower priority class that use borrowed capacity are stopped to make room for it.
 //!
-//! The scheduler asks after a pass's placements are committed, once per waiting service
-//! and pool. The plan (`tessera_placement::preempt`) stops the fewest tasks, lowest
-//! priority then smallest, on one GPU or host, and never takes a project below its
-//! guarantee. The victims are stopped as any stop is (out of the endpoint list first,
-//! then signalled); their services start replacements, which wait like any other task.
-//! The waiting task is placed on a later pass, once the victims have let go; until then,
-//! the stopping tasks' room counts as free, so nothing more is stopped for it.
+//! The scheduler asks after a pass's placements are committed, once per pool, for the
+//! tasks that found no room, in the order it placed them. Each gets room of its own
+//! (`tessera_placement::quota::Claims`): a plan (`tessera_placement::preempt`) stops the
+//! fewest tasks, lowest priority then smallest, on one GPU or host, never takes a project
+//! below its guarantee, and is checked by the engine on the plan's host (the task's
+//! constraints). The room is then *claimed* for the task: later plans in the pass do not
+//! count it as free, and the next passes place the task there first, before anything else
+//! can take it. The victims stop as any stop does (out of the endpoint list first, then
+//! signalled); their services start replacements, which wait like any other task. Stopping
+//! tasks' room counts as free, so nothing more is stopped for a task whose room is coming.
+//!
+//! Claims live in the scheduler's memory: a server that restarts forgets them, and the
+//! waiting tasks claim again on its first pass (their victims' room counts as free then).
 
 use crate::capacity::{Held, PoolCapacity};
 use crate::control::Control;
 use crate::error::ControlError;
 use crate::projects::usage_by_project;
-use std::collections::HashMap;
-use tessera_model::HostStatus;
+use std::collections::{HashMap, HashSet};
 use tessera_model::PoolName;
-use tessera_model::project::{Amounts, Project, Usage};
+use tessera_model::project::{DEFAULT_PROJECT, Project, Usage};
 use tessera_model::service::{PriorityClass, Service, TaskState};
-use tessera_placement::preempt::{self, Ask, Budget, GpuNeed, GpuRoom, HostRoom, Victim};
-use tessera_placement::{DemandProfile, Engine, GpuDemand, Policy, TaskRequest};
+use tessera_placement::quota::{self, Claims, within_guarantee};
+use tessera_placement::{Placement, TaskRequest};
 
-/// What the waiting task would add to its project's use.
-fn demand(req: &TaskRequest) -> Usage {
-    let mut u = Usage {
-        cpu_milli: req.cpu.0,
-        memory_mib: req.memory.0,
-        ..Default::default()
-    };
-    match req.gpu {
-        GpuDemand::None => {}
-        GpuDemand::Whole { count } => u.gpus = u64::from(count),
-        GpuDemand::Shared { memory, compute } => {
-            u.gpu_memory_mib = memory.0;
-            u.compute_milli = compute.map_or(0, |c| u64::from(c.0));
-        }
-    }
-    u
-}
-
-/// Whether a project that uses `mine` stays within its guarantee with `want` more: every
-/// quantity its guarantee names holds, and the guarantee names one the task needs of a
-/// GPU (whole GPUs for whole GPUs; GPU memory or compute for a shared slot), or for a task
-/// without a GPU, its CPU or memory. A guarantee of CPU alone takes no GPU room back.
-fn within_guarantee(mine: &Usage, want: &Usage, guaranteed: &Amounts) -> bool {
-    let after = mine.plus(want);
-    let holds = after
-        .named()
-        .into_iter()
-        .zip(guaranteed.or_zero().named())
-        .zip([
-            guaranteed.gpus,
-            guaranteed.gpu_memory_mib,
-            guaranteed.compute_milli,
-            guaranteed.cpu_milli,
-            guaranteed.memory_mib,
-        ])
-        .all(|(((_, used), (_, g)), named)| named.is_none() || used <= g);
-    let needs_gpu = want.gpus + want.gpu_memory_mib + want.compute_milli > 0;
-    let covers = if needs_gpu {
-        (want.gpus > 0 && guaranteed.gpus.is_some())
-            || (want.gpu_memory_mib > 0 && guaranteed.gpu_memory_mib.is_some())
-            || (want.compute_milli > 0 && guaranteed.compute_milli.is_some())
-    } else {
-        guaranteed.cpu_milli.is_some() || guaranteed.memory_mib.is_some()
-    };
-    holds && covers
+/// Tasks of one service that found no room in a pass (not held by their project's limit),
+/// with the request the scheduler made for them.
+pub(crate) struct Short {
+    pub service: String,
+    pub request: TaskRequest,
+    pub tasks: Vec<String>,
 }
 
 impl Control {
-    /// Stops tasks to make room for a task of `service` that `req` describes, if the plan
-    /// allows it; how many it stopped.
-    pub(crate) async fn preempt_for(
+    /// Makes room, where the rules allow it, for the tasks in `short` (in the order given)
+    /// by stopping tasks that use borrowed capacity, and claims it for them; how many tasks
+    /// it stopped.
+    pub(crate) async fn preempt_in(
         &self,
         pool: &PoolName,
-        service: &Service,
-        req: &TaskRequest,
+        short: Vec<Short>,
         services: &HashMap<String, Service>,
         projects: &HashMap<String, Project>,
     ) -> Result<usize, ControlError> {
-        if service.priority == PriorityClass::Batch {
-            return Ok(0);
-        }
-        // Only a project within its guarantee here, with this task, takes room back.
-        let Some(own) = projects
-            .get(&service.project)
-            .and_then(|p| p.quota(pool.as_str()))
-        else {
-            return Ok(0);
-        };
-        // Nothing to stop unless another project runs a lower class in this pool: checked
-        // on what is in memory before the pool is read (a task may wait for many passes).
-        if !services.values().any(|s| {
-            &s.pool == pool && s.project != service.project && s.priority < service.priority
-        }) {
+        // Only a task of a class above batch, of a project with a quota here, and only
+        // when another project runs a lower class in this pool: checked on what is in
+        // memory before the pool is read (a task may wait for many passes).
+        let short: Vec<(&Service, Short)> = short
+            .into_iter()
+            .filter_map(|s| Some((services.get(&s.service)?, s)))
+            .filter(|(service, _)| {
+                service.priority > PriorityClass::Batch
+                    && projects
+                        .get(&service.project)
+                        .and_then(|p| p.quota(pool.as_str()))
+                        .is_some()
+                    && services.values().any(|s| {
+                        &s.pool == pool
+                            && s.project != service.project
+                            && s.priority < service.priority
+                    })
+            })
+            .collect();
+        if short.is_empty() {
             return Ok(0);
         }
         let (info, hosts, holding) = self.pool_state(pool).await?;
         let project_of = crate::projects::project_of(services.values());
+        let guaranteed = |project: &str| {
+            projects
+                .get(project)
+                .and_then(|p| p.quota(pool.as_str()))
+                .map(|q| q.guaranteed)
+                .unwrap_or_default()
+        };
         // What each project holds and keeps: tasks already stopping count for nobody.
-        let kept: Vec<_> = holding
+        let kept_tasks: Vec<_> = holding
             .iter()
             .filter(|t| t.state != TaskState::Stopping)
             .cloned()
             .collect();
-        let used = usage_by_project(&kept, &project_of);
-        let mine = used.get(&service.project).copied().unwrap_or_default();
-        let want = demand(req);
-        if !within_guarantee(&mine, &want, &own.guaranteed)
-            || mine.plus(&want).exceeds(&own.limit).is_some()
-        {
-            return Ok(0);
-        }
+        let mut kept = usage_by_project(&kept_tasks, &project_of);
         let capacity = PoolCapacity::build(&info, &hosts, holding.iter().filter_map(Held::of));
         let snap = &capacity.snapshot;
-        // Each project may lose what it borrows beyond its guarantee (what it names; a
-        // quantity it does not name is all borrowed).
-        let mut project_index: HashMap<String, usize> = HashMap::new();
-        let mut budgets = Vec::new();
-        for (name, u) in &used {
-            let guaranteed = projects
-                .get(name)
-                .and_then(|p| p.quota(pool.as_str()))
-                .map(|q| q.guaranteed.or_zero())
-                .unwrap_or_default();
-            let b = u.above(&guaranteed);
-            project_index.insert(name.clone(), budgets.len());
-            budgets.push(Budget {
-                gpu_memory: b.gpu_memory_mib,
-                compute: b.compute_milli,
-                gpus: b.gpus,
-                cpu: b.cpu_milli,
-                memory: b.memory_mib,
-            });
-        }
-        // Room now, with what stopping tasks hold counted as free (it soon is).
-        let mut rooms: Vec<HostRoom> = (0..snap.host_count())
-            .map(|h| {
-                let h = h as tessera_placement::HostIdx;
-                let (cpu, memory) = snap.host_free(h);
-                HostRoom {
-                    free_cpu: cpu.0,
-                    free_memory: memory.0,
-                    gpus: snap
-                        .gpus_of(h)
-                        .map(|g| {
-                            let u = snap.gpu_usage(g);
-                            GpuRoom {
-                                free_memory: u.memory_free.0,
-                                free_compute: u64::from(u.compute_free.0),
-                                free_clients: u.client_limit.saturating_sub(u.clients),
-                                pinned: false,
-                                usable: true,
-                            }
-                        })
-                        .collect(),
-                    usable: false,
-                }
+        // Each running task with where it runs (tasks the snapshot could not take are in
+        // no plan).
+        let placed: Vec<(&tessera_model::service::Task, Placement)> = holding
+            .iter()
+            .filter(|t| !capacity.not_in_snapshot.contains(&t.id))
+            .filter_map(|t| {
+                let h = Held::of(t)?;
+                Some((
+                    t,
+                    capacity.placement(h.host, h.cpu, h.memory, h.allocations)?,
+                ))
             })
             .collect();
-        for (h, host) in hosts.iter().enumerate() {
-            if let Some(room) = rooms.get_mut(h) {
-                room.usable = host.status == HostStatus::Active && !host.held;
-                for (g, gpu) in host.gpus.iter().enumerate() {
-                    if let Some(r) = room.gpus.get_mut(g) {
-                        r.usable = gpu.health == tessera_model::GpuHealth::Healthy;
-                    }
-                }
-            }
-        }
-        let mut victims = Vec::new();
-        let mut victim_ids = Vec::new();
-        for t in &holding {
-            let Some(h) = Held::of(t) else { continue };
-            if capacity.not_in_snapshot.contains(&t.id) {
-                continue;
-            }
-            let Some(p) = capacity.placement(h.host, h.cpu, h.memory, h.allocations) else {
-                continue;
-            };
-            let host = p.host as usize;
-            let slot = |g: tessera_placement::GpuIdx| {
-                snap.gpus_of(p.host)
-                    .position(|x| x == g)
-                    .expect("a placement's GPU is on its host")
-            };
-            if t.state == TaskState::Stopping {
-                let room = &mut rooms[host];
-                room.free_cpu += t.cpu.0;
-                room.free_memory += t.memory.0;
-                for s in &p.gpus {
-                    let r = &mut room.gpus[slot(s.gpu)];
-                    r.free_memory += s.memory.0;
-                    r.free_compute += u64::from(s.compute.0);
-                    r.free_clients += 1;
-                }
-                continue;
-            }
-            let owner = services.get(&t.service);
-            // Never its own project's tasks, and only lower classes.
-            let lower = owner
-                .is_some_and(|s| s.priority < service.priority && s.project != service.project);
-            let project = owner.map_or(tessera_model::project::DEFAULT_PROJECT, |s| {
-                s.project.as_str()
-            });
-            match project_index.get(project) {
-                Some(&pi) if lower && !t.migrating => {
-                    victims.push(Victim {
-                        host,
-                        slots: p
-                            .gpus
-                            .iter()
-                            .map(|s| (slot(s.gpu), s.memory.0, u64::from(s.compute.0)))
-                            .collect(),
-                        cpu: t.cpu.0,
-                        memory: t.memory.0,
-                        whole: p.gpus.iter().any(|s| s.dedicated),
-                        priority: owner.map_or(0, |s| s.priority as u32),
-                        project: pi,
-                    });
-                    victim_ids.push(t);
-                }
-                _ => {
-                    for s in &p.gpus {
-                        rooms[host].gpus[slot(s.gpu)].pinned = true;
-                    }
-                }
-            }
-        }
-        let ask = Ask {
-            gpu: match req.gpu {
-                GpuDemand::None => GpuNeed::None,
-                GpuDemand::Whole { count } => GpuNeed::Whole {
-                    count: count as usize,
-                },
-                GpuDemand::Shared { memory, compute } => GpuNeed::Shared {
-                    memory: memory.0,
-                    compute: compute.map_or(0, |c| u64::from(c.0)),
-                },
-            },
-            cpu: req.cpu.0,
-            memory: req.memory.0,
-        };
-        let Some(plan) = preempt::plan(&rooms, &victims, &budgets, &ask) else {
-            return Ok(0);
-        };
-        // Nothing to stop: the room is there, or will be once stopping tasks let go.
-        if plan.stop.is_empty() {
-            return Ok(0);
-        }
-        // The planner knows room, not the task's constraints (models, labels, spread,
-        // ports): only a plan after which the engine itself places the task is carried out.
-        let mut check = Engine::new(
-            capacity.snapshot.clone(),
-            Policy::Binpack,
-            &DemandProfile::default(),
-            1,
+        let mut claims = Claims::new(
+            snap,
+            placed
+                .iter()
+                .filter(|(t, _)| t.state == TaskState::Stopping)
+                .map(|(_, p)| p),
         );
-        let stopping = holding.iter().filter(|t| t.state == TaskState::Stopping);
-        let victims_of_plan = plan.stop.iter().map(|&v| victim_ids[v]);
-        for t in stopping.chain(victims_of_plan) {
-            if let Some(h) = Held::of(t)
-                && !capacity.not_in_snapshot.contains(&t.id)
-                && let Some(p) = capacity.placement(h.host, h.cpu, h.memory, h.allocations)
-            {
-                let _ = check.release(&p);
+        let mut stopped: HashSet<&str> = HashSet::new();
+        let mut claimed: HashMap<&str, Usage> = HashMap::new();
+        let mut total = 0;
+        for (service, s) in &short {
+            let own = guaranteed(&service.project);
+            let limit = projects
+                .get(&service.project)
+                .and_then(|p| p.quota(pool.as_str()))
+                .map(|q| q.limit)
+                .unwrap_or_default();
+            let mut req = s.request.clone();
+            for task_id in &s.tasks {
+                let want = quota::demand(&req);
+                let mine = kept
+                    .get(&service.project)
+                    .copied()
+                    .unwrap_or_default()
+                    .plus(
+                        &claimed
+                            .get(service.project.as_str())
+                            .copied()
+                            .unwrap_or_default(),
+                    );
+                if !within_guarantee(&mine, &want, &own)
+                    || mine.plus(&want).exceeds(&limit).is_some()
+                {
+                    break;
+                }
+                // Each project may lose what it borrows beyond its guarantee (what it
+                // names; a quantity it does not name is all borrowed).
+                let mut project_index: HashMap<&str, usize> = HashMap::new();
+                let mut budgets = Vec::new();
+                for (name, u) in &kept {
+                    project_index.insert(name.as_str(), budgets.len());
+                    budgets.push(quota::budget(u, &guaranteed(name)));
+                }
+                let (mut victims, mut at, mut victim_tasks, mut pinned) =
+                    (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+                for (t, p) in &placed {
+                    if t.state == TaskState::Stopping || stopped.contains(t.id.as_str()) {
+                        continue;
+                    }
+                    let owner = services.get(&t.service);
+                    // Never its own project's tasks, and only lower classes.
+                    let lower = owner.is_some_and(|o| {
+                        o.priority < service.priority && o.project != service.project
+                    });
+                    let project = owner.map_or(DEFAULT_PROJECT, |o| o.project.as_str());
+                    match project_index.get(project) {
+                        Some(&pi) if lower && !t.migrating => {
+                            let priority = owner.map_or(0, |o| o.priority as u32);
+                            victims.push(quota::victim(snap, p, priority, pi));
+                            at.push(p);
+                            victim_tasks.push(*t);
+                        }
+                        _ => pinned.push(p),
+                    }
+                }
+                let Some((stop, placement)) = claims.plan(&victims, &at, pinned, &budgets, &req)
+                else {
+                    tracing::debug!(service = %service.name, "no preemption plan makes room (or the task's constraints refuse it)");
+                    break;
+                };
+                for &v in &stop {
+                    let t = victim_tasks[v];
+                    stopped.insert(t.id.as_str());
+                    if let Some(u) = kept.get_mut(
+                        project_of
+                            .get(&t.service)
+                            .map_or(DEFAULT_PROJECT, String::as_str),
+                    ) {
+                        *u = u.above(&quota::held(at[v]));
+                    }
+                    self.stop_for(t, services.get(&t.service), service).await?;
+                }
+                if !stop.is_empty() {
+                    let host = &placement.host_id;
+                    self.event(
+                        Some(&service.name),
+                        Some(host),
+                        &format!(
+                            "preempting {} task(s) on host {host} to make room for a task of {}",
+                            stop.len(),
+                            service.name
+                        ),
+                    )
+                    .await;
+                }
+                total += stop.len();
+                let u = claimed.entry(service.project.as_str()).or_default();
+                *u = u.plus(&want);
+                // The service's next task sees this one where it will run.
+                if req.constraints.distinct_hosts {
+                    req.constraints
+                        .avoid_hosts
+                        .insert(placement.host_id.clone());
+                }
+                req.constraints.count(
+                    &placement.host_id,
+                    placement.gpus.iter().map(|s| &s.uuid),
+                    1,
+                );
+                self.scheduling
+                    .claims
+                    .lock()
+                    .insert(task_id.clone(), placement);
             }
         }
-        if check.try_place(req).is_none() {
-            tracing::debug!(service = %service.name, "a preemption plan would not let the task in (its constraints): none carried out");
-            return Ok(0);
+        if total > 0 {
+            self.wake();
         }
-        for &v in &plan.stop {
-            let t = victim_ids[v];
-            let owner = services.get(&t.service);
-            let reason = format!(
-                "preempted: service {} (project {}, {}) needs the room",
-                service.name, service.project, service.priority
-            );
-            let drain = owner.filter(|s| s.deregistration_delay_secs > 0).map(|s| {
-                crate::clock::stamp(
-                    self.now() + chrono::Duration::seconds(i64::from(s.deregistration_delay_secs)),
-                )
-            });
-            self.store
-                .request_task_stop(&t.id, &reason, drain.as_deref(), false)
-                .await?;
-            self.event(
-                Some(&t.service),
-                Some(&hosts[plan.host].id),
-                &format!(
-                    "task {} of {} (project {}, {}) preempted for service {} (project {}, {}): its project borrows beyond its guarantee",
-                    t.id,
-                    t.service,
-                    owner.map_or(tessera_model::project::DEFAULT_PROJECT, |s| s.project.as_str()),
-                    owner.map_or(PriorityClass::Default, |s| s.priority),
-                    service.name,
-                    service.project,
-                    service.priority
-                ),
+        Ok(total)
+    }
+
+    /// Stops `t` (of `owner`) to make room for a task of `service`: out of the endpoint
+    /// list first, then signalled, with a reason and an event naming who took the room.
+    async fn stop_for(
+        &self,
+        t: &tessera_model::service::Task,
+        owner: Option<&Service>,
+        service: &Service,
+    ) -> Result<(), ControlError> {
+        let reason = format!(
+            "preempted: service {} (project {}, {}) needs the room",
+            service.name, service.project, service.priority
+        );
+        let drain = owner.filter(|s| s.deregistration_delay_secs > 0).map(|s| {
+            crate::clock::stamp(
+                self.now() + chrono::Duration::seconds(i64::from(s.deregistration_delay_secs)),
             )
-            .await;
-        }
+        });
+        self.store
+            .request_task_stop(&t.id, &reason, drain.as_deref(), false)
+            .await?;
         self.event(
-            Some(&service.name),
-            Some(&hosts[plan.host].id),
+            Some(&t.service),
+            t.host.as_ref(),
             &format!(
-                "preempting {} task(s) on host {} to make room for a task of {}",
-                plan.stop.len(),
-                hosts[plan.host].id,
-                service.name
+                "task {} of {} (project {}, {}) preempted for service {} (project {}, {}): its project borrows beyond its guarantee",
+                t.id,
+                t.service,
+                owner.map_or(DEFAULT_PROJECT, |s| s.project.as_str()),
+                owner.map_or(PriorityClass::Default, |s| s.priority),
+                service.name,
+                service.project,
+                service.priority
             ),
         )
         .await;
-        self.wake();
-        Ok(plan.stop.len())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn usage(gpus: u64, gpu_memory_mib: u64, cpu_milli: u64) -> Usage {
-        Usage {
-            gpus,
-            gpu_memory_mib,
-            cpu_milli,
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn only_a_guarantee_of_what_the_task_needs_takes_room_back() {
-        let memory = Amounts {
-            gpu_memory_mib: Some(24 * 1024),
-            ..Default::default()
-        };
-        let shared = usage(0, 20 * 1024, 1000);
-        assert!(within_guarantee(&Usage::default(), &shared, &memory));
-        assert!(
-            !within_guarantee(&usage(0, 8 * 1024, 0), &shared, &memory),
-            "28 GiB of 24"
-        );
-        let cpu_only = Amounts {
-            cpu_milli: Some(64_000),
-            ..Default::default()
-        };
-        assert!(
-            !within_guarantee(&Usage::default(), &shared, &cpu_only),
-            "a CPU guarantee takes no GPU room back"
-        );
-        let whole = usage(1, 0, 1000);
-        assert!(
-            !within_guarantee(&Usage::default(), &whole, &memory),
-            "GPU memory is not whole GPUs"
-        );
-        let gpus = Amounts {
-            gpus: Some(2),
-            ..Default::default()
-        };
-        assert!(within_guarantee(&usage(1, 0, 0), &whole, &gpus));
-        assert!(!within_guarantee(&usage(2, 0, 0), &whole, &gpus));
-        assert!(within_guarantee(
-            &Usage::default(),
-            &usage(0, 0, 4000),
-            &cpu_only
-        ));
+        Ok(())
     }
 }

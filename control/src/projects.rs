@@ -91,19 +91,6 @@ pub(crate) fn limits_in<'a>(
         .collect()
 }
 
-/// A project's dominant share of a pool (its largest share of any quantity), over its
-/// weight: what fair share compares.
-fn weighted_share(used: &Usage, capacity: &Usage, weight: u32) -> f64 {
-    let share = used
-        .named()
-        .into_iter()
-        .zip(capacity.named())
-        .filter(|(_, (_, cap))| *cap > 0)
-        .map(|((_, u), (_, cap))| u as f64 / cap as f64)
-        .fold(0.0, f64::max);
-    share / f64::from(weight.max(1))
-}
-
 /// The order in which services' waiting tasks are placed: higher priority classes first;
 /// within a class, the project furthest below its fair share (its dominant share of the
 /// pool over its weight) first; otherwise in the order their tasks were created. `used`
@@ -120,7 +107,7 @@ pub(crate) fn fair_order<T>(
         let priority = s.map(|s| s.priority).unwrap_or_default();
         let project = s.map_or(DEFAULT_PROJECT, |s| s.project.as_str());
         let weight = projects.get(project).map_or(1, |p| p.weight);
-        let share = weighted_share(
+        let share = tessera_placement::quota::weighted_share(
             &used.get(project).copied().unwrap_or_default(),
             capacity,
             weight,

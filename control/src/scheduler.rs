@@ -158,6 +158,14 @@ impl Control {
     /// Places every pending task and commits what fits.
     pub(crate) async fn schedule(&self) -> Result<usize, ControlError> {
         let pending = self.store.list_pending().await?;
+        // Claims of tasks no longer waiting are spent.
+        {
+            let waiting: HashSet<&str> = pending.iter().map(|t| t.id.as_str()).collect();
+            self.scheduling
+                .claims
+                .lock()
+                .retain(|id, _| waiting.contains(id.as_str()));
+        }
         if pending.is_empty() {
             return Ok(0);
         }
@@ -235,9 +243,9 @@ impl Control {
             }
             let mut commits = Vec::new();
             let mut complaints: Vec<(String, Vec<String>, String)> = Vec::new();
-            // The first task of each service that found no room (not held by its own
-            // project's limit): preemption may make room for it once this pass commits.
-            let mut short: Vec<(String, TaskRequest)> = Vec::new();
+            // Each service's tasks that found no room (not held by their project's limit):
+            // preemption may make room for them once this pass commits.
+            let mut short: Vec<crate::preemption::Short> = Vec::new();
             // What each project uses in the pool, read fresh (the cached engine does not
             // know projects) when a limit bounds placement here or several projects wait
             // (fair share orders them); each placement adds to it.
@@ -263,6 +271,16 @@ impl Control {
                 &project_use,
                 &capacity,
             );
+            // Tasks with claimed room go first (their services, then they within them),
+            // so nothing else takes the room their victims left.
+            let claims = self.scheduling.claims.lock().clone();
+            if !claims.is_empty() {
+                for (_, tasks) in by_service.iter_mut() {
+                    tasks.sort_by_key(|t| !claims.contains_key(&t.id));
+                }
+                by_service
+                    .sort_by_key(|(_, tasks)| !tasks.iter().any(|t| claims.contains_key(&t.id)));
+            }
 
             for (name, tasks) in by_service {
                 let Some(service) = services.get(&name) else {
@@ -287,7 +305,7 @@ impl Control {
                     .interference_avoid(service, &services.values().collect::<Vec<_>>())
                     .await?;
                 let (mut kept_off, mut beside) = (0usize, 0usize);
-                let (mut held_by_limit, mut wanting) = (false, None::<TaskRequest>);
+                let mut wanting: Option<(TaskRequest, Vec<String>)> = None;
                 for t in tasks {
                     let mut req = with_live(
                         request_for(&specs[&t.task_definition], c, BTreeSet::new()),
@@ -306,7 +324,13 @@ impl Control {
                     if req.constraints.dynamic_ports > 0 {
                         req.constraints.dynamic_free = dynamic_free.clone();
                     }
-                    let mut result = engine.place(&req);
+                    let claimed = claims
+                        .get(&t.id)
+                        .and_then(|c| tessera_placement::quota::claimable(engine, c));
+                    let mut result = match claimed {
+                        Some(p) => Ok(p),
+                        None => engine.place(&req),
+                    };
                     if result
                         .as_ref()
                         .is_ok_and(|p| p.gpus.iter().any(|g| avoid.contains(&g.uuid)))
@@ -332,7 +356,6 @@ impl Control {
                             &allocations(p),
                         ));
                         if let Some(over) = after.exceeds(limit) {
-                            held_by_limit = true;
                             if sentence.is_empty() {
                                 sentence = format!(
                                     "unable to place task ({}): project `{}` is at its limit in pool `{}`: it would use {over}",
@@ -369,9 +392,10 @@ impl Control {
                             if sentence.is_empty() {
                                 sentence = rejection.to_string();
                             }
-                            if wanting.is_none() {
-                                wanting = Some(req.clone());
-                            }
+                            wanting
+                                .get_or_insert_with(|| (req.clone(), Vec::new()))
+                                .1
+                                .push(t.id.clone());
                             unplaced.push(t.id.clone());
                         }
                     }
@@ -405,8 +429,12 @@ impl Control {
                     )
                     .await;
                 }
-                if let (false, Some(req)) = (held_by_limit, wanting) {
-                    short.push((name.clone(), req));
+                if let Some((request, tasks)) = wanting {
+                    short.push(crate::preemption::Short {
+                        service: name.clone(),
+                        request,
+                        tasks,
+                    });
                 }
                 if !unplaced.is_empty() {
                     complaints.push((name, unplaced, sentence));
@@ -429,12 +457,7 @@ impl Control {
             } else {
                 self.scheduling.engines.insert(pool.clone(), cached);
             }
-            for (name, req) in short {
-                if let Some(service) = services.get(&name) {
-                    self.preempt_for(&pool, service, &req, &services, &projects)
-                        .await?;
-                }
-            }
+            self.preempt_in(&pool, short, &services, &projects).await?;
             for (service, ids, sentence) in complaints {
                 self.store.set_placement_message(&ids, &sentence).await?;
                 if self.service_state_changed(&service, |s| s.pending = Some(sentence.clone())) {

@@ -437,6 +437,63 @@ async fn a_guaranteed_production_task_preempts_the_fewest_borrowing_batch_tasks(
     assert_no_overcommit(c).await;
 }
 
+/// Several waiting tasks each get room of their own in one pass (a plan's room is claimed
+/// for its task, not counted free for the next), and once the victims let go nothing
+/// else takes it: not even a task of the same class whose project is further below its
+/// fair share.
+#[tokio::test]
+async fn each_waiting_task_claims_room_of_its_own_and_keeps_it() {
+    let env = env(fast()).await;
+    let c = &env.control;
+    let a = host(c, "a", 3, 24).await;
+    for p in ["lab", "ops"] {
+        c.create_project(&project(p, vec![]))
+            .await
+            .expect("no quota: all it uses is borrowed");
+    }
+    c.create_project(&project(
+        "prod",
+        vec![quota("gpu", gpu_memory_gib(72), Amounts::default())],
+    ))
+    .await
+    .expect("prod");
+    let small = register_def(c, "crunch", 12, 40).await;
+    let big = register_def(c, "api", 20, 50).await;
+    // prod holds one GPU (so a project using nothing comes before it by fair share); lab
+    // borrows the other two.
+    service_with(c, "base", &big, 1, "prod", "production").await;
+    c.reconcile_once().await.expect("pass");
+    service_with(c, "crunch", &small, 4, "lab", "batch").await;
+    c.reconcile_once().await.expect("pass");
+    sync(c, &a).await;
+    assert_eq!(tasks(c, "crunch", &[TaskState::Running]).await.len(), 4);
+
+    service_with(c, "api", &big, 2, "prod", "production").await;
+    c.reconcile_once().await.expect("pass");
+    assert_eq!(
+        tasks(c, "crunch", &[TaskState::Stopping, TaskState::Stopped])
+            .await
+            .len(),
+        4,
+        "both api tasks made room in the same pass, one GPU each"
+    );
+    // A production task of a project using nothing (first by fair share) arrives while
+    // the victims stop.
+    service_with(c, "intruder", &big, 1, "ops", "production").await;
+    sync(c, &a).await;
+    c.reconcile_once().await.expect("pass");
+    c.reconcile_once().await.expect("pass");
+    assert_eq!(
+        tasks(c, "api", &[TaskState::Assigned, TaskState::Running])
+            .await
+            .len(),
+        2,
+        "the claimed room went to the tasks it was made for"
+    );
+    assert_eq!(tasks(c, "intruder", &[TaskState::Pending]).await.len(), 1);
+    assert_no_overcommit(c).await;
+}
+
 /// When room is short, the project furthest below its fair share goes first (its share of
 /// the pool over its weight), whatever the order its tasks were created in; a higher
 /// priority class goes before both.

@@ -4,14 +4,18 @@
 //! - [`openb`]: reading the Alibaba openb trace format (nodes and pods).
 //! - [`variants`]: workload variants of a trace made with a seed (GPU-model pinning,
 //!   CPU-only scale, shared and multi-GPU mix), for the `replay --variants` table.
+//! - [`projects`]: the projects replay: arrivals split between projects with priorities,
+//!   guarantees and limits, placed pass by pass with preemption, beside a run without.
 //! - [`bound`]: the most GPU share any engine could allocate to a set of tasks, a ceiling
 //!   to read `replay`'s figures against.
 //!
 //! Binaries: `replay` (the placement benchmark on a trace, against FGD's published
-//! figures and the bound) and `consolidate` (the consolidation simulator).
+//! figures and the bound), `projects` (the projects replay) and `consolidate` (the
+//! consolidation simulator).
 
 #![forbid(unsafe_code)]
 
 pub mod bound;
 pub mod openb;
+pub mod projects;
 pub mod variants;

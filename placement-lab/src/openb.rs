@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use tessera_model::{ComputeMilli, GpuUuid, HostId, MiB, MilliCpu};
 use tessera_placement::request::{Constraints, GpuDemand, TaskRequest};
+use tessera_placement::rng::Rng;
 use tessera_placement::snapshot::{GpuSpec, HostSpec};
 
 /// Memory of one GPU in trace units: a GPU is 1000 milli.
@@ -29,6 +30,26 @@ impl TraceTask {
     pub fn gpu_request_milli(&self) -> u64 {
         u64::from(self.num_gpu) * u64::from(self.gpu_milli)
     }
+}
+
+/// The cluster's GPUs in thousandths (1000 per GPU).
+pub fn capacity_milli(hosts: &[HostSpec]) -> u64 {
+    hosts.iter().map(|h| h.gpus.len() as u64 * GPU_UNITS).sum()
+}
+
+/// The FGD protocol's arrivals for a seed (indices into `tasks`): the tasks shuffled, then
+/// tasks drawn with replacement until the GPU requests reach `target` thousandths.
+pub fn arrival_order(tasks: &[TraceTask], seed: u64, target: u64) -> Vec<usize> {
+    let mut rng = Rng::new(seed);
+    let mut order: Vec<usize> = (0..tasks.len()).collect();
+    rng.shuffle(&mut order);
+    let mut total: u64 = order.iter().map(|&i| tasks[i].gpu_request_milli()).sum();
+    while total < target {
+        let i = rng.below(tasks.len());
+        order.push(i);
+        total += tasks[i].gpu_request_milli();
+    }
+    order
 }
 
 /// A malformed trace file; names the line and column.

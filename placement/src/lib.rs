@@ -13,6 +13,8 @@
 //!   scoring (`scoring`), rejections explained (`explain`); batches and dry runs.
 //! - [`consolidate`]: consolidation plans: moves that empty partly used GPUs or hosts.
 //! - [`preempt`]: preemption plans: the fewest tasks to stop so that a waiting one fits.
+//! - [`quota`]: projects' quotas as placement sees them (use, guarantees, fair share) and
+//!   the preemption planner's inputs read from a snapshot.
 //! - [`profile`]: the workload's shape and the fragmentation measure built on it.
 //! - `gaps`: what a GPU's free share is worth to the workload, learned from its shape.
 //! - `classes`: hosts grouped by identical state, so each state is scored once.
@@ -30,6 +32,7 @@ pub mod engine;
 mod gaps;
 pub mod preempt;
 pub mod profile;
+pub mod quota;
 pub mod reject;
 pub mod request;
 pub mod rng;

@@ -455,6 +455,28 @@ impl Snapshot {
         Ok(())
     }
 
+    /// `p` (made on another picture of the pool, with other indices) on this snapshot:
+    /// the same host and GPUs by their ids, if the host takes tasks and the GPUs are in
+    /// service. Whether the room is there is the caller's to check (`assign`).
+    pub fn resolve(&self, p: &Placement) -> Option<Placement> {
+        let h = self.hosts.iter().position(|h| h.id == p.host_id)? as HostIdx;
+        if !self.host_active(h) {
+            return None;
+        }
+        let mut out = p.clone();
+        out.host = h;
+        for s in &mut out.gpus {
+            let g = self
+                .gpus_of(h)
+                .find(|&g| self.gpus[g as usize].uuid == s.uuid)?;
+            if !self.gpu_available(g) {
+                return None;
+            }
+            s.gpu = g;
+        }
+        Some(out)
+    }
+
     /// Whether `p` may be committed now, taking what it holds if so: the check a plan made
     /// elsewhere (another server, an older picture of the fleet) passes before it is
     /// stored. The same rules as placement: an active host, and the same GPU and host

@@ -2,14 +2,14 @@
 //! them stale, and the specs of task definition revisions.
 
 use crate::cache::Cache;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use tessera_model::PoolInfo;
 use tessera_model::PoolName;
 use tessera_model::service::TaskDefRef;
 use tessera_model::taskdef::TaskDefinitionSpec;
-use tessera_placement::Engine;
+use tessera_placement::{Engine, Placement};
 
 /// Bounds of the caches: pools' engines and revisions' specs. Past them the oldest entries
 /// are built or read again.
@@ -29,6 +29,9 @@ pub(crate) struct Scheduling {
     /// Specs of task definition revisions, which never change once registered: every sync
     /// and scheduling pass needs them.
     pub specs: Cache<TaskDefRef, Arc<TaskDefinitionSpec>>,
+    /// Room a preemption plan claimed for a waiting task, by task id: the scheduler places
+    /// it there first once its victims have let go (`crate::preemption`).
+    pub claims: parking_lot::Mutex<HashMap<String, Placement>>,
 }
 
 impl Default for Scheduling {
@@ -38,6 +41,7 @@ impl Default for Scheduling {
             capacity_epoch: AtomicU64::new(0),
             engine_builds: AtomicU64::new(0),
             specs: Cache::new(MAX_SPECS_CACHED),
+            claims: Default::default(),
         }
     }
 }

@@ -25,7 +25,6 @@ use std::fmt::Write as _;
 use std::process::ExitCode;
 use std::time::Instant;
 use tessera_model::{GpuUuid, HostId, SharingMode};
-use tessera_placement::rng::Rng;
 use tessera_placement::{DemandProfile, Engine, HostSpec, Policy, PoolLimits, Snapshot};
 use tessera_placement_lab::bound;
 use tessera_placement_lab::openb::{self, TraceTask};
@@ -143,25 +142,6 @@ fn scaled(hosts: &[HostSpec], scale: usize) -> Vec<HostSpec> {
     out
 }
 
-fn capacity_of(hosts: &[HostSpec]) -> u64 {
-    hosts.iter().map(|h| h.gpus.len() as u64 * 1000).sum()
-}
-
-/// The protocol's arrivals for a seed: the tasks shuffled, then tasks drawn with replacement
-/// until the GPU requests reach `target` thousandths.
-fn arrival_order(tasks: &[TraceTask], seed: u64, target: u64) -> Vec<usize> {
-    let mut rng = Rng::new(seed);
-    let mut order: Vec<usize> = (0..tasks.len()).collect();
-    rng.shuffle(&mut order);
-    let mut total: u64 = order.iter().map(|&i| tasks[i].gpu_request_milli()).sum();
-    while total < target {
-        let i = rng.below(tasks.len());
-        order.push(i);
-        total += tasks[i].gpu_request_milli();
-    }
-    order
-}
-
 /// The GPU demand that has arrived when arrivals reach 100 % and 130 % of the cluster's
 /// GPUs, for a seed ([`bound::Demand`], one per task).
 fn arrived_demand(
@@ -171,7 +151,7 @@ fn arrived_demand(
 ) -> (Vec<bound::Demand>, Vec<bound::Demand>) {
     let target = capacity * 13 / 10;
     let (mut demand, mut arrived, mut at_100) = (Vec::new(), 0u64, None);
-    for i in arrival_order(tasks, seed, target) {
+    for i in openb::arrival_order(tasks, seed, target) {
         let t = &tasks[i];
         arrived += t.gpu_request_milli();
         if t.num_gpu > 0 {
@@ -192,7 +172,7 @@ fn arrived_demand(
 /// ([`bound::allocation_ceiling`]: host CPU, memory, GPU models and arrival order left
 /// out); `None` when the tasks that must all be placed cannot be.
 fn floor(hosts: &[HostSpec], demand: &[bound::Demand]) -> Option<f64> {
-    let capacity = capacity_of(hosts) as f64;
+    let capacity = openb::capacity_milli(hosts) as f64;
     bound::allocation_ceiling(demand, capacity / 1000.0).map(|c| 100.0 - 100.0 * c / capacity)
 }
 
@@ -222,9 +202,9 @@ fn run_seed(
     opts: RunOptions,
 ) -> SeedResult {
     let RunOptions { record, diagnose } = opts;
-    let capacity_milli = capacity_of(hosts);
+    let capacity_milli = openb::capacity_milli(hosts);
     let target = capacity_milli * 13 / 10;
-    let order = arrival_order(tasks, seed, target);
+    let order = openb::arrival_order(tasks, seed, target);
     let mut engine = Engine::new(
         Snapshot::new(hosts.to_vec(), PoolLimits::default()),
         policy,
@@ -385,7 +365,7 @@ fn main() -> ExitCode {
     }
     let (mut f100, mut f130, mut shared) = (Vec::new(), Vec::new(), Some(Vec::new()));
     for &seed in &args.seeds {
-        let (at_100, at_130) = arrived_demand(&tasks, seed, capacity_of(&hosts));
+        let (at_100, at_130) = arrived_demand(&tasks, seed, openb::capacity_milli(&hosts));
         f100.push(floor_any(&hosts, &at_100));
         f130.push(floor_any(&hosts, &at_130));
         // The same for an engine that places every shared task and skips only whole-GPU
@@ -495,7 +475,7 @@ fn run_variants(args: &Args, hosts: &[HostSpec], tasks: &[TraceTask]) -> ExitCod
             .collect();
         let n = args.seeds.len() as f64;
         let (f100, f130) = args.seeds.iter().fold((0.0, 0.0), |(a, b), &seed| {
-            let (at_100, at_130) = arrived_demand(&variant, seed, capacity_of(hosts));
+            let (at_100, at_130) = arrived_demand(&variant, seed, openb::capacity_milli(hosts));
             (
                 a + floor_any(hosts, &at_100) / n,
                 b + floor_any(hosts, &at_130) / n,
