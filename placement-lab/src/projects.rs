@@ -15,9 +15,12 @@
 //!
 //! What it measures: the unallocated GPU share when arrivals reach 100 % and 130 % of the
 //! cluster's GPUs; how many passes each task waited (by project); and the most passes in
-//! a row a task waited that its project's guarantee covers while another project borrowed
-//! (used beyond its own guarantee): how long another's borrowing held a project below its
-//! guarantee.
+//! a row a task waited that its project's guarantee covers while stopping tasks that
+//! another project borrows would make room for it (a plan exists): how long another's
+//! borrowing held a project below its guarantee. Where no plan exists (the room the task
+//! may use is held by projects within their guarantees, by higher classes or by its own
+//! project, or no single host could hold it), borrowing is not what holds it; those
+//! passes are counted apart.
 
 use crate::openb::{self, TraceTask};
 use std::collections::{HashMap, HashSet};
@@ -64,9 +67,12 @@ pub struct Outcome {
     pub waits: Vec<Vec<u32>>,
     pub waiting_at_end: Vec<u32>,
     /// Per project: the most passes in a row one of its tasks was held below the
-    /// project's guarantee by another's borrowing (its guarantee covered the task, another
-    /// project used more than its own guarantee, and the task was not placed).
+    /// project's guarantee by another's borrowing (its guarantee covered the task, a plan
+    /// stopping borrowed tasks made room for it, and it was not placed yet).
     pub longest_hold: Vec<u32>,
+    /// Per project: the most passes in a row one of its tasks that its guarantee covered
+    /// waited with no plan able to make room (see the module's documentation).
+    pub longest_without_plan: Vec<u32>,
     /// Preemption plans carried out, and the tasks they stopped.
     pub preemptions: u32,
     pub stopped: u32,
@@ -121,8 +127,9 @@ struct Waiting {
     project: usize,
     since: u32,
     /// Passes it has been held below its project's guarantee by another's borrowing, in a
-    /// row.
+    /// row, and passes its guarantee covered it with no plan to make room, in a row.
     held: u32,
+    without_plan: u32,
     /// The room a preemption plan claimed for it, its own once the victims let go.
     claim: Option<Placement>,
 }
@@ -196,6 +203,7 @@ pub fn run(hosts: &[HostSpec], tasks: &[TraceTask], setup: &Setup) -> Outcome {
         waits: vec![Vec::new(); n],
         waiting_at_end: vec![0; n],
         longest_hold: vec![0; n],
+        longest_without_plan: vec![0; n],
         ..Default::default()
     };
     let mut used = vec![Usage::default(); n];
@@ -216,6 +224,7 @@ pub fn run(hosts: &[HostSpec], tasks: &[TraceTask], setup: &Setup) -> Outcome {
                 project: r.project,
                 since: pass,
                 held: 0,
+                without_plan: 0,
                 claim: None,
             });
         }
@@ -229,6 +238,7 @@ pub fn run(hosts: &[HostSpec], tasks: &[TraceTask], setup: &Setup) -> Outcome {
                 project: project_of[next],
                 since: pass,
                 held: 0,
+                without_plan: 0,
                 claim: None,
             });
             next += 1;
@@ -298,7 +308,10 @@ pub fn run(hosts: &[HostSpec], tasks: &[TraceTask], setup: &Setup) -> Outcome {
             let spec = &projects[w.project];
             let want = quota::demand(&tasks[w.task].request);
             let mine = kept[w.project].plus(&claimed[w.project]);
-            let before = std::mem::take(&mut w.held);
+            let (held, without_plan) = (
+                std::mem::take(&mut w.held),
+                std::mem::take(&mut w.without_plan),
+            );
             if spec.priority == PriorityClass::Batch
                 || !quota::within_guarantee(&mine, &want, &spec.guaranteed)
                 || mine.plus(&want).exceeds(&spec.limit).is_some()
@@ -311,10 +324,6 @@ pub fn run(hosts: &[HostSpec], tasks: &[TraceTask], setup: &Setup) -> Outcome {
             if !others_borrow {
                 continue;
             }
-            // Held below its guarantee by another's borrowing this pass, whether a plan
-            // frees room for the next or none can.
-            w.held = before + 1;
-            out.longest_hold[w.project] = out.longest_hold[w.project].max(w.held);
             // Victims: running tasks of lower classes of other projects; each project
             // loses at most what it borrows.
             let budgets: Vec<_> = (0..n)
@@ -344,8 +353,15 @@ pub fn run(hosts: &[HostSpec], tasks: &[TraceTask], setup: &Setup) -> Outcome {
             let Some((stop, placement)) = claims.plan(&victims, &at, pinned, &budgets, request)
             else {
                 out.no_plan += 1;
+                w.without_plan = without_plan + 1;
+                let longest = &mut out.longest_without_plan[w.project];
+                *longest = (*longest).max(w.without_plan);
                 continue;
             };
+            // Held below its guarantee by another's borrowing this pass: the plan's room
+            // is its own from the next.
+            w.held = held + 1;
+            out.longest_hold[w.project] = out.longest_hold[w.project].max(w.held);
             if !stop.is_empty() {
                 out.preemptions += 1;
                 out.stopped += stop.len() as u32;

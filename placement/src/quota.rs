@@ -250,6 +250,20 @@ impl Claims {
         for p in kept {
             pin(&mut rooms, snap, p);
         }
+        // Only hosts and GPUs the task's constraints accept (models, labels, spread,
+        // ports): no plan frees room it could not use.
+        for (h, room) in rooms.iter_mut().enumerate() {
+            let h = h as HostIdx;
+            if snap.check_host_rules(h, req).is_err() {
+                room.usable = false;
+                continue;
+            }
+            for (slot, g) in snap.gpus_of(h).enumerate() {
+                if snap.check_gpu_rules(g as usize, req).is_err() {
+                    room.gpus[slot].usable = false;
+                }
+            }
+        }
         let plan = preempt::plan(&rooms, victims, budgets, &ask(req))?;
         let mut on_host = req.clone();
         on_host.constraints.avoid_hosts.extend(

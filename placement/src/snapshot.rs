@@ -288,6 +288,24 @@ impl Snapshot {
 
     /// Host-level filters, in the order a report names them.
     pub(crate) fn check_host(&self, h: HostIdx, req: &TaskRequest) -> Result<(), FilterReason> {
+        self.check_host_rules(h, req)?;
+        let host = &self.hosts[h as usize];
+        if host.cpu_free < req.cpu {
+            return Err(FilterReason::HostCpu);
+        }
+        if host.mem_free < req.memory {
+            return Err(FilterReason::HostMemory);
+        }
+        Ok(())
+    }
+
+    /// The host-level filters that do not depend on its free room: whether `req` may run
+    /// on host `h` at all (what preemption can free does not change them).
+    pub(crate) fn check_host_rules(
+        &self,
+        h: HostIdx,
+        req: &TaskRequest,
+    ) -> Result<(), FilterReason> {
         let host = &self.hosts[h as usize];
         if !host.active {
             return Err(FilterReason::HostNotActive);
@@ -312,23 +330,13 @@ impl Snapshot {
         {
             return Err(FilterReason::Constraint);
         }
-        if host.cpu_free < req.cpu {
-            return Err(FilterReason::HostCpu);
-        }
-        if host.mem_free < req.memory {
-            return Err(FilterReason::HostMemory);
-        }
         Ok(())
     }
 
     /// Whether GPU `g` could hold `req` (shared) or be one of its whole GPUs.
     pub(crate) fn check_gpu(&self, g: usize, req: &TaskRequest) -> Result<(), FilterReason> {
+        self.check_gpu_rules(g, req)?;
         let gpu = &self.gpus[g];
-        if !req.allows_model(&self.models[gpu.model as usize].0)
-            || req.constraints.gpu_full(&gpu.uuid)
-        {
-            return Err(FilterReason::Constraint);
-        }
         match req.gpu {
             GpuDemand::None => Ok(()),
             GpuDemand::Whole { .. } => gpu.check_whole(),
@@ -336,6 +344,18 @@ impl Snapshot {
                 gpu.check_shared(memory, compute.unwrap_or_default())
             }
         }
+    }
+
+    /// Whether `req` may use GPU `g` at all (its model, its service's cap per GPU), room
+    /// aside.
+    pub(crate) fn check_gpu_rules(&self, g: usize, req: &TaskRequest) -> Result<(), FilterReason> {
+        let gpu = &self.gpus[g];
+        if !req.allows_model(&self.models[gpu.model as usize].0)
+            || req.constraints.gpu_full(&gpu.uuid)
+        {
+            return Err(FilterReason::Constraint);
+        }
+        Ok(())
     }
 
     /// Builds the placement of `req` on host `h` using the given GPUs (already checked).
