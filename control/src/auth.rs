@@ -300,41 +300,75 @@ impl Control {
         &self,
         session: &SessionUser,
     ) -> Result<Option<Caller>, ControlError> {
-        Ok(self
+        let Some(c) = self
             .store
             .user_credentials(&session.username)
             .await?
             .filter(|c| !c.user.disabled && session.signed_in_at >= c.sessions_after)
-            .map(|c| Caller {
-                name: c.user.username,
-                on_behalf_of: None,
-                kind: CallerKind::Session,
-                role: c.user.role,
-                token_id: None,
-            }))
+        else {
+            return Ok(None);
+        };
+        let projects = self.store.roles_of(&c.user.username).await?;
+        Ok(Some(Caller {
+            name: c.user.username,
+            on_behalf_of: None,
+            kind: CallerKind::Session,
+            role: c.user.role,
+            token_id: None,
+            projects,
+            project: None,
+        }))
     }
 
-    /// Makes an API token with a role no higher than its creator's; its value is returned
-    /// this once.
+    /// Makes an API token with a role no higher than its creator's (in `project`, for a
+    /// token scoped to one); its value is returned this once.
     pub async fn create_api_token(
         &self,
         creator: &Caller,
         name: &str,
         role: Role,
+        project: Option<&str>,
         expires_in_days: Option<u32>,
     ) -> Result<NewApiToken, ControlError> {
         let mut e = crate::inputs::Errors::default();
         if name.trim().is_empty() || name.chars().count() > 100 {
             e.add("name", "give the token a name of 1 to 100 characters");
         }
-        if !creator.role.allows(role) {
-            e.add(
+        match project {
+            Some(p) => {
+                if matches!(
+                    self.store.get_project(p).await,
+                    Err(crate::error::StoreError::NotFound { .. })
+                ) {
+                    e.add("project", format!("no project named {p:?}"));
+                } else if role == Role::Admin {
+                    e.add(
+                        "role",
+                        "a token scoped to a project is a viewer or an operator there",
+                    );
+                } else {
+                    match creator.role_in(p) {
+                        Some(mine) if mine.allows(role) => {}
+                        Some(mine) => e.add(
+                            "role",
+                            format!("cannot be above your own role in project {p} ({mine}); ask an admin"),
+                        ),
+                        None => e.add("project", format!("you act in project {} only", creator.project.as_deref().unwrap_or_default())),
+                    }
+                }
+            }
+            None if creator.project.is_some() => e.add(
+                "project",
+                "a token scoped to a project makes tokens scoped to that project only",
+            ),
+            None if !creator.role.allows(role) => e.add(
                 "role",
                 format!(
                     "cannot be above your own role ({}); ask an admin",
                     creator.role
                 ),
-            );
+            ),
+            None => {}
         }
         if expires_in_days.is_some_and(|d| d == 0 || d > MAX_TOKEN_DAYS) {
             e.add(
@@ -349,14 +383,15 @@ impl Control {
         let id = uuid::Uuid::new_v4().simple().to_string()[..12].to_owned();
         let info = self
             .store
-            .insert_api_token(
-                &id,
-                name.trim(),
+            .insert_api_token(&crate::store::NewToken {
+                id: &id,
+                name: name.trim(),
                 role,
-                owner,
+                created_by: owner,
+                project,
                 expires_in_days,
-                &hash_token(&token),
-            )
+                token_hash: &hash_token(&token),
+            })
             .await?;
         Ok(NewApiToken { info, token })
     }
@@ -378,9 +413,11 @@ impl Control {
             kind: CallerKind::Session,
             role: user.role,
             token_id: None,
+            projects: Default::default(),
+            project: None,
         };
         let token = self
-            .create_api_token(&caller, name, user.role, expires_in_days)
+            .create_api_token(&caller, name, user.role, None, expires_in_days)
             .await?;
         self.audit(NewAuditEntry {
             actor: caller.actor(),
@@ -425,12 +462,26 @@ impl Control {
             .store
             .valid_api_token(&hash_token(token))
             .await?
-            .map(|t| Caller {
-                name: t.name,
-                on_behalf_of: Some(t.created_by),
-                kind: CallerKind::Token,
-                role: t.role,
-                token_id: Some(t.id),
+            .map(|t| match t.project {
+                // Its role is its project's; elsewhere it reads, as a viewer.
+                Some(p) => Caller {
+                    name: t.name,
+                    on_behalf_of: Some(t.created_by),
+                    kind: CallerKind::Token,
+                    role: Role::Viewer,
+                    token_id: Some(t.id),
+                    projects: [(p.clone(), t.role)].into(),
+                    project: Some(p),
+                },
+                None => Caller {
+                    name: t.name,
+                    on_behalf_of: Some(t.created_by),
+                    kind: CallerKind::Token,
+                    role: t.role,
+                    token_id: Some(t.id),
+                    projects: Default::default(),
+                    project: None,
+                },
             }))
     }
 

@@ -169,9 +169,11 @@ pub async fn api_token(
         kind: CallerKind::Session,
         role,
         token_id: None,
+        projects: Default::default(),
+        project: None,
     };
     Ok(control
-        .create_api_token(&caller, &format!("{role} token"), role, None)
+        .create_api_token(&caller, &format!("{role} token"), role, None, None)
         .await?
         .token)
 }

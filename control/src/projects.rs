@@ -171,6 +171,7 @@ impl Control {
                 e.0 = e.0.plus(&task_usage(t));
             }
         }
+        let members = self.store.project_members().await?;
         Ok(projects
             .into_iter()
             .map(|p| {
@@ -186,10 +187,23 @@ impl Control {
                 ProjectView {
                     services: services.iter().filter(|s| s.project == p.name).count() as u32,
                     pools: pools.into_values().collect(),
+                    members: members
+                        .iter()
+                        .filter(|(project, _, _)| project == &p.name)
+                        .map(|(_, username, role)| project::Member {
+                            username: username.clone(),
+                            role: *role,
+                        })
+                        .collect(),
                     project: p,
                 }
             })
             .collect())
+    }
+
+    /// The project service `name` belongs to (for checking a caller's role there).
+    pub async fn project_of_service(&self, name: &str) -> Result<String, ControlError> {
+        Ok(self.store.get_service(name).await?.project)
     }
 
     pub async fn get_project(&self, name: &str) -> Result<ProjectView, ControlError> {
@@ -226,6 +240,51 @@ impl Control {
             .await;
         self.wake();
         Ok(self.store.get_project(name).await?)
+    }
+
+    /// Gives `username` `role` in project `name` (viewer or operator: admins are admins
+    /// everywhere).
+    pub async fn set_project_member(
+        &self,
+        name: &str,
+        username: &str,
+        role: tessera_model::auth::Role,
+    ) -> Result<(), ControlError> {
+        if role == tessera_model::auth::Role::Admin {
+            let mut e = Errors::default();
+            e.add(
+                "role",
+                "admins are admins in every project: give viewer or operator here, or make the user an admin",
+            );
+            e.finish()?;
+        }
+        self.store.get_project(name).await?;
+        self.get_user(username).await?;
+        self.store.set_project_member(name, username, role).await?;
+        self.event(
+            None,
+            None,
+            &format!("user {username} is {role} in project {name}"),
+        )
+        .await;
+        Ok(())
+    }
+
+    /// Takes `username`'s role in project `name` away.
+    pub async fn remove_project_member(
+        &self,
+        name: &str,
+        username: &str,
+    ) -> Result<(), ControlError> {
+        self.store.get_project(name).await?;
+        self.store.remove_project_member(name, username).await?;
+        self.event(
+            None,
+            None,
+            &format!("user {username} has no role in project {name} any more"),
+        )
+        .await;
+        Ok(())
     }
 
     pub async fn delete_project(&self, name: &str) -> Result<(), ControlError> {

@@ -180,6 +180,8 @@ fn admin() -> tessera_model::auth::Caller {
         kind: tessera_model::auth::CallerKind::Session,
         role: Role::Admin,
         token_id: None,
+        projects: Default::default(),
+        project: None,
     }
 }
 

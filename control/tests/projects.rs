@@ -558,3 +558,87 @@ async fn the_project_furthest_below_its_fair_share_is_placed_first() {
     );
     assert_eq!(tasks(c, "b2", &[TaskState::Pending]).await.len(), 1);
 }
+
+/// Roles given in projects are stored (on both databases), bound what a token scoped to
+/// the project is worth, and go with the project; a scoped token made by a project
+/// operator is no more than an operator there.
+#[tokio::test]
+async fn roles_in_projects_are_kept_and_bound_scoped_tokens() {
+    use tessera_model::auth::{Caller, CallerKind, Role};
+    let env = env(fast()).await;
+    let c = &env.control;
+    c.create_project(&project("research", vec![]))
+        .await
+        .expect("project");
+    c.add_user("rita", "rita-password-123", Role::Viewer)
+        .await
+        .expect("user");
+    let err = c
+        .set_project_member("research", "rita", Role::Admin)
+        .await
+        .expect_err("admins are fleet-wide");
+    assert_eq!(fields(&err), vec!["role"]);
+    c.set_project_member("research", "nobody", Role::Operator)
+        .await
+        .expect_err("no such user");
+    c.set_project_member("research", "rita", Role::Operator)
+        .await
+        .expect("given");
+    let view = c.get_project("research").await.expect("view");
+    assert_eq!(view.members.len(), 1);
+    assert_eq!(view.members[0].role, Role::Operator);
+
+    // Rita's session sees her role in research.
+    let rita = c
+        .session_caller(&tessera_control::auth::SessionUser {
+            username: "rita".into(),
+            signed_in_at: i64::MAX / 2,
+        })
+        .await
+        .expect("read")
+        .expect("valid");
+    assert_eq!(rita.role_in("research"), Some(Role::Operator));
+    assert_eq!(rita.role_in("default"), Some(Role::Viewer));
+    // She makes a token scoped to research: an operator there, at most.
+    let err = c
+        .create_api_token(&rita, "too-much", Role::Admin, Some("research"), None)
+        .await
+        .expect_err("admin is not a project role");
+    assert_eq!(fields(&err), vec!["role"]);
+    let err = c
+        .create_api_token(&rita, "elsewhere", Role::Operator, None, None)
+        .await
+        .expect_err("fleet-wide she is a viewer");
+    assert_eq!(fields(&err), vec!["role"]);
+    let made = c
+        .create_api_token(&rita, "ci", Role::Operator, Some("research"), None)
+        .await
+        .expect("scoped");
+    let ci: Caller = c
+        .token_caller(&made.token)
+        .await
+        .expect("read")
+        .expect("valid");
+    assert_eq!(ci.kind, CallerKind::Token);
+    assert_eq!(
+        (ci.role, ci.role_in("research")),
+        (Role::Viewer, Some(Role::Operator))
+    );
+    assert_eq!(ci.role_in("default"), None);
+    // Her role taken away, the token is worth what she is there now: a viewer.
+    c.remove_project_member("research", "rita")
+        .await
+        .expect("taken");
+    let ci = c
+        .token_caller(&made.token)
+        .await
+        .expect("read")
+        .expect("valid");
+    assert_eq!(ci.role_in("research"), Some(Role::Viewer));
+    c.remove_project_member("research", "rita")
+        .await
+        .expect_err("nothing to take");
+    // The project goes, and its tokens with it.
+    c.delete_project("research").await.expect("deleted");
+    assert!(c.token_caller(&made.token).await.expect("read").is_none());
+}

@@ -314,6 +314,8 @@ async fn a_machine_rejoins_under_its_old_id_only_once_its_old_token_is_revoked()
         kind: tessera_model::auth::CallerKind::Session,
         role: tessera_model::auth::Role::Admin,
         token_id: None,
+        projects: Default::default(),
+        project: None,
     };
     let minted = c
         .mint_join_token(

@@ -3,6 +3,7 @@
 
 use crate::inventory::{ParseEnumError, text_enum};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
@@ -20,6 +21,25 @@ text_enum!(
         Admin => "admin",
     }
 );
+
+text_enum!(
+    /// A role given in a project: admins are admins in every project.
+    ProjectRole, "project role" {
+        /// Reads (as every signed-in user does).
+        Viewer => "viewer",
+        /// Also the project's services: create, scale, deploy, delete.
+        Operator => "operator",
+    }
+);
+
+impl From<ProjectRole> for Role {
+    fn from(r: ProjectRole) -> Role {
+        match r {
+            ProjectRole::Viewer => Role::Viewer,
+            ProjectRole::Operator => Role::Operator,
+        }
+    }
+}
 
 impl Default for Role {
     /// The least a new user or token gets unless told otherwise.
@@ -46,28 +66,37 @@ pub enum Access {
     Agent,
     /// A signed-in user or an API token with at least this role.
     Role(Role),
+    /// At least this role in the project the operation acts on (a service's), which the
+    /// handler checks ([`Caller::role_in`]); the layer lets through callers with the role
+    /// in some project or fleet-wide.
+    InProject(Role),
 }
 
 impl Access {
     pub const VIEW: Access = Access::Role(Role::Viewer);
     pub const OPERATE: Access = Access::Role(Role::Operator);
     pub const ADMIN: Access = Access::Role(Role::Admin);
+    pub const OPERATE_IN_PROJECT: Access = Access::InProject(Role::Operator);
 
     /// The role a caller needs; `None` when no signed-in caller is needed (anyone, or an
     /// agent, whose token its handlers check).
     pub fn role(self) -> Option<Role> {
         match self {
-            Access::Role(r) => Some(r),
+            Access::Role(r) | Access::InProject(r) => Some(r),
             Access::Public | Access::Agent => None,
         }
     }
 
-    /// As the OpenAPI document's `x-required-role` names it: `none`, `agent` or a role.
+    /// As the OpenAPI document's `x-required-role` names it: `none`, `agent`, a role, or
+    /// `project-operator` (operator in the project acted on).
     pub fn as_str(self) -> &'static str {
         match self {
             Access::Public => "none",
             Access::Agent => "agent",
             Access::Role(r) => r.as_str(),
+            Access::InProject(Role::Viewer) => "project-viewer",
+            Access::InProject(Role::Operator) => "project-operator",
+            Access::InProject(Role::Admin) => "admin",
         }
     }
 
@@ -76,6 +105,8 @@ impl Access {
         match s {
             "none" => Some(Access::Public),
             "agent" => Some(Access::Agent),
+            "project-viewer" => Some(Access::InProject(Role::Viewer)),
+            "project-operator" => Some(Access::InProject(Role::Operator)),
             role => role.parse().ok().map(Access::Role),
         }
     }
@@ -99,6 +130,10 @@ pub struct ApiTokenInfo {
     pub id: String,
     pub name: String,
     pub role: Role,
+    /// The project it is scoped to: it acts only there, with `role` (and reads as a
+    /// viewer elsewhere). `None`: the whole fleet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
     pub created_by: String,
     pub created_at: String,
     /// RFC 3339 UTC; `None`: does not expire.
@@ -135,10 +170,18 @@ pub struct Caller {
     /// For a token, the user who made it.
     pub on_behalf_of: Option<String>,
     pub kind: CallerKind,
+    /// Its role fleet-wide (for a token scoped to a project: `viewer`).
     pub role: Role,
     /// For a token, its id (what `DELETE /api/v1/tokens/{id}` names).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_id: Option<String>,
+    /// Roles given in projects, above the fleet-wide one (for a token scoped to a project:
+    /// its role there).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub projects: BTreeMap<String, Role>,
+    /// For a token scoped to a project: that project, the only one it acts in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
 }
 
 impl Caller {
@@ -149,6 +192,29 @@ impl Caller {
             (CallerKind::Token, None) => format!("token {}", self.name),
             (CallerKind::Session, _) => format!("user {}", self.name),
         }
+    }
+
+    /// Its role in `project`: the higher of its fleet-wide role and the role it was given
+    /// there; a token scoped to another project has none. An admin is admin everywhere.
+    pub fn role_in(&self, project: &str) -> Option<Role> {
+        if self.project.as_deref().is_some_and(|p| p != project) {
+            return None;
+        }
+        let given = self.projects.get(project).copied();
+        Some(given.map_or(self.role, |g| g.max(self.role)))
+    }
+
+    /// Whether it was given `role` (or more) in `project` itself, or is an admin: what
+    /// putting a service into a project needs (its quotas are that project's).
+    pub fn given_in(&self, project: &str, role: Role) -> bool {
+        self.role == Role::Admin
+            || (self.project.as_deref().is_none_or(|p| p == project)
+                && self.projects.get(project).is_some_and(|g| g.allows(role)))
+    }
+
+    /// Its highest role anywhere (fleet-wide or in some project).
+    pub fn best_role(&self) -> Role {
+        self.projects.values().copied().fold(self.role, Role::max)
     }
 }
 
@@ -185,12 +251,54 @@ mod tests {
             Access::VIEW,
             Access::OPERATE,
             Access::ADMIN,
+            Access::OPERATE_IN_PROJECT,
         ] {
             assert_eq!(Access::parse(a.as_str()), Some(a));
         }
         assert_eq!(Access::parse("operatr"), None);
         let err = "root".parse::<Role>().expect_err("not a role");
         assert!(err.to_string().contains("viewer operator admin"), "{err}");
+    }
+
+    #[test]
+    fn roles_in_projects_raise_the_fleet_role_and_scoped_tokens_stay_in_theirs() {
+        let viewer = Caller {
+            name: "rita".into(),
+            on_behalf_of: None,
+            kind: CallerKind::Session,
+            role: Role::Viewer,
+            token_id: None,
+            projects: [("research".to_owned(), Role::Operator)].into(),
+            project: None,
+        };
+        assert_eq!(viewer.role_in("research"), Some(Role::Operator));
+        assert_eq!(viewer.role_in("default"), Some(Role::Viewer));
+        assert!(viewer.given_in("research", Role::Operator));
+        assert!(!viewer.given_in("default", Role::Operator));
+        assert_eq!(viewer.best_role(), Role::Operator);
+        let operator = Caller {
+            role: Role::Operator,
+            projects: BTreeMap::new(),
+            ..viewer.clone()
+        };
+        assert_eq!(operator.role_in("research"), Some(Role::Operator));
+        assert!(
+            !operator.given_in("research", Role::Operator),
+            "a fleet operator was given nothing in research"
+        );
+        let scoped = Caller {
+            kind: CallerKind::Token,
+            project: Some("research".into()),
+            ..viewer.clone()
+        };
+        assert_eq!(scoped.role_in("research"), Some(Role::Operator));
+        assert_eq!(scoped.role_in("default"), None, "acts in its project only");
+        assert!(!scoped.given_in("default", Role::Viewer));
+        let admin = Caller {
+            role: Role::Admin,
+            ..operator
+        };
+        assert!(admin.given_in("anything", Role::Operator));
     }
 
     #[test]
@@ -201,6 +309,8 @@ mod tests {
             kind: CallerKind::Token,
             role: Role::Operator,
             token_id: None,
+            projects: Default::default(),
+            project: None,
         };
         assert_eq!(c.actor(), "token ci (by alice)");
     }

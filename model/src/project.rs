@@ -323,6 +323,26 @@ pub struct ProjectView {
     pub services: u32,
     /// Every pool it has a quota in or tasks in.
     pub pools: Vec<PoolShare>,
+    /// Users given a role in it (admins, and fleet-wide roles, count everywhere).
+    #[serde(default)]
+    pub members: Vec<Member>,
+}
+
+/// A user's role in a project.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    pub username: String,
+    pub role: crate::auth::Role,
+}
+
+/// `PUT /api/v1/projects/{name}/members/{username}`.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemberInput {
+    /// Admins are admins in every project.
+    pub role: crate::auth::ProjectRole,
 }
 
 /// Checks a project body; returns the project to store.

@@ -571,6 +571,8 @@ async fn a_revoked_agent_rejoins_only_with_a_token_minted_for_it() {
         kind: tessera_model::auth::CallerKind::Session,
         role: tessera_model::auth::Role::Admin,
         token_id: None,
+        projects: Default::default(),
+        project: None,
     };
     let minted = c
         .control

@@ -172,15 +172,21 @@ fn every_route_has_the_role_this_list_gives_it() {
         ("GET", "/api/v1/projects/{name}", "viewer"),
         ("PUT", "/api/v1/projects/{name}", "admin"),
         ("DELETE", "/api/v1/projects/{name}", "admin"),
+        ("PUT", "/api/v1/projects/{name}/members/{username}", "admin"),
+        (
+            "DELETE",
+            "/api/v1/projects/{name}/members/{username}",
+            "admin",
+        ),
         ("GET", "/api/v1/task-definitions", "viewer"),
-        ("POST", "/api/v1/task-definitions", "operator"),
+        ("POST", "/api/v1/task-definitions", "project-operator"),
         ("GET", "/api/v1/task-definitions/{id}", "viewer"),
         ("DELETE", "/api/v1/task-definitions/{id}", "operator"),
         ("GET", "/api/v1/services", "viewer"),
-        ("POST", "/api/v1/services", "operator"),
+        ("POST", "/api/v1/services", "project-operator"),
         ("GET", "/api/v1/services/{name}", "viewer"),
-        ("PATCH", "/api/v1/services/{name}", "operator"),
-        ("DELETE", "/api/v1/services/{name}", "operator"),
+        ("PATCH", "/api/v1/services/{name}", "project-operator"),
+        ("DELETE", "/api/v1/services/{name}", "project-operator"),
         ("POST", "/api/v1/placement-preview", "operator"),
         ("GET", "/api/v1/services/{name}/fit", "viewer"),
         ("GET", "/api/v1/fit", "viewer"),
@@ -188,7 +194,11 @@ fn every_route_has_the_role_this_list_gives_it() {
         ("GET", "/api/v1/services/{name}/endpoints", "viewer"),
         ("GET", "/api/v1/discovery/prometheus", "viewer"),
         ("GET", "/api/v1/services/{name}/right-size", "viewer"),
-        ("POST", "/api/v1/services/{name}/right-size", "operator"),
+        (
+            "POST",
+            "/api/v1/services/{name}/right-size",
+            "project-operator",
+        ),
         ("GET", "/api/v1/consolidation-plans", "viewer"),
         ("POST", "/api/v1/consolidation-plans", "operator"),
         ("GET", "/api/v1/consolidation-plans/{id}", "viewer"),
@@ -262,7 +272,7 @@ async fn every_route_refuses_callers_without_credentials_or_role() {
         )
         .await;
         match rule.access {
-            Access::Role(role) => {
+            Access::Role(role) | Access::InProject(role) => {
                 assert_eq!(
                     anonymous.status,
                     StatusCode::UNAUTHORIZED,
@@ -1105,4 +1115,227 @@ async fn a_tokens_role_bounds_what_it_deletes_and_follows_its_users_role() {
         "{}",
         listed.body
     );
+}
+
+/// Roles per project, attacked from inside: a user who is an operator in one project only,
+/// and an API token scoped to that project, change that project's services and nothing
+/// else (not another project's services, not the fleet's hosts, not tokens); what they
+/// were given can be taken back.
+#[tokio::test]
+async fn a_project_operator_and_a_scoped_token_act_in_their_project_only() {
+    let c = ctx().await;
+    let admin = bearer(&c.admin);
+    let ok = |a: &Answer, status: StatusCode| {
+        assert_eq!(a.status, status, "{}", a.body);
+    };
+    let a = send(
+        &c,
+        Method::POST,
+        "/api/v1/projects",
+        Some(json!({"name": "research"})),
+        &admin,
+    )
+    .await;
+    ok(&a, StatusCode::CREATED);
+    let a = send(
+        &c,
+        Method::POST,
+        "/api/v1/users",
+        Some(json!({"username": "rita", "password": "rita-password-123", "role": "viewer"})),
+        &admin,
+    )
+    .await;
+    ok(&a, StatusCode::CREATED);
+    let a = send(
+        &c,
+        Method::PUT,
+        "/api/v1/projects/research/members/rita",
+        Some(json!({"role": "operator"})),
+        &admin,
+    )
+    .await;
+    ok(&a, StatusCode::OK);
+    assert_eq!(
+        a.body["members"],
+        json!([{"username": "rita", "role": "operator"}])
+    );
+    let a = send(
+        &c,
+        Method::PUT,
+        "/api/v1/projects/research/members/rita",
+        Some(json!({"role": "admin"})),
+        &admin,
+    )
+    .await;
+    ok(&a, StatusCode::UNPROCESSABLE_ENTITY);
+
+    let cookie = sign_in(&c, "rita", "rita-password-123").await;
+    let rita = vec![("cookie", cookie), ("origin", ORIGIN.to_owned())];
+    let service = |name: &str, project: &str| json!({"name": name, "task_definition": "embeddings:1", "pool": "inference", "desired_count": 0, "project": project});
+    let before = snapshot(&c).await;
+    // Outside research: refused, and nothing changes.
+    for (method, uri, body) in [
+        (
+            Method::POST,
+            "/api/v1/services",
+            Some(service("r0", "default")),
+        ),
+        (
+            Method::PATCH,
+            "/api/v1/services/embeddings",
+            Some(json!({"desired_count": 5})),
+        ),
+        (Method::DELETE, "/api/v1/services/embeddings", None),
+        (Method::POST, "/api/v1/hosts/sim-l4-1/drain", None),
+        (
+            Method::POST,
+            "/api/v1/tokens",
+            Some(json!({"name": "mine", "role": "operator"})),
+        ),
+    ] {
+        let a = send(&c, method.clone(), uri, body, &rita).await;
+        ok(&a, StatusCode::FORBIDDEN);
+        assert!(a.body["error"].is_string(), "{method} {uri}: {}", a.body);
+    }
+    assert_eq!(
+        snapshot(&c).await,
+        before,
+        "refused requests change nothing"
+    );
+    // In research: its services are hers to make and change.
+    let a = send(
+        &c,
+        Method::POST,
+        "/api/v1/services",
+        Some(service("r1", "research")),
+        &rita,
+    )
+    .await;
+    ok(&a, StatusCode::CREATED);
+    let a = send(
+        &c,
+        Method::PATCH,
+        "/api/v1/services/r1",
+        Some(json!({"desired_count": 0})),
+        &rita,
+    )
+    .await;
+    ok(&a, StatusCode::OK);
+    // Moving it out of research would put it in a project she has no role in.
+    let a = send(
+        &c,
+        Method::PATCH,
+        "/api/v1/services/r1",
+        Some(json!({"project": "default"})),
+        &rita,
+    )
+    .await;
+    ok(&a, StatusCode::FORBIDDEN);
+
+    // A token scoped to research, made by an admin.
+    let a = send(
+        &c,
+        Method::POST,
+        "/api/v1/tokens",
+        Some(json!({"name": "research-ci", "role": "operator", "project": "research"})),
+        &admin,
+    )
+    .await;
+    ok(&a, StatusCode::CREATED);
+    assert_eq!(a.body["project"], "research");
+    let ci = bearer(a.body["token"].as_str().expect("the token"));
+    let a = send(
+        &c,
+        Method::PATCH,
+        "/api/v1/services/r1",
+        Some(json!({"desired_count": 0})),
+        &ci,
+    )
+    .await;
+    ok(&a, StatusCode::OK);
+    let a = send(&c, Method::GET, "/api/v1/services", None, &ci).await;
+    ok(&a, StatusCode::OK);
+    let before = snapshot(&c).await;
+    for (method, uri, body) in [
+        (
+            Method::PATCH,
+            "/api/v1/services/embeddings",
+            Some(json!({"desired_count": 5})),
+        ),
+        (Method::DELETE, "/api/v1/services/embeddings", None),
+        (
+            Method::POST,
+            "/api/v1/services",
+            Some(service("r2", "default")),
+        ),
+        (Method::POST, "/api/v1/hosts/sim-l4-1/drain", None),
+        (
+            Method::POST,
+            "/api/v1/placement-preview",
+            Some(json!({"task_definition": "embeddings:1", "pool": "inference", "count": 1})),
+        ),
+        (
+            Method::POST,
+            "/api/v1/tokens",
+            Some(json!({"name": "wider", "role": "operator"})),
+        ),
+    ] {
+        let a = send(&c, method.clone(), uri, body, &ci).await;
+        ok(&a, StatusCode::FORBIDDEN);
+    }
+    let a = send(
+        &c,
+        Method::PATCH,
+        "/api/v1/services/embeddings",
+        Some(json!({"desired_count": 5})),
+        &ci,
+    )
+    .await;
+    assert!(
+        a.body["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("project research only")),
+        "{}",
+        a.body
+    );
+    assert_eq!(
+        snapshot(&c).await,
+        before,
+        "refused requests change nothing"
+    );
+    // Bad scopes are named.
+    for (body, field) in [
+        (
+            json!({"name": "x", "role": "operator", "project": "nowhere"}),
+            "project",
+        ),
+        (
+            json!({"name": "x", "role": "admin", "project": "research"}),
+            "role",
+        ),
+    ] {
+        let a = send(&c, Method::POST, "/api/v1/tokens", Some(body), &admin).await;
+        ok(&a, StatusCode::UNPROCESSABLE_ENTITY);
+        assert!(a.body.to_string().contains(field), "{}", a.body);
+    }
+
+    // Taken back: her role in research goes, and with it what it allowed.
+    let a = send(
+        &c,
+        Method::DELETE,
+        "/api/v1/projects/research/members/rita",
+        None,
+        &admin,
+    )
+    .await;
+    ok(&a, StatusCode::NO_CONTENT);
+    let a = send(
+        &c,
+        Method::PATCH,
+        "/api/v1/services/r1",
+        Some(json!({"desired_count": 0})),
+        &rita,
+    )
+    .await;
+    ok(&a, StatusCode::FORBIDDEN);
 }

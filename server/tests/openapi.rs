@@ -66,6 +66,9 @@ const NOT_SHAPE: &[&str] = &[
     "guaranteed in all, the pool has",
     "no project named",
     "a project keeps its name",
+    // A token scoped to a project: its role there, and who made it.
+    "a token scoped to a project is a viewer or an operator there",
+    "cannot be above your own role in project",
     // ECS's memory rule spans the task and its containers.
     "give memory or memoryReservation here, or the task's memory",
 ];

@@ -188,7 +188,7 @@ pub(crate) async fn get(
             }
             let mut t = Table::new(&["PROJECT", "POOL", "GUARANTEED", "LIMIT", "USED", "PENDING"]);
             if wide {
-                t.add_columns(&["BORROWED", "WEIGHT", "SERVICES"]);
+                t.add_columns(&["BORROWED", "WEIGHT", "SERVICES", "MEMBERS"]);
             }
             for p in &list.projects {
                 let rows: Vec<Vec<String>> = if p.pools.is_empty() {
@@ -226,6 +226,15 @@ pub(crate) async fn get(
                             borrowed.unwrap_or_else(|| "none".into()),
                             p.project.weight.to_string(),
                             p.services.to_string(),
+                            if p.members.is_empty() {
+                                "-".into()
+                            } else {
+                                p.members
+                                    .iter()
+                                    .map(|m| format!("{}:{}", m.username, m.role))
+                                    .collect::<Vec<_>>()
+                                    .join(",")
+                            },
                         ]);
                     }
                     t.row(row);

@@ -1,7 +1,7 @@
 //! Users, API tokens, console sessions, the audit log.
 
 use super::*;
-use crate::store::{AuditFilter, AuthStore, NewAuditEntry, UserChange, UserCredentials};
+use crate::store::{AuditFilter, AuthStore, NewAuditEntry, NewToken, UserChange, UserCredentials};
 use tessera_model::auth::{ApiTokenInfo, AuditEntry, Role, UserInfo};
 
 fn role(row: &DbRow) -> Result<Role, StoreError> {
@@ -23,6 +23,7 @@ fn token_from_row(row: &DbRow) -> Result<ApiTokenInfo, StoreError> {
         id: row.try_get("id")?,
         name: row.try_get("name")?,
         role: role(row)?,
+        project: row.try_get("project")?,
         created_by: row.try_get("created_by")?,
         created_at: row.try_get("created_at")?,
         expires_at: row.try_get("expires_at")?,
@@ -30,7 +31,8 @@ fn token_from_row(row: &DbRow) -> Result<ApiTokenInfo, StoreError> {
 }
 
 const USER_COLUMNS: &str = "username, role, disabled, created_at";
-const TOKEN_COLUMNS: &str = "t.id, t.name, t.role, t.created_by, t.created_at, t.expires_at";
+const TOKEN_COLUMNS: &str =
+    "t.id, t.name, t.role, t.project, t.created_by, t.created_at, t.expires_at";
 
 #[async_trait]
 impl AuthStore for This {
@@ -126,26 +128,19 @@ impl AuthStore for This {
         updated(done, "user", username)
     }
 
-    async fn insert_api_token(
-        &self,
-        id: &str,
-        name: &str,
-        role: Role,
-        created_by: &str,
-        expires_in_days: Option<u32>,
-        token_hash: &str,
-    ) -> Result<ApiTokenInfo, StoreError> {
+    async fn insert_api_token(&self, token: &NewToken<'_>) -> Result<ApiTokenInfo, StoreError> {
         let row = sqlx::query(
-            "INSERT INTO api_tokens (id, name, role, created_by, token_hash, expires_at)
-             VALUES ($1, $2, $3, $4, $5, $6)
-             RETURNING id, name, role, created_by, created_at, expires_at",
+            "INSERT INTO api_tokens (id, name, role, project, created_by, token_hash, expires_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)
+             RETURNING id, name, role, project, created_by, created_at, expires_at",
         )
-        .bind(id)
-        .bind(name)
-        .bind(role.as_str())
-        .bind(created_by)
-        .bind(token_hash)
-        .bind(expires_in_days.map(|days| {
+        .bind(token.id)
+        .bind(token.name)
+        .bind(token.role.as_str())
+        .bind(token.project)
+        .bind(token.created_by)
+        .bind(token.token_hash)
+        .bind(token.expires_in_days.map(|days| {
             crate::clock::stamp(chrono::Utc::now() + chrono::Duration::days(i64::from(days)))
         }))
         .fetch_one(&self.db)
@@ -155,7 +150,9 @@ impl AuthStore for This {
 
     async fn valid_api_token(&self, token_hash: &str) -> Result<Option<ApiTokenInfo>, StoreError> {
         let Some(row) = sqlx::query(&format!(
-            "SELECT {TOKEN_COLUMNS}, u.role AS user_role FROM api_tokens t JOIN users u ON u.username = t.created_by
+            "SELECT {TOKEN_COLUMNS}, u.role AS user_role, m.role AS member_role
+             FROM api_tokens t JOIN users u ON u.username = t.created_by
+             LEFT JOIN project_members m ON m.project = t.project AND m.username = t.created_by
              WHERE t.token_hash = $1 AND u.disabled = 0
                AND (t.expires_at IS NULL OR t.expires_at > $2)"
         ))
@@ -167,15 +164,75 @@ impl AuthStore for This {
             return Ok(None);
         };
         let mut token = token_from_row(&row)?;
-        // Worth no more than its user is now: a demoted user's tokens are demoted too.
-        let user: String = row.try_get("user_role")?;
-        let user = user
-            .parse::<Role>()
-            .map_err(|e| StoreError::corrupt("user role", e))?;
+        // Worth no more than its user is now: a demoted user's tokens are demoted too (in
+        // a scoped token's project, the user's role there counts).
+        let parse = |raw: String| {
+            raw.parse::<Role>()
+                .map_err(|e| StoreError::corrupt("user role", e))
+        };
+        let mut user = parse(row.try_get("user_role")?)?;
+        if token.project.is_some()
+            && let Some(member) = row.try_get::<Option<String>, _>("member_role")?
+        {
+            user = user.max(parse(member)?);
+        }
         if !user.allows(token.role) {
             token.role = user;
         }
         Ok(Some(token))
+    }
+
+    async fn set_project_member(
+        &self,
+        project: &str,
+        username: &str,
+        role: Role,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO project_members (project, username, role) VALUES ($1, $2, $3)
+             ON CONFLICT (project, username) DO UPDATE SET role = excluded.role",
+        )
+        .bind(project)
+        .bind(username)
+        .bind(role.as_str())
+        .execute(&self.db)
+        .await?;
+        Ok(())
+    }
+
+    async fn remove_project_member(&self, project: &str, username: &str) -> Result<(), StoreError> {
+        let done = self
+            .write_one(
+                sqlx::query("DELETE FROM project_members WHERE project = $1 AND username = $2")
+                    .bind(project)
+                    .bind(username),
+            )
+            .await?;
+        updated(done, "project member", username)
+    }
+
+    async fn project_members(&self) -> Result<Vec<(String, String, Role)>, StoreError> {
+        sqlx::query(
+            "SELECT project, username, role FROM project_members ORDER BY project, username",
+        )
+        .fetch_all(&self.db)
+        .await?
+        .iter()
+        .map(|r| Ok((r.try_get("project")?, r.try_get("username")?, role(r)?)))
+        .collect()
+    }
+
+    async fn roles_of(
+        &self,
+        username: &str,
+    ) -> Result<std::collections::BTreeMap<String, Role>, StoreError> {
+        sqlx::query("SELECT project, role FROM project_members WHERE username = $1")
+            .bind(username)
+            .fetch_all(&self.db)
+            .await?
+            .iter()
+            .map(|r| Ok((r.try_get("project")?, role(r)?)))
+            .collect()
     }
 
     async fn list_api_tokens(&self) -> Result<Vec<ApiTokenInfo>, StoreError> {

@@ -45,6 +45,18 @@ pub struct AuditFilter {
 }
 
 /// Operators, their API tokens, console sessions and the audit log.
+/// A token to store: its hash only, never its value.
+pub struct NewToken<'a> {
+    pub id: &'a str,
+    pub name: &'a str,
+    pub role: Role,
+    pub created_by: &'a str,
+    /// Scoped to this project, or `None` for the whole fleet.
+    pub project: Option<&'a str>,
+    pub expires_in_days: Option<u32>,
+    pub token_hash: &'a str,
+}
+
 #[async_trait]
 pub trait AuthStore: Send + Sync + 'static {
     async fn count_users(&self) -> Result<u64, StoreError>;
@@ -62,17 +74,25 @@ pub trait AuthStore: Send + Sync + 'static {
     async fn update_user(&self, username: &str, change: &UserChange) -> Result<(), StoreError>;
 
     /// Stores a token (its hash only) and returns it as lists show it.
-    async fn insert_api_token(
-        &self,
-        id: &str,
-        name: &str,
-        role: Role,
-        created_by: &str,
-        expires_in_days: Option<u32>,
-        token_hash: &str,
-    ) -> Result<ApiTokenInfo, StoreError>;
-    /// The token with this hash, if it is valid now: not expired, its creator not disabled.
+    async fn insert_api_token(&self, token: &NewToken<'_>) -> Result<ApiTokenInfo, StoreError>;
+    /// The token with this hash, if it is valid now: not expired, its creator not disabled;
+    /// its role no higher than its creator's now (in its project, for a scoped token).
     async fn valid_api_token(&self, token_hash: &str) -> Result<Option<ApiTokenInfo>, StoreError>;
+    /// Gives `username` `role` in `project` (replacing what it had there).
+    async fn set_project_member(
+        &self,
+        project: &str,
+        username: &str,
+        role: Role,
+    ) -> Result<(), StoreError>;
+    async fn remove_project_member(&self, project: &str, username: &str) -> Result<(), StoreError>;
+    /// Every role given in a project: (project, username, role), by project then user.
+    async fn project_members(&self) -> Result<Vec<(String, String, Role)>, StoreError>;
+    /// The roles `username` was given, by project.
+    async fn roles_of(
+        &self,
+        username: &str,
+    ) -> Result<std::collections::BTreeMap<String, Role>, StoreError>;
     async fn list_api_tokens(&self) -> Result<Vec<ApiTokenInfo>, StoreError>;
     async fn delete_api_token(&self, id: &str) -> Result<(), StoreError>;
     /// Deletes the tokens `username` made; returns how many.

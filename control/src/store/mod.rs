@@ -14,7 +14,7 @@ mod services;
 mod tasks;
 mod usage;
 
-pub use auth::{AuditFilter, AuthStore, NewAuditEntry, UserChange, UserCredentials};
+pub use auth::{AuditFilter, AuthStore, NewAuditEntry, NewToken, UserChange, UserCredentials};
 pub use cluster::{ClusterStore, Fence, Lease, ServerRow};
 pub use events::{EventFilter, EventStore};
 pub use hosts::{

@@ -84,6 +84,22 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Segment {
     }
 }
 
+/// Two path segments (percent-decoded), as [`Segment`].
+pub struct Segments(pub String, pub String);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Segments {
+    type Rejection = ApiError;
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, ApiError> {
+        axum::extract::Path::<(String, String)>::from_request_parts(parts, state)
+            .await
+            .map(|p| Segments(p.0.0, p.0.1))
+            .map_err(|e| ApiError::BadRequest(e.body_text()))
+    }
+}
+
 /// Every REST route. Each handler's `#[utoipa::path]` is its one declaration: method, path,
 /// documentation and the access it needs (the `x-required-role` extension: `none`, `agent`,
 /// `viewer`, `operator` or `admin`). [`Routes::route`] reads them, guards the route with that
@@ -118,6 +134,8 @@ pub fn routes() -> Routes {
         .route(routes!(projects::get_project))
         .route(routes!(projects::replace_project))
         .route(routes!(projects::delete_project))
+        .route(routes!(projects::set_member))
+        .route(routes!(projects::remove_member))
         .route(routes!(list_families))
         .route(routes!(register_task_definition))
         .route(routes!(get_task_definition))

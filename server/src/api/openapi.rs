@@ -71,7 +71,7 @@ pub fn document() -> Value {
         op["security"] = match rule.access {
             Access::Public => json!([]),
             Access::Agent => json!([{"agentToken": []}]),
-            Access::Role(_) => json!([{"apiToken": []}, {"session": []}]),
+            Access::Role(_) | Access::InProject(_) => json!([{"apiToken": []}, {"session": []}]),
         };
         let has_body = op.get("requestBody").is_some();
         let has_query = op["parameters"]
@@ -104,6 +104,15 @@ pub fn document() -> Value {
                 add(
                     "403",
                     error("The caller's role is too low, or a cross-site request"),
+                );
+            }
+            Access::InProject(_) => {
+                add("401", error("No or bad credentials"));
+                add(
+                    "403",
+                    error(
+                        "The caller's role in the project acted on is too low, or a cross-site request",
+                    ),
                 );
             }
         }

@@ -1,13 +1,13 @@
 //! Projects (teams): their quotas per pool and what they use.
 
 use super::bodies::{ErrorBody, ProjectList};
-use super::{Body, Segment};
+use super::{Body, Segment, Segments};
 use crate::AppState;
 use crate::error::ApiError;
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use tessera_model::project::{Project, ProjectInput, ProjectSettings, ProjectView};
+use tessera_model::project::{MemberInput, Project, ProjectInput, ProjectSettings, ProjectView};
 
 /// Every project with its quotas, and per pool what it uses, borrows and waits for
 #[utoipa::path(get, path = "/api/v1/projects", tag = "projects",
@@ -67,5 +67,41 @@ pub async fn delete_project(
     Segment(name): Segment,
 ) -> Result<StatusCode, ApiError> {
     state.control.delete_project(&name).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Give a user a role in a project (viewer or operator), replacing the one it had there:
+/// an operator there manages the project's services whatever the user's fleet-wide role
+#[utoipa::path(put, path = "/api/v1/projects/{name}/members/{username}", tag = "projects", request_body = MemberInput,
+    extensions(("x-required-role" = json!("admin"))),
+    params(("name" = tessera_model::schema::ProjectName, Path, description = "project name"),
+           ("username" = tessera_model::schema::Username, Path, description = "user")),
+    responses((status = 200, description = "Given; the project as it is now", body = ProjectView), (status = 404, description = "No such project or user", body = ErrorBody)))]
+pub async fn set_member(
+    State(state): State<AppState>,
+    Segments(name, username): Segments,
+    Body(input): Body<MemberInput>,
+) -> Result<Json<ProjectView>, ApiError> {
+    state
+        .control
+        .set_project_member(&name, &username, input.role.into())
+        .await?;
+    Ok(Json(state.control.get_project(&name).await?))
+}
+
+/// Take a user's role in a project away (its fleet-wide role stays)
+#[utoipa::path(delete, path = "/api/v1/projects/{name}/members/{username}", tag = "projects",
+    extensions(("x-required-role" = json!("admin"))),
+    params(("name" = tessera_model::schema::ProjectName, Path, description = "project name"),
+           ("username" = tessera_model::schema::Username, Path, description = "user")),
+    responses((status = 204, description = "Taken away"), (status = 404, description = "The user has no role in the project", body = ErrorBody)))]
+pub async fn remove_member(
+    State(state): State<AppState>,
+    Segments(name, username): Segments,
+) -> Result<StatusCode, ApiError> {
+    state
+        .control
+        .remove_project_member(&name, &username)
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }

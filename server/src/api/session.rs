@@ -257,6 +257,11 @@ pub struct TokenInput {
     #[serde(default)]
     #[schema(default = "viewer")]
     role: Role,
+    /// Scope it to this project: it acts only there, with `role` (viewer or operator),
+    /// and reads as a viewer elsewhere. Left out: the whole fleet.
+    #[serde(default, deserialize_with = "not_null")]
+    #[schema(nullable = false, value_type = Option<tessera_model::schema::ProjectName>)]
+    project: Option<String>,
     /// Left out: it does not expire.
     #[serde(default, deserialize_with = "not_null")]
     #[schema(nullable = false, minimum = 1, maximum = 3650)]
@@ -275,7 +280,13 @@ pub async fn create_token(
     let caller = caller_of(Some(&authn))?;
     let token = state
         .control
-        .create_api_token(&caller, &input.name, input.role, input.expires_in_days)
+        .create_api_token(
+            &caller,
+            &input.name,
+            input.role,
+            input.project.as_deref(),
+            input.expires_in_days,
+        )
         .await?;
     Ok((StatusCode::CREATED, Json(token)))
 }

@@ -24,7 +24,7 @@ use utoipa::{IntoParams, ToSchema};
 
 /// Register a task definition (Tessera's JSON or ECS's) as its family's next revision
 #[utoipa::path(post, path = "/api/v1/task-definitions", tag = "workloads", request_body = TaskDefinitionInput,
-    extensions(("x-required-role" = json!("operator"))),
+    extensions(("x-required-role" = json!("project-operator"))),
     responses((status = 201, description = "Registered", body = TaskDefinition)))]
 pub async fn register_task_definition(
     State(state): State<AppState>,
@@ -104,21 +104,32 @@ pub async fn deregister_task_definition(
     Ok(Json(state.control.deregister_task_definition(&r).await?))
 }
 
-/// Projects have no roles of their own yet: which project a service counts against (its
-/// quotas) and its priority class (whom it may preempt) are the admin's to give. An
-/// operator's services are in `default`, of class `default` or `batch`.
-fn teams_need_admin(authn: &crate::auth::Authn, asks: bool) -> Result<(), ApiError> {
-    if !asks {
-        return Ok(());
-    }
+/// Whether the caller may put a service into `project` (create it there, or move it
+/// there): an operator there, and for a project other than `default`, one given the role in
+/// that project itself (or an admin), since its quotas are that project's. A service's
+/// priority class (whom it may preempt) is the admin's to give.
+fn may_place_in(
+    authn: &crate::auth::Authn,
+    project: &str,
+    priority: Option<&str>,
+) -> Result<(), ApiError> {
+    use tessera_model::auth::Role;
+    authn.check_in(Role::Operator, project)?;
     let caller = crate::api::session::caller_of(Some(authn))?;
-    if caller.role.allows(tessera_model::auth::Role::Admin) {
-        Ok(())
-    } else {
-        Err(ApiError::Forbidden(
-            "a service's project and the production class are the admin's to give (projects have no roles of their own yet)".into(),
-        ))
+    if project != tessera_model::service::DEFAULT_PROJECT
+        && !caller.given_in(project, Role::Operator)
+    {
+        return Err(ApiError::Forbidden(format!(
+            "putting a service into project {project} needs the operator role given in that project (or an admin); {} has none there",
+            caller.actor()
+        )));
     }
+    if priority.is_some() && !caller.role.allows(Role::Admin) {
+        return Err(ApiError::Forbidden(
+            "a service's priority class is the admin's to give (a higher class may preempt other projects' tasks)".into(),
+        ));
+    }
+    Ok(())
 }
 
 #[derive(Deserialize, IntoParams)]
@@ -146,19 +157,20 @@ pub async fn list_services(
 
 /// Create a service: its tasks are placed at once
 #[utoipa::path(post, path = "/api/v1/services", tag = "workloads", request_body = ServiceInput,
-    extensions(("x-required-role" = json!("operator"))),
+    extensions(("x-required-role" = json!("project-operator"))),
     responses((status = 201, description = "Created", body = Service), (status = 409, description = "A service of that name exists", body = ErrorBody)))]
 pub async fn create_service(
     State(state): State<AppState>,
     axum::Extension(authn): axum::Extension<crate::auth::Authn>,
     Body(input): Body<ServiceInput>,
 ) -> Result<(StatusCode, Json<Service>), ApiError> {
-    let elsewhere = input
+    let project = input
         .project
         .as_deref()
-        .is_some_and(|p| p != tessera_model::service::DEFAULT_PROJECT);
-    let production = input.priority.as_deref() == Some("production");
-    teams_need_admin(&authn, elsewhere || production)?;
+        .unwrap_or(tessera_model::service::DEFAULT_PROJECT);
+    // Only `production` takes room from others; `batch` and `default` an operator gives.
+    let production = input.priority.as_deref().filter(|p| *p == "production");
+    may_place_in(&authn, project, production)?;
     let s = state.control.create_service(&input).await?;
     Ok((StatusCode::CREATED, Json(s)))
 }
@@ -201,7 +213,7 @@ pub async fn prometheus_discovery(
 
 /// Scale a service and/or deploy a new revision (rolling)
 #[utoipa::path(patch, path = "/api/v1/services/{name}", tag = "workloads", request_body = ServicePatch,
-    extensions(("x-required-role" = json!("operator"))),
+    extensions(("x-required-role" = json!("project-operator"))),
     params(("name" = ServiceName, Path, description = "service")),
     responses((status = 200, description = "Updated", body = Service), (status = 404, description = "No such service", body = ErrorBody), (status = 409, description = "The service is being deleted", body = ErrorBody)))]
 pub async fn update_service(
@@ -210,19 +222,27 @@ pub async fn update_service(
     Segment(name): Segment,
     Body(patch): Body<ServicePatch>,
 ) -> Result<Json<Service>, ApiError> {
-    teams_need_admin(&authn, patch.project.is_some() || patch.priority.is_some())?;
+    let project = state.control.project_of_service(&name).await?;
+    authn.check_in(tessera_model::auth::Role::Operator, &project)?;
+    if patch.project.is_some() || patch.priority.is_some() {
+        let to = patch.project.as_deref().unwrap_or(&project);
+        may_place_in(&authn, to, patch.priority.as_deref())?;
+    }
     Ok(Json(state.control.update_service(&name, &patch).await?))
 }
 
 /// Delete a service: it drains to zero tasks, then goes
 #[utoipa::path(delete, path = "/api/v1/services/{name}", tag = "workloads",
-    extensions(("x-required-role" = json!("operator"))),
+    extensions(("x-required-role" = json!("project-operator"))),
     params(("name" = ServiceName, Path, description = "service")),
     responses((status = 202, description = "Draining"), (status = 404, description = "No such service", body = ErrorBody)))]
 pub async fn delete_service(
     State(state): State<AppState>,
+    axum::Extension(authn): axum::Extension<crate::auth::Authn>,
     Segment(name): Segment,
 ) -> Result<StatusCode, ApiError> {
+    let project = state.control.project_of_service(&name).await?;
+    authn.check_in(tessera_model::auth::Role::Operator, &project)?;
     state.control.delete_service(&name).await?;
     Ok(StatusCode::ACCEPTED)
 }

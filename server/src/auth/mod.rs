@@ -102,17 +102,23 @@ impl Authn {
         }
     }
 
-    /// Whether the caller may do what `access` requires.
+    /// Whether the caller may do what `access` requires. For an operation in a project
+    /// ([`Access::InProject`]), a caller with the role in some project passes here; the
+    /// handler checks the project acted on ([`Authn::check_in`]).
     pub fn check(&self, access: Access) -> Result<(), ApiError> {
         let Some(needed) = access.role() else {
             return Ok(());
         };
+        let has = |c: &Caller| match access {
+            Access::InProject(_) => c.best_role(),
+            _ => c.role,
+        };
         match self {
-            Authn::Caller(c) if c.role.allows(needed) => Ok(()),
+            Authn::Caller(c) if has(c).allows(needed) => Ok(()),
             Authn::Caller(c) => Err(ApiError::Forbidden(format!(
                 "this needs the {needed} role; {} has {}",
                 c.actor(),
-                c.role
+                has(c)
             ))),
             Authn::BadToken => Err(ApiError::Unauthorized(
                 "the API token is unknown, expired or revoked".into(),
@@ -120,6 +126,31 @@ impl Authn {
             Authn::Anonymous => Err(ApiError::Unauthorized(
                 "sign in, or send Authorization: Bearer <API token>".into(),
             )),
+        }
+    }
+}
+
+impl Authn {
+    /// Whether the caller has `needed` in `project`: its fleet-wide role or the one it was
+    /// given there (a token scoped to another project has none).
+    pub fn check_in(
+        &self,
+        needed: tessera_model::auth::Role,
+        project: &str,
+    ) -> Result<(), ApiError> {
+        self.check(Access::InProject(needed))?;
+        let c = self.caller().expect("checked: a caller");
+        match c.role_in(project) {
+            Some(r) if r.allows(needed) => Ok(()),
+            Some(r) => Err(ApiError::Forbidden(format!(
+                "this needs the {needed} role in project {project}; {} has {r} there",
+                c.actor()
+            ))),
+            None => Err(ApiError::Forbidden(format!(
+                "{} acts in project {} only, not {project}",
+                c.actor(),
+                c.project.as_deref().unwrap_or_default()
+            ))),
         }
     }
 }
