@@ -84,6 +84,10 @@ pub enum ClientCommand {
         /// Days until the token expires.
         #[arg(long, default_value_t = 90)]
         expires_in_days: u32,
+        /// Scope the token to this project, with your role there (what a user who is an
+        /// operator in one project needs to change its services).
+        #[arg(long)]
+        project: Option<String>,
         #[arg(long, env = "TESSERA_CA_CERT")]
         ca_cert: Option<PathBuf>,
         /// Send the password over plain http:// to a server that is not on this machine.
@@ -106,7 +110,7 @@ pub enum ClientCommand {
         /// Tasks: only those on this host.
         #[arg(long)]
         host: Option<String>,
-        /// Services and projects: only this project's.
+        /// Services, tasks and projects: only this project's.
         #[arg(long)]
         project: Option<String>,
         #[command(flatten)]

@@ -78,13 +78,19 @@ pub async fn run(command: ClientCommand, root: clap::Command) -> anyhow::Result<
             password_stdin,
             token,
             expires_in_days,
+            project,
             ca_cert,
             insecure_http,
         } => {
+            if token.is_some() && project.is_some() {
+                bail!(
+                    "--project scopes a token made by signing in; a given --token keeps its own scope"
+                );
+            }
             login(
                 &url,
                 insecure_http,
-                username,
+                (username, project),
                 password_stdin,
                 token,
                 expires_in_days,
@@ -102,8 +108,8 @@ pub async fn run(command: ClientCommand, root: clap::Command) -> anyhow::Result<
             project,
             conn,
         } => {
-            if project.is_some() && !matches!(kind, Kind::Services | Kind::Projects) {
-                bail!("--project filters services and projects only");
+            if project.is_some() && !matches!(kind, Kind::Services | Kind::Projects | Kind::Tasks) {
+                bail!("--project filters services, tasks and projects only");
             }
             // Only endpoints and work take a name; the others fail before asking the server.
             let one = matches!(kind, Kind::Endpoints | Kind::Work);

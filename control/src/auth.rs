@@ -36,6 +36,14 @@ pub const MAX_ATTEMPTS: u64 = 5;
 pub const ATTEMPT_WINDOW: Duration = Duration::from_secs(60);
 const MAX_TOKEN_DAYS: u32 = 3650;
 
+/// What a token made at sign-in is for: the whole fleet or one project, and how long.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TokenScope<'a> {
+    /// Scoped to this project (the user's role there), or `None` for the whole fleet.
+    pub project: Option<&'a str>,
+    pub expires_in_days: Option<u32>,
+}
+
 /// What a console session holds: who signed in, and when (for the absolute expiry and for
 /// ending sessions when the password changes).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -404,7 +412,7 @@ impl Control {
         password: &str,
         address: Option<IpAddr>,
         name: &str,
-        expires_in_days: Option<u32>,
+        scope: TokenScope<'_>,
     ) -> Result<NewApiToken, ControlError> {
         let (user, _) = self.sign_in(username, password, address).await?;
         let caller = Caller {
@@ -413,11 +421,20 @@ impl Control {
             kind: CallerKind::Session,
             role: user.role,
             token_id: None,
-            projects: Default::default(),
+            projects: self.store.roles_of(&user.username).await?,
             project: None,
         };
+        // Scoped to a project: the user's role there (a scoped token is at most an
+        // operator); otherwise the user's fleet-wide role.
+        let role = match scope.project {
+            Some(p) => caller
+                .role_in(p)
+                .unwrap_or(Role::Viewer)
+                .min(Role::Operator),
+            None => user.role,
+        };
         let token = self
-            .create_api_token(&caller, name, user.role, None, expires_in_days)
+            .create_api_token(&caller, name, role, scope.project, scope.expires_in_days)
             .await?;
         self.audit(NewAuditEntry {
             actor: caller.actor(),

@@ -36,15 +36,15 @@ pub(crate) struct Short {
 
 impl Control {
     /// Makes room, where the rules allow it, for the tasks in `short` (in the order given)
-    /// by stopping tasks that use borrowed capacity, and claims it for them; how many tasks
-    /// it stopped.
+    /// by stopping tasks that use borrowed capacity, and claims it for them; returns the
+    /// tasks that hold a claim from this pass.
     pub(crate) async fn preempt_in(
         &self,
         pool: &PoolName,
         short: Vec<Short>,
         services: &HashMap<String, Service>,
         projects: &HashMap<String, Project>,
-    ) -> Result<usize, ControlError> {
+    ) -> Result<HashSet<String>, ControlError> {
         // Only a task of a class above batch, of a project with a quota here, and only
         // when another project runs a lower class in this pool: checked on what is in
         // memory before the pool is read (a task may wait for many passes).
@@ -64,8 +64,9 @@ impl Control {
                     })
             })
             .collect();
+        let mut renewed = HashSet::new();
         if short.is_empty() {
-            return Ok(0);
+            return Ok(renewed);
         }
         let (info, hosts, holding) = self.pool_state(pool).await?;
         let project_of = crate::projects::project_of(services.values());
@@ -83,6 +84,9 @@ impl Control {
             .cloned()
             .collect();
         let mut kept = usage_by_project(&kept_tasks, &project_of);
+        // Limits count what placement counts: every task holding capacity, stopping ones
+        // too (so no task is preempted for that its limit would then refuse).
+        let holding_use = usage_by_project(&holding, &project_of);
         let capacity = PoolCapacity::build(&info, &hosts, holding.iter().filter_map(Held::of));
         let snap = &capacity.snapshot;
         // Each running task with where it runs (tasks the snapshot could not take are in
@@ -128,8 +132,17 @@ impl Control {
                             .copied()
                             .unwrap_or_default(),
                     );
+                let claimed_here = claimed
+                    .get(service.project.as_str())
+                    .copied()
+                    .unwrap_or_default();
+                let held = holding_use
+                    .get(&service.project)
+                    .copied()
+                    .unwrap_or_default()
+                    .plus(&claimed_here);
                 if !within_guarantee(&mine, &want, &own)
-                    || mine.plus(&want).exceeds(&limit).is_some()
+                    || held.plus(&want).exceeds(&limit).is_some()
                 {
                     break;
                 }
@@ -168,8 +181,18 @@ impl Control {
                     tracing::debug!(service = %service.name, "no preemption plan makes room (or the task's constraints refuse it)");
                     break;
                 };
+                let mut record = Vec::new();
                 for &v in &stop {
                     let t = victim_tasks[v];
+                    let owner = services.get(&t.service);
+                    record.push(tessera_model::project::Preempted {
+                        task: t.id.clone(),
+                        service: t.service.clone(),
+                        project: owner
+                            .map_or(DEFAULT_PROJECT, |o| o.project.as_str())
+                            .to_owned(),
+                        priority: owner.map_or(PriorityClass::Default, |o| o.priority),
+                    });
                     stopped.insert(t.id.as_str());
                     if let Some(u) = kept.get_mut(
                         project_of
@@ -182,6 +205,18 @@ impl Control {
                 }
                 if !stop.is_empty() {
                     let host = &placement.host_id;
+                    self.store
+                        .add_preemption(&tessera_model::project::Preemption {
+                            id: 0,
+                            at: String::new(),
+                            pool: pool.to_string(),
+                            host: host.to_string(),
+                            service: service.name.clone(),
+                            project: service.project.clone(),
+                            priority: service.priority,
+                            victims: record,
+                        })
+                        .await?;
                     self.event(
                         Some(&service.name),
                         Some(host),
@@ -211,12 +246,13 @@ impl Control {
                     .claims
                     .lock()
                     .insert(task_id.clone(), placement);
+                renewed.insert(task_id.clone());
             }
         }
         if total > 0 {
             self.wake();
         }
-        Ok(total)
+        Ok(renewed)
     }
 
     /// Stops `t` (of `owner`) to make room for a task of `service`: out of the endpoint

@@ -201,6 +201,27 @@ impl Control {
             .collect())
     }
 
+    /// The newest preemptions first (those `project` took room or lost it in, when given),
+    /// at most `limit`.
+    pub async fn list_preemptions(
+        &self,
+        project: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<tessera_model::project::Preemption>, ControlError> {
+        // Read enough to fill `limit` after the filter (the store keeps a bounded number).
+        let read = if project.is_some() {
+            crate::store::PREEMPTIONS_KEPT as u32
+        } else {
+            limit
+        };
+        let mut all = self.store.list_preemptions(read).await?;
+        if let Some(p) = project {
+            all.retain(|x| x.involves(p));
+        }
+        all.truncate(limit as usize);
+        Ok(all)
+    }
+
     /// The project service `name` belongs to (for checking a caller's role there).
     pub async fn project_of_service(&self, name: &str) -> Result<String, ControlError> {
         Ok(self.store.get_service(name).await?.project)

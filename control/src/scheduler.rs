@@ -326,7 +326,7 @@ impl Control {
                     }
                     let claimed = claims
                         .get(&t.id)
-                        .and_then(|c| tessera_placement::quota::claimable(engine, c));
+                        .and_then(|c| tessera_placement::quota::claimable(engine, c, &req));
                     let mut result = match claimed {
                         Some(p) => Ok(p),
                         None => engine.place(&req),
@@ -457,7 +457,14 @@ impl Control {
             } else {
                 self.scheduling.engines.insert(pool.clone(), cached);
             }
-            self.preempt_in(&pool, short, &services, &projects).await?;
+            let waiting_here: Vec<String> = short.iter().flat_map(|s| s.tasks.clone()).collect();
+            let renewed = self.preempt_in(&pool, short, &services, &projects).await?;
+            // A claim this pass did not renew (its project left its guarantee, its class
+            // changed, no plan makes room) no longer puts its task first.
+            self.scheduling
+                .claims
+                .lock()
+                .retain(|id, _| !waiting_here.contains(id) || renewed.contains(id));
             for (service, ids, sentence) in complaints {
                 self.store.set_placement_message(&ids, &sentence).await?;
                 if self.service_state_changed(&service, |s| s.pending = Some(sentence.clone())) {

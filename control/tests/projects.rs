@@ -405,6 +405,38 @@ async fn a_guaranteed_production_task_preempts_the_fewest_borrowing_batch_tasks(
             .contains("preempted for service api (project prod, production)")),
         "{events:?}"
     );
+    // The preemption is on record, for both projects.
+    let record = c
+        .list_preemptions(Some("lab"), 10)
+        .await
+        .expect("preemptions");
+    assert_eq!(record.len(), 1, "{record:?}");
+    assert_eq!(
+        (
+            record[0].service.as_str(),
+            record[0].project.as_str(),
+            record[0].victims.len()
+        ),
+        ("api", "prod", 2)
+    );
+    assert!(
+        record[0]
+            .victims
+            .iter()
+            .all(|v| v.service == "crunch" && v.project == "lab")
+    );
+    assert_eq!(
+        c.list_preemptions(Some("prod"), 10)
+            .await
+            .expect("preemptions"),
+        record
+    );
+    assert!(
+        c.list_preemptions(Some("default"), 10)
+            .await
+            .expect("preemptions")
+            .is_empty()
+    );
     // Until the victims let go, the next pass stops nothing more.
     c.reconcile_once().await.expect("pass");
     assert_eq!(

@@ -58,6 +58,8 @@ list!(/// `GET /api/v1/pools`.
     PoolList { pools: PoolInfo });
 list!(/// `GET /api/v1/projects`: each project with its quotas and what it uses per pool.
     ProjectList { projects: crate::project::ProjectView });
+list!(/// `GET /api/v1/preemptions`, newest first.
+    PreemptionList { preemptions: crate::project::Preemption });
 list!(/// `GET /api/v1/task-definitions`: the newest revision of each family.
     FamilyList { task_definitions: TaskDefinition });
 list!(/// `GET /api/v1/task-definitions/{family}`: every revision.

@@ -510,3 +510,36 @@ mod tests {
         assert!(have.above(&used).is_zero());
     }
 }
+
+/// A task a preemption stopped.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Preempted {
+    pub task: String,
+    pub service: String,
+    pub project: String,
+    pub priority: crate::inventory::PriorityClass,
+}
+
+/// A preemption carried out: a waiting task of `service` took room on `host` by stopping
+/// `victims`.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Preemption {
+    pub id: i64,
+    /// RFC 3339 UTC.
+    pub at: String,
+    pub pool: String,
+    pub host: String,
+    pub service: String,
+    pub project: String,
+    pub priority: crate::inventory::PriorityClass,
+    pub victims: Vec<Preempted>,
+}
+
+impl Preemption {
+    /// Whether `project` took room or lost it in it.
+    pub fn involves(&self, project: &str) -> bool {
+        self.project == project || self.victims.iter().any(|v| v.project == project)
+    }
+}

@@ -265,7 +265,7 @@ pub fn run(hosts: &[HostSpec], tasks: &[TraceTask], setup: &Setup) -> Outcome {
             let claimed = w
                 .claim
                 .take()
-                .and_then(|c| quota::claimable(&mut engine, &c));
+                .and_then(|c| quota::claimable(&mut engine, &c, req));
             let placed = if claimed.is_some() {
                 claimed
             } else if no_room.contains(req) {

@@ -295,9 +295,19 @@ impl Claims {
 }
 
 /// Whether the task a claim was made for can have it now: its room resolved on `engine`'s
-/// picture ([`Snapshot::resolve`]) and free there (checked by taking and giving it back).
-pub fn claimable(engine: &mut Engine, claim: &Placement) -> Option<Placement> {
+/// picture ([`Snapshot::resolve`]), allowed by the task's request as it is now (host and
+/// GPU rules: labels, spread, caps, ports, models) and free there (checked by taking and
+/// giving it back).
+pub fn claimable(engine: &mut Engine, claim: &Placement, req: &TaskRequest) -> Option<Placement> {
     let p = engine.snapshot().resolve(claim)?;
+    let snap = engine.snapshot();
+    if snap.check_host_rules(p.host, req).is_err()
+        || p.gpus
+            .iter()
+            .any(|s| snap.check_gpu_rules(s.gpu as usize, req).is_err())
+    {
+        return None;
+    }
     engine.assign(&p).ok()?;
     engine.release(&p).expect("gives back what it just took");
     Some(p)

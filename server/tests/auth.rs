@@ -173,13 +173,14 @@ fn every_route_has_the_role_this_list_gives_it() {
         ("PUT", "/api/v1/projects/{name}", "admin"),
         ("DELETE", "/api/v1/projects/{name}", "admin"),
         ("PUT", "/api/v1/projects/{name}/members/{username}", "admin"),
+        ("GET", "/api/v1/preemptions", "viewer"),
         (
             "DELETE",
             "/api/v1/projects/{name}/members/{username}",
             "admin",
         ),
         ("GET", "/api/v1/task-definitions", "viewer"),
-        ("POST", "/api/v1/task-definitions", "project-operator"),
+        ("POST", "/api/v1/task-definitions", "operator"),
         ("GET", "/api/v1/task-definitions/{id}", "viewer"),
         ("DELETE", "/api/v1/task-definitions/{id}", "operator"),
         ("GET", "/api/v1/services", "viewer"),
@@ -194,11 +195,7 @@ fn every_route_has_the_role_this_list_gives_it() {
         ("GET", "/api/v1/services/{name}/endpoints", "viewer"),
         ("GET", "/api/v1/discovery/prometheus", "viewer"),
         ("GET", "/api/v1/services/{name}/right-size", "viewer"),
-        (
-            "POST",
-            "/api/v1/services/{name}/right-size",
-            "project-operator",
-        ),
+        ("POST", "/api/v1/services/{name}/right-size", "operator"),
         ("GET", "/api/v1/consolidation-plans", "viewer"),
         ("POST", "/api/v1/consolidation-plans", "operator"),
         ("GET", "/api/v1/consolidation-plans/{id}", "viewer"),
@@ -1318,6 +1315,118 @@ async fn a_project_operator_and_a_scoped_token_act_in_their_project_only() {
         ok(&a, StatusCode::UNPROCESSABLE_ENTITY);
         assert!(a.body.to_string().contains(field), "{}", a.body);
     }
+
+    // Her own command-line token, scoped to research at sign-in: an operator there.
+    let a = send(
+        &c,
+        Method::POST,
+        "/api/v1/session/token",
+        Some(json!({"username": "rita", "password": "rita-password-123", "name": "cli rita", "project": "research"})),
+        &[],
+    )
+    .await;
+    ok(&a, StatusCode::CREATED);
+    assert_eq!(
+        (a.body["project"].as_str(), a.body["role"].as_str()),
+        (Some("research"), Some("operator"))
+    );
+    let rita_cli = bearer(a.body["token"].as_str().expect("the token"));
+    let a = send(
+        &c,
+        Method::PATCH,
+        "/api/v1/services/r1",
+        Some(json!({"desired_count": 0})),
+        &rita_cli,
+    )
+    .await;
+    ok(&a, StatusCode::OK);
+
+    // The console's server functions keep the same rule: a fleet-wide operator puts no
+    // service into research, and gives no production class.
+    let operator = api_token(&c.control, Role::Operator).await.expect("token");
+    for input in [
+        service("r3", "research"),
+        json!({"name": "r4", "task_definition": "embeddings:1", "pool": "inference", "desired_count": 0, "priority": "production"}),
+    ] {
+        let req = Request::post(tessera_app::pages::service_new::CreateService::PATH)
+            .header("host", "127.0.0.1:3000")
+            .header("authorization", format!("Bearer {operator}"))
+            .header("content-type", "application/json")
+            .body(Body::from(json!({"input": input}).to_string()))
+            .expect("request");
+        let answer = app(c.app.clone()).oneshot(req).await.expect("answers");
+        assert!(!answer.status().is_success(), "{input}");
+    }
+    for name in ["r3", "r4"] {
+        let a = send(
+            &c,
+            Method::GET,
+            &format!("/api/v1/services/{name}"),
+            None,
+            &admin,
+        )
+        .await;
+        ok(&a, StatusCode::NOT_FOUND);
+    }
+
+    // A scoped token made by an admin who is then demoted is worth no more than what its
+    // maker was given in the project: nothing to act with.
+    let a = send(
+        &c,
+        Method::POST,
+        "/api/v1/users",
+        Some(json!({"username": "ada", "password": "ada-password-1234", "role": "admin"})),
+        &admin,
+    )
+    .await;
+    ok(&a, StatusCode::CREATED);
+    let a = send(
+        &c,
+        Method::POST,
+        "/api/v1/session/token",
+        Some(json!({"username": "ada", "password": "ada-password-1234", "name": "ada"})),
+        &[],
+    )
+    .await;
+    ok(&a, StatusCode::CREATED);
+    let ada = bearer(a.body["token"].as_str().expect("the token"));
+    let a = send(
+        &c,
+        Method::POST,
+        "/api/v1/tokens",
+        Some(json!({"name": "ada-research", "role": "operator", "project": "research"})),
+        &ada,
+    )
+    .await;
+    ok(&a, StatusCode::CREATED);
+    let ada_research = bearer(a.body["token"].as_str().expect("the token"));
+    let a = send(
+        &c,
+        Method::PATCH,
+        "/api/v1/services/r1",
+        Some(json!({"desired_count": 0})),
+        &ada_research,
+    )
+    .await;
+    ok(&a, StatusCode::OK);
+    let a = send(
+        &c,
+        Method::PATCH,
+        "/api/v1/users/ada",
+        Some(json!({"role": "operator"})),
+        &admin,
+    )
+    .await;
+    ok(&a, StatusCode::OK);
+    let a = send(
+        &c,
+        Method::PATCH,
+        "/api/v1/services/r1",
+        Some(json!({"desired_count": 0})),
+        &ada_research,
+    )
+    .await;
+    ok(&a, StatusCode::FORBIDDEN);
 
     // Taken back: her role in research goes, and with it what it allowed.
     let a = send(

@@ -271,6 +271,15 @@ fn login_reads_the_fleet_acts_on_it_and_logout_ends_the_token() {
     assert_eq!(mine["services"].as_array().map(Vec::len), Some(6), "{mine}");
     let none = s.json(&["get", "services", "--project", "nobody", "-o", "json"]);
     assert_eq!(none["services"], serde_json::json!([]), "{none}");
+    let all_tasks = s.json(&["get", "tasks", "-o", "json"]);
+    let default_tasks = s.json(&["get", "tasks", "--project", "default", "-o", "json"]);
+    assert!(
+        all_tasks["tasks"].as_array().is_some_and(|t| !t.is_empty()),
+        "{all_tasks}"
+    );
+    assert_eq!(default_tasks, all_tasks, "every demo task is in default");
+    let no_tasks = s.json(&["get", "tasks", "--project", "nobody", "-o", "json"]);
+    assert_eq!(no_tasks["tasks"], serde_json::json!([]), "{no_tasks}");
     let out = s.cli(&["get", "hosts", "--project", "default"]);
     assert!(!out.status.success(), "--project does not filter hosts");
     let hosts = s.ok(&["get", "hosts"]);

@@ -485,6 +485,37 @@ async fn the_document_and_the_router_agree_and_answers_match_their_schemas() {
         .await;
     assert_eq!(minted.status, StatusCode::CREATED, "{}", minted.body);
     samples.push(("/api/v1/join-tokens", "/api/v1/join-tokens".to_owned()));
+    // A preemption on record, so its answer has one to match its schema.
+    {
+        use tessera_control::store::ProjectStore;
+        use tessera_model::project::{Preempted, Preemption};
+        use tessera_model::service::PriorityClass;
+        server
+            .state
+            .control
+            .store()
+            .add_preemption(&Preemption {
+                id: 0,
+                at: String::new(),
+                pool: "inference".into(),
+                host: "sim-l4-1".into(),
+                service: "chat".into(),
+                project: "default".into(),
+                priority: PriorityClass::Production,
+                victims: vec![Preempted {
+                    task: "t-1".into(),
+                    service: "batch".into(),
+                    project: "lab".into(),
+                    priority: PriorityClass::Batch,
+                }],
+            })
+            .await
+            .expect("recorded");
+    }
+    samples.push((
+        "/api/v1/preemptions",
+        "/api/v1/preemptions?project=lab&limit=5".to_owned(),
+    ));
     let mut sampled = BTreeSet::new();
     for (path, uri) in &samples {
         let a = server.send(&Method::GET, uri, None).await;

@@ -6,7 +6,7 @@ use crate::components::ErrorList;
 use crate::live::use_live;
 use leptos::prelude::*;
 use leptos_meta::Title;
-use tessera_model::project::{Amounts, ProjectView};
+use tessera_model::project::{Amounts, Preemption, ProjectView};
 
 /// Every project with its quotas and use per pool.
 #[server]
@@ -20,6 +20,18 @@ pub async fn list_projects() -> Result<Vec<ProjectView>, ServerFnError> {
 
 guard!(ListProjects, Access::VIEW);
 
+/// The newest preemptions (who took room, where, what it stopped).
+#[server]
+pub async fn recent_preemptions() -> Result<Vec<Preemption>, ServerFnError> {
+    use crate::data::ssr::{control_for, failed};
+    control_for::<RecentPreemptions>()?
+        .list_preemptions(None, 20)
+        .await
+        .map_err(failed)
+}
+
+guard!(RecentPreemptions, Access::VIEW);
+
 fn limit_text(limit: &Amounts) -> String {
     if *limit == Amounts::default() {
         "no limit".to_owned()
@@ -32,6 +44,7 @@ fn limit_text(limit: &Amounts) -> String {
 pub fn ProjectsPage() -> impl IntoView {
     let live = use_live();
     let data = Resource::new(live, |_| list_projects());
+    let preemptions = Resource::new(live, |_| recent_preemptions());
     view! {
         <Title text="Projects" />
         <h1>"Projects"</h1>
@@ -55,11 +68,17 @@ pub fn ProjectsPage() -> impl IntoView {
                                 {projects.into_iter().map(|p| {
                                     let name = p.project.name.clone();
                                     let services = p.services;
-                                    let title = format!("{name}: {services} service(s), weight {}", p.project.weight);
+                                    let members = if p.members.is_empty() {
+                                        "no members of its own".to_owned()
+                                    } else {
+                                        p.members.iter().map(|m| format!("{} ({})", m.username, m.role)).collect::<Vec<_>>().join(", ")
+                                    };
+                                    let title = format!("{name}: {services} service(s), weight {}; {members}", p.project.weight);
+                                    let href = format!("/services?project={}", tessera_model::urlenc::encode(&name));
                                     if p.pools.is_empty() {
                                         return view! {
                                             <tr>
-                                                <th scope="row" title=title>{name}</th>
+                                                <th scope="row" title=title><a href=href>{name}</a></th>
                                                 <td class="muted" colspan="6">"no quota and no tasks"</td>
                                             </tr>
                                         }.into_any();
@@ -69,7 +88,7 @@ pub fn ProjectsPage() -> impl IntoView {
                                         let at_limit = s.limit != Amounts::default() && s.pending > 0;
                                         view! {
                                             <tr class:at-limit=at_limit>
-                                                <th scope="row" title=title.clone()>{name.clone()}</th>
+                                                <th scope="row" title=title.clone()><a href=href.clone()>{name.clone()}</a></th>
                                                 <td>{s.pool}</td>
                                                 <td>{s.guaranteed.describe()}</td>
                                                 <td class="nowrap">{limit_text(&s.limit)}</td>
@@ -82,6 +101,43 @@ pub fn ProjectsPage() -> impl IntoView {
                                 }).collect_view()}
                             </tbody>
                         </table>
+                    })
+                })}
+            </ErrorBoundary>
+        </Transition>
+        <h2>"Recent preemptions"</h2>
+        <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>
+            <ErrorBoundary fallback=|errors| view! { <ErrorList errors /> }>
+                {move || Suspend::new(async move {
+                    preemptions.await.map(|list| {
+                        if list.is_empty() {
+                            return view! {
+                                <p class="empty">"None yet. A waiting task of a project within its guarantee stops tasks of lower classes that use borrowed capacity."</p>
+                            }.into_any();
+                        }
+                        view! {
+                            <table class="preemptions">
+                                <thead>
+                                    <tr><th>"When (UTC)"</th><th>"Took room"</th><th>"On"</th><th>"Stopped"</th></tr>
+                                </thead>
+                                <tbody>
+                                    {list.into_iter().map(|p| {
+                                        let stopped = p.victims.iter()
+                                            .map(|v| format!("{} of {} ({}, {})", v.task, v.service, v.project, v.priority))
+                                            .collect::<Vec<_>>()
+                                            .join("; ");
+                                        view! {
+                                            <tr>
+                                                <td class="nowrap">{p.at.replace('T', " ").trim_end_matches('Z').to_owned()}</td>
+                                                <td>{format!("{} ({}, {})", p.service, p.project, p.priority)}</td>
+                                                <td>{format!("{} in {}", p.host, p.pool)}</td>
+                                                <td>{stopped}</td>
+                                            </tr>
+                                        }
+                                    }).collect_view()}
+                                </tbody>
+                            </table>
+                        }.into_any()
                     })
                 })}
             </ErrorBoundary>

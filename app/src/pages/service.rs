@@ -52,10 +52,23 @@ pub async fn patch_service(
     name: String,
     patch: ServicePatch,
 ) -> Result<Result<(), Vec<FieldError>>, ServerFnError> {
-    match crate::data::ssr::control()?
-        .update_service(&name, &patch)
-        .await
+    let control = crate::data::ssr::control()?;
+    // The same rule as the REST API: a project's services and the production class.
+    if (patch.project.is_some() || patch.priority.is_some())
+        && let Some(caller) = crate::data::ssr::caller()
     {
+        let project = match &patch.project {
+            Some(p) => p.clone(),
+            None => control
+                .project_of_service(&name)
+                .await
+                .map_err(crate::data::ssr::failed)?,
+        };
+        caller
+            .may_place_in(&project, patch.priority.as_deref(), true)
+            .map_err(ServerFnError::new)?;
+    }
+    match control.update_service(&name, &patch).await {
         Ok(_) => Ok(Ok(())),
         Err(tessera_control::ControlError::Invalid(v)) => Ok(Err(v.errors)),
         Err(e) => Err(crate::data::ssr::failed(e)),

@@ -56,7 +56,18 @@ guard!(PreviewPlacement, Access::OPERATE);
 pub async fn create_service(
     input: ServiceInput,
 ) -> Result<Result<Service, Vec<FieldError>>, ServerFnError> {
-    match crate::data::ssr::control()?.create_service(&input).await {
+    let control = crate::data::ssr::control()?;
+    // The same rule as the REST API: a project's services and the production class.
+    if let Some(caller) = crate::data::ssr::caller() {
+        let project = input
+            .project
+            .as_deref()
+            .unwrap_or(tessera_model::service::DEFAULT_PROJECT);
+        caller
+            .may_place_in(project, input.priority.as_deref(), false)
+            .map_err(ServerFnError::new)?;
+    }
+    match control.create_service(&input).await {
         Ok(s) => Ok(Ok(s)),
         Err(e) => invalid(e).map(Err),
     }

@@ -5,6 +5,7 @@ use crate::components::ErrorList;
 use crate::live::use_live;
 use leptos::prelude::*;
 use leptos_meta::Title;
+use leptos_router::hooks::{use_navigate, use_query_map};
 use tessera_model::api::ServiceDetail;
 
 #[server]
@@ -19,6 +20,19 @@ guard!(ListServiceDetails, Access::VIEW);
 pub fn ServicesPage() -> impl IntoView {
     let live = use_live();
     let services = Resource::new(live, |_| list_service_details());
+    // `?project=NAME` shows one project's services (the Projects page links here).
+    let query = use_query_map();
+    let project = move || query.read().get("project").filter(|p| !p.is_empty());
+    let navigate = use_navigate();
+    let choose = move |ev: leptos::ev::Event| {
+        let p = event_target_value(&ev);
+        let to = if p.is_empty() {
+            "/services".to_owned()
+        } else {
+            format!("/services?project={}", tessera_model::urlenc::encode(&p))
+        };
+        navigate(&to, Default::default());
+    };
     view! {
         <Title text="Services" />
         <div class="page-head with-action">
@@ -30,16 +44,43 @@ pub fn ServicesPage() -> impl IntoView {
         </div>
         <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>
             <ErrorBoundary fallback=|errors| view! { <ErrorList errors /> }>
-                {move || Suspend::new(async move {
+                {move || { let choose = choose.clone(); Suspend::new(async move {
                     services.await
                         .map(|list| {
                             if list.is_empty() {
                                 return view! { <p class="empty">"No services yet. Create one to run tasks."</p> }.into_any();
                             }
+                            let mut projects: Vec<String> = list.iter().map(|d| d.service.project.clone()).collect();
+                            projects.sort();
+                            projects.dedup();
+                            let shown = project();
+                            let total = list.len();
+                            let list: Vec<ServiceDetail> = list
+                                .into_iter()
+                                .filter(|d| shown.as_ref().is_none_or(|p| &d.service.project == p))
+                                .collect();
+                            let count = if list.len() == total {
+                                format!("{total} services")
+                            } else {
+                                format!("{} of {total} services", list.len())
+                            };
                             view! {
+                                <form class="filters" on:submit=|ev| ev.prevent_default()>
+                                    <label>
+                                        "Project"
+                                        <select name="project" on:change=choose>
+                                            <option value="" selected=shown.is_none()>"All projects"</option>
+                                            {projects.into_iter().map(|p| {
+                                                let selected = shown.as_deref() == Some(p.as_str());
+                                                view! { <option value=p.clone() selected=selected>{p.clone()}</option> }
+                                            }).collect_view()}
+                                        </select>
+                                    </label>
+                                    <p class="count">{count}</p>
+                                </form>
                                 <table class="table">
                                     <thead>
-                                        <tr><th>"Service"</th><th>"Task definition"</th><th>"Pool"</th><th>"Running"</th><th>"Pending"</th><th>"Desired"</th><th>"Progress"</th></tr>
+                                        <tr><th>"Service"</th><th>"Project"</th><th>"Task definition"</th><th>"Pool"</th><th>"Running"</th><th>"Pending"</th><th>"Desired"</th><th>"Progress"</th></tr>
                                     </thead>
                                     <tbody>
                                         {list
@@ -50,6 +91,7 @@ pub fn ServicesPage() -> impl IntoView {
                                                 view! {
                                                     <tr data-service=s.name.clone()>
                                                         <td><a href=format!("/services/{}", s.name)>{s.name.clone()}</a>{s.deleting.then_some(" (deleting)")}</td>
+                                                        <td>{s.project.clone()}</td>
                                                         <td>{s.task_definition.to_string()}</td>
                                                         <td>{s.pool.to_string()}</td>
                                                         <td class="running">{d.running}</td>
@@ -65,7 +107,7 @@ pub fn ServicesPage() -> impl IntoView {
                             }
                                 .into_any()
                         })
-                })}
+                })}}
             </ErrorBoundary>
         </Transition>
     }

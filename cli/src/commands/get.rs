@@ -300,6 +300,9 @@ pub(crate) async fn get(
             if let Some(h) = &host {
                 query.push(format!("host={}", seg(h)));
             }
+            if let Some(p) = &project {
+                query.push(format!("project={}", seg(p)));
+            }
             let list: TaskList = c.get(&format!("/api/v1/tasks?{}", query.join("&"))).await?;
             if output == Output::Json {
                 return print_json(&list);

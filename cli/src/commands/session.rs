@@ -8,10 +8,11 @@ use anyhow::Context;
 use std::path::PathBuf;
 use tessera_model::auth::{Caller, NewApiToken};
 
+/// `who`: the user (asked for when `None`) and the project to scope the token to.
 pub(crate) async fn login(
     url: &str,
     insecure_http: bool,
-    username: Option<String>,
+    (username, project): (Option<String>, Option<String>),
     password_stdin: bool,
     token: Option<Token>,
     expires_in_days: u32,
@@ -43,12 +44,15 @@ pub(crate) async fn login(
                 rpassword::prompt_password("Password: ").context("reading the password")?
             };
             let host = nix_hostname();
-            let body = serde_json::json!({
+            let mut body = serde_json::json!({
                 "username": user,
                 "password": password,
                 "name": format!("cli {user}@{host}"),
                 "expires_in_days": expires_in_days,
             });
+            if let Some(p) = &project {
+                body["project"] = serde_json::json!(p);
+            }
             let resp = http
                 .post(format!("{base}/api/v1/session/token"))
                 .json(&body)

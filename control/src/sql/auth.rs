@@ -164,17 +164,19 @@ impl AuthStore for This {
             return Ok(None);
         };
         let mut token = token_from_row(&row)?;
-        // Worth no more than its user is now: a demoted user's tokens are demoted too (in
-        // a scoped token's project, the user's role there counts).
+        // Worth no more than its user is now: a demoted user's tokens are demoted too. A
+        // token scoped to a project is worth what its user was given there (an admin's
+        // stays an admin's): a fleet-wide role alone gives it nothing to act with.
         let parse = |raw: String| {
             raw.parse::<Role>()
                 .map_err(|e| StoreError::corrupt("user role", e))
         };
         let mut user = parse(row.try_get("user_role")?)?;
-        if token.project.is_some()
-            && let Some(member) = row.try_get::<Option<String>, _>("member_role")?
-        {
-            user = user.max(parse(member)?);
+        if token.project.is_some() && user != Role::Admin {
+            user = match row.try_get::<Option<String>, _>("member_role")? {
+                Some(member) => parse(member)?,
+                None => Role::Viewer,
+            };
         }
         if !user.allows(token.role) {
             token.role = user;

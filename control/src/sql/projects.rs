@@ -2,7 +2,7 @@
 //! types).
 use super::*;
 use crate::store::ProjectStore;
-use tessera_model::project::{Project, Quota};
+use tessera_model::project::{Preempted, Preemption, Project, Quota};
 
 const PROJECT_COLUMNS: &str = "name, weight, quotas, created_at";
 
@@ -99,5 +99,56 @@ impl ProjectStore for This {
         }
         tx.commit().await?;
         Ok(())
+    }
+
+    async fn add_preemption(&self, p: &Preemption) -> Result<(), StoreError> {
+        let victims = serde_json::to_string(&p.victims)
+            .map_err(|e| StoreError::corrupt("preemption victims", e))?;
+        sqlx::query(
+            "INSERT INTO preemptions (pool, host_id, service, project, priority, victims)
+             VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(&p.pool)
+        .bind(&p.host)
+        .bind(&p.service)
+        .bind(&p.project)
+        .bind(p.priority.as_str())
+        .bind(victims)
+        .execute(&self.db)
+        .await?;
+        sqlx::query("DELETE FROM preemptions WHERE id <= (SELECT MAX(id) FROM preemptions) - $1")
+            .bind(crate::store::PREEMPTIONS_KEPT)
+            .execute(&self.db)
+            .await?;
+        Ok(())
+    }
+
+    async fn list_preemptions(&self, limit: u32) -> Result<Vec<Preemption>, StoreError> {
+        sqlx::query(
+            "SELECT id, at, pool, host_id, service, project, priority, victims FROM preemptions
+             ORDER BY id DESC LIMIT $1",
+        )
+        .bind(i64::from(limit))
+        .fetch_all(&self.db)
+        .await?
+        .iter()
+        .map(|r| {
+            let victims: String = r.try_get("victims")?;
+            let priority: String = r.try_get("priority")?;
+            Ok(Preemption {
+                id: r.try_get("id")?,
+                at: r.try_get("at")?,
+                pool: r.try_get("pool")?,
+                host: r.try_get("host_id")?,
+                service: r.try_get("service")?,
+                project: r.try_get("project")?,
+                priority: priority
+                    .parse()
+                    .map_err(|e| StoreError::corrupt("preemption priority", e))?,
+                victims: serde_json::from_str::<Vec<Preempted>>(&victims)
+                    .map_err(|e| StoreError::corrupt("preemption victims", e))?,
+            })
+        })
+        .collect()
     }
 }

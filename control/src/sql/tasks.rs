@@ -121,6 +121,11 @@ pub(super) fn task_conditions(q: &mut QueryBuilder<'_, Db>, filter: &TaskFilter)
     if let Some(p) = &filter.pool {
         q.push(" AND pool = ").push_bind(p.to_string());
     }
+    if let Some(p) = &filter.project {
+        q.push(" AND service IN (SELECT name FROM services WHERE project = ")
+            .push_bind(p.clone())
+            .push(")");
+    }
     if !filter.hosts.is_empty() {
         q.push(" AND host_id IN (");
         let mut sep = q.separated(", ");

@@ -21,7 +21,7 @@ pub use hosts::{
     GpuChange, HOST_ID_TAKEN, HostPage, HostPageQuery, HostReport, HostState, HostStore,
     JOIN_TOKEN_SPENT, JoinTokenUse,
 };
-pub use projects::ProjectStore;
+pub use projects::{PREEMPTIONS_KEPT, ProjectStore};
 pub use services::{ServiceStore, SettingsChange};
 pub use tasks::{
     CommitContext, HeldCapacity, NewTask, PendingTask, PlacementCommit, Pruned, TaskFilter,

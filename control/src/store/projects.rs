@@ -2,7 +2,7 @@
 
 use crate::error::StoreError;
 use async_trait::async_trait;
-use tessera_model::project::Project;
+use tessera_model::project::{Preemption, Project};
 
 #[async_trait]
 /// Projects: who a service belongs to, and the quotas that bound its tasks.
@@ -17,4 +17,12 @@ pub trait ProjectStore: Send + Sync + 'static {
     /// Deletes a project that no service belongs to (`Conflict` naming how many do: the
     /// check and the delete are one transaction).
     async fn delete_project(&self, name: &str) -> Result<(), StoreError>;
+    /// Records a preemption carried out (its `id` and `at` are the store's), keeping the
+    /// newest [`PREEMPTIONS_KEPT`].
+    async fn add_preemption(&self, p: &Preemption) -> Result<(), StoreError>;
+    /// The newest preemptions first, at most `limit`.
+    async fn list_preemptions(&self, limit: u32) -> Result<Vec<Preemption>, StoreError>;
 }
+
+/// How many preemptions are kept.
+pub const PREEMPTIONS_KEPT: i64 = 1000;

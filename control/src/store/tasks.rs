@@ -57,6 +57,8 @@ pub struct TaskFilter {
     pub hosts: Vec<HostId>,
     pub states: Vec<TaskState>,
     pub pool: Option<PoolName>,
+    /// Only tasks of this project's services.
+    pub project: Option<String>,
     pub limit: Option<u32>,
     /// Leave `allocations` empty (a pass that needs only states reads less).
     pub without_allocations: bool,

@@ -136,6 +136,7 @@ pub fn routes() -> Routes {
         .route(routes!(projects::delete_project))
         .route(routes!(projects::set_member))
         .route(routes!(projects::remove_member))
+        .route(routes!(projects::list_preemptions))
         .route(routes!(list_families))
         .route(routes!(register_task_definition))
         .route(routes!(get_task_definition))

@@ -1,7 +1,7 @@
 //! Projects (teams): their quotas per pool and what they use.
 
 use super::bodies::{ErrorBody, ProjectList};
-use super::{Body, Segment, Segments};
+use super::{Body, Params, Segment, Segments};
 use crate::AppState;
 use crate::error::ApiError;
 use axum::Json;
@@ -104,4 +104,33 @@ pub async fn remove_member(
         .remove_project_member(&name, &username)
         .await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct PreemptionQuery {
+    /// Only preemptions this project took room in or lost tasks to.
+    #[param(value_type = Option<tessera_model::schema::ProjectName>)]
+    project: Option<String>,
+    /// At most this many (default 50).
+    #[param(minimum = 0, maximum = 1000)]
+    limit: Option<u32>,
+}
+
+/// Preemptions carried out, newest first: who took room, on which host, and the tasks it
+/// stopped
+#[utoipa::path(get, path = "/api/v1/preemptions", tag = "projects", params(PreemptionQuery),
+    extensions(("x-required-role" = json!("viewer"))),
+    responses((status = 200, description = "Preemptions", body = tessera_model::bodies::PreemptionList)))]
+pub async fn list_preemptions(
+    State(state): State<AppState>,
+    Params(q): Params<PreemptionQuery>,
+) -> Result<Json<tessera_model::bodies::PreemptionList>, ApiError> {
+    let limit = super::limit(q.limit, 50, 1000).map_err(|e| ApiError::Invalid(vec![e]))?;
+    Ok(Json(tessera_model::bodies::PreemptionList {
+        preemptions: state
+            .control
+            .list_preemptions(q.project.as_deref(), limit)
+            .await?,
+    }))
 }

@@ -191,6 +191,11 @@ pub struct TokenSignIn {
     /// What the token is for (e.g. `cli alice@laptop`).
     #[schema(min_length = 1, max_length = 100, pattern = "\\S")]
     name: String,
+    /// Scope the token to this project, with your role there (at most operator). Left
+    /// out: the whole fleet, with your fleet-wide role.
+    #[serde(default, deserialize_with = "not_null")]
+    #[schema(nullable = false, value_type = Option<tessera_model::schema::ProjectName>)]
+    project: Option<String>,
     /// Left out: it does not expire.
     #[serde(default, deserialize_with = "not_null")]
     #[schema(nullable = false, minimum = 1, maximum = 3650)]
@@ -218,7 +223,10 @@ pub async fn token_sign_in(
             &input.password,
             address.map(|a| a.0.0.ip()),
             &input.name,
-            input.expires_in_days,
+            tessera_control::auth::TokenScope {
+                project: input.project.as_deref(),
+                expires_in_days: input.expires_in_days,
+            },
         )
         .await?;
     Ok((StatusCode::CREATED, Json(token)))

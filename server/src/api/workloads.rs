@@ -24,7 +24,7 @@ use utoipa::{IntoParams, ToSchema};
 
 /// Register a task definition (Tessera's JSON or ECS's) as its family's next revision
 #[utoipa::path(post, path = "/api/v1/task-definitions", tag = "workloads", request_body = TaskDefinitionInput,
-    extensions(("x-required-role" = json!("project-operator"))),
+    extensions(("x-required-role" = json!("operator"))),
     responses((status = 201, description = "Registered", body = TaskDefinition)))]
 pub async fn register_task_definition(
     State(state): State<AppState>,
@@ -104,32 +104,20 @@ pub async fn deregister_task_definition(
     Ok(Json(state.control.deregister_task_definition(&r).await?))
 }
 
-/// Whether the caller may put a service into `project` (create it there, or move it
-/// there): an operator there, and for a project other than `default`, one given the role in
-/// that project itself (or an admin), since its quotas are that project's. A service's
-/// priority class (whom it may preempt) is the admin's to give.
+/// Whether the caller may put a service into `project` ([`Caller::may_place_in`], the
+/// rule the console's server functions share).
+///
+/// [`Caller::may_place_in`]: tessera_model::auth::Caller::may_place_in
 fn may_place_in(
     authn: &crate::auth::Authn,
     project: &str,
     priority: Option<&str>,
+    changes_class: bool,
 ) -> Result<(), ApiError> {
-    use tessera_model::auth::Role;
-    authn.check_in(Role::Operator, project)?;
-    let caller = crate::api::session::caller_of(Some(authn))?;
-    if project != tessera_model::service::DEFAULT_PROJECT
-        && !caller.given_in(project, Role::Operator)
-    {
-        return Err(ApiError::Forbidden(format!(
-            "putting a service into project {project} needs the operator role given in that project (or an admin); {} has none there",
-            caller.actor()
-        )));
-    }
-    if priority.is_some() && !caller.role.allows(Role::Admin) {
-        return Err(ApiError::Forbidden(
-            "a service's priority class is the admin's to give (a higher class may preempt other projects' tasks)".into(),
-        ));
-    }
-    Ok(())
+    authn.check_in(tessera_model::auth::Role::Operator, project)?;
+    crate::api::session::caller_of(Some(authn))?
+        .may_place_in(project, priority, changes_class)
+        .map_err(ApiError::Forbidden)
 }
 
 #[derive(Deserialize, IntoParams)]
@@ -169,8 +157,7 @@ pub async fn create_service(
         .as_deref()
         .unwrap_or(tessera_model::service::DEFAULT_PROJECT);
     // Only `production` takes room from others; `batch` and `default` an operator gives.
-    let production = input.priority.as_deref().filter(|p| *p == "production");
-    may_place_in(&authn, project, production)?;
+    may_place_in(&authn, project, input.priority.as_deref(), false)?;
     let s = state.control.create_service(&input).await?;
     Ok((StatusCode::CREATED, Json(s)))
 }
@@ -226,7 +213,7 @@ pub async fn update_service(
     authn.check_in(tessera_model::auth::Role::Operator, &project)?;
     if patch.project.is_some() || patch.priority.is_some() {
         let to = patch.project.as_deref().unwrap_or(&project);
-        may_place_in(&authn, to, patch.priority.as_deref())?;
+        may_place_in(&authn, to, patch.priority.as_deref(), true)?;
     }
     Ok(Json(state.control.update_service(&name, &patch).await?))
 }
@@ -263,6 +250,9 @@ pub async fn preview(
 pub struct TaskQuery {
     /// Only this service's tasks.
     service: Option<String>,
+    /// Only tasks of this project's services.
+    #[param(value_type = Option<tessera_model::schema::ProjectName>)]
+    project: Option<String>,
     /// Only tasks on this host.
     #[param(value_type = Option<HostId>)]
     host: Option<String>,
@@ -315,6 +305,7 @@ pub async fn list_tasks(
         .control
         .list_tasks(&TaskFilter {
             service: q.service,
+            project: q.project,
             host,
             states,
             limit: Some(limit),
