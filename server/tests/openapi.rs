@@ -487,7 +487,6 @@ async fn the_document_and_the_router_agree_and_answers_match_their_schemas() {
     samples.push(("/api/v1/join-tokens", "/api/v1/join-tokens".to_owned()));
     // A preemption on record, so its answer has one to match its schema.
     {
-        use tessera_control::store::ProjectStore;
         use tessera_model::project::{Preempted, Preemption};
         use tessera_model::service::PriorityClass;
         server
