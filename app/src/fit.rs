@@ -48,7 +48,7 @@ pub fn VerdictBadge(verdict: Verdict) -> impl IntoView {
 
 /// One line of a chart: its name, CSS class and points (time, value).
 pub struct Series {
-    pub name: &'static str,
+    pub name: std::borrow::Cow<'static, str>,
     pub class: &'static str,
     pub points: Vec<(i64, f64)>,
 }
@@ -122,7 +122,7 @@ pub(crate) fn Chart(
     };
     let legend = series
         .iter()
-        .map(|s| view! { <span class=format!("legend {}", s.class)>{s.name}</span> })
+        .map(|s| view! { <span class=format!("legend {}", s.class)>{s.name.clone()}</span> })
         .collect_view();
     let empty = series.iter().all(|s| s.points.is_empty());
     view! {
@@ -373,24 +373,24 @@ fn FitBody(fit: ServiceFit) -> impl IntoView {
         .collect_view();
     let mem = vec![
         Series {
-            name: "max across tasks",
+            name: "max across tasks".into(),
             class: "s-max",
             points: series(&fit.history, |p| Some(p.memory_max_mib as f64)),
         },
         Series {
-            name: "mean task",
+            name: "mean task".into(),
             class: "s-p50",
             points: series(&fit.history, |p| Some(p.memory_mean_mib as f64)),
         },
     ];
     let sm = vec![
         Series {
-            name: "p95",
+            name: "p95".into(),
             class: "s-max",
             points: series(&fit.history, |p| p.sm_p95.map(f64::from)),
         },
         Series {
-            name: "mean of medians",
+            name: "mean of medians".into(),
             class: "s-p50",
             points: series(&fit.history, |p| p.sm_mean.map(f64::from)),
         },

@@ -79,6 +79,42 @@ pub fn usage_by_project<'a>(
     used
 }
 
+/// Projects' use is sampled once per bucket of this many seconds.
+pub const SAMPLE_SECS: i64 = 300;
+/// Fair share compares projects' use over this many seconds (the samples in it and now).
+pub const FAIR_SHARE_WINDOW_SECS: i64 = 3600;
+/// Samples older than this many seconds are deleted.
+pub const HISTORY_KEPT_SECS: i64 = 7 * 24 * 3600;
+
+/// Each project's use over the fair-share window: the mean of `now` and each bucket
+/// sampled in the window (a project missing from a bucket held nothing then). A project
+/// that held much for the last hour goes after one that held little, even if both hold
+/// the same now.
+pub fn use_over_time(
+    samples: &[tessera_model::project::UsageSample],
+    now: &HashMap<String, Usage>,
+) -> HashMap<String, Usage> {
+    let buckets: std::collections::BTreeSet<i64> = samples.iter().map(|s| s.at).collect();
+    let n = buckets.len() as u64 + 1;
+    let mut sum: HashMap<String, Usage> = now.clone();
+    for s in samples {
+        let e = sum.entry(s.project.clone()).or_default();
+        *e = e.plus(&s.used);
+    }
+    sum.into_iter()
+        .map(|(p, u)| {
+            let mean = Usage {
+                gpus: u.gpus / n,
+                gpu_memory_mib: u.gpu_memory_mib / n,
+                compute_milli: u.compute_milli / n,
+                cpu_milli: u.cpu_milli / n,
+                memory_mib: u.memory_mib / n,
+            };
+            (p, mean)
+        })
+        .collect()
+}
+
 /// The limits projects set in `pool` (only those that set one).
 pub(crate) fn limits_in<'a>(
     projects: &'a HashMap<String, Project>,
@@ -122,6 +158,107 @@ pub(crate) fn fair_order<T>(
 }
 
 impl Control {
+    /// Records what each project holds in each pool, once per [`SAMPLE_SECS`] bucket
+    /// (the reconcile loop calls it every pass): every project with a quota or tasks in a
+    /// pool gets a row, so a project that let go shows zero.
+    pub(crate) async fn sample_project_use(&self) -> Result<(), ControlError> {
+        let bucket = self.unix_now().div_euclid(SAMPLE_SECS) * SAMPLE_SECS;
+        {
+            let mut last = self.passes.last_project_sample.lock();
+            if *last == Some(bucket) {
+                return Ok(());
+            }
+            *last = Some(bucket);
+        }
+        let services = self.store.list_services().await?;
+        let project_of = project_of(&services);
+        let holding = self
+            .store
+            .list_tasks(&crate::store::TaskFilter {
+                states: TaskState::HOLDING.to_vec(),
+                without_allocations: false,
+                ..Default::default()
+            })
+            .await?;
+        let mut rows: BTreeMap<(String, String), Usage> = BTreeMap::new();
+        for p in self.store.list_projects().await? {
+            for q in &p.quotas {
+                rows.entry((p.name.clone(), q.pool.clone())).or_default();
+            }
+        }
+        for t in &holding {
+            let project = project_of
+                .get(&t.service)
+                .cloned()
+                .unwrap_or_else(|| DEFAULT_PROJECT.to_owned());
+            let u = rows.entry((project, t.pool.to_string())).or_default();
+            *u = u.plus(&task_usage(t));
+        }
+        let rows: Vec<(String, String, Usage)> = rows
+            .into_iter()
+            .map(|((p, pool), u)| (p, pool, u))
+            .collect();
+        self.store.record_project_usage(bucket, &rows).await?;
+        Ok(())
+    }
+
+    /// Each project's use of `pool` over the fair-share window ([`use_over_time`]), from
+    /// its samples and `now`.
+    pub(crate) async fn project_use_over_time(
+        &self,
+        pool: &PoolName,
+        now: &HashMap<String, Usage>,
+    ) -> Result<HashMap<String, Usage>, ControlError> {
+        let since = self.unix_now() - FAIR_SHARE_WINDOW_SECS;
+        let samples = self.store.project_usage(since, Some(pool.as_str())).await?;
+        Ok(use_over_time(&samples, now))
+    }
+
+    /// Projects' use over the last `range` (`hour`, `day` or `week`): one project's or
+    /// every project's, with each pool's capacity now.
+    pub async fn project_usage_history(
+        &self,
+        project: Option<&str>,
+        range: &str,
+    ) -> Result<tessera_model::project::UsageHistory, ControlError> {
+        let secs = match range {
+            "hour" => 3600,
+            "day" => 24 * 3600,
+            "week" => 7 * 24 * 3600,
+            other => {
+                return Err(ControlError::invalid(
+                    "range",
+                    format!("{other:?} is not hour, day or week"),
+                ));
+            }
+        };
+        if let Some(p) = project {
+            self.store.get_project(p).await?;
+        }
+        let to = self.unix_now();
+        let mut samples = self.store.project_usage(to - secs, None).await?;
+        if let Some(p) = project {
+            samples.retain(|s| s.project == p);
+        }
+        let hosts = self.store.list_hosts().await?;
+        let mut pools: Vec<String> = samples.iter().map(|s| s.pool.clone()).collect();
+        pools.sort();
+        pools.dedup();
+        let capacity = pools
+            .into_iter()
+            .map(|pool| tessera_model::project::PoolCapacity {
+                capacity: pool_capacity(hosts.iter().filter(|h| h.pool.as_str() == pool)),
+                pool,
+            })
+            .collect();
+        Ok(tessera_model::project::UsageHistory {
+            from: to - secs,
+            to,
+            samples,
+            capacity,
+        })
+    }
+
     /// Each project's use of `pool` now, from the tasks holding capacity there.
     pub(crate) async fn project_use_in(
         &self,

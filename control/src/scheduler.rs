@@ -264,11 +264,17 @@ impl Control {
             } else {
                 self.pool_capacity_of(&pool).await?
             };
+            // Fair share weighs what projects held over the last hour, not only now.
+            let over_time = if waiting.len() < 2 {
+                HashMap::new()
+            } else {
+                self.project_use_over_time(&pool, &project_use).await?
+            };
             crate::projects::fair_order(
                 &mut by_service,
                 &services,
                 &projects,
-                &project_use,
+                &over_time,
                 &capacity,
             );
             // Tasks with claimed room go first (their services, then they within them),

@@ -591,6 +591,73 @@ async fn the_project_furthest_below_its_fair_share_is_placed_first() {
     assert_eq!(tasks(c, "b2", &[TaskState::Pending]).await.len(), 1);
 }
 
+/// Fair share weighs what projects held over the last hour: of two projects holding
+/// nothing now, the one that held the pool for the last hour goes after the other, even
+/// when its task waited first.
+#[tokio::test]
+async fn fair_share_counts_what_each_project_held_over_the_last_hour() {
+    use tessera_model::project::Usage;
+    let env = env(fast()).await;
+    let c = &env.control;
+    host(c, "a", 1, 24).await;
+    for p in ["alpha", "beta"] {
+        c.create_project(&project(p, vec![]))
+            .await
+            .expect("project");
+    }
+    let now = chrono::Utc::now().timestamp();
+    let full = Usage {
+        gpu_memory_mib: 24 * 1024,
+        ..Default::default()
+    };
+    for ago in [600, 1200, 1800] {
+        c.store()
+            .record_project_usage(
+                now - ago,
+                &[
+                    ("alpha".into(), "gpu".into(), full),
+                    ("beta".into(), "gpu".into(), Usage::default()),
+                ],
+            )
+            .await
+            .expect("sample");
+    }
+    let def = register_def(c, "big", 20, 40).await;
+    // One slot; alpha's task is older.
+    service_with(c, "a1", &def, 0, "alpha", "default").await;
+    service_with(c, "b1", &def, 0, "beta", "default").await;
+    for name in ["a1", "b1"] {
+        c.update_service(
+            name,
+            &ServicePatch {
+                desired_count: Some(1),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("scale");
+    }
+    c.reconcile_once().await.expect("pass");
+    assert_eq!(
+        tasks(c, "b1", &[TaskState::Assigned]).await.len(),
+        1,
+        "beta held nothing this last hour"
+    );
+    assert_eq!(tasks(c, "a1", &[TaskState::Pending]).await.len(), 1);
+    // The history shows what was sampled, and the pass's own sample.
+    let history = c
+        .project_usage_history(Some("alpha"), "day")
+        .await
+        .expect("history");
+    assert!(history.samples.len() >= 3, "{history:?}");
+    assert!(history.samples.iter().all(|s| s.project == "alpha"));
+    let err = c
+        .project_usage_history(None, "year")
+        .await
+        .expect_err("not a range");
+    assert_eq!(fields(&err), vec!["range"]);
+}
+
 /// Roles given in projects are stored (on both databases), bound what a token scoped to
 /// the project is worth, and go with the project; a scoped token made by a project
 /// operator is no more than an operator there.

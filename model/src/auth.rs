@@ -212,50 +212,6 @@ impl Caller {
                 && self.projects.get(project).is_some_and(|g| g.allows(role)))
     }
 
-    /// Whether it may put a service into `project` (create it there, or move it there),
-    /// asking for priority class `priority` (`None`: the class is not being set): an
-    /// operator there, and for a project other than `default`, one given the role in that
-    /// project itself (or an admin), since its quotas are that project's. The `production`
-    /// class (whom a service may preempt) is the admin's to give; when `changes_class`, any
-    /// class is. `Err` says why not.
-    pub fn may_place_in(
-        &self,
-        project: &str,
-        priority: Option<&str>,
-        changes_class: bool,
-    ) -> Result<(), String> {
-        match self.role_in(project) {
-            Some(r) if r.allows(Role::Operator) => {}
-            Some(r) => {
-                return Err(format!(
-                    "this needs the operator role in project {project}; {} has {r} there",
-                    self.actor()
-                ));
-            }
-            None => {
-                return Err(format!(
-                    "{} acts in project {} only, not {project}",
-                    self.actor(),
-                    self.project.as_deref().unwrap_or_default()
-                ));
-            }
-        }
-        if project != crate::service::DEFAULT_PROJECT && !self.given_in(project, Role::Operator) {
-            return Err(format!(
-                "putting a service into project {project} needs the operator role given in that project (or an admin); {} has none there",
-                self.actor()
-            ));
-        }
-        let class_is_admins = changes_class && priority.is_some() || priority == Some("production");
-        if class_is_admins && self.role != Role::Admin {
-            return Err(
-                "a service's priority class is the admin's to give (a higher class may preempt other projects' tasks)"
-                    .into(),
-            );
-        }
-        Ok(())
-    }
-
     /// Its highest role anywhere (fleet-wide or in some project).
     pub fn best_role(&self) -> Role {
         self.projects.values().copied().fold(self.role, Role::max)

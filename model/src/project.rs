@@ -543,3 +543,79 @@ impl Preemption {
         self.project == project || self.victims.iter().any(|v| v.project == project)
     }
 }
+
+/// What a project held in a pool at one time (a 5-minute bucket's sample).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsageSample {
+    pub project: String,
+    pub pool: String,
+    /// Unix seconds: the bucket's start.
+    pub at: i64,
+    pub used: Usage,
+}
+
+/// `GET /api/v1/projects/{name}/usage`: a project's use over time, and each pool's
+/// capacity now (to read shares against).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsageHistory {
+    /// Unix seconds.
+    pub from: i64,
+    pub to: i64,
+    pub samples: Vec<UsageSample>,
+    /// Per pool, what its hosts offer now.
+    pub capacity: Vec<PoolCapacity>,
+}
+
+/// What a pool's hosts offer (every host not lost).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolCapacity {
+    pub pool: String,
+    pub capacity: Usage,
+}
+
+/// Whether `caller` may put a service into `project` (create it there, or move it there),
+/// asking for priority class `priority` (`None`: the class is not being set): an
+/// operator there, and for a project other than `default`, one given the role in that
+/// project itself (or an admin), since its quotas are that project's. The `production`
+/// class (whom a service may preempt) is the admin's to give; when `changes_class`, any
+/// class is. `Err` says why not.
+pub fn may_place_in(
+    caller: &crate::auth::Caller,
+    project: &str,
+    priority: Option<&str>,
+    changes_class: bool,
+) -> Result<(), String> {
+    match caller.role_in(project) {
+        Some(r) if r.allows(crate::auth::Role::Operator) => {}
+        Some(r) => {
+            return Err(format!(
+                "this needs the operator role in project {project}; {} has {r} there",
+                caller.actor()
+            ));
+        }
+        None => {
+            return Err(format!(
+                "{} acts in project {} only, not {project}",
+                caller.actor(),
+                caller.project.as_deref().unwrap_or_default()
+            ));
+        }
+    }
+    if project != DEFAULT_PROJECT && !caller.given_in(project, crate::auth::Role::Operator) {
+        return Err(format!(
+            "putting a service into project {project} needs the operator role given in that project (or an admin); {} has none there",
+            caller.actor()
+        ));
+    }
+    let class_is_admins = changes_class && priority.is_some() || priority == Some("production");
+    if class_is_admins && caller.role != crate::auth::Role::Admin {
+        return Err(
+            "a service's priority class is the admin's to give (a higher class may preempt other projects' tasks)"
+                .into(),
+        );
+    }
+    Ok(())
+}

@@ -174,6 +174,7 @@ fn every_route_has_the_role_this_list_gives_it() {
         ("DELETE", "/api/v1/projects/{name}", "admin"),
         ("PUT", "/api/v1/projects/{name}/members/{username}", "admin"),
         ("GET", "/api/v1/preemptions", "viewer"),
+        ("GET", "/api/v1/projects/{name}/usage", "viewer"),
         (
             "DELETE",
             "/api/v1/projects/{name}/members/{username}",

@@ -48,6 +48,8 @@ const NOT_SHAPE: &[&str] = &[
     "no container of this task is named",
     "cannot wait for itself",
     "needs a health check on container",
+    // The program a container runs spans its entry point, command and image.
+    "must name a program",
     "has a cycle through container",
     "at least one container must be essential",
     // Work: what a service's objectives ask of its revision, and the task's port names.
@@ -467,6 +469,10 @@ async fn the_document_and_the_router_agree_and_answers_match_their_schemas() {
         (
             "/api/v1/projects/{name}",
             "/api/v1/projects/default".to_owned(),
+        ),
+        (
+            "/api/v1/projects/{name}/usage",
+            "/api/v1/projects/default/usage?range=hour".to_owned(),
         ),
         (
             "/api/v1/consolidation-plans/{id}",

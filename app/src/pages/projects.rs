@@ -32,6 +32,69 @@ pub async fn recent_preemptions() -> Result<Vec<Preemption>, ServerFnError> {
 
 guard!(RecentPreemptions, Access::VIEW);
 
+/// Every project's use over the last day, with each pool's capacity.
+#[server]
+pub async fn projects_history() -> Result<tessera_model::project::UsageHistory, ServerFnError> {
+    use crate::data::ssr::{control_for, failed};
+    control_for::<ProjectsHistory>()?
+        .project_usage_history(None, "day")
+        .await
+        .map_err(failed)
+}
+
+guard!(ProjectsHistory, Access::VIEW);
+
+/// One chart per pool: each project's dominant share of the pool (its largest share of any
+/// quantity), as fair share reads it.
+fn history_charts(h: tessera_model::project::UsageHistory) -> impl IntoView {
+    use crate::fit::{Chart, Series};
+    use std::collections::BTreeMap;
+    let mut projects: Vec<String> = h.samples.iter().map(|s| s.project.clone()).collect();
+    projects.sort();
+    projects.dedup();
+    h.capacity
+        .into_iter()
+        .map(|pool| {
+            let mut by_project: BTreeMap<&str, Vec<(i64, f64)>> = BTreeMap::new();
+            for s in h.samples.iter().filter(|s| s.pool == pool.pool) {
+                let share = s
+                    .used
+                    .named()
+                    .into_iter()
+                    .zip(pool.capacity.named())
+                    .filter(|(_, (_, cap))| *cap > 0)
+                    .map(|((_, u), (_, cap))| 100.0 * u as f64 / cap as f64)
+                    .fold(0.0, f64::max);
+                by_project
+                    .entry(s.project.as_str())
+                    .or_default()
+                    .push((s.at, share));
+            }
+            let series: Vec<Series> = by_project
+                .into_iter()
+                .map(|(name, points)| {
+                    let i = projects.iter().position(|p| p == name).unwrap_or(0) % 6;
+                    Series {
+                        name: name.to_owned().into(),
+                        class: ["proj-0", "proj-1", "proj-2", "proj-3", "proj-4", "proj-5"][i],
+                        points,
+                    }
+                })
+                .collect();
+            view! {
+                <Chart
+                    title=format!("Pool {}: each project's share, last day", pool.pool)
+                    unit="%"
+                    series=series
+                    marks=Vec::new()
+                    from=h.from
+                    to=h.to
+                />
+            }
+        })
+        .collect_view()
+}
+
 fn limit_text(limit: &Amounts) -> String {
     if *limit == Amounts::default() {
         "no limit".to_owned()
@@ -45,6 +108,7 @@ pub fn ProjectsPage() -> impl IntoView {
     let live = use_live();
     let data = Resource::new(live, |_| list_projects());
     let preemptions = Resource::new(live, |_| recent_preemptions());
+    let history = Resource::new(live, |_| projects_history());
     view! {
         <Title text="Projects" />
         <h1>"Projects"</h1>
@@ -101,6 +165,22 @@ pub fn ProjectsPage() -> impl IntoView {
                                 }).collect_view()}
                             </tbody>
                         </table>
+                    })
+                })}
+            </ErrorBoundary>
+        </Transition>
+        <h2>"Use over time"</h2>
+        <p class="muted">
+            "Sampled every 5 minutes. Within a priority class, the project whose share over the last hour is lowest (over its weight) is placed first."
+        </p>
+        <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>
+            <ErrorBoundary fallback=|errors| view! { <ErrorList errors /> }>
+                {move || Suspend::new(async move {
+                    history.await.map(|h| {
+                        if h.samples.is_empty() {
+                            return view! { <p class="empty">"No samples yet."</p> }.into_any();
+                        }
+                        history_charts(h).into_any()
                     })
                 })}
             </ErrorBoundary>

@@ -64,8 +64,7 @@ pub async fn patch_service(
                 .await
                 .map_err(crate::data::ssr::failed)?,
         };
-        caller
-            .may_place_in(&project, patch.priority.as_deref(), true)
+        tessera_model::project::may_place_in(&caller, &project, patch.priority.as_deref(), true)
             .map_err(ServerFnError::new)?;
     }
     match control.update_service(&name, &patch).await {
@@ -167,18 +166,18 @@ fn Work(work: tessera_model::work::ServiceWork) -> impl IntoView {
     };
     use crate::fit::Series;
     let completed = vec![Series {
-        name: "completed / s",
+        name: "completed / s".into(),
         class: "s-p50",
         points: points(|p| Some(p.completed_per_sec)),
     }];
     let latency = vec![
         Series {
-            name: "p99",
+            name: "p99".into(),
             class: "s-max",
             points: points(|p| p.latency_p99_ms),
         },
         Series {
-            name: "p50",
+            name: "p50".into(),
             class: "s-p50",
             points: points(|p| p.latency_p50_ms),
         },

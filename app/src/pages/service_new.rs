@@ -63,8 +63,7 @@ pub async fn create_service(
             .project
             .as_deref()
             .unwrap_or(tessera_model::service::DEFAULT_PROJECT);
-        caller
-            .may_place_in(project, input.priority.as_deref(), false)
+        tessera_model::project::may_place_in(&caller, project, input.priority.as_deref(), false)
             .map_err(ServerFnError::new)?;
     }
     match control.create_service(&input).await {

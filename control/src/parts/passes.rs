@@ -19,6 +19,8 @@ pub(crate) struct Passes {
     pub restart_backoff: Mutex<HashMap<i64, Backoff>>,
     /// When old rows were last pruned.
     pub last_prune: Mutex<Option<DateTime<Utc>>>,
+    /// The last bucket (unix seconds) projects' use was sampled in.
+    pub last_project_sample: Mutex<Option<i64>>,
     /// The changes read, to look only at what changed.
     pub memory: Mutex<PassMemory>,
     /// Alarm watches and autoscaling memory of the services this server reconciles.

@@ -93,6 +93,7 @@ impl Control {
         phases.done("consolidation");
         self.schedule().await?;
         phases.done("scheduling");
+        self.sample_project_use().await?;
         let due = {
             let mut last = self.passes.last_prune.lock();
             let now = self.now();
@@ -267,6 +268,9 @@ impl Control {
         // those no pass deleted (passes failing for long, an older server holding the lease).
         self.store
             .forget_service_changes(i64::MAX, &stamp(self.now() - chrono::Duration::hours(1)))
+            .await?;
+        self.store
+            .prune_project_usage(self.unix_now() - crate::projects::HISTORY_KEPT_SECS)
             .await?;
         let buckets = self.prune_usage().await?;
         if buckets > 0 {

@@ -2,7 +2,7 @@
 //! types).
 use super::*;
 use crate::store::ProjectStore;
-use tessera_model::project::{Preempted, Preemption, Project, Quota};
+use tessera_model::project::{Preempted, Preemption, Project, Quota, Usage, UsageSample};
 
 const PROJECT_COLUMNS: &str = "name, weight, quotas, created_at";
 
@@ -150,5 +150,78 @@ impl ProjectStore for This {
             })
         })
         .collect()
+    }
+
+    async fn record_project_usage(
+        &self,
+        at: i64,
+        rows: &[(String, String, Usage)],
+    ) -> Result<(), StoreError> {
+        let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        for (project, pool, u) in rows {
+            sqlx::query(
+                "INSERT INTO project_usage (project, pool, bucket_start, gpus, gpu_memory_mib,
+                     compute_milli, cpu_milli, memory_mib)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                 ON CONFLICT (pool, bucket_start, project) DO NOTHING",
+            )
+            .bind(project)
+            .bind(pool)
+            .bind(at)
+            .bind(int(u.gpus))
+            .bind(int(u.gpu_memory_mib))
+            .bind(int(u.compute_milli))
+            .bind(int(u.cpu_milli))
+            .bind(int(u.memory_mib))
+            .execute(&self.db)
+            .await?;
+        }
+        Ok(())
+    }
+
+    async fn project_usage(
+        &self,
+        since: i64,
+        pool: Option<&str>,
+    ) -> Result<Vec<UsageSample>, StoreError> {
+        let uint = |r: &DbRow, c: &str| -> Result<u64, StoreError> {
+            Ok(r.try_get::<i64, _>(c)?.max(0) as u64)
+        };
+        sqlx::query(
+            "SELECT project, pool, bucket_start, gpus, gpu_memory_mib, compute_milli, cpu_milli,
+                    memory_mib
+             FROM project_usage WHERE bucket_start >= $1 AND ($2 IS NULL OR pool = $2)
+             ORDER BY bucket_start, pool, project",
+        )
+        .bind(since)
+        .bind(pool)
+        .fetch_all(&self.db)
+        .await?
+        .iter()
+        .map(|r| {
+            Ok(UsageSample {
+                project: r.try_get("project")?,
+                pool: r.try_get("pool")?,
+                at: r.try_get("bucket_start")?,
+                used: Usage {
+                    gpus: uint(r, "gpus")?,
+                    gpu_memory_mib: uint(r, "gpu_memory_mib")?,
+                    compute_milli: uint(r, "compute_milli")?,
+                    cpu_milli: uint(r, "cpu_milli")?,
+                    memory_mib: uint(r, "memory_mib")?,
+                },
+            })
+        })
+        .collect()
+    }
+
+    async fn prune_project_usage(&self, before: i64) -> Result<u64, StoreError> {
+        Ok(
+            sqlx::query("DELETE FROM project_usage WHERE bucket_start < $1")
+                .bind(before)
+                .execute(&self.db)
+                .await?
+                .rows_affected(),
+        )
     }
 }

@@ -2,7 +2,7 @@
 
 use crate::error::StoreError;
 use async_trait::async_trait;
-use tessera_model::project::{Preemption, Project};
+use tessera_model::project::{Preemption, Project, Usage, UsageSample};
 
 #[async_trait]
 /// Projects: who a service belongs to, and the quotas that bound its tasks.
@@ -22,6 +22,21 @@ pub trait ProjectStore: Send + Sync + 'static {
     async fn add_preemption(&self, p: &Preemption) -> Result<(), StoreError>;
     /// The newest preemptions first, at most `limit`.
     async fn list_preemptions(&self, limit: u32) -> Result<Vec<Preemption>, StoreError>;
+    /// Records what each (project, pool) holds in the bucket starting at `at` (unix
+    /// seconds), unless that bucket has its sample already.
+    async fn record_project_usage(
+        &self,
+        at: i64,
+        rows: &[(String, String, Usage)],
+    ) -> Result<(), StoreError>;
+    /// Samples from `since` (unix seconds) on, oldest first; one pool's, or every pool's.
+    async fn project_usage(
+        &self,
+        since: i64,
+        pool: Option<&str>,
+    ) -> Result<Vec<UsageSample>, StoreError>;
+    /// Deletes samples older than `before`; how many.
+    async fn prune_project_usage(&self, before: i64) -> Result<u64, StoreError>;
 }
 
 /// How many preemptions are kept.

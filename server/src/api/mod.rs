@@ -137,6 +137,7 @@ pub fn routes() -> Routes {
         .route(routes!(projects::set_member))
         .route(routes!(projects::remove_member))
         .route(routes!(projects::list_preemptions))
+        .route(routes!(projects::project_usage))
         .route(routes!(list_families))
         .route(routes!(register_task_definition))
         .route(routes!(get_task_definition))

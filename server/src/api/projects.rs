@@ -134,3 +134,31 @@ pub async fn list_preemptions(
             .await?,
     }))
 }
+
+#[derive(serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct UsageQuery {
+    /// `hour`, `day` (default) or `week`.
+    #[param(pattern = "^(hour|day|week)$")]
+    range: Option<String>,
+}
+
+/// What a project held in each pool over time (sampled every 5 minutes), with each pool's
+/// capacity now: what fair share compares over its last hour
+#[utoipa::path(get, path = "/api/v1/projects/{name}/usage", tag = "projects", params(
+        ("name" = tessera_model::schema::ProjectName, Path, description = "project name"),
+        UsageQuery),
+    extensions(("x-required-role" = json!("viewer"))),
+    responses((status = 200, description = "Use over time", body = tessera_model::project::UsageHistory), (status = 404, description = "No such project", body = ErrorBody)))]
+pub async fn project_usage(
+    State(state): State<AppState>,
+    Segment(name): Segment,
+    Params(q): Params<UsageQuery>,
+) -> Result<Json<tessera_model::project::UsageHistory>, ApiError> {
+    Ok(Json(
+        state
+            .control
+            .project_usage_history(Some(&name), q.range.as_deref().unwrap_or("day"))
+            .await?,
+    ))
+}

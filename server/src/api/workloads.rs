@@ -104,10 +104,9 @@ pub async fn deregister_task_definition(
     Ok(Json(state.control.deregister_task_definition(&r).await?))
 }
 
-/// Whether the caller may put a service into `project` ([`Caller::may_place_in`], the
-/// rule the console's server functions share).
-///
-/// [`Caller::may_place_in`]: tessera_model::auth::Caller::may_place_in
+/// Whether the caller may put a service into `project`
+/// ([`tessera_model::project::may_place_in`], the rule the console's server functions
+/// share).
 fn may_place_in(
     authn: &crate::auth::Authn,
     project: &str,
@@ -115,8 +114,8 @@ fn may_place_in(
     changes_class: bool,
 ) -> Result<(), ApiError> {
     authn.check_in(tessera_model::auth::Role::Operator, project)?;
-    crate::api::session::caller_of(Some(authn))?
-        .may_place_in(project, priority, changes_class)
+    let caller = crate::api::session::caller_of(Some(authn))?;
+    tessera_model::project::may_place_in(&caller, project, priority, changes_class)
         .map_err(ApiError::Forbidden)
 }
 
