@@ -159,16 +159,16 @@ pub(crate) fn fair_order<T>(
 
 impl Control {
     /// Records what each project holds in each pool, once per [`SAMPLE_SECS`] bucket
-    /// (the reconcile loop calls it every pass): every project with a quota or tasks in a
-    /// pool gets a row, so a project that let go shows zero.
+    /// (the reconcile loop calls it every pass; the first pass past the bucket's middle
+    /// that finds anything to record does): every project with a quota or tasks in a pool
+    /// gets a row, so a project that let go shows zero.
     pub(crate) async fn sample_project_use(&self) -> Result<(), ControlError> {
-        let bucket = self.unix_now().div_euclid(SAMPLE_SECS) * SAMPLE_SECS;
+        let now = self.unix_now();
+        let bucket = now.div_euclid(SAMPLE_SECS) * SAMPLE_SECS;
+        // Halfway through the bucket, so that a server just started has placed its tasks.
+        if now - bucket < SAMPLE_SECS / 2 || *self.passes.last_project_sample.lock() == Some(bucket)
         {
-            let mut last = self.passes.last_project_sample.lock();
-            if *last == Some(bucket) {
-                return Ok(());
-            }
-            *last = Some(bucket);
+            return Ok(());
         }
         let services = self.store.list_services().await?;
         let project_of = project_of(&services);
@@ -194,11 +194,16 @@ impl Control {
             let u = rows.entry((project, t.pool.to_string())).or_default();
             *u = u.plus(&task_usage(t));
         }
+        // A fleet that holds nothing is sampled on a later pass, once something is held.
+        if rows.is_empty() {
+            return Ok(());
+        }
         let rows: Vec<(String, String, Usage)> = rows
             .into_iter()
             .map(|((p, pool), u)| (p, pool, u))
             .collect();
         self.store.record_project_usage(bucket, &rows).await?;
+        *self.passes.last_project_sample.lock() = Some(bucket);
         Ok(())
     }
 

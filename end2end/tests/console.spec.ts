@@ -138,6 +138,15 @@ test("the projects page shows each project's quota and use per pool", async ({ p
   await expect(row).toBeVisible();
   await expect(row).toContainText("no limit");
   await expect(row).toContainText("GPU memory");
+  await expect(page.getByRole("heading", { name: "Use over time" })).toBeVisible();
+  await expect(page.getByRole("heading", { name: "Recent preemptions" })).toBeVisible();
   await page.screenshot({ path: "screenshots/projects.png", fullPage: true });
+  // A project's name leads to its services, filtered.
+  await row.getByRole("link", { name: "default" }).click();
+  await expect(page).toHaveURL(/\/services\?project=default$/);
+  await expect(page.locator("select[name=project]")).toHaveValue("default");
+  await expect(page.locator("form.filters .count")).toHaveText("6 services");
+  await expect(page.locator("tr[data-service] td:nth-child(2)").first()).toHaveText("default");
+  await page.screenshot({ path: "screenshots/services-by-project.png" });
   expect(errors).toEqual([]);
 });

@@ -1,5 +1,5 @@
 -- What each project held in each pool over time: one row per project, pool and 5-minute
--- bucket, sampled by the reconcile loop at the first pass of the bucket. Fair share
+-- bucket, sampled by the reconcile loop once, halfway through the bucket. Fair share
 -- compares projects' use over the last hour; the Projects page charts the last day.
 CREATE TABLE project_usage (
     project         TEXT NOT NULL,

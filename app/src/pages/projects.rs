@@ -196,7 +196,7 @@ pub fn ProjectsPage() -> impl IntoView {
                             }.into_any();
                         }
                         view! {
-                            <table class="preemptions">
+                            <table class="table preemptions">
                                 <thead>
                                     <tr><th>"When (UTC)"</th><th>"Took room"</th><th>"On"</th><th>"Stopped"</th></tr>
                                 </thead>

@@ -51,9 +51,12 @@ pub fn ServicesPage() -> impl IntoView {
                                 return view! { <p class="empty">"No services yet. Create one to run tasks."</p> }.into_any();
                             }
                             let mut projects: Vec<String> = list.iter().map(|d| d.service.project.clone()).collect();
+                            let shown = project();
+                            // A project with no services yet (linked from the Projects page)
+                            // is still the one shown.
+                            projects.extend(shown.clone());
                             projects.sort();
                             projects.dedup();
-                            let shown = project();
                             let total = list.len();
                             let list: Vec<ServiceDetail> = list
                                 .into_iter()
