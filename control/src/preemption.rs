@@ -21,7 +21,8 @@ use crate::error::ControlError;
 use crate::projects::usage_by_project;
 use std::collections::{HashMap, HashSet};
 use tessera_model::PoolName;
-use tessera_model::project::{DEFAULT_PROJECT, Project, Usage};
+use tessera_model::PreemptionMode;
+use tessera_model::project::{DEFAULT_PROJECT, Preempted, PreemptionState, Project, Usage};
 use tessera_model::service::{PriorityClass, Service, TaskState};
 use tessera_placement::quota::{self, Claims, within_guarantee};
 use tessera_placement::{Placement, TaskRequest};
@@ -69,6 +70,27 @@ impl Control {
             return Ok(renewed);
         }
         let (info, hosts, holding) = self.pool_state(pool).await?;
+        // Where plans wait for approval: tasks with a proposal open keep their room in this
+        // pass's plans without a new one; tasks whose proposal was declined take none.
+        let (open, declined) = if info.preemption == PreemptionMode::Approve {
+            let mine = self
+                .store
+                .list_preemptions(crate::store::PREEMPTIONS_KEPT as u32)
+                .await?
+                .into_iter()
+                .filter(|p| p.pool == pool.as_str());
+            let (mut open, mut declined) = (HashSet::new(), HashSet::new());
+            for p in mine {
+                match p.state {
+                    PreemptionState::Proposed => open.insert(p.task),
+                    PreemptionState::Declined => declined.insert(p.task),
+                    _ => false,
+                };
+            }
+            (open, declined)
+        } else {
+            Default::default()
+        };
         let project_of = crate::projects::project_of(services.values());
         let guaranteed = |project: &str| {
             projects
@@ -121,6 +143,9 @@ impl Control {
                 .unwrap_or_default();
             let mut req = s.request.clone();
             for task_id in &s.tasks {
+                if declined.contains(task_id) {
+                    continue;
+                }
                 let want = quota::demand(&req);
                 let mine = kept
                     .get(&service.project)
@@ -181,18 +206,23 @@ impl Control {
                     tracing::debug!(service = %service.name, "no preemption plan makes room (or the task's constraints refuse it)");
                     break;
                 };
-                let mut record = Vec::new();
+                let record: Vec<Preempted> = stop
+                    .iter()
+                    .map(|&v| {
+                        let t = victim_tasks[v];
+                        let owner = services.get(&t.service);
+                        Preempted {
+                            task: t.id.clone(),
+                            service: t.service.clone(),
+                            project: owner
+                                .map_or(DEFAULT_PROJECT, |o| o.project.as_str())
+                                .to_owned(),
+                            priority: owner.map_or(PriorityClass::Default, |o| o.priority),
+                        }
+                    })
+                    .collect();
                 for &v in &stop {
                     let t = victim_tasks[v];
-                    let owner = services.get(&t.service);
-                    record.push(tessera_model::project::Preempted {
-                        task: t.id.clone(),
-                        service: t.service.clone(),
-                        project: owner
-                            .map_or(DEFAULT_PROJECT, |o| o.project.as_str())
-                            .to_owned(),
-                        priority: owner.map_or(PriorityClass::Default, |o| o.priority),
-                    });
                     stopped.insert(t.id.as_str());
                     if let Some(u) = kept.get_mut(
                         project_of
@@ -201,13 +231,23 @@ impl Control {
                     ) {
                         *u = u.above(&quota::held(at[v]));
                     }
-                    self.stop_for(t, services.get(&t.service), service).await?;
+                }
+                let propose = !stop.is_empty() && info.preemption == PreemptionMode::Approve;
+                if propose && open.contains(task_id) {
+                    continue;
                 }
                 if !stop.is_empty() {
                     let host = &placement.host_id;
-                    self.store
+                    let id = self
+                        .store
                         .add_preemption(&tessera_model::project::Preemption {
                             id: 0,
+                            state: if propose {
+                                PreemptionState::Proposed
+                            } else {
+                                PreemptionState::Done
+                            },
+                            task: task_id.clone(),
                             at: String::new(),
                             pool: pool.to_string(),
                             host: host.to_string(),
@@ -217,6 +257,25 @@ impl Control {
                             victims: record,
                         })
                         .await?;
+                    if propose {
+                        self.event(
+                            Some(&service.name),
+                            Some(host),
+                            &format!(
+                                "preemption {id} proposed: stopping {} task(s) on host {host} would make room for a task of {}; it waits for an operator's approval (pool {pool})",
+                                stop.len(),
+                                service.name
+                            ),
+                        )
+                        .await;
+                        // Nothing is stopped or claimed until it is approved; its room
+                        // stays reserved in this pass's plans only.
+                        continue;
+                    }
+                    for &v in &stop {
+                        let t = victim_tasks[v];
+                        self.stop_for(t, services.get(&t.service), service).await?;
+                    }
                     self.event(
                         Some(&service.name),
                         Some(host),
@@ -253,6 +312,104 @@ impl Control {
             self.wake();
         }
         Ok(renewed)
+    }
+
+    /// Carries out proposed preemption `id` (a pool whose plans wait for approval): its
+    /// victims still running stop, and its task takes the room on a later pass. `Conflict`
+    /// when it is not proposed, or its task no longer waits (it is then expired).
+    pub async fn approve_preemption(&self, id: i64) -> Result<(), ControlError> {
+        let p = self.proposed(id).await?;
+        let waiting = matches!(
+            self.store.get_task(&p.task).await,
+            Ok(t) if t.state == TaskState::Pending
+        );
+        if !waiting {
+            self.store
+                .set_preemption_state(id, PreemptionState::Proposed, PreemptionState::Expired)
+                .await?;
+            return Err(ControlError::Conflict(format!(
+                "preemption {id} is expired: its task {} no longer waits",
+                p.task
+            )));
+        }
+        if !self
+            .store
+            .set_preemption_state(id, PreemptionState::Proposed, PreemptionState::Done)
+            .await?
+        {
+            return Err(ControlError::Conflict(format!(
+                "preemption {id} was decided meanwhile"
+            )));
+        }
+        let service = self.store.get_service(&p.service).await?;
+        for v in &p.victims {
+            let Ok(t) = self.store.get_task(&v.task).await else {
+                continue;
+            };
+            if !t.state.holds_capacity() || t.state == TaskState::Stopping {
+                continue;
+            }
+            let owner = self.store.get_service(&t.service).await.ok();
+            self.stop_for(&t, owner.as_ref(), &service).await?;
+        }
+        self.event(
+            Some(&p.service),
+            Some(
+                &tessera_model::HostId::new(p.host.clone())
+                    .map_err(|e| ControlError::Conflict(e.to_string()))?,
+            ),
+            &format!(
+                "preemption {id} approved: {} task(s) stop for a task of {}",
+                p.victims.len(),
+                p.service
+            ),
+        )
+        .await;
+        self.wake();
+        Ok(())
+    }
+
+    /// Declines proposed preemption `id`: nothing is stopped, and its task proposes no
+    /// other.
+    pub async fn decline_preemption(&self, id: i64) -> Result<(), ControlError> {
+        let p = self.proposed(id).await?;
+        if !self
+            .store
+            .set_preemption_state(id, PreemptionState::Proposed, PreemptionState::Declined)
+            .await?
+        {
+            return Err(ControlError::Conflict(format!(
+                "preemption {id} was decided meanwhile"
+            )));
+        }
+        self.event(
+            Some(&p.service),
+            None,
+            &format!(
+                "preemption {id} declined: task {} of {} waits without it",
+                p.task, p.service
+            ),
+        )
+        .await;
+        Ok(())
+    }
+
+    /// Preemption `id`, if it is proposed.
+    async fn proposed(&self, id: i64) -> Result<tessera_model::project::Preemption, ControlError> {
+        let p = self
+            .store
+            .list_preemptions(crate::store::PREEMPTIONS_KEPT as u32)
+            .await?
+            .into_iter()
+            .find(|p| p.id == id)
+            .ok_or_else(|| ControlError::NotFound(format!("no preemption {id}")))?;
+        if p.state != PreemptionState::Proposed {
+            return Err(ControlError::Conflict(format!(
+                "preemption {id} is {}, not proposed",
+                p.state
+            )));
+        }
+        Ok(p)
     }
 
     /// Stops `t` (of `owner`) to make room for a task of `service`: out of the endpoint

@@ -71,6 +71,12 @@ impl Control {
             ),
             task_users: Some(patch.task_users.unwrap_or(pool.task_users)),
             privileged: Some(patch.privileged.unwrap_or(pool.privileged)),
+            preemption: Some(
+                patch
+                    .preemption
+                    .clone()
+                    .unwrap_or_else(|| pool.preemption.as_str().to_owned()),
+            ),
         };
         let updated = crate::inputs::validate_pool(&merged)?;
         self.store.upsert_pool(&updated).await?;

@@ -526,6 +526,96 @@ async fn each_waiting_task_claims_room_of_its_own_and_keeps_it() {
     assert_no_overcommit(c).await;
 }
 
+/// In a pool whose preemption waits for approval, a plan is proposed (shown, nothing
+/// stopped, proposed once), carried out when an operator approves it, and a declined one
+/// stops nothing and is not proposed again.
+#[tokio::test]
+async fn in_an_approve_pool_a_preemption_waits_for_an_operator() {
+    use tessera_model::project::PreemptionState;
+    let env = env(fast()).await;
+    let c = &env.control;
+    let a = host(c, "a", 2, 24).await;
+    c.update_pool(
+        &tessera_model::PoolName::new("gpu").expect("valid"),
+        &tessera_model::api::PoolPatch {
+            preemption: Some("approve".into()),
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("approve mode");
+    c.create_project(&project("lab", vec![]))
+        .await
+        .expect("lab");
+    c.create_project(&project(
+        "prod",
+        vec![quota("gpu", gpu_memory_gib(48), Amounts::default())],
+    ))
+    .await
+    .expect("prod");
+    let small = register_def(c, "crunch", 12, 40).await;
+    let big = register_def(c, "api", 20, 50).await;
+    service_with(c, "crunch", &small, 4, "lab", "batch").await;
+    c.reconcile_once().await.expect("pass");
+    sync(c, &a).await;
+    service_with(c, "api", &big, 1, "prod", "production").await;
+    for _ in 0..2 {
+        c.reconcile_once().await.expect("pass");
+    }
+    let stopping = || async {
+        tasks(c, "crunch", &[TaskState::Stopping, TaskState::Stopped])
+            .await
+            .len()
+    };
+    assert_eq!(stopping().await, 0, "nothing stops before approval");
+    let record = c.list_preemptions(Some("prod"), 10).await.expect("list");
+    assert_eq!(record.len(), 1, "proposed once: {record:?}");
+    assert_eq!(record[0].state, PreemptionState::Proposed);
+    assert_eq!(record[0].victims.len(), 2);
+    c.approve_preemption(record[0].id).await.expect("approved");
+    assert_eq!(stopping().await, 2, "its victims stop");
+    c.approve_preemption(record[0].id)
+        .await
+        .expect_err("approved once");
+    sync(c, &a).await;
+    c.reconcile_once().await.expect("pass");
+    c.reconcile_once().await.expect("pass");
+    assert_eq!(
+        tasks(c, "api", &[TaskState::Assigned, TaskState::Running])
+            .await
+            .len(),
+        1
+    );
+
+    // Another production task: proposed, declined, and then left alone.
+    service_with(c, "api2", &big, 1, "prod", "production").await;
+    c.reconcile_once().await.expect("pass");
+    let open: Vec<_> = c
+        .list_preemptions(Some("prod"), 10)
+        .await
+        .expect("list")
+        .into_iter()
+        .filter(|p| p.state == PreemptionState::Proposed)
+        .collect();
+    assert_eq!(open.len(), 1, "{open:?}");
+    c.decline_preemption(open[0].id).await.expect("declined");
+    let before = stopping().await;
+    for _ in 0..2 {
+        c.reconcile_once().await.expect("pass");
+    }
+    assert_eq!(stopping().await, before, "a declined plan stops nothing");
+    let after = c.list_preemptions(Some("prod"), 10).await.expect("list");
+    assert!(
+        after.iter().all(|p| p.state != PreemptionState::Proposed),
+        "not proposed again: {after:?}"
+    );
+    assert_eq!(tasks(c, "api2", &[TaskState::Pending]).await.len(), 1);
+    c.approve_preemption(open[0].id)
+        .await
+        .expect_err("declined is final");
+    assert_no_overcommit(c).await;
+}
+
 /// When room is short, the project furthest below its fair share goes first (its share of
 /// the pool over its weight), whatever the order its tasks were created in; a higher
 /// priority class goes before both.

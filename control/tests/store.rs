@@ -21,6 +21,7 @@ fn pool(name: &str) -> PoolInfo {
         admission: Default::default(),
         task_users: false,
         privileged: false,
+        preemption: Default::default(),
     }
 }
 

@@ -49,6 +49,11 @@ pub struct PoolInput {
     /// Containers may be privileged (default false).
     #[serde(default)]
     pub privileged: Option<bool>,
+    /// `automatic` (the default): preemption plans are carried out when found; `approve`:
+    /// they wait for an operator's approval.
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::fields::optional_preemption))]
+    pub preemption: Option<String>,
 }
 
 impl PoolInput {
@@ -63,6 +68,7 @@ impl PoolInput {
             admission: None,
             task_users: None,
             privileged: None,
+            preemption: None,
         }
     }
 }
@@ -92,6 +98,10 @@ pub struct PoolPatch {
     /// Containers may be privileged.
     #[serde(default)]
     pub privileged: Option<bool>,
+    /// `automatic` or `approve` (preemption plans wait for an operator).
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::fields::optional_preemption))]
+    pub preemption: Option<String>,
 }
 
 /// `POST /api/v1/services`.

@@ -76,6 +76,32 @@ text_enum!(
 );
 
 text_enum!(
+    /// How preemption runs in a pool.
+    #[derive(Default)]
+    PreemptionMode, "preemption" {
+        /// A plan is carried out as soon as it is found.
+        #[default]
+        Automatic => "automatic",
+        /// A plan is proposed and waits until an operator approves it (or declines it).
+        Approve => "approve",
+    }
+);
+
+text_enum!(
+    /// Where a preemption stands.
+    PreemptionState, "preemption state" {
+        /// Waiting for an operator (a pool whose preemption is `approve`).
+        Proposed => "proposed",
+        /// Carried out: its victims were told to stop.
+        Done => "done",
+        /// An operator declined it: its task does not preempt again.
+        Declined => "declined",
+        /// Its task no longer waited when it was looked at again.
+        Expired => "expired",
+    }
+);
+
+text_enum!(
     /// Whether a pool gives a newly registered host tasks at once.
     #[derive(Default)]
     Admission, "admission" {
@@ -165,6 +191,9 @@ pub struct PoolInfo {
     /// Containers may be privileged.
     #[serde(default)]
     pub privileged: bool,
+    /// Whether preemption plans are carried out at once or wait for approval.
+    #[serde(default)]
+    pub preemption: PreemptionMode,
 }
 
 /// One GPU as its host's agent reported it.

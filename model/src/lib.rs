@@ -51,6 +51,6 @@ pub mod work;
 pub use ids::{GpuUuid, HostId, IdError, PoolName};
 pub use inventory::{
     Admission, GpuHealth, GpuInfo, HostInfo, HostStatus, ParseEnumError, PlacementPolicy, PoolInfo,
-    SharingMode,
+    PreemptionMode, SharingMode,
 };
 pub use units::{ComputeMilli, MiB, MilliCpu, Percent};

@@ -13,6 +13,7 @@ use crate::{PoolName, ids};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 
+pub use crate::inventory::PreemptionState;
 pub use crate::service::DEFAULT_PROJECT;
 
 /// The most quotas one project may have (one per pool).
@@ -521,12 +522,15 @@ pub struct Preempted {
     pub priority: crate::inventory::PriorityClass,
 }
 
-/// A preemption carried out: a waiting task of `service` took room on `host` by stopping
-/// `victims`.
+/// A preemption: a waiting task of `service` takes (or, proposed, asks for) room on `host`
+/// by stopping `victims`.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Preemption {
     pub id: i64,
+    pub state: PreemptionState,
+    /// The waiting task the plan was made for.
+    pub task: String,
     /// RFC 3339 UTC.
     pub at: String,
     pub pool: String,

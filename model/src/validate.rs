@@ -132,6 +132,13 @@ pub fn pool(input: &PoolInput) -> Result<PoolInfo, ValidationErrors> {
             .map_err(|err: ParseEnumError| e.add("admission", err.to_string()))
             .ok(),
     };
+    let preemption = match &input.preemption {
+        None => Some(crate::inventory::PreemptionMode::default()),
+        Some(a) => a
+            .parse()
+            .map_err(|err: ParseEnumError| e.add("preemption", err.to_string()))
+            .ok(),
+    };
     e.finish()?;
     Ok(PoolInfo {
         name: name.expect("validated"),
@@ -141,6 +148,7 @@ pub fn pool(input: &PoolInput) -> Result<PoolInfo, ValidationErrors> {
         admission: admission.expect("validated"),
         task_users: input.task_users.unwrap_or(false),
         privileged: input.privileged.unwrap_or(false),
+        preemption: preemption.expect("validated"),
     })
 }
 
@@ -294,9 +302,16 @@ mod tests {
             admission: Some("sometimes".into()),
             task_users: None,
             privileged: None,
+            preemption: Some("later".into()),
         });
         let Err(errs) = bad else { panic!("accepted") };
-        assert_eq!(errs.errors.len(), 4);
+        assert_eq!(errs.errors.len(), 5);
+        assert!(
+            errs.errors
+                .iter()
+                .any(|e| e.field == "preemption" && e.message.contains("automatic approve")),
+            "{errs:?}"
+        );
         assert!(
             errs.errors
                 .iter()

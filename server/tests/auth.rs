@@ -174,6 +174,8 @@ fn every_route_has_the_role_this_list_gives_it() {
         ("DELETE", "/api/v1/projects/{name}", "admin"),
         ("PUT", "/api/v1/projects/{name}/members/{username}", "admin"),
         ("GET", "/api/v1/preemptions", "viewer"),
+        ("POST", "/api/v1/preemptions/{id}/approve", "operator"),
+        ("POST", "/api/v1/preemptions/{id}/decline", "operator"),
         ("GET", "/api/v1/projects/{name}/usage", "viewer"),
         (
             "DELETE",

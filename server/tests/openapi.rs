@@ -501,6 +501,8 @@ async fn the_document_and_the_router_agree_and_answers_match_their_schemas() {
             .store()
             .add_preemption(&Preemption {
                 id: 0,
+                state: tessera_model::project::PreemptionState::Proposed,
+                task: "t-0".into(),
                 at: String::new(),
                 pool: "inference".into(),
                 host: "sim-l4-1".into(),

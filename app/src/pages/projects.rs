@@ -3,10 +3,11 @@
 
 use crate::access::{Access, guard};
 use crate::components::ErrorList;
+use crate::components::RoleHint;
 use crate::live::use_live;
 use leptos::prelude::*;
 use leptos_meta::Title;
-use tessera_model::project::{Amounts, Preemption, ProjectView};
+use tessera_model::project::{Amounts, Preemption, PreemptionState, ProjectView};
 
 /// Every project with its quotas and use per pool.
 #[server]
@@ -31,6 +32,20 @@ pub async fn recent_preemptions() -> Result<Vec<Preemption>, ServerFnError> {
 }
 
 guard!(RecentPreemptions, Access::VIEW);
+
+/// Approves (`approve = true`) or declines a proposed preemption.
+#[server]
+pub async fn decide_preemption(id: i64, approve: bool) -> Result<(), ServerFnError> {
+    use crate::data::ssr::{control, failed};
+    let control = control()?;
+    if approve {
+        control.approve_preemption(id).await.map_err(failed)
+    } else {
+        control.decline_preemption(id).await.map_err(failed)
+    }
+}
+
+guard!(DecidePreemption, Access::OPERATE);
 
 /// Every project's use over the last day, with each pool's capacity.
 #[server]
@@ -107,8 +122,15 @@ fn limit_text(limit: &Amounts) -> String {
 pub fn ProjectsPage() -> impl IntoView {
     let live = use_live();
     let data = Resource::new(live, |_| list_projects());
-    let preemptions = Resource::new(live, |_| recent_preemptions());
     let history = Resource::new(live, |_| projects_history());
+    let decide = Action::new(|(id, approve): &(i64, bool)| decide_preemption(*id, *approve));
+    // A decision shows at once, whatever the live stream says.
+    let preemptions = Resource::new(
+        move || (live(), decide.version().get()),
+        |_| recent_preemptions(),
+    );
+    let operate = crate::access::allowed::<DecidePreemption>();
+    let decided = decide.value();
     view! {
         <Title text="Projects" />
         <h1>"Projects"</h1>
@@ -196,9 +218,11 @@ pub fn ProjectsPage() -> impl IntoView {
                             }.into_any();
                         }
                         view! {
+                            {move || decided.get().and_then(|r| r.err()).map(|e| view! { <p class="notice error" role="alert">{e.to_string()}</p> })}
+                            <RoleHint reason=operate />
                             <table class="table preemptions">
                                 <thead>
-                                    <tr><th>"When (UTC)"</th><th>"Took room"</th><th>"On"</th><th>"Stopped"</th></tr>
+                                    <tr><th>"When (UTC)"</th><th>"Takes room"</th><th>"On"</th><th>"Stops"</th><th>"State"</th></tr>
                                 </thead>
                                 <tbody>
                                     {list.into_iter().map(|p| {
@@ -206,12 +230,25 @@ pub fn ProjectsPage() -> impl IntoView {
                                             .map(|v| format!("{} of {} ({}, {})", v.task, v.service, v.project, v.priority))
                                             .collect::<Vec<_>>()
                                             .join("; ");
+                                        let id = p.id;
+                                        let proposed = p.state == PreemptionState::Proposed;
                                         view! {
-                                            <tr>
+                                            <tr data-preemption=id.to_string() data-state=p.state.as_str()>
                                                 <td class="nowrap">{p.at.replace('T', " ").trim_end_matches('Z').to_owned()}</td>
                                                 <td>{format!("{} ({}, {})", p.service, p.project, p.priority)}</td>
                                                 <td>{format!("{} in {}", p.host, p.pool)}</td>
                                                 <td>{stopped}</td>
+                                                <td class="nowrap">
+                                                    {p.state.as_str()}
+                                                    {proposed.then(|| view! {
+                                                        " "
+                                                        <button class="primary" title=move || operate.get() disabled=move || operate.get().is_some()
+                                                            on:click=move |_| { decide.dispatch((id, true)); }>"Approve"</button>
+                                                        " "
+                                                        <button title=move || operate.get() disabled=move || operate.get().is_some()
+                                                            on:click=move |_| { decide.dispatch((id, false)); }>"Decline"</button>
+                                                    })}
+                                                </td>
                                             </tr>
                                         }
                                     }).collect_view()}

@@ -9,11 +9,12 @@ use crate::store::JoinTokenUse;
 impl HostStore for This {
     async fn upsert_pool(&self, pool: &PoolInfo) -> Result<(), StoreError> {
         self.write_one(sqlx::query(
-            "INSERT INTO pools (name, policy, compute_overcommit, mps_client_limit, admission, task_users, privileged)
-             VALUES ($1, $2, $3, $4, $5, $6, $7)
+            "INSERT INTO pools (name, policy, compute_overcommit, mps_client_limit, admission, task_users, privileged, preemption)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
              ON CONFLICT (name) DO UPDATE SET policy = excluded.policy,
                  compute_overcommit = excluded.compute_overcommit, mps_client_limit = excluded.mps_client_limit,
-                 admission = excluded.admission, task_users = excluded.task_users, privileged = excluded.privileged",
+                 admission = excluded.admission, task_users = excluded.task_users, privileged = excluded.privileged,
+                 preemption = excluded.preemption",
         )
         .bind(pool.name.as_str())
         .bind(pool.policy.as_str())
@@ -22,6 +23,7 @@ impl HostStore for This {
         .bind(pool.admission.as_str())
         .bind(i64::from(pool.task_users))
         .bind(i64::from(pool.privileged))
+        .bind(pool.preemption.as_str())
         )
         .await?;
         Ok(())

@@ -2,7 +2,9 @@
 //! types).
 use super::*;
 use crate::store::ProjectStore;
-use tessera_model::project::{Preempted, Preemption, Project, Quota, Usage, UsageSample};
+use tessera_model::project::{
+    Preempted, Preemption, PreemptionState, Project, Quota, Usage, UsageSample,
+};
 
 const PROJECT_COLUMNS: &str = "name, weight, quotas, created_at";
 
@@ -101,12 +103,12 @@ impl ProjectStore for This {
         Ok(())
     }
 
-    async fn add_preemption(&self, p: &Preemption) -> Result<(), StoreError> {
+    async fn add_preemption(&self, p: &Preemption) -> Result<i64, StoreError> {
         let victims = serde_json::to_string(&p.victims)
             .map_err(|e| StoreError::corrupt("preemption victims", e))?;
-        sqlx::query(
-            "INSERT INTO preemptions (pool, host_id, service, project, priority, victims)
-             VALUES ($1, $2, $3, $4, $5, $6)",
+        let id: i64 = sqlx::query(
+            "INSERT INTO preemptions (pool, host_id, service, project, priority, victims, state, task)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id",
         )
         .bind(&p.pool)
         .bind(&p.host)
@@ -114,19 +116,40 @@ impl ProjectStore for This {
         .bind(&p.project)
         .bind(p.priority.as_str())
         .bind(victims)
-        .execute(&self.db)
-        .await?;
+        .bind(p.state.as_str())
+        .bind(&p.task)
+        .fetch_one(&self.db)
+        .await?
+        .try_get("id")?;
         sqlx::query("DELETE FROM preemptions WHERE id <= (SELECT MAX(id) FROM preemptions) - $1")
             .bind(crate::store::PREEMPTIONS_KEPT)
             .execute(&self.db)
             .await?;
-        Ok(())
+        Ok(id)
+    }
+
+    async fn set_preemption_state(
+        &self,
+        id: i64,
+        from: PreemptionState,
+        to: PreemptionState,
+    ) -> Result<bool, StoreError> {
+        Ok(
+            sqlx::query("UPDATE preemptions SET state = $1 WHERE id = $2 AND state = $3")
+                .bind(to.as_str())
+                .bind(id)
+                .bind(from.as_str())
+                .execute(&self.db)
+                .await?
+                .rows_affected()
+                > 0,
+        )
     }
 
     async fn list_preemptions(&self, limit: u32) -> Result<Vec<Preemption>, StoreError> {
         sqlx::query(
-            "SELECT id, at, pool, host_id, service, project, priority, victims FROM preemptions
-             ORDER BY id DESC LIMIT $1",
+            "SELECT id, at, pool, host_id, service, project, priority, victims, state, task
+             FROM preemptions ORDER BY id DESC LIMIT $1",
         )
         .bind(i64::from(limit))
         .fetch_all(&self.db)
@@ -135,8 +158,13 @@ impl ProjectStore for This {
         .map(|r| {
             let victims: String = r.try_get("victims")?;
             let priority: String = r.try_get("priority")?;
+            let state: String = r.try_get("state")?;
             Ok(Preemption {
                 id: r.try_get("id")?,
+                state: state
+                    .parse()
+                    .map_err(|e| StoreError::corrupt("preemption state", e))?,
+                task: r.try_get("task")?,
                 at: r.try_get("at")?,
                 pool: r.try_get("pool")?,
                 host: r.try_get("host_id")?,

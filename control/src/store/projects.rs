@@ -2,7 +2,7 @@
 
 use crate::error::StoreError;
 use async_trait::async_trait;
-use tessera_model::project::{Preemption, Project, Usage, UsageSample};
+use tessera_model::project::{Preemption, PreemptionState, Project, Usage, UsageSample};
 
 #[async_trait]
 /// Projects: who a service belongs to, and the quotas that bound its tasks.
@@ -17,9 +17,17 @@ pub trait ProjectStore: Send + Sync + 'static {
     /// Deletes a project that no service belongs to (`Conflict` naming how many do: the
     /// check and the delete are one transaction).
     async fn delete_project(&self, name: &str) -> Result<(), StoreError>;
-    /// Records a preemption carried out (its `id` and `at` are the store's), keeping the
-    /// newest [`PREEMPTIONS_KEPT`].
-    async fn add_preemption(&self, p: &Preemption) -> Result<(), StoreError>;
+    /// Records a preemption (its `id` and `at` are the store's), keeping the newest
+    /// [`PREEMPTIONS_KEPT`]; its id.
+    async fn add_preemption(&self, p: &Preemption) -> Result<i64, StoreError>;
+    /// Moves preemption `id` from `from` to `to`; false when it was not in `from` (or is
+    /// not there).
+    async fn set_preemption_state(
+        &self,
+        id: i64,
+        from: PreemptionState,
+        to: PreemptionState,
+    ) -> Result<bool, StoreError>;
     /// The newest preemptions first, at most `limit`.
     async fn list_preemptions(&self, limit: u32) -> Result<Vec<Preemption>, StoreError>;
     /// Records what each (project, pool) holds in the bucket starting at `at` (unix

@@ -97,6 +97,16 @@ pub fn optional_admission() -> Schema {
     from_json(json!({ "type": ["string", "null"], "enum": names }))
 }
 
+/// An optional preemption mode given as text.
+pub fn optional_preemption() -> Schema {
+    let mut names: Vec<Value> = crate::inventory::PreemptionMode::ALL
+        .iter()
+        .map(|a| json!(a.as_str()))
+        .collect();
+    names.push(Value::Null);
+    from_json(json!({ "type": ["string", "null"], "enum": names }))
+}
+
 /// An optional priority class given as text.
 pub fn optional_priority() -> Schema {
     let mut names: Vec<Value> = crate::inventory::PriorityClass::ALL

@@ -137,6 +137,8 @@ pub fn routes() -> Routes {
         .route(routes!(projects::set_member))
         .route(routes!(projects::remove_member))
         .route(routes!(projects::list_preemptions))
+        .route(routes!(projects::approve_preemption))
+        .route(routes!(projects::decline_preemption))
         .route(routes!(projects::project_usage))
         .route(routes!(list_families))
         .route(routes!(register_task_definition))

@@ -162,3 +162,41 @@ pub async fn project_usage(
             .await?,
     ))
 }
+
+fn preemption_id(raw: &str) -> Result<i64, ApiError> {
+    raw.parse()
+        .map_err(|_| ApiError::NotFound(format!("no preemption {raw:?}")))
+}
+
+/// Approve a proposed preemption (a pool whose preemption is `approve`): its victims still
+/// running stop, and the waiting task it was made for takes the room on a later pass
+#[utoipa::path(post, path = "/api/v1/preemptions/{id}/approve", tag = "projects",
+    extensions(("x-required-role" = json!("operator"))),
+    params(("id" = i64, Path, description = "preemption id")),
+    responses((status = 204, description = "Approved: its victims stop"), (status = 404, description = "No such preemption", body = ErrorBody), (status = 409, description = "Not proposed, or its task no longer waits", body = ErrorBody)))]
+pub async fn approve_preemption(
+    State(state): State<AppState>,
+    Segment(id): Segment,
+) -> Result<StatusCode, ApiError> {
+    state
+        .control
+        .approve_preemption(preemption_id(&id)?)
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Decline a proposed preemption: nothing stops, and its task proposes no other
+#[utoipa::path(post, path = "/api/v1/preemptions/{id}/decline", tag = "projects",
+    extensions(("x-required-role" = json!("operator"))),
+    params(("id" = i64, Path, description = "preemption id")),
+    responses((status = 204, description = "Declined"), (status = 404, description = "No such preemption", body = ErrorBody), (status = 409, description = "Not proposed", body = ErrorBody)))]
+pub async fn decline_preemption(
+    State(state): State<AppState>,
+    Segment(id): Segment,
+) -> Result<StatusCode, ApiError> {
+    state
+        .control
+        .decline_preemption(preemption_id(&id)?)
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
