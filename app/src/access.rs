@@ -85,9 +85,15 @@ pub fn allowed<F: Guarded>() -> Signal<Option<String>> {
             .and_then(|s| s.0.get())
             .and_then(Result::ok)
             .flatten();
+        // An operation in a project: a caller with the role in some project may try (the
+        // server checks the project acted on).
+        let has = |c: &Caller| match F::ACCESS {
+            Access::InProject(_) => c.best_role(),
+            _ => c.role,
+        };
         match caller {
-            Some(c) if c.role.allows(needed) => None,
-            Some(c) => Some(format!("needs the {needed} role; you are {}", c.role)),
+            Some(c) if has(&c).allows(needed) => None,
+            Some(c) => Some(format!("needs the {needed} role; you are {}", has(&c))),
             None => Some("sign in first".to_owned()),
         }
     })

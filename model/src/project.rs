@@ -580,6 +580,27 @@ pub struct PoolCapacity {
     pub capacity: Usage,
 }
 
+/// Whether `caller` has `needed` in `project` ([`crate::auth::Caller::role_in`]); `Err` says
+/// why not.
+pub fn may_act_in(
+    caller: &crate::auth::Caller,
+    project: &str,
+    needed: crate::auth::Role,
+) -> Result<(), String> {
+    match caller.role_in(project) {
+        Some(r) if r.allows(needed) => Ok(()),
+        Some(r) => Err(format!(
+            "this needs the {needed} role in project {project}; {} has {r} there",
+            caller.actor()
+        )),
+        None => Err(format!(
+            "{} acts in project {} only, not {project}",
+            caller.actor(),
+            caller.project.as_deref().unwrap_or_default()
+        )),
+    }
+}
+
 /// Whether `caller` may put a service into `project` (create it there, or move it there),
 /// asking for priority class `priority` (`None`: the class is not being set): an
 /// operator there, and for a project other than `default`, one given the role in that
@@ -592,22 +613,7 @@ pub fn may_place_in(
     priority: Option<&str>,
     changes_class: bool,
 ) -> Result<(), String> {
-    match caller.role_in(project) {
-        Some(r) if r.allows(crate::auth::Role::Operator) => {}
-        Some(r) => {
-            return Err(format!(
-                "this needs the operator role in project {project}; {} has {r} there",
-                caller.actor()
-            ));
-        }
-        None => {
-            return Err(format!(
-                "{} acts in project {} only, not {project}",
-                caller.actor(),
-                caller.project.as_deref().unwrap_or_default()
-            ));
-        }
-    }
+    may_act_in(caller, project, crate::auth::Role::Operator)?;
     if project != DEFAULT_PROJECT && !caller.given_in(project, crate::auth::Role::Operator) {
         return Err(format!(
             "putting a service into project {project} needs the operator role given in that project (or an admin); {} has none there",

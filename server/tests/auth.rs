@@ -357,7 +357,7 @@ async fn every_server_function_has_a_rule_and_is_refused_without_it() {
         .await;
         let viewer = send(&c, method.clone(), path, None, &bearer(&c.viewer)).await;
         match access {
-            Access::Role(role) => {
+            Access::Role(role) | Access::InProject(role) => {
                 assert_eq!(anonymous.status, StatusCode::UNAUTHORIZED, "{name}");
                 if *role > Role::Viewer {
                     assert_eq!(viewer.status, StatusCode::FORBIDDEN, "{name}");
@@ -1318,6 +1318,25 @@ async fn a_project_operator_and_a_scoped_token_act_in_their_project_only() {
         ok(&a, StatusCode::UNPROCESSABLE_ENTITY);
         assert!(a.body.to_string().contains(field), "{}", a.body);
     }
+
+    // In the console too: her service changes, others' are refused.
+    for (service, ok_expected) in [("r1", true), ("embeddings", false)] {
+        let mut req = Request::post(tessera_app::pages::service::PatchService::PATH)
+            .header("host", "127.0.0.1:3000")
+            .header("content-type", "application/json");
+        for (k, v) in &rita {
+            req = req.header(*k, v);
+        }
+        let req = req
+            .body(Body::from(
+                json!({"name": service, "patch": {"desired_count": 0}}).to_string(),
+            ))
+            .expect("request");
+        let answer = app(c.app.clone()).oneshot(req).await.expect("answers");
+        assert_eq!(answer.status().is_success(), ok_expected, "{service}");
+    }
+    let a = send(&c, Method::GET, "/api/v1/services/embeddings", None, &admin).await;
+    assert_ne!(a.body["service"]["desired_count"], json!(0), "embeddings untouched");
 
     // Her own command-line token, scoped to research at sign-in: an operator there.
     let a = send(

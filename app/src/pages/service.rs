@@ -53,6 +53,7 @@ pub async fn patch_service(
     patch: ServicePatch,
 ) -> Result<Result<(), Vec<FieldError>>, ServerFnError> {
     let control = crate::data::ssr::control()?;
+    crate::data::ssr::operator_for_service(&control, &name).await?;
     // The same rule as the REST API: a project's services and the production class.
     if (patch.project.is_some() || patch.priority.is_some())
         && let Some(caller) = crate::data::ssr::caller()
@@ -74,17 +75,19 @@ pub async fn patch_service(
     }
 }
 
-guard!(PatchService, Access::OPERATE);
+guard!(PatchService, Access::OPERATE_IN_PROJECT);
 
 #[server]
 pub async fn delete_service(name: String) -> Result<(), ServerFnError> {
-    crate::data::ssr::control()?
+    let control = crate::data::ssr::control()?;
+    crate::data::ssr::operator_for_service(&control, &name).await?;
+    control
         .delete_service(&name)
         .await
         .map_err(crate::data::ssr::failed)
 }
 
-guard!(DeleteService, Access::OPERATE);
+guard!(DeleteService, Access::OPERATE_IN_PROJECT);
 
 #[component]
 pub fn ServicePage() -> impl IntoView {

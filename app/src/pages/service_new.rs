@@ -58,21 +58,20 @@ pub async fn create_service(
 ) -> Result<Result<Service, Vec<FieldError>>, ServerFnError> {
     let control = crate::data::ssr::control()?;
     // The same rule as the REST API: a project's services and the production class.
-    if let Some(caller) = crate::data::ssr::caller() {
-        let project = input
-            .project
-            .as_deref()
-            .unwrap_or(tessera_model::service::DEFAULT_PROJECT);
-        tessera_model::project::may_place_in(&caller, project, input.priority.as_deref(), false)
-            .map_err(ServerFnError::new)?;
-    }
+    let caller = crate::data::ssr::caller().ok_or_else(|| ServerFnError::new("sign in first"))?;
+    let project = input
+        .project
+        .as_deref()
+        .unwrap_or(tessera_model::service::DEFAULT_PROJECT);
+    tessera_model::project::may_place_in(&caller, project, input.priority.as_deref(), false)
+        .map_err(ServerFnError::new)?;
     match control.create_service(&input).await {
         Ok(s) => Ok(Ok(s)),
         Err(e) => invalid(e).map(Err),
     }
 }
 
-guard!(CreateService, Access::OPERATE);
+guard!(CreateService, Access::OPERATE_IN_PROJECT);
 
 /// The step (index into [`STEPS`]) whose form holds `field`.
 fn step_of(field: &str) -> usize {

@@ -140,18 +140,7 @@ impl Authn {
     ) -> Result<(), ApiError> {
         self.check(Access::InProject(needed))?;
         let c = self.caller().expect("checked: a caller");
-        match c.role_in(project) {
-            Some(r) if r.allows(needed) => Ok(()),
-            Some(r) => Err(ApiError::Forbidden(format!(
-                "this needs the {needed} role in project {project}; {} has {r} there",
-                c.actor()
-            ))),
-            None => Err(ApiError::Forbidden(format!(
-                "{} acts in project {} only, not {project}",
-                c.actor(),
-                c.project.as_deref().unwrap_or_default()
-            ))),
-        }
+        tessera_model::project::may_act_in(c, project, needed).map_err(ApiError::Forbidden)
     }
 }
 
