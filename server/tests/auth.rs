@@ -1336,7 +1336,11 @@ async fn a_project_operator_and_a_scoped_token_act_in_their_project_only() {
         assert_eq!(answer.status().is_success(), ok_expected, "{service}");
     }
     let a = send(&c, Method::GET, "/api/v1/services/embeddings", None, &admin).await;
-    assert_ne!(a.body["service"]["desired_count"], json!(0), "embeddings untouched");
+    assert_ne!(
+        a.body["service"]["desired_count"],
+        json!(0),
+        "embeddings untouched"
+    );
 
     // Her own command-line token, scoped to research at sign-in: an operator there.
     let a = send(
