@@ -71,26 +71,29 @@ impl Control {
         }
         let (info, hosts, holding) = self.pool_state(pool).await?;
         // Where plans wait for approval: tasks with a proposal open keep their room in this
-        // pass's plans without a new one; tasks whose proposal was declined take none.
-        let (open, declined) = if info.preemption == PreemptionMode::Approve {
-            let mine = self
-                .store
-                .list_preemptions(crate::store::PREEMPTIONS_KEPT as u32)
-                .await?
-                .into_iter()
-                .filter(|p| p.pool == pool.as_str());
-            let (mut open, mut declined) = (HashSet::new(), HashSet::new());
-            for p in mine {
+        // pass's plans without a new one; tasks whose proposal was declined take none; an
+        // approved proposal is carried out if the fresh plan stops no other tasks.
+        let approve_mode = info.preemption == PreemptionMode::Approve;
+        let (mut open, mut declined, mut approved) =
+            (HashSet::new(), HashSet::new(), HashMap::new());
+        if approve_mode {
+            for p in self.store.open_preemptions(Some(pool.as_str())).await? {
                 match p.state {
-                    PreemptionState::Proposed => open.insert(p.task),
-                    PreemptionState::Declined => declined.insert(p.task),
-                    _ => false,
-                };
+                    PreemptionState::Proposed => {
+                        open.insert(p.task);
+                    }
+                    PreemptionState::Declined => {
+                        declined.insert(p.task);
+                    }
+                    PreemptionState::Approved => {
+                        let allowed: HashSet<String> =
+                            p.victims.into_iter().map(|v| v.task).collect();
+                        approved.insert(p.task, (p.id, allowed));
+                    }
+                    _ => {}
+                }
             }
-            (open, declined)
-        } else {
-            Default::default()
-        };
+        }
         let project_of = crate::projects::project_of(services.values());
         let guaranteed = |project: &str| {
             projects
@@ -232,65 +235,10 @@ impl Control {
                         *u = u.above(&quota::held(at[v]));
                     }
                 }
-                let propose = !stop.is_empty() && info.preemption == PreemptionMode::Approve;
-                if propose && open.contains(task_id) {
-                    continue;
-                }
-                if !stop.is_empty() {
-                    let host = &placement.host_id;
-                    let id = self
-                        .store
-                        .add_preemption(&tessera_model::project::Preemption {
-                            id: 0,
-                            state: if propose {
-                                PreemptionState::Proposed
-                            } else {
-                                PreemptionState::Done
-                            },
-                            task: task_id.clone(),
-                            at: String::new(),
-                            pool: pool.to_string(),
-                            host: host.to_string(),
-                            service: service.name.clone(),
-                            project: service.project.clone(),
-                            priority: service.priority,
-                            victims: record,
-                        })
-                        .await?;
-                    if propose {
-                        self.event(
-                            Some(&service.name),
-                            Some(host),
-                            &format!(
-                                "preemption {id} proposed: stopping {} task(s) on host {host} would make room for a task of {}; it waits for an operator's approval (pool {pool})",
-                                stop.len(),
-                                service.name
-                            ),
-                        )
-                        .await;
-                        // Nothing is stopped or claimed until it is approved; its room
-                        // stays reserved in this pass's plans only.
-                        continue;
-                    }
-                    for &v in &stop {
-                        let t = victim_tasks[v];
-                        self.stop_for(t, services.get(&t.service), service).await?;
-                    }
-                    self.event(
-                        Some(&service.name),
-                        Some(host),
-                        &format!(
-                            "preempting {} task(s) on host {host} to make room for a task of {}",
-                            stop.len(),
-                            service.name
-                        ),
-                    )
-                    .await;
-                }
-                total += stop.len();
+                // The room this task asks for counts in this pass's later plans, whether
+                // it is taken now or proposed.
                 let u = claimed.entry(service.project.as_str()).or_default();
                 *u = u.plus(&want);
-                // The service's next task sees this one where it will run.
                 if req.constraints.distinct_hosts {
                     req.constraints
                         .avoid_hosts
@@ -301,6 +249,103 @@ impl Control {
                     placement.gpus.iter().map(|s| &s.uuid),
                     1,
                 );
+                let host = placement.host_id.clone();
+                if approve_mode && !stop.is_empty() {
+                    let carried_out = match approved.remove(task_id) {
+                        Some((id, allowed)) if record.iter().all(|v| allowed.contains(&v.task)) => {
+                            self.store
+                                .set_preemption_state(
+                                    id,
+                                    PreemptionState::Approved,
+                                    PreemptionState::Done,
+                                )
+                                .await?
+                        }
+                        Some((id, _)) => {
+                            // The approved plan no longer holds: a new one is proposed.
+                            self.store
+                                .set_preemption_state(
+                                    id,
+                                    PreemptionState::Approved,
+                                    PreemptionState::Expired,
+                                )
+                                .await?;
+                            false
+                        }
+                        None => false,
+                    };
+                    if !carried_out {
+                        if !open.contains(task_id) {
+                            let id = self
+                                .store
+                                .add_preemption(&tessera_model::project::Preemption {
+                                    id: 0,
+                                    state: PreemptionState::Proposed,
+                                    task: task_id.clone(),
+                                    at: String::new(),
+                                    pool: pool.to_string(),
+                                    host: host.to_string(),
+                                    service: service.name.clone(),
+                                    project: service.project.clone(),
+                                    priority: service.priority,
+                                    victims: record,
+                                })
+                                .await?;
+                            open.insert(task_id.clone());
+                            self.event(
+                                Some(&service.name),
+                                Some(&host),
+                                &format!(
+                                    "preemption {id} proposed: stopping {} task(s) on host {host} would make room for a task of {}; it waits for an operator's approval (pool {pool})",
+                                    stop.len(),
+                                    service.name
+                                ),
+                            )
+                            .await;
+                        }
+                        // Nothing is stopped or claimed until it is approved.
+                        continue;
+                    }
+                }
+                if !stop.is_empty() {
+                    // Stopped first, then recorded: the record says what was done.
+                    for &v in &stop {
+                        let t = victim_tasks[v];
+                        self.stop_for(t, services.get(&t.service), service).await?;
+                    }
+                    if !approve_mode {
+                        self.store
+                            .add_preemption(&tessera_model::project::Preemption {
+                                id: 0,
+                                state: PreemptionState::Done,
+                                task: task_id.clone(),
+                                at: String::new(),
+                                pool: pool.to_string(),
+                                host: host.to_string(),
+                                service: service.name.clone(),
+                                project: service.project.clone(),
+                                priority: service.priority,
+                                victims: record,
+                            })
+                            .await?;
+                    }
+                    self.event(
+                        Some(&service.name),
+                        Some(&host),
+                        &format!(
+                            "preempting {} task(s) on host {host} to make room for a task of {}",
+                            stop.len(),
+                            service.name
+                        ),
+                    )
+                    .await;
+                } else if let Some((id, _)) = approved.remove(task_id) {
+                    // Its room is there already: nothing left to stop.
+                    self.store
+                        .set_preemption_state(id, PreemptionState::Approved, PreemptionState::Done)
+                        .await?;
+                }
+                total += stop.len();
                 self.scheduling
                     .claims
                     .lock()
@@ -314,11 +359,26 @@ impl Control {
         Ok(renewed)
     }
 
-    /// Carries out proposed preemption `id` (a pool whose plans wait for approval): its
-    /// victims still running stop, and its task takes the room on a later pass. `Conflict`
-    /// when it is not proposed, or its task no longer waits (it is then expired).
+    /// Approves proposed preemption `id` (a pool whose plans wait for approval): the next
+    /// pass carries it out if its task still waits and a fresh plan, under the same rules,
+    /// stops none but its tasks (otherwise it expires and a new plan is proposed).
+    /// `Conflict` when it is not proposed, its pool no longer waits for approval, or its
+    /// task no longer waits (it is then expired).
     pub async fn approve_preemption(&self, id: i64) -> Result<(), ControlError> {
         let p = self.proposed(id).await?;
+        let pool = self
+            .store
+            .get_pool(
+                &PoolName::new(p.pool.clone())
+                    .map_err(|e| ControlError::Conflict(e.to_string()))?,
+            )
+            .await?;
+        if pool.preemption != PreemptionMode::Approve {
+            return Err(ControlError::Conflict(format!(
+                "pool {} carries out preemption plans by itself now",
+                p.pool
+            )));
+        }
         let waiting = matches!(
             self.store.get_task(&p.task).await,
             Ok(t) if t.state == TaskState::Pending
@@ -334,34 +394,19 @@ impl Control {
         }
         if !self
             .store
-            .set_preemption_state(id, PreemptionState::Proposed, PreemptionState::Done)
+            .set_preemption_state(id, PreemptionState::Proposed, PreemptionState::Approved)
             .await?
         {
             return Err(ControlError::Conflict(format!(
                 "preemption {id} was decided meanwhile"
             )));
         }
-        let service = self.store.get_service(&p.service).await?;
-        for v in &p.victims {
-            let Ok(t) = self.store.get_task(&v.task).await else {
-                continue;
-            };
-            if !t.state.holds_capacity() || t.state == TaskState::Stopping {
-                continue;
-            }
-            let owner = self.store.get_service(&t.service).await.ok();
-            self.stop_for(&t, owner.as_ref(), &service).await?;
-        }
         self.event(
             Some(&p.service),
-            Some(
-                &tessera_model::HostId::new(p.host.clone())
-                    .map_err(|e| ControlError::Conflict(e.to_string()))?,
-            ),
+            None,
             &format!(
-                "preemption {id} approved: {} task(s) stop for a task of {}",
-                p.victims.len(),
-                p.service
+                "preemption {id} approved: the next pass stops its {} task(s) if the plan still holds",
+                p.victims.len()
             ),
         )
         .await;
@@ -396,13 +441,7 @@ impl Control {
 
     /// Preemption `id`, if it is proposed.
     async fn proposed(&self, id: i64) -> Result<tessera_model::project::Preemption, ControlError> {
-        let p = self
-            .store
-            .list_preemptions(crate::store::PREEMPTIONS_KEPT as u32)
-            .await?
-            .into_iter()
-            .find(|p| p.id == id)
-            .ok_or_else(|| ControlError::NotFound(format!("no preemption {id}")))?;
+        let p = self.store.get_preemption(id).await?;
         if p.state != PreemptionState::Proposed {
             return Err(ControlError::Conflict(format!(
                 "preemption {id} is {}, not proposed",

@@ -103,12 +103,14 @@ pub fn use_over_time(
     }
     sum.into_iter()
         .map(|(p, u)| {
+            // Rounded to the nearest, so a little held for a short while is not nothing.
+            let mean = |v: u64| v.saturating_add(n / 2) / n;
             let mean = Usage {
-                gpus: u.gpus / n,
-                gpu_memory_mib: u.gpu_memory_mib / n,
-                compute_milli: u.compute_milli / n,
-                cpu_milli: u.cpu_milli / n,
-                memory_mib: u.memory_mib / n,
+                gpus: mean(u.gpus),
+                gpu_memory_mib: mean(u.gpu_memory_mib),
+                compute_milli: mean(u.compute_milli),
+                cpu_milli: mean(u.cpu_milli),
+                memory_mib: mean(u.memory_mib),
             };
             (p, mean)
         })
@@ -344,7 +346,7 @@ impl Control {
     }
 
     /// The newest preemptions first (those `project` took room or lost it in, when given),
-    /// at most `limit`.
+    /// at most `limit`, and every open one (proposed, approved, declined) besides.
     pub async fn list_preemptions(
         &self,
         project: Option<&str>,
@@ -361,6 +363,12 @@ impl Control {
             all.retain(|x| x.involves(p));
         }
         all.truncate(limit as usize);
+        for open in self.store.open_preemptions(None).await? {
+            if project.is_none_or(|p| open.involves(p)) && !all.iter().any(|x| x.id == open.id) {
+                all.push(open);
+            }
+        }
+        all.sort_by_key(|p| std::cmp::Reverse(p.id));
         Ok(all)
     }
 

@@ -80,6 +80,25 @@ impl Control {
         };
         let updated = crate::inputs::validate_pool(&merged)?;
         self.store.upsert_pool(&updated).await?;
+        // Plans proposed, approved or declined under the other mode are its no longer.
+        if updated.preemption != pool.preemption {
+            let n = self
+                .store
+                .expire_open_preemptions(updated.name.as_str())
+                .await?;
+            if n > 0 {
+                self.event(
+                    None,
+                    None,
+                    &format!(
+                        "pool {}: preemption is {} now; {n} open preemption(s) expired",
+                        updated.name,
+                        updated.preemption.as_str()
+                    ),
+                )
+                .await;
+            }
+        }
         self.capacity_changed();
         self.wake();
         Ok(updated)

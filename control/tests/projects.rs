@@ -573,10 +573,13 @@ async fn in_an_approve_pool_a_preemption_waits_for_an_operator() {
     assert_eq!(record[0].state, PreemptionState::Proposed);
     assert_eq!(record[0].victims.len(), 2);
     c.approve_preemption(record[0].id).await.expect("approved");
-    assert_eq!(stopping().await, 2, "its victims stop");
     c.approve_preemption(record[0].id)
         .await
         .expect_err("approved once");
+    c.reconcile_once().await.expect("pass");
+    assert_eq!(stopping().await, 2, "the next pass stops its victims");
+    let record = c.list_preemptions(Some("prod"), 10).await.expect("list");
+    assert_eq!(record[0].state, PreemptionState::Done, "{record:?}");
     sync(c, &a).await;
     c.reconcile_once().await.expect("pass");
     c.reconcile_once().await.expect("pass");
@@ -613,6 +616,23 @@ async fn in_an_approve_pool_a_preemption_waits_for_an_operator() {
     c.approve_preemption(open[0].id)
         .await
         .expect_err("declined is final");
+    // Back to automatic: what was open expires, and plans are carried out at once.
+    c.update_pool(
+        &tessera_model::PoolName::new("gpu").expect("valid"),
+        &tessera_model::api::PoolPatch {
+            preemption: Some("automatic".into()),
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("automatic");
+    let expired = c.list_preemptions(Some("prod"), 10).await.expect("list");
+    assert!(
+        expired.iter().all(|p| p.state != PreemptionState::Declined),
+        "{expired:?}"
+    );
+    c.reconcile_once().await.expect("pass");
+    assert!(stopping().await > before, "api2 preempts now");
     assert_no_overcommit(c).await;
 }
 

@@ -92,6 +92,9 @@ text_enum!(
     PreemptionState, "preemption state" {
         /// Waiting for an operator (a pool whose preemption is `approve`).
         Proposed => "proposed",
+        /// Approved: the next pass carries it out if a fresh plan stops no other tasks
+        /// (otherwise it expires and a new plan is proposed).
+        Approved => "approved",
         /// Carried out: its victims were told to stop.
         Done => "done",
         /// An operator declined it: its task does not preempt again.

@@ -24,6 +24,32 @@ fn quotas_json(p: &Project) -> Result<String, StoreError> {
     serde_json::to_string(&p.quotas).map_err(|e| StoreError::corrupt("project quotas", e))
 }
 
+const PREEMPTION_COLUMNS: &str =
+    "id, at, pool, host_id, service, project, priority, victims, state, task";
+
+fn preemption_from_row(r: &DbRow) -> Result<Preemption, StoreError> {
+    let victims: String = r.try_get("victims")?;
+    let priority: String = r.try_get("priority")?;
+    let state: String = r.try_get("state")?;
+    Ok(Preemption {
+        id: r.try_get("id")?,
+        state: state
+            .parse()
+            .map_err(|e| StoreError::corrupt("preemption state", e))?,
+        task: r.try_get("task")?,
+        at: r.try_get("at")?,
+        pool: r.try_get("pool")?,
+        host: r.try_get("host_id")?,
+        service: r.try_get("service")?,
+        project: r.try_get("project")?,
+        priority: priority
+            .parse()
+            .map_err(|e| StoreError::corrupt("preemption priority", e))?,
+        victims: serde_json::from_str::<Vec<Preempted>>(&victims)
+            .map_err(|e| StoreError::corrupt("preemption victims", e))?,
+    })
+}
+
 #[async_trait]
 impl ProjectStore for This {
     async fn create_project(&self, p: &Project) -> Result<(), StoreError> {
@@ -147,37 +173,54 @@ impl ProjectStore for This {
     }
 
     async fn list_preemptions(&self, limit: u32) -> Result<Vec<Preemption>, StoreError> {
-        sqlx::query(
-            "SELECT id, at, pool, host_id, service, project, priority, victims, state, task
-             FROM preemptions ORDER BY id DESC LIMIT $1",
-        )
+        sqlx::query(&format!(
+            "SELECT {PREEMPTION_COLUMNS} FROM preemptions ORDER BY id DESC LIMIT $1"
+        ))
         .bind(i64::from(limit))
         .fetch_all(&self.db)
         .await?
         .iter()
-        .map(|r| {
-            let victims: String = r.try_get("victims")?;
-            let priority: String = r.try_get("priority")?;
-            let state: String = r.try_get("state")?;
-            Ok(Preemption {
-                id: r.try_get("id")?,
-                state: state
-                    .parse()
-                    .map_err(|e| StoreError::corrupt("preemption state", e))?,
-                task: r.try_get("task")?,
-                at: r.try_get("at")?,
-                pool: r.try_get("pool")?,
-                host: r.try_get("host_id")?,
-                service: r.try_get("service")?,
-                project: r.try_get("project")?,
-                priority: priority
-                    .parse()
-                    .map_err(|e| StoreError::corrupt("preemption priority", e))?,
-                victims: serde_json::from_str::<Vec<Preempted>>(&victims)
-                    .map_err(|e| StoreError::corrupt("preemption victims", e))?,
-            })
-        })
+        .map(preemption_from_row)
         .collect()
+    }
+
+    async fn open_preemptions(&self, pool: Option<&str>) -> Result<Vec<Preemption>, StoreError> {
+        sqlx::query(&format!(
+            "SELECT {PREEMPTION_COLUMNS} FROM preemptions
+             WHERE state IN ('proposed', 'approved', 'declined') AND ($1 IS NULL OR pool = $1)
+             ORDER BY id DESC"
+        ))
+        .bind(pool)
+        .fetch_all(&self.db)
+        .await?
+        .iter()
+        .map(preemption_from_row)
+        .collect()
+    }
+
+    async fn get_preemption(&self, id: i64) -> Result<Preemption, StoreError> {
+        let row = sqlx::query(&format!(
+            "SELECT {PREEMPTION_COLUMNS} FROM preemptions WHERE id = $1"
+        ))
+        .bind(id)
+        .fetch_optional(&self.db)
+        .await?
+        .ok_or_else(|| StoreError::NotFound {
+            what: "preemption",
+            id: id.to_string(),
+        })?;
+        preemption_from_row(&row)
+    }
+
+    async fn expire_open_preemptions(&self, pool: &str) -> Result<u64, StoreError> {
+        Ok(sqlx::query(
+            "UPDATE preemptions SET state = 'expired'
+             WHERE pool = $1 AND state IN ('proposed', 'approved', 'declined')",
+        )
+        .bind(pool)
+        .execute(&self.db)
+        .await?
+        .rows_affected())
     }
 
     async fn record_project_usage(

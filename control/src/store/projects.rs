@@ -18,7 +18,7 @@ pub trait ProjectStore: Send + Sync + 'static {
     /// check and the delete are one transaction).
     async fn delete_project(&self, name: &str) -> Result<(), StoreError>;
     /// Records a preemption (its `id` and `at` are the store's), keeping the newest
-    /// [`PREEMPTIONS_KEPT`]; its id.
+    /// [`PREEMPTIONS_KEPT`] decided ones (open ones are never pruned); its id.
     async fn add_preemption(&self, p: &Preemption) -> Result<i64, StoreError>;
     /// Moves preemption `id` from `from` to `to`; false when it was not in `from` (or is
     /// not there).
@@ -30,6 +30,12 @@ pub trait ProjectStore: Send + Sync + 'static {
     ) -> Result<bool, StoreError>;
     /// The newest preemptions first, at most `limit`.
     async fn list_preemptions(&self, limit: u32) -> Result<Vec<Preemption>, StoreError>;
+    /// Preemptions not decided for good (proposed, approved, declined), newest first; one
+    /// pool's or every pool's.
+    async fn open_preemptions(&self, pool: Option<&str>) -> Result<Vec<Preemption>, StoreError>;
+    async fn get_preemption(&self, id: i64) -> Result<Preemption, StoreError>;
+    /// Expires every open preemption of `pool` (its preemption mode changed); how many.
+    async fn expire_open_preemptions(&self, pool: &str) -> Result<u64, StoreError>;
     /// Records what each (project, pool) holds in the bucket starting at `at` (unix
     /// seconds), unless that bucket has its sample already.
     async fn record_project_usage(
