@@ -303,11 +303,23 @@ impl Control {
             .await?;
         // (project, pool) -> (used, pending)
         let mut by: BTreeMap<(String, String), (Usage, u32)> = BTreeMap::new();
+        // (project, service, pool) -> (waiting tasks, the last reason given)
+        let mut waiting: BTreeMap<(String, String, String), (u32, Option<String>)> =
+            BTreeMap::new();
         for t in &tasks {
             let project = project_of
                 .get(&t.service)
                 .cloned()
                 .unwrap_or_else(|| DEFAULT_PROJECT.to_owned());
+            if t.state == TaskState::Pending {
+                let w = waiting
+                    .entry((project.clone(), t.service.clone(), t.pool.to_string()))
+                    .or_default();
+                w.0 += 1;
+                if t.placement_message.is_some() {
+                    w.1.clone_from(&t.placement_message);
+                }
+            }
             let e = by.entry((project, t.pool.to_string())).or_default();
             if t.state == TaskState::Pending {
                 e.1 += 1;
@@ -331,6 +343,16 @@ impl Control {
                 ProjectView {
                     services: services.iter().filter(|s| s.project == p.name).count() as u32,
                     pools: pools.into_values().collect(),
+                    waiting: waiting
+                        .iter()
+                        .filter(|((project, _, _), _)| project == &p.name)
+                        .map(|((_, service, pool), (tasks, reason))| project::Waiting {
+                            service: service.clone(),
+                            pool: pool.clone(),
+                            tasks: *tasks,
+                            reason: reason.clone(),
+                        })
+                        .collect(),
                     members: members
                         .iter()
                         .filter(|(project, _, _)| project == &p.name)

@@ -223,6 +223,23 @@ async fn placement_never_takes_a_project_past_its_limit_and_says_so() {
     assert_eq!(share.used.gpus, 0, "shared slots are no whole GPUs");
     assert_eq!(share.borrowed, share.used);
     assert_eq!(share.pending, 1);
+    // And which of its services wait, and why.
+    assert_eq!(research.waiting.len(), 1, "{:?}", research.waiting);
+    assert_eq!(
+        (
+            research.waiting[0].service.as_str(),
+            research.waiting[0].tasks
+        ),
+        ("trainer", 1)
+    );
+    assert!(
+        research.waiting[0]
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.contains("is at its limit")),
+        "{:?}",
+        research.waiting
+    );
 
     // A higher limit lets the third task in on the next pass.
     c.replace_project(

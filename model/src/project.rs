@@ -327,6 +327,20 @@ pub struct ProjectView {
     /// Users given a role in it (admins, and fleet-wide roles, count everywhere).
     #[serde(default)]
     pub members: Vec<Member>,
+    /// Its services with tasks waiting for a place, and why.
+    #[serde(default)]
+    pub waiting: Vec<Waiting>,
+}
+
+/// A service's tasks waiting for a place, and why (the scheduler's last word on them).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Waiting {
+    pub service: String,
+    pub pool: String,
+    pub tasks: u32,
+    /// `None` until the scheduler has tried.
+    pub reason: Option<String>,
 }
 
 /// A user's role in a project.

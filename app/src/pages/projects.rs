@@ -191,6 +191,43 @@ pub fn ProjectsPage() -> impl IntoView {
                 })}
             </ErrorBoundary>
         </Transition>
+        <h2>"Waiting"</h2>
+        <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>
+            <ErrorBoundary fallback=|errors| view! { <ErrorList errors /> }>
+                {move || Suspend::new(async move {
+                    data.await.map(|projects| {
+                        let rows: Vec<_> = projects
+                            .into_iter()
+                            .flat_map(|p| {
+                                let name = p.project.name.clone();
+                                p.waiting.into_iter().map(move |w| (name.clone(), w))
+                            })
+                            .collect();
+                        if rows.is_empty() {
+                            return view! { <p class="empty">"No task waits for a place."</p> }.into_any();
+                        }
+                        view! {
+                            <table class="table waiting">
+                                <thead>
+                                    <tr><th>"Project"</th><th>"Service"</th><th>"Pool"</th><th>"Tasks"</th><th>"Why"</th></tr>
+                                </thead>
+                                <tbody>
+                                    {rows.into_iter().map(|(project, w)| view! {
+                                        <tr>
+                                            <td>{project}</td>
+                                            <td><a href=format!("/services/{}", w.service)>{w.service.clone()}</a></td>
+                                            <td>{w.pool}</td>
+                                            <td>{w.tasks}</td>
+                                            <td>{w.reason.unwrap_or_else(|| "not tried yet".to_owned())}</td>
+                                        </tr>
+                                    }).collect_view()}
+                                </tbody>
+                            </table>
+                        }.into_any()
+                    })
+                })}
+            </ErrorBoundary>
+        </Transition>
         <h2>"Use over time"</h2>
         <p class="muted">
             "Sampled every 5 minutes. Within a priority class, the project whose share over the last hour is lowest (over its weight) is placed first."
