@@ -868,3 +868,58 @@ async fn roles_in_projects_are_kept_and_bound_scoped_tokens() {
     c.delete_project("research").await.expect("deleted");
     assert!(c.token_caller(&made.token).await.expect("read").is_none());
 }
+
+/// The store keeps the newest preemptions decided for good, and every open one however
+/// old (a proposal waiting for an operator must not vanish under busy pools).
+#[tokio::test]
+async fn open_preemptions_are_never_pruned() {
+    use tessera_model::project::{Preemption, PreemptionState};
+    use tessera_model::service::PriorityClass;
+    let env = env(fast()).await;
+    let store = env.control.store();
+    let record = |state, task: &str| Preemption {
+        id: 0,
+        state,
+        task: task.into(),
+        at: String::new(),
+        pool: "gpu".into(),
+        host: "a".into(),
+        service: "api".into(),
+        project: "prod".into(),
+        priority: PriorityClass::Production,
+        victims: vec![],
+    };
+    let open = store
+        .add_preemption(&record(PreemptionState::Proposed, "t-open"))
+        .await
+        .expect("recorded");
+    let kept = tessera_control::store::PREEMPTIONS_KEPT as usize;
+    for i in 0..=kept {
+        store
+            .add_preemption(&record(PreemptionState::Done, &format!("t-{i}")))
+            .await
+            .expect("recorded");
+    }
+    let all = store
+        .list_preemptions(10 * kept as u32)
+        .await
+        .expect("listed");
+    assert_eq!(all.len(), kept + 1, "the oldest decided one went");
+    assert_eq!(
+        store.get_preemption(open).await.expect("kept").state,
+        PreemptionState::Proposed
+    );
+    assert_eq!(
+        store
+            .open_preemptions(Some("gpu"))
+            .await
+            .expect("open")
+            .len(),
+        1
+    );
+    assert_eq!(
+        store.expire_open_preemptions("gpu").await.expect("expired"),
+        1
+    );
+    assert!(store.open_preemptions(None).await.expect("open").is_empty());
+}

@@ -132,6 +132,8 @@ impl ProjectStore for This {
     async fn add_preemption(&self, p: &Preemption) -> Result<i64, StoreError> {
         let victims = serde_json::to_string(&p.victims)
             .map_err(|e| StoreError::corrupt("preemption victims", e))?;
+        // One fenced transaction: a server that lost the scheduler lease records nothing.
+        let mut tx = self.begin_immediate().await?;
         let id: i64 = sqlx::query(
             "INSERT INTO preemptions (pool, host_id, service, project, priority, victims, state, task)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id",
@@ -144,13 +146,18 @@ impl ProjectStore for This {
         .bind(victims)
         .bind(p.state.as_str())
         .bind(&p.task)
-        .fetch_one(&self.db)
+        .fetch_one(&mut *tx)
         .await?
         .try_get("id")?;
-        sqlx::query("DELETE FROM preemptions WHERE id <= (SELECT MAX(id) FROM preemptions) - $1")
-            .bind(crate::store::PREEMPTIONS_KEPT)
-            .execute(&self.db)
-            .await?;
+        // Open ones (proposed, approved, declined) are never pruned.
+        sqlx::query(
+            "DELETE FROM preemptions WHERE state IN ('done', 'expired')
+               AND id <= (SELECT MAX(id) FROM preemptions) - $1",
+        )
+        .bind(crate::store::PREEMPTIONS_KEPT)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
         Ok(id)
     }
 
@@ -160,16 +167,16 @@ impl ProjectStore for This {
         from: PreemptionState,
         to: PreemptionState,
     ) -> Result<bool, StoreError> {
-        Ok(
-            sqlx::query("UPDATE preemptions SET state = $1 WHERE id = $2 AND state = $3")
-                .bind(to.as_str())
-                .bind(id)
-                .bind(from.as_str())
-                .execute(&self.db)
-                .await?
-                .rows_affected()
-                > 0,
-        )
+        Ok(self
+            .write_one(
+                sqlx::query("UPDATE preemptions SET state = $1 WHERE id = $2 AND state = $3")
+                    .bind(to.as_str())
+                    .bind(id)
+                    .bind(from.as_str()),
+            )
+            .await?
+            .rows_affected()
+            > 0)
     }
 
     async fn list_preemptions(&self, limit: u32) -> Result<Vec<Preemption>, StoreError> {
@@ -213,14 +220,16 @@ impl ProjectStore for This {
     }
 
     async fn expire_open_preemptions(&self, pool: &str) -> Result<u64, StoreError> {
-        Ok(sqlx::query(
-            "UPDATE preemptions SET state = 'expired'
-             WHERE pool = $1 AND state IN ('proposed', 'approved', 'declined')",
-        )
-        .bind(pool)
-        .execute(&self.db)
-        .await?
-        .rows_affected())
+        Ok(self
+            .write_one(
+                sqlx::query(
+                    "UPDATE preemptions SET state = 'expired'
+                     WHERE pool = $1 AND state IN ('proposed', 'approved', 'declined')",
+                )
+                .bind(pool),
+            )
+            .await?
+            .rows_affected())
     }
 
     async fn record_project_usage(
@@ -229,6 +238,8 @@ impl ProjectStore for This {
         rows: &[(String, String, Usage)],
     ) -> Result<(), StoreError> {
         let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        // One fenced transaction: a server that lost the scheduler lease samples nothing.
+        let mut tx = self.begin_immediate().await?;
         for (project, pool, u) in rows {
             sqlx::query(
                 "INSERT INTO project_usage (project, pool, bucket_start, gpus, gpu_memory_mib,
@@ -244,9 +255,10 @@ impl ProjectStore for This {
             .bind(int(u.compute_milli))
             .bind(int(u.cpu_milli))
             .bind(int(u.memory_mib))
-            .execute(&self.db)
+            .execute(&mut *tx)
             .await?;
         }
+        tx.commit().await?;
         Ok(())
     }
 
@@ -287,12 +299,11 @@ impl ProjectStore for This {
     }
 
     async fn prune_project_usage(&self, before: i64) -> Result<u64, StoreError> {
-        Ok(
-            sqlx::query("DELETE FROM project_usage WHERE bucket_start < $1")
-                .bind(before)
-                .execute(&self.db)
-                .await?
-                .rows_affected(),
-        )
+        Ok(self
+            .write_one(
+                sqlx::query("DELETE FROM project_usage WHERE bucket_start < $1").bind(before),
+            )
+            .await?
+            .rows_affected())
     }
 }
