@@ -250,6 +250,19 @@ impl Control {
                     1,
                 );
                 let host = placement.host_id.clone();
+                // The record of this plan, in `state`.
+                let entry = |state, victims| tessera_model::project::Preemption {
+                    id: 0,
+                    state,
+                    task: task_id.clone(),
+                    at: String::new(),
+                    pool: pool.to_string(),
+                    host: host.to_string(),
+                    service: service.name.clone(),
+                    project: service.project.clone(),
+                    priority: service.priority,
+                    victims,
+                };
                 if approve_mode && !stop.is_empty() {
                     let carried_out = match approved.remove(task_id) {
                         Some((id, allowed)) if record.iter().all(|v| allowed.contains(&v.task)) => {
@@ -278,18 +291,7 @@ impl Control {
                         if !open.contains(task_id) {
                             let id = self
                                 .store
-                                .add_preemption(&tessera_model::project::Preemption {
-                                    id: 0,
-                                    state: PreemptionState::Proposed,
-                                    task: task_id.clone(),
-                                    at: String::new(),
-                                    pool: pool.to_string(),
-                                    host: host.to_string(),
-                                    service: service.name.clone(),
-                                    project: service.project.clone(),
-                                    priority: service.priority,
-                                    victims: record,
-                                })
+                                .add_preemption(&entry(PreemptionState::Proposed, record))
                                 .await?;
                             open.insert(task_id.clone());
                             self.event(
@@ -315,18 +317,7 @@ impl Control {
                     }
                     if !approve_mode {
                         self.store
-                            .add_preemption(&tessera_model::project::Preemption {
-                                id: 0,
-                                state: PreemptionState::Done,
-                                task: task_id.clone(),
-                                at: String::new(),
-                                pool: pool.to_string(),
-                                host: host.to_string(),
-                                service: service.name.clone(),
-                                project: service.project.clone(),
-                                priority: service.priority,
-                                victims: record,
-                            })
+                            .add_preemption(&entry(PreemptionState::Done, record))
                             .await?;
                     }
                     self.event(
@@ -392,15 +383,7 @@ impl Control {
                 p.task
             )));
         }
-        if !self
-            .store
-            .set_preemption_state(id, PreemptionState::Proposed, PreemptionState::Approved)
-            .await?
-        {
-            return Err(ControlError::Conflict(format!(
-                "preemption {id} was decided meanwhile"
-            )));
-        }
+        self.decide(id, PreemptionState::Approved).await?;
         self.event(
             Some(&p.service),
             None,
@@ -418,15 +401,7 @@ impl Control {
     /// other.
     pub async fn decline_preemption(&self, id: i64) -> Result<(), ControlError> {
         let p = self.proposed(id).await?;
-        if !self
-            .store
-            .set_preemption_state(id, PreemptionState::Proposed, PreemptionState::Declined)
-            .await?
-        {
-            return Err(ControlError::Conflict(format!(
-                "preemption {id} was decided meanwhile"
-            )));
-        }
+        self.decide(id, PreemptionState::Declined).await?;
         self.event(
             Some(&p.service),
             None,
@@ -437,6 +412,22 @@ impl Control {
         )
         .await;
         Ok(())
+    }
+
+    /// Moves proposed preemption `id` to `to` (compare-and-set: `Conflict` when another
+    /// decision came first).
+    async fn decide(&self, id: i64, to: PreemptionState) -> Result<(), ControlError> {
+        if self
+            .store
+            .set_preemption_state(id, PreemptionState::Proposed, to)
+            .await?
+        {
+            Ok(())
+        } else {
+            Err(ControlError::Conflict(format!(
+                "preemption {id} was decided meanwhile"
+            )))
+        }
     }
 
     /// Preemption `id`, if it is proposed.

@@ -32,6 +32,16 @@ impl TraceTask {
     }
 }
 
+/// Reads and parses a node list and a task list (what the benchmark programs take as
+/// `--nodes` and `--tasks`); the error names the file.
+pub fn load(nodes: &str, tasks: &str) -> Result<(Vec<HostSpec>, Vec<TraceTask>), String> {
+    let read =
+        |path: &str| std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"));
+    let hosts = parse_nodes(nodes, &read(nodes)?).map_err(|e| e.to_string())?;
+    let tasks = parse_tasks(tasks, &read(tasks)?).map_err(|e| e.to_string())?;
+    Ok((hosts, tasks))
+}
+
 /// The cluster's GPUs in thousandths (1000 per GPU).
 pub fn capacity_milli(hosts: &[HostSpec]) -> u64 {
     hosts.iter().map(|h| h.gpus.len() as u64 * GPU_UNITS).sum()

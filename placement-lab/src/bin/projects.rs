@@ -95,15 +95,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let read =
-        |path: &str| std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"));
-    let loaded = read(&args.nodes).and_then(|nodes| {
-        let tasks = read(&args.tasks)?;
-        let hosts = openb::parse_nodes(&args.nodes, &nodes).map_err(|e| e.to_string())?;
-        let tasks = openb::parse_tasks(&args.tasks, &tasks).map_err(|e| e.to_string())?;
-        Ok((hosts, tasks))
-    });
-    let (hosts, tasks) = match loaded {
+    let (hosts, tasks) = match openb::load(&args.nodes, &args.tasks) {
         Ok(x) => x,
         Err(msg) => {
             eprintln!("projects: {msg}");
