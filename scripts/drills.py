@@ -70,12 +70,15 @@ class Fleet:
 
     def _serve(self, port, log_name):
         log = open(os.path.join(self.work, log_name), "a")
-        env = dict(os.environ, TESSERA_ADMIN_PASSWORD=ADMIN_PASSWORD, RUST_LOG="warn")
-        database = ["--database", self.database] if self.database else []
+        # Secrets through the environment: the server refuses them on its command line.
+        env = dict(os.environ, TESSERA_ADMIN_PASSWORD=ADMIN_PASSWORD, RUST_LOG="warn",
+                   TESSERA_JOIN_TOKEN=JOIN)
+        if self.database:
+            env["TESSERA_DATABASE"] = self.database
         return subprocess.Popen(
             [os.path.join(self.bin, "tessera"), "serve", "--bind", f"127.0.0.1:{port}",
-             "--data-dir", os.path.join(self.work, "server"), "--join-token", JOIN,
-             "--sync-interval-secs", str(SYNC)] + database,
+             "--data-dir", os.path.join(self.work, "server"),
+             "--sync-interval-secs", str(SYNC)],
             stdout=log, stderr=log, env=env)
 
     def start_server(self):

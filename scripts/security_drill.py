@@ -10,12 +10,19 @@ one leaked token would attack them. Each attack prints what it tried and what he
     a double fork, then its service is deleted: no process of it may survive;
  3. a rogue registration with a join token used up, and one scoped to another pool;
  4. an agent given its join token on the command line (where /proc/PID/cmdline shows it to
-    every process) refuses to start.
+    every process) refuses to start, and so does a server;
+ 5. a "noisy" task whose own /metrics (200 latency buckets, a bound of -1) and health
+    check output (200,000 characters, NUL and escape sequences) break every bound of a
+    report: its host stays active, its neighbour keeps running, its work is unknown with
+    the reason (root);
+ 6. an approved host's agent reports 64 made-up H100s: none becomes capacity;
+ 7. host networking and NET_RAW for a service in a pool that allows neither: refused,
+    naming the fields.
 
     scripts/security_drill.py [--bin DIR] [--keep]
 
 Needs root (per-task uids and cgroups); otherwise it says so and exits 0 having run only
-what needs no root (3 and 4). Exits 1 when an attack got through.
+what needs no root (3, 4, 6 and 7). Exits 1 when an attack got through.
 """
 
 import argparse
@@ -123,6 +130,115 @@ def register(f, token, pool, name):
         return e.code, json.loads(e.read() or b"null")
 
 
+# The noisy task: metrics whose latency histogram has 200 bounds (one of them -1) beside a
+# counter that grows, on $PORT.
+NOISY = r"""
+import http.server, os
+n = [0]
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        n[0] += 7
+        lines = ["done_total %d" % n[0], 'lat_seconds_bucket{le="-1"} 0']
+        lines += ['lat_seconds_bucket{le="%d"} %d' % (i, n[0]) for i in range(1, 200)]
+        body = ("\n".join(lines) + "\n").encode()
+        self.send_response(200)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("0.0.0.0", int(os.environ["PORT"])), H).serve_forever()
+"""
+
+# Its health check: far more output than a report takes, with NUL and terminal escapes.
+NOISY_CHECK = "head -c 200000 /dev/zero | tr '\\0' x; printf '\\000\\033]0;owned\\007\\033[2J'; exit 1"
+
+
+def noisy_task(f, report):
+    status, body = f.api("POST", "/api/v1/task-definitions", {
+        "family": "noisy", "containers": [{
+            "name": "main", "command": ["python3", "-c", NOISY], "cpu_milli": 100, "memory_mib": 64,
+            "env": {"DRILL_RUN": f.run_id},
+            "gpu": {"mps": {"memory_mib": 1024}},
+            "ports": [{"name": "http", "container_port": 8080}],
+            "health_check": {"command": ["sh", "-c", NOISY_CHECK], "interval_secs": 5,
+                             "timeout_secs": 3, "retries": 1}}],
+        "work": {"port": "http", "completed": "done_total", "latency": "lat_seconds"}})
+    assert status == 201, (status, body)
+    definition(f, "calm", "exec sleep 600")
+    service(f, "calm", "calm")
+    f.wait(lambda: f.running("calm"), 60, "the calm neighbour to run")
+    calm = f.running("calm")[0]["id"]
+    service(f, "noisy", "noisy")
+    f.wait(lambda: f.running("noisy"), 60, "the noisy task to run")
+
+    def unknown():
+        _, work = f.api("GET", "/api/v1/services/noisy/work")
+        return [why for _, why in (work or {}).get("unknown", [])]
+    f.wait(lambda: unknown(), 60, "the noisy task's work to be reported")
+    time.sleep(drills.LOST + 3)
+    _, hosts = f.api("GET", "/api/v1/hosts")
+    status = [h["status"] for h in hosts["hosts"]]
+    calm_now = [t["id"] for t in f.running("calm")]
+    why = unknown()
+    _, events = f.api("GET", "/api/v1/events?service=noisy")
+    health = [e["message"] for e in (events or {}).get("events", []) if "unhealthy" in e["message"]]
+    longest = max((len(m) for m in health), default=0)
+    ok = (status == ["active"] and calm_now == [calm] and any("64 bucket" in w for w in why)
+          and not any("\x1b" in m or "\x00" in m for m in health))
+    report("a task's own metrics and health output break every bound of a report", ok,
+           f"host {status}, neighbour {'kept' if calm_now == [calm] else 'replaced ' + str(calm_now)}, "
+           f"work unknown: {why[:1]}, longest health event {longest} characters")
+
+
+def growing_host(f, report):
+    """A host admitted with one GPU reports 64 made-up H100s."""
+    gpu = {"uuid": "GPU-grower-0", "index": 0, "model": "NVIDIA L4", "memory_mib": 24576, "healthy": True}
+    body = {"join_token": drills.JOIN, "pool": "drill", "name": "grower", "cpu_milli": 1000,
+            "memory_mib": 1024, "gpus": [gpu]}
+    req = urllib.request.Request(f.url + "/agent/v1/register", method="POST", data=json.dumps(body).encode(),
+                                 headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        joined = json.loads(r.read())
+    fake = [{"uuid": f"GPU-made-up-{i}", "index": i, "model": "NVIDIA H100 80GB HBM3",
+             "memory_mib": 81559, "healthy": True} for i in range(1, 64)]
+    sync = {"gpus": [gpu] + fake, "mps": {"healthy": True}, "tasks": []}
+    req = urllib.request.Request(f.url + "/agent/v1/sync", method="POST", data=json.dumps(sync).encode(),
+                                 headers={"content-type": "application/json",
+                                          "authorization": f"Bearer {joined['agent_token']}"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        answered = r.status
+    _, host = f.api("GET", f"/api/v1/hosts/{joined['host_id']}")
+    gpus = len(host["host"]["gpus"]) if "host" in host else len(host.get("gpus", []))
+    report("an approved host reports 64 made-up H100s", answered == 200 and gpus == 1,
+           f"sync answered {answered}; the host has {gpus} GPU(s) of capacity")
+
+
+def host_network(f, report):
+    status, body = f.api("POST", "/api/v1/task-definitions", {
+        "family": "sniffer", "networkMode": "host", "containers": [{
+            "name": "main", "image": "busybox", "command": ["sleep", "600"], "cpu_milli": 100,
+            "memory_mib": 64, "linuxParameters": {"capabilities": {"add": ["NET_RAW"]}}}]})
+    assert status == 201, (status, body)
+    status, body = f.api("POST", "/api/v1/services", {
+        "name": "sniffer", "task_definition": "sniffer:1", "pool": "drill", "desired_count": 1})
+    fields = [e["field"] for e in (body or {}).get("errors", [])]
+    report("host networking and NET_RAW in a pool that allows neither",
+           status == 422 and "task_definition.networkMode" in fields
+           and any("capabilities" in x for x in fields),
+           f"{status}: {', '.join(fields) or body}")
+
+
+def server_token_on_command_line(args, work, report):
+    cli = subprocess.run(
+        [os.path.join(args.bin, "tessera"), "serve", "--join-token", "on-the-command-line",
+         "--data-dir", os.path.join(work, "argv-server"), "--bind", "127.0.0.1:0"],
+        capture_output=True, text=True, timeout=30)
+    said = next((line for line in cli.stderr.splitlines() if "command line" in line), cli.stderr.strip()[:200])
+    report("a server given the join token on the command line",
+           cli.returncode != 0 and "command line" in cli.stderr, f"exit {cli.returncode}: {said.strip()}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default=os.environ.get("TESSERA_BIN_DIR")
@@ -172,8 +288,11 @@ def main():
             f.wait(lambda: not pids_with("escaper-child"), 30, "the escaper's children to die")
             report("a task escapes its stop with setsid and a double fork", True,
                    f"{len(before)} escaped processes {before}, 0 alive after the stop (its cgroup killed)")
+            noisy_task(f, report)
         else:
-            print("skipped: per-task uids and cgroups need root (run as root for attacks 1 and 2)")
+            print("skipped: per-task uids and cgroups need root (run as root for attacks 1, 2 and 5)")
+        growing_host(f, report)
+        host_network(f, report)
 
         status, minted = f.api("POST", "/api/v1/join-tokens", {"pool": "drill", "uses": 1})
         assert status == 201, (status, minted)
@@ -196,6 +315,7 @@ def main():
         said = next((line for line in cli.stderr.splitlines() if "command line" in line), cli.stderr.strip()[:200])
         report("an agent given its join token on the command line", refused,
                f"exit {cli.returncode}: {said.strip()}")
+        server_token_on_command_line(args, work, report)
     finally:
         f.stop()
         if root:

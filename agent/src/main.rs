@@ -71,17 +71,19 @@ struct Cli {
     /// Log directories of ended tasks are deleted after this many hours untouched.
     #[arg(long, env = "TESSERA_AGENT_LOG_RETENTION_HOURS", default_value_t = 24)]
     log_retention_hours: u64,
-    /// Run tasks as this user (default: `nobody` when the agent runs as root, else the
-    /// agent's own user). `--run-as root` keeps root for tasks, and says so in the log.
-    /// All tasks then share one uid and can read each other's environment (secrets):
-    /// --task-uids takes precedence and gives each task its own.
+    /// Run every task as this one user: they then share its uid and can read each other's
+    /// environment (secrets), so this is an explicit choice. Without it an agent running
+    /// as root gives each task a uid of its own (see --task-uids); one not running as root
+    /// runs tasks as its own user. `--run-as root` keeps root for tasks, and says so in
+    /// the log. --task-uids takes precedence.
     #[arg(long, env = "TESSERA_AGENT_RUN_AS")]
     run_as: Option<String>,
-    /// Give each task a uid of its own from this range, START-END (e.g. 200000-265535:
-    /// uids no account has, like subordinate ids), with a group of the same number, unless
-    /// its definition names a user (which its pool must allow). Tasks then cannot read each
-    /// other's environment (secrets), signal each other's processes or open each other's
-    /// files and logs. Needs the agent to run as root; takes precedence over --run-as.
+    /// Give each task a uid of its own from this range, START-END, with a group of the
+    /// same number, unless its definition names a user (which its pool must allow). Tasks
+    /// then cannot read each other's environment (secrets), signal each other's processes
+    /// or open each other's files and logs. Needs the agent to run as root; takes
+    /// precedence over --run-as. Default, as root without --run-as:
+    /// 1000000000-1000065535 (uids no account has).
     #[arg(long, env = "TESSERA_AGENT_TASK_UIDS", value_parser = parse_uid_range)]
     task_uids: Option<(u32, u32)>,
     /// The cgroup under which each task gets a cgroup of its own, named after its id
@@ -115,6 +117,11 @@ struct Cli {
     #[arg(long)]
     probe: bool,
 }
+
+/// The uids tasks get, one each, when the agent runs as root and is told nothing else: far
+/// above accounts and the subordinate-id ranges `useradd` hands out (from 100000, 65536
+/// per user), below 2^31 (tools that read uids as signed).
+const DEFAULT_TASK_UIDS: (u32, u32) = (1_000_000_000, 1_000_065_535);
 
 /// `FROM-TO`, both ports, FROM at most TO.
 fn parse_port_range(s: &str) -> Result<(u16, u16), String> {
@@ -200,6 +207,12 @@ async fn main() -> anyhow::Result<()> {
             .with_context(|| format!("--label {l:?}: expected KEY=VALUE"))?;
         labels.insert(k.to_owned(), v.to_owned());
     }
+    // As root, each task gets a uid of its own unless the operator chose one shared uid.
+    let task_uids = match (cli.task_uids, &cli.run_as) {
+        (Some(range), _) => Some(range),
+        (None, None) if nix::unistd::geteuid().is_root() => Some(DEFAULT_TASK_UIDS),
+        (None, _) => None,
+    };
     let agent = Agent::new(AgentConfig {
         server: cli.server.clone().expect("required by clap"),
         ca_cert: cli.ca_cert.clone(),
@@ -220,7 +233,7 @@ async fn main() -> anyhow::Result<()> {
         stop_tasks_on_exit: false,
         log_retention: std::time::Duration::from_secs(cli.log_retention_hours * 3600),
         // Each task's own uid (--task-uids) takes precedence: --run-as is not used then.
-        run_as: match cli.task_uids {
+        run_as: match task_uids {
             Some(_) => None,
             None => task_user(cli.run_as.as_deref())?,
         },
@@ -243,7 +256,7 @@ async fn main() -> anyhow::Result<()> {
         },
     })?
     .isolate(Isolation {
-        task_uids: cli.task_uids,
+        task_uids,
         cgroup_parent: Some(cli.cgroup_parent.clone()),
         pids_max: cli.task_pids_max,
     })?;

@@ -179,6 +179,10 @@ pub fn HostCard(view: HostView, #[prop(optional)] link: bool) -> impl IntoView {
                 <StatusBadge status=host.status />
                 {host.simulated.then(|| view! { <SimulatedBadge /> })}
                 {host.held.then(|| view! { <span class="badge held" title="Its pool holds new hosts until an admin approves them: it runs no tasks">"awaiting approval"</span> })}
+                {(!host.pending_gpus.is_empty()).then(|| {
+                    let n = host.pending_gpus.len();
+                    view! { <span class="badge held" title="Its agent reports GPUs it was not admitted with: they are not capacity until an admin approves them">{format!("{n} GPU(s) awaiting approval")}</span> }
+                })}
             </div>
             <p class="host-meta">
                 <span>"pool " <strong>{host.pool.to_string()}</strong></span>

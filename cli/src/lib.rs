@@ -24,12 +24,29 @@ pub mod tls;
 #[doc(hidden)]
 pub fn write_out(text: &str) {
     use std::io::Write;
+    let text = printable(text);
     let mut out = std::io::stdout().lock();
     if let Err(e) = out.write_all(text.as_bytes()).and_then(|()| out.flush())
         && e.kind() == std::io::ErrorKind::BrokenPipe
     {
         std::process::exit(0);
     }
+}
+
+/// `text` safe to print on a terminal: control characters (escape sequences that could
+/// move the cursor, rewrite the screen or set the window title, from an event, a health
+/// check's output or a task's error, which tasks control) become `�`. Line breaks and tabs
+/// stay.
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    let unsafe_char = |c: char| c.is_control() && c != '\n' && c != '\t';
+    if !text.chars().any(unsafe_char) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    std::borrow::Cow::Owned(
+        text.chars()
+            .map(|c| if unsafe_char(c) { '\u{fffd}' } else { c })
+            .collect(),
+    )
 }
 
 use anyhow::bail;
@@ -222,4 +239,29 @@ pub async fn run(command: ClientCommand, root: clap::Command) -> anyhow::Result<
 /// A path segment, percent-encoded.
 fn seg(s: &str) -> String {
     tessera_model::urlenc::encode(s)
+}
+
+#[cfg(test)]
+mod printable_tests {
+    use super::printable;
+
+    #[test]
+    fn escape_sequences_never_reach_the_terminal() {
+        assert_eq!(
+            printable("plain\nlines\tand tabs"),
+            "plain\nlines\tand tabs"
+        );
+        let hostile = "ok\x1b]0;owned\x07\x1b[2J\r\u{9b}31mred";
+        let shown = printable(hostile);
+        assert!(
+            !shown
+                .chars()
+                .any(|c| c.is_control() && c != '\n' && c != '\t'),
+            "{shown:?}"
+        );
+        assert!(
+            shown.contains("owned") && shown.contains("red"),
+            "the text itself stays"
+        );
+    }
 }

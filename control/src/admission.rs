@@ -226,22 +226,64 @@ impl Control {
         Ok(())
     }
 
-    /// `POST /api/v1/hosts/{id}/approve`: a held host gets tasks from now on.
+    /// `POST /api/v1/hosts/{id}/approve`: a held host gets tasks from now on, and the GPUs
+    /// it reports beyond what it was admitted with become capacity.
     pub async fn approve_host(&self, caller: &Caller, id: &HostId) -> Result<(), ControlError> {
         let host = self.store.get_host(id).await?;
-        if !host.held {
+        if !host.held && host.pending_gpus.is_empty() {
             return Err(ControlError::Conflict(format!(
                 "host {id} is not waiting for approval"
             )));
         }
-        self.store.set_host_held(id, false).await?;
+        if host.held {
+            self.store.set_host_held(id, false).await?;
+            self.event(
+                None,
+                Some(id),
+                &format!("host {id} approved by {}: it takes tasks now", caller.name),
+            )
+            .await;
+        }
+        if !host.pending_gpus.is_empty() {
+            let gpus = crate::inventory_growth::approved(&host.gpus, &host.pending_gpus);
+            // Written as a sync's report would be (a replaced GPU's tasks stop with it),
+            // without making the host look seen now.
+            let seen_at = host.last_seen.clone().unwrap_or_else(|| stamp(self.now()));
+            let changes = self
+                .store
+                .record_host_report(
+                    id,
+                    &crate::store::HostReport {
+                        gpus,
+                        seen_at,
+                        usage: Vec::new(),
+                        mps_restarts: None,
+                    },
+                )
+                .await?;
+            self.store.set_pending_gpus(id, &[]).await?;
+            for change in &changes {
+                self.event(None, Some(id), &format!("host {id}: {change}"))
+                    .await;
+            }
+            let uuids: Vec<String> = host
+                .pending_gpus
+                .iter()
+                .map(|p| p.uuid.to_string())
+                .collect();
+            self.event(
+                None,
+                Some(id),
+                &format!(
+                    "host {id}: {} GPU(s) approved by {}: {}",
+                    uuids.len(),
+                    caller.name,
+                    uuids.join(", ")
+                ),
+            )
+            .await;
+        }
         self.capacity_changed();
-        self.event(
-            None,
-            Some(id),
-            &format!("host {id} approved by {}: it takes tasks now", caller.name),
-        )
-        .await;
         self.wake();
         Ok(())
     }
@@ -418,6 +460,7 @@ impl Control {
             mps_restarts: 0,
             address: req.address.clone(),
             dynamic_ports_free: None,
+            pending_gpus: Vec::new(),
         };
         let token = new_token();
         let token_use = self.token_use(grant);

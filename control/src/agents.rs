@@ -10,6 +10,7 @@ use crate::store::{HostReport, TaskFilter};
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, HashMap};
 use tessera_model::agent::{SecretEnv, SyncRequest, SyncResponse, WantedContainer, WantedTask};
+use tessera_model::bounds::{Dropped, Owner};
 use tessera_model::service::{Measured, Task, TaskState};
 use tessera_model::taskdef::{GpuRequirement, TaskDefinitionSpec};
 use tessera_model::{GpuHealth, GpuInfo, HostId, MiB};
@@ -102,12 +103,39 @@ pub fn container_env(spec: &TaskDefinitionSpec, task: &Task) -> Vec<WantedContai
 }
 
 impl Control {
-    /// The host an agent token belongs to.
+    /// The host an agent token belongs to. Tokens found are remembered for a short while
+    /// (a fleet's syncs then cost no lookup each); a token not remembered is looked up with
+    /// at most a few other lookups at once, so clients sending made-up tokens cannot drive
+    /// the database (they get `Busy` instead, as the honest agents they crowd out would,
+    /// briefly, after a restart).
     pub async fn authenticate_agent(&self, token: &str) -> Result<HostId, ControlError> {
-        self.store
-            .host_by_token_hash(&hash_token(token))
+        let hash = hash_token(token);
+        if let Some(host) = self.gateway.tokens.get(&hash) {
+            return Ok(host);
+        }
+        let turn = tokio::time::timeout(
+            std::time::Duration::from_secs(1),
+            self.gateway.token_lookups.acquire(),
+        )
+        .await;
+        let Ok(Ok(_turn)) = turn else {
+            return Err(ControlError::Busy {
+                retry_after: 1,
+                what: "agent token checks".into(),
+            });
+        };
+        let host = self
+            .store
+            .host_by_token_hash(&hash)
             .await?
-            .ok_or_else(|| ControlError::Unauthorized("unknown agent token".into()))
+            .ok_or_else(|| ControlError::Unauthorized("unknown agent token".into()))?;
+        self.gateway.tokens.insert(hash, host.clone());
+        Ok(host)
+    }
+
+    /// Forgets the agent tokens remembered: one was revoked or its host deleted.
+    pub(crate) fn forget_agent_tokens(&self) {
+        self.gateway.tokens.clear();
     }
 
     /// Records that task `t` ended without being asked to (it exited, or vanished from its
@@ -143,8 +171,16 @@ impl Control {
         host_id: &HostId,
         req: &SyncRequest,
     ) -> Result<SyncResponse, ControlError> {
-        req.validate().map_err(ControlError::Invalid)?;
+        // Judged item by item: what breaks a bound is dropped or cut and recorded on its
+        // owner; the rest (the host's liveness above all) is taken.
+        let mut req = req.clone();
+        let dropped = req.sanitize();
         let host = self.store.get_host(host_id).await?;
+        if !dropped.is_empty() {
+            keep_stored_gpus(&mut req.gpus, &host.gpus, &dropped);
+        }
+        self.judge_inventory(&host, &mut req.gpus).await?;
+        let req = &req;
         // What holds capacity on the host, with its allocations: what the report is checked
         // against, and (as it stands after the report) what the answer names.
         let mut mine = self.held_on(host_id).await?;
@@ -161,6 +197,9 @@ impl Control {
             })
             .map(|r| (r.task_id.clone(), r.gpu_memory_peak_mib, r.sm_percent))
             .collect();
+        if !dropped.is_empty() {
+            self.record_dropped(host_id, &mine, &dropped).await;
+        }
         self.record_reports(&mine, &req.tasks);
         self.record_work(&mine, &req.tasks);
         let seen_at = stamp(self.now());
@@ -354,7 +393,7 @@ impl Control {
             let spec = self.spec_of(&t.task_definition).await?;
             // The last gate before a host runs it: what the pool allows of the host's
             // security now.
-            if spec.containers.iter().any(|c| !c.security().is_default()) {
+            if spec.host_network() || spec.containers.iter().any(|c| !c.security().is_default()) {
                 if pool.is_none() {
                     pool = Some(self.store.get_pool(&host.pool).await?);
                 }
@@ -393,6 +432,112 @@ impl Control {
 }
 
 impl Control {
+    /// Brings the reported GPUs to what the host may have (`inventory_growth`): what is new
+    /// waits for approval in a manual pool, or is refused, and is said in the host's events.
+    async fn judge_inventory(
+        &self,
+        host: &tessera_model::HostInfo,
+        gpus: &mut Vec<tessera_model::agent::GpuReport>,
+    ) -> Result<(), ControlError> {
+        let as_admitted = gpus.iter().all(|g| {
+            host.gpus
+                .iter()
+                .any(|k| k.uuid == g.uuid && k.model == g.model && k.memory == g.memory_mib)
+        });
+        let mut pending = Vec::new();
+        if !as_admitted {
+            let pool = self.store.get_pool(&host.pool).await?;
+            let mut elsewhere = BTreeMap::new();
+            for g in gpus
+                .iter()
+                .filter(|g| !host.gpus.iter().any(|k| k.uuid == g.uuid))
+            {
+                if let Some((other, _)) = self
+                    .store
+                    .host_with_gpus(std::slice::from_ref(&g.uuid))
+                    .await?
+                    && other != host.id
+                {
+                    elsewhere.insert(g.uuid.clone(), other);
+                }
+            }
+            let judged = crate::inventory_growth::judge(
+                &host.gpus,
+                gpus,
+                pool.admission == tessera_model::Admission::Manual,
+                &elsewhere,
+            );
+            *gpus = judged.gpus;
+            pending = judged.pending;
+            for r in judged.refused {
+                self.event_once(None, &host.id, &format!("host {}: {r}", host.id))
+                    .await;
+            }
+        }
+        if pending != host.pending_gpus {
+            self.store.set_pending_gpus(&host.id, &pending).await?;
+            if !pending.is_empty() {
+                let what: Vec<String> = pending.iter().map(|p| p.why.clone()).collect();
+                self.event(
+                    None,
+                    Some(&host.id),
+                    &format!(
+                        "host {}: {} GPU(s) wait for an admin's approval before they are capacity: {}",
+                        host.id,
+                        pending.len(),
+                        what.join("; ")
+                    ),
+                )
+                .await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Records `message` as an event of `host` (and `service`), unless the same was
+    /// recorded within the hour (`DROPS_REMEMBERED`): an agent that keeps sending the same
+    /// fault every sync does not flood the events.
+    async fn event_once(&self, service: Option<&str>, host: &HostId, message: &str) {
+        let key = format!("{host}\n{message}");
+        if self.gateway.dropped.get(&key).is_some() {
+            return;
+        }
+        self.gateway.dropped.insert(key, ());
+        tracing::warn!(%host, "{message}");
+        self.event(service, Some(host), message).await;
+    }
+
+    /// Records what the bounds dropped from a host's report: on the task's service (and
+    /// the host) for a task's item, on the host for the host's or a GPU's; each once an
+    /// hour however often it comes again.
+    async fn record_dropped(&self, host_id: &HostId, mine: &[Task], dropped: &[Dropped]) {
+        let mut by_owner: BTreeMap<&Owner, Vec<String>> = BTreeMap::new();
+        for d in dropped {
+            by_owner.entry(&d.owner).or_default().push(d.to_string());
+        }
+        for (owner, what) in by_owner {
+            let what = what.join("; ");
+            let (service, subject) = match owner {
+                Owner::Task(id) => match mine.iter().find(|t| &t.id == id) {
+                    Some(t) => (Some(t.service.as_str()), format!("task {id}")),
+                    // Not a task of this host: the host's report is what was wrong.
+                    None => (
+                        None,
+                        format!("host {host_id} (a report of task {id}, not one of its tasks)"),
+                    ),
+                },
+                Owner::Gpu(uuid) => (None, format!("host {host_id}, GPU {uuid}")),
+                Owner::Host => (None, format!("host {host_id}")),
+            };
+            self.event_once(
+                service,
+                host_id,
+                &format!("{subject}: part of the agent's report was dropped or cut: {what}"),
+            )
+            .await;
+        }
+    }
+
     /// What holds capacity on a host, with its allocations.
     async fn held_on(&self, host: &HostId) -> Result<Vec<Task>, ControlError> {
         Ok(self
@@ -438,6 +583,35 @@ impl Control {
             out.extend(read);
         }
         Ok(out)
+    }
+}
+
+/// A GPU whose entry the bounds dropped says nothing new this time: what is stored of it
+/// stands (it is not taken for a GPU that disappeared, and its tasks keep running).
+fn keep_stored_gpus(
+    reported: &mut Vec<tessera_model::agent::GpuReport>,
+    stored: &[GpuInfo],
+    dropped: &[Dropped],
+) {
+    for d in dropped {
+        let Owner::Gpu(uuid) = &d.owner else { continue };
+        let Some(k) = stored.iter().find(|k| &k.uuid == uuid) else {
+            continue;
+        };
+        if reported
+            .iter()
+            .any(|g| &g.uuid == uuid || g.index == k.index)
+        {
+            continue;
+        }
+        reported.push(tessera_model::agent::GpuReport {
+            uuid: k.uuid.clone(),
+            index: k.index,
+            model: k.model.clone(),
+            memory_mib: k.memory,
+            mps_client_limit: k.mps_client_limit,
+            healthy: k.health == GpuHealth::Healthy,
+        });
     }
 }
 

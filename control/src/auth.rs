@@ -549,6 +549,7 @@ impl Control {
     /// Forgets a host's agent token: its agent is refused until it registers again.
     pub async fn revoke_host(&self, id: &HostId) -> Result<(), ControlError> {
         self.store.revoke_agent_token(id).await?;
+        self.forget_agent_tokens();
         self.event(
             None,
             Some(id),
@@ -561,6 +562,7 @@ impl Control {
     /// Removes a host that runs nothing, freeing its GPU UUIDs for a reinstalled machine.
     pub async fn delete_host(&self, id: &HostId) -> Result<(), ControlError> {
         self.store.delete_host(id).await?;
+        self.forget_agent_tokens();
         self.capacity_changed();
         self.event(None, Some(id), &format!("host {id} deleted"))
             .await;

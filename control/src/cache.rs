@@ -111,6 +111,13 @@ impl<K: Eq + Hash + Clone, V> Cache<K, V> {
         }
     }
 
+    /// Forgets every entry (what they said may no longer hold).
+    pub(crate) fn clear(&self) {
+        let mut inner = self.inner.lock();
+        inner.entries.clear();
+        inner.order.clear();
+    }
+
     /// How many entries are held (fresh or not).
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {

@@ -18,6 +18,8 @@
 //! - `cache`: the one bounded cache type every cache uses.
 //! - `parts`: the parts `Control` is made of, each owning its state: scheduling, the agent
 //!   gateway, membership (id, lease, clock), the passes' memory, accounts.
+//! - `inventory_growth`: what of a sync's GPUs becomes capacity (bounded by what the host
+//!   was admitted with; new GPUs wait for approval in manual pools).
 //! - `lifecycle`: a host's status as a state machine (sync, drain, activate, silence).
 //! - `plan`: what a service needs next (stops, starts, rollback), as a pure function.
 //! - `reconcile`: one reconcile pass: lost hosts, migrations, services and deployments.
@@ -66,6 +68,7 @@ mod fit;
 mod hosts;
 pub mod inputs;
 mod interference;
+mod inventory_growth;
 mod lifecycle;
 mod parts;
 mod plan;

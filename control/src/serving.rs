@@ -215,6 +215,7 @@ mod tests {
             mps_restarts: 0,
             address: Some("10.0.0.7".into()),
             dynamic_ports_free: None,
+            pending_gpus: Vec::new(),
         };
         let hosts = HashMap::from([(host.id.clone(), &host)]);
         let mut unbound = task("c", TaskState::Assigned, None);

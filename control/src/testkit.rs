@@ -233,6 +233,17 @@ pub struct Host {
     pub gpus: Vec<GpuReport>,
 }
 
+impl Host {
+    /// The same host (its id and token), reporting `gpus`.
+    pub fn clone_with_gpus(&self, gpus: Vec<GpuReport>) -> Host {
+        Host {
+            id: self.id.clone(),
+            token: self.token.clone(),
+            gpus,
+        }
+    }
+}
+
 /// `count` healthy GPUs of `model` with `gib` GiB each, named `GPU-{name}-{index}`.
 pub fn gpus_of(name: &str, model: &str, count: u32, gib: u64) -> Vec<GpuReport> {
     (0..count)

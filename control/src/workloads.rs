@@ -71,6 +71,7 @@ impl Control {
             ),
             task_users: Some(patch.task_users.unwrap_or(pool.task_users)),
             privileged: Some(patch.privileged.unwrap_or(pool.privileged)),
+            host_network: Some(patch.host_network.unwrap_or(pool.host_network)),
             preemption: Some(
                 patch
                     .preemption
@@ -438,13 +439,13 @@ pub(crate) fn allowed_in_pool(
     spec: &tessera_model::taskdef::TaskDefinitionSpec,
     pool: &PoolInfo,
 ) -> Result<(), ControlError> {
-    let errors: Vec<_> = spec
+    let mut errors: Vec<_> = spec
         .containers
         .iter()
         .enumerate()
         .flat_map(|(i, c)| {
             c.security()
-                .refused_by(pool.task_users, pool.privileged)
+                .refused_by(pool)
                 .into_iter()
                 .map(move |(field, message)| tessera_model::taskdef::FieldError {
                     field: format!("task_definition.containers[{i}].{field}"),
@@ -452,6 +453,15 @@ pub(crate) fn allowed_in_pool(
                 })
         })
         .collect();
+    if spec.host_network() && !pool.host_network && !pool.privileged {
+        errors.push(tessera_model::taskdef::FieldError {
+            field: "task_definition.networkMode".into(),
+            message: format!(
+                "host networking lets a task see the host's loopback and LAN: the pool does not allow it (pool setting host_network) (pool {})",
+                pool.name
+            ),
+        });
+    }
     if errors.is_empty() {
         Ok(())
     } else {

@@ -21,6 +21,7 @@ fn pool(name: &str) -> PoolInfo {
         admission: Default::default(),
         task_users: false,
         privileged: false,
+        host_network: false,
         preemption: Default::default(),
     }
 }
@@ -51,6 +52,7 @@ fn host(id: &str, pool: &str, gpus: u32) -> HostInfo {
         mps_restarts: 0,
         address: None,
         dynamic_ports_free: None,
+        pending_gpus: Vec::new(),
     }
 }
 

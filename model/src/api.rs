@@ -49,6 +49,10 @@ pub struct PoolInput {
     /// Containers may be privileged (default false).
     #[serde(default)]
     pub privileged: Option<bool>,
+    /// Tasks may use the host's network (`networkMode: host`) and add `NET_RAW` or
+    /// `NET_ADMIN` (default false).
+    #[serde(default)]
+    pub host_network: Option<bool>,
     /// `automatic` (the default): preemption plans are carried out when found; `approve`:
     /// they wait for an operator's approval.
     #[serde(default)]
@@ -68,6 +72,7 @@ impl PoolInput {
             admission: None,
             task_users: None,
             privileged: None,
+            host_network: None,
             preemption: None,
         }
     }
@@ -98,6 +103,9 @@ pub struct PoolPatch {
     /// Containers may be privileged.
     #[serde(default)]
     pub privileged: Option<bool>,
+    /// Tasks may use the host's network and add `NET_RAW` or `NET_ADMIN`.
+    #[serde(default)]
+    pub host_network: Option<bool>,
     /// `automatic` or `approve` (preemption plans wait for an operator).
     #[serde(default)]
     #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::fields::optional_preemption))]

@@ -194,6 +194,11 @@ pub struct PoolInfo {
     /// Containers may be privileged.
     #[serde(default)]
     pub privileged: bool,
+    /// Tasks may share the host's network (`networkMode: host`) and add the capabilities
+    /// that act on a network (`NET_RAW`, `NET_ADMIN`): with them a task sees the host's
+    /// loopback and LAN traffic.
+    #[serde(default)]
+    pub host_network: bool,
     /// Whether preemption plans are carried out at once or wait for approval.
     #[serde(default)]
     pub preemption: PreemptionMode,
@@ -247,6 +252,30 @@ pub struct HostInfo {
     /// Ports of its agent's dynamic range still free (as last reported).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dynamic_ports_free: Option<u32>,
+    /// GPUs its agent reports beyond what the host was admitted with, in a pool with
+    /// manual admission: not capacity until an admin approves them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pending_gpus: Vec<PendingGpu>,
+}
+
+/// A GPU a host's agent reports that its admission did not cover: a new one, one that
+/// replaces another, or a known one whose model or memory changed. It runs nothing, and
+/// is offered nothing, until an admin approves the host's inventory.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingGpu {
+    pub uuid: GpuUuid,
+    pub index: u32,
+    pub model: String,
+    pub memory: MiB,
+    #[serde(default = "default_client_limit")]
+    pub mps_client_limit: u32,
+    /// What is new about it.
+    pub why: String,
+}
+
+fn default_client_limit() -> u32 {
+    crate::limits::MPS_CLIENT_LIMIT_MAX
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@
 //! - [`project`]: projects (teams), their quotas per pool and what they use.
 //! - [`auth`]: roles, operators' accounts, API tokens, callers and the audit log.
 //! - [`agent`]: the agent protocol (register, sync) spoken over `/agent/v1`.
+//! - [`bounds`]: the bounds of a sync report, applied item by item by agent and server.
 //! - [`views`]: read models of the console's pages (hosts with GPU segments, overview).
 //! - `schema` (feature `openapi`): the JSON Schemas of the API's bodies, with the validators' rules.
 //! - [`validate`]: the rules of pool and service bodies (the server's and the browser's).
@@ -31,6 +32,7 @@ pub mod agent;
 pub mod api;
 pub mod auth;
 pub mod bodies;
+pub mod bounds;
 pub mod consolidation;
 pub mod error;
 pub mod fit;
@@ -50,7 +52,7 @@ pub mod work;
 
 pub use ids::{GpuUuid, HostId, IdError, PoolName};
 pub use inventory::{
-    Admission, GpuHealth, GpuInfo, HostInfo, HostStatus, ParseEnumError, PlacementPolicy, PoolInfo,
-    PreemptionMode, SharingMode,
+    Admission, GpuHealth, GpuInfo, HostInfo, HostStatus, ParseEnumError, PendingGpu,
+    PlacementPolicy, PoolInfo, PreemptionMode, SharingMode,
 };
 pub use units::{ComputeMilli, MiB, MilliCpu, Percent};

@@ -148,6 +148,7 @@ pub fn pool(input: &PoolInput) -> Result<PoolInfo, ValidationErrors> {
         admission: admission.expect("validated"),
         task_users: input.task_users.unwrap_or(false),
         privileged: input.privileged.unwrap_or(false),
+        host_network: input.host_network.unwrap_or(false),
         preemption: preemption.expect("validated"),
     })
 }
@@ -302,6 +303,7 @@ mod tests {
             admission: Some("sometimes".into()),
             task_users: None,
             privileged: None,
+            host_network: None,
             preemption: Some("later".into()),
         });
         let Err(errs) = bad else { panic!("accepted") };

@@ -128,8 +128,13 @@ pub struct ServeArgs {
     #[arg(long, env = "TESSERA_DEMO")]
     pub demo: bool,
     /// The token agents register with; generated and printed on first start when unset.
+    /// From the environment only: on the command line (refused) every local user could
+    /// read it in /proc/PID/cmdline.
     #[arg(long, env = "TESSERA_JOIN_TOKEN", hide_env_values = true)]
     pub join_token: Option<String>,
+    /// The join token, from this file (readable by the server's user only).
+    #[arg(long, env = "TESSERA_JOIN_TOKEN_FILE", conflicts_with = "join_token")]
+    pub join_token_file: Option<PathBuf>,
     /// How often agents sync, in seconds; a host silent for 3 intervals is lost.
     #[arg(long, env = "TESSERA_SYNC_INTERVAL", default_value_t = 5)]
     pub sync_interval_secs: u64,
@@ -146,6 +151,26 @@ pub struct ServeArgs {
     /// Requests one client address may have in flight (agents' syncs aside).
     #[arg(long, env = "TESSERA_REQUESTS_PER_ADDRESS", default_value_t = 64)]
     pub requests_per_address: usize,
+}
+
+/// Why `args` (the process's own, as `/proc/PID/cmdline` shows them to every local user)
+/// must not be taken: a join token or a database password among them.
+pub fn secret_on_command_line(args: &[String]) -> Option<String> {
+    let mut args = args.iter();
+    while let Some(a) = args.next() {
+        if a == "--join-token" || a.starts_with("--join-token=") {
+            return Some("--join-token puts the token on the command line, which every process on this host can read (/proc/PID/cmdline): set TESSERA_JOIN_TOKEN, or pass --join-token-file FILE (readable by this user only)".into());
+        }
+        let url = match a.strip_prefix("--database=") {
+            Some(v) => Some(v.to_owned()),
+            None if a == "--database" => args.next().cloned(),
+            None => None,
+        };
+        if url.as_deref().is_some_and(|u| redact_url(u) != u) {
+            return Some("--database carries a password on the command line, which every process on this host can read (/proc/PID/cmdline): set TESSERA_DATABASE instead, or leave the password out of the URL and set PGPASSWORD".into());
+        }
+    }
+    None
 }
 
 /// A database URL with any password replaced, for logs.
@@ -174,6 +199,7 @@ impl fmt::Debug for ServeArgs {
             .field("tls_key", &self.tls_key)
             .field("demo", &self.demo)
             .field("join_token", &self.join_token.as_ref().map(|_| "***"))
+            .field("join_token_file", &self.join_token_file)
             .field("sync_interval_secs", &self.sync_interval_secs)
             .field("retention_days", &self.retention_days)
             .field("audit_retention_days", &self.audit_retention_days)
@@ -184,6 +210,27 @@ impl fmt::Debug for ServeArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn secrets_on_the_command_line_are_refused() {
+        let argv = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        for bad in [
+            argv(&["tessera", "serve", "--join-token", "abc"]),
+            argv(&["tessera", "serve", "--join-token=abc"]),
+            argv(&["tessera", "serve", "--database", "postgres://u:pw@db/t"]),
+            argv(&["tessera", "serve", "--database=postgres://u:pw@db/t"]),
+        ] {
+            let why = secret_on_command_line(&bad).expect("refused");
+            assert!(why.contains("/proc/PID/cmdline"), "{why}");
+        }
+        for good in [
+            argv(&["tessera", "serve", "--join-token-file", "/etc/tessera/join"]),
+            argv(&["tessera", "serve", "--database", "postgres://u@db/t"]),
+            argv(&["tessera", "serve", "--data-dir", "data"]),
+        ] {
+            assert_eq!(secret_on_command_line(&good), None, "{good:?}");
+        }
+    }
 
     #[test]
     fn passwords_never_reach_debug_output() {
@@ -199,6 +246,7 @@ mod tests {
             tls_key: None,
             demo: false,
             join_token: Some("join-s3cret-token".into()),
+            join_token_file: None,
             sync_interval_secs: 5,
             retention_days: 7,
             audit_retention_days: 90,

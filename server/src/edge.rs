@@ -8,7 +8,10 @@
 //! - agents' syncs (`/agent/…` with a valid agent token, registration aside) and every
 //!   other request draw on separate budgets of requests handled at once, and the others
 //!   also on a per-address budget ([`budget`]); the whole request, its body included,
-//!   ends within [`Limits::request_timeout`].
+//!   ends within [`Limits::request_timeout`];
+//! - an agent's sync is one per host, a share per address, and its body whole within a
+//!   short deadline before it takes a shared slot; an address whose agent tokens keep
+//!   being wrong is refused without a lookup ([`budget`]).
 
 use crate::AppState;
 use axum::extract::{ConnectInfo, Request, State};
@@ -22,66 +25,133 @@ use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use tessera_model::HostId;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
-/// How many of something each client address holds at once.
+/// The address a client's share is counted by: IPv6 addresses by their /64 (one client's
+/// share, however many addresses it takes from its prefix), IPv4-mapped ones as IPv4.
+fn client_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let s = v6.segments();
+                IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+            }
+        },
+        v4 => v4,
+    }
+}
+
+/// Hosts with an agent request in flight: one at a time each.
+pub type OnePerHost = Shares<HostId>;
+
+/// Addresses that sent wrong agent tokens lately: past [`WrongTokens::MAX`] in a minute,
+/// an address is refused without a lookup until the minute is over.
+#[derive(Debug, Clone, Default)]
+pub struct WrongTokens {
+    seen: Arc<Mutex<HashMap<IpAddr, (u32, std::time::Instant)>>>,
+}
+
+impl WrongTokens {
+    /// Wrong tokens an address may send in [`WrongTokens::WINDOW`].
+    pub const MAX: u32 = 20;
+    pub const WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
+    /// Addresses remembered at most; past it the oldest windows are forgotten.
+    const ADDRESSES: usize = 100_000;
+
+    pub fn blocked(&self, ip: IpAddr) -> bool {
+        let ip = client_key(ip);
+        self.seen
+            .lock()
+            .get(&ip)
+            .is_some_and(|(n, since)| *n >= Self::MAX && since.elapsed() < Self::WINDOW)
+    }
+
+    pub fn record(&self, ip: IpAddr) {
+        let ip = client_key(ip);
+        let mut seen = self.seen.lock();
+        if seen.len() >= Self::ADDRESSES {
+            seen.retain(|_, (_, since)| since.elapsed() < Self::WINDOW);
+        }
+        let entry = seen.entry(ip).or_insert((0, std::time::Instant::now()));
+        if entry.1.elapsed() >= Self::WINDOW {
+            *entry = (0, std::time::Instant::now());
+        }
+        entry.0 += 1;
+    }
+}
+
+/// How many of something each key (a client address, a user, a host) holds at once.
 #[derive(Debug, Clone)]
-pub struct PerAddress {
-    held: Arc<Mutex<HashMap<IpAddr, usize>>>,
+pub struct Shares<K: std::hash::Hash + Eq + Clone> {
+    held: Arc<Mutex<HashMap<K, usize>>>,
     max: usize,
 }
 
 /// One held; given back when dropped.
 #[derive(Debug)]
-pub struct Held {
-    held: Arc<Mutex<HashMap<IpAddr, usize>>>,
-    ip: IpAddr,
+pub struct Held<K: std::hash::Hash + Eq + Clone> {
+    held: Arc<Mutex<HashMap<K, usize>>>,
+    key: K,
 }
 
-impl Drop for Held {
+impl<K: std::hash::Hash + Eq + Clone> Drop for Held<K> {
     fn drop(&mut self) {
         let mut held = self.held.lock();
-        if let Some(n) = held.get_mut(&self.ip) {
+        if let Some(n) = held.get_mut(&self.key) {
             *n -= 1;
             if *n == 0 {
-                held.remove(&self.ip);
+                held.remove(&self.key);
             }
         }
     }
 }
 
-impl PerAddress {
+impl<K: std::hash::Hash + Eq + Clone> Shares<K> {
     pub fn new(max: usize) -> Self {
-        PerAddress {
+        Shares {
             held: Arc::default(),
             max,
         }
     }
 
-    /// One more for `ip`, unless it holds `max` already. IPv6 addresses count by their
-    /// /64 (one client's share, however many addresses it takes from its prefix).
-    pub fn enter(&self, ip: IpAddr) -> Option<Held> {
-        let ip = match ip {
-            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-                Some(v4) => IpAddr::V4(v4),
-                None => {
-                    let s = v6.segments();
-                    IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
-                }
-            },
-            v4 => v4,
-        };
+    /// One more for `key`, unless it holds `max` already.
+    pub fn enter(&self, key: &K) -> Option<Held<K>> {
         let mut held = self.held.lock();
-        let n = held.entry(ip).or_default();
+        let n = held.entry(key.clone()).or_default();
         if *n >= self.max {
             return None;
         }
         *n += 1;
         Some(Held {
             held: self.held.clone(),
-            ip,
+            key: key.clone(),
         })
+    }
+}
+
+impl Default for Shares<HostId> {
+    /// One each.
+    fn default() -> Self {
+        Shares::new(1)
+    }
+}
+
+/// How many of something each client address holds at once: IPv6 addresses count by
+/// their /64 (one client's share, however many addresses it takes from its prefix).
+#[derive(Debug, Clone)]
+pub struct PerAddress(Shares<IpAddr>);
+
+impl PerAddress {
+    pub fn new(max: usize) -> Self {
+        PerAddress(Shares::new(max))
+    }
+
+    /// One more for `ip`, unless it holds its share already.
+    pub fn enter(&self, ip: IpAddr) -> Option<Held<IpAddr>> {
+        self.0.enter(&client_key(ip))
     }
 }
 
@@ -96,7 +166,7 @@ pub struct ConnectionLimit {
 #[derive(Debug)]
 pub struct Counted<T> {
     inner: T,
-    _held: Held,
+    _held: Held<IpAddr>,
 }
 
 impl<S: Send + 'static> axum_server::accept::Accept<TcpStream, S> for ConnectionLimit {
@@ -179,51 +249,146 @@ fn is_agent_route(method: &axum::http::Method, path: &str) -> bool {
         && path != "/agent/v1/register"
 }
 
+/// A JSON error answer with `Retry-After`.
+fn refuse(status: StatusCode, message: String, retry_after: Option<&'static str>) -> Response {
+    let mut r = (status, axum::Json(serde_json::json!({ "error": message }))).into_response();
+    if let Some(secs) = retry_after {
+        r.headers_mut().insert(
+            axum::http::header::RETRY_AFTER,
+            axum::http::HeaderValue::from_static(secs),
+        );
+    }
+    r
+}
+
 /// The budgets: agents' requests wait only for other agents'; everyone else's for each
 /// other's, and a client address may hold only its share of those (429 past it).
-pub async fn budget(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+///
+/// An agent's sync is judged by its source first: an address whose agent tokens keep
+/// being wrong is refused without a lookup; an address holds at most its share of syncs;
+/// a host has one sync in flight (another is refused at once); and its body must arrive
+/// whole within [`crate::Limits::agent_body_timeout`] before it takes one of the slots
+/// every agent shares. One compromised host, however slow its syncs, holds its own turn
+/// and nothing of anyone else's.
+pub async fn budget(State(state): State<AppState>, req: Request, next: Next) -> Response {
     if is_agent_route(req.method(), req.uri().path()) {
-        // Only an agent's own token takes an agent's slot: without one, slow requests
-        // could hold them all.
-        let token = req
-            .headers()
-            .get(axum::http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        let known = match token {
-            Some(t) => state.control.authenticate_agent(t).await,
-            None => Err(tessera_control::ControlError::Unauthorized(
-                "no agent token".into(),
-            )),
-        };
-        match known {
-            // The handler acts for this host: the token is checked once per sync.
-            Ok(host) => {
-                req.extensions_mut().insert(AgentHost(host));
-            }
-            // Refused only for a token that is not one: a database that cannot answer
-            // now is a 503 (the agent keeps its credentials and tries again), never a 401
-            // (which would have it drop them).
-            Err(tessera_control::ControlError::Unauthorized(m)) => {
-                return (
-                    StatusCode::UNAUTHORIZED,
-                    axum::Json(serde_json::json!({ "error": m })),
-                )
-                    .into_response();
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "checking an agent token failed");
-                return crate::error::ApiError::Unavailable(
-                    "the server cannot check agent tokens now; try again".into(),
-                )
-                .into_response();
-            }
-        }
-        let Ok(_slot) = state.agent_slots.clone().acquire_owned().await else {
-            return StatusCode::SERVICE_UNAVAILABLE.into_response();
-        };
-        return next.run(req).await;
+        return agent_budget(state, req, next).await;
     }
+    others_budget(state, req, next).await
+}
+
+async fn agent_budget(state: AppState, mut req: Request, next: Next) -> Response {
+    let ip = req
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0.ip());
+    if let Some(ip) = ip
+        && state.wrong_tokens.blocked(ip)
+    {
+        return refuse(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!("too many wrong agent tokens from {ip}; wait a minute"),
+            Some("60"),
+        );
+    }
+    let _address = match ip {
+        Some(ip) => match state.agent_addresses.enter(ip) {
+            Some(held) => Some(held),
+            None => {
+                return refuse(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    format!("too many agent requests at once from {ip}"),
+                    Some("1"),
+                );
+            }
+        },
+        None => None,
+    };
+    // Only an agent's own token takes an agent's slot: without one, slow requests
+    // could hold them all.
+    let token = req
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let known = match token {
+        Some(t) => state.control.authenticate_agent(t).await,
+        None => Err(tessera_control::ControlError::Unauthorized(
+            "no agent token".into(),
+        )),
+    };
+    let host = match known {
+        Ok(host) => host,
+        // Refused only for a token that is not one: a database that cannot answer
+        // now is a 503 (the agent keeps its credentials and tries again), never a 401
+        // (which would have it drop them).
+        Err(tessera_control::ControlError::Unauthorized(m)) => {
+            if let Some(ip) = ip {
+                state.wrong_tokens.record(ip);
+            }
+            return refuse(StatusCode::UNAUTHORIZED, m, None);
+        }
+        Err(tessera_control::ControlError::Busy { what, .. }) => {
+            return refuse(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("too many {what} at once; try again"),
+                Some("1"),
+            );
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "checking an agent token failed");
+            return crate::error::ApiError::Unavailable(
+                "the server cannot check agent tokens now; try again".into(),
+            )
+            .into_response();
+        }
+    };
+    let Some(_turn) = state.agent_hosts.enter(&host) else {
+        return refuse(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!("host {host} has a sync in flight already; one at a time"),
+            Some("1"),
+        );
+    };
+    // The whole body, within the deadline, before a shared slot is taken.
+    let (parts, body) = req.into_parts();
+    let limit = crate::api::MAX_AGENT_BODY;
+    let bytes = match tokio::time::timeout(
+        state.limits.agent_body_timeout,
+        axum::body::to_bytes(body, limit),
+    )
+    .await
+    {
+        Ok(Ok(bytes)) => bytes,
+        Ok(Err(_)) => {
+            return refuse(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("the body is larger than {limit} bytes, or was cut off"),
+                None,
+            );
+        }
+        Err(_) => {
+            tracing::warn!(%host, "an agent's body did not arrive within the deadline");
+            return refuse(
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "the body did not arrive within {} s",
+                    state.limits.agent_body_timeout.as_secs()
+                ),
+                None,
+            );
+        }
+    };
+    req = Request::from_parts(parts, axum::body::Body::from(bytes));
+    // The handler acts for this host: the token is checked once per sync.
+    req.extensions_mut().insert(AgentHost(host));
+    let Ok(_slot) = state.agent_slots.clone().acquire_owned().await else {
+        return StatusCode::SERVICE_UNAVAILABLE.into_response();
+    };
+    next.run(req).await
+}
+
+async fn others_budget(state: AppState, req: Request, next: Next) -> Response {
     let ip = req
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
@@ -232,18 +397,11 @@ pub async fn budget(State(state): State<AppState>, mut req: Request, next: Next)
         Some(ip) => match state.request_addresses.enter(ip) {
             Some(held) => Some(held),
             None => {
-                let mut r = (
+                return refuse(
                     StatusCode::TOO_MANY_REQUESTS,
-                    axum::Json(serde_json::json!({
-                        "error": format!("too many requests at once from {ip}; wait for the ones in flight")
-                    })),
-                )
-                    .into_response();
-                r.headers_mut().insert(
-                    axum::http::header::RETRY_AFTER,
-                    axum::http::HeaderValue::from_static("1"),
+                    format!("too many requests at once from {ip}; wait for the ones in flight"),
+                    Some("1"),
                 );
-                return r;
             }
         },
         None => None,

@@ -62,6 +62,20 @@ pub struct AppState {
     /// Requests in flight per client address on routes other than the agents'.
     #[from_ref(skip)]
     pub request_addresses: edge::PerAddress,
+    /// Agents' requests in flight per client address.
+    #[from_ref(skip)]
+    pub agent_addresses: edge::PerAddress,
+    /// Live event streams open per user, and per client address.
+    #[from_ref(skip)]
+    pub live_users: edge::Shares<String>,
+    #[from_ref(skip)]
+    pub live_addresses: edge::PerAddress,
+    /// Hosts with a sync in flight: one each.
+    #[from_ref(skip)]
+    pub agent_hosts: edge::OnePerHost,
+    /// Addresses whose agent tokens were wrong lately.
+    #[from_ref(skip)]
+    pub wrong_tokens: edge::WrongTokens,
     #[from_ref(skip)]
     pub limits: Limits,
 }
@@ -70,7 +84,7 @@ pub struct AppState {
 /// amount of memory and connections.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
-    /// A request that has no answer after this long gets `408`, whether it waited for a
+    /// A request that has no answer after this long gets `503`, whether it waited for a
     /// slot or in its handler (an event stream's answer is its first byte, so streams
     /// are not cut).
     pub request_timeout: std::time::Duration,
@@ -89,6 +103,16 @@ pub struct Limits {
     pub header_timeout: std::time::Duration,
     /// Event streams open at once, at most; one more gets `503`.
     pub live_streams: usize,
+    /// Agents' requests one client address may have in flight (`429` past it): many
+    /// hosts behind one NAT address each sync, so this is far above one host's one.
+    pub agent_requests_per_address: usize,
+    /// Event streams one user (or token) may have open at once, and one client address.
+    pub live_streams_per_user: usize,
+    pub live_streams_per_address: usize,
+    /// An agent's request body must arrive whole within this, before it takes a slot.
+    pub agent_body_timeout: std::time::Duration,
+    /// HTTP/2 streams one connection may have open at once.
+    pub http2_streams: u32,
 }
 
 impl Default for Limits {
@@ -101,6 +125,11 @@ impl Default for Limits {
             connections_per_address: 256,
             header_timeout: std::time::Duration::from_secs(10),
             live_streams: 256,
+            agent_requests_per_address: 512,
+            live_streams_per_user: 8,
+            live_streams_per_address: 16,
+            agent_body_timeout: std::time::Duration::from_secs(5),
+            http2_streams: 64,
         }
     }
 }
@@ -121,6 +150,11 @@ impl AppState {
                 limits.concurrent_agent_requests,
             )),
             request_addresses: edge::PerAddress::new(limits.requests_per_address),
+            agent_addresses: edge::PerAddress::new(limits.agent_requests_per_address),
+            live_users: edge::Shares::new(limits.live_streams_per_user),
+            live_addresses: edge::PerAddress::new(limits.live_streams_per_address),
+            agent_hosts: edge::OnePerHost::default(),
+            wrong_tokens: edge::WrongTokens::default(),
             limits,
         }
     }
@@ -134,6 +168,9 @@ impl AppState {
                 limits.concurrent_agent_requests,
             )),
             request_addresses: edge::PerAddress::new(limits.requests_per_address),
+            agent_addresses: edge::PerAddress::new(limits.agent_requests_per_address),
+            live_users: edge::Shares::new(limits.live_streams_per_user),
+            live_addresses: edge::PerAddress::new(limits.live_streams_per_address),
             limits,
             ..self
         }
@@ -177,8 +214,10 @@ pub fn app(state: AppState) -> Router {
         .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
             state.limits.header_timeout,
         ))
+        // The server's own slowness is a 503 (try again), never a 408, which would blame
+        // the client: requests are timed from their first byte, once their headers are in.
         .layer(tower_http::timeout::TimeoutLayer::with_status_code(
-            axum::http::StatusCode::REQUEST_TIMEOUT,
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
             state.limits.request_timeout,
         ))
         // gzip what compresses (the WASM bundle shrinks to about a third); the default
@@ -211,10 +250,9 @@ pub async fn run(
         .handle(handle)
         // A connection that sends no request, or headers that never end, is closed.
         .first_request_timeout(limits.header_timeout);
-    server
-        .http_builder()
-        .http1()
-        .header_read_timeout(limits.header_timeout);
+    let http = server.http_builder();
+    http.http1().header_read_timeout(limits.header_timeout);
+    http.http2().max_concurrent_streams(limits.http2_streams);
     let Some(tls) = tls else {
         return server.acceptor(connections).serve(service).await;
     };

@@ -18,7 +18,7 @@ async fn main() -> std::process::ExitCode {
         Err(e) => {
             // A client command's own outcome (refused, rolled back, timed out) has its code.
             if let Some(exit) = e.downcast_ref::<tessera_server::cli::Exit>() {
-                eprintln!("{exit}");
+                eprintln!("{}", tessera_server::cli::printable(&exit.to_string()));
                 return std::process::ExitCode::from(exit.code);
             }
             match e
@@ -26,11 +26,17 @@ async fn main() -> std::process::ExitCode {
                 .find_map(|c| c.downcast_ref::<tessera_server::cli::Exit>())
             {
                 Some(exit) => {
-                    eprintln!("error: {e}: {exit}");
+                    eprintln!(
+                        "error: {}",
+                        tessera_server::cli::printable(&format!("{e}: {exit}"))
+                    );
                     std::process::ExitCode::from(exit.code)
                 }
                 None => {
-                    eprintln!("error: {e:#}");
+                    eprintln!(
+                        "error: {}",
+                        tessera_server::cli::printable(&format!("{e:#}"))
+                    );
                     std::process::ExitCode::FAILURE
                 }
             }
@@ -150,7 +156,22 @@ async fn user(db: DbArgs, command: UserCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+async fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
+    let argv: Vec<String> = std::env::args().collect();
+    if let Some(why) = tessera_server::config::secret_on_command_line(&argv) {
+        anyhow::bail!(why);
+    }
+    if let Some(path) = &args.join_token_file {
+        let token = std::fs::read_to_string(path)
+            .with_context(|| format!("reading the join token from {}", path.display()))?;
+        let token = token.trim();
+        anyhow::ensure!(
+            !token.is_empty(),
+            "--join-token-file {}: the file is empty",
+            path.display()
+        );
+        args.join_token = Some(token.to_owned());
+    }
     tracing::info!(?args, "starting");
     let control = open(
         &args.db,

@@ -579,7 +579,7 @@ async fn live_streams_are_capped_and_a_closed_one_frees_its_slot() {
 }
 
 #[tokio::test]
-async fn a_request_stuck_on_a_locked_database_gets_408_and_the_others_wait_their_turn() {
+async fn a_request_stuck_on_a_locked_database_gets_503_and_the_others_wait_their_turn() {
     use sqlx::Connection;
     let dir = tempfile::tempdir().expect("dir");
     let url = format!("sqlite://{}", dir.path().join("tessera.db").display());
@@ -626,7 +626,7 @@ async fn a_request_stuck_on_a_locked_database_gets_408_and_the_others_wait_their
     let (health, _) = get(&state, "/healthz").await;
     let health_at = std::time::Instant::now();
     let (status, stuck_at) = stuck.await.expect("joined");
-    assert_eq!(status, StatusCode::REQUEST_TIMEOUT);
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert!(
         started.elapsed() < std::time::Duration::from_secs(5),
         "answered long before the database's busy timeout: {:?}",
@@ -637,7 +637,7 @@ async fn a_request_stuck_on_a_locked_database_gets_408_and_the_others_wait_their
         "the limit is one for the whole router"
     );
     assert!(
-        matches!(health, StatusCode::OK | StatusCode::REQUEST_TIMEOUT),
+        matches!(health, StatusCode::OK | StatusCode::SERVICE_UNAVAILABLE),
         "{health}"
     );
     sqlx::query("ROLLBACK")

@@ -114,6 +114,8 @@ pub struct Agent {
     /// Each task's last scrape of its work, to compute the next interval's.
     work: HashMap<String, crate::runtime::work::WorkTracker>,
     scraper: reqwest::Client,
+    /// What the report's bounds dropped at the last sync, logged when it changes.
+    dropped: Vec<String>,
 }
 
 impl Agent {
@@ -189,6 +191,7 @@ impl Agent {
             windows: HashMap::new(),
             work: HashMap::new(),
             scraper: crate::runtime::work::client(),
+            dropped: Vec::new(),
         })
     }
 

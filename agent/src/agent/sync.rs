@@ -130,6 +130,17 @@ impl Agent {
             },
             tasks,
         };
+        // The server's bounds, applied here first: what a task sends through us (its
+        // metrics, its checks' output) is cut or dropped with the reason, never a report
+        // the server refuses.
+        let mut req = req;
+        let dropped: Vec<String> = req.sanitize().iter().map(ToString::to_string).collect();
+        if dropped != self.dropped {
+            for d in &dropped {
+                tracing::warn!(item = %d, "part of the report dropped or cut to the protocol's bounds");
+            }
+            self.dropped = dropped;
+        }
         let resp = match self
             .http
             .post(self.url("/agent/v1/sync"))
@@ -179,10 +190,24 @@ impl Agent {
         let client = &self.scraper;
         let scraped =
             futures_util::future::join_all(targets.iter().map(|(id, url, spec)| async move {
-                let result = match work::fetch(client, url).await {
-                    Ok(text) => work::totals(&text, spec),
-                    Err(e) => Err(e),
+                // Fetched within the scrape timeout; read on a blocking thread (one linear
+                // pass, bounded by the answer's size), so a task's metrics never hold up
+                // the agent's own work, and the whole of it within the timeout again.
+                let read = async {
+                    let text = work::fetch(client, url).await?;
+                    let spec = spec.clone();
+                    tokio::task::spawn_blocking(move || work::totals(&text, &spec))
+                        .await
+                        .map_err(|e| format!("reading the metrics failed: {e}"))?
                 };
+                let result = tokio::time::timeout(work::SCRAPE_TIMEOUT * 2, read)
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(format!(
+                            "the metrics could not be read within {} s",
+                            (work::SCRAPE_TIMEOUT * 2).as_secs()
+                        ))
+                    });
                 (id.clone(), std::time::Instant::now(), result)
             }))
             .await;

@@ -35,13 +35,8 @@ impl Confinement {
         if let Some(home) = &self.home {
             cmd.env("HOME", home);
         }
-        if self.procs.is_empty() {
-            // No cgroup to join: the standard library switches the user itself.
-            if let Some((uid, gid)) = self.user {
-                cmd.uid(uid).gid(gid);
-            }
-            return Ok(());
-        }
+        // Even without a cgroup to join (or a user to take), the hook runs: the umask is
+        // set for every task's process.
         let files = self
             .procs
             .iter()
@@ -68,7 +63,7 @@ impl Confinement {
 }
 
 /// In the child, between fork and exec: joins the cgroups (`0` is the writer itself),
-/// then takes the task's user. Joining first: the cgroups' files are the agent's, and a
+/// then takes the task's user, then sets the umask. Joining first: the cgroups' files are the agent's, and a
 /// kernel before 5.16 checks the writer's own rights when the pid is moved.
 fn enter(files: &[std::fs::File], user: Option<(Uid, Gid)>, root: bool) -> std::io::Result<()> {
     use std::io::Write;
@@ -82,9 +77,10 @@ fn enter(files: &[std::fs::File], user: Option<(Uid, Gid)>, root: bool) -> std::
         }
         nix::unistd::setgid(gid)?;
         nix::unistd::setuid(uid)?;
-        // What it creates in /tmp or /dev/shm is its own, not every other task's to read.
-        nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
     }
+    // What it creates in /tmp or /dev/shm is its own, not every other task's to read:
+    // always, whether or not cgroups or uids of its own could be had.
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
     Ok(())
 }
 

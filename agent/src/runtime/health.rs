@@ -22,8 +22,10 @@ use tokio::task::JoinHandle;
 /// as it answers, not an interval later.
 const FAST: Duration = Duration::from_millis(500);
 
-/// Longest output kept of a check.
-const MAX_OUTPUT: usize = 1024;
+/// Longest output kept of a check before its secrets are masked: far more than the
+/// report's bound ([`tessera_model::bounds::MAX_HEALTH_OUTPUT_CHARS`]), which is applied
+/// after masking, so that a secret cut in two here is cut away there.
+const MAX_OUTPUT: usize = 64 * 1024;
 
 /// How one check is made.
 #[derive(Clone)]
@@ -215,11 +217,7 @@ async fn run(
         let output = if passed {
             None
         } else {
-            output.map(|o| {
-                redact
-                    .iter()
-                    .fold(o, |o, secret| o.replace(secret.as_str(), "***"))
-            })
+            output.map(|o| shown_output(o, &redact))
         };
         let mut v = verdict.lock();
         let before = v.clone();
@@ -229,6 +227,41 @@ async fn run(
             changed.notify_one();
         }
     }
+}
+
+/// What a failing check's output becomes in the report: the task's secret values masked
+/// first, then cut to the report's bound (cut first, a secret split at the cut would
+/// leave its other half, and masking could grow it past the bound).
+pub(crate) fn shown_output(raw: String, redact: &[String]) -> String {
+    let masked = redact
+        .iter()
+        .filter(|s| !s.is_empty())
+        .fold(raw, |o, secret| o.replace(secret.as_str(), "***"));
+    tessera_model::bounds::cut_text(&masked, tessera_model::bounds::MAX_HEALTH_OUTPUT_CHARS)
+        .unwrap_or(masked)
+}
+
+/// A check command's exit status and output, of which at most [`MAX_OUTPUT`] bytes of
+/// each stream are kept: the rest is read and thrown away, so a check that prints without
+/// end costs the agent no memory (and is not blocked on a full pipe either).
+async fn output_capped(
+    mut child: tokio::process::Child,
+) -> std::io::Result<(std::process::ExitStatus, Vec<u8>, Vec<u8>)> {
+    use tokio::io::{AsyncRead, AsyncReadExt};
+    async fn capped(stream: Option<impl AsyncRead + Unpin>) -> std::io::Result<Vec<u8>> {
+        let mut kept = Vec::new();
+        if let Some(mut s) = stream {
+            (&mut s)
+                .take(MAX_OUTPUT as u64)
+                .read_to_end(&mut kept)
+                .await?;
+            tokio::io::copy(&mut s, &mut tokio::io::sink()).await?;
+        }
+        Ok(kept)
+    }
+    let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
+    let (out, err, status) = tokio::join!(capped(stdout), capped(stderr), child.wait());
+    Ok((status?, out?, err?))
 }
 
 fn cut(mut s: String) -> String {
@@ -295,13 +328,12 @@ async fn once(
                 }
             };
             let pgid = child.id();
-            match tokio::time::timeout(timeout, child.wait_with_output()).await {
-                Ok(Ok(out)) => {
-                    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
-                    text.push_str(&String::from_utf8_lossy(&out.stderr));
-                    let passed = out.status.success();
-                    let code = out
-                        .status
+            match tokio::time::timeout(timeout, output_capped(child)).await {
+                Ok(Ok((status, stdout, stderr))) => {
+                    let mut text = String::from_utf8_lossy(&stdout).into_owned();
+                    text.push_str(&String::from_utf8_lossy(&stderr));
+                    let passed = status.success();
+                    let code = status
                         .code()
                         .map_or("a signal".to_owned(), |c| format!("code {c}"));
                     (

@@ -22,6 +22,8 @@
 //! timeout) whatever is left in its cgroup is killed, processes that left its groups
 //! and sessions included; a task has ended only when its cgroup is empty.
 
+#[cfg(test)]
+mod bounds_tests;
 pub mod cgroup;
 mod confine;
 mod converge;
@@ -208,10 +210,33 @@ impl Runtime {
             .keys()
             .map(|id| (cgroup::cgroup_name(id), id.clone()))
             .collect();
-        for name in cgroups.task_names() {
+        let names = cgroups.task_names();
+        // A re-adopted task's processes are the ones in its cgroup: the agent's mark and a
+        // task id in an environment are readable by the task and forgeable by any process,
+        // its cgroup is not (only the agent moves processes into it).
+        let unproven: Vec<String> = self
+            .tasks
+            .keys()
+            .filter(|id| !names.contains(&cgroup::cgroup_name(id)))
+            .cloned()
+            .collect();
+        for id in unproven {
+            tracing::warn!(task = %id, "not re-adopted: its processes are not in its cgroup (a process that only claims to be the task)");
+            self.tasks.remove(&id);
+        }
+        for name in names {
             let found = cgroups.named(&name);
             match known.get(&name).and_then(|id| self.tasks.get_mut(id)) {
-                Some(t) => t.cgroup = Some(found),
+                Some(t) => {
+                    let inside = found.pids();
+                    let before = t.procs.len();
+                    t.procs
+                        .retain(|p| u32::try_from(p.pgid).is_ok_and(|g| inside.contains(&g)));
+                    if t.procs.len() < before {
+                        tracing::warn!(task = %known[&name], left_out = before - t.procs.len(), "process groups that claim to be the task's but are outside its cgroup are not re-adopted");
+                    }
+                    t.cgroup = Some(found);
+                }
                 None => {
                     tracing::info!(cgroup = %found, "killing what is left in the cgroup of a task this agent no longer has");
                     found.kill();

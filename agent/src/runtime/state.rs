@@ -136,7 +136,16 @@ impl Runtime {
         } else {
             marked_processes(&runtime.mark)
         };
-        for (id, (pgids, env)) in adoptable {
+        for (id, (mut pgids, env)) in adoptable {
+            // A task given a uid of its own runs as that uid: a process of another uid that
+            // carries its id (and the readable mark) is not the task's.
+            if let Some(uid) = saved.tasks.get(&id).and_then(|t| t.uid) {
+                pgids.retain(|&pgid| process_uid(pgid) == Some(uid));
+                if pgids.is_empty() {
+                    tracing::warn!(task = %id, uid, "not re-adopted: no process of its own uid carries its id");
+                    continue;
+                }
+            }
             let stop_timeout = saved.tasks.get(&id).map_or(Duration::from_secs(10), |t| {
                 Duration::from_secs(t.stop_timeout_secs.max(1))
             });
@@ -282,4 +291,12 @@ impl Runtime {
             tracing::error!(error = %e, "cannot write the runtime state file");
         }
     }
+}
+
+/// The uid a process runs as (the owner of its `/proc` entry).
+fn process_uid(pid: i32) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(format!("/proc/{pid}"))
+        .ok()
+        .map(|m| m.uid())
 }

@@ -5,8 +5,8 @@
 //! that went backwards (the application restarted), is reported as unknown with the
 //! reason, never as zero work.
 
-use prometheus_parse::{Scrape, Value};
 use std::time::{Duration, Instant};
+use tessera_model::bounds::MAX_LATENCY_BUCKETS;
 use tessera_model::work::{LatencyBucket, WorkReport, WorkSample, WorkSpec};
 
 /// How long one scrape may take, connecting included: a stuck application must not hold
@@ -22,10 +22,6 @@ const MIN_INTERVAL: Duration = Duration::from_millis(50);
 const TOO_LARGE: &str = "the metrics answer is larger than 4 MiB";
 
 const RESTARTED: &str = "a counter went backwards (the application restarted): work is measured again from the next scrape";
-
-/// What `:` in a metric name becomes before parsing: the parser only knows `\w` names,
-/// and vLLM's are all `vllm:…`.
-const COLON: &str = "__colon__";
 
 /// The client for scrapes, plain HTTP on this machine: no proxy from the agent's
 /// environment, no redirects followed, and never longer than [`SCRAPE_TIMEOUT`].
@@ -107,135 +103,217 @@ pub(crate) struct Totals {
     pub latency: Vec<LatencyBucket>,
 }
 
-/// The totals `spec` asks for in a scrape's `text`. The parser skips lines it cannot read,
-/// so text that is not Prometheus at all shows up as a missing counter.
+/// Most samples of the configured metrics one scrape may have (series of the counters and
+/// bucket lines of the histogram together): past it the work is unknown, so a runaway
+/// label set costs one bounded pass over the text, nothing more.
+pub(crate) const MAX_SERIES: usize = 100_000;
+
+/// The totals `spec` asks for in a scrape's `text`: one pass over its lines, in time linear
+/// in its length, keeping nothing but the sums. Lines of other metrics are skipped unread;
+/// lines it cannot read are skipped too, so text that is not Prometheus at all shows up
+/// as a missing counter.
 pub(crate) fn totals(text: &str, spec: &WorkSpec) -> Result<Totals, String> {
-    let lines = text
-        .lines()
-        .map(|line| Ok::<String, std::io::Error>(escape_line(line)));
-    let scrape =
-        Scrape::parse(lines).map_err(|e| format!("the metrics answer could not be read: {e}"))?;
+    let bucket_name = spec.latency.as_ref().map(|l| format!("{l}_bucket"));
+    let mut completed = None;
+    let mut errors = None;
+    let mut sums: Vec<(f64, f64)> = Vec::new();
+    let mut series = 0usize;
+    for line in text.lines() {
+        let line = line.trim_start();
+        if line.starts_with('#') {
+            continue;
+        }
+        let end = line.find(|c: char| !is_name_char(c)).unwrap_or(line.len());
+        let (name, rest) = line.split_at(end);
+        let target = if name == spec.completed {
+            Target::Completed
+        } else if spec.errors.as_deref() == Some(name) {
+            Target::Errors
+        } else if bucket_name.as_deref() == Some(name) {
+            Target::Bucket
+        } else {
+            continue;
+        };
+        let Some((labels, value)) = sample(rest) else {
+            continue;
+        };
+        series += 1;
+        if series > MAX_SERIES {
+            return Err(format!(
+                "the metrics answer has more than {MAX_SERIES} series of the configured metrics"
+            ));
+        }
+        match target {
+            Target::Completed | Target::Errors => {
+                let metric = if matches!(target, Target::Completed) {
+                    &spec.completed
+                } else {
+                    spec.errors.as_deref().unwrap_or_default()
+                };
+                if !value.is_finite() || value < 0.0 {
+                    return Err(format!(
+                        "the counter `{metric}` has the value {value}, not a count"
+                    ));
+                }
+                let total = if matches!(target, Target::Completed) {
+                    &mut completed
+                } else {
+                    &mut errors
+                };
+                *total.get_or_insert(0.0) += value;
+            }
+            Target::Bucket => {
+                let name = spec.latency.as_deref().unwrap_or_default();
+                let Some(le) = label(labels, "le").and_then(parse_float) else {
+                    continue;
+                };
+                add_bucket(&mut sums, name, le, value)?;
+            }
+        }
+    }
+    let missing = |name: &str| {
+        format!("the scrape has no counter `{name}` (is the endpoint Prometheus text?)")
+    };
+    let completed = completed.ok_or_else(|| missing(&spec.completed))?;
     let errors = match spec.errors.as_deref() {
-        Some(name) => Some(counter(&scrape, name)?),
+        Some(name) => Some(errors.ok_or_else(|| missing(name))?),
         None => None,
     };
     let latency = match spec.latency.as_deref() {
-        Some(name) => histogram(&scrape, name)?,
+        Some(name) if sums.is_empty() => {
+            return Err(format!(
+                "the scrape has no histogram `{name}` (its `{name}_bucket` series)"
+            ));
+        }
+        Some(_) => {
+            sums.sort_by(|a, b| a.0.total_cmp(&b.0));
+            sums.into_iter()
+                .map(|(le, count)| LatencyBucket {
+                    le: le.is_finite().then_some(le),
+                    count,
+                })
+                .collect()
+        }
         None => Vec::new(),
     };
     Ok(Totals {
-        completed: counter(&scrape, &spec.completed)?,
+        completed,
         errors,
         latency,
     })
+}
+
+/// Which configured metric a line belongs to.
+#[derive(Clone, Copy)]
+enum Target {
+    Completed,
+    Errors,
+    Bucket,
 }
 
 fn is_name_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || c == '_' || c == ':'
 }
 
-fn escaped(name: &str) -> String {
-    name.replace(':', COLON)
-}
-
-/// `line` with the colons of its metric name (a sample's, or a `# HELP`/`# TYPE` line's)
-/// escaped, and empty braces dropped: the parser reads neither.
-fn escape_line(line: &str) -> String {
-    let line = line.trim_start();
-    if let Some(comment) = line.strip_prefix('#') {
-        let comment = comment.trim_start();
-        for keyword in ["HELP", "TYPE"] {
-            if let Some(rest) = comment.strip_prefix(keyword)
-                && rest.starts_with(char::is_whitespace)
-            {
-                let rest = rest.trim_start();
-                let end = rest.find(|c: char| !is_name_char(c)).unwrap_or(rest.len());
-                return format!("# {keyword} {}{}", escaped(&rest[..end]), &rest[end..]);
-            }
+/// A sample line after its metric name: its labels (the text between the braces, if any)
+/// and its value (a timestamp after it is ignored). `None` if it is not a sample.
+fn sample(rest: &str) -> Option<(&str, f64)> {
+    let (labels, after) = match rest.strip_prefix('{') {
+        Some(inner) => {
+            let close = labels_end(inner)?;
+            (&inner[..close], &inner[close + 1..])
         }
-        return line.to_owned();
+        None => ("", rest),
+    };
+    if !after.starts_with([' ', '\t']) {
+        return None;
     }
-    let end = line.find(|c: char| !is_name_char(c)).unwrap_or(line.len());
-    let rest = &line[end..];
-    let rest = rest.strip_prefix("{}").unwrap_or(rest);
-    format!("{}{rest}", escaped(&line[..end]))
+    let value = after.split_whitespace().next()?;
+    Some((labels, parse_float(value)?))
 }
 
-/// The sum of counter `name` over its series. Undeclared counters parse as untyped, and
-/// some applications publish counts as gauges: all three are taken.
-fn counter(scrape: &Scrape, name: &str) -> Result<f64, String> {
-    let key = escaped(name);
-    let mut total = None;
-    for sample in scrape.samples.iter().filter(|s| s.metric == key) {
-        let value = match sample.value {
-            Value::Counter(v) | Value::Gauge(v) | Value::Untyped(v) => v,
-            Value::Histogram(_) | Value::Summary(_) => continue,
-        };
-        if !value.is_finite() || value < 0.0 {
-            return Err(format!(
-                "the counter `{name}` has the value {value}, not a count"
-            ));
-        }
-        *total.get_or_insert(0.0) += value;
-    }
-    total.ok_or_else(|| {
-        format!("the scrape has no counter `{name}` (is the endpoint Prometheus text?)")
-    })
-}
-
-/// Histogram `name`'s cumulative buckets summed per bound over its series: from a declared
-/// histogram, or from untyped `<name>_bucket` series with an `le` label.
-fn histogram(scrape: &Scrape, name: &str) -> Result<Vec<LatencyBucket>, String> {
-    let key = escaped(name);
-    let bucket_key = format!("{key}_bucket");
-    let mut sums: Vec<(f64, f64)> = Vec::new();
-    for sample in &scrape.samples {
-        match &sample.value {
-            Value::Histogram(buckets) if sample.metric == key => {
-                for b in buckets {
-                    add_bucket(&mut sums, name, b.less_than, b.count)?;
-                }
-            }
-            Value::Untyped(count) if sample.metric == bucket_key => {
-                if let Some(le) = sample
-                    .labels
-                    .get("le")
-                    .and_then(|le| le.parse::<f64>().ok())
-                {
-                    add_bucket(&mut sums, name, le, *count)?;
-                }
-            }
+/// Where the label set that `inner` starts ends (its `}`), skipping quoted values with
+/// their escapes.
+fn labels_end(inner: &str) -> Option<usize> {
+    let mut quoted = false;
+    let mut escaped = false;
+    for (i, c) in inner.char_indices() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' if quoted => escaped = true,
+            '"' => quoted = !quoted,
+            '}' if !quoted => return Some(i),
             _ => {}
         }
     }
-    if sums.is_empty() {
-        return Err(format!(
-            "the scrape has no histogram `{name}` (its `{name}_bucket` series)"
-        ));
-    }
-    sums.sort_by(|a, b| a.0.total_cmp(&b.0));
-    Ok(sums
-        .into_iter()
-        .map(|(le, count)| LatencyBucket {
-            le: le.is_finite().then_some(le),
-            count,
-        })
-        .collect())
+    None
 }
 
+/// The value of label `key` in a label set (`a="x",le="0.5"`), unescaped enough to read a
+/// number.
+fn label<'a>(labels: &'a str, key: &str) -> Option<&'a str> {
+    let mut rest = labels;
+    loop {
+        rest = rest.trim_start_matches([',', ' ']);
+        let eq = rest.find('=')?;
+        let name = rest[..eq].trim();
+        let after = rest[eq + 1..].trim_start().strip_prefix('"')?;
+        let close = closing_quote(after)?;
+        if name == key {
+            return Some(&after[..close]);
+        }
+        rest = &after[close + 1..];
+    }
+}
+
+fn closing_quote(s: &str) -> Option<usize> {
+    let mut escaped = false;
+    for (i, c) in s.char_indices() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' => escaped = true,
+            '"' => return Some(i),
+            _ => {}
+        }
+    }
+    None
+}
+
+/// A Prometheus value: a float, `+Inf`, `-Inf` or `NaN`.
+fn parse_float(s: &str) -> Option<f64> {
+    match s {
+        "+Inf" | "Inf" => Some(f64::INFINITY),
+        "-Inf" => Some(f64::NEG_INFINITY),
+        "NaN" => Some(f64::NAN),
+        _ => s.parse().ok(),
+    }
+}
+
+/// Adds a bucket line to the histogram's sums by bound. A bound of zero or less holds no
+/// latency (it is left out: the counts are cumulative, so nothing is lost); more than
+/// [`MAX_LATENCY_BUCKETS`] bounds is not a latency histogram the server takes.
 fn add_bucket(sums: &mut Vec<(f64, f64)>, name: &str, le: f64, count: f64) -> Result<(), String> {
-    if le.is_nan() || (le.is_infinite() && le.is_sign_negative()) {
-        return Err(format!("the histogram `{name}` has a bucket bound {le}"));
+    if le.is_nan() {
+        return Err(format!("the histogram `{name}` has a bucket bound NaN"));
     }
     if !count.is_finite() || count < 0.0 {
         return Err(format!(
             "the histogram `{name}` has the bucket count {count}, not a count"
         ));
     }
-    match sums.iter_mut().find(|(l, _)| l.total_cmp(&le).is_eq()) {
-        Some((_, sum)) => *sum += count,
-        None => sums.push((le, count)),
+    if le <= 0.0 {
+        return Ok(());
     }
+    if let Some((_, sum)) = sums.iter_mut().find(|(l, _)| l.total_cmp(&le).is_eq()) {
+        *sum += count;
+        return Ok(());
+    }
+    if sums.len() == MAX_LATENCY_BUCKETS {
+        return Err(format!(
+            "the histogram `{name}` has more than {MAX_LATENCY_BUCKETS} bucket bounds"
+        ));
+    }
+    sums.push((le, count));
     Ok(())
 }
 

@@ -34,7 +34,8 @@ pub async fn set_host_draining(id: String, drain: bool) -> Result<(), ServerFnEr
 
 guard!(SetHostDraining, Access::OPERATE);
 
-/// Lets a host its pool held for approval take tasks.
+/// Lets a host its pool held for approval take tasks, and approves the GPUs it reports
+/// beyond what it was admitted with.
 #[server]
 pub async fn approve_host(id: String) -> Result<(), ServerFnError> {
     let control = crate::data::ssr::control_for::<ApproveHost>()?;
@@ -84,8 +85,25 @@ pub fn HostPage() -> impl IntoView {
                                     </div>
                                 }
                             });
+                            let pending = (!view.host.pending_gpus.is_empty()).then(|| {
+                                let host_id = host_id.clone();
+                                let rows = view.host.pending_gpus.iter().map(|g| view! {
+                                    <li><code>{g.uuid.to_string()}</code> " " {g.why.clone()}</li>
+                                }).collect_view();
+                                view! {
+                                    <div class="notice held pending-gpus" role="status">
+                                        <p>"GPUs awaiting approval: the agent reports GPUs this host was not admitted with. They run nothing and are offered nothing until an admin approves them."</p>
+                                        <ul>{rows}</ul>
+                                        <button class="primary" title=move || admin.get() disabled=move || admin.get().is_some() on:click=move |_| { approve.dispatch(host_id.clone()); }>
+                                            "Approve these GPUs"
+                                        </button>
+                                        {move || approve.value().get().and_then(|r| r.err()).map(|e| view! { <p class="error">{e.to_string()}</p> })}
+                                    </div>
+                                }
+                            });
                             view! {
                                 {held}
+                                {pending}
                                 <div class="actions">
                                     {if draining {
                                         let host_id = host_id.clone();

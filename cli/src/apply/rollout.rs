@@ -74,10 +74,10 @@ pub(super) async fn wait_for(
         );
         if line != last {
             if tty {
-                eprint!("\r{line}\x1b[K");
+                eprint!("\r{}\x1b[K", crate::printable(&line));
                 let _ = std::io::stderr().flush();
             } else {
-                eprintln!("{line}");
+                eprintln!("{}", crate::printable(&line));
             }
             last = line;
         }

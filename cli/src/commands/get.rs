@@ -57,7 +57,7 @@ fn print_work(w: &tessera_model::work::ServiceWork, wide: bool) {
         v.map_or_else(|| "-".to_owned(), |v| trim_float((v * 10.0).round() / 10.0))
     };
     let Some(spec) = &w.spec else {
-        println!(
+        say!(
             "{}: its task definition does not say where its work is measured (`work`)",
             w.service
         );
@@ -85,21 +85,23 @@ fn print_work(w: &tessera_model::work::ServiceWork, wide: bool) {
         w.verdict.clone().unwrap_or_else(|| "-".into()),
     ]);
     t.print();
-    println!(
+    say!(
         "measured: {} on port {} at {}",
-        spec.completed, spec.port, spec.path
+        spec.completed,
+        spec.port,
+        spec.path
     );
     for (task, why) in &w.unknown {
-        println!(
+        say!(
             "unknown: {}: {why}",
             task.chars().take(8).collect::<String>()
         );
     }
     for e in &w.interference {
-        println!("{}", e.summary);
+        say!("{}", e.summary);
     }
     for a in &w.alarms {
-        println!(
+        say!(
             "alarm {}: {}{}",
             a.alarm.describe(),
             a.state,
@@ -109,7 +111,7 @@ fn print_work(w: &tessera_model::work::ServiceWork, wide: bool) {
         );
     }
     if let Some(s) = &w.autoscaling {
-        println!("autoscaling: {s}");
+        say!("autoscaling: {s}");
     }
     if wide {
         let now = std::time::SystemTime::now()

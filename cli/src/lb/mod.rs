@@ -160,7 +160,7 @@ async fn sync_loop(
         match round.await {
             Ok(round) => {
                 for note in &round.notes {
-                    eprintln!("tessera lb: {note}");
+                    eprintln!("tessera lb: {}", crate::printable(note));
                 }
                 for line in &round.changed {
                     say!("{line}");
@@ -174,7 +174,7 @@ async fn sync_loop(
             Err(e) => {
                 let text = format!("{e:#}");
                 if last_error.as_deref() != Some(text.as_str()) {
-                    eprintln!("tessera lb: {text}; trying again");
+                    eprintln!("tessera lb: {}; trying again", crate::printable(&text));
                 }
                 last_error = Some(text);
                 failures = failures.saturating_add(1);

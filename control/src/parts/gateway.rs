@@ -11,6 +11,16 @@ use tessera_model::work::WorkNow;
 /// Each deployment's stop timeout is cached; past this many, the oldest are read again.
 const MAX_DEPLOYMENTS_CACHED: usize = 100_000;
 
+/// How long a drop recorded as an event is not recorded again, and how many are kept.
+pub(crate) const DROPS_REMEMBERED: std::time::Duration = std::time::Duration::from_secs(3600);
+const MAX_DROPS_REMEMBERED: usize = 100_000;
+
+/// How long an agent token found stays trusted without a lookup, and how many are kept.
+pub(crate) const TOKEN_REMEMBERED: std::time::Duration = std::time::Duration::from_secs(30);
+const MAX_TOKENS_REMEMBERED: usize = 200_000;
+/// Lookups of tokens not remembered at once, at most.
+const TOKEN_LOOKUPS: usize = 32;
+
 /// What agents' syncs received here leave behind.
 pub(crate) struct Gateway {
     /// When each host last synced with nothing else to say, not yet written: written
@@ -25,6 +35,15 @@ pub(crate) struct Gateway {
     /// Each task's work as its syncs here reported it: written with the heartbeats when it
     /// says something new.
     pub work: Mutex<WorkLatest>,
+    /// What the bounds dropped from reports lately (owner and what), each recorded once
+    /// an hour however often its agent sends it again.
+    pub dropped: Cache<String, ()>,
+    /// Agent tokens found (their hashes) and their hosts, for [`TOKEN_REMEMBERED`]: a
+    /// revoked token works on another server for at most that long (on this one, not at
+    /// all: revoking forgets them).
+    pub tokens: Cache<String, HostId>,
+    /// Lookups of agent tokens not remembered, running at once.
+    pub token_lookups: tokio::sync::Semaphore,
 }
 
 impl Default for Gateway {
@@ -34,6 +53,9 @@ impl Default for Gateway {
             stop_timeouts: Cache::new(MAX_DEPLOYMENTS_CACHED),
             usage: Mutex::default(),
             work: Mutex::default(),
+            dropped: Cache::with_max_age(MAX_DROPS_REMEMBERED, DROPS_REMEMBERED),
+            tokens: Cache::with_max_age(MAX_TOKENS_REMEMBERED, TOKEN_REMEMBERED),
+            token_lookups: tokio::sync::Semaphore::new(TOKEN_LOOKUPS),
         }
     }
 }

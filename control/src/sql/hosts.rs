@@ -9,12 +9,12 @@ use crate::store::JoinTokenUse;
 impl HostStore for This {
     async fn upsert_pool(&self, pool: &PoolInfo) -> Result<(), StoreError> {
         self.write_one(sqlx::query(
-            "INSERT INTO pools (name, policy, compute_overcommit, mps_client_limit, admission, task_users, privileged, preemption)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+            "INSERT INTO pools (name, policy, compute_overcommit, mps_client_limit, admission, task_users, privileged, preemption, host_network)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
              ON CONFLICT (name) DO UPDATE SET policy = excluded.policy,
                  compute_overcommit = excluded.compute_overcommit, mps_client_limit = excluded.mps_client_limit,
                  admission = excluded.admission, task_users = excluded.task_users, privileged = excluded.privileged,
-                 preemption = excluded.preemption",
+                 preemption = excluded.preemption, host_network = excluded.host_network",
         )
         .bind(pool.name.as_str())
         .bind(pool.policy.as_str())
@@ -24,6 +24,7 @@ impl HostStore for This {
         .bind(i64::from(pool.task_users))
         .bind(i64::from(pool.privileged))
         .bind(pool.preemption.as_str())
+        .bind(i64::from(pool.host_network))
         )
         .await?;
         Ok(())
@@ -147,6 +148,29 @@ impl HostStore for This {
         Ok(row
             .try_get::<Option<String>, _>("agent_token_hash")?
             .is_none())
+    }
+
+    async fn set_pending_gpus(
+        &self,
+        id: &HostId,
+        pending: &[tessera_model::PendingGpu],
+    ) -> Result<(), StoreError> {
+        let json = if pending.is_empty() {
+            None
+        } else {
+            Some(
+                serde_json::to_string(pending)
+                    .map_err(|e| StoreError::corrupt("pending GPUs", e))?,
+            )
+        };
+        let done = self
+            .write_one(
+                sqlx::query("UPDATE hosts SET pending_gpus = $1 WHERE id = $2")
+                    .bind(json)
+                    .bind(id.as_str()),
+            )
+            .await?;
+        updated(done, "host", id)
     }
 
     async fn set_host_held(&self, id: &HostId, held: bool) -> Result<(), StoreError> {

@@ -2,9 +2,9 @@
 //! the small helpers every aggregate's queries share.
 use super::*;
 
-pub(super) const POOL_COLUMNS: &str = "name, policy, compute_overcommit, mps_client_limit, admission, task_users, privileged, preemption";
+pub(super) const POOL_COLUMNS: &str = "name, policy, compute_overcommit, mps_client_limit, admission, task_users, privileged, preemption, host_network";
 
-pub(super) const HOST_COLUMNS: &str = "id, pool, status, simulated, cpu_milli, memory_mib, labels, status_reason, last_seen_at, mps_restarts, address, dynamic_ports_free, held";
+pub(super) const HOST_COLUMNS: &str = "id, pool, status, simulated, cpu_milli, memory_mib, labels, status_reason, last_seen_at, mps_restarts, address, dynamic_ports_free, held, pending_gpus";
 
 pub(super) const GPU_COLUMNS: &str =
     "uuid, host_id, idx, model, memory_mib, mps_client_limit, health, sharing_mode";
@@ -53,6 +53,7 @@ pub(super) fn pool_from_row(row: &DbRow) -> Result<PoolInfo, StoreError> {
         admission: parse::<tessera_model::Admission>("pool admission", row.try_get("admission")?)?,
         task_users: row.try_get::<i64, _>("task_users")? != 0,
         privileged: row.try_get::<i64, _>("privileged")? != 0,
+        host_network: row.try_get::<i64, _>("host_network")? != 0,
         preemption: parse::<tessera_model::PreemptionMode>(
             "pool preemption",
             row.try_get("preemption")?,
@@ -121,6 +122,11 @@ pub(super) fn host_from_row(row: &DbRow) -> Result<HostInfo, StoreError> {
         dynamic_ports_free: row
             .try_get::<Option<i64>, _>("dynamic_ports_free")?
             .map(|n| n.clamp(0, 65535) as u32),
+        pending_gpus: match row.try_get::<Option<String>, _>("pending_gpus")? {
+            Some(json) => serde_json::from_str(&json)
+                .map_err(|e| StoreError::corrupt("host pending_gpus", e))?,
+            None => Vec::new(),
+        },
     })
 }
 

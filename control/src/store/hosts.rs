@@ -156,6 +156,12 @@ pub trait HostStore: Send + Sync + 'static {
     async fn host_token_revoked(&self, id: &HostId) -> Result<bool, StoreError>;
     /// Holds a host for approval, or approves it.
     async fn set_host_held(&self, id: &HostId, held: bool) -> Result<(), StoreError>;
+    /// The GPUs a host reports that wait for approval (none: clears them).
+    async fn set_pending_gpus(
+        &self,
+        id: &HostId,
+        pending: &[tessera_model::PendingGpu],
+    ) -> Result<(), StoreError>;
 
     /// Stores a minted join token (its hash only).
     async fn insert_join_token(

@@ -51,10 +51,11 @@ pub const CAPABILITIES: &[&str] = &[
     "WAKE_ALARM",
 ];
 
-/// Capabilities a container may add in any pool: Docker's default set, none of which
-/// reaches past the container. Any other (`SYS_ADMIN`, `SYS_MODULE`, `DAC_READ_SEARCH`,
-/// `SYS_PTRACE`, ...) is a way onto the host, and needs a pool that allows privileged
-/// containers.
+/// Capabilities a container may add in any pool: Docker's default set without `NET_RAW`,
+/// none of which reaches past the container. The network ones ([`NETWORK_CAPABILITIES`])
+/// need a pool that allows host networking; any other (`SYS_ADMIN`, `SYS_MODULE`,
+/// `DAC_READ_SEARCH`, `SYS_PTRACE`, ...) is a way onto the host, and needs a pool that
+/// allows privileged containers.
 pub const UNPRIVILEGED_CAPABILITIES: &[&str] = &[
     "AUDIT_WRITE",
     "CHOWN",
@@ -64,13 +65,16 @@ pub const UNPRIVILEGED_CAPABILITIES: &[&str] = &[
     "KILL",
     "MKNOD",
     "NET_BIND_SERVICE",
-    "NET_RAW",
     "SETFCAP",
     "SETGID",
     "SETPCAP",
     "SETUID",
     "SYS_CHROOT",
 ];
+
+/// Capabilities that act on a network (raw sockets see every packet of the namespace,
+/// `NET_ADMIN` reconfigures it): a pool that allows host networking allows them.
+pub const NETWORK_CAPABILITIES: &[&str] = &["NET_RAW", "NET_ADMIN"];
 
 /// What a container asks of the host's security, read from its ECS fields. The default
 /// (nothing asked) runs it as the task's own uid, unprivileged, every capability dropped.
@@ -97,10 +101,11 @@ impl ContainerSecurity {
         *self == ContainerSecurity::default()
     }
 
-    /// What a pool's settings refuse of it: each field with what the pool lacks.
-    pub fn refused_by(&self, task_users: bool, privileged: bool) -> Vec<(&'static str, String)> {
+    /// What `pool`'s settings refuse of it: each field with what the pool lacks.
+    pub fn refused_by(&self, pool: &crate::inventory::PoolInfo) -> Vec<(&'static str, String)> {
+        let privileged = pool.privileged;
         let mut refused = Vec::new();
-        if self.user.is_some() && !task_users {
+        if self.user.is_some() && !pool.task_users {
             refused.push(("user", "the pool does not let tasks choose their user (pool setting task_users); without it each task runs as a uid of its own".to_owned()));
         }
         if self.privileged && !privileged {
@@ -115,14 +120,22 @@ impl ContainerSecurity {
             .iter()
             .map(String::as_str)
             .filter(|c| !UNPRIVILEGED_CAPABILITIES.contains(c))
+            .filter(|c| !(pool.host_network && NETWORK_CAPABILITIES.contains(c)))
             .collect();
         if !escalating.is_empty() && !privileged {
             refused.push((
                 "linuxParameters.capabilities.add",
-                format!(
-                    "{} reach past the container: the pool does not allow privileged containers (pool setting privileged)",
-                    escalating.join(", ")
-                ),
+                if escalating.iter().all(|c| NETWORK_CAPABILITIES.contains(c)) {
+                    format!(
+                        "{} act on the host's network: the pool does not allow host networking (pool setting host_network)",
+                        escalating.join(", ")
+                    )
+                } else {
+                    format!(
+                        "{} reach past the container: the pool does not allow privileged containers (pool setting privileged)",
+                        escalating.join(", ")
+                    )
+                },
             ));
         }
         refused

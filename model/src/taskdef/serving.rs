@@ -327,6 +327,19 @@ pub(super) fn check_serving(c: &mut Checker, spec: &TaskDefinitionSpec) {
             .collect();
         w.check("work", &names, &mut c.errors);
     }
+    // The host's PID and IPC namespaces are never a task's: the agent gives MPS clients
+    // the IPC they need itself. Taking these fields and running without them would be a
+    // setting stored and then ignored.
+    for key in ["pidMode", "ipcMode"] {
+        match spec.ecs.get(key) {
+            None | Some(Value::Null) => {}
+            Some(Value::String(m)) if m == "task" || m == "none" => {}
+            Some(_) => c.err(
+                key,
+                "tasks never share the host's PID or IPC namespace (the agent sets up the IPC that MPS needs); remove it",
+            ),
+        }
+    }
     let host = spec.host_network();
     let mut names = BTreeMap::new();
     let mut host_ports = BTreeMap::new();

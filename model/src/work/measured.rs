@@ -150,12 +150,13 @@ pub enum WorkReport {
 impl WorkReport {
     /// What an agent may report: an interval of 1 ms to an hour, counts that are finite
     /// and not negative, at most 64 latency buckets with finite positive bounds, a reason
-    /// of at most 512 characters. The server refuses a sync with anything else.
+    /// of at most 512 characters (`crate::bounds`). Anything else is made `unknown` with
+    /// the reason, by the agent before it sends and by the server again.
     pub fn check(&self) -> Result<(), String> {
         let count = |v: f64| v.is_finite() && v >= 0.0;
         match self {
             WorkReport::Unknown { reason } => {
-                if reason.chars().count() > 512 || reason.contains('\0') {
+                if !crate::bounds::text_ok(reason, crate::bounds::MAX_WORK_REASON_CHARS) {
                     return Err("the reason must be at most 512 characters without NUL".into());
                 }
             }
@@ -169,9 +170,10 @@ impl WorkReport {
                 if !count(s.completed) || s.errors.is_some_and(|e| !count(e)) {
                     return Err("completed and errors must be counts: finite, at least 0".into());
                 }
-                if s.latency.len() > 64 {
+                if s.latency.len() > crate::bounds::MAX_LATENCY_BUCKETS {
                     return Err(format!(
-                        "at most 64 latency buckets, got {}",
+                        "at most {} latency buckets, got {}",
+                        crate::bounds::MAX_LATENCY_BUCKETS,
                         s.latency.len()
                     ));
                 }

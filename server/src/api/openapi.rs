@@ -86,8 +86,8 @@ pub fn document() -> Value {
             error("The Host header, a path segment, a query parameter or the body cannot be read"),
         );
         add(
-            "408",
-            json!({ "description": "No answer within the server's request timeout" }),
+            "503",
+            json!({ "description": "No answer within the server's request timeout, or the server is busy: try again" }),
         );
         add(
             "500",

@@ -360,6 +360,8 @@ pub async fn list_events(
     responses((status = 200, description = "A stream of `change` events", content_type = "text/event-stream", body = crate::api::bodies::LiveEvent), (status = 503, description = "Too many streams are open", body = ErrorBody)))]
 pub async fn live(
     State(state): State<AppState>,
+    caller: Option<axum::Extension<tessera_model::auth::Caller>>,
+    address: Option<axum::Extension<axum::extract::ConnectInfo<std::net::SocketAddr>>>,
 ) -> Result<
     axum::response::sse::Sse<
         impl futures_util::Stream<Item = Result<axum::response::sse::Event, std::convert::Infallible>>,
@@ -368,11 +370,34 @@ pub async fn live(
 > {
     use axum::response::sse::{Event, KeepAlive, Sse};
     use tokio::sync::broadcast::error::RecvError;
+    // Per user and per address first: one viewer cannot hold every stream.
+    let mine = match &caller {
+        Some(axum::Extension(c)) => Some(state.live_users.enter(&c.name).ok_or_else(|| {
+            ApiError::Unavailable(format!(
+                "{} has {} live event streams open already; close one",
+                c.name, state.limits.live_streams_per_user
+            ))
+        })?),
+        None => None,
+    };
+    let here = match &address {
+        Some(axum::Extension(axum::extract::ConnectInfo(a))) => {
+            Some(state.live_addresses.enter(a.ip()).ok_or_else(|| {
+                ApiError::Unavailable(format!(
+                    "{} has {} live event streams open already; close one",
+                    a.ip(),
+                    state.limits.live_streams_per_address
+                ))
+            })?)
+        }
+        None => None,
+    };
     let Ok(slot) = state.live_slots.clone().try_acquire_owned() else {
         return Err(ApiError::Unavailable(
             "too many live event streams are open; try again later".into(),
         ));
     };
+    let slot = (slot, mine, here);
     let rx = state.control.subscribe();
     // The slot lives as long as the stream: a closed connection frees it.
     let stream = futures_util::stream::unfold((rx, slot), |(mut rx, slot)| async move {

@@ -246,12 +246,20 @@ pub fn server_fn_rules() -> &'static HashMap<&'static str, (String, Access)> {
 
 /// Paths served to anyone: the sign-in page, the WASM and CSS, static files.
 fn is_public_asset(path: &str) -> bool {
-    path == "/sign-in"
-        || path.starts_with("/pkg/")
-        || path
-            .rsplit('/')
-            .next()
-            .is_some_and(|last| last.contains('.'))
+    path == "/sign-in" || is_static_file(path)
+}
+
+/// The console's files: the WASM, scripts and styles under `/pkg/`, and files of `public/`
+/// (a name with an extension). No API route, page or server function has a dot in its
+/// last segment.
+fn is_static_file(path: &str) -> bool {
+    !path.starts_with("/api/")
+        && !path.starts_with("/agent/")
+        && (path.starts_with("/pkg/")
+            || path
+                .rsplit('/')
+                .next()
+                .is_some_and(|last| last.contains('.')))
 }
 
 /// What the request was sent to: the Host header (HTTP/1.1) or the URI's authority
@@ -359,6 +367,14 @@ pub async fn authenticate(State(state): State<AppState>, mut req: Request, next:
             .into_response();
         }
     };
+    // The console's own files (its WASM, scripts, styles) are everyone's, and never wait
+    // on the database: a session is not looked up for them (or written back). A page
+    // whose scripts wait behind a busy database fails to load, and the WASM that loads
+    // them stops the page.
+    if is_safe(req.method()) && is_static_file(req.uri().path()) {
+        req.extensions_mut().insert(Authn::Anonymous);
+        return next.run(req).await;
+    }
     let authorization = req
         .headers()
         .get(header::AUTHORIZATION)

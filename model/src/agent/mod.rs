@@ -2,6 +2,7 @@
 //! `/agent/v1`. Sync is declarative: the agent says what it has, the server answers with
 //! everything it should run.
 
+use crate::bounds::{self, MAX_NAME_CHARS};
 use crate::ids::{GpuUuid, HostId, PoolName};
 use crate::service::{TaskHealth, TaskPort};
 use crate::taskdef::{ContainerSecurity, Dependency, HealthCheck, PortSpec};
@@ -9,6 +10,8 @@ use crate::taskdef::{FieldError, ValidationErrors};
 use crate::units::{MiB, MilliCpu};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+
+mod sanitize;
 
 /// One GPU as the agent sees it.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -294,55 +297,31 @@ pub struct SyncResponse {
     pub sync_interval_secs: u32,
 }
 
-/// Largest GPU memory a report may claim (16 TiB) and other bounds an honest agent never
-/// reaches; anything past them is refused with the field named, never stored.
-const MAX_GPU_MEMORY_MIB: u64 = 16 * 1024 * 1024;
-const MAX_GPU_INDEX: u32 = 1023;
-const MAX_TEXT: usize = 256;
-
-/// At most [`MAX_TEXT`] characters (as JSON Schema's `maxLength` counts them), no NUL.
+/// At most [`MAX_NAME_CHARS`] characters (as JSON Schema's `maxLength` counts them), no NUL.
 fn text_ok(s: &str) -> bool {
-    s.chars().count() <= MAX_TEXT && !s.contains('\0')
+    bounds::text_ok(s, MAX_NAME_CHARS)
 }
 
+/// Registration refuses the whole request for one bad GPU: a host is admitted with what
+/// it says it has, or not at all.
 fn check_gpus(gpus: &[GpuReport], errors: &mut Vec<FieldError>) {
-    let mut err = |field: String, message: &str| {
+    if gpus.len() > bounds::MAX_GPUS {
         errors.push(FieldError {
-            field,
-            message: message.to_owned(),
-        })
-    };
-    if gpus.len() > 64 {
-        err("gpus".into(), "at most 64 GPUs per host");
+            field: "gpus".into(),
+            message: format!("at most {} GPUs per host", bounds::MAX_GPUS),
+        });
     }
-    let mut seen = std::collections::BTreeSet::new();
+    let mut indices = std::collections::BTreeSet::new();
+    let mut uuids = std::collections::BTreeSet::new();
     for (i, g) in gpus.iter().enumerate() {
-        let p = format!("gpus[{i}]");
-        if g.memory_mib.0 == 0 || g.memory_mib.0 > MAX_GPU_MEMORY_MIB {
-            err(
-                format!("{p}.memory_mib"),
-                "must be between 1 and 16777216 MiB",
-            );
-        }
-        if g.index > MAX_GPU_INDEX {
-            err(format!("{p}.index"), "must be at most 1023");
-        } else if !seen.insert(g.index) {
-            err(format!("{p}.index"), "is reported twice");
-        }
-        if !(1..=crate::limits::MPS_CLIENT_LIMIT_MAX).contains(&g.mps_client_limit) {
-            err(
-                format!("{p}.mps_client_limit"),
-                &format!(
-                    "must be between 1 and {}",
-                    crate::limits::MPS_CLIENT_LIMIT_MAX
-                ),
-            );
-        }
-        if g.model.is_empty() || !text_ok(&g.model) {
-            err(
-                format!("{p}.model"),
-                "must be 1 to 256 characters without NUL",
-            );
+        let fault = sanitize::gpu_fault(g)
+            .or_else(|| (!indices.insert(g.index)).then(|| "index: is reported twice".into()))
+            .or_else(|| (!uuids.insert(&g.uuid)).then(|| "uuid: is reported twice".into()));
+        if let Some(message) = fault {
+            errors.push(FieldError {
+                field: format!("gpus[{i}]"),
+                message,
+            });
         }
     }
 }
@@ -372,7 +351,16 @@ impl RegisterRequest {
                 });
             }
         }
-        check_address(self.address.as_deref(), &mut errors);
+        if self
+            .address
+            .as_deref()
+            .is_some_and(|a| !bounds::address_ok(a))
+        {
+            errors.push(FieldError {
+                field: "address".into(),
+                message: "must be a host name or an IP address".into(),
+            });
+        }
         if self.name.as_deref().is_some_and(|n| !text_ok(n)) {
             errors.push(FieldError {
                 field: "name".into(),
@@ -380,129 +368,6 @@ impl RegisterRequest {
             });
         }
         finish(errors)
-    }
-}
-
-impl SyncRequest {
-    /// Bounds on what an agent may report; every error names its field.
-    pub fn validate(&self) -> Result<(), ValidationErrors> {
-        let mut errors = Vec::new();
-        check_gpus(&self.gpus, &mut errors);
-        if self.tasks.len() > 10_000 {
-            errors.push(FieldError {
-                field: "tasks".into(),
-                message: "at most 10000 tasks per report".into(),
-            });
-        }
-        for (i, t) in self.tasks.iter().enumerate() {
-            if !text_ok(&t.task_id) {
-                errors.push(FieldError {
-                    field: format!("tasks[{i}].task_id"),
-                    message: "must be at most 256 characters without NUL".into(),
-                });
-            }
-            if t.sm_percent.is_some_and(|p| p > 100) {
-                errors.push(FieldError {
-                    field: format!("tasks[{i}].sm_percent"),
-                    message: "must be between 0 and 100".into(),
-                });
-            }
-            for (name, value) in [
-                ("gpu_memory_peak_mib", t.gpu_memory_peak_mib),
-                ("gpu_memory_mib", t.gpu_memory_mib),
-            ] {
-                if value.is_some_and(|m| m.0 > MAX_GPU_MEMORY_MIB) {
-                    errors.push(FieldError {
-                        field: format!("tasks[{i}].{name}"),
-                        message: "is larger than any GPU".into(),
-                    });
-                }
-            }
-            if t.memory_errors.is_some_and(|n| n > 1_000_000) {
-                errors.push(FieldError {
-                    field: format!("tasks[{i}].memory_errors"),
-                    message: "must be at most 1000000".into(),
-                });
-            }
-            if t.ports.len() > 100 {
-                errors.push(FieldError {
-                    field: format!("tasks[{i}].ports"),
-                    message: "at most 100 ports per task".into(),
-                });
-            }
-            for (j, p) in t.ports.iter().enumerate() {
-                if p.container_port == 0 || p.host_port == Some(0) {
-                    errors.push(FieldError {
-                        field: format!("tasks[{i}].ports[{j}]"),
-                        message: "ports are between 1 and 65535".into(),
-                    });
-                }
-                if !text_ok(&p.container) || p.name.as_deref().is_some_and(|n| !text_ok(n)) {
-                    errors.push(FieldError {
-                        field: format!("tasks[{i}].ports[{j}].name"),
-                        message: "must be at most 256 characters without NUL".into(),
-                    });
-                }
-            }
-            if let Some(h) = &t.health
-                && h.output
-                    .as_deref()
-                    .is_some_and(|o| o.chars().count() > 1024 || o.contains('\0'))
-            {
-                errors.push(FieldError {
-                    field: format!("tasks[{i}].health.output"),
-                    message: "must be at most 1024 characters without NUL".into(),
-                });
-            }
-            if let Some(w) = &t.work
-                && let Err(message) = w.check()
-            {
-                errors.push(FieldError {
-                    field: format!("tasks[{i}].work"),
-                    message,
-                });
-            }
-            for (name, value, max) in [("pulling", &t.pulling, 512), ("error", &t.error, 2048)] {
-                if value
-                    .as_deref()
-                    .is_some_and(|v| v.chars().count() > max || v.contains('\0'))
-                {
-                    errors.push(FieldError {
-                        field: format!("tasks[{i}].{name}"),
-                        message: format!("must be at most {max} characters without NUL"),
-                    });
-                }
-            }
-        }
-        check_address(self.address.as_deref(), &mut errors);
-        if self
-            .mps
-            .reason
-            .as_deref()
-            .is_some_and(|r| r.chars().count() > 4096 || r.contains('\0'))
-        {
-            errors.push(FieldError {
-                field: "mps.reason".into(),
-                message: "must be at most 4096 characters".into(),
-            });
-        }
-        finish(errors)
-    }
-}
-
-/// An advertised address: a host name or an IP address, nothing more.
-fn check_address(address: Option<&str>, errors: &mut Vec<FieldError>) {
-    if let Some(a) = address
-        && (a.is_empty()
-            || a.len() > 253
-            || !a
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '[' | ']')))
-    {
-        errors.push(FieldError {
-            field: "address".into(),
-            message: "must be a host name or an IP address".into(),
-        });
     }
 }
 

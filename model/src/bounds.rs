@@ -1,0 +1,122 @@
+//! The bounds of an agent's sync report, applied item by item, by both sides.
+//!
+//! A report is judged one item at a time: a GPU entry, a task report, a port, a work figure
+//! or a text that breaks a bound is dropped or cut, and what was done is returned as a
+//! [`Dropped`] naming its owner (the host, a GPU, a task) so that it can be recorded there.
+//! The rest of the report, and the host's liveness with it, is never refused for one bad
+//! item: a task's own `/metrics` or health output must not cost its host (and every other
+//! task on it) a sync.
+//!
+//! The agent calls `SyncRequest::sanitize` (in `agent`) on every report before sending it (after it has
+//! masked secrets, so a cut never leaves half a secret behind), and the server calls it again
+//! on what arrives: an honest agent's report passes unchanged, and whatever a dishonest one
+//! sends is brought within the same bounds, from this one definition.
+
+use crate::ids::GpuUuid;
+
+/// Most GPUs one host may report.
+pub const MAX_GPUS: usize = 64;
+/// Highest GPU index.
+pub const MAX_GPU_INDEX: u32 = 1023;
+/// Largest GPU memory a report may claim (16 TiB).
+pub const MAX_GPU_MEMORY_MIB: u64 = 16 * 1024 * 1024;
+/// Most task reports in one sync.
+pub const MAX_TASKS: usize = 10_000;
+/// Most ports one task may report.
+pub const MAX_PORTS: usize = 100;
+/// Names: a task id, a GPU model, a port's container and name, labels.
+pub const MAX_NAME_CHARS: usize = 256;
+/// A failing health check's output.
+pub const MAX_HEALTH_OUTPUT_CHARS: usize = 1024;
+/// The image a task is pulling.
+pub const MAX_PULLING_CHARS: usize = 512;
+/// Why a task could not start or ended.
+pub const MAX_ERROR_CHARS: usize = 2048;
+/// Why the MPS daemon is unhealthy.
+pub const MAX_MPS_REASON_CHARS: usize = 4096;
+/// Why a task's work is unknown.
+pub const MAX_WORK_REASON_CHARS: usize = 512;
+/// Most latency buckets of one work sample.
+pub const MAX_LATENCY_BUCKETS: usize = 64;
+/// Most failed allocations counted in one sync window.
+pub const MAX_MEMORY_ERRORS: u32 = 1_000_000;
+
+/// Whose item a bound dropped or cut.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Owner {
+    /// The host's own fields, or an item that names no owner the server could find (a
+    /// task report whose id is not one).
+    Host,
+    /// One of the host's GPUs: the server keeps what it knows of it.
+    Gpu(GpuUuid),
+    /// One task, by id.
+    Task(String),
+}
+
+/// One item a bound dropped or cut, and why: the text recorded on its owner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dropped {
+    pub owner: Owner,
+    /// Where in the report, e.g. `tasks[3].work`.
+    pub field: String,
+    /// What was wrong, and what was done with it.
+    pub reason: String,
+}
+
+impl std::fmt::Display for Dropped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.field, self.reason)
+    }
+}
+
+/// `s` without NUL and at most `max` characters (as JSON Schema's `maxLength` counts them),
+/// or `None` when it already is. A text too long keeps its end (the last line of a check's
+/// output, the innermost cause of an error), after a `…` that says something was cut.
+pub fn cut_text(s: &str, max: usize) -> Option<String> {
+    let chars = s.chars().filter(|&c| c != '\0').count();
+    if chars <= max && !s.contains('\0') {
+        return None;
+    }
+    if chars <= max {
+        return Some(s.replace('\0', ""));
+    }
+    let keep = max.saturating_sub(1);
+    let tail: String = s
+        .chars()
+        .filter(|&c| c != '\0')
+        .skip(chars - keep)
+        .collect();
+    Some(if max == 0 { tail } else { format!("…{tail}") })
+}
+
+/// Whether `s` is within `max` characters and has no NUL.
+pub fn text_ok(s: &str, max: usize) -> bool {
+    !s.contains('\0') && s.chars().count() <= max
+}
+
+/// An advertised address: a host name or an IP address, nothing more.
+pub fn address_ok(a: &str) -> bool {
+    !a.is_empty()
+        && a.len() <= 253
+        && a.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '[' | ']'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn texts_keep_their_end_and_lose_nul() {
+        assert_eq!(cut_text("short", 10), None);
+        assert_eq!(cut_text("a\0b", 10).as_deref(), Some("ab"));
+        let cut = cut_text("0123456789", 5).expect("cut");
+        assert_eq!(cut, "…6789");
+        assert_eq!(cut.chars().count(), 5);
+        // Characters, not bytes: a long line of multi-byte characters is cut by count.
+        let wide = "é".repeat(2000);
+        let cut = cut_text(&wide, 1024).expect("cut");
+        assert_eq!(cut.chars().count(), 1024);
+        assert!(text_ok(&cut, 1024));
+    }
+}
