@@ -50,6 +50,9 @@ export default defineConfig({
       TESSERA_ADMIN_PASSWORD: process.env.TESSERA_ADMIN_PASSWORD ?? "e2e-admin-password",
       // Fast syncs so placements, moves and stops show up within a few seconds.
       TESSERA_SYNC_INTERVAL: "1",
+      // Short edge timeouts, so that walk.spec's pauses outlast every one of them.
+      TESSERA_HEADER_TIMEOUT_SECS: "2",
+      TESSERA_REQUEST_TIMEOUT_SECS: "8",
     },
   },
 });

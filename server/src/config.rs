@@ -151,6 +151,14 @@ pub struct ServeArgs {
     /// Requests one client address may have in flight (agents' syncs aside).
     #[arg(long, env = "TESSERA_REQUESTS_PER_ADDRESS", default_value_t = 64)]
     pub requests_per_address: usize,
+    /// Seconds a new connection may take to send its first request, and a request its
+    /// headers (a body may not pause longer); a connection idle that long is closed
+    /// quietly.
+    #[arg(long, env = "TESSERA_HEADER_TIMEOUT_SECS", default_value_t = 10)]
+    pub header_timeout_secs: u64,
+    /// Seconds a request may take, from its headers to its answer (`503` past it).
+    #[arg(long, env = "TESSERA_REQUEST_TIMEOUT_SECS", default_value_t = 30)]
+    pub request_timeout_secs: u64,
 }
 
 /// Why `args` (the process's own, as `/proc/PID/cmdline` shows them to every local user)
@@ -252,6 +260,8 @@ mod tests {
             audit_retention_days: 90,
             connections_per_address: 256,
             requests_per_address: 64,
+            header_timeout_secs: 10,
+            request_timeout_secs: 30,
         };
         let printed = format!("{args:?}");
         assert!(!printed.contains("s3cret"), "{printed}");
