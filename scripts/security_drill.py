@@ -150,19 +150,23 @@ class H(http.server.BaseHTTPRequestHandler):
 http.server.HTTPServer(("0.0.0.0", int(os.environ["PORT"])), H).serve_forever()
 """
 
+# A Python every task's uid can run (not one under root's home, as pyenv's is).
+PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else (shutil.which("python3") or "python3")
+
 # Its health check: far more output than a report takes, with NUL and terminal escapes.
-NOISY_CHECK = "head -c 200000 /dev/zero | tr '\\0' x; printf '\\000\\033]0;owned\\007\\033[2J'; exit 1"
+NOISY_CHECK = "head -c 200000 /dev/zero | tr '\\0' x; printf '\\033]0;owned\\007\\033[2J'; printf '\\000'; exit 1"
 
 
 def noisy_task(f, report):
     status, body = f.api("POST", "/api/v1/task-definitions", {
         "family": "noisy", "containers": [{
-            "name": "main", "command": ["python3", "-c", NOISY], "cpu_milli": 100, "memory_mib": 64,
+            "name": "main", "command": [PYTHON, "-c", NOISY], "cpu_milli": 100, "memory_mib": 64,
             "env": {"DRILL_RUN": f.run_id},
             "gpu": {"mps": {"memory_mib": 1024}},
             "ports": [{"name": "http", "container_port": 8080}],
-            "health_check": {"command": ["sh", "-c", NOISY_CHECK], "interval_secs": 5,
-                             "timeout_secs": 3, "retries": 1}}],
+            # Failing, with the most retries: it stays up long enough to be judged.
+            "health_check": {"command": ["CMD-SHELL", NOISY_CHECK], "interval_secs": 5,
+                             "timeout_secs": 3, "retries": 10}}],
         "work": {"port": "http", "completed": "done_total", "latency": "lat_seconds"}})
     assert status == 201, (status, body)
     definition(f, "calm", "exec sleep 600")
@@ -175,20 +179,23 @@ def noisy_task(f, report):
     def unknown():
         _, work = f.api("GET", "/api/v1/services/noisy/work")
         return [why for _, why in (work or {}).get("unknown", [])]
-    f.wait(lambda: unknown(), 60, "the noisy task's work to be reported")
+    f.wait(lambda: any("bucket" in w for w in unknown()), 60, "the noisy task's work to be judged")
+    noisy = f.running("noisy")[0]["id"]
     time.sleep(drills.LOST + 3)
     _, hosts = f.api("GET", "/api/v1/hosts")
     status = [h["status"] for h in hosts["hosts"]]
     calm_now = [t["id"] for t in f.running("calm")]
+    noisy_now = f.running("noisy")
     why = unknown()
-    _, events = f.api("GET", "/api/v1/events?service=noisy")
-    health = [e["message"] for e in (events or {}).get("events", []) if "unhealthy" in e["message"]]
-    longest = max((len(m) for m in health), default=0)
-    ok = (status == ["active"] and calm_now == [calm] and any("64 bucket" in w for w in why)
-          and not any("\x1b" in m or "\x00" in m for m in health))
+    output = (noisy_now[0].get("health_output") or "") if noisy_now else ""
+    clean = not any(ord(c) < 32 and c not in "\n\t" for c in output)
+    ok = (status == ["active"] and calm_now == [calm] and [t["id"] for t in noisy_now] == [noisy]
+          and any("64 bucket" in w for w in why) and 0 < len(output) <= 1024 and clean)
     report("a task's own metrics and health output break every bound of a report", ok,
            f"host {status}, neighbour {'kept' if calm_now == [calm] else 'replaced ' + str(calm_now)}, "
-           f"work unknown: {why[:1]}, longest health event {longest} characters")
+           f"the noisy task {'kept' if [t['id'] for t in noisy_now] == [noisy] else 'replaced'}, "
+           f"work unknown: {why[:1]}, health output stored: {len(output)} characters"
+           f"{'' if clean else ' WITH CONTROL CHARACTERS'}")
 
 
 def growing_host(f, report):
@@ -215,10 +222,11 @@ def growing_host(f, report):
 
 
 def host_network(f, report):
+    # ECS's shape, where these fields live.
     status, body = f.api("POST", "/api/v1/task-definitions", {
-        "family": "sniffer", "networkMode": "host", "containers": [{
-            "name": "main", "image": "busybox", "command": ["sleep", "600"], "cpu_milli": 100,
-            "memory_mib": 64, "linuxParameters": {"capabilities": {"add": ["NET_RAW"]}}}]})
+        "family": "sniffer", "networkMode": "host", "containerDefinitions": [{
+            "name": "main", "image": "busybox", "command": ["sleep", "600"], "cpu": 100,
+            "memory": 64, "linuxParameters": {"capabilities": {"add": ["NET_RAW"]}}}]})
     assert status == 201, (status, body)
     status, body = f.api("POST", "/api/v1/services", {
         "name": "sniffer", "task_definition": "sniffer:1", "pool": "drill", "desired_count": 1})

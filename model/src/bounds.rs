@@ -69,29 +69,38 @@ impl std::fmt::Display for Dropped {
     }
 }
 
-/// `s` without NUL and at most `max` characters (as JSON Schema's `maxLength` counts them),
-/// or `None` when it already is. A text too long keeps its end (the last line of a check's
-/// output, the innermost cause of an error), after a `…` that says something was cut.
-pub fn cut_text(s: &str, max: usize) -> Option<String> {
-    let chars = s.chars().filter(|&c| c != '\0').count();
-    if chars <= max && !s.contains('\0') {
-        return None;
-    }
-    if chars <= max {
-        return Some(s.replace('\0', ""));
-    }
-    let keep = max.saturating_sub(1);
-    let tail: String = s
-        .chars()
-        .filter(|&c| c != '\0')
-        .skip(chars - keep)
-        .collect();
-    Some(if max == 0 { tail } else { format!("…{tail}") })
+/// Whether `c` may stand in a report's text: a control character (NUL, an escape that
+/// could rewrite an operator's terminal) may not, a line break or a tab may.
+fn shown(c: char) -> bool {
+    !c.is_control() || c == '\n' || c == '\t'
 }
 
-/// Whether `s` is within `max` characters and has no NUL.
+/// `s` with every control character but line breaks and tabs made `�`, and at most `max`
+/// characters (as JSON Schema's `maxLength` counts them), or `None` when it already is. A
+/// text too long keeps its end (the last line of a check's output, the innermost cause of
+/// an error), after a `…` that says something was cut.
+pub fn cut_text(s: &str, max: usize) -> Option<String> {
+    let chars = s.chars().count();
+    if chars <= max && s.chars().all(shown) {
+        return None;
+    }
+    let clean = |c: char| if shown(c) { c } else { '\u{fffd}' };
+    if chars <= max {
+        return Some(s.chars().map(clean).collect());
+    }
+    let keep = max.saturating_sub(1);
+    let tail = s.chars().skip(chars - keep).map(clean);
+    Some(if max == 0 {
+        String::new()
+    } else {
+        std::iter::once('…').chain(tail).collect()
+    })
+}
+
+/// Whether `s` is within `max` characters and has no control character but line breaks
+/// and tabs.
 pub fn text_ok(s: &str, max: usize) -> bool {
-    !s.contains('\0') && s.chars().count() <= max
+    s.chars().all(shown) && s.chars().count() <= max
 }
 
 /// An advertised address: a host name or an IP address, nothing more.
@@ -109,7 +118,8 @@ mod tests {
     #[test]
     fn texts_keep_their_end_and_lose_nul() {
         assert_eq!(cut_text("short", 10), None);
-        assert_eq!(cut_text("a\0b", 10).as_deref(), Some("ab"));
+        assert_eq!(cut_text("a\0b\x1b[2J", 10).as_deref(), Some("a\u{fffd}b\u{fffd}[2J"));
+        assert_eq!(cut_text("two\nlines\tand a tab", 40), None);
         let cut = cut_text("0123456789", 5).expect("cut");
         assert_eq!(cut, "…6789");
         assert_eq!(cut.chars().count(), 5);

@@ -30,7 +30,7 @@ impl Judge {
             self.drop(
                 owner.clone(),
                 field,
-                format!("cut to {max} characters without NUL"),
+                format!("cut to {max} characters without control characters"),
             );
             *t = cut;
         }
@@ -60,7 +60,7 @@ pub(crate) fn gpu_fault(g: &GpuReport) -> Option<String> {
     }
     if g.model.is_empty() || !text_ok(&g.model, MAX_NAME_CHARS) {
         return Some(format!(
-            "model must be 1 to {MAX_NAME_CHARS} characters without NUL"
+            "model must be 1 to {MAX_NAME_CHARS} characters without control characters"
         ));
     }
     None
@@ -149,7 +149,7 @@ fn judge_task(i: usize, t: &mut TaskReport, j: &mut Judge) {
                 .as_deref()
                 .is_some_and(|n| !text_ok(n, MAX_NAME_CHARS))
         {
-            Some("names must be at most 256 characters without NUL")
+            Some("names must be at most 256 characters without control characters")
         } else {
             None
         };
@@ -185,7 +185,7 @@ fn judge_work(w: &mut WorkReport) -> Option<String> {
                 WorkReport::Unknown { reason } => {
                     *reason = cut_text(reason, MAX_WORK_REASON_CHARS).unwrap_or_default();
                     return Some(format!(
-                        "reason cut to {MAX_WORK_REASON_CHARS} characters without NUL"
+                        "reason cut to {MAX_WORK_REASON_CHARS} characters without control characters"
                     ));
                 }
                 WorkReport::Measured(_) => format!("the measurement was dropped: {e}"),
@@ -225,7 +225,7 @@ impl SyncRequest {
                 j.drop(
                     Owner::Host,
                     format!("tasks[{i}].task_id"),
-                    "dropped: a task id is 1 to 256 characters without NUL",
+                    "dropped: a task id is 1 to 256 characters without control characters",
                 );
                 continue;
             }
@@ -417,7 +417,7 @@ mod tests {
             }
             other => panic!("work should be unknown with the reason, got {other:?}"),
         }
-        assert_eq!(noisy.error.as_deref(), Some(""));
+        assert_eq!(noisy.error.as_deref(), Some("\u{fffd}\u{fffd}\u{fffd}"));
         // Judged again, it is within every bound: nothing more to drop.
         assert!(r.sanitize().is_empty());
     }
