@@ -88,7 +88,7 @@ pub fn HostPage() -> impl IntoView {
                             let pending = (!view.host.pending_gpus.is_empty()).then(|| {
                                 let host_id = host_id.clone();
                                 let rows = view.host.pending_gpus.iter().map(|g| view! {
-                                    <li><code>{g.uuid.to_string()}</code> " " {g.why.clone()}</li>
+                                    <li>{g.why.clone()}</li>
                                 }).collect_view();
                                 view! {
                                     <div class="notice held pending-gpus" role="status">
