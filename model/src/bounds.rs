@@ -118,7 +118,10 @@ mod tests {
     #[test]
     fn texts_keep_their_end_and_lose_nul() {
         assert_eq!(cut_text("short", 10), None);
-        assert_eq!(cut_text("a\0b\x1b[2J", 10).as_deref(), Some("a\u{fffd}b\u{fffd}[2J"));
+        assert_eq!(
+            cut_text("a\0b\x1b[2J", 10).as_deref(),
+            Some("a\u{fffd}b\u{fffd}[2J")
+        );
         assert_eq!(cut_text("two\nlines\tand a tab", 40), None);
         let cut = cut_text("0123456789", 5).expect("cut");
         assert_eq!(cut, "…6789");

@@ -111,6 +111,36 @@ fn describe() {
     );
 }
 
+/// The last rendering, shared by every scrape for [`Rendered::FRESH_FOR`]: one rendering
+/// runs at a time and scrapers that come meanwhile wait for it, so any number of scrapers
+/// (or one viewer scraping in a loop) cost one reading of the fleet per period, not one
+/// each.
+#[derive(Clone, Default)]
+pub struct Rendered {
+    last: std::sync::Arc<tokio::sync::Mutex<Option<Rendering>>>,
+}
+
+/// One rendering: when, and the text.
+type Rendering = (std::time::Instant, std::sync::Arc<String>);
+
+impl Rendered {
+    /// How long a rendering is served as it is (Prometheus scrapes every 15 s or more).
+    pub const FRESH_FOR: Duration = Duration::from_secs(5);
+
+    /// The metrics as of at most [`Rendered::FRESH_FOR`] ago.
+    pub async fn get(&self, control: &Control) -> Result<std::sync::Arc<String>, ApiError> {
+        let mut last = self.last.lock().await;
+        if let Some((at, text)) = last.as_ref()
+            && at.elapsed() < Self::FRESH_FOR
+        {
+            return Ok(text.clone());
+        }
+        let text = std::sync::Arc::new(render(control).await?);
+        *last = Some((std::time::Instant::now(), text.clone()));
+        Ok(text)
+    }
+}
+
 /// Sets the fleet's gauges from the control plane, then renders everything.
 pub async fn render(control: &Control) -> Result<String, ApiError> {
     let handle = handle();
