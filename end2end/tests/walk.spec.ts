@@ -61,3 +61,24 @@ test("every page, after pauses longer than the server's timeouts, loads without 
   expect(failed, failed.join("\n")).toEqual([]);
   expect(errors, errors.join("\n")).toEqual([]);
 });
+
+// When a page's code cannot be fetched at all (the network, a proxy), the page says so and
+// offers a reload instead of going dead without a word.
+test("a page whose code cannot load says so and offers a reload", async ({ page }) => {
+  await open(page, "/");
+  await page.route(/\/pkg\/split___audit_route_view_.*\.wasm$/, (route) => route.abort());
+  await page.locator('header a[href="/audit"]').click();
+  const notice = page.locator("#console-broken");
+  await expect(notice).toBeVisible({ timeout: 20_000 });
+  await expect(notice).toContainText("Reload the page");
+  await page.unroute(/\/pkg\/split___audit_route_view_.*\.wasm$/);
+  await Promise.all([
+    page.waitForEvent("load"),
+    notice.getByRole("link", { name: "Reload the page" }).click(),
+  ]);
+  await expect(page.locator("main[data-hydrated=true]")).toBeVisible();
+  await expect(page.locator("#console-broken")).toHaveCount(0);
+  // Alive again: the page that could not load now does.
+  await page.locator('header a[href="/audit"]').click();
+  await expect(page.locator("main h1")).toContainText("Audit");
+});
