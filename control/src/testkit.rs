@@ -355,6 +355,21 @@ pub async fn sync_with(
         .expect("sync")
 }
 
+/// `h`'s report of `tasks`, with its GPUs and a healthy MPS daemon.
+pub fn report(h: &Host, tasks: Vec<TaskReport>) -> SyncRequest {
+    SyncRequest {
+        address: None,
+        dynamic_ports_free: None,
+        gpus: h.gpus.clone(),
+        mps: MpsReport {
+            healthy: true,
+            reason: None,
+            restarts: None,
+        },
+        tasks,
+    }
+}
+
 /// One sync of a healthy agent that runs everything it is asked to.
 pub async fn sync(control: &Control, h: &Host) -> SyncResponse {
     sync_with(control, h, true, &[]).await

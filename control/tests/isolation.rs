@@ -5,7 +5,7 @@
 
 use tessera_control::store::{EventFilter, TaskFilter};
 use tessera_control::testkit::*;
-use tessera_model::agent::{HealthReport, MpsReport, SyncRequest, TaskReport};
+use tessera_model::agent::{HealthReport, TaskReport};
 use tessera_model::auth::{Caller, CallerKind, Role};
 use tessera_model::service::{TaskHealth, TaskPort, TaskState};
 use tessera_model::work::{LatencyBucket, WorkReport, WorkSample};
@@ -20,20 +20,6 @@ fn admin() -> Caller {
         token_id: None,
         projects: Default::default(),
         project: None,
-    }
-}
-
-fn report(h: &Host, tasks: Vec<TaskReport>) -> SyncRequest {
-    SyncRequest {
-        address: None,
-        dynamic_ports_free: None,
-        gpus: h.gpus.clone(),
-        mps: MpsReport {
-            healthy: true,
-            reason: None,
-            restarts: None,
-        },
-        tasks,
     }
 }
 
