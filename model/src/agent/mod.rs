@@ -297,9 +297,10 @@ pub struct SyncResponse {
     pub sync_interval_secs: u32,
 }
 
-/// At most [`MAX_NAME_CHARS`] characters (as JSON Schema's `maxLength` counts them), no NUL.
+/// At most [`MAX_NAME_CHARS`] characters (as JSON Schema's `maxLength` counts them), no NUL:
+/// what the registration's schema says of its names (a name is shown escaped everywhere).
 fn text_ok(s: &str) -> bool {
-    bounds::text_ok(s, MAX_NAME_CHARS)
+    s.chars().count() <= MAX_NAME_CHARS && !s.contains('\0')
 }
 
 /// Registration refuses the whole request for one bad GPU: a host is admitted with what

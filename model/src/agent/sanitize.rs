@@ -58,9 +58,10 @@ pub(crate) fn gpu_fault(g: &GpuReport) -> Option<String> {
             g.mps_client_limit
         ));
     }
-    if g.model.is_empty() || !text_ok(&g.model, MAX_NAME_CHARS) {
+    // As the registration's schema says (a model is shown escaped everywhere).
+    if g.model.is_empty() || g.model.chars().count() > MAX_NAME_CHARS || g.model.contains('\0') {
         return Some(format!(
-            "model must be 1 to {MAX_NAME_CHARS} characters without control characters"
+            "model must be 1 to {MAX_NAME_CHARS} characters without NUL"
         ));
     }
     None
