@@ -447,20 +447,19 @@ impl Control {
         let mut pending = Vec::new();
         if !as_admitted {
             let pool = self.store.get_pool(&host.pool).await?;
-            let mut elsewhere = BTreeMap::new();
-            for g in gpus
+            // Who else has the new UUIDs: one query, however many a report makes up.
+            let new: Vec<tessera_model::GpuUuid> = gpus
                 .iter()
                 .filter(|g| !host.gpus.iter().any(|k| k.uuid == g.uuid))
-            {
-                if let Some((other, _)) = self
-                    .store
-                    .host_with_gpus(std::slice::from_ref(&g.uuid))
-                    .await?
-                    && other != host.id
-                {
-                    elsewhere.insert(g.uuid.clone(), other);
-                }
-            }
+                .map(|g| g.uuid.clone())
+                .collect();
+            let elsewhere: BTreeMap<_, _> = self
+                .store
+                .gpu_owners(&new)
+                .await?
+                .into_iter()
+                .filter(|(_, owner)| *owner != host.id)
+                .collect();
             let judged = crate::inventory_growth::judge(
                 &host.gpus,
                 gpus,
@@ -478,9 +477,11 @@ impl Control {
             self.store.set_pending_gpus(&host.id, &pending).await?;
             if !pending.is_empty() {
                 let what: Vec<String> = pending.iter().map(|p| p.why.clone()).collect();
-                self.event(
+                // Once an hour for the same list: a report that flips between lists does
+                // not flood the host's events.
+                self.event_once(
                     None,
-                    Some(&host.id),
+                    &host.id,
                     &format!(
                         "host {}: {} GPU(s) wait for an admin's approval before they are capacity: {}",
                         host.id,
@@ -499,10 +500,10 @@ impl Control {
     /// fault every sync does not flood the events.
     async fn event_once(&self, service: Option<&str>, host: &HostId, message: &str) {
         let key = format!("{host}\n{message}");
-        if self.gateway.dropped.get(&key).is_some() {
+        if self.gateway.said.get(&key).is_some() {
             return;
         }
-        self.gateway.dropped.insert(key, ());
+        self.gateway.said.insert(key, ());
         tracing::warn!(%host, "{message}");
         self.event(service, Some(host), message).await;
     }
@@ -604,14 +605,11 @@ fn keep_stored_gpus(
         {
             continue;
         }
-        reported.push(tessera_model::agent::GpuReport {
-            uuid: k.uuid.clone(),
-            index: k.index,
-            model: k.model.clone(),
-            memory_mib: k.memory,
-            mps_client_limit: k.mps_client_limit,
-            healthy: k.health == GpuHealth::Healthy,
-        });
+        reported.push(crate::inventory_growth::stored_as_report(
+            k,
+            k.health == GpuHealth::Healthy,
+            k.mps_client_limit,
+        ));
     }
 }
 

@@ -26,7 +26,8 @@ pub(crate) struct Judged {
     pub refused: Vec<String>,
 }
 
-fn stored_as_report(k: &GpuInfo, healthy: bool, mps_client_limit: u32) -> GpuReport {
+/// A stored GPU as a report would give it, with `healthy` and `mps_client_limit` as said.
+pub(crate) fn stored_as_report(k: &GpuInfo, healthy: bool, mps_client_limit: u32) -> GpuReport {
     GpuReport {
         uuid: k.uuid.clone(),
         index: k.index,

@@ -51,7 +51,14 @@ pub type OnePerHost = Shares<HostId>;
 /// an address is refused without a lookup until the minute is over.
 #[derive(Debug, Clone, Default)]
 pub struct WrongTokens {
-    seen: Arc<Mutex<HashMap<IpAddr, (u32, std::time::Instant)>>>,
+    seen: Arc<Mutex<Recent>>,
+}
+
+/// Each address's wrong tokens in its current window, and when they were last pruned.
+#[derive(Debug, Default)]
+struct Recent {
+    windows: HashMap<IpAddr, (u32, std::time::Instant)>,
+    pruned: Option<std::time::Instant>,
 }
 
 impl WrongTokens {
@@ -65,17 +72,27 @@ impl WrongTokens {
         let ip = client_key(ip);
         self.seen
             .lock()
+            .windows
             .get(&ip)
             .is_some_and(|(n, since)| *n >= Self::MAX && since.elapsed() < Self::WINDOW)
     }
 
     pub fn record(&self, ip: IpAddr) {
         let ip = client_key(ip);
-        let mut seen = self.seen.lock();
-        if seen.len() >= Self::ADDRESSES {
-            seen.retain(|_, (_, since)| since.elapsed() < Self::WINDOW);
+        let mut recent = self.seen.lock();
+        let Recent { windows, pruned } = &mut *recent;
+        if windows.len() >= Self::ADDRESSES && !windows.contains_key(&ip) {
+            // At most one pass over them all a second: a flood of new addresses costs no
+            // pass each. Still full of live windows, a new address goes uncounted.
+            if pruned.is_none_or(|at| at.elapsed() >= std::time::Duration::from_secs(1)) {
+                windows.retain(|_, (_, since)| since.elapsed() < Self::WINDOW);
+                *pruned = Some(std::time::Instant::now());
+            }
+            if windows.len() >= Self::ADDRESSES {
+                return;
+            }
         }
-        let entry = seen.entry(ip).or_insert((0, std::time::Instant::now()));
+        let entry = windows.entry(ip).or_insert((0, std::time::Instant::now()));
         if entry.1.elapsed() >= Self::WINDOW {
             *entry = (0, std::time::Instant::now());
         }
@@ -415,6 +432,25 @@ async fn others_budget(state: AppState, req: Request, next: Next) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_address_with_too_many_wrong_tokens_is_refused_and_no_other() {
+        let w = WrongTokens::default();
+        let ip: IpAddr = "10.0.0.9".parse().expect("ip");
+        for _ in 0..WrongTokens::MAX - 1 {
+            w.record(ip);
+        }
+        assert!(!w.blocked(ip), "below the limit");
+        w.record(ip);
+        assert!(w.blocked(ip), "at the limit");
+        assert!(!w.blocked("10.0.0.10".parse().expect("ip")));
+        let one = Shares::<HostId>::default();
+        let h = HostId::new("h1").expect("valid");
+        let turn = one.enter(&h).expect("first");
+        assert!(one.enter(&h).is_none(), "one sync in flight per host");
+        drop(turn);
+        assert!(one.enter(&h).is_some());
+    }
 
     #[test]
     fn an_address_holds_at_most_its_share_and_gives_it_back() {

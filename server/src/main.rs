@@ -157,7 +157,10 @@ async fn user(db: DbArgs, command: UserCommand) -> anyhow::Result<()> {
 }
 
 async fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
-    let argv: Vec<String> = std::env::args().collect();
+    // As the kernel shows them (`args()` would panic on one that is not UTF-8).
+    let argv: Vec<String> = std::env::args_os()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
     if let Some(why) = tessera_server::config::secret_on_command_line(&argv) {
         anyhow::bail!(why);
     }

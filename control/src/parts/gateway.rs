@@ -35,9 +35,9 @@ pub(crate) struct Gateway {
     /// Each task's work as its syncs here reported it: written with the heartbeats when it
     /// says something new.
     pub work: Mutex<WorkLatest>,
-    /// What the bounds dropped from reports lately (owner and what), each recorded once
-    /// an hour however often its agent sends it again.
-    pub dropped: Cache<String, ()>,
+    /// The faults of reports recorded as events lately (a drop, a refused GPU), each
+    /// recorded once an hour however often its agent sends it again.
+    pub said: Cache<String, ()>,
     /// Agent tokens found (their hashes) and their hosts, for [`TOKEN_REMEMBERED`]: a
     /// revoked token works on another server for at most that long (on this one, not at
     /// all: revoking forgets them).
@@ -53,7 +53,7 @@ impl Default for Gateway {
             stop_timeouts: Cache::new(MAX_DEPLOYMENTS_CACHED),
             usage: Mutex::default(),
             work: Mutex::default(),
-            dropped: Cache::with_max_age(MAX_DROPS_REMEMBERED, DROPS_REMEMBERED),
+            said: Cache::with_max_age(MAX_DROPS_REMEMBERED, DROPS_REMEMBERED),
             tokens: Cache::with_max_age(MAX_TOKENS_REMEMBERED, TOKEN_REMEMBERED),
             token_lookups: tokio::sync::Semaphore::new(TOKEN_LOOKUPS),
         }

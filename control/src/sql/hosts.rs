@@ -89,6 +89,28 @@ impl HostStore for This {
         updated(done, "host", id)
     }
 
+    async fn gpu_owners(&self, uuids: &[GpuUuid]) -> Result<Vec<(GpuUuid, HostId)>, StoreError> {
+        if uuids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut q = QueryBuilder::<Db>::new("SELECT uuid, host_id FROM gpus WHERE uuid IN (");
+        let mut sep = q.separated(", ");
+        for u in uuids {
+            sep.push_bind(u.as_str());
+        }
+        q.push(")");
+        q.build()
+            .fetch_all(&self.db)
+            .await?
+            .iter()
+            .map(|r| {
+                let uuid = GpuUuid::new(r.try_get::<String, _>("uuid")?)
+                    .map_err(|e| StoreError::corrupt("GPU uuid", e))?;
+                Ok((uuid, host_id(r.try_get("host_id")?)?))
+            })
+            .collect()
+    }
+
     async fn host_with_gpus(
         &self,
         uuids: &[GpuUuid],

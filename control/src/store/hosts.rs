@@ -139,6 +139,11 @@ pub trait HostStore: Send + Sync + 'static {
     async fn host_by_token_hash(&self, token_hash: &str) -> Result<Option<HostId>, StoreError>;
     /// Forgets a host's agent token: its agent must register again.
     async fn revoke_agent_token(&self, id: &HostId) -> Result<(), StoreError>;
+    /// The host of each of these GPUs that some host has, in one query.
+    async fn gpu_owners(
+        &self,
+        uuids: &[tessera_model::GpuUuid],
+    ) -> Result<Vec<(tessera_model::GpuUuid, HostId)>, StoreError>;
     /// The host that has any of these GPUs, and whether its agent token is revoked.
     async fn host_with_gpus(
         &self,
