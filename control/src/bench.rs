@@ -65,6 +65,26 @@ pub async fn analyze(url: &str) -> Result<(), crate::StoreError> {
     Ok(())
 }
 
+/// Resident memory of this process now and at its peak, in MiB (Linux; NaN elsewhere).
+pub fn memory_mib() -> (f64, f64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |key: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(key))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|kb| kb.parse::<f64>().ok())
+            .map_or(f64::NAN, |kb| kb / 1024.0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// Resets this process's peak resident memory to what it holds now (Linux), so that the
+/// next [`memory_mib`] peak is the peak since this call.
+pub fn reset_peak_memory() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
 /// Admits `hosts` simulated hosts (192 vCPU, 2 TiB, `gpus_per_host` GPUs of 80 GiB each)
 /// named `sim-0000`…, host `h` into pool `pool_of(h)`; returns what each was told (its id
 /// and agent token).

@@ -4,7 +4,9 @@
 use crate::cache::Cache;
 use crate::config::ControlConfig;
 use crate::error::ControlError;
-use crate::parts::{Accounts, Gateway, Membership, Passes, Scheduling, ServiceState};
+use crate::parts::{
+    Accounts, FleetModel, FleetSnapshot, Gateway, Membership, Passes, Scheduling, ServiceState,
+};
 use crate::store::Store;
 use chrono::{DateTime, Utc};
 use std::collections::HashMap;
@@ -39,6 +41,8 @@ pub struct Control {
     pub(crate) passes: Arc<Passes>,
     /// Password checks.
     pub(crate) accounts: Arc<Accounts>,
+    /// The fleet read model: what `/metrics`, the overview, projects and endpoints show.
+    pub(crate) fleet: Arc<FleetModel>,
     /// Fit verdicts by task, read at most [`VERDICTS_FRESH`] ago (see `cached_verdicts`).
     pub(crate) verdicts: Arc<Cache<(), Arc<HashMap<String, Verdict>>>>,
 }
@@ -55,6 +59,7 @@ impl Control {
             membership: Arc::new(Membership::new(&config.address, &*config.clock)),
             passes: Arc::default(),
             accounts: Arc::default(),
+            fleet: Arc::default(),
             verdicts: Arc::new(Cache::with_max_age(1, VERDICTS_FRESH)),
             config,
         }
@@ -86,6 +91,12 @@ impl Control {
         let spec = Arc::new(self.store.get_task_definition(r).await?.spec);
         self.scheduling.specs.insert(r.clone(), spec.clone());
         Ok(spec)
+    }
+
+    /// The fleet as of now (the fleet read model, brought up to date): what this caller
+    /// wrote before is in it.
+    pub async fn fleet(&self) -> Result<Arc<FleetSnapshot>, ControlError> {
+        Ok(self.fleet.current(&*self.store).await?)
     }
 
     /// Capacity changed outside the scheduler: its cached engines are rebuilt next pass,

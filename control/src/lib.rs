@@ -92,6 +92,7 @@ mod workloads;
 pub use config::ControlConfig;
 pub use control::Control;
 pub use error::{ControlError, StoreError};
+pub use parts::{FleetSnapshot, GpuFigures, HostBlock};
 pub use preview::{density, density_of};
 pub use store::{AuthStore, Store};
 /// A GPU's usage, as `density_of` reads it.

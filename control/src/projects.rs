@@ -294,19 +294,13 @@ impl Control {
         let projects = self.store.list_projects().await?;
         let services = self.store.list_services().await?;
         let project_of = project_of(&services);
-        let tasks = self
-            .store
-            .list_tasks(&crate::store::TaskFilter {
-                states: [TaskState::HOLDING.as_slice(), &[TaskState::Pending]].concat(),
-                ..Default::default()
-            })
-            .await?;
+        let fleet = self.fleet().await?;
         // (project, pool) -> (used, pending)
         let mut by: BTreeMap<(String, String), (Usage, u32)> = BTreeMap::new();
         // (project, service, pool) -> (waiting tasks, the last reason given)
         let mut waiting: BTreeMap<(String, String, String), (u32, Option<String>)> =
             BTreeMap::new();
-        for t in &tasks {
+        for t in fleet.holding().chain(fleet.pending()) {
             let project = project_of
                 .get(&t.service)
                 .cloned()

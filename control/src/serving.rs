@@ -5,7 +5,7 @@
 
 use crate::control::Control;
 use crate::error::ControlError;
-use crate::store::TaskFilter;
+use crate::parts::FleetSnapshot;
 use std::collections::{BTreeMap, HashMap};
 use tessera_model::api::{Endpoint, EndpointHealth, EndpointList, PrometheusTargets};
 use tessera_model::service::{Task, TaskHealth, TaskState};
@@ -28,7 +28,10 @@ pub fn endpoint_health(t: &Task) -> Option<EndpointHealth> {
 
 /// One entry per task and bound port, ordered by task and port; a host without an
 /// advertised address is reached at its id (its hostname).
-pub fn endpoints_of(tasks: &[Task], hosts: &HashMap<HostId, &HostInfo>) -> Vec<Endpoint> {
+pub fn endpoints_of<'a>(
+    tasks: impl IntoIterator<Item = &'a Task>,
+    hosts: &HashMap<HostId, &HostInfo>,
+) -> Vec<Endpoint> {
     let mut out = Vec::new();
     for t in tasks {
         let (Some(health), Some(host)) = (endpoint_health(t), &t.host) else {
@@ -69,33 +72,43 @@ pub fn endpoints_of(tasks: &[Task], hosts: &HashMap<HostId, &HostInfo>) -> Vec<E
     out
 }
 
+/// The hosts `tasks` are placed on, as the fleet read model has them.
+fn hosts_of<'a>(
+    fleet: &'a FleetSnapshot,
+    tasks: impl IntoIterator<Item = &'a Task>,
+) -> HashMap<HostId, &'a HostInfo> {
+    tasks
+        .into_iter()
+        .filter_map(|t| t.host.as_ref())
+        .filter_map(|h| Some((h.clone(), &fleet.host(h)?.host)))
+        .collect()
+}
+
 impl Control {
     /// `GET /api/v1/services/{name}/endpoints`.
     pub async fn endpoints(&self, service: &str) -> Result<EndpointList, ControlError> {
         self.store.get_service(service).await?;
-        let tasks = self.live_tasks(service).await?;
-        let hosts = self.store.list_hosts().await?;
-        let by_id: HashMap<HostId, &HostInfo> = hosts.iter().map(|h| (h.id.clone(), h)).collect();
+        let fleet = self.fleet().await?;
+        let tasks: Vec<&Task> = fleet.placed().filter(|t| t.service == service).collect();
+        let by_id = hosts_of(&fleet, tasks.iter().copied());
         Ok(EndpointList {
             service: service.to_owned(),
-            endpoints: endpoints_of(&tasks, &by_id),
+            endpoints: endpoints_of(tasks, &by_id),
         })
     }
 
     /// `GET /api/v1/discovery/prometheus`: every running task's port named `metrics`,
     /// labelled with its service, revision, task, host, GPUs and pool.
     pub async fn prometheus_targets(&self) -> Result<Vec<PrometheusTargets>, ControlError> {
-        let tasks = self
-            .store
-            .list_tasks(&TaskFilter {
-                states: vec![TaskState::Running, TaskState::Stopping],
-                ..Default::default()
-            })
-            .await?;
-        let hosts = self.store.list_hosts().await?;
-        let by_id: HashMap<HostId, &HostInfo> = hosts.iter().map(|h| (h.id.clone(), h)).collect();
+        let fleet = self.fleet().await?;
+        let mut tasks: Vec<&Task> = fleet
+            .placed()
+            .filter(|t| matches!(t.state, TaskState::Running | TaskState::Stopping))
+            .collect();
+        tasks.sort_by(|a, b| (&a.created_at, &a.id).cmp(&(&b.created_at, &b.id)));
+        let by_id = hosts_of(&fleet, tasks.iter().copied());
         let mut out = Vec::new();
-        for t in &tasks {
+        for t in tasks {
             for e in endpoints_of(std::slice::from_ref(t), &by_id)
                 .into_iter()
                 .filter(|e| e.port_name.as_deref() == Some(METRICS_PORT))

@@ -289,34 +289,22 @@ impl Control {
         })
     }
 
-    /// The overview's figures, over the whole fleet.
+    /// The overview's figures, over the whole fleet (from the fleet read model).
     pub async fn overview(&self) -> Result<OverviewData, ControlError> {
-        let hosts = self.store.list_hosts().await?;
-        let holding = self.holding(None).await?;
-        let pools = self.store.list_pools().await?;
-        let capacities = capacities(&pools, &hosts, &holding);
-        let pending = self
-            .store
-            .list_tasks(&TaskFilter {
-                states: vec![TaskState::Pending],
-                ..Default::default()
-            })
-            .await?;
+        let fleet = self.fleet().await?;
+        let mut pending: Vec<&Task> = fleet.pending().collect();
+        pending.sort_by(|a, b| (&a.created_at, &a.id).cmp(&(&b.created_at, &b.id)));
         let mut by_status: BTreeMap<_, u32> = BTreeMap::new();
-        for h in &hosts {
-            *by_status.entry(h.status).or_default() += 1;
+        for b in fleet.hosts() {
+            *by_status.entry(b.host.status).or_default() += 1;
         }
-        let measured = holding
-            .iter()
+        let measured = fleet
+            .holding()
             .filter_map(|t| t.measured.gpu_memory_peak)
             .reduce(|a, b| a + b);
-        let usages: Vec<GpuUsage> = hosts
-            .iter()
-            .flat_map(|h| {
-                h.gpus
-                    .iter()
-                    .filter_map(|g| usage_of(&capacities, h, &g.uuid))
-            })
+        let usages: Vec<GpuUsage> = fleet
+            .hosts()
+            .flat_map(|b| b.gpus.iter().filter_map(|g| g.usage))
             .collect();
         let count = |mode| usages.iter().filter(|u| u.mode == mode).count() as u32;
         let sum = |f: fn(&GpuUsage) -> u64| usages.iter().map(f).sum::<u64>();
@@ -327,7 +315,7 @@ impl Control {
             .await?;
         let mut smallest: Option<(MiB, String)> = None;
         let mut pending_by_service: BTreeMap<String, (u32, Option<String>)> = BTreeMap::new();
-        for t in &pending {
+        for t in pending.iter().copied() {
             let e = pending_by_service.entry(t.service.clone()).or_default();
             e.0 += 1;
             if e.1.is_none() {
@@ -359,7 +347,7 @@ impl Control {
             .await?;
         Ok(OverviewData {
             hosts_by_status: by_status.into_iter().collect(),
-            simulated_hosts: hosts.iter().filter(|h| h.simulated).count() as u32,
+            simulated_hosts: fleet.hosts().filter(|b| b.host.simulated).count() as u32,
             gpus_idle: count(SharingMode::Idle),
             gpus_mps: count(SharingMode::Mps),
             gpus_dedicated: count(SharingMode::Dedicated),

@@ -171,3 +171,124 @@ async fn the_hosts_page_is_read_a_page_at_a_time_with_its_filters() {
     assert_eq!(draining.hosts.len(), 1);
     assert_eq!(draining.hosts[0].host.id.as_str(), "h07");
 }
+
+/// The fleet read model, kept up to date from what changed, against one read from scratch
+/// (a server started now) on the same database.
+async fn assert_fleet_as_read_from_scratch(env: &testkit::Env, step: &str) {
+    let kept = env.control.fleet().await.expect("fleet");
+    let fresh = env
+        .restart(fast())
+        .await
+        .fleet()
+        .await
+        .expect("fleet from scratch");
+    assert_eq!(*kept, *fresh, "after {step}");
+}
+
+#[tokio::test]
+async fn the_fleet_model_kept_from_changes_is_the_fleet_read_from_scratch() {
+    use tessera_model::agent::TaskReport;
+    use tessera_model::api::{PoolPatch, ServicePatch};
+    use tessera_model::service::TaskState;
+
+    let env = testkit::env(fast()).await;
+    let control = &env.control;
+    assert_fleet_as_read_from_scratch(&env, "nothing").await;
+    let a = testkit::host(control, "fa", 2, 24).await;
+    let b = testkit::host(control, "fb", 4, 24).await;
+    assert_fleet_as_read_from_scratch(&env, "two hosts registered").await;
+    let def = register_def(control, "small", 4, 30).await;
+    testkit::service(control, "small", &def, 8, DeploymentConfig::default()).await;
+    assert_fleet_as_read_from_scratch(&env, "a service created").await;
+    control.reconcile_once().await.expect("pass");
+    assert_fleet_as_read_from_scratch(&env, "its tasks placed").await;
+    assert_eq!(control.fleet().await.expect("fleet").holding().count(), 8);
+
+    // Both agents report their tasks running, with what they use.
+    for h in [&a, &b] {
+        let placed = testkit::tasks(control, "small", &[TaskState::Assigned]).await;
+        let reports = placed
+            .iter()
+            .filter(|t| t.host.as_ref() == Some(&h.id))
+            .map(|t| TaskReport {
+                task_id: t.id.clone(),
+                running: true,
+                gpu_memory_peak_mib: Some(MiB(3000)),
+                sm_percent: Some(25),
+                ..Default::default()
+            })
+            .collect();
+        control
+            .sync_agent(&h.id, &testkit::report(h, reports))
+            .await
+            .expect("sync");
+    }
+    control.flush_heartbeats().await.expect("flush");
+    let fleet = control.fleet().await.expect("fleet");
+    assert_eq!(fleet.pending().count(), 0);
+    assert_eq!(
+        fleet
+            .holding()
+            .filter(|t| t.measured.gpu_memory_peak == Some(MiB(3000)))
+            .count(),
+        8,
+        "every task's measured peak is in the model"
+    );
+    assert_fleet_as_read_from_scratch(&env, "the agents' reports").await;
+
+    control
+        .update_pool(
+            &PoolName::new("gpu").expect("valid"),
+            &PoolPatch {
+                compute_overcommit: Some(2.0),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("pool");
+    assert_fleet_as_read_from_scratch(&env, "the pool's overcommit changed").await;
+
+    control.drain_host(&a.id).await.expect("drain");
+    control.reconcile_once().await.expect("pass");
+    assert_fleet_as_read_from_scratch(&env, "a host drained").await;
+
+    // Host b loses a GPU.
+    let fewer = b.clone_with_gpus(b.gpus[..3].to_vec());
+    testkit::sync(control, &fewer).await;
+    control.flush_heartbeats().await.expect("flush");
+    assert_fleet_as_read_from_scratch(&env, "a GPU gone").await;
+    let fleet = control.fleet().await.expect("fleet");
+    let gone = &fleet.host(&b.id).expect("host b").host.gpus[3];
+    assert_eq!(
+        gone.health,
+        tessera_model::GpuHealth::Unhealthy,
+        "the GPU its agent no longer reports is shown unhealthy"
+    );
+
+    control
+        .update_service(
+            "small",
+            &ServicePatch {
+                desired_count: Some(2),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("scale in");
+    control.reconcile_once().await.expect("pass");
+    assert_fleet_as_read_from_scratch(&env, "the service scaled in").await;
+
+    control.delete_service("small").await.expect("delete");
+    for _ in 0..3 {
+        control.reconcile_once().await.expect("pass");
+        testkit::sync(control, &fewer).await;
+        testkit::sync(control, &a).await;
+    }
+    assert_fleet_as_read_from_scratch(&env, "the service deleted").await;
+
+    control.delete_host(&a.id).await.expect("delete host");
+    let fleet = control.fleet().await.expect("fleet");
+    assert!(fleet.host(&a.id).is_none(), "a deleted host is gone");
+    assert_eq!(fleet.hosts().count(), 1);
+    assert_fleet_as_read_from_scratch(&env, "a host deleted").await;
+}

@@ -65,9 +65,9 @@ pub struct AppState {
     /// Agents' requests in flight per client address.
     #[from_ref(skip)]
     pub agent_addresses: edge::PerAddress,
-    /// `/metrics` as last rendered, shared by scrapes.
+    /// Turns for writing `/metrics` scrapes.
     #[from_ref(skip)]
-    pub metrics: metrics::Rendered,
+    pub metrics: metrics::Scrapes,
     /// Live event streams open per user, and per client address.
     #[from_ref(skip)]
     pub live_users: edge::Shares<String>,
@@ -157,7 +157,7 @@ impl AppState {
             live_users: edge::Shares::new(limits.live_streams_per_user),
             live_addresses: edge::PerAddress::new(limits.live_streams_per_address),
             agent_hosts: edge::OnePerHost::default(),
-            metrics: metrics::Rendered::default(),
+            metrics: metrics::Scrapes::default(),
             wrong_tokens: edge::WrongTokens::default(),
             limits,
         }

@@ -1,26 +1,40 @@
-//! Prometheus metrics at `GET /metrics` (a viewer's API token, as every read of the API),
-//! through the `metrics` facade and its Prometheus exporter.
+//! Prometheus metrics at `GET /metrics` (a viewer's API token, as every read of the API).
 //!
 //! Two kinds of figures:
-//! - **timings**, recorded where they happen as histograms: reconcile passes and placement
-//!   commits (`control`), agent syncs (here, around the handler);
-//! - **the fleet as it stands**, set as gauges from the control plane's read models on
-//!   each scrape: per GPU memory total, reserved and used (measured peaks) and compute
-//!   reserved; per task measured memory and SM use; hosts by status; pending tasks by
-//!   reason; deployments in progress.
+//! - **timings and counts**, recorded where they happen through the `metrics` facade and
+//!   its Prometheus exporter: reconcile passes and placement commits (`control`), agent
+//!   syncs (here, around the handler);
+//! - **the fleet as it stands**, written out on each scrape from the control plane's fleet
+//!   read model (kept up to date from what changed, not read from the store per scrape):
+//!   per GPU memory total, reserved and used (measured peaks) and compute reserved; per
+//!   task measured memory and SM use; hosts by status; projects' use and quotas; pending
+//!   tasks by reason; deployments in progress. A task that ended or a host deleted is
+//!   simply not in the next scrape.
 //!
-//! A gauge not set again for five minutes (a task that ended, a host deleted) is dropped.
+//! The fleet's figures are written as the body is sent, a chunk at a time, so a scrape of
+//! a large fleet never holds its whole text; at most [`SCRAPES_AT_ONCE`] scrapes are
+//! written at once and others queue for their turn (one client scraping in a loop cannot
+//! take every core).
 
 use crate::error::ApiError;
-use metrics::gauge;
+use axum::body::Body;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use metrics_util::MetricKindMask;
 use std::collections::BTreeMap;
-use std::sync::OnceLock;
+use std::fmt::Write as _;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
-use tessera_control::Control;
-use tessera_control::store::TaskFilter;
+use tessera_control::{Control, FleetSnapshot, HostBlock};
+use tessera_model::HostId;
+use tessera_model::project::ProjectView;
 use tessera_model::service::{DeploymentStatus, TaskState};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// How many scrapes are written at once.
+pub const SCRAPES_AT_ONCE: usize = 2;
+
+/// Roughly how many bytes one chunk of the body holds.
+const CHUNK_BYTES: usize = 64 * 1024;
 
 /// The process's recorder: installed once, on first use.
 pub fn handle() -> &'static PrometheusHandle {
@@ -46,56 +60,10 @@ pub fn handle() -> &'static PrometheusHandle {
 }
 
 fn describe() {
-    use metrics::{describe_gauge, describe_histogram};
-    describe_gauge!("tessera_gpu_memory_total_mib", "GPU memory, MiB");
-    describe_gauge!(
-        "tessera_gpu_memory_reserved_mib",
-        "GPU memory reserved by tasks' budgets, MiB"
-    );
-    describe_gauge!(
-        "tessera_gpu_memory_used_mib",
-        "GPU memory its tasks were measured to use at their peaks, MiB"
-    );
-    describe_gauge!(
-        "tessera_gpu_compute_reserved_ratio",
-        "Share of the GPU's compute reserved by MPS caps and whole-GPU tasks"
-    );
-    describe_gauge!(
-        "tessera_task_gpu_memory_peak_mib",
-        "A task's measured peak GPU memory, MiB"
-    );
-    describe_gauge!(
-        "tessera_task_sm_percent",
-        "A task's measured streaming-multiprocessor use, %"
-    );
-    describe_gauge!("tessera_hosts", "Hosts by status");
-    describe_gauge!(
-        "tessera_project_used",
-        "What a project's tasks reserve in a pool, by resource (gpus, gpu_memory_mib, compute_milli, cpu_milli, memory_mib)"
-    );
-    describe_gauge!(
-        "tessera_project_borrowed",
-        "What a project uses in a pool beyond its guarantee, by resource"
-    );
-    describe_gauge!(
-        "tessera_project_guaranteed",
-        "A project's guaranteed quota in a pool, by resource (only those it names)"
-    );
-    describe_gauge!(
-        "tessera_project_limit",
-        "A project's limit in a pool, by resource (only those it names; absent: no limit)"
-    );
-    describe_gauge!(
-        "tessera_project_tasks_pending",
-        "A project's tasks in a pool waiting for a placement"
-    );
-    describe_gauge!(
-        "tessera_tasks_pending",
-        "Tasks waiting for a placement, by the scheduler's reason"
-    );
-    describe_gauge!(
-        "tessera_deployments_in_progress",
-        "Deployments not yet completed (new revisions rolling out, old ones draining)"
+    use metrics::{describe_counter, describe_histogram};
+    describe_counter!(
+        "tessera_reconcile_passes_total",
+        "Reconcile passes, by scope (full, or only what changed)"
     );
     describe_histogram!(
         "tessera_reconcile_pass_seconds",
@@ -111,146 +79,382 @@ fn describe() {
     );
 }
 
-/// The last rendering, shared by every scrape for [`Rendered::FRESH_FOR`]: one rendering
-/// runs at a time and scrapers that come meanwhile wait for it, so any number of scrapers
-/// (or one viewer scraping in a loop) cost one reading of the fleet per period, not one
-/// each.
-#[derive(Clone, Default)]
-pub struct Rendered {
-    last: std::sync::Arc<tokio::sync::Mutex<Option<Rendering>>>,
+/// Who may write a scrape now: at most [`SCRAPES_AT_ONCE`], first come first served.
+#[derive(Clone)]
+pub struct Scrapes {
+    turns: Arc<Semaphore>,
 }
 
-/// One rendering: when, and the text.
-type Rendering = (std::time::Instant, std::sync::Arc<String>);
-
-impl Rendered {
-    /// How long a rendering is served as it is (Prometheus scrapes every 15 s or more).
-    pub const FRESH_FOR: Duration = Duration::from_secs(5);
-
-    /// The metrics as of at most [`Rendered::FRESH_FOR`] ago.
-    pub async fn get(&self, control: &Control) -> Result<std::sync::Arc<String>, ApiError> {
-        let mut last = self.last.lock().await;
-        if let Some((at, text)) = last.as_ref()
-            && at.elapsed() < Self::FRESH_FOR
-        {
-            return Ok(text.clone());
+impl Default for Scrapes {
+    fn default() -> Self {
+        Scrapes {
+            turns: Arc::new(Semaphore::new(SCRAPES_AT_ONCE)),
         }
-        let text = std::sync::Arc::new(render(control).await?);
-        *last = Some((std::time::Instant::now(), text.clone()));
-        Ok(text)
     }
 }
 
-/// Sets the fleet's gauges from the control plane, then renders everything.
-pub async fn render(control: &Control) -> Result<String, ApiError> {
-    let handle = handle();
-    let hosts = control.list_hosts().await?;
-    let mut by_status: BTreeMap<&'static str, u64> = ["active", "draining", "impaired", "lost"]
-        .into_iter()
-        .map(|s| (s, 0))
-        .collect();
-    for h in &hosts {
-        *by_status.entry(h.status.as_str()).or_default() += 1;
+impl Scrapes {
+    /// The body of one scrape: waits for a turn, reads what it shows, and writes it out
+    /// while it is sent (the turn is held until the body is sent or dropped).
+    pub async fn body(&self, control: &Control) -> Result<Body, ApiError> {
+        let turn = self
+            .turns
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed");
+        let exposition = Exposition::read(control, turn).await?;
+        Ok(Body::from_stream(futures_util::stream::iter(
+            exposition.map(Ok::<_, std::convert::Infallible>),
+        )))
     }
-    for (status, n) in by_status {
-        gauge!("tessera_hosts", "status" => status).set(n as f64);
-    }
-    for view in control.host_views(hosts).await? {
-        let host = view.host.id.to_string();
-        for g in &view.gpus {
-            let labels = [
-                ("host", host.clone()),
-                ("gpu", g.gpu.uuid.to_string()),
-                ("index", g.gpu.index.to_string()),
-                ("model", g.gpu.model.clone()),
-            ];
-            gauge!("tessera_gpu_memory_total_mib", &labels).set(g.gpu.memory.0 as f64);
-            gauge!("tessera_gpu_memory_reserved_mib", &labels).set(g.memory_allocated.0 as f64);
-            gauge!("tessera_gpu_memory_used_mib", &labels)
-                .set(g.measured().map_or(0.0, |m| m.0 as f64));
-            gauge!("tessera_gpu_compute_reserved_ratio", &labels)
-                .set(f64::from(g.compute_allocated.0) / 1000.0);
-        }
-    }
-    let placed = control
-        .list_tasks(&TaskFilter {
-            states: vec![TaskState::Assigned, TaskState::Running],
-            without_allocations: true,
-            ..Default::default()
+}
+
+/// A fleet family: its name, help, and which part of the fleet it is written from.
+struct Family {
+    name: &'static str,
+    help: &'static str,
+    of: Of,
+}
+
+#[derive(Clone, Copy)]
+enum Of {
+    GpuTotal,
+    GpuReserved,
+    GpuUsed,
+    GpuCompute,
+    TaskPeak,
+    TaskSm,
+}
+
+/// The families written host by host (a chunk at a time), in this order.
+const PER_HOST: [Family; 6] = [
+    Family {
+        name: "tessera_gpu_memory_total_mib",
+        help: "GPU memory, MiB",
+        of: Of::GpuTotal,
+    },
+    Family {
+        name: "tessera_gpu_memory_reserved_mib",
+        help: "GPU memory reserved by tasks' budgets, MiB",
+        of: Of::GpuReserved,
+    },
+    Family {
+        name: "tessera_gpu_memory_used_mib",
+        help: "GPU memory its tasks were measured to use at their peaks, MiB",
+        of: Of::GpuUsed,
+    },
+    Family {
+        name: "tessera_gpu_compute_reserved_ratio",
+        help: "Share of the GPU's compute reserved by MPS caps and whole-GPU tasks",
+        of: Of::GpuCompute,
+    },
+    Family {
+        name: "tessera_task_gpu_memory_peak_mib",
+        help: "A task's measured peak GPU memory, MiB",
+        of: Of::TaskPeak,
+    },
+    Family {
+        name: "tessera_task_sm_percent",
+        help: "A task's measured streaming-multiprocessor use, %",
+        of: Of::TaskSm,
+    },
+];
+
+/// One scrape being written: what it shows, read once, and where it is.
+struct Exposition {
+    fleet: Arc<FleetSnapshot>,
+    projects: Vec<ProjectView>,
+    deployments_in_progress: usize,
+    /// What the `metrics` registry holds (timings and counts): small.
+    registry: String,
+    /// The next part to write: 0 the head, 1..=6 the families of [`PER_HOST`], 7 the tail.
+    part: usize,
+    /// Within a per-host family: the last host written.
+    after: Option<HostId>,
+    _turn: OwnedSemaphorePermit,
+}
+
+impl Exposition {
+    async fn read(control: &Control, turn: OwnedSemaphorePermit) -> Result<Self, ApiError> {
+        let handle = handle();
+        let fleet = control.fleet().await?;
+        let projects = control.list_projects().await?;
+        let deployments_in_progress = control
+            .service_details()
+            .await?
+            .iter()
+            .flat_map(|s| &s.deployments)
+            .filter(|d| match d.status {
+                DeploymentStatus::Primary => d.pending > 0,
+                DeploymentStatus::Active => true,
+                _ => false,
+            })
+            .count();
+        handle.run_upkeep();
+        Ok(Exposition {
+            fleet,
+            projects,
+            deployments_in_progress,
+            registry: handle.render(),
+            part: 0,
+            after: None,
+            _turn: turn,
         })
-        .await?;
-    for t in &placed {
-        let labels = [
-            ("task", t.id.clone()),
-            ("service", t.service.clone()),
+    }
+
+    /// The head: the registry's figures, then hosts by status.
+    fn head(&self) -> String {
+        let mut out = self.registry.clone();
+        let mut by_status: BTreeMap<&'static str, u64> = ["active", "draining", "impaired", "lost"]
+            .into_iter()
+            .map(|s| (s, 0))
+            .collect();
+        for b in self.fleet.hosts() {
+            *by_status.entry(b.host.status.as_str()).or_default() += 1;
+        }
+        family(&mut out, "tessera_hosts", "Hosts by status");
+        for (status, n) in by_status {
+            sample(&mut out, "tessera_hosts", &[("status", status)], n as f64);
+        }
+        out
+    }
+
+    /// The tail: projects, pending tasks, deployments.
+    fn tail(&self) -> String {
+        let mut out = String::new();
+        let share_families: [(&str, &str); 5] = [
             (
-                "host",
-                t.host.as_ref().map(|h| h.to_string()).unwrap_or_default(),
+                "tessera_project_used",
+                "What a project's tasks reserve in a pool, by resource (gpus, gpu_memory_mib, compute_milli, cpu_milli, memory_mib)",
+            ),
+            (
+                "tessera_project_borrowed",
+                "What a project uses in a pool beyond its guarantee, by resource",
+            ),
+            (
+                "tessera_project_guaranteed",
+                "A project's guaranteed quota in a pool, by resource (only those it names)",
+            ),
+            (
+                "tessera_project_limit",
+                "A project's limit in a pool, by resource (only those it names; absent: no limit)",
+            ),
+            (
+                "tessera_project_tasks_pending",
+                "A project's tasks in a pool waiting for a placement",
             ),
         ];
-        if let Some(peak) = t.measured.gpu_memory_peak {
-            gauge!("tessera_task_gpu_memory_peak_mib", &labels).set(peak.0 as f64);
+        for (i, (name, help)) in share_families.into_iter().enumerate() {
+            family(&mut out, name, help);
+            for p in &self.projects {
+                for share in &p.pools {
+                    let labels = [
+                        ("project", p.project.name.as_str()),
+                        ("pool", share.pool.as_str()),
+                    ];
+                    let figures: Vec<(&str, u64)> = match i {
+                        0 => share.used.named().to_vec(),
+                        1 => share.borrowed.named().to_vec(),
+                        2 => share.guaranteed.named(),
+                        3 => share.limit.named(),
+                        _ => {
+                            sample(&mut out, name, &labels, f64::from(share.pending));
+                            continue;
+                        }
+                    };
+                    for (resource, v) in figures {
+                        let [a, b] = labels;
+                        sample(&mut out, name, &[a, b, ("resource", resource)], v as f64);
+                    }
+                }
+            }
         }
-        if let Some(sm) = t.measured.sm_percent {
-            gauge!("tessera_task_sm_percent", &labels).set(f64::from(sm));
+        let mut reasons: BTreeMap<&str, u64> = BTreeMap::new();
+        for t in self.fleet.pending() {
+            let reason = t.placement_message.as_deref().unwrap_or("not tried yet");
+            *reasons.entry(reason).or_default() += 1;
+        }
+        family(
+            &mut out,
+            "tessera_tasks_pending",
+            "Tasks waiting for a placement, by the scheduler's reason",
+        );
+        for (reason, n) in reasons {
+            sample(
+                &mut out,
+                "tessera_tasks_pending",
+                &[("reason", reason)],
+                n as f64,
+            );
+        }
+        family(
+            &mut out,
+            "tessera_deployments_in_progress",
+            "Deployments not yet completed (new revisions rolling out, old ones draining)",
+        );
+        sample(
+            &mut out,
+            "tessera_deployments_in_progress",
+            &[],
+            self.deployments_in_progress as f64,
+        );
+        out
+    }
+
+    /// The next chunk of per-host family `f`, from the host after `self.after`, and
+    /// whether the family is done.
+    fn hosts_chunk(&mut self, f: &Family) -> (String, bool) {
+        let mut out = String::new();
+        if self.after.is_none() {
+            family(&mut out, f.name, f.help);
+        }
+        let mut last = None;
+        let mut done = true;
+        for b in self.fleet.hosts_after(self.after.as_ref()) {
+            write_host(&mut out, f, b);
+            last = Some(b.host.id.clone());
+            if out.len() >= CHUNK_BYTES {
+                done = false;
+                break;
+            }
+        }
+        self.after = if done { None } else { last };
+        (out, done)
+    }
+}
+
+impl Iterator for Exposition {
+    type Item = String;
+
+    fn next(&mut self) -> Option<String> {
+        loop {
+            match self.part {
+                0 => {
+                    self.part = 1;
+                    return Some(self.head());
+                }
+                p @ 1..=6 => {
+                    let (chunk, done) = self.hosts_chunk(&PER_HOST[p - 1]);
+                    if done {
+                        self.part += 1;
+                    }
+                    if !chunk.is_empty() {
+                        return Some(chunk);
+                    }
+                }
+                7 => {
+                    self.part = 8;
+                    return Some(self.tail());
+                }
+                _ => return None,
+            }
         }
     }
-    for p in control.list_projects().await? {
-        for share in &p.pools {
-            let labels = [
-                ("project", p.project.name.clone()),
-                ("pool", share.pool.clone()),
-            ];
-            let with = |resource: &str| {
-                let mut l = labels.to_vec();
-                l.push(("resource", resource.to_owned()));
-                l
-            };
-            for ((resource, used), (_, borrowed)) in
-                share.used.named().into_iter().zip(share.borrowed.named())
+}
+
+/// Family `f`'s samples of host `b`.
+fn write_host(out: &mut String, f: &Family, b: &HostBlock) {
+    let host = b.host.id.as_str();
+    match f.of {
+        Of::GpuTotal | Of::GpuReserved | Of::GpuUsed | Of::GpuCompute => {
+            for (g, figures) in b.host.gpus.iter().zip(&b.gpus) {
+                let index = g.index.to_string();
+                let labels = [
+                    ("host", host),
+                    ("gpu", g.uuid.as_str()),
+                    ("index", index.as_str()),
+                    ("model", g.model.as_str()),
+                ];
+                let usage = figures.usage;
+                let value = match f.of {
+                    Of::GpuTotal => g.memory.0 as f64,
+                    Of::GpuReserved => {
+                        usage.map_or(0, |u| u.memory_capacity.0 - u.memory_free.0) as f64
+                    }
+                    Of::GpuUsed => figures.measured.map_or(0.0, |m| m.0 as f64),
+                    _ => {
+                        usage.map_or(0.0, |u| f64::from(u.compute_capacity.0 - u.compute_free.0))
+                            / 1000.0
+                    }
+                };
+                sample(out, f.name, &labels, value);
+            }
+        }
+        Of::TaskPeak | Of::TaskSm => {
+            for t in b
+                .tasks
+                .iter()
+                .filter(|t| matches!(t.state, TaskState::Assigned | TaskState::Running))
             {
-                gauge!("tessera_project_used", &with(resource)).set(used as f64);
-                gauge!("tessera_project_borrowed", &with(resource)).set(borrowed as f64);
+                let value = match f.of {
+                    Of::TaskPeak => t.measured.gpu_memory_peak.map(|m| m.0 as f64),
+                    _ => t.measured.sm_percent.map(f64::from),
+                };
+                if let Some(v) = value {
+                    let labels = [
+                        ("task", t.id.as_str()),
+                        ("service", t.service.as_str()),
+                        ("host", host),
+                    ];
+                    sample(out, f.name, &labels, v);
+                }
             }
-            for (resource, v) in share.guaranteed.named() {
-                gauge!("tessera_project_guaranteed", &with(resource)).set(v as f64);
-            }
-            for (resource, v) in share.limit.named() {
-                gauge!("tessera_project_limit", &with(resource)).set(v as f64);
-            }
-            gauge!("tessera_project_tasks_pending", &labels).set(f64::from(share.pending));
         }
     }
-    let pending = control
-        .list_tasks(&TaskFilter {
-            states: vec![TaskState::Pending],
-            without_allocations: true,
-            ..Default::default()
-        })
-        .await?;
-    let mut reasons: BTreeMap<String, u64> = BTreeMap::new();
-    for t in &pending {
-        let reason = t
-            .placement_message
-            .clone()
-            .unwrap_or_else(|| "not tried yet".to_owned());
-        *reasons.entry(reason).or_default() += 1;
+}
+
+/// A family's `# HELP` and `# TYPE` lines (every fleet family is a gauge).
+fn family(out: &mut String, name: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} gauge");
+}
+
+/// One sample line, its label values escaped as the text format asks.
+fn sample(out: &mut String, name: &str, labels: &[(&str, &str)], value: f64) {
+    out.push_str(name);
+    if !labels.is_empty() {
+        out.push('{');
+        for (i, (k, v)) in labels.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            out.push_str(k);
+            out.push_str("=\"");
+            for c in v.chars() {
+                match c {
+                    '\\' => out.push_str("\\\\"),
+                    '"' => out.push_str("\\\""),
+                    '\n' => out.push_str("\\n"),
+                    c => out.push(c),
+                }
+            }
+            out.push('"');
+        }
+        out.push('}');
     }
-    for (reason, n) in reasons {
-        gauge!("tessera_tasks_pending", "reason" => reason).set(n as f64);
+    let _ = writeln!(out, " {value}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_values_are_escaped_as_the_text_format_asks() {
+        let mut out = String::new();
+        sample(
+            &mut out,
+            "tessera_x",
+            &[("model", "a \"b\" \\ c\nd"), ("gpu", "GPU-1")],
+            1.5,
+        );
+        assert_eq!(
+            out,
+            "tessera_x{model=\"a \\\"b\\\" \\\\ c\\nd\",gpu=\"GPU-1\"} 1.5\n"
+        );
+        let mut out = String::new();
+        sample(&mut out, "tessera_y", &[], 3.0);
+        assert_eq!(out, "tessera_y 3\n");
     }
-    let in_progress = control
-        .service_details()
-        .await?
-        .iter()
-        .flat_map(|s| &s.deployments)
-        .filter(|d| match d.status {
-            DeploymentStatus::Primary => d.pending > 0,
-            DeploymentStatus::Active => true,
-            _ => false,
-        })
-        .count();
-    gauge!("tessera_deployments_in_progress").set(in_progress as f64);
-    handle.run_upkeep();
-    Ok(handle.render())
 }

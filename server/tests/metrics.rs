@@ -54,11 +54,38 @@ async fn send(
 
 /// Samples of the exposition text: `name{labels}` → value. Panics on a line that is not a
 /// comment, blank, or `name{k="v",...} value` (the text format Prometheus parses).
+///
+/// Also checks what makes the text one exposition: each family typed at most once, its
+/// samples together (not split by another family's), and no series twice.
 fn parse(text: &str) -> HashMap<String, f64> {
     let mut samples = HashMap::new();
+    let mut typed = std::collections::HashSet::new();
+    let mut finished = std::collections::HashSet::new();
+    let mut current: Option<String> = None;
     for line in text.lines() {
-        if line.is_empty() || line.starts_with("# HELP ") || line.starts_with("# TYPE ") {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let name = rest.split(' ').next().expect("a name").to_owned();
+            assert!(typed.insert(name.clone()), "{name} typed twice");
             continue;
+        }
+        if line.is_empty() || line.starts_with("# HELP ") {
+            continue;
+        }
+        let name = line.split(['{', ' ']).next().expect("a name");
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|suffix| name.strip_suffix(suffix).filter(|b| typed.contains(*b)))
+            .unwrap_or(name)
+            .to_owned();
+        if current.as_ref() != Some(&family) {
+            if let Some(before) = current.take() {
+                finished.insert(before);
+            }
+            assert!(
+                !finished.contains(&family),
+                "the samples of {family} are split by another family's"
+            );
+            current = Some(family);
         }
         let (series, value) = line
             .rsplit_once(' ')
@@ -98,7 +125,10 @@ fn parse(text: &str) -> HashMap<String, f64> {
                 );
             }
         }
-        samples.insert(series.to_owned(), value);
+        assert!(
+            samples.insert(series.to_owned(), value).is_none(),
+            "{series} twice"
+        );
     }
     samples
 }
@@ -259,6 +289,31 @@ async fn metrics_parse_and_show_the_fleet_its_tasks_and_the_timings() {
         "{text}"
     );
     assert_dashboard_queries_exist(&text);
+
+    // Scaled to nothing: its tasks are in no later scrape (not kept for minutes).
+    let (status, body, _) = send(
+        &state,
+        "PATCH",
+        "/api/v1/services/infer",
+        Some(&operator),
+        Some(json!({"desired_count": 0})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(control.tick().await, Ok(true));
+    let (status, text, _) = send(&state, "GET", "/metrics", Some(&viewer), None).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let samples = parse(&text);
+    assert_eq!(
+        sum(&samples, "tessera_task_sm_percent", "service=\"infer\""),
+        0.0,
+        "{text}"
+    );
+    assert_eq!(sum(&samples, "tessera_tasks_pending", "reason=\""), 0.0);
+    assert_eq!(
+        sum(&samples, "tessera_gpu_memory_total_mib", "sim-l4-1"),
+        4.0 * 24576.0
+    );
 }
 
 /// Every metric the sample Grafana dashboard (`server/grafana/tessera-dashboard.json`)

@@ -15,7 +15,7 @@
 use serde_json::json;
 use std::time::Instant;
 use tessera_control::bench::{
-    admit_simulated_hosts, arg, arg_text, create_service, fresh_postgres_database,
+    admit_simulated_hosts, arg, arg_text, create_service, fresh_postgres_database, memory_mib,
     register_task_definition,
 };
 use tessera_control::inputs::{PoolInput, ServicePatch};
@@ -23,20 +23,6 @@ use tessera_control::store::TaskFilter;
 use tessera_control::{Control, ControlConfig};
 use tessera_model::service::TaskState;
 use tessera_model::{GpuUuid, MiB, MilliCpu, PoolName};
-
-/// Resident memory now and at its peak, in MiB (Linux).
-fn memory_mib() -> (f64, f64) {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let field = |key: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(key))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|kb| kb.parse::<f64>().ok())
-            .map_or(f64::NAN, |kb| kb / 1024.0)
-    };
-    (field("VmRSS:"), field("VmHWM:"))
-}
 
 /// What one scale-up on one store measured.
 struct Run {

@@ -12,8 +12,11 @@
 //! - [`Passes`]: what the reconcile passes remember: each service's state, crash-loop
 //!   backoff, the changes read, alarm watches.
 //! - [`Accounts`]: the bounded queue of password checks.
+//! - [`FleetModel`]: the fleet read model (hosts with their GPUs' figures and tasks,
+//!   tasks waiting), kept up to date from the rows changed since its last reading.
 
 mod accounts;
+mod fleet;
 mod gateway;
 mod membership;
 mod passes;
@@ -23,6 +26,8 @@ mod usage_buffer;
 pub(crate) use accounts::Accounts;
 #[cfg(test)]
 pub(crate) use accounts::HashQueue;
+pub(crate) use fleet::FleetModel;
+pub use fleet::{FleetSnapshot, GpuFigures, HostBlock};
 pub(crate) use gateway::Gateway;
 #[cfg(test)]
 pub(crate) use gateway::{WORK_REFRESH, WorkLatest};

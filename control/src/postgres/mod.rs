@@ -144,3 +144,6 @@ const NOW: &str =
     r#"to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')"#;
 /// `INSTR(haystack, needle)`: the needle's position, 0 when absent.
 const INSTR: &str = "strpos";
+/// Where the fleet read model's next reading starts: the oldest transaction still running
+/// (marks are transaction ids; see `0013_fleet_marks.sql`).
+const FLEET_NEXT: &str = "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint";

@@ -11,13 +11,15 @@
 //! - `hosts`: pools and hosts; `inventory`: a host's row and GPUs as written, a sync's
 //!   report, the stops of tasks on what is gone; `services`: task definitions, services,
 //!   deployments; `projects`: projects and their quotas; `tasks`: tasks and placement commits; `events`: events and settings;
-//!   `cluster`: servers and the scheduler lease; `usage`: measured use in buckets,
+//!   `cluster`: servers and the scheduler lease; `fleet`: the rows changed since a
+//!   reading, for the fleet read model; `usage`: measured use in buckets,
 //!   consolidation plans.
 //! - `rows`: row mapping and column lists shared by them.
 
 mod auth;
 mod cluster;
 mod events;
+mod fleet;
 mod hosts;
 mod inventory;
 mod projects;
@@ -29,7 +31,7 @@ mod usage;
 use rows::*;
 
 pub(super) use super::Db;
-use super::{DbArguments, DbConn, DbPool, DbResult, DbRow, INSTR, NOW, This};
+use super::{DbArguments, DbConn, DbPool, DbResult, DbRow, FLEET_NEXT, INSTR, NOW, This};
 use crate::error::StoreError;
 use crate::store::{
     CommitContext, EventFilter, EventStore, GpuChange, HeldCapacity, HostPage, HostPageQuery,

@@ -3,11 +3,12 @@
 //!
 //! One trait per aggregate, each in its own file with the types it reads and writes (the
 //! queries behind them are in `src/sql/`, by the same names): `auth`, `hosts`, `services`,
-//! `projects`, `tasks`, `events`, `cluster`, and `usage` (measured use and consolidation plans).
+//! `projects`, `tasks`, `events`, `cluster`, `fleet` (what the fleet read model reads), and `usage` (measured use and consolidation plans).
 
 mod auth;
 mod cluster;
 mod events;
+mod fleet;
 mod hosts;
 mod projects;
 mod services;
@@ -17,6 +18,7 @@ mod usage;
 pub use auth::{AuditFilter, AuthStore, NewAuditEntry, NewToken, UserChange, UserCredentials};
 pub use cluster::{ClusterStore, Fence, Lease, ServerRow};
 pub use events::{EventFilter, EventStore};
+pub use fleet::{FLEET_FROM_START, FleetChanges, FleetStore};
 pub use hosts::{
     GpuChange, HOST_ID_TAKEN, HostPage, HostPageQuery, HostReport, HostState, HostStore,
     JOIN_TOKEN_SPENT, JoinTokenUse,
@@ -43,6 +45,7 @@ pub trait Store:
     + ClusterStore
     + UsageStore
     + PlanStore
+    + FleetStore
 {
 }
 
@@ -55,7 +58,8 @@ impl<
         + EventStore
         + ClusterStore
         + UsageStore
-        + PlanStore,
+        + PlanStore
+        + FleetStore,
 > Store for T
 {
 }

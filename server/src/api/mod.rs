@@ -198,13 +198,13 @@ pub async fn healthz(State(state): State<AppState>) -> Result<Json<Health>, ApiE
     extensions(("x-required-role" = json!("viewer"))),
     responses((status = 200, description = "Prometheus text exposition format", content_type = "text/plain", body = String)))]
 pub async fn metrics(State(state): State<AppState>) -> Result<impl IntoResponse, ApiError> {
-    let text = state.metrics.get(&state.control).await?;
+    let body = state.metrics.body(&state.control).await?;
     Ok((
         [(
             axum::http::header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        String::clone(&text),
+        body,
     ))
 }
 

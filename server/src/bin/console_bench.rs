@@ -5,22 +5,36 @@
 //! ```
 //!
 //! Builds the fleet in an SQLite file (hosts through the admission path, one service's
-//! tasks placed by the real reconcile pass), then times requests through the router: the
-//! hosts page (first and a later page, one filter), the overview, and as the baseline the
-//! JSON host list the REST API serves. Requests carry a viewer's API token, so the
-//! authentication layer's cost is part of every figure.
+//! tasks placed by the real reconcile pass, then one sync per host reporting each task
+//! running with its measured GPU memory and SM use). Then times the fleet read model's
+//! first reading (once per server start; with how much resident memory the model takes),
+//! the baseline (`/metrics` as written before the model: every host, GPU and task read
+//! from the store per scrape) and requests through the router: the hosts page (first and
+//! a later page, one filter), the overview, `/metrics`, a service's endpoint list,
+//! Prometheus discovery and the JSON host list of the REST API. Requests carry a viewer's
+//! API token, so the authentication layer's cost is part of every figure. Before each
+//! request one host's sync reports new figures (not timed), so every reading of the model
+//! has changes to read, as on a live fleet. For each row: the first request's time, the
+//! mean, p50 and p99, the body's size, and the process's peak resident memory over what
+//! it held before the row (`+peak MiB`).
 
 use axum::body::Body;
 use axum::http::Request;
+use metrics::gauge;
+use metrics_exporter_prometheus::PrometheusBuilder;
 use serde_json::json;
 use std::time::Instant;
 use tessera_control::bench::{
-    admit_simulated_hosts, api_token, arg, create_service, register_task_definition,
+    admit_simulated_hosts, api_token, arg, create_service, memory_mib, register_task_definition,
+    reset_peak_memory, simulated_gpus,
 };
 use tessera_control::inputs::PoolInput;
+use tessera_control::store::TaskFilter;
 use tessera_control::{Control, ControlConfig};
-use tessera_model::PoolName;
+use tessera_model::agent::{MpsReport, SyncRequest, TaskReport};
 use tessera_model::auth::Role;
+use tessera_model::service::TaskState;
+use tessera_model::{HostId, MiB, PoolName};
 use tessera_server::{AppState, app};
 use tower::ServiceExt;
 
@@ -38,60 +52,225 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         control.create_pool(&PoolInput::named(pool)).await?;
     }
     let pools = [PoolName::new("a")?, PoolName::new("b")?];
-    admit_simulated_hosts(&control, hosts, per_host, |h| pools[h % 2].clone()).await?;
+    let admitted =
+        admit_simulated_hosts(&control, hosts, per_host, |h| pools[h % 2].clone()).await?;
     register_task_definition(&control).await?;
     for pool in ["a", "b"] {
         create_service(&control, &format!("svc-{pool}"), pool, tasks / 2).await?;
     }
     control.reconcile_once().await?;
+    let mut syncs = measured_use(&control, &admitted, per_host).await?;
+    for (host, request) in &syncs {
+        control.sync_agent(host, request).await?;
+    }
+    control.flush_heartbeats().await?;
     let token = api_token(&control, Role::Viewer).await?;
-    let state = AppState::new(control, "127.0.0.1:0".parse()?);
     println!(
         "console-bench: {hosts} hosts × {per_host} GPUs = {} GPUs, {tasks} tasks placed; {requests} requests each",
         hosts * per_host
     );
+
+    // The fleet read model's first reading, once per server start.
+    let (resident_before, _) = memory_mib();
+    let start = Instant::now();
+    control.fleet().await?;
+    let first_reading_ms = start.elapsed().as_secs_f64() * 1000.0;
+    let model_mib = memory_mib().0 - resident_before;
     println!(
-        "{:<34} {:>9} {:>9} {:>9} {:>10}",
-        "request", "mean ms", "p50 ms", "max ms", "bytes"
+        "fleet read model, first reading: {first_reading_ms:.1} ms, {model_mib:.1} MiB more resident"
     );
+    println!(
+        "{:<38} {:>9} {:>9} {:>9} {:>9} {:>11} {:>9}",
+        "request", "first ms", "mean ms", "p50 ms", "p99 ms", "bytes", "+peak MiB"
+    );
+    let state = AppState::new(control.clone(), "127.0.0.1:0".parse()?);
     let mut rows = Vec::new();
-    for uri in [
+    let uris = [
         "/hosts",
         "/hosts?page=20",
         "/hosts?pool=b&page=3",
         "/",
+        "/metrics",
+        "/api/v1/services/svc-a/endpoints",
+        "/api/v1/discovery/prometheus",
         "/api/v1/hosts",
-    ] {
+    ];
+    let mut changes = 0u32;
+    for uri in std::iter::once(BASELINE).chain(uris) {
+        let (resident, _) = memory_mib();
+        reset_peak_memory();
         let mut times = Vec::new();
         let mut bytes = 0;
         for _ in 0..requests {
+            // Between requests one host's tasks report new figures, as a live fleet's do:
+            // every reading of the model has something to read.
+            changes += 1;
+            let (host, request) = &mut syncs[changes as usize % admitted.len()];
+            for t in &mut request.tasks {
+                t.sm_percent = Some(10 + changes % 50);
+            }
+            control.sync_agent(host, request).await?;
+            control.flush_heartbeats().await?;
             let start = Instant::now();
-            let resp = app(state.clone())
-                .oneshot(
-                    Request::get(uri)
-                        .header("host", "127.0.0.1")
-                        .header("authorization", format!("Bearer {token}"))
-                        .body(Body::empty())?,
-                )
-                .await?;
-            assert!(resp.status().is_success(), "{uri}: {}", resp.status());
-            bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
-                .await?
-                .len();
+            bytes = if uri == BASELINE {
+                baseline_metrics(&control).await?.len()
+            } else {
+                let resp = app(state.clone())
+                    .oneshot(
+                        Request::get(uri)
+                            .header("host", "127.0.0.1")
+                            .header("authorization", format!("Bearer {token}"))
+                            .body(Body::empty())?,
+                    )
+                    .await?;
+                assert!(resp.status().is_success(), "{uri}: {}", resp.status());
+                axum::body::to_bytes(resp.into_body(), usize::MAX)
+                    .await?
+                    .len()
+            };
             times.push(start.elapsed().as_secs_f64() * 1000.0);
         }
+        let first = times[0];
         times.sort_by(|a, b| a.total_cmp(b));
         let mean = times.iter().sum::<f64>() / times.len() as f64;
-        let (p50, max) = (times[times.len() / 2], times[times.len() - 1]);
-        println!("{uri:<34} {mean:>9.1} {p50:>9.1} {max:>9.1} {bytes:>10}");
+        let p50 = times[times.len() / 2];
+        let p99 = times[(times.len() * 99).div_ceil(100) - 1];
+        let grew = memory_mib().1 - resident;
+        println!(
+            "{uri:<38} {first:>9.1} {mean:>9.1} {p50:>9.1} {p99:>9.1} {bytes:>11} {grew:>9.1}"
+        );
         rows.push(
-            json!({"uri": uri, "mean_ms": mean, "p50_ms": p50, "max_ms": max, "bytes": bytes}),
+            json!({"uri": uri, "first_ms": first, "mean_ms": mean, "p50_ms": p50,
+            "p99_ms": p99, "bytes": bytes, "peak_growth_mib": grew}),
         );
     }
     println!(
         "{}",
-        json!({ "hosts": hosts, "gpus": hosts * per_host, "tasks": tasks, "results": rows })
+        json!({ "hosts": hosts, "gpus": hosts * per_host, "tasks": tasks,
+            "fleet_model": {"first_reading_ms": first_reading_ms, "resident_mib": model_mib},
+            "results": rows })
     );
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
+}
+
+/// The row of the baseline: `/metrics` as it was written before the fleet read model.
+const BASELINE: &str = "baseline: /metrics from the store";
+
+/// `/metrics` as it was written before the fleet read model, for comparison: every host,
+/// GPU and task read from the store on each scrape and set as gauges of a registry, then
+/// rendered at once.
+async fn baseline_metrics(control: &Control) -> Result<String, Box<dyn std::error::Error>> {
+    let hosts = control.list_hosts().await?;
+    let views = control.host_views(hosts.clone()).await?;
+    let placed = control
+        .list_tasks(&TaskFilter {
+            states: vec![TaskState::Assigned, TaskState::Running],
+            without_allocations: true,
+            ..Default::default()
+        })
+        .await?;
+    // What the projects' figures read: every task holding capacity or waiting.
+    let projects_read = control
+        .list_tasks(&TaskFilter {
+            states: [TaskState::HOLDING.as_slice(), &[TaskState::Pending]].concat(),
+            ..Default::default()
+        })
+        .await?;
+    let pending = control
+        .list_tasks(&TaskFilter {
+            states: vec![TaskState::Pending],
+            without_allocations: true,
+            ..Default::default()
+        })
+        .await?;
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    metrics::with_local_recorder(&recorder, || {
+        for h in &hosts {
+            gauge!("tessera_hosts", "status" => h.status.as_str()).increment(1.0);
+        }
+        for view in &views {
+            let host = view.host.id.to_string();
+            for g in &view.gpus {
+                let labels = [
+                    ("host", host.clone()),
+                    ("gpu", g.gpu.uuid.to_string()),
+                    ("index", g.gpu.index.to_string()),
+                    ("model", g.gpu.model.clone()),
+                ];
+                gauge!("tessera_gpu_memory_total_mib", &labels).set(g.gpu.memory.0 as f64);
+                gauge!("tessera_gpu_memory_reserved_mib", &labels).set(g.memory_allocated.0 as f64);
+                gauge!("tessera_gpu_memory_used_mib", &labels)
+                    .set(g.measured().map_or(0.0, |m| m.0 as f64));
+                gauge!("tessera_gpu_compute_reserved_ratio", &labels)
+                    .set(f64::from(g.compute_allocated.0) / 1000.0);
+            }
+        }
+        for t in &placed {
+            let labels = [
+                ("task", t.id.clone()),
+                ("service", t.service.clone()),
+                (
+                    "host",
+                    t.host.as_ref().map(|h| h.to_string()).unwrap_or_default(),
+                ),
+            ];
+            if let Some(peak) = t.measured.gpu_memory_peak {
+                gauge!("tessera_task_gpu_memory_peak_mib", &labels).set(peak.0 as f64);
+            }
+            if let Some(sm) = t.measured.sm_percent {
+                gauge!("tessera_task_sm_percent", &labels).set(f64::from(sm));
+            }
+        }
+        gauge!("tessera_tasks_pending").set(pending.len() as f64);
+        gauge!("tessera_project_tasks").set(projects_read.len() as f64);
+    });
+    Ok(handle.render())
+}
+
+/// One sync per host, as its agent would send it: every task placed there running, with a
+/// measured GPU memory peak and SM use, so the per-task figures exist as on a real fleet.
+async fn measured_use(
+    control: &Control,
+    admitted: &[tessera_model::agent::RegisterResponse],
+    per_host: usize,
+) -> Result<Vec<(HostId, SyncRequest)>, Box<dyn std::error::Error>> {
+    let placed = control
+        .list_tasks(&TaskFilter {
+            states: vec![TaskState::Assigned, TaskState::Running],
+            without_allocations: true,
+            ..Default::default()
+        })
+        .await?;
+    let mut by_host: std::collections::HashMap<HostId, Vec<TaskReport>> = Default::default();
+    for t in placed {
+        if let Some(h) = t.host {
+            by_host.entry(h).or_default().push(TaskReport {
+                task_id: t.id,
+                running: true,
+                gpu_memory_peak_mib: Some(MiB(4096)),
+                sm_percent: Some(10),
+                ..Default::default()
+            });
+        }
+    }
+    Ok(admitted
+        .iter()
+        .enumerate()
+        .map(|(h, r)| {
+            let request = SyncRequest {
+                address: None,
+                dynamic_ports_free: None,
+                gpus: simulated_gpus(h, per_host),
+                mps: MpsReport {
+                    healthy: true,
+                    reason: None,
+                    restarts: None,
+                },
+                tasks: by_host.remove(&r.host_id).unwrap_or_default(),
+            };
+            (r.host_id.clone(), request)
+        })
+        .collect())
 }

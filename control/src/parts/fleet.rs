@@ -1,0 +1,291 @@
+//! The fleet read model: every host with its GPUs' figures and the tasks placed on it, and
+//! every task waiting for a placement, kept in memory and brought up to date from the rows
+//! changed since the last reading (change marks kept by the database's triggers; see
+//! [`crate::store::FleetStore`]). `/metrics`, the overview, the projects' figures and the
+//! endpoint lists read it instead of every task and host on each request.
+//!
+//! Each reading costs what changed since the one before: a few small queries when nothing
+//! did. A reader that asks after its own write sees it (a reading starts after the reader
+//! asked, or the reader starts one); readers that come together share one reading.
+//! Readings publish an immutable [`FleetSnapshot`]: hosts are shared between snapshots,
+//! and only those whose rows or tasks changed are built again.
+
+use crate::capacity::{Held, PoolCapacity};
+use crate::error::StoreError;
+use crate::store::FleetStore;
+use parking_lot::RwLock;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Instant;
+use tessera_model::service::{Task, TaskState};
+use tessera_model::{HostId, HostInfo, MiB, PoolInfo, PoolName, SharingMode};
+use tessera_placement::GpuUsage;
+
+/// The fleet as of one reading.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FleetSnapshot {
+    /// Every host by id.
+    hosts: BTreeMap<HostId, Arc<HostBlock>>,
+    /// Tasks waiting for a placement, by id.
+    pending: Arc<BTreeMap<String, Arc<Task>>>,
+}
+
+/// One host as the model shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostBlock {
+    /// The host, each GPU's sharing mode as its allocations make it now. Its `last_seen`
+    /// is left out (written on every sync; the model's readers do not show it).
+    pub host: HostInfo,
+    /// Figures of `host.gpus`, in the same order.
+    pub gpus: Vec<GpuFigures>,
+    /// Tasks placed on it and not stopped, by id. Their measured `work` is left out
+    /// (the work pages read it; a change of it alone is not a change of the model).
+    pub tasks: Vec<Arc<Task>>,
+}
+
+/// One GPU's figures, counted by [`crate::capacity`] as the scheduler counts them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GpuFigures {
+    /// How full it is; `None` when its host's pool is unknown or the GPU is in no
+    /// snapshot of it.
+    pub usage: Option<GpuUsage>,
+    /// The measured peaks of the tasks holding it, summed (`None`: none measured).
+    pub measured: Option<MiB>,
+}
+
+impl FleetSnapshot {
+    /// Every host, by id.
+    pub fn hosts(&self) -> impl ExactSizeIterator<Item = &HostBlock> + Clone {
+        self.hosts.values().map(|b| &**b)
+    }
+
+    /// The hosts after `after` (all of them when `None`), by id.
+    pub fn hosts_after(&self, after: Option<&HostId>) -> impl Iterator<Item = &HostBlock> {
+        use std::ops::Bound;
+        let lower = after.map_or(Bound::Unbounded, Bound::Excluded);
+        self.hosts
+            .range::<HostId, _>((lower, Bound::Unbounded))
+            .map(|(_, b)| &**b)
+    }
+
+    /// Host `id`, if there is one.
+    pub fn host(&self, id: &HostId) -> Option<&HostBlock> {
+        self.hosts.get(id).map(|b| &**b)
+    }
+
+    /// Tasks waiting for a placement, by id.
+    pub fn pending(&self) -> impl ExactSizeIterator<Item = &Task> + Clone {
+        self.pending.values().map(|t| &**t)
+    }
+
+    /// Tasks placed on a host and not stopped (host by host, each host's by id).
+    pub fn placed(&self) -> impl Iterator<Item = &Task> + Clone {
+        self.hosts().flat_map(|b| b.tasks.iter().map(|t| &**t))
+    }
+
+    /// Tasks holding capacity (assigned, running or stopping).
+    pub fn holding(&self) -> impl Iterator<Item = &Task> + Clone {
+        self.placed().filter(|t| t.state.holds_capacity())
+    }
+}
+
+impl HostBlock {
+    /// `host` with `tasks` (those placed on it), its GPUs' figures counted under `pool`.
+    fn build(pool: Option<&PoolInfo>, host: &HostInfo, tasks: Vec<Arc<Task>>) -> HostBlock {
+        let capacity = pool.map(|p| {
+            PoolCapacity::build(
+                p,
+                std::slice::from_ref(host),
+                tasks.iter().filter_map(|t| Held::of(t)),
+            )
+        });
+        let mut host = host.clone();
+        let gpus = host
+            .gpus
+            .iter_mut()
+            .map(|g| {
+                let usage = capacity.as_ref().and_then(|c| c.gpu_usage(&g.uuid));
+                g.sharing_mode = usage.map_or(SharingMode::Idle, |u| u.mode);
+                let peaks = tasks
+                    .iter()
+                    .filter(|t| t.state.holds_capacity())
+                    .filter(|t| t.allocations.iter().any(|a| a.gpu == g.uuid))
+                    .filter_map(|t| t.measured.gpu_memory_peak);
+                GpuFigures {
+                    usage,
+                    measured: peaks.reduce(|a, b| a + b),
+                }
+            })
+            .collect();
+        HostBlock { host, gpus, tasks }
+    }
+}
+
+/// What a reading works on, behind the reading lock: the model's own copy of every row it
+/// read, from which snapshots are published.
+struct Rows {
+    /// Where the next reading starts.
+    next: i64,
+    /// When the last reading started (a reader that asked before it needs none).
+    started: Option<Instant>,
+    pools: HashMap<PoolName, PoolInfo>,
+    hosts: HashMap<HostId, HostInfo>,
+    /// Tasks placed on each host (hosts not read yet included), by id.
+    on_host: HashMap<HostId, BTreeMap<String, Arc<Task>>>,
+    /// Where each task not stopped is: its host, or `None` while pending.
+    place: HashMap<String, Option<HostId>>,
+    pending: BTreeMap<String, Arc<Task>>,
+}
+
+impl Default for Rows {
+    fn default() -> Self {
+        Rows {
+            next: crate::store::FLEET_FROM_START,
+            started: None,
+            pools: HashMap::new(),
+            hosts: HashMap::new(),
+            on_host: HashMap::new(),
+            place: HashMap::new(),
+            pending: BTreeMap::new(),
+        }
+    }
+}
+
+/// The fleet read model (see the module's documentation).
+#[derive(Default)]
+pub(crate) struct FleetModel {
+    rows: tokio::sync::Mutex<Rows>,
+    current: RwLock<Arc<FleetSnapshot>>,
+}
+
+impl FleetModel {
+    /// The fleet as of a reading that started after this call: what the caller wrote
+    /// before is in it.
+    pub(crate) async fn current(
+        &self,
+        store: &dyn FleetStore,
+    ) -> Result<Arc<FleetSnapshot>, StoreError> {
+        let asked = Instant::now();
+        let mut rows = self.rows.lock().await;
+        if rows.started.is_some_and(|started| started >= asked) {
+            return Ok(self.current.read().clone());
+        }
+        let started = Instant::now();
+        let changes = store.fleet_changes(rows.next).await?;
+        // Hosts deleted leave no row to read: when the count says some are gone, which.
+        // Asked before anything is changed, so a failed reading changes nothing.
+        let new_hosts = changes
+            .hosts
+            .iter()
+            .filter(|h| !rows.hosts.contains_key(&h.id))
+            .count();
+        let gone: Vec<HostId> = if changes.host_count != (rows.hosts.len() + new_hosts) as u64 {
+            let ids: std::collections::HashSet<HostId> =
+                store.host_ids().await?.into_iter().collect();
+            rows.hosts
+                .keys()
+                .chain(changes.hosts.iter().map(|h| &h.id))
+                .filter(|id| !ids.contains(*id))
+                .cloned()
+                .collect()
+        } else {
+            Vec::new()
+        };
+        rows.started = Some(started);
+        let mut dirty: BTreeSet<HostId> = BTreeSet::new();
+        let mut pending_changed = false;
+
+        let pools: HashMap<PoolName, PoolInfo> = changes
+            .pools
+            .into_iter()
+            .map(|p| (p.name.clone(), p))
+            .collect();
+        if pools != rows.pools {
+            // A pool's limits count in each of its hosts' figures: all are built again.
+            dirty.extend(rows.hosts.keys().cloned());
+            rows.pools = pools;
+        }
+        for mut host in changes.hosts {
+            host.last_seen = None;
+            dirty.insert(host.id.clone());
+            rows.hosts.insert(host.id.clone(), host);
+        }
+        for mut task in changes.tasks {
+            task.measured.work = None;
+            let Rows {
+                place,
+                on_host,
+                pending,
+                ..
+            } = &mut *rows;
+            // Out of where it was...
+            match place.remove(&task.id) {
+                Some(Some(host)) => {
+                    if let Some(tasks) = on_host.get_mut(&host) {
+                        tasks.remove(&task.id);
+                    }
+                    dirty.insert(host);
+                }
+                Some(None) => {
+                    pending.remove(&task.id);
+                    pending_changed = true;
+                }
+                None => {}
+            }
+            // ...and into where it is now.
+            match (task.state, task.host.clone()) {
+                (TaskState::Stopped, _) => {}
+                (TaskState::Pending, _) | (_, None) => {
+                    place.insert(task.id.clone(), None);
+                    pending.insert(task.id.clone(), Arc::new(task));
+                    pending_changed = true;
+                }
+                (_, Some(host)) => {
+                    place.insert(task.id.clone(), Some(host.clone()));
+                    on_host
+                        .entry(host.clone())
+                        .or_default()
+                        .insert(task.id.clone(), Arc::new(task));
+                    dirty.insert(host);
+                }
+            }
+        }
+        for id in gone {
+            rows.hosts.remove(&id);
+            dirty.insert(id);
+        }
+        rows.next = changes.next;
+
+        if dirty.is_empty() && !pending_changed {
+            return Ok(self.current.read().clone());
+        }
+        let before = self.current.read().clone();
+        let mut snapshot = FleetSnapshot {
+            hosts: before.hosts.clone(),
+            pending: if pending_changed {
+                Arc::new(rows.pending.clone())
+            } else {
+                before.pending.clone()
+            },
+        };
+        for id in dirty {
+            match rows.hosts.get(&id) {
+                Some(host) => {
+                    let tasks = rows
+                        .on_host
+                        .get(&id)
+                        .map(|t| t.values().cloned().collect())
+                        .unwrap_or_default();
+                    let block = HostBlock::build(rows.pools.get(&host.pool), host, tasks);
+                    snapshot.hosts.insert(id, Arc::new(block));
+                }
+                None => {
+                    snapshot.hosts.remove(&id);
+                }
+            }
+        }
+        let snapshot = Arc::new(snapshot);
+        *self.current.write() = snapshot.clone();
+        Ok(snapshot)
+    }
+}

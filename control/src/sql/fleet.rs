@@ -1,0 +1,95 @@
+//! The fleet read model's readings: rows by change mark (`FLEET_NEXT` is the backend's
+//! rule for where the next reading starts; the migrations `*_fleet_marks.sql` say why it
+//! misses nothing).
+
+use super::*;
+use crate::store::{FLEET_FROM_START, FleetChanges, FleetStore};
+
+#[async_trait]
+impl FleetStore for This {
+    async fn fleet_changes(&self, since: i64) -> Result<FleetChanges, StoreError> {
+        // First where the next reading starts, then the rows: whatever commits meanwhile
+        // is read now or next time, never neither.
+        let next: i64 = sqlx::query(FLEET_NEXT)
+            .fetch_one(&self.db)
+            .await?
+            .try_get(0)?;
+        let pools = self.list_pools().await?;
+        let mut hosts: Vec<HostInfo> = sqlx::query(&format!(
+            "SELECT {HOST_COLUMNS} FROM hosts WHERE fleet_mark >= $1"
+        ))
+        .bind(since)
+        .fetch_all(&self.db)
+        .await?
+        .iter()
+        .map(host_from_row)
+        .collect::<Result<_, _>>()?;
+        if !hosts.is_empty() {
+            let position: HashMap<String, usize> = hosts
+                .iter()
+                .enumerate()
+                .map(|(i, h)| (h.id.to_string(), i))
+                .collect();
+            for row in sqlx::query(&format!(
+                "SELECT {GPU_COLUMNS} FROM gpus
+                  WHERE host_id IN (SELECT id FROM hosts WHERE fleet_mark >= $1)
+                  ORDER BY host_id, idx"
+            ))
+            .bind(since)
+            .fetch_all(&self.db)
+            .await?
+            {
+                let host_id: String = row.try_get("host_id")?;
+                if let Some(&i) = position.get(&host_id) {
+                    hosts[i].gpus.push(gpu_from_row(&row)?);
+                }
+            }
+        }
+        // A first reading has nothing to remove: stopped tasks (all of history) are
+        // skipped.
+        let mut tasks: Vec<Task> = sqlx::query(&format!(
+            "SELECT {TASK_COLUMNS} FROM tasks WHERE fleet_mark >= $1 AND ($2 = 1 OR state <> 'stopped')"
+        ))
+        .bind(since)
+        .bind(i64::from(since != FLEET_FROM_START))
+        .fetch_all(&self.db)
+        .await?
+        .iter()
+        .map(task_from_row)
+        .collect::<Result<_, _>>()?;
+        let placed: Vec<String> = tasks
+            .iter()
+            .filter(|t| t.state.holds_capacity())
+            .map(|t| t.id.clone())
+            .collect();
+        let mut allocations = self.load_allocations(&placed).await?;
+        for t in &mut tasks {
+            if let Some(a) = allocations.remove(&t.id) {
+                t.allocations = a;
+            }
+        }
+        let host_count: i64 = sqlx::query("SELECT COUNT(*) FROM hosts")
+            .fetch_one(&self.db)
+            .await?
+            .try_get(0)?;
+        Ok(FleetChanges {
+            next,
+            pools,
+            hosts,
+            tasks,
+            host_count: host_count as u64,
+        })
+    }
+
+    async fn host_ids(&self) -> Result<Vec<HostId>, StoreError> {
+        sqlx::query("SELECT id FROM hosts")
+            .fetch_all(&self.db)
+            .await?
+            .iter()
+            .map(|row| {
+                HostId::new(row.try_get::<String, _>(0)?)
+                    .map_err(|e| StoreError::corrupt("host id", e))
+            })
+            .collect()
+    }
+}

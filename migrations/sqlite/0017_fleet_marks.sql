@@ -1,0 +1,90 @@
+-- Change marks for the fleet read model (control/src/parts/fleet.rs): every write that
+-- changes what the model shows of a task or a host gives its row a mark greater than any
+-- before, so the model reads only the rows changed since its last reading.
+--
+-- SQLite has one writer at a time: a counter bumped by the triggers, inside the writer's
+-- transaction, orders marks as the commits are ordered. A reader that reads the counter
+-- (n) and then the rows marked >= its last reading has every change up to n; it next reads
+-- rows marked >= n + 1.
+--
+-- Columns left out on purpose: a task's `work` (the application's figures, read by the
+-- work pages, not the model) and a host's `last_seen_at` and `agent_token_hash` (written on
+-- every sync; the model shows neither). A column added to `tasks` or `hosts` that the model
+-- shows must be added to its trigger's WHEN clause here.
+CREATE TABLE fleet_clock (
+    one  INTEGER PRIMARY KEY NOT NULL CHECK (one = 1),
+    mark INTEGER NOT NULL
+);
+INSERT INTO fleet_clock (one, mark) VALUES (1, 1);
+
+ALTER TABLE tasks ADD COLUMN fleet_mark INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE hosts ADD COLUMN fleet_mark INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX tasks_fleet_mark ON tasks (fleet_mark);
+CREATE INDEX hosts_fleet_mark ON hosts (fleet_mark);
+
+CREATE TRIGGER tasks_mark_insert AFTER INSERT ON tasks BEGIN
+    UPDATE fleet_clock SET mark = mark + 1;
+    UPDATE tasks SET fleet_mark = (SELECT mark FROM fleet_clock) WHERE id = NEW.id;
+END;
+
+CREATE TRIGGER tasks_mark_update AFTER UPDATE ON tasks
+WHEN NEW.fleet_mark = OLD.fleet_mark AND (
+    NEW.state IS NOT OLD.state OR NEW.host_id IS NOT OLD.host_id
+    OR NEW.placement_message IS NOT OLD.placement_message
+    OR NEW.stop_reason IS NOT OLD.stop_reason OR NEW.exit_code IS NOT OLD.exit_code
+    OR NEW.gpu_memory_peak_mib IS NOT OLD.gpu_memory_peak_mib
+    OR NEW.sm_percent IS NOT OLD.sm_percent OR NEW.migrating IS NOT OLD.migrating
+    OR NEW.ports IS NOT OLD.ports OR NEW.health IS NOT OLD.health
+    OR NEW.health_output IS NOT OLD.health_output OR NEW.drain_until IS NOT OLD.drain_until
+    OR NEW.started_at IS NOT OLD.started_at OR NEW.stopped_at IS NOT OLD.stopped_at
+    OR NEW.service IS NOT OLD.service OR NEW.deployment_id IS NOT OLD.deployment_id
+    OR NEW.family IS NOT OLD.family OR NEW.revision IS NOT OLD.revision
+    OR NEW.pool IS NOT OLD.pool OR NEW.cpu_milli IS NOT OLD.cpu_milli
+    OR NEW.memory_mib IS NOT OLD.memory_mib)
+BEGIN
+    UPDATE fleet_clock SET mark = mark + 1;
+    UPDATE tasks SET fleet_mark = (SELECT mark FROM fleet_clock) WHERE id = NEW.id;
+END;
+
+-- What a task holds is part of the task.
+CREATE TRIGGER task_gpus_mark_insert AFTER INSERT ON task_gpus BEGIN
+    UPDATE fleet_clock SET mark = mark + 1;
+    UPDATE tasks SET fleet_mark = (SELECT mark FROM fleet_clock) WHERE id = NEW.task_id;
+END;
+CREATE TRIGGER task_gpus_mark_delete AFTER DELETE ON task_gpus BEGIN
+    UPDATE fleet_clock SET mark = mark + 1;
+    UPDATE tasks SET fleet_mark = (SELECT mark FROM fleet_clock) WHERE id = OLD.task_id;
+END;
+
+CREATE TRIGGER hosts_mark_insert AFTER INSERT ON hosts BEGIN
+    UPDATE fleet_clock SET mark = mark + 1;
+    UPDATE hosts SET fleet_mark = (SELECT mark FROM fleet_clock) WHERE id = NEW.id;
+END;
+
+CREATE TRIGGER hosts_mark_update AFTER UPDATE ON hosts
+WHEN NEW.fleet_mark = OLD.fleet_mark AND (
+    NEW.pool IS NOT OLD.pool OR NEW.status IS NOT OLD.status
+    OR NEW.simulated IS NOT OLD.simulated OR NEW.cpu_milli IS NOT OLD.cpu_milli
+    OR NEW.memory_mib IS NOT OLD.memory_mib OR NEW.labels IS NOT OLD.labels
+    OR NEW.status_reason IS NOT OLD.status_reason OR NEW.mps_restarts IS NOT OLD.mps_restarts
+    OR NEW.address IS NOT OLD.address OR NEW.dynamic_ports_free IS NOT OLD.dynamic_ports_free
+    OR NEW.held IS NOT OLD.held OR NEW.pending_gpus IS NOT OLD.pending_gpus)
+BEGIN
+    UPDATE fleet_clock SET mark = mark + 1;
+    UPDATE hosts SET fleet_mark = (SELECT mark FROM fleet_clock) WHERE id = NEW.id;
+END;
+
+-- A host's GPUs are part of the host.
+CREATE TRIGGER gpus_mark_insert AFTER INSERT ON gpus BEGIN
+    UPDATE fleet_clock SET mark = mark + 1;
+    UPDATE hosts SET fleet_mark = (SELECT mark FROM fleet_clock) WHERE id = NEW.host_id;
+END;
+CREATE TRIGGER gpus_mark_update AFTER UPDATE ON gpus BEGIN
+    UPDATE fleet_clock SET mark = mark + 1;
+    UPDATE hosts SET fleet_mark = (SELECT mark FROM fleet_clock)
+     WHERE id IN (NEW.host_id, OLD.host_id);
+END;
+CREATE TRIGGER gpus_mark_delete AFTER DELETE ON gpus BEGIN
+    UPDATE fleet_clock SET mark = mark + 1;
+    UPDATE hosts SET fleet_mark = (SELECT mark FROM fleet_clock) WHERE id = OLD.host_id;
+END;
