@@ -104,6 +104,11 @@ impl Control {
         let mut tasks: Vec<&Task> = fleet
             .placed()
             .filter(|t| matches!(t.state, TaskState::Running | TaskState::Stopping))
+            .filter(|t| {
+                t.ports
+                    .iter()
+                    .any(|p| p.name.as_deref() == Some(METRICS_PORT))
+            })
             .collect();
         tasks.sort_by(|a, b| (&a.created_at, &a.id).cmp(&(&b.created_at, &b.id)));
         let by_id = hosts_of(&fleet, tasks.iter().copied());
