@@ -260,7 +260,10 @@ async fn a_flood_of_slow_clients_costs_no_host_and_no_sync() {
 /// turn (one sync in flight per host; the rest are refused at once) and the shared slots
 /// stay free: no other host is lost, no other host's sync fails, and their p99 is printed
 /// beside the same fleet's p99 without the attack, measured first in the same run.
-#[tokio::test]
+///
+/// The server runs as `tessera serve` does, on a runtime with a worker per core (two
+/// here); the attacker is another program, with a runtime of its own on its own thread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_hosts_token_holding_slow_syncs_starves_no_other_host() {
     let secs: u64 = std::env::var("TESSERA_FLOOD_SECS")
         .ok()
@@ -274,43 +277,59 @@ async fn one_hosts_token_holding_slow_syncs_starves_no_other_host() {
         .expect("syncing");
     let until = Instant::now() + Duration::from_secs(secs);
     let syncs = syncing(&f, until);
-    let mut flood = tokio::task::JoinSet::new();
-    for a in 0..5u8 {
-        let from = IpAddr::from([127, 0, 0, 20 + a]);
-        for _ in 0..220 {
-            let (token, addr) = (token.clone(), f.addr);
-            flood.spawn(async move {
-                let socket = tokio::net::TcpSocket::new_v4().expect("socket");
-                if socket.bind(SocketAddr::new(from, 0)).is_err() {
-                    return None;
-                }
-                let mut stream = socket.connect(addr).await.ok()?;
-                let head = format!(
-                    "POST /agent/v1/sync HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: 4096\r\n\r\n{{"
-                );
-                stream.write_all(head.as_bytes()).await.ok()?;
-                let mut answer = Vec::new();
-                loop {
-                    // Trickle, and see whether the server answers (and how).
-                    tokio::select! {
-                        _ = tokio::time::sleep(Duration::from_secs(2)) => {
-                            if Instant::now() >= until || stream.write_all(b" ").await.is_err() {
-                                break;
+    let (addr, attacker_token) = (f.addr, token.clone());
+    let attacker = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("the attacker's runtime");
+        runtime.block_on(async move {
+            let mut flood = tokio::task::JoinSet::new();
+            for a in 0..5u8 {
+                let from = IpAddr::from([127, 0, 0, 20 + a]);
+                for _ in 0..220 {
+                    let token = attacker_token.clone();
+                    flood.spawn(async move {
+                        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+                        if socket.bind(SocketAddr::new(from, 0)).is_err() {
+                            return None;
+                        }
+                        let mut stream = socket.connect(addr).await.ok()?;
+                        let head = format!(
+                            "POST /agent/v1/sync HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: 4096\r\n\r\n{{"
+                        );
+                        stream.write_all(head.as_bytes()).await.ok()?;
+                        let mut answer = Vec::new();
+                        loop {
+                            // Trickle, and see whether the server answers (and how).
+                            tokio::select! {
+                                _ = tokio::time::sleep(Duration::from_secs(2)) => {
+                                    if Instant::now() >= until || stream.write_all(b" ").await.is_err() {
+                                        break;
+                                    }
+                                }
+                                n = tokio::io::AsyncReadExt::read_buf(&mut stream, &mut answer) => {
+                                    if n.unwrap_or(0) == 0 { break; }
+                                    if answer.windows(4).any(|w| w == b"\r\n\r\n") { break; }
+                                }
                             }
                         }
-                        n = tokio::io::AsyncReadExt::read_buf(&mut stream, &mut answer) => {
-                            if n.unwrap_or(0) == 0 { break; }
-                            if answer.windows(4).any(|w| w == b"\r\n\r\n") { break; }
-                        }
-                    }
+                        let line = String::from_utf8_lossy(&answer).lines().next().map(str::to_owned);
+                        Some(line.unwrap_or_default())
+                    });
                 }
-                let line = String::from_utf8_lossy(&answer).lines().next().map(str::to_owned);
-                Some(line.unwrap_or_default())
-            });
-        }
-    }
+            }
+            flood.join_all().await
+        })
+    });
     let (mut busy, failed) = syncs.await.expect("syncing");
-    let answers: Vec<String> = flood.join_all().await.into_iter().flatten().collect();
+    let answers: Vec<String> = tokio::task::spawn_blocking(move || attacker.join())
+        .await
+        .expect("joined")
+        .expect("the attacker ran")
+        .into_iter()
+        .flatten()
+        .collect();
     let refused = answers.iter().filter(|l| l.contains(" 429 ")).count();
     let timed_out = answers.iter().filter(|l| l.contains(" 408 ")).count();
     let (lost_hosts, hosts) = lost(&f.control).await;
