@@ -37,6 +37,10 @@ pub struct ControlConfig {
     /// How often a reconcile pass looks at every service; the passes between look only at
     /// the services that changed (see `Control::reconcile_once`). Zero: every pass is full.
     pub full_pass_every: Duration,
+    /// How often the fleet read model reads what was measured of every placed task (peak
+    /// GPU memory, SM use): these move with nearly every sync, so no change mark follows
+    /// them; each tick reads them once they are this old. Zero: on every reading.
+    pub fleet_measured_every: Duration,
 }
 
 impl Default for ControlConfig {
@@ -55,6 +59,7 @@ impl Default for ControlConfig {
             address: String::new(),
             usage: UsageConfig::default(),
             full_pass_every: Duration::from_secs(120),
+            fleet_measured_every: Duration::from_secs(10),
         }
     }
 }

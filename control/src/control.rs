@@ -96,7 +96,18 @@ impl Control {
     /// The fleet as of now (the fleet read model, brought up to date): what this caller
     /// wrote before is in it.
     pub async fn fleet(&self) -> Result<Arc<FleetSnapshot>, ControlError> {
-        Ok(self.fleet.current(&*self.store).await?)
+        let (model, store) = (self.fleet.clone(), self.store.clone());
+        let every = self.config.fleet_measured_every;
+        // A reading is finished even when its caller gives up (a request past its
+        // timeout): the next caller gets it, instead of starting it again.
+        match tokio::spawn(async move { model.current(&*store, every).await }).await {
+            Ok(read) => Ok(read?),
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(e) => Err(ControlError::Busy {
+                retry_after: 1,
+                what: format!("fleet readings ({e})"),
+            }),
+        }
     }
 
     /// Capacity changed outside the scheduler: its cached engines are rebuilt next pass,

@@ -291,10 +291,19 @@ impl Control {
     }
 
     pub async fn list_projects(&self) -> Result<Vec<ProjectView>, ControlError> {
+        let fleet = self.fleet().await?;
+        self.list_projects_in(&fleet).await
+    }
+
+    /// Every project, its use counted from `fleet` (one reading of the fleet read model,
+    /// so that they agree with the other figures read from it).
+    pub async fn list_projects_in(
+        &self,
+        fleet: &crate::FleetSnapshot,
+    ) -> Result<Vec<ProjectView>, ControlError> {
         let projects = self.store.list_projects().await?;
         let services = self.store.list_services().await?;
         let project_of = project_of(&services);
-        let fleet = self.fleet().await?;
         // (project, pool) -> (used, pending)
         let mut by: BTreeMap<(String, String), (Usage, u32)> = BTreeMap::new();
         // (project, service, pool) -> (waiting tasks, the last reason given)

@@ -28,8 +28,9 @@ where
 
 impl Control {
     /// Runs until `shutdown` resolves: every tick (and on every wake-up) this server
-    /// announces itself, writes the times of the quiet syncs it received, and takes or
-    /// renews the scheduler lease; the server holding it runs a reconcile pass whose writes
+    /// announces itself, writes the times of the quiet syncs it received, brings its fleet
+    /// read model up to date (once it has readers), and takes or renews the scheduler
+    /// lease; the server holding it runs a reconcile pass whose writes
     /// carry the lease's epoch (see [`crate::cluster`]). Each pass runs as its own task, so
     /// a pass that fails or panics is logged and the next one runs as usual: scheduling
     /// never stops silently.
@@ -39,6 +40,13 @@ impl Control {
         loop {
             if let Err(why) = self.tick().await {
                 tracing::error!(error = %why, "reconcile pass failed; the next pass runs as usual");
+            }
+            // The fleet read model, once someone reads it, is brought up to date here too,
+            // so its readers seldom wait for the measured figures' periodic reading.
+            if self.fleet.read_before()
+                && let Err(e) = self.fleet().await
+            {
+                tracing::warn!(error = %e, "reading the fleet's changes failed");
             }
             tokio::select! {
                 _ = &mut shutdown => break,

@@ -187,6 +187,8 @@ pub fn fast() -> ControlConfig {
         sync_interval: Duration::from_secs(1),
         lost_after_intervals: 2,
         tick: Duration::from_millis(50),
+        // What a test's agents report is in the next reading of the fleet.
+        fleet_measured_every: Duration::ZERO,
         ..ControlConfig::default()
     }
 }

@@ -8,8 +8,10 @@
 -- to it, and every one at or above it is read again next time (rows marked >= new xmin).
 --
 -- Columns left out on purpose: a task's `work` (the application's figures, read by the
--- work pages, not the model) and a host's `last_seen_at` and `agent_token_hash` (written on
--- every sync; the model shows neither). Every other column counts, new ones included.
+-- work pages, not the model), a host's `last_seen_at` and `agent_token_hash` (written on
+-- every sync; the model shows neither), and a task's measured `gpu_memory_peak_mib` and
+-- `sm_percent` (they move with nearly every sync: the model reads them for every task on
+-- a period of its own instead). Every other column counts, new ones included.
 ALTER TABLE tasks ADD COLUMN fleet_mark BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE hosts ADD COLUMN fleet_mark BIGINT NOT NULL DEFAULT 0;
 CREATE INDEX tasks_fleet_mark ON tasks (fleet_mark);
@@ -26,7 +28,8 @@ CREATE TRIGGER tasks_mark_insert BEFORE INSERT ON tasks
     FOR EACH ROW EXECUTE FUNCTION fleet_mark_row();
 CREATE TRIGGER tasks_mark_update BEFORE UPDATE ON tasks
     FOR EACH ROW
-    WHEN ((to_jsonb(OLD) - 'work' - 'fleet_mark') IS DISTINCT FROM (to_jsonb(NEW) - 'work' - 'fleet_mark'))
+    WHEN ((to_jsonb(OLD) - 'work' - 'gpu_memory_peak_mib' - 'sm_percent' - 'fleet_mark')
+          IS DISTINCT FROM (to_jsonb(NEW) - 'work' - 'gpu_memory_peak_mib' - 'sm_percent' - 'fleet_mark'))
     EXECUTE FUNCTION fleet_mark_row();
 CREATE TRIGGER hosts_mark_insert BEFORE INSERT ON hosts
     FOR EACH ROW EXECUTE FUNCTION fleet_mark_row();
@@ -58,5 +61,9 @@ END
 $$;
 CREATE TRIGGER task_gpus_mark AFTER INSERT OR DELETE ON task_gpus
     FOR EACH ROW EXECUTE FUNCTION fleet_mark_owner();
-CREATE TRIGGER gpus_mark AFTER INSERT OR UPDATE OR DELETE ON gpus
+CREATE TRIGGER gpus_mark AFTER INSERT OR DELETE ON gpus
     FOR EACH ROW EXECUTE FUNCTION fleet_mark_owner();
+-- Every sync writes each GPU it reports again: only a change counts.
+CREATE TRIGGER gpus_mark_update AFTER UPDATE ON gpus
+    FOR EACH ROW WHEN (OLD.* IS DISTINCT FROM NEW.*)
+    EXECUTE FUNCTION fleet_mark_owner();

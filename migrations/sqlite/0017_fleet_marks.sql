@@ -8,9 +8,12 @@
 -- rows marked >= n + 1.
 --
 -- Columns left out on purpose: a task's `work` (the application's figures, read by the
--- work pages, not the model) and a host's `last_seen_at` and `agent_token_hash` (written on
--- every sync; the model shows neither). A column added to `tasks` or `hosts` that the model
--- shows must be added to its trigger's WHEN clause here.
+-- work pages, not the model), a host's `last_seen_at` and `agent_token_hash` (written on
+-- every sync; the model shows neither), and a task's measured `gpu_memory_peak_mib` and
+-- `sm_percent` (they move with nearly every sync: the model reads them for every task on
+-- a period of its own instead). A column added to `tasks` or `hosts` that the model shows
+-- must be added to its trigger's WHEN clause here (a store test compares these lists
+-- with the tables' columns).
 CREATE TABLE fleet_clock (
     one  INTEGER PRIMARY KEY NOT NULL CHECK (one = 1),
     mark INTEGER NOT NULL
@@ -32,8 +35,7 @@ WHEN NEW.fleet_mark = OLD.fleet_mark AND (
     NEW.state IS NOT OLD.state OR NEW.host_id IS NOT OLD.host_id
     OR NEW.placement_message IS NOT OLD.placement_message
     OR NEW.stop_reason IS NOT OLD.stop_reason OR NEW.exit_code IS NOT OLD.exit_code
-    OR NEW.gpu_memory_peak_mib IS NOT OLD.gpu_memory_peak_mib
-    OR NEW.sm_percent IS NOT OLD.sm_percent OR NEW.migrating IS NOT OLD.migrating
+    OR NEW.migrating IS NOT OLD.migrating
     OR NEW.ports IS NOT OLD.ports OR NEW.health IS NOT OLD.health
     OR NEW.health_output IS NOT OLD.health_output OR NEW.drain_until IS NOT OLD.drain_until
     OR NEW.started_at IS NOT OLD.started_at OR NEW.stopped_at IS NOT OLD.stopped_at
@@ -79,7 +81,12 @@ CREATE TRIGGER gpus_mark_insert AFTER INSERT ON gpus BEGIN
     UPDATE fleet_clock SET mark = mark + 1;
     UPDATE hosts SET fleet_mark = (SELECT mark FROM fleet_clock) WHERE id = NEW.host_id;
 END;
-CREATE TRIGGER gpus_mark_update AFTER UPDATE ON gpus BEGIN
+-- Every sync writes each GPU it reports again: only a change counts.
+CREATE TRIGGER gpus_mark_update AFTER UPDATE ON gpus
+WHEN NEW.host_id IS NOT OLD.host_id OR NEW.idx IS NOT OLD.idx OR NEW.model IS NOT OLD.model
+    OR NEW.memory_mib IS NOT OLD.memory_mib OR NEW.mps_client_limit IS NOT OLD.mps_client_limit
+    OR NEW.health IS NOT OLD.health OR NEW.sharing_mode IS NOT OLD.sharing_mode
+BEGIN
     UPDATE fleet_clock SET mark = mark + 1;
     UPDATE hosts SET fleet_mark = (SELECT mark FROM fleet_clock)
      WHERE id IN (NEW.host_id, OLD.host_id);

@@ -12,9 +12,10 @@
 //!   simply not in the next scrape.
 //!
 //! The fleet's figures are written as the body is sent, a chunk at a time, so a scrape of
-//! a large fleet never holds its whole text; at most [`SCRAPES_AT_ONCE`] scrapes are
-//! written at once and others queue for their turn (one client scraping in a loop cannot
-//! take every core).
+//! a large fleet never holds its whole text. Each user has at most [`SCRAPES_PER_USER`]
+//! scrapes in flight (`503` past it), and chunks are written [`SCRAPES_AT_ONCE`] at a time
+//! fleet-wide, turns first come first served: one client scraping in a loop, or reading
+//! slowly, cannot take everyone's turns.
 
 use crate::error::ApiError;
 use axum::body::Body;
@@ -28,9 +29,9 @@ use tessera_control::{Control, FleetSnapshot, HostBlock};
 use tessera_model::HostId;
 use tessera_model::project::ProjectView;
 use tessera_model::service::{DeploymentStatus, TaskState};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Semaphore;
 
-/// How many scrapes are written at once.
+/// How many chunks of scrapes are written at once, fleet-wide.
 pub const SCRAPES_AT_ONCE: usize = 2;
 
 /// Roughly how many bytes one chunk of the body holds.
@@ -79,34 +80,56 @@ fn describe() {
     );
 }
 
-/// Who may write a scrape now: at most [`SCRAPES_AT_ONCE`], first come first served.
+/// Who may write scrapes, and how much: at most [`SCRAPES_PER_USER`] of one user's at a
+/// time (an HA pair of Prometheus servers sharing a token fits), and fleet-wide at most
+/// [`SCRAPES_AT_ONCE`] chunks being written at once, turns taken first come first served.
+/// A turn is taken per chunk, not per scrape: a client that reads slowly holds nobody's
+/// turn but its own share.
 #[derive(Clone)]
 pub struct Scrapes {
     turns: Arc<Semaphore>,
+    users: crate::edge::Shares<String>,
 }
+
+/// How many scrapes one user may have in flight.
+pub const SCRAPES_PER_USER: usize = 2;
 
 impl Default for Scrapes {
     fn default() -> Self {
         Scrapes {
             turns: Arc::new(Semaphore::new(SCRAPES_AT_ONCE)),
+            users: crate::edge::Shares::new(SCRAPES_PER_USER),
         }
     }
 }
 
 impl Scrapes {
-    /// The body of one scrape: waits for a turn, reads what it shows, and writes it out
-    /// while it is sent (the turn is held until the body is sent or dropped).
-    pub async fn body(&self, control: &Control) -> Result<Body, ApiError> {
-        let turn = self
-            .turns
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("the semaphore is never closed");
-        let exposition = Exposition::read(control, turn).await?;
-        Ok(Body::from_stream(futures_util::stream::iter(
-            exposition.map(Ok::<_, std::convert::Infallible>),
-        )))
+    /// The body of one scrape by `user`: reads what it shows once, then writes it out a
+    /// chunk at a time as it is sent.
+    pub async fn body(&self, control: &Control, user: &str) -> Result<Body, ApiError> {
+        let mine = self.users.enter(&user.to_owned()).ok_or_else(|| {
+            ApiError::Unavailable(format!(
+                "{user} has {SCRAPES_PER_USER} scrapes of /metrics in flight already; wait for one to end"
+            ))
+        })?;
+        let exposition = Exposition::read(control).await?;
+        let turns = self.turns.clone();
+        let chunks = futures_util::stream::unfold(
+            (exposition, turns, mine),
+            |(mut exposition, turns, mine)| async move {
+                let turn = turns
+                    .acquire()
+                    .await
+                    .expect("the semaphore is never closed");
+                let chunk = exposition.next()?;
+                drop(turn);
+                Some((
+                    Ok::<_, std::convert::Infallible>(chunk),
+                    (exposition, turns, mine),
+                ))
+            },
+        );
+        Ok(Body::from_stream(chunks))
     }
 }
 
@@ -161,7 +184,8 @@ const PER_HOST: [Family; 6] = [
     },
 ];
 
-/// One scrape being written: what it shows, read once, and where it is.
+/// One scrape being written: what it shows, read once (one reading of the fleet read
+/// model for every figure), and where it is.
 struct Exposition {
     fleet: Arc<FleetSnapshot>,
     projects: Vec<ProjectView>,
@@ -172,14 +196,13 @@ struct Exposition {
     part: usize,
     /// Within a per-host family: the last host written.
     after: Option<HostId>,
-    _turn: OwnedSemaphorePermit,
 }
 
 impl Exposition {
-    async fn read(control: &Control, turn: OwnedSemaphorePermit) -> Result<Self, ApiError> {
+    async fn read(control: &Control) -> Result<Self, ApiError> {
         let handle = handle();
         let fleet = control.fleet().await?;
-        let projects = control.list_projects().await?;
+        let projects = control.list_projects_in(&fleet).await?;
         let deployments_in_progress = control
             .service_details()
             .await?
@@ -199,7 +222,6 @@ impl Exposition {
             registry: handle.render(),
             part: 0,
             after: None,
-            _turn: turn,
         })
     }
 

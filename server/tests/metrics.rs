@@ -355,3 +355,55 @@ fn assert_dashboard_queries_exist(text: &str) {
         "the dashboard queries what /metrics lacks: {missing:?}"
     );
 }
+
+/// One user holds at most two scrapes at once, and a scrape that is not being read holds
+/// no one else's turn: another user's scrape is written whole meanwhile.
+#[tokio::test]
+async fn a_user_holds_two_scrapes_at_most_and_a_slow_reader_blocks_no_one() {
+    let control = common::control(JOIN).await;
+    control
+        .create_pool(&tessera_control::inputs::PoolInput::named("inference"))
+        .await
+        .expect("pool");
+    common::register_hosts(&control, JOIN, &common::DEMO_HOSTS[2..3]).await;
+    let viewer = api_token(&control, Role::Viewer).await.expect("token");
+    // Another user (an operator may read what a viewer may).
+    let other = api_token(&control, Role::Operator).await.expect("token");
+    let state = AppState::new(control.clone(), "127.0.0.1:0".parse().expect("valid"));
+    let scrape = |token: &str| {
+        Request::builder()
+            .uri("/metrics")
+            .header(header::HOST, "127.0.0.1:3000")
+            .header(header::AUTHORIZATION, format!("Bearer {token}"))
+            .body(Body::empty())
+            .expect("request")
+    };
+    // Two answers whose bodies are not read: they stay in flight.
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let resp = app(state.clone())
+            .oneshot(scrape(&viewer))
+            .await
+            .expect("answer");
+        assert_eq!(resp.status(), StatusCode::OK);
+        held.push(resp);
+    }
+    let third = app(state.clone())
+        .oneshot(scrape(&viewer))
+        .await
+        .expect("answer");
+    assert_eq!(third.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let (status, text, _) = send(&state, "GET", "/metrics", Some(&other), None).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    parse(&text);
+    assert!(text.contains("tessera_deployments_in_progress"), "{text}");
+    // A held scrape read to its end frees its share.
+    let first = held.remove(0);
+    let bytes = first.into_body().collect().await.expect("body").to_bytes();
+    parse(&String::from_utf8_lossy(&bytes));
+    let again = app(state.clone())
+        .oneshot(scrape(&viewer))
+        .await
+        .expect("answer");
+    assert_eq!(again.status(), StatusCode::OK);
+}

@@ -16,7 +16,7 @@ use crate::store::FleetStore;
 use parking_lot::RwLock;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tessera_model::service::{Task, TaskState};
 use tessera_model::{HostId, HostInfo, MiB, PoolInfo, PoolName, SharingMode};
 use tessera_placement::GpuUsage;
@@ -128,6 +128,8 @@ struct Rows {
     next: i64,
     /// When the last reading started (a reader that asked before it needs none).
     started: Option<Instant>,
+    /// When the last reading of every placed task's measured figures started.
+    measured_at: Option<Instant>,
     pools: HashMap<PoolName, PoolInfo>,
     hosts: HashMap<HostId, HostInfo>,
     /// Tasks placed on each host (hosts not read yet included), by id.
@@ -142,6 +144,7 @@ impl Default for Rows {
         Rows {
             next: crate::store::FLEET_FROM_START,
             started: None,
+            measured_at: None,
             pools: HashMap::new(),
             hosts: HashMap::new(),
             on_host: HashMap::new(),
@@ -159,11 +162,24 @@ pub(crate) struct FleetModel {
 }
 
 impl FleetModel {
+    /// Whether anyone has read the model yet (a server whose readers never came keeps
+    /// none).
+    pub(crate) fn read_before(&self) -> bool {
+        self.rows
+            .try_lock()
+            .map_or(true, |rows| rows.started.is_some())
+    }
+
     /// The fleet as of a reading that started after this call: what the caller wrote
     /// before is in it.
+    ///
+    /// What was measured of the placed tasks (peak GPU memory, SM use), which no change
+    /// mark follows, is read for every one of them when the last such reading is
+    /// `measured_every` old or more.
     pub(crate) async fn current(
         &self,
         store: &dyn FleetStore,
+        measured_every: Duration,
     ) -> Result<Arc<FleetSnapshot>, StoreError> {
         let asked = Instant::now();
         let mut rows = self.rows.lock().await;
@@ -172,6 +188,15 @@ impl FleetModel {
         }
         let started = Instant::now();
         let changes = store.fleet_changes(rows.next).await?;
+        // A first reading has every task's figures in its rows.
+        let measured_due = rows
+            .measured_at
+            .is_some_and(|at| at.elapsed() >= measured_every);
+        let measured = if measured_due {
+            Some(store.measured_figures().await?)
+        } else {
+            None
+        };
         // Hosts deleted leave no row to read: when the count says some are gone, which.
         // Asked before anything is changed, so a failed reading changes nothing.
         let new_hosts = changes
@@ -192,6 +217,9 @@ impl FleetModel {
             Vec::new()
         };
         rows.started = Some(started);
+        if measured_due || rows.measured_at.is_none() {
+            rows.measured_at = Some(started);
+        }
         let mut dirty: BTreeSet<HostId> = BTreeSet::new();
         let mut pending_changed = false;
 
@@ -253,6 +281,23 @@ impl FleetModel {
         for id in gone {
             rows.hosts.remove(&id);
             dirty.insert(id);
+        }
+        for (id, measured) in measured.into_iter().flatten() {
+            let Rows { place, on_host, .. } = &mut *rows;
+            let Some(Some(host)) = place.get(&id) else {
+                continue;
+            };
+            let Some(task) = on_host.get_mut(host).and_then(|tasks| tasks.get_mut(&id)) else {
+                continue;
+            };
+            if task.measured.gpu_memory_peak != measured.gpu_memory_peak
+                || task.measured.sm_percent != measured.sm_percent
+            {
+                let t = Arc::make_mut(task);
+                t.measured.gpu_memory_peak = measured.gpu_memory_peak;
+                t.measured.sm_percent = measured.sm_percent;
+                dirty.insert(host.clone());
+            }
         }
         rows.next = changes.next;
 

@@ -47,8 +47,10 @@ impl FleetStore for This {
         }
         // A first reading has nothing to remove: stopped tasks (all of history) are
         // skipped.
+        // Without `work`: the model does not show it (nor would a change of it mark the row).
+        let columns = TASK_COLUMNS.replace(" work,", " CAST(NULL AS TEXT) AS work,");
         let mut tasks: Vec<Task> = sqlx::query(&format!(
-            "SELECT {TASK_COLUMNS} FROM tasks WHERE fleet_mark >= $1 AND ($2 = 1 OR state <> 'stopped')"
+            "SELECT {columns} FROM tasks WHERE fleet_mark >= $1 AND ($2 = 1 OR state <> 'stopped')"
         ))
         .bind(since)
         .bind(i64::from(since != FLEET_FROM_START))
@@ -79,6 +81,31 @@ impl FleetStore for This {
             tasks,
             host_count: host_count as u64,
         })
+    }
+
+    async fn measured_figures(&self) -> Result<Vec<(String, Measured)>, StoreError> {
+        sqlx::query(&format!(
+            "SELECT id, gpu_memory_peak_mib, sm_percent FROM tasks WHERE {}",
+            holding_states()
+        ))
+        .fetch_all(&self.db)
+        .await?
+        .iter()
+        .map(|row| {
+            Ok((
+                row.try_get("id")?,
+                Measured {
+                    gpu_memory_peak: row
+                        .try_get::<Option<i64>, _>("gpu_memory_peak_mib")?
+                        .map(|m| MiB(m as u64)),
+                    sm_percent: row
+                        .try_get::<Option<i64>, _>("sm_percent")?
+                        .map(|p| p as u32),
+                    work: None,
+                },
+            ))
+        })
+        .collect()
     }
 
     async fn host_ids(&self) -> Result<Vec<HostId>, StoreError> {

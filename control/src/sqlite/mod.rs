@@ -119,3 +119,70 @@ impl This {
         Ok(None)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sqlx::Row;
+
+    /// The columns of `table`.
+    async fn columns(db: &SqlitePool, table: &str) -> Vec<String> {
+        sqlx::query(&format!("SELECT name FROM pragma_table_info('{table}')"))
+            .fetch_all(db)
+            .await
+            .expect("columns")
+            .iter()
+            .map(|r| r.get::<String, _>(0))
+            .collect()
+    }
+
+    /// The fleet read model's change marks (`0017_fleet_marks.sql`) name their columns one
+    /// by one on SQLite: every column of `tasks`, `hosts` and `gpus` is either in its update
+    /// trigger or left out on purpose, so a column added later cannot be forgotten.
+    #[tokio::test]
+    async fn every_column_the_fleet_model_shows_marks_its_row() {
+        let store = SqliteStore::open("sqlite::memory:").await.expect("store");
+        for (table, trigger, left_out) in [
+            (
+                "tasks",
+                "tasks_mark_update",
+                &[
+                    "id",
+                    "created_at",
+                    "work",
+                    "gpu_memory_peak_mib",
+                    "sm_percent",
+                    "fleet_mark",
+                ][..],
+            ),
+            (
+                "hosts",
+                "hosts_mark_update",
+                &[
+                    "id",
+                    "created_at",
+                    "last_seen_at",
+                    "agent_token_hash",
+                    "fleet_mark",
+                ][..],
+            ),
+            ("gpus", "gpus_mark_update", &["uuid"][..]),
+        ] {
+            let sql: String =
+                sqlx::query("SELECT sql FROM sqlite_master WHERE type = 'trigger' AND name = $1")
+                    .bind(trigger)
+                    .fetch_one(&store.db)
+                    .await
+                    .expect("the trigger")
+                    .get(0);
+            for column in columns(&store.db, table).await {
+                let watched = sql.contains(&format!("NEW.{column} IS NOT OLD.{column}"));
+                assert!(
+                    watched != left_out.contains(&column.as_str()),
+                    "{table}.{column}: in {trigger}'s WHEN clause: {watched}; left out on purpose: {}",
+                    !watched
+                );
+            }
+        }
+    }
+}

@@ -4,7 +4,7 @@
 
 use crate::error::StoreError;
 use async_trait::async_trait;
-use tessera_model::service::Task;
+use tessera_model::service::{Measured, Task};
 use tessera_model::{HostId, HostInfo, PoolInfo};
 
 /// Where a reading of the fleet starts: nothing read yet.
@@ -20,8 +20,8 @@ pub struct FleetChanges {
     pub pools: Vec<PoolInfo>,
     /// Hosts changed (their GPUs included), in no particular order.
     pub hosts: Vec<HostInfo>,
-    /// Tasks changed, in any state, with their allocations when they hold capacity; on a
-    /// first reading, every task not stopped.
+    /// Tasks changed, in any state, with their allocations when they hold capacity (and
+    /// without their `work`); on a first reading, every task not stopped.
     pub tasks: Vec<Task>,
     /// How many hosts there are now (a host deleted leaves no row to read).
     pub host_count: u64,
@@ -34,4 +34,8 @@ pub trait FleetStore: Send + Sync + 'static {
     async fn fleet_changes(&self, since: i64) -> Result<FleetChanges, StoreError>;
     /// The id of every host.
     async fn host_ids(&self) -> Result<Vec<HostId>, StoreError>;
+    /// What was last measured of every task holding capacity (its peak GPU memory and SM
+    /// use; not its work), by task id: the figures that move with nearly every sync, which
+    /// change marks leave out.
+    async fn measured_figures(&self) -> Result<Vec<(String, Measured)>, StoreError>;
 }

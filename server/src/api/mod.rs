@@ -196,9 +196,16 @@ pub async fn healthz(State(state): State<AppState>) -> Result<Json<Health>, ApiE
 /// with a viewer's API token (`authorization: Bearer …`).
 #[utoipa::path(get, path = "/metrics", tag = "server",
     extensions(("x-required-role" = json!("viewer"))),
-    responses((status = 200, description = "Prometheus text exposition format", content_type = "text/plain", body = String)))]
-pub async fn metrics(State(state): State<AppState>) -> Result<impl IntoResponse, ApiError> {
-    let body = state.metrics.body(&state.control).await?;
+    responses(
+        (status = 200, description = "Prometheus text exposition format", content_type = "text/plain", body = String),
+        (status = 503, description = "This user has two scrapes in flight already", body = crate::api::bodies::ErrorBody),
+    ))]
+pub async fn metrics(
+    State(state): State<AppState>,
+    caller: Option<axum::Extension<tessera_model::auth::Caller>>,
+) -> Result<impl IntoResponse, ApiError> {
+    let user = caller.map(|axum::Extension(c)| c.name).unwrap_or_default();
+    let body = state.metrics.body(&state.control, &user).await?;
     Ok((
         [(
             axum::http::header::CONTENT_TYPE,

@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! console-bench [--hosts 1000] [--gpus-per-host 8] [--tasks 10000] [--requests 20]
+//!               [--syncs-between 100]
 //! ```
 //!
 //! Builds the fleet in an SQLite file (hosts through the admission path, one service's
@@ -13,8 +14,10 @@
 //! a later page, one filter), the overview, `/metrics`, a service's endpoint list,
 //! Prometheus discovery and the JSON host list of the REST API. Requests carry a viewer's
 //! API token, so the authentication layer's cost is part of every figure. Before each
-//! request one host's sync reports new figures (not timed), so every reading of the model
-//! has changes to read, as on a live fleet. For each row: the first request's time, the
+//! request `--syncs-between` hosts (100) sync, not timed: their tasks' SM use moved, and
+//! the first reports a change the model marks, so every reading has changes to read, as
+//! on a live fleet. Last, the model's periodic reading of every placed task's measured
+//! figures (which no change mark follows) is timed on its own. For each row: the first request's time, the
 //! mean, p50 and p99, the body's size, and the process's peak resident memory over what
 //! it held before the row (`+peak MiB`).
 
@@ -44,10 +47,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let per_host = arg("--gpus-per-host", 8);
     let tasks = arg("--tasks", 10_000);
     let requests = arg("--requests", 20);
+    let syncs_between = arg("--syncs-between", 100);
     let dir = std::env::temp_dir().join(format!("tessera-console-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let store = tessera_control::open(&format!("sqlite://{}/bench.db", dir.display())).await?;
-    let control = Control::new(store, ControlConfig::default());
+    let control = Control::new(store.clone(), ControlConfig::default());
     for pool in ["a", "b"] {
         control.create_pool(&PoolInput::named(pool)).await?;
     }
@@ -102,15 +106,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut times = Vec::new();
         let mut bytes = 0;
         for _ in 0..requests {
-            // Between requests one host's tasks report new figures, as a live fleet's do:
-            // every reading of the model has something to read.
             changes += 1;
-            let (host, request) = &mut syncs[changes as usize % admitted.len()];
-            for t in &mut request.tasks {
-                t.sm_percent = Some(10 + changes % 50);
-            }
-            control.sync_agent(host, request).await?;
-            control.flush_heartbeats().await?;
+            live_fleet(&control, &mut syncs, changes, syncs_between).await?;
             let start = Instant::now();
             bytes = if uri == BASELINE {
                 baseline_metrics(&control).await?.len()
@@ -144,13 +141,64 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             "p99_ms": p99, "bytes": bytes, "peak_growth_mib": grew}),
         );
     }
+    // The measured figures' own reading (every task's peak and SM use, which no change
+    // mark follows): the server's loop does it every `fleet_measured_every` (10 s), off
+    // the requests; timed here on a model of its own that does it on every reading.
+    let periodic = Control::new(
+        store,
+        ControlConfig {
+            fleet_measured_every: std::time::Duration::ZERO,
+            ..ControlConfig::default()
+        },
+    );
+    periodic.fleet().await?;
+    let mut measured_ms = Vec::new();
+    for _ in 0..3 {
+        changes += 1;
+        live_fleet(&control, &mut syncs, changes, syncs_between).await?;
+        let start = Instant::now();
+        periodic.fleet().await?;
+        measured_ms.push(start.elapsed().as_secs_f64() * 1000.0);
+    }
+    println!(
+        "fleet read model, a reading with every placed task's measured figures (every 10 s, in the server's loop): {}",
+        measured_ms
+            .iter()
+            .map(|ms| format!("{ms:.1} ms"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     println!(
         "{}",
         json!({ "hosts": hosts, "gpus": hosts * per_host, "tasks": tasks,
-            "fleet_model": {"first_reading_ms": first_reading_ms, "resident_mib": model_mib},
+            "syncs_between": syncs_between,
+            "fleet_model": {"first_reading_ms": first_reading_ms, "resident_mib": model_mib,
+                "measured_reading_ms": measured_ms},
             "results": rows })
     );
     let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// Between two requests, `between` hosts sync (their tasks' SM use moved, as it does
+/// from one sync to the next), and the first of them reports a changed number of free
+/// ports (a change the model marks): every reading of the model has something to read.
+async fn live_fleet(
+    control: &Control,
+    syncs: &mut [(HostId, SyncRequest)],
+    round: u32,
+    between: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let n = syncs.len();
+    for i in 0..between.min(n) {
+        let (host, request) = &mut syncs[(round as usize * between + i) % n];
+        for t in &mut request.tasks {
+            t.sm_percent = Some(10 + round % 50);
+        }
+        request.dynamic_ports_free = (i == 0).then_some(1000 + round);
+        control.sync_agent(host, request).await?;
+    }
+    control.flush_heartbeats().await?;
     Ok(())
 }
 
