@@ -327,7 +327,7 @@ impl Exposition {
     /// The next chunk of per-host family `f`, from the host after `self.after`, and
     /// whether the family is done.
     fn hosts_chunk(&mut self, f: &Family) -> (String, bool) {
-        let mut out = String::new();
+        let mut out = String::with_capacity(CHUNK_BYTES + 8 * 1024);
         if self.after.is_none() {
             family(&mut out, f.name, f.help);
         }
@@ -443,19 +443,29 @@ fn sample(out: &mut String, name: &str, labels: &[(&str, &str)], value: f64) {
             }
             out.push_str(k);
             out.push_str("=\"");
-            for c in v.chars() {
-                match c {
-                    '\\' => out.push_str("\\\\"),
-                    '"' => out.push_str("\\\""),
-                    '\n' => out.push_str("\\n"),
-                    c => out.push(c),
+            if v.contains(['\\', '"', '\n']) {
+                for c in v.chars() {
+                    match c {
+                        '\\' => out.push_str("\\\\"),
+                        '"' => out.push_str("\\\""),
+                        '\n' => out.push_str("\\n"),
+                        c => out.push(c),
+                    }
                 }
+            } else {
+                out.push_str(v);
             }
             out.push('"');
         }
         out.push('}');
     }
-    let _ = writeln!(out, " {value}");
+    // Most figures are whole numbers (MiB, counts): written as integers, which is faster
+    // than a float's shortest form and reads the same.
+    if value.fract() == 0.0 && value.abs() < 1e15 {
+        let _ = writeln!(out, " {}", value as i64);
+    } else {
+        let _ = writeln!(out, " {value}");
+    }
 }
 
 #[cfg(test)]
