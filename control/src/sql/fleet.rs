@@ -25,25 +25,15 @@ impl FleetStore for This {
         .map(host_from_row)
         .collect::<Result<_, _>>()?;
         if !hosts.is_empty() {
-            let position: HashMap<String, usize> = hosts
-                .iter()
-                .enumerate()
-                .map(|(i, h)| (h.id.to_string(), i))
-                .collect();
-            for row in sqlx::query(&format!(
+            let gpus = sqlx::query(&format!(
                 "SELECT {GPU_COLUMNS} FROM gpus
                   WHERE host_id IN (SELECT id FROM hosts WHERE fleet_mark >= $1)
                   ORDER BY host_id, idx"
             ))
             .bind(since)
             .fetch_all(&self.db)
-            .await?
-            {
-                let host_id: String = row.try_get("host_id")?;
-                if let Some(&i) = position.get(&host_id) {
-                    hosts[i].gpus.push(gpu_from_row(&row)?);
-                }
-            }
+            .await?;
+            attach_gpus(&mut hosts, &gpus)?;
         }
         // A first reading has nothing to remove: stopped tasks (all of history) are
         // skipped.
@@ -59,17 +49,7 @@ impl FleetStore for This {
         .iter()
         .map(task_from_row)
         .collect::<Result<_, _>>()?;
-        let placed: Vec<String> = tasks
-            .iter()
-            .filter(|t| t.state.holds_capacity())
-            .map(|t| t.id.clone())
-            .collect();
-        let mut allocations = self.load_allocations(&placed).await?;
-        for t in &mut tasks {
-            if let Some(a) = allocations.remove(&t.id) {
-                t.allocations = a;
-            }
-        }
+        self.attach_allocations(&mut tasks).await?;
         let host_count: i64 = sqlx::query("SELECT COUNT(*) FROM hosts")
             .fetch_one(&self.db)
             .await?

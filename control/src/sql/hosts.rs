@@ -301,22 +301,12 @@ impl HostStore for This {
         .iter()
         .map(host_from_row)
         .collect::<Result<_, _>>()?;
-        let position: HashMap<String, usize> = hosts
-            .iter()
-            .enumerate()
-            .map(|(i, h)| (h.id.to_string(), i))
-            .collect();
-        for row in sqlx::query(&format!(
+        let gpus = sqlx::query(&format!(
             "SELECT {GPU_COLUMNS} FROM gpus ORDER BY host_id, idx"
         ))
         .fetch_all(&self.db)
-        .await?
-        {
-            let host_id: String = row.try_get("host_id")?;
-            if let Some(&i) = position.get(&host_id) {
-                hosts[i].gpus.push(gpu_from_row(&row)?);
-            }
-        }
+        .await?;
+        attach_gpus(&mut hosts, &gpus)?;
         Ok(hosts)
     }
 

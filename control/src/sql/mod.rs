@@ -90,6 +90,22 @@ impl This {
         Ok(done)
     }
 
+    /// Gives each of `tasks` that holds capacity its allocations.
+    async fn attach_allocations(&self, tasks: &mut [Task]) -> Result<(), StoreError> {
+        let placed: Vec<String> = tasks
+            .iter()
+            .filter(|t| t.state.holds_capacity())
+            .map(|t| t.id.clone())
+            .collect();
+        let mut allocations = self.load_allocations(&placed).await?;
+        for t in tasks.iter_mut() {
+            if let Some(a) = allocations.remove(&t.id) {
+                t.allocations = a;
+            }
+        }
+        Ok(())
+    }
+
     async fn load_allocations(
         &self,
         ids: &[String],

@@ -99,6 +99,23 @@ pub(super) fn join_token_from_row(row: &DbRow) -> Result<JoinTokenInfo, StoreErr
     })
 }
 
+/// Each GPU of `rows` added to its host among `hosts`, in the rows' order (GPUs of other
+/// hosts are passed over).
+pub(super) fn attach_gpus(hosts: &mut [HostInfo], rows: &[DbRow]) -> Result<(), StoreError> {
+    let position: HashMap<String, usize> = hosts
+        .iter()
+        .enumerate()
+        .map(|(i, h)| (h.id.to_string(), i))
+        .collect();
+    for row in rows {
+        let host_id: String = row.try_get("host_id")?;
+        if let Some(&i) = position.get(&host_id) {
+            hosts[i].gpus.push(gpu_from_row(row)?);
+        }
+    }
+    Ok(())
+}
+
 pub(super) fn host_from_row(row: &DbRow) -> Result<HostInfo, StoreError> {
     let labels: String = row.try_get("labels")?;
     Ok(HostInfo {

@@ -290,19 +290,8 @@ impl TaskStore for This {
             .iter()
             .map(task_from_row)
             .collect::<Result<_, _>>()?;
-        if filter.without_allocations {
-            return Ok(tasks);
-        }
-        let placed: Vec<String> = tasks
-            .iter()
-            .filter(|t| t.state.holds_capacity())
-            .map(|t| t.id.clone())
-            .collect();
-        let mut allocations = self.load_allocations(&placed).await?;
-        for t in &mut tasks {
-            if let Some(a) = allocations.remove(&t.id) {
-                t.allocations = a;
-            }
+        if !filter.without_allocations {
+            self.attach_allocations(&mut tasks).await?;
         }
         Ok(tasks)
     }
