@@ -2,10 +2,12 @@
 -- changes what the model shows of a task or a host gives its row a mark greater than any
 -- before, so the model reads only the rows changed since its last reading.
 --
--- SQLite has one writer at a time: a counter bumped by the triggers, inside the writer's
--- transaction, orders marks as the commits are ordered. A reader that reads the counter
--- (n) and then the rows marked >= its last reading has every change up to n; it next reads
--- rows marked >= n + 1.
+-- SQLite has one writer at a time. The triggers mark a row with the counter's value
+-- (`fleet_clock`); a reading first moves the counter on (a write, so it falls between two
+-- writers' transactions, never inside one) to m, then reads the rows marked >= m' (where
+-- its last reading moved it to). Every transaction before the move marked below m and is
+-- visible to the reads that follow; every one after marks m or more and is read next time.
+-- A row marked once per transaction costs one statement, not two.
 --
 -- Columns left out on purpose: a task's `work` (the application's figures, read by the
 -- work pages, not the model), a host's `last_seen_at` and `agent_token_hash` (written on
@@ -26,7 +28,6 @@ CREATE INDEX tasks_fleet_mark ON tasks (fleet_mark);
 CREATE INDEX hosts_fleet_mark ON hosts (fleet_mark);
 
 CREATE TRIGGER tasks_mark_insert AFTER INSERT ON tasks BEGIN
-    UPDATE fleet_clock SET mark = mark + 1;
     UPDATE tasks SET fleet_mark = (SELECT mark FROM fleet_clock) WHERE id = NEW.id;
 END;
 
@@ -44,22 +45,20 @@ WHEN NEW.fleet_mark = OLD.fleet_mark AND (
     OR NEW.pool IS NOT OLD.pool OR NEW.cpu_milli IS NOT OLD.cpu_milli
     OR NEW.memory_mib IS NOT OLD.memory_mib)
 BEGIN
-    UPDATE fleet_clock SET mark = mark + 1;
     UPDATE tasks SET fleet_mark = (SELECT mark FROM fleet_clock) WHERE id = NEW.id;
 END;
 
 -- What a task holds is part of the task.
 CREATE TRIGGER task_gpus_mark_insert AFTER INSERT ON task_gpus BEGIN
-    UPDATE fleet_clock SET mark = mark + 1;
-    UPDATE tasks SET fleet_mark = (SELECT mark FROM fleet_clock) WHERE id = NEW.task_id;
+    UPDATE tasks SET fleet_mark = (SELECT mark FROM fleet_clock)
+     WHERE id = NEW.task_id AND fleet_mark <> (SELECT mark FROM fleet_clock);
 END;
 CREATE TRIGGER task_gpus_mark_delete AFTER DELETE ON task_gpus BEGIN
-    UPDATE fleet_clock SET mark = mark + 1;
-    UPDATE tasks SET fleet_mark = (SELECT mark FROM fleet_clock) WHERE id = OLD.task_id;
+    UPDATE tasks SET fleet_mark = (SELECT mark FROM fleet_clock)
+     WHERE id = OLD.task_id AND fleet_mark <> (SELECT mark FROM fleet_clock);
 END;
 
 CREATE TRIGGER hosts_mark_insert AFTER INSERT ON hosts BEGIN
-    UPDATE fleet_clock SET mark = mark + 1;
     UPDATE hosts SET fleet_mark = (SELECT mark FROM fleet_clock) WHERE id = NEW.id;
 END;
 
@@ -72,14 +71,13 @@ WHEN NEW.fleet_mark = OLD.fleet_mark AND (
     OR NEW.address IS NOT OLD.address OR NEW.dynamic_ports_free IS NOT OLD.dynamic_ports_free
     OR NEW.held IS NOT OLD.held OR NEW.pending_gpus IS NOT OLD.pending_gpus)
 BEGIN
-    UPDATE fleet_clock SET mark = mark + 1;
     UPDATE hosts SET fleet_mark = (SELECT mark FROM fleet_clock) WHERE id = NEW.id;
 END;
 
 -- A host's GPUs are part of the host.
 CREATE TRIGGER gpus_mark_insert AFTER INSERT ON gpus BEGIN
-    UPDATE fleet_clock SET mark = mark + 1;
-    UPDATE hosts SET fleet_mark = (SELECT mark FROM fleet_clock) WHERE id = NEW.host_id;
+    UPDATE hosts SET fleet_mark = (SELECT mark FROM fleet_clock)
+     WHERE id = NEW.host_id AND fleet_mark <> (SELECT mark FROM fleet_clock);
 END;
 -- Every sync writes each GPU it reports again: only a change counts.
 CREATE TRIGGER gpus_mark_update AFTER UPDATE ON gpus
@@ -87,11 +85,10 @@ WHEN NEW.host_id IS NOT OLD.host_id OR NEW.idx IS NOT OLD.idx OR NEW.model IS NO
     OR NEW.memory_mib IS NOT OLD.memory_mib OR NEW.mps_client_limit IS NOT OLD.mps_client_limit
     OR NEW.health IS NOT OLD.health OR NEW.sharing_mode IS NOT OLD.sharing_mode
 BEGIN
-    UPDATE fleet_clock SET mark = mark + 1;
     UPDATE hosts SET fleet_mark = (SELECT mark FROM fleet_clock)
      WHERE id IN (NEW.host_id, OLD.host_id);
 END;
 CREATE TRIGGER gpus_mark_delete AFTER DELETE ON gpus BEGIN
-    UPDATE fleet_clock SET mark = mark + 1;
-    UPDATE hosts SET fleet_mark = (SELECT mark FROM fleet_clock) WHERE id = OLD.host_id;
+    UPDATE hosts SET fleet_mark = (SELECT mark FROM fleet_clock)
+     WHERE id = OLD.host_id AND fleet_mark <> (SELECT mark FROM fleet_clock);
 END;

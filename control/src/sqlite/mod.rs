@@ -102,9 +102,9 @@ type DbArguments<'q> = SqliteArguments<'q>;
 const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
 /// `INSTR(haystack, needle)`: the needle's position, 0 when absent.
 const INSTR: &str = "instr";
-/// Where the fleet read model's next reading starts: past the marks given so far (one
-/// writer at a time: marks are in commit order; see `0017_fleet_marks.sql`).
-const FLEET_NEXT: &str = "SELECT mark + 1 FROM fleet_clock";
+/// Where the fleet read model's next reading starts: the counter, moved on (a write between
+/// two writers' transactions; see `0017_fleet_marks.sql`).
+const FLEET_NEXT: &str = "UPDATE fleet_clock SET mark = mark + 1 RETURNING mark";
 
 /// Servers sharing one SQLite file (one machine) tell each other nothing: their live
 /// views follow their own changes and the scheduler's ticks.
