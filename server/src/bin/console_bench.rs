@@ -211,13 +211,7 @@ const BASELINE: &str = "baseline: /metrics from the store";
 async fn baseline_metrics(control: &Control) -> Result<String, Box<dyn std::error::Error>> {
     let hosts = control.list_hosts().await?;
     let views = control.host_views(hosts.clone()).await?;
-    let placed = control
-        .list_tasks(&TaskFilter {
-            states: vec![TaskState::Assigned, TaskState::Running],
-            without_allocations: true,
-            ..Default::default()
-        })
-        .await?;
+    let placed = placed_tasks(control).await?;
     // What the projects' figures read: every task holding capacity or waiting.
     let projects_read = control
         .list_tasks(&TaskFilter {
@@ -277,6 +271,19 @@ async fn baseline_metrics(control: &Control) -> Result<String, Box<dyn std::erro
     Ok(handle.render())
 }
 
+/// Every task assigned or running, without its allocations.
+async fn placed_tasks(
+    control: &Control,
+) -> Result<Vec<tessera_model::service::Task>, Box<dyn std::error::Error>> {
+    Ok(control
+        .list_tasks(&TaskFilter {
+            states: vec![TaskState::Assigned, TaskState::Running],
+            without_allocations: true,
+            ..Default::default()
+        })
+        .await?)
+}
+
 /// One sync per host, as its agent would send it: every task placed there running, with a
 /// measured GPU memory peak and SM use, so the per-task figures exist as on a real fleet.
 async fn measured_use(
@@ -284,13 +291,7 @@ async fn measured_use(
     admitted: &[tessera_model::agent::RegisterResponse],
     per_host: usize,
 ) -> Result<Vec<(HostId, SyncRequest)>, Box<dyn std::error::Error>> {
-    let placed = control
-        .list_tasks(&TaskFilter {
-            states: vec![TaskState::Assigned, TaskState::Running],
-            without_allocations: true,
-            ..Default::default()
-        })
-        .await?;
+    let placed = placed_tasks(control).await?;
     let mut by_host: std::collections::HashMap<HostId, Vec<TaskReport>> = Default::default();
     for t in placed {
         if let Some(h) = t.host {
