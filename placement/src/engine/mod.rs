@@ -54,6 +54,16 @@ pub struct Engine {
     scores: Vec<Vec<Cached>>,
 }
 
+/// Counts a task of the same batch placed at `p` against `req`: its caps and ports, and,
+/// with distinct hosts, `p`'s host is avoided.
+fn count_in_batch(req: &mut TaskRequest, p: &Placement) {
+    let c = &mut req.constraints;
+    if c.distinct_hosts {
+        c.avoid_hosts.insert(p.host_id.clone());
+    }
+    c.count(&p.host_id, p.gpus.iter().map(|s| &s.uuid), 1);
+}
+
 /// Fragmentation tables for `policy`, when there is a profile to measure against.
 fn tables_for(
     policy: Policy,
@@ -170,29 +180,29 @@ impl Engine {
     /// constraints, each placed host is avoided by the tasks after it; with per-GPU or
     /// per-host caps, each placement counts against them for the tasks after it.
     pub fn place_batch(&mut self, requests: &[TaskRequest]) -> BatchOutcome {
-        let mut used_hosts = Vec::new();
-        let mut placed_so_far: Vec<Placement> = Vec::new();
-        let results = requests
-            .iter()
-            .map(|req| {
-                let mut req = req.clone();
-                if req.constraints.distinct_hosts {
-                    req.constraints
-                        .avoid_hosts
-                        .extend(used_hosts.iter().cloned());
-                }
-                for p in &placed_so_far {
-                    req.constraints
-                        .count(&p.host_id, p.gpus.iter().map(|s| &s.uuid), 1);
-                }
-                let placed = self.place(&req)?;
-                self.assign(&placed)
+        let mut placed: Vec<Placement> = Vec::new();
+        // A batch is mostly one request repeated: the previous request, counted against
+        // the placements before it, is carried to the next equal one, which then counts
+        // only the placement made since (linear in the batch, not quadratic).
+        let mut carried: Option<(&TaskRequest, TaskRequest, usize)> = None;
+        let mut results = Vec::with_capacity(requests.len());
+        for original in requests {
+            let (mut req, counted) = match carried.take() {
+                Some((previous, req, counted)) if previous == original => (req, counted),
+                _ => (original.clone(), 0),
+            };
+            for p in &placed[counted..] {
+                count_in_batch(&mut req, p);
+            }
+            let counted = placed.len();
+            let result = self.place(&req).inspect(|p| {
+                self.assign(p)
                     .expect("a placement just computed on this snapshot fits it");
-                used_hosts.push(placed.host_id.clone());
-                placed_so_far.push(placed.clone());
-                Ok(placed)
-            })
-            .collect();
+                placed.push(p.clone());
+            });
+            results.push(result);
+            carried = Some((original, req, counted));
+        }
         BatchOutcome { results }
     }
 

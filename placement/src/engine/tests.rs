@@ -152,6 +152,33 @@ fn distinct_hosts_batch_uses_each_host_once() {
 }
 
 #[test]
+fn a_mixed_batch_counts_every_earlier_placement_for_each_request() {
+    // Requests that differ (here only in memory) take turns: each still sees every task of
+    // the batch placed before it, not only those of equal requests next to it.
+    let mut e = engine(
+        Policy::Binpack,
+        vec![host("a", 1, 1000), host("b", 1, 1000), host("c", 1, 1000)],
+    );
+    let mut small = TaskRequest::shared(MilliCpu(1000), MiB(1024), MiB(100), None);
+    small.constraints.distinct_hosts = true;
+    let mut large = small.clone();
+    large.memory = MiB(2048);
+    let out = e.place_batch(&[small.clone(), large.clone(), small, large]);
+    let hosts: Vec<_> = out
+        .results
+        .iter()
+        .filter_map(|r| r.as_ref().ok())
+        .map(|p| p.host_id.as_str().to_owned())
+        .collect();
+    assert_eq!(hosts.len(), 3, "three hosts, one task each: {hosts:?}");
+    let mut distinct = hosts.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 3, "{hosts:?}");
+    assert!(out.results[3].is_err(), "the fourth finds every host used");
+}
+
+#[test]
 fn inactive_hosts_are_skipped_and_counted() {
     let mut h = host("a", 1, 1000);
     h.active = false;
