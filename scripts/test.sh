@@ -28,6 +28,8 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== no import circle between the files of a crate (these crates have none left)"
 python3 scripts/import_circles.py model/src placement/src placement-lab/src control/src agent/src cli/src server/src app/src
+echo "== no function over 100 lines in the control plane (long ones are split into named steps)"
+python3 scripts/long_functions.py control/src
 if [ "$quick" = 1 ]; then
   echo "== cargo test: unit tests of every crate, and the store tests on SQLite"
   cargo test --workspace --locked --lib --bins

@@ -364,107 +364,13 @@ impl Control {
         let pool = self.store.get_pool(&req.pool).await.map_err(|_| {
             ControlError::invalid("pool", format!("no pool named {:?}", req.pool.as_str()))
         })?;
-        // A machine whose GPUs are already known is that host, reinstalled or with its
-        // credentials lost: refused while its agent is registered (two agents would answer
-        // for one host), and let back in only with a token minted for it once revoked.
-        let uuids: Vec<_> = req.gpus.iter().map(|g| g.uuid.clone()).collect();
-        let known = self.store.host_with_gpus(&uuids).await?;
-        let rejoin = match (&grant.host, known) {
-            (_, Some((owner, false))) => {
-                return Err(ControlError::Conflict(format!(
-                    "this machine's GPUs belong to host {owner}, whose agent is still registered; if it is that machine, an admin revokes the old token (POST /api/v1/hosts/{owner}/revoke) and mints a join token for it (tessera create join-token --host {owner})"
-                )));
-            }
-            (Some(for_host), Some((owner, true))) if *for_host != owner => {
-                return Err(ControlError::Conflict(format!(
-                    "this join token rejoins host {for_host}, but this machine's GPUs belong to host {owner}"
-                )));
-            }
-            (None, Some((owner, true))) => {
-                return Err(ControlError::Unauthorized(format!(
-                    "this machine's GPUs belong to host {owner}, whose agent token was revoked: it rejoins only with a join token minted for it (tessera create join-token --host {owner})"
-                )));
-            }
-            (Some(for_host), _) => {
-                if !self.store.host_token_revoked(for_host).await? {
-                    return Err(ControlError::Conflict(format!(
-                        "this join token rejoins host {for_host}, whose agent is registered again"
-                    )));
-                }
-                Some(for_host.clone())
-            }
-            (None, None) => None,
-        };
-        if let Some(owner) = rejoin {
-            let token = new_token();
-            self.store
-                .reissue_agent_token(&owner, &hash_token(&token), self.token_use(grant).as_ref())
-                .await
-                .map_err(spent)?;
-            self.event(
-                None,
-                Some(&owner),
-                &format!(
-                    "host {owner} rejoined with a join token minted for it and a new agent token"
-                ),
-            )
-            .await;
-            self.wake();
-            return Ok(RegisterResponse {
-                host_id: owner,
-                agent_token: token,
-                sync_interval_secs: self.config.sync_interval.as_secs().max(1) as u32,
-            });
+        if let Some(owner) = self.rejoining(req, grant).await? {
+            return self.rejoin(owner, grant).await;
         }
-        let base = host_id_from(req.name.as_deref());
-        let free_id = || async {
-            let mut id = HostId::new(base.clone())
-                .map_err(|e| ControlError::invalid("name", e.to_string()))?;
-            while self.store.get_host(&id).await.is_ok() {
-                let suffix = &uuid::Uuid::new_v4().simple().to_string()[..6];
-                id = HostId::new(format!("{base}-{suffix}"))
-                    .map_err(|e| ControlError::invalid("name", e.to_string()))?;
-            }
-            Ok::<_, ControlError>(id)
-        };
-        let id = free_id().await?;
         let held = pool.admission == Admission::Manual && !grant.preapproved;
-        let host = HostInfo {
-            id: id.clone(),
-            pool: req.pool.clone(),
-            status: HostStatus::Active,
-            held,
-            simulated: req.simulated,
-            cpu: req.cpu_milli,
-            memory: req.memory_mib,
-            labels: req.labels.clone(),
-            gpus: req
-                .gpus
-                .iter()
-                .map(|g| GpuInfo {
-                    uuid: g.uuid.clone(),
-                    index: g.index,
-                    model: g.model.clone(),
-                    memory: g.memory_mib,
-                    mps_client_limit: g.mps_client_limit,
-                    health: if g.healthy {
-                        GpuHealth::Healthy
-                    } else {
-                        GpuHealth::Unhealthy
-                    },
-                    sharing_mode: SharingMode::Idle,
-                })
-                .collect(),
-            status_reason: None,
-            last_seen: None,
-            mps_restarts: 0,
-            address: req.address.clone(),
-            dynamic_ports_free: None,
-            pending_gpus: Vec::new(),
-        };
+        let mut host = new_host(req, self.free_host_id(req.name.as_deref()).await?, held);
         let token = new_token();
         let token_use = self.token_use(grant);
-        let mut host = host;
         // Another registration may take the id between the look and the write: then
         // another id, never its row.
         for attempt in 0.. {
@@ -481,7 +387,7 @@ impl Control {
                 Err(crate::error::StoreError::Conflict(m))
                     if m.starts_with(crate::store::HOST_ID_TAKEN) && attempt < 5 =>
                 {
-                    host.id = free_id().await?;
+                    host.id = self.free_host_id(req.name.as_deref()).await?;
                 }
                 other => {
                     other.map_err(spent)?;
@@ -505,22 +411,123 @@ impl Control {
         } else {
             ""
         };
-        self.event(
-            None,
-            Some(&id),
-            &format!(
-                "{kind} {id} registered in pool {}{how} with {} GPU(s){held_note}",
-                req.pool,
-                req.gpus.len()
-            ),
-        )
-        .await;
+        let said = format!(
+            "{kind} {id} registered in pool {}{how} with {} GPU(s){held_note}",
+            req.pool,
+            req.gpus.len()
+        );
+        self.event(None, Some(&id), &said).await;
         self.wake();
         Ok(RegisterResponse {
             host_id: id,
             agent_token: token,
             sync_interval_secs: self.config.sync_interval.as_secs().max(1) as u32,
         })
+    }
+
+    /// The host this registration rejoins, if any. A machine whose GPUs are already known
+    /// is that host, reinstalled or with its credentials lost: refused while its agent is
+    /// registered (two agents would answer for one host), and let back in only with a
+    /// token minted for it once revoked.
+    async fn rejoining(
+        &self,
+        req: &RegisterRequest,
+        grant: &Grant,
+    ) -> Result<Option<HostId>, ControlError> {
+        let uuids: Vec<_> = req.gpus.iter().map(|g| g.uuid.clone()).collect();
+        let known = self.store.host_with_gpus(&uuids).await?;
+        match (&grant.host, known) {
+            (_, Some((owner, false))) => Err(ControlError::Conflict(format!(
+                "this machine's GPUs belong to host {owner}, whose agent is still registered; if it is that machine, an admin revokes the old token (POST /api/v1/hosts/{owner}/revoke) and mints a join token for it (tessera create join-token --host {owner})"
+            ))),
+            (Some(for_host), Some((owner, true))) if *for_host != owner => {
+                Err(ControlError::Conflict(format!(
+                    "this join token rejoins host {for_host}, but this machine's GPUs belong to host {owner}"
+                )))
+            }
+            (None, Some((owner, true))) => Err(ControlError::Unauthorized(format!(
+                "this machine's GPUs belong to host {owner}, whose agent token was revoked: it rejoins only with a join token minted for it (tessera create join-token --host {owner})"
+            ))),
+            (Some(for_host), _) => {
+                if !self.store.host_token_revoked(for_host).await? {
+                    return Err(ControlError::Conflict(format!(
+                        "this join token rejoins host {for_host}, whose agent is registered again"
+                    )));
+                }
+                Ok(Some(for_host.clone()))
+            }
+            (None, None) => Ok(None),
+        }
+    }
+
+    /// Lets host `owner` back in with a new agent token.
+    async fn rejoin(&self, owner: HostId, grant: &Grant) -> Result<RegisterResponse, ControlError> {
+        let token = new_token();
+        self.store
+            .reissue_agent_token(&owner, &hash_token(&token), self.token_use(grant).as_ref())
+            .await
+            .map_err(spent)?;
+        let said =
+            format!("host {owner} rejoined with a join token minted for it and a new agent token");
+        self.event(None, Some(&owner), &said).await;
+        self.wake();
+        Ok(RegisterResponse {
+            host_id: owner,
+            agent_token: token,
+            sync_interval_secs: self.config.sync_interval.as_secs().max(1) as u32,
+        })
+    }
+
+    /// A host id no host has: from the name the agent asked for (or `host`), with a random
+    /// suffix where it is taken.
+    async fn free_host_id(&self, name: Option<&str>) -> Result<HostId, ControlError> {
+        let base = host_id_from(name);
+        let mut id =
+            HostId::new(base.clone()).map_err(|e| ControlError::invalid("name", e.to_string()))?;
+        while self.store.get_host(&id).await.is_ok() {
+            let suffix = &uuid::Uuid::new_v4().simple().to_string()[..6];
+            id = HostId::new(format!("{base}-{suffix}"))
+                .map_err(|e| ControlError::invalid("name", e.to_string()))?;
+        }
+        Ok(id)
+    }
+}
+
+/// The host a registration makes, as stored: active (held for approval if `held`), its
+/// GPUs idle.
+fn new_host(req: &RegisterRequest, id: HostId, held: bool) -> HostInfo {
+    HostInfo {
+        id,
+        pool: req.pool.clone(),
+        status: HostStatus::Active,
+        held,
+        simulated: req.simulated,
+        cpu: req.cpu_milli,
+        memory: req.memory_mib,
+        labels: req.labels.clone(),
+        gpus: req
+            .gpus
+            .iter()
+            .map(|g| GpuInfo {
+                uuid: g.uuid.clone(),
+                index: g.index,
+                model: g.model.clone(),
+                memory: g.memory_mib,
+                mps_client_limit: g.mps_client_limit,
+                health: if g.healthy {
+                    GpuHealth::Healthy
+                } else {
+                    GpuHealth::Unhealthy
+                },
+                sharing_mode: SharingMode::Idle,
+            })
+            .collect(),
+        status_reason: None,
+        last_seen: None,
+        mps_restarts: 0,
+        address: req.address.clone(),
+        dynamic_ports_free: None,
+        pending_gpus: Vec::new(),
     }
 }
 

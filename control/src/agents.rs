@@ -9,7 +9,9 @@ use crate::lifecycle;
 use crate::store::{HostReport, TaskFilter};
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, HashMap};
-use tessera_model::agent::{SecretEnv, SyncRequest, SyncResponse, WantedContainer, WantedTask};
+use tessera_model::agent::{
+    SecretEnv, SyncRequest, SyncResponse, TaskReport, WantedContainer, WantedTask,
+};
 use tessera_model::bounds::{Dropped, Owner};
 use tessera_model::service::{Measured, Task, TaskState};
 use tessera_model::taskdef::{GpuRequirement, TaskDefinitionSpec};
@@ -184,10 +186,37 @@ impl Control {
         // What holds capacity on the host, with its allocations: what the report is checked
         // against, and (as it stands after the report) what the answer names.
         let mut mine = self.held_on(host_id).await?;
+        if !dropped.is_empty() {
+            self.record_dropped(host_id, &mine, &dropped).await;
+        }
+        self.record_reports(&mine, &req.tasks);
+        self.record_work(&mine, &req.tasks);
         // Something to reconcile. Capacity changes (a GPU, the host's status, a task gone)
         // are also told at once to the scheduler, whose cached engine is then rebuilt.
-        let mut changed = false;
-        let problem = lifecycle::problem(req);
+        let mut changed = self.take_host_report(&host, req, &mut mine).await?;
+        changed |= self.take_network(&host, req).await?;
+        changed |= self.take_status(&host, lifecycle::problem(req)).await?;
+        changed |= self.take_task_reports(host_id, req, &mut mine).await?;
+        if changed {
+            self.wake();
+        }
+        Ok(SyncResponse {
+            host_id: host_id.clone(),
+            tasks: self.wanted_on(&host, &mine).await?,
+            sync_interval_secs: self.config.sync_interval.as_secs().max(1) as u32,
+        })
+    }
+
+    /// Takes what a sync reports of the host itself: its GPUs, the MPS daemon's restarts
+    /// and tasks' measured use are written only when one changed (else only the time, in
+    /// the heartbeat buffer). Whether capacity changed (then `mine` is read again: tasks
+    /// on a replaced or missing GPU were stopped with it).
+    async fn take_host_report(
+        &self,
+        host: &tessera_model::HostInfo,
+        req: &SyncRequest,
+        mine: &mut Vec<Task>,
+    ) -> Result<bool, ControlError> {
         let usage: Vec<(String, Option<MiB>, Option<u32>)> = req
             .tasks
             .iter()
@@ -197,11 +226,6 @@ impl Control {
             })
             .map(|r| (r.task_id.clone(), r.gpu_memory_peak_mib, r.sm_percent))
             .collect();
-        if !dropped.is_empty() {
-            self.record_dropped(host_id, &mine, &dropped).await;
-        }
-        self.record_reports(&mine, &req.tasks);
-        self.record_work(&mine, &req.tasks);
         let seen_at = stamp(self.now());
         if usage.is_empty()
             && same_gpus(&host.gpus, &req.gpus)
@@ -210,31 +234,35 @@ impl Control {
             self.gateway
                 .heartbeats
                 .lock()
-                .insert(host_id.clone(), seen_at);
-        } else {
-            let gpu_changes = self
-                .store
-                .record_host_report(
-                    host_id,
-                    &HostReport {
-                        gpus: req.gpus.clone(),
-                        seen_at,
-                        usage,
-                        mps_restarts: req.mps.restarts,
-                    },
-                )
-                .await?;
-            for change in &gpu_changes {
-                self.event(None, Some(host_id), &format!("host {host_id}: {change}"))
-                    .await;
-            }
-            if !gpu_changes.is_empty() {
-                changed = true;
-                self.capacity_changed();
-                // Tasks on a replaced or missing GPU were stopped with it.
-                mine = self.held_on(host_id).await?;
-            }
+                .insert(host.id.clone(), seen_at);
+            return Ok(false);
         }
+        let report = HostReport {
+            gpus: req.gpus.clone(),
+            seen_at,
+            usage,
+            mps_restarts: req.mps.restarts,
+        };
+        let gpu_changes = self.store.record_host_report(&host.id, &report).await?;
+        for change in &gpu_changes {
+            let said = format!("host {}: {change}", host.id);
+            self.event(None, Some(&host.id), &said).await;
+        }
+        if gpu_changes.is_empty() {
+            return Ok(false);
+        }
+        self.capacity_changed();
+        *mine = self.held_on(&host.id).await?;
+        Ok(true)
+    }
+
+    /// Takes the host's advertised address and dynamic ports left, where they changed.
+    /// Whether its address did (endpoints change).
+    async fn take_network(
+        &self,
+        host: &tessera_model::HostInfo,
+        req: &SyncRequest,
+    ) -> Result<bool, ControlError> {
         let new_address = req
             .address
             .as_ref()
@@ -242,138 +270,162 @@ impl Control {
         let new_free = req
             .dynamic_ports_free
             .filter(|f| host.dynamic_ports_free != Some(*f));
-        if new_address.is_some() || new_free.is_some() {
-            self.store
-                .set_host_network(host_id, new_address.map(String::as_str), new_free)
-                .await?;
-            if new_address.is_some() {
-                changed = true;
-            }
+        if new_address.is_none() && new_free.is_none() {
+            return Ok(false);
         }
+        self.store
+            .set_host_network(&host.id, new_address.map(String::as_str), new_free)
+            .await?;
+        Ok(new_address.is_some())
+    }
+
+    /// Moves the host's status as a sync with `problem` (the MPS daemon down, no healthy
+    /// GPU) makes it, from the status read at the start: an operator's drain that came in
+    /// between wins. Whether it moved.
+    async fn take_status(
+        &self,
+        host: &tessera_model::HostInfo,
+        problem: Option<String>,
+    ) -> Result<bool, ControlError> {
         let event = lifecycle::HostEvent::Synced {
             problem: problem.as_deref(),
             reason: host.status_reason.as_deref(),
         };
-        if let Some(t) =
-            lifecycle::next(host_id.as_str(), host.status, event).map_err(ControlError::Conflict)?
+        let Some(t) = lifecycle::next(host.id.as_str(), host.status, event)
+            .map_err(ControlError::Conflict)?
+        else {
+            return Ok(false);
+        };
+        if !self
+            .store
+            .set_host_status_if(&host.id, host.status, t.to, t.reason.as_deref())
+            .await?
         {
-            // Only from the status read above: an operator's drain that came in between wins.
-            if self
-                .store
-                .set_host_status_if(host_id, host.status, t.to, t.reason.as_deref())
-                .await?
-            {
-                self.event(None, Some(host_id), &t.message).await;
-                changed = true;
-                self.capacity_changed();
-            }
+            return Ok(false);
         }
-        // Tasks: each one's new state is kept in `mine` for the answer.
-        let reported: HashMap<&str, &tessera_model::agent::TaskReport> =
+        self.event(None, Some(&host.id), &t.message).await;
+        self.capacity_changed();
+        Ok(true)
+    }
+
+    /// Takes each task's report: serving (ports, health) and state. Each one's new state
+    /// is kept in `mine` for the answer. Whether anything changed.
+    async fn take_task_reports(
+        &self,
+        host_id: &HostId,
+        req: &SyncRequest,
+        mine: &mut [Task],
+    ) -> Result<bool, ControlError> {
+        let reported: HashMap<&str, &TaskReport> =
             req.tasks.iter().map(|r| (r.task_id.as_str(), r)).collect();
-        for t in &mut mine {
-            if let Some(r) = reported.get(t.id.as_str())
+        let mut changed = false;
+        for t in mine.iter_mut() {
+            let report = reported.get(t.id.as_str()).copied();
+            if let Some(r) = report
                 && serving_changed(t, r)
             {
-                // A report without health leaves what is stored: a task whose definition
-                // has a check is never taken for one without (it would count as healthy).
-                let health = match &r.health {
-                    Some(h) => Some((h.status, h.output.as_deref())),
-                    None => t.health.map(|s| (s, t.health_output.as_deref())),
-                };
-                let ports = if r.ports.is_empty() {
-                    &t.ports
-                } else {
-                    &r.ports
-                };
-                self.store.record_task_serving(&t.id, ports, health).await?;
-                if r.health.as_ref().map(|h| h.status) != t.health
-                    && let Some(h) = &r.health
-                {
-                    let why = h
-                        .output
-                        .as_deref()
-                        .map(|o| format!(": {o}"))
-                        .unwrap_or_default();
-                    self.event(
-                        Some(&t.service),
-                        Some(host_id),
-                        &format!("task {} is {}{why}", t.id, h.status),
-                    )
-                    .await;
-                }
-                if !r.ports.is_empty() {
-                    t.ports = r.ports.clone();
-                }
-                if let Some(h) = &r.health {
-                    t.health = Some(h.status);
-                    t.health_output = h.output.clone();
-                }
+                self.take_serving(host_id, t, r).await?;
                 changed = true;
             }
-            let gone = match (reported.get(t.id.as_str()), t.state) {
-                (Some(r), TaskState::Assigned) if r.running => {
-                    self.store.mark_task_running(&t.id).await?;
-                    t.state = TaskState::Running;
-                    changed = true;
-                    false
+            changed |= self
+                .take_task_step(host_id, t, task_step(t, report))
+                .await?;
+        }
+        Ok(changed)
+    }
+
+    /// Takes a task's reported ports and health (a report without health leaves what is
+    /// stored: a task whose definition has a check is never taken for one without, it
+    /// would count as healthy), and says a change of health in its events.
+    async fn take_serving(
+        &self,
+        host_id: &HostId,
+        t: &mut Task,
+        r: &TaskReport,
+    ) -> Result<(), ControlError> {
+        let health = match &r.health {
+            Some(h) => Some((h.status, h.output.as_deref())),
+            None => t.health.map(|s| (s, t.health_output.as_deref())),
+        };
+        let ports = if r.ports.is_empty() {
+            &t.ports
+        } else {
+            &r.ports
+        };
+        self.store.record_task_serving(&t.id, ports, health).await?;
+        if let Some(h) = &r.health
+            && Some(h.status) != t.health
+        {
+            let why = h
+                .output
+                .as_deref()
+                .map(|o| format!(": {o}"))
+                .unwrap_or_default();
+            let said = format!("task {} is {}{why}", t.id, h.status);
+            self.event(Some(&t.service), Some(host_id), &said).await;
+        }
+        if !r.ports.is_empty() {
+            t.ports = r.ports.clone();
+        }
+        if let Some(h) = &r.health {
+            t.health = Some(h.status);
+            t.health_output = h.output.clone();
+        }
+        Ok(())
+    }
+
+    /// Carries out `step` for task `t`. Whether anything changed.
+    async fn take_task_step(
+        &self,
+        host_id: &HostId,
+        t: &mut Task,
+        step: TaskStep,
+    ) -> Result<bool, ControlError> {
+        match step {
+            TaskStep::Unchanged => return Ok(false),
+            TaskStep::Started => {
+                self.store.mark_task_running(&t.id).await?;
+                t.state = TaskState::Running;
+                return Ok(true);
+            }
+            TaskStep::Pulling(note) => {
+                if t.placement_message.as_deref() == Some(note.as_str()) {
+                    return Ok(false);
                 }
-                (Some(r), _) if r.running => false,
-                (Some(r), TaskState::Assigned) if r.pulling.is_some() => {
-                    let note = format!("pulling image {}", r.pulling.as_deref().unwrap_or(""));
-                    if t.placement_message.as_deref() != Some(note.as_str()) {
-                        self.store
-                            .set_placement_message(std::slice::from_ref(&t.id), &note)
-                            .await?;
-                        t.placement_message = Some(note);
-                        changed = true;
-                    }
-                    false
-                }
-                (Some(r), TaskState::Stopping) => {
-                    self.store
-                        .mark_task_stopped(&t.id, "stopped", r.exit_code, false)
-                        .await?;
-                    true
-                }
-                (Some(r), _) => {
-                    let code = r.exit_code.map_or("unknown".to_owned(), |c| c.to_string());
-                    let reason = match &r.error {
-                        Some(why) => format!("cannot start: {why}"),
-                        None => format!("essential container exited with code {code}"),
-                    };
-                    let failed = r.exit_code != Some(0);
-                    self.task_ended(t, host_id, &reason, r.exit_code, failed)
-                        .await?;
-                    true
-                }
-                (None, TaskState::Stopping) => {
-                    self.store
-                        .mark_task_stopped(&t.id, "stopped", None, false)
-                        .await?;
-                    true
-                }
-                (None, TaskState::Running) => {
-                    self.task_ended(t, host_id, "task no longer running on its host", None, true)
-                        .await?;
-                    true
-                }
-                (None, _) => false,
-            };
-            if gone {
-                t.state = TaskState::Stopped;
-                changed = true;
-                self.capacity_changed();
+                self.store
+                    .set_placement_message(std::slice::from_ref(&t.id), &note)
+                    .await?;
+                t.placement_message = Some(note);
+                return Ok(true);
+            }
+            TaskStep::Stopped { exit_code } => {
+                self.store
+                    .mark_task_stopped(&t.id, "stopped", exit_code, false)
+                    .await?;
+            }
+            TaskStep::Ended {
+                reason,
+                exit_code,
+                failed,
+            } => {
+                self.task_ended(t, host_id, &reason, exit_code, failed)
+                    .await?;
             }
         }
-        if changed {
-            self.wake();
-        }
-        // The answer: everything this host should run now, draining tasks included until
-        // their deregistration delay is over.
+        t.state = TaskState::Stopped;
+        self.capacity_changed();
+        Ok(true)
+    }
+
+    /// What the answer to a sync names: everything `host` should run now, draining tasks
+    /// included until their deregistration delay is over. A host held for approval runs
+    /// nothing (and so learns no secret), whatever a store written before it was held says.
+    async fn wanted_on(
+        &self,
+        host: &tessera_model::HostInfo,
+        mine: &[Task],
+    ) -> Result<Vec<WantedTask>, ControlError> {
         let now = stamp(self.now());
-        // A host held for approval runs nothing (and so learns no secret), whatever a
-        // store written before it was held says.
         let wanted: Vec<&Task> = mine
             .iter()
             .filter(|_| !host.held)
@@ -403,31 +455,86 @@ impl Control {
                 {
                     let reason = format!("refused by pool {}: {e}", host.pool);
                     tracing::warn!(task = %t.id, %reason, "task not sent to its host");
-                    self.task_ended(t, host_id, &reason, None, true).await?;
+                    self.task_ended(t, &host.id, &reason, None, true).await?;
                     continue;
                 }
             }
-            tasks.push(WantedTask {
-                task_id: t.id.clone(),
-                containers: container_env(&spec, t),
-                mps: t.allocations.iter().any(|a| !a.dedicated),
-                stop_timeout_secs: stop_timeouts.get(&t.deployment_id).copied().unwrap_or(30),
-                host_network: spec.host_network(),
-                draining: t.state == TaskState::Stopping,
-                bound_ports: t
-                    .ports
-                    .iter()
-                    .filter(|p| p.host_port.is_some())
-                    .cloned()
-                    .collect(),
-                work: spec.work.clone(),
-            });
+            let timeout = stop_timeouts.get(&t.deployment_id).copied().unwrap_or(30);
+            tasks.push(wanted_task(t, &spec, timeout));
         }
-        Ok(SyncResponse {
-            host_id: host_id.clone(),
-            tasks,
-            sync_interval_secs: self.config.sync_interval.as_secs().max(1) as u32,
-        })
+        Ok(tasks)
+    }
+}
+
+/// What a host is told to run of task `t` (of `spec`).
+fn wanted_task(t: &Task, spec: &TaskDefinitionSpec, stop_timeout_secs: u32) -> WantedTask {
+    WantedTask {
+        task_id: t.id.clone(),
+        containers: container_env(spec, t),
+        mps: t.allocations.iter().any(|a| !a.dedicated),
+        stop_timeout_secs,
+        host_network: spec.host_network(),
+        draining: t.state == TaskState::Stopping,
+        bound_ports: t
+            .ports
+            .iter()
+            .filter(|p| p.host_port.is_some())
+            .cloned()
+            .collect(),
+        work: spec.work.clone(),
+    }
+}
+
+/// What a sync's report of a task (or its absence) does to it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum TaskStep {
+    Unchanged,
+    /// An assigned task runs.
+    Started,
+    /// An assigned task waits for its image: the note its placement message becomes.
+    Pulling(String),
+    /// A stopping task stopped, as asked.
+    Stopped {
+        exit_code: Option<i32>,
+    },
+    /// It ended by itself, or a running task is gone from its host.
+    Ended {
+        reason: String,
+        exit_code: Option<i32>,
+        failed: bool,
+    },
+}
+
+/// The step `report` (`None`: the host no longer names the task) takes task `t` by.
+fn task_step(t: &Task, report: Option<&TaskReport>) -> TaskStep {
+    match (report, t.state) {
+        (Some(r), TaskState::Assigned) if r.running => TaskStep::Started,
+        (Some(r), _) if r.running => TaskStep::Unchanged,
+        (Some(r), TaskState::Assigned) if r.pulling.is_some() => TaskStep::Pulling(format!(
+            "pulling image {}",
+            r.pulling.as_deref().unwrap_or("")
+        )),
+        (Some(r), TaskState::Stopping) => TaskStep::Stopped {
+            exit_code: r.exit_code,
+        },
+        (Some(r), _) => {
+            let code = r.exit_code.map_or("unknown".to_owned(), |c| c.to_string());
+            TaskStep::Ended {
+                reason: match &r.error {
+                    Some(why) => format!("cannot start: {why}"),
+                    None => format!("essential container exited with code {code}"),
+                },
+                exit_code: r.exit_code,
+                failed: r.exit_code != Some(0),
+            }
+        }
+        (None, TaskState::Stopping) => TaskStep::Stopped { exit_code: None },
+        (None, TaskState::Running) => TaskStep::Ended {
+            reason: "task no longer running on its host".into(),
+            exit_code: None,
+            failed: true,
+        },
+        (None, _) => TaskStep::Unchanged,
     }
 }
 
@@ -679,6 +786,85 @@ mod tests {
             created_at: String::new(),
             started_at: None,
             stopped_at: None,
+        }
+    }
+
+    #[test]
+    fn each_report_moves_a_task_by_one_step() {
+        let in_state = |state| Task {
+            state,
+            ..task(vec![])
+        };
+        let report = |r: TaskReport| Some(r);
+        let running = TaskReport {
+            task_id: "t".into(),
+            running: true,
+            ..Default::default()
+        };
+        let exited = |code| TaskReport {
+            task_id: "t".into(),
+            exit_code: code,
+            ..Default::default()
+        };
+        use TaskState::*;
+        let cases: Vec<(TaskState, Option<TaskReport>, TaskStep)> = vec![
+            (Assigned, report(running.clone()), TaskStep::Started),
+            (Running, report(running.clone()), TaskStep::Unchanged),
+            (Stopping, report(running), TaskStep::Unchanged),
+            (
+                Assigned,
+                report(TaskReport {
+                    pulling: Some("nginx:1".into()),
+                    ..exited(None)
+                }),
+                TaskStep::Pulling("pulling image nginx:1".into()),
+            ),
+            (
+                Stopping,
+                report(exited(Some(137))),
+                TaskStep::Stopped {
+                    exit_code: Some(137),
+                },
+            ),
+            (
+                Running,
+                report(exited(Some(0))),
+                TaskStep::Ended {
+                    reason: "essential container exited with code 0".into(),
+                    exit_code: Some(0),
+                    failed: false,
+                },
+            ),
+            (
+                Assigned,
+                report(TaskReport {
+                    error: Some("no such image".into()),
+                    ..exited(None)
+                }),
+                TaskStep::Ended {
+                    reason: "cannot start: no such image".into(),
+                    exit_code: None,
+                    failed: true,
+                },
+            ),
+            (Stopping, None, TaskStep::Stopped { exit_code: None }),
+            (
+                Running,
+                None,
+                TaskStep::Ended {
+                    reason: "task no longer running on its host".into(),
+                    exit_code: None,
+                    failed: true,
+                },
+            ),
+            (Assigned, None, TaskStep::Unchanged),
+        ];
+        for (state, r, want) in cases {
+            assert_eq!(
+                task_step(&in_state(state), r.as_ref()),
+                want,
+                "{state:?}, {r:?}"
+            );
         }
     }
 

@@ -15,7 +15,7 @@
 use crate::clock::{stamp, to_chrono};
 use crate::control::Control;
 use crate::error::ControlError;
-use crate::store::Fence;
+use crate::store::{Fence, Lease};
 use tessera_model::views::{ClusterView, ServerView};
 
 /// How long a one-row write may take before the database counts as having been
@@ -81,6 +81,25 @@ impl Control {
             usage = ?(asked.elapsed() - announced - heartbeats),
             "tick: announced, wrote heartbeats and usage"
         );
+        let lease = self.take_lease(now).await?;
+        // The announcement failed fast but taking the lease waited on the database (it
+        // came back meanwhile): the pass that follows must not judge hosts' silence by the
+        // time before it. (The drill found hosts lost 1 s after PostgreSQL returned.)
+        if asked.elapsed() > SLOW_STORE {
+            *self.membership.store_failed_at.lock() = Some(self.now());
+        }
+        let mut fenced = self.clone();
+        fenced.store = self.store.fenced(Fence {
+            holder: lease.holder,
+            epoch: lease.epoch,
+        });
+        Some(fenced)
+    }
+
+    /// Takes or renews the scheduler lease at `now`; `None` when another server holds it
+    /// (or the database could not say). A lease newly taken, or held among other live
+    /// servers, makes this server's engines stale.
+    async fn take_lease(&self, now: chrono::DateTime<chrono::Utc>) -> Option<Lease> {
         let expires = stamp(now + to_chrono(self.config.lease_ttl));
         let held = self.membership.lease.lock().as_ref().map(|l| l.epoch);
         let lease = match self
@@ -124,18 +143,7 @@ impl Control {
             // change another server makes.)
             self.capacity_changed();
         }
-        // The announcement failed fast but taking the lease waited on the database (it
-        // came back meanwhile): the pass that follows must not judge hosts' silence by the
-        // time before it. (The drill found hosts lost 1 s after PostgreSQL returned.)
-        if asked.elapsed() > SLOW_STORE {
-            *self.membership.store_failed_at.lock() = Some(self.now());
-        }
-        let mut fenced = self.clone();
-        fenced.store = self.store.fenced(Fence {
-            holder: lease.holder,
-            epoch: lease.epoch,
-        });
-        Some(fenced)
+        Some(lease)
     }
 
     /// Whether another server announced itself within a lease time.

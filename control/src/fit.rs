@@ -13,52 +13,15 @@ use tessera_model::fit::{
     Evidence, FieldChange, PoolFit, RightSize, ServiceFit, ServiceFitSummary, TaskFit, UsagePoint,
     Verdict, VerdictCount, judge,
 };
+use tessera_model::range::Range;
 use tessera_model::service::{Service, Task, TaskState};
 use tessera_model::taskdef::{TaskDefinitionSpec, TaskGpu};
 use tessera_model::{MiB, SharingMode};
 use tessera_placement::{DemandProfile, Engine, GpuDemand, Policy, TaskRequest};
 
-/// The ranges a service's history is drawn over.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Range {
-    Hour,
-    Day,
-    Month,
-}
-
-impl Range {
-    pub fn parse(s: &str) -> Result<Range, ControlError> {
-        match s {
-            "hour" => Ok(Range::Hour),
-            "day" => Ok(Range::Day),
-            "month" => Ok(Range::Month),
-            other => {
-                let mut e = Errors::default();
-                e.add(
-                    "range",
-                    format!("must be hour, day or month, got {other:?}"),
-                );
-                e.finish()?;
-                unreachable!("an error was added")
-            }
-        }
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            Range::Hour => "hour",
-            Range::Day => "day",
-            Range::Month => "month",
-        }
-    }
-
-    pub(crate) fn secs(self) -> i64 {
-        match self {
-            Range::Hour => 3600,
-            Range::Day => 86_400,
-            Range::Month => 30 * 86_400,
-        }
-    }
+/// `s` as a range a service's history is drawn over, or an error naming the `range` field.
+pub(crate) fn usage_range(s: &str) -> Result<Range, ControlError> {
+    Range::parse(s, &Range::USAGE).map_err(|m| ControlError::invalid("range", m))
 }
 
 /// The GPU memory a task of `spec` reserves per copy, and its compute cap in percent.
@@ -148,14 +111,14 @@ impl Control {
     /// `GET /api/v1/services/{name}/fit`: the verdict over the service's evidence, each
     /// live task's, and its history over `range`.
     pub async fn service_fit(&self, name: &str, range: &str) -> Result<ServiceFit, ControlError> {
-        let range = Range::parse(range)?;
+        let range = usage_range(range)?;
         let service = self.store.get_service(name).await?;
         let evidence = self.evidence(Some(name)).await?;
         let tasks = self.holding_tasks_of(name).await?;
         let spec = self.spec_of(&service.task_definition).await?;
         let mut fit = self.judge_service(&service, &spec, &tasks, &evidence);
         let (bucket_secs, history) = self.history(name, range).await?;
-        fit.range = range.name().to_owned();
+        fit.range = range.as_str().to_owned();
         fit.bucket_secs = bucket_secs;
         fit.history = history;
         Ok(fit)
@@ -261,9 +224,9 @@ impl Control {
             Range::Hour => (fine, fine),
             // At most ~300 points a chart.
             Range::Day => (fine, fine.max(((86_400 / 288) / fine).max(1) * fine)),
-            Range::Month => (
+            Range::Week | Range::Month => (
                 coarse,
-                coarse.max(((30 * 86_400 / 720) / coarse).max(1) * coarse),
+                coarse.max(((range.secs() / 720) / coarse).max(1) * coarse),
             ),
         }
     }
@@ -364,50 +327,22 @@ impl Control {
             suggested.insert(s.name.clone(), req);
             fits.push(fit);
         }
-        // Largest GPU demand first: best fit decreasing.
-        let size = |r: &TaskRequest| match r.gpu {
-            GpuDemand::Whole { count } => u64::from(count) * 1_000_000_000,
-            GpuDemand::Shared { memory, .. } => memory.0,
-            GpuDemand::None => 0,
-        };
-        requests.sort_by_key(|(_, r)| std::cmp::Reverse(size(r)));
-        let empty = PoolCapacity::build(&info, &hosts, std::iter::empty());
-        let profile = DemandProfile::from_requests(requests.iter().map(|(_, r)| r));
-        let mut engine = Engine::new(empty.snapshot, Policy::Binpack, &profile, 0x7e55e7a);
-        for (_, r) in &requests {
-            if let Ok(p) = engine.place(r) {
-                engine.assign(&p).expect("a fresh placement fits");
-            }
-        }
+        let engine = repack(&info, &hosts, &mut requests);
         let snap = engine.snapshot();
         let gpus_in_use_suggested = (0..snap.gpu_count() as u32)
             .filter(|&g| snap.gpu_usage(g).mode != SharingMode::Idle)
             .count() as u32;
         let summaries = fits
             .iter()
-            .map(|f| {
-                let extra = suggested.get(&f.service).map_or(0, |r| {
-                    let mut e = engine.clone();
-                    let mut n = 0;
-                    while n < 1000 {
-                        match e.try_place(r) {
-                            Some(p) => {
-                                e.assign(&p).expect("a fresh placement fits");
-                                n += 1;
-                            }
-                            None => break,
-                        }
-                    }
-                    n
-                });
-                ServiceFitSummary {
-                    service: f.service.clone(),
-                    verdict: f.judgement.verdict,
-                    tasks: f.tasks.len() as u32,
-                    budget_mib: f.budget_mib,
-                    suggested_memory_mib: f.judgement.suggested_memory_mib.filter(|_| f.shared),
-                    extra_tasks: extra,
-                }
+            .map(|f| ServiceFitSummary {
+                service: f.service.clone(),
+                verdict: f.judgement.verdict,
+                tasks: f.tasks.len() as u32,
+                budget_mib: f.budget_mib,
+                suggested_memory_mib: f.judgement.suggested_memory_mib.filter(|_| f.shared),
+                extra_tasks: suggested
+                    .get(&f.service)
+                    .map_or(0, |r| room_left_for(&engine, r, 1000)),
             })
             .collect();
         Ok(PoolFit {
@@ -588,4 +523,40 @@ impl Control {
         .await;
         Ok((proposal, def))
     }
+}
+
+/// `requests` repacked on `hosts` emptied, largest GPU demand first (best fit
+/// decreasing); what fits nowhere is left out.
+fn repack(
+    info: &tessera_model::PoolInfo,
+    hosts: &[tessera_model::HostInfo],
+    requests: &mut [(String, TaskRequest)],
+) -> Engine {
+    let size = |r: &TaskRequest| match r.gpu {
+        GpuDemand::Whole { count } => u64::from(count) * 1_000_000_000,
+        GpuDemand::Shared { memory, .. } => memory.0,
+        GpuDemand::None => 0,
+    };
+    requests.sort_by_key(|(_, r)| std::cmp::Reverse(size(r)));
+    let empty = PoolCapacity::build(info, hosts, std::iter::empty());
+    let profile = DemandProfile::from_requests(requests.iter().map(|(_, r)| r));
+    let mut engine = Engine::new(empty.snapshot, Policy::Binpack, &profile, 0x7e55e7a);
+    for (_, r) in requests.iter() {
+        if let Ok(p) = engine.place(r) {
+            engine.assign(&p).expect("a fresh placement fits");
+        }
+    }
+    engine
+}
+
+/// How many more tasks of `r` fit on `engine`'s picture, counting up to `most`.
+fn room_left_for(engine: &Engine, r: &TaskRequest, most: u32) -> u32 {
+    let mut e = engine.clone();
+    let mut n = 0;
+    while n < most {
+        let Some(p) = e.try_place(r) else { break };
+        e.assign(&p).expect("a fresh placement fits");
+        n += 1;
+    }
+    n
 }

@@ -29,7 +29,8 @@
 //! - `cluster`: several servers on one database: announcements, the scheduler lease and
 //!   the fenced store its holder's passes write through; `Control::cluster`.
 //! - `scheduler`: placement against the live fleet through `tessera-placement` (priority,
-//!   fair share, project limits), commits that re-check capacity.
+//!   fair share, project limits), commits that re-check capacity; its pure steps (order,
+//!   each service's batch, limits, ports) in `scheduler::steps`.
 //! - `preview`: placement previews and packing density.
 //! - [`auth`]: operators' accounts, sign-in limits, API tokens, session records, the audit
 //!   log, and hosts' credentials (revoke, delete, rotate the join token).

@@ -109,6 +109,24 @@ pub(crate) fn plan_service(
             to: prev.task_definition.clone(),
         };
     }
+    ServicePlan::Converge(converge(
+        service,
+        tasks,
+        deployments,
+        primary,
+        previous.is_some(),
+    ))
+}
+
+/// How `service` converges on its desired count under its deployment limits, with
+/// `primary` the deployment whose revision new tasks run.
+fn converge(
+    service: &Service,
+    tasks: &[Task],
+    deployments: &[Deployment],
+    primary: &Deployment,
+    can_roll_back: bool,
+) -> Actions {
     let desired = service.desired_count as usize;
     // Tasks being moved off a host, unhealthy ones and tasks already stopping do not
     // count; a task counts as serving (ready) once it runs and its health check, if it
@@ -129,33 +147,12 @@ pub(crate) fn plan_service(
         .div_ceil(100)
         .max(desired);
     let min_healthy = (desired * service.deployment.minimum_healthy_percent as usize).div_ceil(100);
-    let mut stop: Vec<(String, &'static str)> = Vec::new();
-
-    // Too many new tasks (scaled down): stop the surplus.
-    if new.len() > desired {
-        let mut surplus = new.clone();
-        stop_order(&mut surplus);
-        stop.extend(
-            surplus
-                .iter()
-                .take(new.len() - desired)
-                .map(|t| (t.id.clone(), SCALED_DOWN)),
-        );
-    }
-    // Old tasks: those not running can go at once; running ones only while at least
-    // minimum_healthy_percent of the desired count stays running.
-    let mut old_sorted = old.clone();
-    stop_order(&mut old_sorted);
-    let mut may_stop_running = running_total.saturating_sub(min_healthy);
-    for t in old_sorted {
-        if t.ready() {
-            if may_stop_running == 0 {
-                break;
-            }
-            may_stop_running -= 1;
-        }
-        stop.push((t.id.clone(), REPLACED));
-    }
+    let mut stop = replacing_stops(
+        &new,
+        &old,
+        desired,
+        running_total.saturating_sub(min_healthy),
+    );
     // Start new tasks up to the desired count, within maximum_percent of live tasks
     // (unhealthy ones still hold their place until they stop).
     let sick: Vec<&Task> = tasks
@@ -166,32 +163,13 @@ pub(crate) fn plan_service(
     let start = desired
         .saturating_sub(new.len())
         .min(max_total.saturating_sub(live_after_stops));
-    // Unhealthy tasks serve nothing, so stopping one never lowers what serves. They stop
-    // once enough others serve, or once a replacement could not be placed (it may need
-    // what they hold: a fixed port, GPU memory); when they hold the room replacements
-    // need (maximum_percent), only as many as make that room stop, oldest first.
-    let replacement_waits = new.iter().any(|t| t.state == TaskState::Pending);
-    let mut sick_sorted = sick.clone();
-    sick_sorted.sort_by_key(|t| t.created_at.clone());
-    let sick_stops = if running_total >= desired || replacement_waits {
-        sick_sorted.len()
-    } else if start == 0 && new.len() < desired {
-        (desired - new.len()).min(sick_sorted.len())
-    } else {
-        0
-    };
     let first_sick_stop = stop.len();
-    stop.extend(
-        sick_sorted
-            .iter()
-            .take(sick_stops)
-            .map(|t| (t.id.clone(), UNHEALTHY)),
-    );
+    stop.extend(sick_stops(&sick, &new, desired, running_total, start));
     // A task that turned unhealthy counts against the circuit breaker while a rollout is
     // under way (a revision that never becomes healthy is rolled back), or where there is
     // nothing to roll back to (restarts then slow down); a steady service whose task
     // fails its check for a while (a dependency down) is not rolled back for it.
-    let failures: Vec<String> = if !old.is_empty() || previous.is_none() {
+    let failures: Vec<String> = if !old.is_empty() || !can_roll_back {
         stop[first_sick_stop..]
             .iter()
             .map(|(id, _)| id.clone())
@@ -199,7 +177,6 @@ pub(crate) fn plan_service(
     } else {
         Vec::new()
     };
-
     // Migrating tasks stop once the service has enough running tasks without them.
     let migrating = tasks
         .iter()
@@ -208,21 +185,12 @@ pub(crate) fn plan_service(
     if running_total >= desired {
         stop.extend(migrating.map(|t| (t.id.clone(), MOVED)));
     }
-    let completed = deployments
-        .iter()
-        .filter(|d| d.status == DeploymentStatus::Active)
-        .filter(|d| {
-            d.task_definition == primary.task_definition
-                || !tasks.iter().any(|t| t.deployment_id == d.id)
-        })
-        .map(|d| d.id)
-        .collect();
-    ServicePlan::Converge(Actions {
+    Actions {
         primary: primary.id,
         stop,
         start,
-        can_roll_back: previous.is_some(),
-        completed,
+        can_roll_back,
+        completed: completed_deployments(deployments, primary, tasks),
         progress: (!old.is_empty()).then(|| (running(&new), old.len())),
         steady: old.is_empty()
             && new.len() == desired
@@ -230,7 +198,87 @@ pub(crate) fn plan_service(
             && !any_migrating
             && sick.is_empty(),
         failures,
-    })
+    }
+}
+
+/// New tasks past the desired count (scaled down), and old tasks: those not running go at
+/// once, running ones only `may_stop_running` of them (so that minimum_healthy_percent of
+/// the desired count stays running).
+fn replacing_stops(
+    new: &[&Task],
+    old: &[&Task],
+    desired: usize,
+    mut may_stop_running: usize,
+) -> Vec<(String, &'static str)> {
+    let mut stop: Vec<(String, &'static str)> = Vec::new();
+    if new.len() > desired {
+        let mut surplus = new.to_vec();
+        stop_order(&mut surplus);
+        stop.extend(
+            surplus
+                .iter()
+                .take(new.len() - desired)
+                .map(|t| (t.id.clone(), SCALED_DOWN)),
+        );
+    }
+    let mut old_sorted = old.to_vec();
+    stop_order(&mut old_sorted);
+    for t in old_sorted {
+        if t.ready() {
+            if may_stop_running == 0 {
+                break;
+            }
+            may_stop_running -= 1;
+        }
+        stop.push((t.id.clone(), REPLACED));
+    }
+    stop
+}
+
+/// Which unhealthy tasks stop, oldest first. They serve nothing, so stopping one never
+/// lowers what serves: they stop once enough others serve, or once a replacement could not
+/// be placed (it may need what they hold: a fixed port, GPU memory); when they hold the
+/// room replacements need (maximum_percent, nothing `start`s), only as many as make that
+/// room.
+fn sick_stops(
+    sick: &[&Task],
+    new: &[&Task],
+    desired: usize,
+    running_total: usize,
+    start: usize,
+) -> Vec<(String, &'static str)> {
+    let replacement_waits = new.iter().any(|t| t.state == TaskState::Pending);
+    let mut sick_sorted = sick.to_vec();
+    sick_sorted.sort_by_key(|t| t.created_at.clone());
+    let n = if running_total >= desired || replacement_waits {
+        sick_sorted.len()
+    } else if start == 0 && new.len() < desired {
+        (desired - new.len()).min(sick_sorted.len())
+    } else {
+        0
+    };
+    sick_sorted
+        .iter()
+        .take(n)
+        .map(|t| (t.id.clone(), UNHEALTHY))
+        .collect()
+}
+
+/// Active deployments that are done: of the primary's revision, or with no live task left.
+fn completed_deployments(
+    deployments: &[Deployment],
+    primary: &Deployment,
+    tasks: &[Task],
+) -> Vec<i64> {
+    deployments
+        .iter()
+        .filter(|d| d.status == DeploymentStatus::Active)
+        .filter(|d| {
+            d.task_definition == primary.task_definition
+                || !tasks.iter().any(|t| t.deployment_id == d.id)
+        })
+        .map(|d| d.id)
+        .collect()
 }
 
 #[cfg(test)]

@@ -20,10 +20,11 @@ use crate::control::Control;
 use crate::error::ControlError;
 use crate::projects::usage_by_project;
 use std::collections::{HashMap, HashSet};
-use tessera_model::PoolName;
 use tessera_model::PreemptionMode;
 use tessera_model::project::{DEFAULT_PROJECT, Preempted, PreemptionState, Project, Usage};
+use tessera_model::service::Task;
 use tessera_model::service::{PriorityClass, Service, TaskState};
+use tessera_model::{PoolInfo, PoolName};
 use tessera_placement::quota::{self, Claims, within_guarantee};
 use tessera_placement::{Placement, TaskRequest};
 
@@ -33,6 +34,222 @@ pub(crate) struct Short {
     pub service: String,
     pub request: TaskRequest,
     pub tasks: Vec<String>,
+}
+
+/// Of `short`, the services whose tasks may take room from others in `pool`: a class
+/// above batch, a project with a quota here, and another project running a lower class in
+/// this pool. Checked on what is in memory before the pool is read (a task may wait for
+/// many passes).
+fn eligible<'s>(
+    short: Vec<Short>,
+    pool: &PoolName,
+    services: &'s HashMap<String, Service>,
+    projects: &HashMap<String, Project>,
+) -> Vec<(&'s Service, Short)> {
+    short
+        .into_iter()
+        .filter_map(|s| Some((services.get(&s.service)?, s)))
+        .filter(|(service, _)| {
+            service.priority > PriorityClass::Batch
+                && projects
+                    .get(&service.project)
+                    .and_then(|p| p.quota(pool.as_str()))
+                    .is_some()
+                && services.values().any(|s| {
+                    &s.pool == pool && s.project != service.project && s.priority < service.priority
+                })
+        })
+        .collect()
+}
+
+/// Where plans wait for approval: tasks with a proposal open keep their room in this
+/// pass's plans without a new one; tasks whose proposal was declined take none; an
+/// approved proposal is carried out if the fresh plan stops no other tasks.
+#[derive(Default)]
+struct Decisions {
+    approve_mode: bool,
+    open: HashSet<String>,
+    declined: HashSet<String>,
+    /// Approved proposals by task: their id and the victims they allow.
+    approved: HashMap<String, (i64, HashSet<String>)>,
+}
+
+/// One plan: the tasks it stops, the room it claims, and what the room is worth.
+struct Plan<'a> {
+    stop: Vec<&'a Task>,
+    record: Vec<Preempted>,
+    placement: Placement,
+}
+
+/// A pool as preemption plans against it within one pass: what each project holds and
+/// keeps, where each running task is, the room already claimed.
+struct Room<'a> {
+    pool: &'a str,
+    services: &'a HashMap<String, Service>,
+    projects: &'a HashMap<String, Project>,
+    project_of: HashMap<String, String>,
+    /// What each project holds and keeps: tasks already stopping count for nobody.
+    kept: HashMap<String, Usage>,
+    /// What limits count: every task holding capacity, stopping ones too (so no task is
+    /// preempted for that its limit would then refuse).
+    holding_use: HashMap<String, Usage>,
+    snapshot: tessera_placement::Snapshot,
+    /// Each task holding capacity with where it runs (tasks the snapshot could not take
+    /// are in no plan).
+    placed: Vec<(&'a Task, Placement)>,
+    claims: Claims,
+    stopped: HashSet<&'a str>,
+    /// What the plans of this pass claimed for each project.
+    claimed: HashMap<String, Usage>,
+}
+
+impl<'a> Room<'a> {
+    fn new(
+        pool: &'a PoolName,
+        (info, hosts, holding): (&PoolInfo, &[tessera_model::HostInfo], &'a [Task]),
+        services: &'a HashMap<String, Service>,
+        projects: &'a HashMap<String, Project>,
+    ) -> Room<'a> {
+        let project_of = crate::projects::project_of(services.values());
+        let kept_tasks: Vec<_> = holding
+            .iter()
+            .filter(|t| t.state != TaskState::Stopping)
+            .cloned()
+            .collect();
+        let capacity = PoolCapacity::build(info, hosts, holding.iter().filter_map(Held::of));
+        let placed: Vec<(&Task, Placement)> = holding
+            .iter()
+            .filter(|t| !capacity.not_in_snapshot.contains(&t.id))
+            .filter_map(|t| {
+                let h = Held::of(t)?;
+                Some((
+                    t,
+                    capacity.placement(h.host, h.cpu, h.memory, h.allocations)?,
+                ))
+            })
+            .collect();
+        let claims = Claims::new(
+            &capacity.snapshot,
+            placed
+                .iter()
+                .filter(|(t, _)| t.state == TaskState::Stopping)
+                .map(|(_, p)| p),
+        );
+        Room {
+            pool: pool.as_str(),
+            services,
+            projects,
+            kept: usage_by_project(&kept_tasks, &project_of),
+            holding_use: usage_by_project(holding, &project_of),
+            project_of,
+            snapshot: capacity.snapshot,
+            placed,
+            claims,
+            stopped: HashSet::new(),
+            claimed: HashMap::new(),
+        }
+    }
+
+    fn quota(&self, project: &str) -> Option<&tessera_model::project::Quota> {
+        self.projects.get(project)?.quota(self.pool)
+    }
+
+    /// Whether a task of `service` asking `want` may take room from others: its project
+    /// stays within its guarantee and its limit, counting what this pass claimed for it.
+    fn may_take(&self, service: &Service, want: &Usage) -> bool {
+        let project = service.project.as_str();
+        let quota = self.quota(project);
+        let claimed = self.claimed.get(project).copied().unwrap_or_default();
+        let mine = self
+            .kept
+            .get(project)
+            .copied()
+            .unwrap_or_default()
+            .plus(&claimed);
+        let held = self
+            .holding_use
+            .get(project)
+            .copied()
+            .unwrap_or_default()
+            .plus(&claimed);
+        let (own, limit) = quota.map_or_else(Default::default, |q| (q.guaranteed, q.limit));
+        within_guarantee(&mine, want, &own) && held.plus(want).exceeds(&limit).is_none()
+    }
+
+    /// The plan that makes room for a task of `service` asking `req`, if the rules allow
+    /// one: the fewest tasks of lower classes in other projects, within what each project
+    /// borrows beyond its guarantee (what it names; a quantity it does not name is all
+    /// borrowed).
+    fn plan(&mut self, service: &Service, req: &TaskRequest) -> Option<Plan<'a>> {
+        let want = quota::demand(req);
+        if !self.may_take(service, &want) {
+            return None;
+        }
+        let mut project_index: HashMap<&str, usize> = HashMap::new();
+        let mut budgets = Vec::new();
+        for (name, u) in &self.kept {
+            project_index.insert(name.as_str(), budgets.len());
+            let own = self.quota(name).map(|q| q.guaranteed).unwrap_or_default();
+            budgets.push(quota::budget(u, &own));
+        }
+        let (mut victims, mut at, mut victim_tasks, mut pinned) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for (t, p) in &self.placed {
+            if t.state == TaskState::Stopping || self.stopped.contains(t.id.as_str()) {
+                continue;
+            }
+            let owner = self.services.get(&t.service);
+            // Never its own project's tasks, and only lower classes.
+            let lower = owner
+                .is_some_and(|o| o.priority < service.priority && o.project != service.project);
+            let project = owner.map_or(DEFAULT_PROJECT, |o| o.project.as_str());
+            match project_index.get(project) {
+                Some(&pi) if lower && !t.migrating => {
+                    let priority = owner.map_or(0, |o| o.priority as u32);
+                    victims.push(quota::victim(&self.snapshot, p, priority, pi));
+                    at.push(p);
+                    victim_tasks.push(*t);
+                }
+                _ => pinned.push(p),
+            }
+        }
+        let (stop, placement) = self.claims.plan(&victims, &at, pinned, &budgets, req)?;
+        let held: Vec<Usage> = stop.iter().map(|&v| quota::held(at[v])).collect();
+        let stop: Vec<&'a Task> = stop.iter().map(|&v| victim_tasks[v]).collect();
+        let record = stop.iter().map(|t| self.preempted(t)).collect();
+        // The victims leave their projects' budgets; the room counts in this pass's
+        // later plans, whether it is taken now or proposed.
+        for (t, held) in stop.iter().zip(held) {
+            self.stopped.insert(t.id.as_str());
+            let project = self
+                .project_of
+                .get(&t.service)
+                .map_or(DEFAULT_PROJECT, String::as_str);
+            if let Some(u) = self.kept.get_mut(project) {
+                *u = u.above(&held);
+            }
+        }
+        let u = self.claimed.entry(service.project.clone()).or_default();
+        *u = u.plus(&want);
+        Some(Plan {
+            stop,
+            record,
+            placement,
+        })
+    }
+
+    /// The record of stopping `t`.
+    fn preempted(&self, t: &Task) -> Preempted {
+        let owner = self.services.get(&t.service);
+        Preempted {
+            task: t.id.clone(),
+            service: t.service.clone(),
+            project: owner
+                .map_or(DEFAULT_PROJECT, |o| o.project.as_str())
+                .to_owned(),
+            priority: owner.map_or(PriorityClass::Default, |o| o.priority),
+        }
+    }
 }
 
 impl Control {
@@ -46,301 +263,46 @@ impl Control {
         services: &HashMap<String, Service>,
         projects: &HashMap<String, Project>,
     ) -> Result<HashSet<String>, ControlError> {
-        // Only a task of a class above batch, of a project with a quota here, and only
-        // when another project runs a lower class in this pool: checked on what is in
-        // memory before the pool is read (a task may wait for many passes).
-        let short: Vec<(&Service, Short)> = short
-            .into_iter()
-            .filter_map(|s| Some((services.get(&s.service)?, s)))
-            .filter(|(service, _)| {
-                service.priority > PriorityClass::Batch
-                    && projects
-                        .get(&service.project)
-                        .and_then(|p| p.quota(pool.as_str()))
-                        .is_some()
-                    && services.values().any(|s| {
-                        &s.pool == pool
-                            && s.project != service.project
-                            && s.priority < service.priority
-                    })
-            })
-            .collect();
+        let short = eligible(short, pool, services, projects);
         let mut renewed = HashSet::new();
         if short.is_empty() {
             return Ok(renewed);
         }
         let (info, hosts, holding) = self.pool_state(pool).await?;
-        // Where plans wait for approval: tasks with a proposal open keep their room in this
-        // pass's plans without a new one; tasks whose proposal was declined take none; an
-        // approved proposal is carried out if the fresh plan stops no other tasks.
-        let approve_mode = info.preemption == PreemptionMode::Approve;
-        let (mut open, mut declined, mut approved) =
-            (HashSet::new(), HashSet::new(), HashMap::new());
-        if approve_mode {
-            for p in self.store.open_preemptions(Some(pool.as_str())).await? {
-                match p.state {
-                    PreemptionState::Proposed => {
-                        open.insert(p.task);
-                    }
-                    PreemptionState::Declined => {
-                        declined.insert(p.task);
-                    }
-                    PreemptionState::Approved => {
-                        let allowed: HashSet<String> =
-                            p.victims.into_iter().map(|v| v.task).collect();
-                        approved.insert(p.task, (p.id, allowed));
-                    }
-                    _ => {}
-                }
-            }
-        }
-        let project_of = crate::projects::project_of(services.values());
-        let guaranteed = |project: &str| {
-            projects
-                .get(project)
-                .and_then(|p| p.quota(pool.as_str()))
-                .map(|q| q.guaranteed)
-                .unwrap_or_default()
-        };
-        // What each project holds and keeps: tasks already stopping count for nobody.
-        let kept_tasks: Vec<_> = holding
-            .iter()
-            .filter(|t| t.state != TaskState::Stopping)
-            .cloned()
-            .collect();
-        let mut kept = usage_by_project(&kept_tasks, &project_of);
-        // Limits count what placement counts: every task holding capacity, stopping ones
-        // too (so no task is preempted for that its limit would then refuse).
-        let holding_use = usage_by_project(&holding, &project_of);
-        let capacity = PoolCapacity::build(&info, &hosts, holding.iter().filter_map(Held::of));
-        let snap = &capacity.snapshot;
-        // Each running task with where it runs (tasks the snapshot could not take are in
-        // no plan).
-        let placed: Vec<(&tessera_model::service::Task, Placement)> = holding
-            .iter()
-            .filter(|t| !capacity.not_in_snapshot.contains(&t.id))
-            .filter_map(|t| {
-                let h = Held::of(t)?;
-                Some((
-                    t,
-                    capacity.placement(h.host, h.cpu, h.memory, h.allocations)?,
-                ))
-            })
-            .collect();
-        let mut claims = Claims::new(
-            snap,
-            placed
-                .iter()
-                .filter(|(t, _)| t.state == TaskState::Stopping)
-                .map(|(_, p)| p),
-        );
-        let mut stopped: HashSet<&str> = HashSet::new();
-        let mut claimed: HashMap<&str, Usage> = HashMap::new();
+        let mut decisions = self.decisions(pool, info.preemption).await?;
+        let mut room = Room::new(pool, (&info, &hosts, &holding), services, projects);
         let mut total = 0;
         for (service, s) in &short {
-            let own = guaranteed(&service.project);
-            let limit = projects
-                .get(&service.project)
-                .and_then(|p| p.quota(pool.as_str()))
-                .map(|q| q.limit)
-                .unwrap_or_default();
             let mut req = s.request.clone();
             for task_id in &s.tasks {
-                if declined.contains(task_id) {
+                if decisions.declined.contains(task_id) {
                     continue;
                 }
-                let want = quota::demand(&req);
-                let mine = kept
-                    .get(&service.project)
-                    .copied()
-                    .unwrap_or_default()
-                    .plus(
-                        &claimed
-                            .get(service.project.as_str())
-                            .copied()
-                            .unwrap_or_default(),
-                    );
-                let claimed_here = claimed
-                    .get(service.project.as_str())
-                    .copied()
-                    .unwrap_or_default();
-                let held = holding_use
-                    .get(&service.project)
-                    .copied()
-                    .unwrap_or_default()
-                    .plus(&claimed_here);
-                if !within_guarantee(&mine, &want, &own)
-                    || held.plus(&want).exceeds(&limit).is_some()
-                {
-                    break;
-                }
-                // Each project may lose what it borrows beyond its guarantee (what it
-                // names; a quantity it does not name is all borrowed).
-                let mut project_index: HashMap<&str, usize> = HashMap::new();
-                let mut budgets = Vec::new();
-                for (name, u) in &kept {
-                    project_index.insert(name.as_str(), budgets.len());
-                    budgets.push(quota::budget(u, &guaranteed(name)));
-                }
-                let (mut victims, mut at, mut victim_tasks, mut pinned) =
-                    (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-                for (t, p) in &placed {
-                    if t.state == TaskState::Stopping || stopped.contains(t.id.as_str()) {
-                        continue;
-                    }
-                    let owner = services.get(&t.service);
-                    // Never its own project's tasks, and only lower classes.
-                    let lower = owner.is_some_and(|o| {
-                        o.priority < service.priority && o.project != service.project
-                    });
-                    let project = owner.map_or(DEFAULT_PROJECT, |o| o.project.as_str());
-                    match project_index.get(project) {
-                        Some(&pi) if lower && !t.migrating => {
-                            let priority = owner.map_or(0, |o| o.priority as u32);
-                            victims.push(quota::victim(snap, p, priority, pi));
-                            at.push(p);
-                            victim_tasks.push(*t);
-                        }
-                        _ => pinned.push(p),
-                    }
-                }
-                let Some((stop, placement)) = claims.plan(&victims, &at, pinned, &budgets, &req)
-                else {
+                let Some(plan) = room.plan(service, &req) else {
                     tracing::debug!(service = %service.name, "no preemption plan makes room (or the task's constraints refuse it)");
                     break;
                 };
-                let record: Vec<Preempted> = stop
-                    .iter()
-                    .map(|&v| {
-                        let t = victim_tasks[v];
-                        let owner = services.get(&t.service);
-                        Preempted {
-                            task: t.id.clone(),
-                            service: t.service.clone(),
-                            project: owner
-                                .map_or(DEFAULT_PROJECT, |o| o.project.as_str())
-                                .to_owned(),
-                            priority: owner.map_or(PriorityClass::Default, |o| o.priority),
-                        }
-                    })
-                    .collect();
-                for &v in &stop {
-                    let t = victim_tasks[v];
-                    stopped.insert(t.id.as_str());
-                    if let Some(u) = kept.get_mut(
-                        project_of
-                            .get(&t.service)
-                            .map_or(DEFAULT_PROJECT, String::as_str),
-                    ) {
-                        *u = u.above(&quota::held(at[v]));
-                    }
-                }
-                // The room this task asks for counts in this pass's later plans, whether
-                // it is taken now or proposed.
-                let u = claimed.entry(service.project.as_str()).or_default();
-                *u = u.plus(&want);
                 if req.constraints.distinct_hosts {
                     req.constraints
                         .avoid_hosts
-                        .insert(placement.host_id.clone());
+                        .insert(plan.placement.host_id.clone());
                 }
                 req.constraints.count(
-                    &placement.host_id,
-                    placement.gpus.iter().map(|s| &s.uuid),
+                    &plan.placement.host_id,
+                    plan.placement.gpus.iter().map(|s| &s.uuid),
                     1,
                 );
-                let host = placement.host_id.clone();
-                // The record of this plan, in `state`.
-                let entry = |state, victims| tessera_model::project::Preemption {
-                    id: 0,
-                    state,
-                    task: task_id.clone(),
-                    at: String::new(),
-                    pool: pool.to_string(),
-                    host: host.to_string(),
-                    service: service.name.clone(),
-                    project: service.project.clone(),
-                    priority: service.priority,
-                    victims,
-                };
-                if approve_mode && !stop.is_empty() {
-                    let carried_out = match approved.remove(task_id) {
-                        Some((id, allowed)) if record.iter().all(|v| allowed.contains(&v.task)) => {
-                            self.store
-                                .set_preemption_state(
-                                    id,
-                                    PreemptionState::Approved,
-                                    PreemptionState::Done,
-                                )
-                                .await?
-                        }
-                        Some((id, _)) => {
-                            // The approved plan no longer holds: a new one is proposed.
-                            self.store
-                                .set_preemption_state(
-                                    id,
-                                    PreemptionState::Approved,
-                                    PreemptionState::Expired,
-                                )
-                                .await?;
-                            false
-                        }
-                        None => false,
-                    };
-                    if !carried_out {
-                        if !open.contains(task_id) {
-                            let id = self
-                                .store
-                                .add_preemption(&entry(PreemptionState::Proposed, record))
-                                .await?;
-                            open.insert(task_id.clone());
-                            self.event(
-                                Some(&service.name),
-                                Some(&host),
-                                &format!(
-                                    "preemption {id} proposed: stopping {} task(s) on host {host} would make room for a task of {}; it waits for an operator's approval (pool {pool})",
-                                    stop.len(),
-                                    service.name
-                                ),
-                            )
-                            .await;
-                        }
-                        // Nothing is stopped or claimed until it is approved.
-                        continue;
-                    }
+                if !self
+                    .carry_out(pool, service, task_id, &plan, (&mut decisions, services))
+                    .await?
+                {
+                    continue;
                 }
-                if !stop.is_empty() {
-                    // Stopped first, then recorded: the record says what was done.
-                    for &v in &stop {
-                        let t = victim_tasks[v];
-                        self.stop_for(t, services.get(&t.service), service).await?;
-                    }
-                    if !approve_mode {
-                        self.store
-                            .add_preemption(&entry(PreemptionState::Done, record))
-                            .await?;
-                    }
-                    self.event(
-                        Some(&service.name),
-                        Some(&host),
-                        &format!(
-                            "preempting {} task(s) on host {host} to make room for a task of {}",
-                            stop.len(),
-                            service.name
-                        ),
-                    )
-                    .await;
-                } else if let Some((id, _)) = approved.remove(task_id) {
-                    // Its room is there already: nothing left to stop.
-                    self.store
-                        .set_preemption_state(id, PreemptionState::Approved, PreemptionState::Done)
-                        .await?;
-                }
-                total += stop.len();
+                total += plan.stop.len();
                 self.scheduling
                     .claims
                     .lock()
-                    .insert(task_id.clone(), placement);
+                    .insert(task_id.clone(), plan.placement);
                 renewed.insert(task_id.clone());
             }
         }
@@ -348,6 +310,139 @@ impl Control {
             self.wake();
         }
         Ok(renewed)
+    }
+
+    /// The preemption proposals open, declined and approved in `pool`, where its plans
+    /// wait for approval (none otherwise).
+    async fn decisions(
+        &self,
+        pool: &PoolName,
+        mode: PreemptionMode,
+    ) -> Result<Decisions, ControlError> {
+        let mut d = Decisions {
+            approve_mode: mode == PreemptionMode::Approve,
+            ..Default::default()
+        };
+        if !d.approve_mode {
+            return Ok(d);
+        }
+        for p in self.store.open_preemptions(Some(pool.as_str())).await? {
+            match p.state {
+                PreemptionState::Proposed => {
+                    d.open.insert(p.task);
+                }
+                PreemptionState::Declined => {
+                    d.declined.insert(p.task);
+                }
+                PreemptionState::Approved => {
+                    let allowed = p.victims.into_iter().map(|v| v.task).collect();
+                    d.approved.insert(p.task, (p.id, allowed));
+                }
+                _ => {}
+            }
+        }
+        Ok(d)
+    }
+
+    /// Carries out `plan` for task `task_id` of `service`: stops its victims and records
+    /// it, or, where plans wait for approval, proposes it (once) unless an approval it
+    /// still matches is on record. Whether the room is claimed now.
+    async fn carry_out(
+        &self,
+        pool: &PoolName,
+        service: &Service,
+        task_id: &str,
+        plan: &Plan<'_>,
+        (d, owners): (&mut Decisions, &HashMap<String, Service>),
+    ) -> Result<bool, ControlError> {
+        let host = &plan.placement.host_id;
+        // The record of this plan, in `state`.
+        let entry = |state| tessera_model::project::Preemption {
+            id: 0,
+            state,
+            task: task_id.to_owned(),
+            at: String::new(),
+            pool: pool.to_string(),
+            host: host.to_string(),
+            service: service.name.clone(),
+            project: service.project.clone(),
+            priority: service.priority,
+            victims: plan.record.clone(),
+        };
+        let stops = !plan.stop.is_empty();
+        if d.approve_mode && stops && !self.approved(task_id, plan, d).await? {
+            if !d.open.contains(task_id) {
+                let id = self
+                    .store
+                    .add_preemption(&entry(PreemptionState::Proposed))
+                    .await?;
+                d.open.insert(task_id.to_owned());
+                self.event(
+                    Some(&service.name),
+                    Some(host),
+                    &format!(
+                        "preemption {id} proposed: stopping {} task(s) on host {host} would make room for a task of {}; it waits for an operator's approval (pool {pool})",
+                        plan.stop.len(),
+                        service.name
+                    ),
+                )
+                .await;
+            }
+            // Nothing is stopped or claimed until it is approved.
+            return Ok(false);
+        }
+        if stops {
+            // Stopped first, then recorded: the record says what was done.
+            for t in &plan.stop {
+                self.stop_for(t, owners.get(&t.service), service).await?;
+            }
+            if !d.approve_mode {
+                self.store
+                    .add_preemption(&entry(PreemptionState::Done))
+                    .await?;
+            }
+            self.event(
+                Some(&service.name),
+                Some(host),
+                &format!(
+                    "preempting {} task(s) on host {host} to make room for a task of {}",
+                    plan.stop.len(),
+                    service.name
+                ),
+            )
+            .await;
+        } else if let Some((id, _)) = d.approved.remove(task_id) {
+            // Its room is there already: nothing left to stop.
+            self.store
+                .set_preemption_state(id, PreemptionState::Approved, PreemptionState::Done)
+                .await?;
+        }
+        Ok(true)
+    }
+
+    /// Whether an approval of task `task_id`'s proposal allows `plan` (it stops none but
+    /// the approved victims): it is then done; one that no longer holds expires, and a new
+    /// plan is proposed.
+    async fn approved(
+        &self,
+        task_id: &str,
+        plan: &Plan<'_>,
+        d: &mut Decisions,
+    ) -> Result<bool, ControlError> {
+        let Some((id, allowed)) = d.approved.remove(task_id) else {
+            return Ok(false);
+        };
+        let holds = plan.record.iter().all(|v| allowed.contains(&v.task));
+        let to = if holds {
+            PreemptionState::Done
+        } else {
+            PreemptionState::Expired
+        };
+        let moved = self
+            .store
+            .set_preemption_state(id, PreemptionState::Approved, to)
+            .await?;
+        Ok(holds && moved)
     }
 
     /// Approves proposed preemption `id` (a pool whose plans wait for approval): the next
@@ -478,5 +573,100 @@ impl Control {
         )
         .await;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_model::project::{Amounts, Quota};
+    use tessera_model::service::{DeploymentConfig, ServiceConstraints, TaskDefRef};
+
+    fn service(name: &str, project: &str, priority: PriorityClass, pool: &str) -> Service {
+        Service {
+            name: name.into(),
+            task_definition: TaskDefRef {
+                family: name.into(),
+                revision: 1,
+            },
+            pool: PoolName::new(pool).expect("valid"),
+            project: project.into(),
+            priority,
+            desired_count: 1,
+            strategy: None,
+            constraints: ServiceConstraints::default(),
+            deployment: DeploymentConfig::default(),
+            stop_timeout_secs: 10,
+            deregistration_delay_secs: 0,
+            objectives: Default::default(),
+            deleting: false,
+            created_at: String::new(),
+        }
+    }
+
+    fn short(service: &str) -> Short {
+        Short {
+            service: service.into(),
+            request: TaskRequest::cpu_only(tessera_model::MilliCpu(1), tessera_model::MiB(1)),
+            tasks: vec![format!("{service}-1")],
+        }
+    }
+
+    #[test]
+    fn only_a_class_above_batch_with_a_quota_here_and_a_lower_class_beside_it_may_preempt() {
+        let gpu = PoolName::new("gpu").expect("valid");
+        let services: HashMap<String, Service> = [
+            service("api", "prod", PriorityClass::Production, "gpu"),
+            service("train", "lab", PriorityClass::Batch, "gpu"),
+            service("sweep", "lab", PriorityClass::Batch, "gpu"),
+            service("elsewhere", "prod", PriorityClass::Production, "cpu"),
+            service("ad-hoc", "none", PriorityClass::Production, "gpu"),
+            service("notebook", "prod", PriorityClass::Default, "gpu"),
+        ]
+        .into_iter()
+        .map(|s| (s.name.clone(), s))
+        .collect();
+        let with_quota = |name: &str, pool: &str| Project {
+            name: name.into(),
+            weight: 1,
+            quotas: vec![Quota {
+                pool: pool.into(),
+                guaranteed: Amounts {
+                    gpus: Some(1),
+                    ..Default::default()
+                },
+                limit: Amounts::default(),
+            }],
+            created_at: String::new(),
+        };
+        let projects: HashMap<String, Project> =
+            [with_quota("prod", "gpu"), with_quota("lab", "gpu")]
+                .into_iter()
+                .map(|p| (p.name.clone(), p))
+                .collect();
+        let names = |s: Vec<Short>| -> Vec<String> {
+            eligible(s, &gpu, &services, &projects)
+                .into_iter()
+                .map(|(s, _)| s.name.clone())
+                .collect()
+        };
+        assert_eq!(
+            names(vec![
+                short("api"),
+                short("train"),
+                short("ad-hoc"),
+                short("notebook"),
+                short("gone"),
+            ]),
+            ["api", "notebook"],
+            "batch never preempts; a project without a quota here, or a service no longer there, neither"
+        );
+        // Without a lower class of another project in the pool, nothing to take from.
+        let alone: HashMap<String, Service> = services
+            .iter()
+            .filter(|(_, s)| s.project != "lab")
+            .map(|(n, s)| (n.clone(), s.clone()))
+            .collect();
+        assert!(eligible(vec![short("api")], &gpu, &alone, &projects).is_empty());
     }
 }

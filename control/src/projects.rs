@@ -228,17 +228,9 @@ impl Control {
         project: Option<&str>,
         range: &str,
     ) -> Result<tessera_model::project::UsageHistory, ControlError> {
-        let secs = match range {
-            "hour" => 3600,
-            "day" => 24 * 3600,
-            "week" => 7 * 24 * 3600,
-            other => {
-                return Err(ControlError::invalid(
-                    "range",
-                    format!("{other:?} is not hour, day or week"),
-                ));
-            }
-        };
+        let secs = tessera_model::range::Range::parse(range, &tessera_model::range::Range::PROJECT)
+            .map_err(|m| ControlError::invalid("range", m))?
+            .secs();
         if let Some(p) = project {
             self.store.get_project(p).await?;
         }

@@ -240,161 +240,81 @@ impl Control {
             );
         }
         e.finish()?;
-        // Settings go through the same rules as a new service's.
-        let settings = if patch.changes_settings() {
-            let input = ServiceInput {
-                name: service.name.clone(),
-                task_definition: service.task_definition.to_string(),
-                pool: service.pool.to_string(),
-                project: Some(
-                    patch
-                        .project
-                        .clone()
-                        .unwrap_or_else(|| service.project.clone()),
-                ),
-                priority: Some(
-                    patch
-                        .priority
-                        .clone()
-                        .unwrap_or_else(|| service.priority.as_str().to_owned()),
-                ),
-                desired_count: service.desired_count,
-                strategy: match &patch.strategy {
-                    Some(s) => s.clone(),
-                    None => service.strategy.map(|p| p.as_str().to_owned()),
-                },
-                constraints: patch
-                    .constraints
-                    .clone()
-                    .unwrap_or_else(|| service.constraints.clone()),
-                deployment: Some(patch.deployment.unwrap_or(service.deployment)),
-                stop_timeout_secs: patch.stop_timeout_secs.unwrap_or(service.stop_timeout_secs),
-                deregistration_delay_secs: patch
-                    .deregistration_delay_secs
-                    .unwrap_or(service.deregistration_delay_secs),
-                slo: None,
-                alarms: Vec::new(),
-                bake_secs: 0,
-                autoscaling: None,
-            };
-            let mut new = crate::inputs::validate_service(&input)?;
-            new.objectives = patch.objectives_over(&service.objectives);
-            Some(new)
-        } else {
-            None
-        };
-        // Objectives ask for figures the (new) revision must publish.
-        if patch.changes_objectives() || new_def.is_some() {
-            let r = new_def.as_ref().unwrap_or(&service.task_definition);
-            let def = if new_def.is_some() {
-                self.usable_definition(r).await?
-            } else {
-                self.store.get_task_definition(r).await?
-            };
-            let objectives = settings
-                .as_ref()
-                .map_or(&service.objectives, |s| &s.objectives);
-            objectives
-                .check(def.spec.published())
-                .map_err(ControlError::Invalid)?;
-            if new_def.is_some() {
-                allowed_in_pool(&def.spec, &self.existing_pool(&service.pool).await?)?;
-            }
+        let settings = patched_settings(&service, patch)?;
+        self.check_objectives(&service, settings.as_ref(), patch, new_def.as_ref())
+            .await?;
+        // Only what the patch gives and changes is written, and nothing before all of it
+        // is checked.
+        let change = settings
+            .as_ref()
+            .map(|new| settings_change(&service, new, patch));
+        if let Some((change, _)) = &change
+            && let Some(project) = &change.project
+        {
+            self.existing_project(project).await?;
         }
         if let Some(d) = patch.desired_count.filter(|&d| d != service.desired_count) {
             self.store.set_desired_count(name, d).await?;
-            self.event(
-                Some(name),
-                None,
-                &format!(
-                    "desired count changed from {} to {d}",
-                    service.desired_count
-                ),
-            )
-            .await;
+            let said = format!(
+                "desired count changed from {} to {d}",
+                service.desired_count
+            );
+            self.event(Some(name), None, &said).await;
         }
-        if let Some(new) = settings {
-            // Only what the patch gives and changes is written.
-            let mut change = crate::store::SettingsChange::default();
-            let mut changed = Vec::new();
-            if patch.project.is_some() && new.project != service.project {
-                match self.store.get_project(&new.project).await {
-                    Err(StoreError::NotFound { .. }) => {
-                        return Err(ControlError::invalid(
-                            "project",
-                            format!("no project named {:?}", new.project),
-                        ));
-                    }
-                    other => {
-                        other?;
-                    }
-                }
-                changed.push(format!("project {}", new.project));
-                change.project = Some(new.project.clone());
-            }
-            if patch.priority.is_some() && new.priority != service.priority {
-                changed.push(format!("priority {}", new.priority));
-                change.priority = Some(new.priority);
-            }
-            if patch.strategy.is_some() && new.strategy != service.strategy {
-                changed.push(format!(
-                    "strategy {}",
-                    new.strategy.map_or("the pool's", |p| p.as_str())
-                ));
-                change.strategy = Some(new.strategy);
-            }
-            if patch.constraints.is_some() && new.constraints != service.constraints {
-                changed.push("constraints".to_owned());
-                change.constraints = Some(new.constraints.clone());
-            }
-            if patch.deployment.is_some() && new.deployment != service.deployment {
-                changed.push(format!(
-                    "deployment minimum healthy {}% maximum {}%",
-                    new.deployment.minimum_healthy_percent, new.deployment.maximum_percent
-                ));
-                change.deployment = Some(new.deployment);
-            }
-            if patch.stop_timeout_secs.is_some()
-                && new.stop_timeout_secs != service.stop_timeout_secs
-            {
-                changed.push(format!("stop timeout {} s", new.stop_timeout_secs));
-                change.stop_timeout_secs = Some(new.stop_timeout_secs);
-            }
-            if patch.deregistration_delay_secs.is_some()
-                && new.deregistration_delay_secs != service.deregistration_delay_secs
-            {
-                changed.push(format!(
-                    "deregistration delay {} s",
-                    new.deregistration_delay_secs
-                ));
-                change.deregistration_delay_secs = Some(new.deregistration_delay_secs);
-            }
-            if patch.changes_objectives() && new.objectives != service.objectives {
-                changed.push(crate::work::describe_objectives(&new.objectives));
-                change.objectives = Some(new.objectives.clone());
-            }
-            if !changed.is_empty() {
-                self.store.update_service_settings(name, &change).await?;
-                self.event(
-                    Some(name),
-                    None,
-                    &format!("settings changed: {}", changed.join(", ")),
-                )
-                .await;
-                self.capacity_changed();
-            }
+        if let Some((change, changed)) = change
+            && !changed.is_empty()
+        {
+            self.store.update_service_settings(name, &change).await?;
+            let said = format!("settings changed: {}", changed.join(", "));
+            self.event(Some(name), None, &said).await;
+            self.capacity_changed();
         }
         if let Some(r) = new_def.filter(|r| *r != service.task_definition) {
             let id = self.store.start_deployment(name, &r, false).await?;
-            self.event(
-                Some(name),
-                None,
-                &format!("deployment {id} started: {} → {r}", service.task_definition),
-            )
-            .await;
+            let said = format!("deployment {id} started: {} → {r}", service.task_definition);
+            self.event(Some(name), None, &said).await;
         }
         self.wake();
         Ok(self.store.get_service(name).await?)
+    }
+
+    /// The project named `name`, or an error naming the `project` field.
+    async fn existing_project(&self, name: &str) -> Result<(), ControlError> {
+        match self.store.get_project(name).await {
+            Err(StoreError::NotFound { .. }) => Err(ControlError::invalid(
+                "project",
+                format!("no project named {name:?}"),
+            )),
+            other => other.map(|_| ()).map_err(Into::into),
+        }
+    }
+
+    /// Objectives ask for figures the (new) revision must publish, and a new revision must
+    /// be one the service's pool allows.
+    async fn check_objectives(
+        &self,
+        service: &Service,
+        settings: Option<&Service>,
+        patch: &ServicePatch,
+        new_def: Option<&TaskDefRef>,
+    ) -> Result<(), ControlError> {
+        if !patch.changes_objectives() && new_def.is_none() {
+            return Ok(());
+        }
+        let r = new_def.unwrap_or(&service.task_definition);
+        let def = if new_def.is_some() {
+            self.usable_definition(r).await?
+        } else {
+            self.store.get_task_definition(r).await?
+        };
+        let objectives = settings.map_or(&service.objectives, |s| &s.objectives);
+        objectives
+            .check(def.spec.published())
+            .map_err(ControlError::Invalid)?;
+        if new_def.is_some() {
+            allowed_in_pool(&def.spec, &self.existing_pool(&service.pool).await?)?;
+        }
+        Ok(())
     }
 
     /// Drains the service to zero tasks; the reconciler removes it then.
@@ -469,4 +389,108 @@ pub(crate) fn allowed_in_pool(
             tessera_model::taskdef::ValidationErrors { errors },
         ))
     }
+}
+
+/// The service's settings as `patch` would leave them, through the same rules as a new
+/// service's (`None` when it changes no setting).
+fn patched_settings(
+    service: &Service,
+    patch: &ServicePatch,
+) -> Result<Option<Service>, ControlError> {
+    if !patch.changes_settings() {
+        return Ok(None);
+    }
+    let input = ServiceInput {
+        name: service.name.clone(),
+        task_definition: service.task_definition.to_string(),
+        pool: service.pool.to_string(),
+        project: Some(
+            patch
+                .project
+                .clone()
+                .unwrap_or_else(|| service.project.clone()),
+        ),
+        priority: Some(
+            patch
+                .priority
+                .clone()
+                .unwrap_or_else(|| service.priority.as_str().to_owned()),
+        ),
+        desired_count: service.desired_count,
+        strategy: match &patch.strategy {
+            Some(s) => s.clone(),
+            None => service.strategy.map(|p| p.as_str().to_owned()),
+        },
+        constraints: patch
+            .constraints
+            .clone()
+            .unwrap_or_else(|| service.constraints.clone()),
+        deployment: Some(patch.deployment.unwrap_or(service.deployment)),
+        stop_timeout_secs: patch.stop_timeout_secs.unwrap_or(service.stop_timeout_secs),
+        deregistration_delay_secs: patch
+            .deregistration_delay_secs
+            .unwrap_or(service.deregistration_delay_secs),
+        slo: None,
+        alarms: Vec::new(),
+        bake_secs: 0,
+        autoscaling: None,
+    };
+    let mut new = crate::inputs::validate_service(&input)?;
+    new.objectives = patch.objectives_over(&service.objectives);
+    Ok(Some(new))
+}
+
+/// What of `new` (the settings `patch` leaves) is to be written over `service`'s: only
+/// what the patch gives and changes; and each change as the event says it.
+fn settings_change(
+    service: &Service,
+    new: &Service,
+    patch: &ServicePatch,
+) -> (crate::store::SettingsChange, Vec<String>) {
+    let mut change = crate::store::SettingsChange::default();
+    let mut changed = Vec::new();
+    if patch.project.is_some() && new.project != service.project {
+        changed.push(format!("project {}", new.project));
+        change.project = Some(new.project.clone());
+    }
+    if patch.priority.is_some() && new.priority != service.priority {
+        changed.push(format!("priority {}", new.priority));
+        change.priority = Some(new.priority);
+    }
+    if patch.strategy.is_some() && new.strategy != service.strategy {
+        changed.push(format!(
+            "strategy {}",
+            new.strategy.map_or("the pool's", |p| p.as_str())
+        ));
+        change.strategy = Some(new.strategy);
+    }
+    if patch.constraints.is_some() && new.constraints != service.constraints {
+        changed.push("constraints".to_owned());
+        change.constraints = Some(new.constraints.clone());
+    }
+    if patch.deployment.is_some() && new.deployment != service.deployment {
+        changed.push(format!(
+            "deployment minimum healthy {}% maximum {}%",
+            new.deployment.minimum_healthy_percent, new.deployment.maximum_percent
+        ));
+        change.deployment = Some(new.deployment);
+    }
+    if patch.stop_timeout_secs.is_some() && new.stop_timeout_secs != service.stop_timeout_secs {
+        changed.push(format!("stop timeout {} s", new.stop_timeout_secs));
+        change.stop_timeout_secs = Some(new.stop_timeout_secs);
+    }
+    if patch.deregistration_delay_secs.is_some()
+        && new.deregistration_delay_secs != service.deregistration_delay_secs
+    {
+        changed.push(format!(
+            "deregistration delay {} s",
+            new.deregistration_delay_secs
+        ));
+        change.deregistration_delay_secs = Some(new.deregistration_delay_secs);
+    }
+    if patch.changes_objectives() && new.objectives != service.objectives {
+        changed.push(crate::work::describe_objectives(&new.objectives));
+        change.objectives = Some(new.objectives.clone());
+    }
+    (change, changed)
 }

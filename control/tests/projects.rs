@@ -80,6 +80,24 @@ async fn every_service_has_a_project_and_guarantees_must_fit_in_the_pool() {
         .expect_err("no such project");
     assert_eq!(fields(&err), ["project"]);
     assert!(c.store().get_service("x").await.is_err());
+    // Nor does a change that moves a service there, and what came with it is not taken.
+    let err = c
+        .update_service(
+            "plain",
+            &ServicePatch {
+                desired_count: Some(3),
+                project: Some("nobody".into()),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect_err("no such project");
+    assert_eq!(fields(&err), ["project"]);
+    let plain = c.store().get_service("plain").await.expect("service");
+    assert_eq!(
+        (plain.desired_count, plain.project.as_str()),
+        (1, DEFAULT_PROJECT)
+    );
 
     // The pool has 48 GiB of GPU memory: guarantees may not add up to more, limits may.
     c.create_project(&project(

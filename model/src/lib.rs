@@ -40,6 +40,7 @@ pub mod ids;
 pub mod inventory;
 pub mod limits;
 pub mod project;
+pub mod range;
 #[cfg(feature = "openapi")]
 pub mod schema;
 pub mod service;

@@ -38,6 +38,38 @@ impl VariantSpec {
         }
     }
 
+    /// The mix `tasks` has (its share of pinned, shared and multi-GPU tasks), with its
+    /// CPU-only tasks scaled by `cpu_factor`: with a large factor, a variant in which host
+    /// CPU rather than GPU is what runs short.
+    pub fn of_trace(tasks: &[TraceTask], seed: u64, cpu_factor: f64) -> VariantSpec {
+        let gpu: Vec<&TraceTask> = tasks
+            .iter()
+            .filter(|t| t.request.gpu != GpuDemand::None)
+            .collect();
+        let share = |f: &dyn Fn(&TraceTask) -> bool, of: &[&TraceTask]| {
+            if of.is_empty() {
+                0.0
+            } else {
+                of.iter().filter(|t| f(t)).count() as f64 / of.len() as f64
+            }
+        };
+        let whole: Vec<&TraceTask> = gpu
+            .iter()
+            .copied()
+            .filter(|t| matches!(t.request.gpu, GpuDemand::Whole { .. }))
+            .collect();
+        VariantSpec {
+            seed,
+            pin_share: share(&|t| !t.request.constraints.gpu_models.is_empty(), &gpu),
+            cpu_factor,
+            shared_share: share(&|t| matches!(t.request.gpu, GpuDemand::Shared { .. }), &gpu),
+            multi_share: share(
+                &|t| matches!(t.request.gpu, GpuDemand::Whole { count } if count > 1),
+                &whole,
+            ),
+        }
+    }
+
     /// `pin 30% · cpu 2.0× · shared 60% · multi 25%`.
     pub fn label(&self) -> String {
         format!(
@@ -194,6 +226,25 @@ mod tests {
         );
         let rows: Vec<usize> = v.iter().map(|t| t.row).collect();
         assert_eq!(rows, (0..v.len()).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_variant_of_the_trace_keeps_its_mix_and_scales_its_cpu_only_tasks() {
+        let (hosts, tasks) = sample();
+        let spec = VariantSpec::of_trace(&tasks, 3, 4.0);
+        assert_eq!(spec.pin_share, 0.0);
+        assert!((spec.shared_share - 1.0 / 3.0).abs() < 1e-9, "{spec:?}");
+        assert!((spec.multi_share - 0.5).abs() < 1e-9, "{spec:?}");
+        let v = make_variant(&tasks, &hosts, &spec);
+        let cpu_only = v
+            .iter()
+            .filter(|t| t.request.gpu == GpuDemand::None)
+            .count();
+        assert_eq!(
+            (cpu_only, v.len() - cpu_only),
+            (100, 75),
+            "4 × 25, and 75 GPU tasks"
+        );
     }
 
     #[test]

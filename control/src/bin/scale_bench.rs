@@ -93,6 +93,46 @@ async fn scale_up(
     })
 }
 
+/// Tasks placed per second by the placement engine alone (no store) on the same fleet.
+fn engine_alone(hosts: usize, per_host: usize, tasks: usize) -> f64 {
+    use tessera_placement::{
+        DemandProfile, Engine, GpuSpec, HostSpec, Policy, PoolLimits, Snapshot, TaskRequest,
+    };
+    let specs: Vec<HostSpec> = (0..hosts)
+        .map(|h| HostSpec {
+            id: tessera_model::HostId::new(format!("sim-{h}")).expect("valid"),
+            cpu: MilliCpu(192_000),
+            memory: MiB(2 * 1024 * 1024),
+            labels: Default::default(),
+            active: true,
+            gpus: (0..per_host)
+                .map(|i| GpuSpec {
+                    uuid: GpuUuid::new(format!("GPU-SIM-{h}-{i}")).expect("valid"),
+                    model: "H100".into(),
+                    memory: MiB(80 * 1024),
+                    mps_client_limit: 48,
+                    healthy: true,
+                })
+                .collect(),
+        })
+        .collect();
+    let req = TaskRequest::shared(
+        MilliCpu(2000),
+        MiB(8192),
+        MiB(10240),
+        Some(tessera_model::ComputeMilli(120)),
+    );
+    let mut engine = Engine::new(
+        Snapshot::new(specs, PoolLimits::default()),
+        Policy::Fragmentation,
+        &DemandProfile::from_requests([&req]),
+        1,
+    );
+    let t = Instant::now();
+    let out = engine.place_batch(&vec![req; tasks]);
+    out.placed() as f64 / t.elapsed().as_secs_f64()
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let hosts = arg("--hosts", 1000);
@@ -118,44 +158,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (_, peak) = memory_mib();
 
     // Baseline: the engine alone on the same fleet.
-    let engine_rate = {
-        use tessera_placement::{
-            DemandProfile, Engine, GpuSpec, HostSpec, Policy, PoolLimits, Snapshot, TaskRequest,
-        };
-        let specs: Vec<HostSpec> = (0..hosts)
-            .map(|h| HostSpec {
-                id: tessera_model::HostId::new(format!("sim-{h}")).expect("valid"),
-                cpu: MilliCpu(192_000),
-                memory: MiB(2 * 1024 * 1024),
-                labels: Default::default(),
-                active: true,
-                gpus: (0..per_host)
-                    .map(|i| GpuSpec {
-                        uuid: GpuUuid::new(format!("GPU-SIM-{h}-{i}")).expect("valid"),
-                        model: "H100".into(),
-                        memory: MiB(80 * 1024),
-                        mps_client_limit: 48,
-                        healthy: true,
-                    })
-                    .collect(),
-            })
-            .collect();
-        let req = TaskRequest::shared(
-            MilliCpu(2000),
-            MiB(8192),
-            MiB(10240),
-            Some(tessera_model::ComputeMilli(120)),
-        );
-        let mut engine = Engine::new(
-            Snapshot::new(specs, PoolLimits::default()),
-            Policy::Fragmentation,
-            &DemandProfile::from_requests([&req]),
-            1,
-        );
-        let t = Instant::now();
-        let out = engine.place_batch(&vec![req; tasks]);
-        out.placed() as f64 / t.elapsed().as_secs_f64()
-    };
+    let engine_rate = engine_alone(hosts, per_host, tasks);
 
     println!(
         "scale-bench: {hosts} hosts × {per_host} GPUs = {} GPUs, 0 → {tasks} tasks",

@@ -40,153 +40,142 @@ impl Control {
         Ok(())
     }
 
+    /// Takes the plan's first move not done one step: a pending move starts its
+    /// replacement, a starting one is done once its original stopped (or fails when its
+    /// replacement did); with every move done, the plan is.
     async fn advance_plan(&self, plan: &mut ConsolidationPlan) -> Result<(), ControlError> {
-        let id = plan.id.clone();
         let Some(i) = plan.moves.iter().position(|m| m.state != MoveState::Done) else {
             plan.status = PlanStatus::Done;
             plan.finished_at = Some(self.unix_now());
-            self.event(
-                None,
-                None,
-                &format!(
-                    "consolidation plan {id} done: {} move(s); freed {}",
-                    plan.moves.len(),
-                    if plan.goal == "hosts" {
-                        format!("{} host(s)", plan.frees_hosts.len())
-                    } else {
-                        format!("{} GPU(s)", plan.frees_gpus.len())
-                    }
-                ),
-            )
-            .await;
+            let freed = if plan.goal == "hosts" {
+                format!("{} host(s)", plan.frees_hosts.len())
+            } else {
+                format!("{} GPU(s)", plan.frees_gpus.len())
+            };
+            let said = format!(
+                "consolidation plan {} done: {} move(s); freed {freed}",
+                plan.id,
+                plan.moves.len()
+            );
+            self.event(None, None, &said).await;
             return Ok(());
         };
         let m = plan.moves[i].clone();
-        let fail = |plan: &mut ConsolidationPlan, why: String| {
-            plan.moves[i].state = MoveState::Failed;
-            plan.moves[i].message = Some(why.clone());
-            plan.status = PlanStatus::Failed;
-            plan.message = Some(format!(
-                "halted at move {} of {}: {why}",
-                i + 1,
-                plan.moves.len()
-            ));
+        let failed = match m.state {
+            MoveState::Pending => self.start_planned_move(plan, i).await?,
+            MoveState::Starting => self.finish_planned_move(plan, i).await?,
+            MoveState::Done | MoveState::Failed | MoveState::Undone => None,
         };
-        match m.state {
-            MoveState::Pending => {
-                let task = match self.store.get_task(&m.task_id).await {
-                    Ok(t) => Some(t),
-                    Err(crate::StoreError::NotFound { .. }) => None,
-                    Err(e) => return Err(e.into()),
-                };
-                let Some(t) = task.filter(|t| {
-                    t.state == TaskState::Running
-                        && !t.migrating
-                        && t.host.as_ref().map(HostId::as_str) == Some(m.from_host.as_str())
-                }) else {
-                    fail(
-                        plan,
-                        format!(
-                            "task {} no longer runs on {} as planned",
-                            m.task_id, m.from_host
-                        ),
-                    );
-                    self.plan_event(plan, &m).await;
-                    return Ok(());
-                };
-                let to = HostId::new(m.to_host.clone()).map_err(|e| corrupt(e.to_string()))?;
-                let replacement = uuid::Uuid::new_v4().to_string();
-                // One transaction: the replacement placed on the target and the original
-                // marked as moving, or nothing (a crash between them would leave the
-                // service a task over, and a restarted plan would start a second one).
-                let started = self
-                    .store
-                    .start_move(
-                        &t.id,
-                        t.host.as_ref().expect("a running task has a host"),
-                        &NewTask::of(
-                            replacement.clone(),
-                            &t.service,
-                            t.deployment_id,
-                            &t.task_definition,
-                            &t.pool,
-                            &*self.spec_of(&t.task_definition).await?,
-                        ),
-                        &PlacementCommit {
-                            task_id: replacement.clone(),
-                            host: to.clone(),
-                            allocations: m.allocations.clone(),
-                        },
-                    )
-                    .await?;
-                if !started {
-                    fail(
-                        plan,
-                        format!(
-                            "{}/GPU {:?} no longer has room for task {} (or the task changed meanwhile)",
-                            m.to_host, m.to_gpus, m.task_id
-                        ),
-                    );
-                    self.plan_event(plan, &m).await;
-                    return Ok(());
-                }
-                self.capacity_changed();
-                let mv = &mut plan.moves[i];
-                mv.state = MoveState::Starting;
-                mv.replacement = Some(replacement.clone());
-                mv.started_at = Some(self.unix_now());
-                self.event(
-                    Some(&t.service),
-                    Some(&to),
-                    &format!(
-                        "consolidation plan {id}: moving task {} from {}/GPU {:?} to {}/GPU {:?}; replacement {replacement} starts first",
-                        t.id, m.from_host, m.from_gpus, m.to_host, m.to_gpus
-                    ),
-                )
-                .await;
-            }
-            MoveState::Starting => {
-                let Some(rid) = m.replacement.clone() else {
-                    fail(plan, "a started move has no replacement".into());
-                    return Ok(());
-                };
-                let replacement = self.store.get_task(&rid).await?;
-                let original = self.store.get_task(&m.task_id).await.ok();
-                if replacement.state == TaskState::Stopped {
-                    if let Some(o) = original.as_ref().filter(|o| o.state.is_live()) {
-                        self.store.set_task_migrating(&o.id, false).await?;
-                    }
-                    fail(
-                        plan,
-                        format!(
-                            "replacement {rid} stopped: {}",
-                            replacement
-                                .stop_reason
-                                .as_deref()
-                                .unwrap_or("unknown reason")
-                        ),
-                    );
-                    self.plan_event(plan, &m).await;
-                } else if original.is_none_or(|o| o.state == TaskState::Stopped) {
-                    plan.moves[i].state = MoveState::Done;
-                    self.event(
-                        Some(&m.service),
-                        None,
-                        &format!(
-                            "consolidation plan {id}: task {} moved to {}/GPU {:?} as {rid} ({} of {})",
-                            m.task_id,
-                            m.to_host,
-                            m.to_gpus,
-                            i + 1,
-                            plan.moves.len()
-                        ),
-                    )
-                    .await;
-                }
-            }
-            MoveState::Done | MoveState::Failed | MoveState::Undone => {}
+        if let Some(why) = failed {
+            fail_move(plan, i, why);
+            self.plan_event(plan, &m).await;
         }
         Ok(())
+    }
+
+    /// Starts move `i` (pending): its replacement placed on the target and the original
+    /// marked as moving, in one transaction. Why it failed, if it did.
+    async fn start_planned_move(
+        &self,
+        plan: &mut ConsolidationPlan,
+        i: usize,
+    ) -> Result<Option<String>, ControlError> {
+        let m = plan.moves[i].clone();
+        let task = match self.store.get_task(&m.task_id).await {
+            Ok(t) => Some(t),
+            Err(crate::StoreError::NotFound { .. }) => None,
+            Err(e) => return Err(e.into()),
+        };
+        let Some(t) = task.filter(|t| {
+            t.state == TaskState::Running
+                && !t.migrating
+                && t.host.as_ref().map(HostId::as_str) == Some(m.from_host.as_str())
+        }) else {
+            return Ok(Some(format!(
+                "task {} no longer runs on {} as planned",
+                m.task_id, m.from_host
+            )));
+        };
+        let to = HostId::new(m.to_host.clone()).map_err(|e| corrupt(e.to_string()))?;
+        let replacement = uuid::Uuid::new_v4().to_string();
+        // One transaction: a crash between the two would leave the service a task over,
+        // and a restarted plan would start a second one.
+        let started = self
+            .store
+            .start_move(
+                &t.id,
+                t.host.as_ref().expect("a running task has a host"),
+                &NewTask::of(
+                    replacement.clone(),
+                    &t.service,
+                    t.deployment_id,
+                    &t.task_definition,
+                    &t.pool,
+                    &*self.spec_of(&t.task_definition).await?,
+                ),
+                &PlacementCommit {
+                    task_id: replacement.clone(),
+                    host: to.clone(),
+                    allocations: m.allocations.clone(),
+                },
+            )
+            .await?;
+        if !started {
+            return Ok(Some(format!(
+                "{}/GPU {:?} no longer has room for task {} (or the task changed meanwhile)",
+                m.to_host, m.to_gpus, m.task_id
+            )));
+        }
+        self.capacity_changed();
+        let mv = &mut plan.moves[i];
+        mv.state = MoveState::Starting;
+        mv.replacement = Some(replacement.clone());
+        mv.started_at = Some(self.unix_now());
+        let said = format!(
+            "consolidation plan {}: moving task {} from {}/GPU {:?} to {}/GPU {:?}; replacement {replacement} starts first",
+            plan.id, t.id, m.from_host, m.from_gpus, m.to_host, m.to_gpus
+        );
+        self.event(Some(&t.service), Some(&to), &said).await;
+        Ok(None)
+    }
+
+    /// Move `i` (starting) is done once its original stopped; it fails when its
+    /// replacement stopped (the original serves on). Why it failed, if it did.
+    async fn finish_planned_move(
+        &self,
+        plan: &mut ConsolidationPlan,
+        i: usize,
+    ) -> Result<Option<String>, ControlError> {
+        let m = plan.moves[i].clone();
+        let Some(rid) = m.replacement.clone() else {
+            return Ok(Some("a started move has no replacement".into()));
+        };
+        let replacement = self.store.get_task(&rid).await?;
+        let original = self.store.get_task(&m.task_id).await.ok();
+        if replacement.state == TaskState::Stopped {
+            if let Some(o) = original.as_ref().filter(|o| o.state.is_live()) {
+                self.store.set_task_migrating(&o.id, false).await?;
+            }
+            let why = replacement
+                .stop_reason
+                .as_deref()
+                .unwrap_or("unknown reason");
+            return Ok(Some(format!("replacement {rid} stopped: {why}")));
+        }
+        if original.is_none_or(|o| o.state == TaskState::Stopped) {
+            plan.moves[i].state = MoveState::Done;
+            let said = format!(
+                "consolidation plan {}: task {} moved to {}/GPU {:?} as {rid} ({} of {})",
+                plan.id,
+                m.task_id,
+                m.to_host,
+                m.to_gpus,
+                i + 1,
+                plan.moves.len()
+            );
+            self.event(Some(&m.service), None, &said).await;
+        }
+        Ok(None)
     }
 
     /// Undoes the moves of a moved service whose alarm fired after its first move started,
@@ -195,7 +184,6 @@ impl Control {
     /// move), a starting move's replacement is stopped, and an executing plan halts.
     /// Whether anything was undone.
     async fn undo_on_alarm(&self, plan: &mut ConsolidationPlan) -> Result<bool, ControlError> {
-        let now = self.unix_now();
         let services: BTreeSet<String> = plan
             .moves
             .iter()
@@ -204,109 +192,117 @@ impl Control {
             .collect();
         let mut undone = false;
         for name in services {
-            let Ok(service) = self.store.get_service(&name).await else {
+            let Some(why) = self.alarm_after_moves(plan, &name).await else {
                 continue;
             };
-            if service.objectives.alarms.is_empty() {
-                continue;
-            }
-            if plan.status == PlanStatus::Done
-                && plan
-                    .finished_at
-                    .is_none_or(|f| now - f > i64::from(service.objectives.bake_secs))
-            {
-                continue;
-            }
-            let first = plan
-                .moves
-                .iter()
-                .filter(|m| m.service == name)
-                .filter_map(|m| m.started_at)
-                .min()
-                .unwrap_or(now);
-            let fired = {
-                let watches = self.passes.watches.lock();
-                service
-                    .objectives
-                    .alarms
-                    .iter()
-                    .enumerate()
-                    .find_map(|(i, a)| {
-                        let w = watches.alarms.get(&(name.clone(), i))?;
-                        let at = w.fired_at.filter(|&at| at >= first)?;
-                        Some((a.describe(), w.value, at))
-                    })
-            };
-            let Some((alarm, value, _)) = fired else {
-                continue;
-            };
-            let why = format!(
-                "alarm `{alarm}` of {name} fired after its tasks moved{}",
-                value
-                    .map(|v| format!(
-                        " ({})",
-                        tessera_model::work::trim_float((v * 10.0).round() / 10.0)
-                    ))
-                    .unwrap_or_default()
-            );
             let mut back = 0;
             for i in 0..plan.moves.len() {
-                let m = plan.moves[i].clone();
-                if m.service != name {
-                    continue;
-                }
-                match m.state {
-                    MoveState::Done => {
-                        if self.move_back(&m).await? {
-                            back += 1;
-                            plan.moves[i].state = MoveState::Undone;
-                            plan.moves[i].message = Some(format!("moved back: {why}"));
-                        } else {
-                            plan.moves[i].message = Some(format!(
-                                "{why}; not moved back: its original GPU has no room now"
-                            ));
-                        }
-                    }
-                    MoveState::Starting => {
-                        if let Some(rid) = &m.replacement {
-                            self.store
-                                .request_task_stop(
-                                    rid,
-                                    "its move was undone: an alarm fired",
-                                    None,
-                                    false,
-                                )
-                                .await?;
-                        }
-                        if let Ok(o) = self.store.get_task(&m.task_id).await
-                            && o.state.is_live()
-                        {
-                            self.store.set_task_migrating(&o.id, false).await?;
-                        }
-                        plan.moves[i].state = MoveState::Undone;
-                        plan.moves[i].message = Some(format!("cancelled: {why}"));
-                    }
-                    _ => {}
+                if plan.moves[i].service == name {
+                    back += usize::from(self.undo_move(plan, i, &why).await?);
                 }
             }
             if plan.status == PlanStatus::Executing {
                 plan.status = PlanStatus::Failed;
             }
             plan.message = Some(format!("halted: {why}; {back} move(s) moved back"));
-            self.event(
-                Some(&name),
-                None,
-                &format!(
-                    "consolidation plan {}: {why}: {back} of its task(s) moved back",
-                    plan.id
-                ),
-            )
-            .await;
+            let said = format!(
+                "consolidation plan {}: {why}: {back} of its task(s) moved back",
+                plan.id
+            );
+            self.event(Some(&name), None, &said).await;
             self.capacity_changed();
             self.wake();
             undone = true;
         }
         Ok(undone)
+    }
+
+    /// Why the moves of service `name` are undone: an alarm of it that fired after its
+    /// first move started, while the plan is watched (executing, or done less than the
+    /// service's bake time ago).
+    async fn alarm_after_moves(&self, plan: &ConsolidationPlan, name: &str) -> Option<String> {
+        let now = self.unix_now();
+        let service = self.store.get_service(name).await.ok()?;
+        if service.objectives.alarms.is_empty() {
+            return None;
+        }
+        if plan.status == PlanStatus::Done
+            && plan
+                .finished_at
+                .is_none_or(|f| now - f > i64::from(service.objectives.bake_secs))
+        {
+            return None;
+        }
+        let first = plan
+            .moves
+            .iter()
+            .filter(|m| m.service == name)
+            .filter_map(|m| m.started_at)
+            .min()
+            .unwrap_or(now);
+        let (alarm, value) = {
+            let watches = self.passes.watches.lock();
+            service
+                .objectives
+                .alarms
+                .iter()
+                .enumerate()
+                .find_map(|(i, a)| {
+                    let w = watches.alarms.get(&(name.to_owned(), i))?;
+                    w.fired_at.filter(|&at| at >= first)?;
+                    Some((a.describe(), w.value))
+                })?
+        };
+        let value = value
+            .map(|v| {
+                format!(
+                    " ({})",
+                    tessera_model::work::trim_float((v * 10.0).round() / 10.0)
+                )
+            })
+            .unwrap_or_default();
+        Some(format!(
+            "alarm `{alarm}` of {name} fired after its tasks moved{value}"
+        ))
+    }
+
+    /// Undoes move `i` for `why`: a done move is moved back where its original GPU has
+    /// room, a starting move's replacement is stopped. Whether a task moved back.
+    async fn undo_move(
+        &self,
+        plan: &mut ConsolidationPlan,
+        i: usize,
+        why: &str,
+    ) -> Result<bool, ControlError> {
+        let m = plan.moves[i].clone();
+        match m.state {
+            MoveState::Done => {
+                if self.move_back(&m).await? {
+                    plan.moves[i].state = MoveState::Undone;
+                    plan.moves[i].message = Some(format!("moved back: {why}"));
+                    return Ok(true);
+                }
+                plan.moves[i].message = Some(format!(
+                    "{why}; not moved back: its original GPU has no room now"
+                ));
+            }
+            MoveState::Starting => {
+                if let Some(rid) = &m.replacement {
+                    self.store
+                        .request_task_stop(rid, "its move was undone: an alarm fired", None, false)
+                        .await?;
+                }
+                if let Ok(o) = self.store.get_task(&m.task_id).await
+                    && o.state.is_live()
+                {
+                    self.store.set_task_migrating(&o.id, false).await?;
+                }
+                plan.moves[i].state = MoveState::Undone;
+                plan.moves[i].message = Some(format!("cancelled: {why}"));
+            }
+            _ => {}
+        }
+        Ok(false)
     }
 
     /// Starts the moved task of `m` again on the GPUs it left (its replacement there
@@ -370,4 +366,16 @@ impl Control {
         );
         self.event(Some(&m.service), None, &message).await;
     }
+}
+
+/// Marks move `i` failed for `why`, and the plan halted there.
+fn fail_move(plan: &mut ConsolidationPlan, i: usize, why: String) {
+    plan.moves[i].state = MoveState::Failed;
+    plan.moves[i].message = Some(why.clone());
+    plan.status = PlanStatus::Failed;
+    plan.message = Some(format!(
+        "halted at move {} of {}: {why}",
+        i + 1,
+        plan.moves.len()
+    ));
 }

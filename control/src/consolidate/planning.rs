@@ -173,135 +173,25 @@ impl Control {
             .filter(|s| s.pool == pool)
             .collect();
         let capacity = PoolCapacity::build(&info, &hosts, holding.iter().filter_map(Held::of));
+        let mut tasks = self.movables(&services, &holding, &capacity).await?;
+        tasks.add_serviceless(&services, &holding, &capacity);
         let before = capacity.snapshot.clone();
-        let mut kept = Vec::new();
-        let mut avoided: Vec<String> = Vec::new();
-        let mut movable = Vec::new();
-        let mut task_of = Vec::new();
-        for (group, s) in services.iter().enumerate() {
-            let mine: Vec<&Task> = holding.iter().filter(|t| t.service == s.name).collect();
-            if mine.is_empty() {
-                continue;
-            }
-            let spec = self.spec_of(&s.task_definition).await?;
-            // A move would have to find a fixed host port free on its target, which the
-            // plan's engine does not track: such tasks stay where they are.
-            let stay = must_stay(s, &mine).or_else(|| {
-                (!spec.fixed_host_ports().is_empty())
-                    .then(|| "its tasks hold fixed host ports".to_owned())
-            });
-            if let Some(why) = &stay {
-                kept.push(KeptService {
-                    service: s.name.clone(),
-                    why: why.clone(),
-                });
-            }
-            let mut req = request_for(&spec, &s.constraints, BTreeSet::new());
-            // Never onto a GPU where a neighbour measured to break a latency target runs.
-            let (avoid, conflicts) = self
-                .interference_avoid(s, &services.iter().collect::<Vec<_>>())
-                .await?;
-            req.constraints.avoid_gpus = avoid;
-            for c in conflicts {
-                avoided.push(c.why);
-            }
-            for t in mine {
-                let Some(h) = Held::of(t) else { continue };
-                // A task the snapshot could not take cannot be moved in it either.
-                if capacity.not_in_snapshot.contains(&t.id) {
-                    continue;
-                }
-                let Some(p) = capacity.placement(h.host, h.cpu, h.memory, h.allocations) else {
-                    continue;
-                };
-                movable.push(Movable {
-                    placement: p,
-                    request: req.clone(),
-                    group: group as u32,
-                    fixed: stay.is_some(),
-                });
-                task_of.push(t);
-            }
-        }
-        // Tasks of no service (none today) and tasks not counted above stay too.
-        for t in holding
-            .iter()
-            .filter(|t| !services.iter().any(|s| s.name == t.service))
-        {
-            if let Some(h) = Held::of(t)
-                && !capacity.not_in_snapshot.contains(&t.id)
-                && let Some(p) = capacity.placement(h.host, h.cpu, h.memory, h.allocations)
-            {
-                movable.push(Movable {
-                    request: tessera_placement::TaskRequest::cpu_only(p.cpu, p.memory),
-                    placement: p,
-                    group: u32::MAX,
-                    fixed: true,
-                });
-                task_of.push(t);
-            }
-        }
         let mut engine = Engine::new(
             capacity.snapshot,
             Policy::Binpack,
             &DemandProfile::default(),
             0x7e55e7a,
         );
-        let out = plan(&mut engine, &movable, goal, MAX_MOVES);
+        let out = plan(&mut engine, &tasks.movable, goal, MAX_MOVES);
         let after = engine.snapshot();
-        // Each GPU's host and device index.
-        let mut gpu_names: HashMap<GpuIdx, (HostId, u32)> = HashMap::new();
-        for (hi, h) in hosts.iter().enumerate() {
-            for (g, gpu) in before.gpus_of(hi as u32).zip(&h.gpus) {
-                gpu_names.insert(g, (h.id.clone(), gpu.index));
-            }
-        }
-        let used = |u: tessera_placement::GpuUsage| {
-            if u.mode == SharingMode::Dedicated {
-                u.memory_capacity.0
-            } else {
-                u.memory_capacity.0 - u.memory_free.0
-            }
-        };
-        let gpus = (0..before.gpu_count() as GpuIdx)
-            .filter(|&g| before.gpu_usage(g) != after.gpu_usage(g))
-            .filter_map(|g| {
-                let (host, index) = gpu_names.get(&g)?;
-                Some(GpuBar {
-                    host: host.to_string(),
-                    index: *index,
-                    capacity_mib: before.gpu_usage(g).memory_capacity.0,
-                    before_mib: used(before.gpu_usage(g)),
-                    after_mib: used(after.gpu_usage(g)),
-                })
-            })
-            .collect();
+        let gpu_names = gpu_names(&hosts, &before);
         let name = |g: &GpuIdx| {
             gpu_names
                 .get(g)
                 .map_or_else(String::new, |(h, i)| format!("{h}/GPU {i}"))
         };
-        let moves: Vec<PlannedMove> = out
-            .moves
-            .iter()
-            .map(|m| {
-                let t = task_of[m.task];
-                PlannedMove {
-                    task_id: t.id.clone(),
-                    service: t.service.clone(),
-                    from_host: m.from.host_id.to_string(),
-                    from_gpus: m.from.gpus.iter().map(|s| s.index).collect(),
-                    to_host: m.to.host_id.to_string(),
-                    to_gpus: m.to.gpus.iter().map(|s| s.index).collect(),
-                    allocations: allocations(&m.to),
-                    state: MoveState::Pending,
-                    replacement: None,
-                    message: None,
-                    started_at: None,
-                }
-            })
-            .collect();
-        let work_effects = self.work_effects(&moves, &holding, &avoided).await?;
+        let moves = planned_moves(&out.moves, &tasks.task_of);
+        let work_effects = self.work_effects(&moves, &holding, &tasks.avoided).await?;
         let plan = ConsolidationPlan {
             id: uuid::Uuid::new_v4().to_string(),
             pool: pool.to_string(),
@@ -317,8 +207,8 @@ impl Control {
                 .collect(),
             density_before: density(&before),
             density_after: density(after),
-            gpus,
-            kept,
+            gpus: gpu_bars(&before, after, &gpu_names),
+            kept: tasks.kept,
             work_effects,
             finished_at: None,
             message: None,
@@ -326,4 +216,169 @@ impl Control {
         self.store.save_plan(&plan_body(&plan)?).await?;
         Ok(plan)
     }
+
+    /// Every task of `services` holding capacity in the snapshot, with the request a move
+    /// of it makes (never onto a GPU where a neighbour measured to break a latency target
+    /// runs); the tasks of services that must stay are fixed.
+    async fn movables<'t>(
+        &self,
+        services: &[Service],
+        holding: &'t [Task],
+        capacity: &PoolCapacity,
+    ) -> Result<Movables<'t>, ControlError> {
+        let mut out = Movables::default();
+        for (group, s) in services.iter().enumerate() {
+            let mine: Vec<&Task> = holding.iter().filter(|t| t.service == s.name).collect();
+            if mine.is_empty() {
+                continue;
+            }
+            let spec = self.spec_of(&s.task_definition).await?;
+            // A move would have to find a fixed host port free on its target, which the
+            // plan's engine does not track: such tasks stay where they are.
+            let stay = must_stay(s, &mine).or_else(|| {
+                (!spec.fixed_host_ports().is_empty())
+                    .then(|| "its tasks hold fixed host ports".to_owned())
+            });
+            if let Some(why) = &stay {
+                out.kept.push(KeptService {
+                    service: s.name.clone(),
+                    why: why.clone(),
+                });
+            }
+            let mut req = request_for(&spec, &s.constraints, BTreeSet::new());
+            let (avoid, conflicts) = self
+                .interference_avoid(s, &services.iter().collect::<Vec<_>>())
+                .await?;
+            req.constraints.avoid_gpus = avoid;
+            out.avoided.extend(conflicts.into_iter().map(|c| c.why));
+            for t in mine {
+                out.add(t, capacity, req.clone(), group as u32, stay.is_some());
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// What a consolidation may move: each task with its placement and request, and the
+/// task each index names.
+#[derive(Default)]
+struct Movables<'t> {
+    kept: Vec<KeptService>,
+    /// Why moves were kept off neighbours' GPUs.
+    avoided: Vec<String>,
+    movable: Vec<Movable>,
+    task_of: Vec<&'t Task>,
+}
+
+impl<'t> Movables<'t> {
+    /// Adds task `t` where the snapshot holds it (a task the snapshot could not take
+    /// cannot be moved in it either).
+    fn add(
+        &mut self,
+        t: &'t Task,
+        capacity: &PoolCapacity,
+        request: tessera_placement::TaskRequest,
+        group: u32,
+        fixed: bool,
+    ) {
+        let Some(h) = Held::of(t) else { return };
+        if capacity.not_in_snapshot.contains(&t.id) {
+            return;
+        }
+        let Some(placement) = capacity.placement(h.host, h.cpu, h.memory, h.allocations) else {
+            return;
+        };
+        self.movable.push(Movable {
+            placement,
+            request,
+            group,
+            fixed,
+        });
+        self.task_of.push(t);
+    }
+
+    /// Tasks of no service (none today) stay where they are.
+    fn add_serviceless(
+        &mut self,
+        services: &[Service],
+        holding: &'t [Task],
+        capacity: &PoolCapacity,
+    ) {
+        for t in holding
+            .iter()
+            .filter(|t| !services.iter().any(|s| s.name == t.service))
+        {
+            let request = tessera_placement::TaskRequest::cpu_only(t.cpu, t.memory);
+            self.add(t, capacity, request, u32::MAX, true);
+        }
+    }
+}
+
+/// Each GPU of `snap` by its host's name and device index (`hosts` in the snapshot's
+/// order).
+fn gpu_names(
+    hosts: &[tessera_model::HostInfo],
+    snap: &tessera_placement::Snapshot,
+) -> HashMap<GpuIdx, (HostId, u32)> {
+    let mut names = HashMap::new();
+    for (hi, h) in hosts.iter().enumerate() {
+        for (g, gpu) in snap.gpus_of(hi as u32).zip(&h.gpus) {
+            names.insert(g, (h.id.clone(), gpu.index));
+        }
+    }
+    names
+}
+
+/// Each GPU the moves change, its memory used before and after.
+fn gpu_bars(
+    before: &tessera_placement::Snapshot,
+    after: &tessera_placement::Snapshot,
+    names: &HashMap<GpuIdx, (HostId, u32)>,
+) -> Vec<GpuBar> {
+    let used = |u: tessera_placement::GpuUsage| {
+        if u.mode == SharingMode::Dedicated {
+            u.memory_capacity.0
+        } else {
+            u.memory_capacity.0 - u.memory_free.0
+        }
+    };
+    (0..before.gpu_count() as GpuIdx)
+        .filter(|&g| before.gpu_usage(g) != after.gpu_usage(g))
+        .filter_map(|g| {
+            let (host, index) = names.get(&g)?;
+            Some(GpuBar {
+                host: host.to_string(),
+                index: *index,
+                capacity_mib: before.gpu_usage(g).memory_capacity.0,
+                before_mib: used(before.gpu_usage(g)),
+                after_mib: used(after.gpu_usage(g)),
+            })
+        })
+        .collect()
+}
+
+/// The plan's moves as stored, `task_of` naming each move's task.
+fn planned_moves(
+    moves: &[tessera_placement::consolidate::Move],
+    task_of: &[&Task],
+) -> Vec<PlannedMove> {
+    moves
+        .iter()
+        .map(|m| {
+            let t = task_of[m.task];
+            PlannedMove {
+                task_id: t.id.clone(),
+                service: t.service.clone(),
+                from_host: m.from.host_id.to_string(),
+                from_gpus: m.from.gpus.iter().map(|s| s.index).collect(),
+                to_host: m.to.host_id.to_string(),
+                to_gpus: m.to.gpus.iter().map(|s| s.index).collect(),
+                allocations: allocations(&m.to),
+                state: MoveState::Pending,
+                replacement: None,
+                message: None,
+                started_at: None,
+            }
+        })
+        .collect()
 }

@@ -17,7 +17,7 @@ use parking_lot::RwLock;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tessera_model::service::{Task, TaskState};
+use tessera_model::service::{Measured, Task, TaskState};
 use tessera_model::{HostId, HostInfo, MiB, PoolInfo, PoolName, SharingMode};
 use tessera_placement::GpuUsage;
 
@@ -154,6 +154,113 @@ impl Default for Rows {
     }
 }
 
+/// What a reading changed: the hosts whose blocks are built again, and whether the
+/// pending tasks changed.
+#[derive(Default)]
+struct Dirty {
+    hosts: BTreeSet<HostId>,
+    pending: bool,
+}
+
+impl Rows {
+    /// Takes every pool as read: a pool's limits count in each of its hosts' figures, so
+    /// when they changed all are built again.
+    fn take_pools(&mut self, pools: Vec<PoolInfo>, dirty: &mut Dirty) {
+        let pools: HashMap<PoolName, PoolInfo> =
+            pools.into_iter().map(|p| (p.name.clone(), p)).collect();
+        if pools != self.pools {
+            dirty.hosts.extend(self.hosts.keys().cloned());
+            self.pools = pools;
+        }
+    }
+
+    /// Moves a changed task out of where it was and into where it is now.
+    fn take_task(&mut self, mut task: Task, dirty: &mut Dirty) {
+        task.measured.work = None;
+        match self.place.remove(&task.id) {
+            Some(Some(host)) => {
+                if let Some(tasks) = self.on_host.get_mut(&host) {
+                    tasks.remove(&task.id);
+                }
+                dirty.hosts.insert(host);
+            }
+            Some(None) => {
+                self.pending.remove(&task.id);
+                dirty.pending = true;
+            }
+            None => {}
+        }
+        match (task.state, task.host.clone()) {
+            (TaskState::Stopped, _) => {}
+            (TaskState::Pending, _) | (_, None) => {
+                self.place.insert(task.id.clone(), None);
+                self.pending.insert(task.id.clone(), Arc::new(task));
+                dirty.pending = true;
+            }
+            (_, Some(host)) => {
+                self.place.insert(task.id.clone(), Some(host.clone()));
+                self.on_host
+                    .entry(host.clone())
+                    .or_default()
+                    .insert(task.id.clone(), Arc::new(task));
+                dirty.hosts.insert(host);
+            }
+        }
+    }
+
+    /// Takes what was measured of placed task `id` (its peak GPU memory and SM use).
+    fn take_measured(&mut self, id: &str, measured: Measured, dirty: &mut Dirty) {
+        let Some(Some(host)) = self.place.get(id) else {
+            return;
+        };
+        let Some(task) = self
+            .on_host
+            .get_mut(host)
+            .and_then(|tasks| tasks.get_mut(id))
+        else {
+            return;
+        };
+        if task.measured.gpu_memory_peak != measured.gpu_memory_peak
+            || task.measured.sm_percent != measured.sm_percent
+        {
+            let t = Arc::make_mut(task);
+            t.measured.gpu_memory_peak = measured.gpu_memory_peak;
+            t.measured.sm_percent = measured.sm_percent;
+            dirty.hosts.insert(host.clone());
+        }
+    }
+
+    /// The snapshot after `before` with the `dirty` hosts' blocks built again from the
+    /// rows (and the pending tasks, if they changed).
+    fn publish(&self, before: &FleetSnapshot, dirty: Dirty) -> FleetSnapshot {
+        let mut snapshot = FleetSnapshot {
+            hosts: before.hosts.clone(),
+            pending: if dirty.pending {
+                Arc::new(self.pending.clone())
+            } else {
+                before.pending.clone()
+            },
+        };
+        for id in dirty.hosts {
+            match self.hosts.get(&id) {
+                Some(host) => {
+                    let tasks = self
+                        .on_host
+                        .get(&id)
+                        .map(|t| t.values().cloned().collect())
+                        .unwrap_or_default();
+                    let block = HostBlock::build(self.pools.get(&host.pool), host, tasks);
+                    snapshot.hosts.insert(id, Arc::new(block));
+                }
+                None => {
+                    snapshot.hosts.remove(&id);
+                }
+            }
+        }
+        snapshot
+    }
+}
+
 /// The fleet read model (see the module's documentation).
 #[derive(Default)]
 pub(crate) struct FleetModel {
@@ -220,115 +327,29 @@ impl FleetModel {
         if measured_due || rows.measured_at.is_none() {
             rows.measured_at = Some(started);
         }
-        let mut dirty: BTreeSet<HostId> = BTreeSet::new();
-        let mut pending_changed = false;
-
-        let pools: HashMap<PoolName, PoolInfo> = changes
-            .pools
-            .into_iter()
-            .map(|p| (p.name.clone(), p))
-            .collect();
-        if pools != rows.pools {
-            // A pool's limits count in each of its hosts' figures: all are built again.
-            dirty.extend(rows.hosts.keys().cloned());
-            rows.pools = pools;
-        }
+        let mut dirty = Dirty::default();
+        rows.take_pools(changes.pools, &mut dirty);
         for mut host in changes.hosts {
             host.last_seen = None;
-            dirty.insert(host.id.clone());
+            dirty.hosts.insert(host.id.clone());
             rows.hosts.insert(host.id.clone(), host);
         }
-        for mut task in changes.tasks {
-            task.measured.work = None;
-            let Rows {
-                place,
-                on_host,
-                pending,
-                ..
-            } = &mut *rows;
-            // Out of where it was...
-            match place.remove(&task.id) {
-                Some(Some(host)) => {
-                    if let Some(tasks) = on_host.get_mut(&host) {
-                        tasks.remove(&task.id);
-                    }
-                    dirty.insert(host);
-                }
-                Some(None) => {
-                    pending.remove(&task.id);
-                    pending_changed = true;
-                }
-                None => {}
-            }
-            // ...and into where it is now.
-            match (task.state, task.host.clone()) {
-                (TaskState::Stopped, _) => {}
-                (TaskState::Pending, _) | (_, None) => {
-                    place.insert(task.id.clone(), None);
-                    pending.insert(task.id.clone(), Arc::new(task));
-                    pending_changed = true;
-                }
-                (_, Some(host)) => {
-                    place.insert(task.id.clone(), Some(host.clone()));
-                    on_host
-                        .entry(host.clone())
-                        .or_default()
-                        .insert(task.id.clone(), Arc::new(task));
-                    dirty.insert(host);
-                }
-            }
+        for task in changes.tasks {
+            rows.take_task(task, &mut dirty);
         }
         for id in gone {
             rows.hosts.remove(&id);
-            dirty.insert(id);
+            dirty.hosts.insert(id);
         }
         for (id, measured) in measured.into_iter().flatten() {
-            let Rows { place, on_host, .. } = &mut *rows;
-            let Some(Some(host)) = place.get(&id) else {
-                continue;
-            };
-            let Some(task) = on_host.get_mut(host).and_then(|tasks| tasks.get_mut(&id)) else {
-                continue;
-            };
-            if task.measured.gpu_memory_peak != measured.gpu_memory_peak
-                || task.measured.sm_percent != measured.sm_percent
-            {
-                let t = Arc::make_mut(task);
-                t.measured.gpu_memory_peak = measured.gpu_memory_peak;
-                t.measured.sm_percent = measured.sm_percent;
-                dirty.insert(host.clone());
-            }
+            rows.take_measured(&id, measured, &mut dirty);
         }
         rows.next = changes.next;
-
-        if dirty.is_empty() && !pending_changed {
+        if dirty.hosts.is_empty() && !dirty.pending {
             return Ok(self.current.read().clone());
         }
         let before = self.current.read().clone();
-        let mut snapshot = FleetSnapshot {
-            hosts: before.hosts.clone(),
-            pending: if pending_changed {
-                Arc::new(rows.pending.clone())
-            } else {
-                before.pending.clone()
-            },
-        };
-        for id in dirty {
-            match rows.hosts.get(&id) {
-                Some(host) => {
-                    let tasks = rows
-                        .on_host
-                        .get(&id)
-                        .map(|t| t.values().cloned().collect())
-                        .unwrap_or_default();
-                    let block = HostBlock::build(rows.pools.get(&host.pool), host, tasks);
-                    snapshot.hosts.insert(id, Arc::new(block));
-                }
-                None => {
-                    snapshot.hosts.remove(&id);
-                }
-            }
-        }
+        let snapshot = rows.publish(&before, dirty);
         let snapshot = Arc::new(snapshot);
         *self.current.write() = snapshot.clone();
         Ok(snapshot)

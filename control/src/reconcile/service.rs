@@ -4,9 +4,9 @@
 use crate::clock::{since, stamp, to_chrono};
 use crate::control::Control;
 use crate::error::ControlError;
-use crate::plan::{DELETED, ServicePlan, UNHEALTHY, plan_service};
+use crate::plan::{Actions, DELETED, ServicePlan, UNHEALTHY, plan_service};
 use crate::store::NewTask;
-use tessera_model::service::{DeploymentStatus, Service};
+use tessera_model::service::{Deployment, DeploymentStatus, Service, Task};
 
 impl Control {
     /// Whether new tasks of deployment `id` may start now. After the deployment's n-th
@@ -44,93 +44,16 @@ impl Control {
         } else {
             self.store.list_deployments(name).await?
         };
-        if !service.deleting
-            && let Some(primary) = deployments
-                .iter()
-                .find(|d| d.status == DeploymentStatus::Primary)
-        {
-            // Old tasks still run (a rollout or a rollback under way).
-            let rolling_out = deployments.iter().any(|d| {
-                d.id != primary.id
-                    && d.status != DeploymentStatus::Completed
-                    && d.running + d.pending > 0
-            });
-            let steady = !rolling_out
-                && self
-                    .passes
-                    .service_state
-                    .lock()
-                    .get(name)
-                    .is_some_and(|s| s.steady);
-            let age = self.age_of(&primary.created_at).unwrap_or(i64::MAX);
-            if let Some(why) = self
-                .watch_alarms(service, &tasks, primary.id, steady, age)
-                .await?
-            {
-                let previous = deployments.iter().find(|d| {
-                    d.id != primary.id
-                        && d.status != DeploymentStatus::RolledBack
-                        && d.task_definition != primary.task_definition
-                });
-                match previous {
-                    Some(prev) => {
-                        let id = self
-                            .store
-                            .start_deployment(name, &prev.task_definition, true)
-                            .await?;
-                        self.forget_alarms(name);
-                        self.event(
-                            Some(name),
-                            None,
-                            &format!(
-                                "deployment {} rolled back: {why}: {} → {} (deployment {id})",
-                                primary.id, primary.task_definition, prev.task_definition
-                            ),
-                        )
-                        .await;
-                        self.wake();
-                        return Ok(());
-                    }
-                    None => {
-                        self.event(
-                            Some(name),
-                            None,
-                            &format!(
-                                "deployment {}: {why}; there is no earlier revision to roll back to",
-                                primary.id
-                            ),
-                        )
-                        .await;
-                    }
-                }
-            }
-            self.autoscale(service, &tasks, rolling_out).await?;
+        if !service.deleting && self.watch_primary(service, &tasks, &deployments).await? {
+            return Ok(());
         }
-        let actions = match plan_service(
-            service,
-            &tasks,
-            &deployments,
-            self.config.failure_threshold,
-        ) {
+        match plan_service(service, &tasks, &deployments, self.config.failure_threshold) {
             ServicePlan::Delete { stop, gone } => {
-                for id in &stop {
-                    self.store
-                        .request_task_stop(id, DELETED, drain.as_deref(), false)
-                        .await?;
-                }
-                if gone {
-                    self.store.delete_service(name).await?;
-                    self.passes.service_state.lock().remove(name);
-                    self.event(Some(name), None, &format!("service {name} deleted"))
-                        .await;
-                } else if !stop.is_empty() {
-                    self.wake();
-                }
-                return Ok(());
+                self.delete_step(name, &stop, gone, drain.as_deref()).await
             }
             ServicePlan::NoPrimary => {
                 tracing::warn!(service = name, "service has no primary deployment");
-                return Ok(());
+                Ok(())
             }
             ServicePlan::RollBack {
                 from,
@@ -148,25 +71,154 @@ impl Control {
                 )
                 .await;
                 self.wake();
-                return Ok(());
+                Ok(())
             }
-            ServicePlan::Converge(actions) => actions,
+            ServicePlan::Converge(actions) => {
+                self.converge(service, &deployments, &actions, drain.as_deref())
+                    .await
+            }
+        }
+    }
+
+    /// The primary deployment's alarms (a breach rolls back to the revision before it, if
+    /// there is one) and the service's autoscaling. Whether it rolled back (nothing more
+    /// to do in this pass).
+    async fn watch_primary(
+        &self,
+        service: &Service,
+        tasks: &[Task],
+        deployments: &[Deployment],
+    ) -> Result<bool, ControlError> {
+        let name = service.name.as_str();
+        let Some(primary) = deployments
+            .iter()
+            .find(|d| d.status == DeploymentStatus::Primary)
+        else {
+            return Ok(false);
         };
+        // Old tasks still run (a rollout or a rollback under way).
+        let rolling_out = deployments.iter().any(|d| {
+            d.id != primary.id
+                && d.status != DeploymentStatus::Completed
+                && d.running + d.pending > 0
+        });
+        let steady = !rolling_out
+            && self
+                .passes
+                .service_state
+                .lock()
+                .get(name)
+                .is_some_and(|s| s.steady);
+        let age = self.age_of(&primary.created_at).unwrap_or(i64::MAX);
+        if let Some(why) = self
+            .watch_alarms(service, tasks, primary.id, steady, age)
+            .await?
+        {
+            let previous = deployments.iter().find(|d| {
+                d.id != primary.id
+                    && d.status != DeploymentStatus::RolledBack
+                    && d.task_definition != primary.task_definition
+            });
+            let Some(prev) = previous else {
+                let said = format!(
+                    "deployment {}: {why}; there is no earlier revision to roll back to",
+                    primary.id
+                );
+                self.event(Some(name), None, &said).await;
+                self.autoscale(service, tasks, rolling_out).await?;
+                return Ok(false);
+            };
+            let id = self
+                .store
+                .start_deployment(name, &prev.task_definition, true)
+                .await?;
+            self.forget_alarms(name);
+            let said = format!(
+                "deployment {} rolled back: {why}: {} → {} (deployment {id})",
+                primary.id, primary.task_definition, prev.task_definition
+            );
+            self.event(Some(name), None, &said).await;
+            self.wake();
+            return Ok(true);
+        }
+        self.autoscale(service, tasks, rolling_out).await?;
+        Ok(false)
+    }
+
+    /// A service being deleted: its tasks `stop` are asked to stop; once nothing is live
+    /// (`gone`) it is deleted.
+    async fn delete_step(
+        &self,
+        name: &str,
+        stop: &[String],
+        gone: bool,
+        drain: Option<&str>,
+    ) -> Result<(), ControlError> {
+        for id in stop {
+            self.store
+                .request_task_stop(id, DELETED, drain, false)
+                .await?;
+        }
+        if gone {
+            self.store.delete_service(name).await?;
+            self.passes.service_state.lock().remove(name);
+            self.event(Some(name), None, &format!("service {name} deleted"))
+                .await;
+        } else if !stop.is_empty() {
+            self.wake();
+        }
+        Ok(())
+    }
+
+    /// Carries out a converging plan: stops, starts (with crash-loop backoff), drained
+    /// deployments completed, and what the service's events say of its progress.
+    async fn converge(
+        &self,
+        service: &Service,
+        deployments: &[Deployment],
+        actions: &Actions,
+        drain: Option<&str>,
+    ) -> Result<(), ControlError> {
+        let name = service.name.as_str();
         let primary = deployments
             .iter()
             .find(|d| d.id == actions.primary)
             .expect("the plan's primary is one of them");
         for (id, reason) in &actions.stop {
             self.store
-                .request_task_stop(id, reason, drain.as_deref(), actions.failures.contains(id))
+                .request_task_stop(id, reason, drain, actions.failures.contains(id))
                 .await?;
             if *reason == UNHEALTHY {
                 self.event(Some(name), None, &format!("task {id} stopped: {UNHEALTHY}"))
                     .await;
             }
         }
-        // With a revision to roll back to, the circuit breaker answers failures; without
-        // one, restarts slow down.
+        self.start_step(service, primary, actions).await?;
+        if !actions.stop.is_empty() || actions.start > 0 {
+            self.wake();
+        }
+        for &id in &actions.completed {
+            self.store
+                .set_deployment_status(id, DeploymentStatus::Completed)
+                .await?;
+            if let Some(d) = deployments.iter().find(|d| d.id == id) {
+                let said = format!("deployment {id} ({}) drained", d.task_definition);
+                self.event(Some(name), None, &said).await;
+            }
+        }
+        self.say_progress(service, primary, actions).await;
+        Ok(())
+    }
+
+    /// Starts the plan's new tasks of the primary deployment. With a revision to roll
+    /// back to, the circuit breaker answers failures; without one, restarts slow down.
+    async fn start_step(
+        &self,
+        service: &Service,
+        primary: &Deployment,
+        actions: &Actions,
+    ) -> Result<(), ControlError> {
+        let name = service.name.as_str();
         let wait = if actions.start > 0 && !actions.can_roll_back {
             self.may_start_tasks(primary.id, primary.failed_tasks)
         } else {
@@ -201,24 +253,14 @@ impl Control {
                 .collect();
             self.store.create_tasks(&tasks).await?;
         }
-        if !actions.stop.is_empty() || actions.start > 0 {
-            self.wake();
-        }
-        for &id in &actions.completed {
-            self.store
-                .set_deployment_status(id, DeploymentStatus::Completed)
-                .await?;
-            if let Some(d) = deployments.iter().find(|d| d.id == id) {
-                self.event(
-                    Some(name),
-                    None,
-                    &format!("deployment {id} ({}) drained", d.task_definition),
-                )
-                .await;
-            }
-        }
+        Ok(())
+    }
+
+    /// Says a rollout's progress (when the new revision's running count changes) and a
+    /// steady state reached.
+    async fn say_progress(&self, service: &Service, primary: &Deployment, actions: &Actions) {
+        let name = service.name.as_str();
         let desired = service.desired_count;
-        // Progress of a rollout, when the new revision's running count changes.
         if let Some((running, old_left)) = actions.progress
             && self.service_state_changed(name, |s| s.progress = Some((primary.id, running)))
         {
@@ -243,6 +285,5 @@ impl Control {
             )
             .await;
         }
-        Ok(())
     }
 }

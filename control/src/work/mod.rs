@@ -18,7 +18,7 @@ mod figures;
 use crate::clock::stamp;
 use crate::control::Control;
 use crate::error::ControlError;
-use crate::fit::Range;
+use crate::fit::usage_range;
 use crate::interference::{Observation, estimate};
 use crate::parts::Watch;
 use crate::store::{TaskFilter, UsageQuery};
@@ -182,7 +182,7 @@ impl Control {
 
     /// `GET /api/v1/services/{name}/work`.
     pub async fn service_work(&self, name: &str, range: &str) -> Result<ServiceWork, ControlError> {
-        let range = Range::parse(range)?;
+        let range = usage_range(range)?;
         let service = self.store.get_service(name).await?;
         let spec = self.spec_of(&service.task_definition).await?;
         let (tasks, shares) = self.running_with_shares(name).await?;
@@ -205,22 +205,7 @@ impl Control {
             })
             .filter_map(|t| shares.get(&t.id))
             .fold((0u64, 0.0f64), |(mib, share), s| (mib + s.0, share + s.1));
-        let verdict = match (&service.objectives.slo, figures.latency_p99_ms) {
-            (Some(slo), Some(p99)) => Some(if p99 <= slo.latency_p99_ms {
-                format!(
-                    "p99 within target ({} ms ≤ {} ms)",
-                    trim_float(p99.round()),
-                    trim_float(slo.latency_p99_ms)
-                )
-            } else {
-                format!(
-                    "p99 over target ({} ms > {} ms)",
-                    trim_float(p99.round()),
-                    trim_float(slo.latency_p99_ms)
-                )
-            }),
-            _ => None,
-        };
+        let verdict = latency_verdict(service.objectives.slo.as_ref(), figures.latency_p99_ms);
         let (width, group) = self.grouping(range);
         let rows = self
             .store
@@ -296,6 +281,17 @@ impl Control {
         let t = chrono::DateTime::parse_from_rfc3339(at).ok()?;
         Some((self.now() - t.with_timezone(&chrono::Utc)).num_seconds())
     }
+}
+
+/// What the service's p99 says against its latency target, where both are known.
+fn latency_verdict(slo: Option<&tessera_model::work::Slo>, p99: Option<f64>) -> Option<String> {
+    let (slo, p99) = (slo?, p99?);
+    let (p99_said, target) = (trim_float(p99.round()), trim_float(slo.latency_p99_ms));
+    Some(if p99 <= slo.latency_p99_ms {
+        format!("p99 within target ({p99_said} ms ≤ {target} ms)")
+    } else {
+        format!("p99 over target ({p99_said} ms > {target} ms)")
+    })
 }
 
 #[cfg(test)]

@@ -7,8 +7,13 @@
 //! passes (p50, p99, max; tasks still waiting at the end), the longest run of passes a
 //! project was held below its guarantee by another's borrowing, and the preemptions.
 //!
+//! With `--cpu-factor F`, each seed runs on a variant of the task list instead
+//! ([`tessera_placement_lab::variants`]): the trace's own mix of GPU tasks with its CPU-only
+//! tasks scaled F times, so that host CPU, not GPU, is what runs short.
+//!
 //! ```text
 //! projects --nodes FILE --tasks FILE [--seeds 42..44] [--pass-percent 1] [--policy NAME]
+//!          [--cpu-factor F]
 //! ```
 
 use std::process::ExitCode;
@@ -16,9 +21,9 @@ use std::time::Instant;
 use tessera_placement::Policy;
 use tessera_placement_lab::openb;
 use tessera_placement_lab::projects::{self, Outcome, Setup};
+use tessera_placement_lab::variants;
 
-const USAGE: &str =
-    "usage: projects --nodes FILE --tasks FILE [--seeds 42..44] [--pass-percent 1] [--policy NAME]";
+const USAGE: &str = "usage: projects --nodes FILE --tasks FILE [--seeds 42..44] [--pass-percent 1] [--policy NAME] [--cpu-factor F]";
 
 struct Args {
     nodes: String,
@@ -26,6 +31,7 @@ struct Args {
     seeds: Vec<u64>,
     pass_percent: f64,
     policy: (String, Policy),
+    cpu_factor: Option<f64>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -35,6 +41,7 @@ fn parse_args() -> Result<Args, String> {
         seeds: (42..=44).collect(),
         pass_percent: 1.0,
         policy: ("default".into(), Policy::Fragmentation),
+        cpu_factor: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -65,6 +72,15 @@ fn parse_args() -> Result<Args, String> {
                 let p = Policy::parse(&name)
                     .ok_or_else(|| format!("--policy: unknown policy {name:?}"))?;
                 args.policy = (name, p);
+            }
+            "--cpu-factor" => {
+                args.cpu_factor = Some(
+                    value("--cpu-factor")?
+                        .parse()
+                        .ok()
+                        .filter(|f: &f64| f.is_finite() && *f >= 0.0 && *f <= 100.0)
+                        .ok_or("--cpu-factor: a number from 0 to 100")?,
+                )
             }
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other:?}")),
@@ -140,6 +156,19 @@ fn main() -> ExitCode {
     );
     let (mut worst_hold, mut worst_p99, mut worst_gap) = (0u32, 0u32, f64::MIN);
     for &seed in &args.seeds {
+        let variant = args.cpu_factor.map(|f| {
+            let spec = variants::VariantSpec::of_trace(&tasks, seed, f);
+            let v = variants::make_variant(&tasks, &hosts, &spec);
+            let cpu: u64 = v.iter().map(|t| t.request.cpu.0).sum();
+            let pool: u64 = hosts.iter().map(|h| h.cpu.0).sum();
+            println!(
+                "      variant of seed {seed}: {}; its tasks ask {:.0} % of the pool's CPU in all",
+                spec.label(),
+                100.0 * cpu as f64 / pool as f64
+            );
+            v
+        });
+        let tasks = variant.as_deref().unwrap_or(&tasks);
         let mut rows: Vec<(&str, Outcome, f64)> = Vec::new();
         for (label, projects) in [("no projects", Vec::new()), ("3 projects", specs.clone())] {
             let setup = Setup {
@@ -149,7 +178,7 @@ fn main() -> ExitCode {
                 seed,
             };
             let start = Instant::now();
-            let out = projects::run(&hosts, &tasks, &setup);
+            let out = projects::run(&hosts, tasks, &setup);
             rows.push((label, out, start.elapsed().as_secs_f64()));
         }
         for (label, out, secs) in &rows {
