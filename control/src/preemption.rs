@@ -21,7 +21,7 @@ use crate::error::ControlError;
 use crate::projects::usage_by_project;
 use std::collections::{HashMap, HashSet};
 use tessera_model::PreemptionMode;
-use tessera_model::project::{DEFAULT_PROJECT, Preempted, PreemptionState, Project, Usage};
+use tessera_model::project::{DEFAULT_PROJECT, PreemptionState, Project, Usage};
 use tessera_model::service::Task;
 use tessera_model::service::{PriorityClass, Service, TaskState};
 use tessera_model::{PoolInfo, PoolName};
@@ -62,6 +62,16 @@ fn eligible<'s>(
         .collect()
 }
 
+/// What preemption did for a pool's waiting tasks in one pass.
+#[derive(Debug, Default)]
+pub(crate) struct Preempted {
+    /// The tasks that hold a claim from this pass.
+    pub renewed: HashSet<String>,
+    /// Per service, why its waiting tasks cannot take room back although their class
+    /// could: their project's guarantee does not name what they need.
+    pub notes: HashMap<String, String>,
+}
+
 /// Where plans wait for approval: tasks with a proposal open keep their room in this
 /// pass's plans without a new one; tasks whose proposal was declined take none; an
 /// approved proposal is carried out if the fresh plan stops no other tasks.
@@ -77,7 +87,7 @@ struct Decisions {
 /// One plan: the tasks it stops, the room it claims, and what the room is worth.
 struct Plan<'a> {
     stop: Vec<&'a Task>,
-    record: Vec<Preempted>,
+    record: Vec<tessera_model::project::Preempted>,
     placement: Placement,
 }
 
@@ -238,10 +248,28 @@ impl<'a> Room<'a> {
         })
     }
 
+    /// Why the guarantee of `service`'s project in this pool does not cover a task asking
+    /// `req`, if it does not: it names nothing the task needs.
+    fn uncovered(&self, service: &Service, req: &TaskRequest) -> Option<String> {
+        let quota = self.quota(&service.project)?;
+        if quota::covers(&quota::demand(req), &quota.guaranteed) {
+            return None;
+        }
+        let needs = if matches!(req.gpu, tessera_placement::GpuDemand::None) {
+            "host CPU or memory"
+        } else {
+            "the GPU room it asks"
+        };
+        Some(format!(
+            "it takes no room back by preemption: project `{}`'s guarantee in pool `{}` names none of {needs}",
+            service.project, self.pool
+        ))
+    }
+
     /// The record of stopping `t`.
-    fn preempted(&self, t: &Task) -> Preempted {
+    fn preempted(&self, t: &Task) -> tessera_model::project::Preempted {
         let owner = self.services.get(&t.service);
-        Preempted {
+        tessera_model::project::Preempted {
             task: t.id.clone(),
             service: t.service.clone(),
             project: owner
@@ -262,11 +290,11 @@ impl Control {
         short: Vec<Short>,
         services: &HashMap<String, Service>,
         projects: &HashMap<String, Project>,
-    ) -> Result<HashSet<String>, ControlError> {
+    ) -> Result<Preempted, ControlError> {
         let short = eligible(short, pool, services, projects);
-        let mut renewed = HashSet::new();
+        let mut outcome = Preempted::default();
         if short.is_empty() {
-            return Ok(renewed);
+            return Ok(outcome);
         }
         let (info, hosts, holding) = self.pool_state(pool).await?;
         let mut decisions = self.decisions(pool, info.preemption).await?;
@@ -280,6 +308,9 @@ impl Control {
                 }
                 let Some(plan) = room.plan(service, &req) else {
                     tracing::debug!(service = %service.name, "no preemption plan makes room (or the task's constraints refuse it)");
+                    if let Some(why) = room.uncovered(service, &req) {
+                        outcome.notes.insert(service.name.clone(), why);
+                    }
                     break;
                 };
                 if req.constraints.distinct_hosts {
@@ -303,13 +334,13 @@ impl Control {
                     .claims
                     .lock()
                     .insert(task_id.clone(), plan.placement);
-                renewed.insert(task_id.clone());
+                outcome.renewed.insert(task_id.clone());
             }
         }
         if total > 0 {
             self.wake();
         }
-        Ok(renewed)
+        Ok(outcome)
     }
 
     /// The preemption proposals open, declined and approved in `pool`, where its plans

@@ -504,6 +504,96 @@ async fn a_guaranteed_production_task_preempts_the_fewest_borrowing_batch_tasks(
     assert_no_overcommit(c).await;
 }
 
+/// Where host CPU, not GPU, runs short: a production task without a GPU, of a project
+/// whose guarantee names CPU, takes room back from batch tasks that borrow it (the fewest,
+/// on one host), and is placed once they stop. A guarantee that names only GPU quantities
+/// covers no task without a GPU: such a task waits like any other.
+#[tokio::test]
+async fn a_guaranteed_task_short_of_host_cpu_preempts_batch_tasks_that_borrow_it() {
+    let env = env(fast()).await;
+    let c = &env.control;
+    let a = host(c, "a", 2, 24).await;
+    c.create_project(&project("lab", vec![]))
+        .await
+        .expect("no quota: all it uses is borrowed");
+    let cpu = |milli: u64| Amounts {
+        cpu_milli: Some(milli),
+        ..Default::default()
+    };
+    c.create_project(&project(
+        "prod",
+        vec![quota("gpu", cpu(16_000), Amounts::default())],
+    ))
+    .await
+    .expect("prod");
+    c.create_project(&project(
+        "ops",
+        vec![quota("gpu", gpu_memory_gib(8), Amounts::default())],
+    ))
+    .await
+    .expect("ops");
+    let cpu_only = |family: &str, milli: u64| {
+        json!({"family": family, "containers": [{"name": "main", "command": ["sleep", "infinity"],
+            "cpu_milli": milli, "memory_mib": 1024}]})
+    };
+    for (family, milli) in [("churn", 16_000), ("api", 12_000), ("cron", 12_000)] {
+        c.register_task_definition(&cpu_only(family, milli))
+            .await
+            .expect("definition");
+    }
+    service_with(c, "churn", "churn:1", 4, "lab", "batch").await;
+    c.reconcile_once().await.expect("pass");
+    sync(c, &a).await;
+    assert_eq!(
+        tasks(c, "churn", &[TaskState::Running]).await.len(),
+        4,
+        "the host's 64 CPUs taken, its GPUs idle"
+    );
+
+    // A guarantee of GPU memory does not cover a task without a GPU.
+    service_with(c, "cron", "cron:1", 1, "ops", "production").await;
+    c.reconcile_once().await.expect("pass");
+    assert_eq!(tasks(c, "churn", &[TaskState::Running]).await.len(), 4);
+    let cron = tasks(c, "cron", &[TaskState::Pending]).await;
+    assert_eq!(cron.len(), 1);
+    let said = cron[0]
+        .placement_message
+        .as_deref()
+        .expect("a pending reason");
+    assert!(
+        said.contains("project `ops`'s guarantee in pool `gpu` names none of host CPU or memory"),
+        "{said}"
+    );
+    c.delete_service("cron").await.expect("delete");
+    c.reconcile_once().await.expect("pass");
+
+    service_with(c, "api", "api:1", 1, "prod", "production").await;
+    c.reconcile_once().await.expect("pass");
+    let stopping = tasks(c, "churn", &[TaskState::Stopping, TaskState::Stopped]).await;
+    assert_eq!(stopping.len(), 1, "one 16-CPU task frees the 12 CPUs asked");
+    let why = stopping[0].stop_reason.as_deref().expect("a reason");
+    assert!(
+        why.contains("preempted: service api (project prod, production)"),
+        "{why}"
+    );
+    sync(c, &a).await;
+    c.reconcile_once().await.expect("pass");
+    c.reconcile_once().await.expect("pass");
+    assert_eq!(
+        tasks(c, "api", &[TaskState::Assigned, TaskState::Running])
+            .await
+            .len(),
+        1,
+        "placed in the room its victim left"
+    );
+    assert_eq!(
+        tasks(c, "churn", &[TaskState::Pending]).await.len(),
+        1,
+        "the batch replacement waits"
+    );
+    assert_no_overcommit(c).await;
+}
+
 /// Several waiting tasks each get room of their own in one pass (a plan's room is claimed
 /// for its task, not counted free for the next), and once the victims let go nothing
 /// else takes it: not even a task of the same class whose project is further below its

@@ -82,16 +82,23 @@ pub struct Outcome {
 }
 
 /// The three projects of the default replay, sized on `hosts`: `prod` (production, 20 % of
-/// arrivals, 30 % of the GPUs guaranteed), `research` (default class, 30 % of arrivals,
+/// arrivals, 30 % of the pool guaranteed), `research` (default class, 30 % of arrivals,
 /// 30 % guaranteed, limited to 60 %) and `lab` (batch, half the arrivals, nothing
-/// guaranteed, no limit: it borrows what the others leave).
+/// guaranteed, no limit: it borrows what the others leave). A share of the pool is that
+/// share of its GPUs, GPU memory, host CPU and host memory: a guarantee that named GPUs
+/// alone would cover no task without a GPU (`quota::within_guarantee`), and a project's
+/// CPU-only tasks would wait behind batch tasks wherever host CPU runs short.
 pub fn three_projects(hosts: &[HostSpec]) -> Vec<ProjectSpec> {
     let gpus = hosts.iter().map(|h| h.gpus.len() as u64).sum::<u64>();
     // In the trace's units a GPU's memory is 1000.
+    let cpu = hosts.iter().map(|h| h.cpu.0).sum::<u64>();
+    let memory = hosts.iter().map(|h| h.memory.0).sum::<u64>();
     let part = |percent: u64| Amounts {
         gpus: Some(gpus * percent / 100),
         gpu_memory_mib: Some(gpus * openb::GPU_UNITS * percent / 100),
-        ..Default::default()
+        compute_milli: None,
+        cpu_milli: Some(cpu * percent / 100),
+        memory_mib: Some(memory * percent / 100),
     };
     vec![
         ProjectSpec {

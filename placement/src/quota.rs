@@ -64,15 +64,20 @@ pub fn within_guarantee(mine: &Usage, want: &Usage, guaranteed: &Amounts) -> boo
             guaranteed.memory_mib,
         ])
         .all(|(((_, used), (_, g)), named)| named.is_none() || used <= g);
+    holds && covers(want, guaranteed)
+}
+
+/// Whether `guaranteed` names what a task asking `want` needs (see [`within_guarantee`]):
+/// a guarantee that names only GPU quantities covers no task without a GPU.
+pub fn covers(want: &Usage, guaranteed: &Amounts) -> bool {
     let needs_gpu = want.gpus + want.gpu_memory_mib + want.compute_milli > 0;
-    let covers = if needs_gpu {
+    if needs_gpu {
         (want.gpus > 0 && guaranteed.gpus.is_some())
             || (want.gpu_memory_mib > 0 && guaranteed.gpu_memory_mib.is_some())
             || (want.compute_milli > 0 && guaranteed.compute_milli.is_some())
     } else {
         guaranteed.cpu_milli.is_some() || guaranteed.memory_mib.is_some()
-    };
-    holds && covers
+    }
 }
 
 /// A project's dominant share of a pool (its largest share of any quantity), over its

@@ -340,16 +340,20 @@ impl Control {
         pass: &PassInputs,
     ) -> Result<(), ControlError> {
         let waiting_here: HashSet<String> = short.iter().flat_map(|s| s.tasks.clone()).collect();
-        let renewed = self
+        let preempted = self
             .preempt_in(pool, short, &pass.services, &pass.projects)
             .await?;
+        let renewed = preempted.renewed;
         // A claim this pass did not renew (its project left its guarantee, its class
         // changed, no plan makes room) no longer puts its task first.
         self.scheduling
             .claims
             .lock()
             .retain(|id, _| !waiting_here.contains(id) || renewed.contains(id));
-        for (service, ids, sentence) in complaints {
+        for (service, ids, mut sentence) in complaints {
+            if let Some(note) = preempted.notes.get(&service) {
+                sentence = format!("{sentence}; {note}");
+            }
             self.store.set_placement_message(&ids, &sentence).await?;
             if self.service_state_changed(&service, |s| s.pending = Some(sentence.clone())) {
                 self.event(

@@ -1,8 +1,8 @@
 //! `projects`: the projects replay over the Alibaba openb trace
 //! ([`tessera_placement_lab::projects`]). For each seed it runs the same arrivals twice, in
 //! reconcile passes: without projects, and split between three projects (`prod`:
-//! production, 30 % of the GPUs guaranteed; `research`: default class, 30 % guaranteed,
-//! limited to 60 %; `lab`: batch, nothing guaranteed). It prints both runs side by side:
+//! production, 30 % of the pool's GPUs, CPU and memory guaranteed; `research`: default
+//! class, 30 % guaranteed, limited to 60 %; `lab`: batch, nothing guaranteed). It prints both runs side by side:
 //! the unallocated GPU share at 100 % and 130 % of arrivals, each project's waiting time in
 //! passes (p50, p99, max; tasks still waiting at the end), the longest run of passes a
 //! project was held below its guarantee by another's borrowing, and the preemptions.
