@@ -3,6 +3,17 @@
 //! server's REST API with an API token: the one `tessera login` keeps (mode 0600 in the
 //! user's config directory), or `--url` / `--token` (`TESSERA_URL` / `TESSERA_TOKEN`) for
 //! scripts and CI.
+//!
+//! # Layout
+//! - `args`: the command line (clap): connection flags and each command's options.
+//! - `client`: the REST client: the server's URL, HTTPS with an extra CA, the API token,
+//!   refusals as exits.
+//! - `commands`: sign-in, `get` and `describe`, hosts, join tokens and events.
+//! - `apply`: `tessera apply` (task definitions and services from files) and `preview`.
+//! - [`lb`]: `tessera lb haproxy`, an HAProxy backend kept equal to a service's endpoints.
+//! - `login_store`: the login `tessera login` keeps, owner-only.
+//! - `table`: plain-text tables that fit the terminal.
+//! - [`tls`]: `tessera tls`, a private CA and the certificates Tessera's HTTPS needs.
 
 #![forbid(unsafe_code)]
 

@@ -5,10 +5,13 @@
 //! - [`store`]: the `Store` interface every backend implements ([`open`] picks one from
 //!   a database URL).
 //! - [`sqlite`]: the embedded SQLite backend (the default), with its migrations.
+//! - [`postgres`]: the PostgreSQL backend, for several servers on one database.
 //! - [`control`]: `Control`, the entry point: the parts it is made of, and the helpers every
 //!   operation shares (the time, events, waking the loop).
 //! - `config`: `ControlConfig`, the timings and limits.
 //! - `workloads`: pools, task definitions and services as operators change them.
+//! - `work`: the work applications complete (scraped by agents): a service's figures,
+//!   interference estimates, deployment alarms and target-tracking autoscaling.
 //! - `hosts`: operators' host operations (drain, activate).
 //! - `preemption`: stopping lower-priority tasks that use borrowed capacity so that a
 //!   waiting task of a project within its guarantee fits.
@@ -35,6 +38,10 @@
 //! - [`auth`]: operators' accounts, sign-in limits, API tokens, session records, the audit
 //!   log, and hosts' credentials (revoke, delete, rotate the join token).
 //! - [`agents`]: the agent API, server side: join token, registration, sync.
+//! - [`admission`]: how hosts join: join tokens (fleet-wide and minted), pools that hold
+//!   new hosts for approval, rejoining a revoked host.
+//! - `interference`: what sharing a GPU with another service costs it, estimated from its
+//!   measured work (Welch's t-test on log p99).
 //! - `serving`: endpoints (where each task is reached and whether it should get traffic)
 //!   and Prometheus service discovery, as read models.
 //! - `views`: read models of the console's pages (hosts with GPU segments, the overview,

@@ -24,6 +24,9 @@
 //! - [`work`]: the work applications complete (Prometheus metrics), service objectives
 //!   (latency target, alarms, autoscaling) and the read models built from them.
 //! - [`taskdef`]: task definitions, their validation (errors name their field) and the ECS JSON shape.
+//! - [`bodies`]: the REST API's own response bodies (wrapped lists, the error body).
+//! - [`limits`]: the bounds requests and reports are checked against, each declared once.
+//! - [`range`]: the time ranges histories are read over, parsed in one place.
 
 #![forbid(unsafe_code)]
 #![recursion_limit = "256"]

@@ -12,6 +12,10 @@
 //! - [`demo`]: the simulated demo fleet `--demo` adds, registered through the agent API
 //!   path, with in-process simulated agents that sync it.
 //! - [`error`]: `ApiError`, how store errors become HTTP responses.
+//! - [`edge`]: what a connection and a request may hold (deadlines, sizes, per-client and
+//!   per-agent budgets), so no client starves the agents' syncs.
+//! - [`metrics`]: Prometheus metrics at `/metrics`, the fleet's gauges streamed from the
+//!   fleet read model.
 //! - [`example`]: `tessera example-server`, the small HTTP service the demo and the
 //!   serving drill run as tasks.
 //!
