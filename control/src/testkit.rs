@@ -215,17 +215,37 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    const WAIT: Duration = Duration::from_secs(15);
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        if check().await {
-            return;
+    wait_for(what, Duration::from_secs(15), || {
+        let asked = check();
+        async move {
+            if asked.await {
+                Ok(())
+            } else {
+                Err("not yet".to_owned())
+            }
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out after {WAIT:?} waiting for: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    })
+    .await
+}
+
+/// The one wait of the tests: asks `check` every 50 ms until it answers `Ok`, and returns
+/// what it answered; after `within`, panics naming `what` and the last `Err` (what the
+/// check saw instead).
+pub async fn wait_for<T, F, Fut>(what: &str, within: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        match check().await {
+            Ok(v) => return v,
+            Err(seen) => assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out after {within:?} waiting for: {what} ({seen})"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

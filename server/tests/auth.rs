@@ -7,7 +7,6 @@ mod common;
 
 use axum::body::Body;
 use axum::http::{HeaderMap, Method, Request, StatusCode};
-use http_body_util::BodyExt;
 use leptos::server_fn::ServerFn;
 use serde_json::{Value, json};
 use tessera_control::Control;
@@ -59,7 +58,7 @@ struct Answer {
     body: Value,
 }
 
-/// A request through the router; `headers` are added as given (credentials, Origin, ...).
+/// A request through the router ([`common::send`]), its body read as JSON.
 async fn send(
     c: &Ctx,
     method: Method,
@@ -67,48 +66,21 @@ async fn send(
     body: Option<Value>,
     headers: &[(&str, String)],
 ) -> Answer {
-    let mut req = Request::builder()
-        .method(method)
-        .uri(uri)
-        .header("host", "127.0.0.1:3000");
-    for (k, v) in headers {
-        req = req.header(*k, v);
-    }
-    let req = match body {
-        Some(b) => req
-            .header("content-type", "application/json")
-            .body(Body::from(b.to_string())),
-        None => req.body(Body::empty()),
-    }
-    .expect("request");
-    let response = app(c.app.clone()).oneshot(req).await.expect("answers");
-    let status = response.status();
-    let headers = response.headers().clone();
-    // The live stream never ends: its status is all we need.
-    if uri.starts_with("/api/v1/live") && status.is_success() {
-        return Answer {
-            status,
-            headers,
-            body: Value::Null,
-        };
-    }
-    let bytes = response
-        .into_body()
-        .collect()
-        .await
-        .expect("body")
-        .to_bytes();
-    let body = serde_json::from_slice(&bytes)
-        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+    let a = common::send(&c.app, method, uri, body.as_ref(), headers).await;
     Answer {
-        status,
-        headers,
-        body,
+        status: a.status,
+        // The live stream never ends: its status is all we need.
+        body: if uri.starts_with("/api/v1/live") && a.status.is_success() {
+            Value::Null
+        } else {
+            a.json()
+        },
+        headers: a.headers,
     }
 }
 
 fn bearer(token: &str) -> Vec<(&'static str, String)> {
-    vec![("authorization", format!("Bearer {token}"))]
+    vec![common::bearer(token)]
 }
 
 /// Everything a refused request must leave as it was.

@@ -8,16 +8,13 @@
 
 mod common;
 
-use axum::body::Body;
-use axum::http::{Method, Request, StatusCode};
-use http_body_util::BodyExt;
+use axum::http::{Method, StatusCode};
 use proptest::prelude::*;
 use serde_json::{Map, Value, json};
 use tessera_control::bench::api_token;
 use tessera_model::auth::Role;
 use tessera_model::taskdef::parse_task_definition;
-use tessera_server::{AppState, app, demo};
-use tower::ServiceExt;
+use tessera_server::{AppState, demo};
 
 const JOIN: &str = "hostile-test-join-token-1";
 
@@ -264,6 +261,7 @@ fn templates(f: &Fleet) -> Vec<(Method, &'static str, Value, bool)> {
     ]
 }
 
+/// A request through the router ([`common::send`]) with the admin's token or the agent's.
 async fn send(
     f: &Fleet,
     method: Method,
@@ -272,24 +270,9 @@ async fn send(
     agent: bool,
 ) -> (StatusCode, Value) {
     let token = if agent { &f.agent } else { &f.admin };
-    let req = Request::builder()
-        .method(method)
-        .uri(uri)
-        .header("host", "127.0.0.1:3000")
-        .header("authorization", format!("Bearer {token}"))
-        .header("content-type", "application/json")
-        .body(Body::from(body.to_string()))
-        .expect("request");
-    let resp = app(f.app.clone())
-        .oneshot(req)
-        .await
-        .expect("router answers");
-    let status = resp.status();
-    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
-    (
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-    )
+    let a = common::send(&f.app, method, uri, Some(body), &[common::bearer(token)]).await;
+    let v = serde_json::from_slice(&a.bytes).unwrap_or(Value::Null);
+    (a.status, v)
 }
 
 /// Everything stored is still valid: definitions parse, services name what exists.

@@ -4,7 +4,6 @@ mod common;
 
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
-use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use tessera_control::bench::api_token;
 use tessera_model::auth::Role;
@@ -53,7 +52,7 @@ async fn call(
     .await
 }
 
-/// A request with `token`, or without credentials.
+/// A request with `token`, or without credentials ([`common::send`]).
 async fn call_as(
     state: &Ctx,
     method: Method,
@@ -61,34 +60,9 @@ async fn call_as(
     body: Option<Value>,
     token: Option<&str>,
 ) -> (StatusCode, Value) {
-    let mut req = Request::builder()
-        .method(method)
-        .uri(uri)
-        .header("host", "127.0.0.1:3000");
-    if let Some(t) = token {
-        req = req.header("authorization", format!("Bearer {t}"));
-    }
-    let req = match body {
-        Some(b) => req
-            .header("content-type", "application/json")
-            .body(Body::from(b.to_string())),
-        None => req.body(Body::empty()),
-    }
-    .expect("request");
-    let response = app(state.app.clone())
-        .oneshot(req)
-        .await
-        .expect("router answers");
-    let status = response.status();
-    let bytes = response
-        .into_body()
-        .collect()
-        .await
-        .expect("body")
-        .to_bytes();
-    let v = serde_json::from_slice(&bytes)
-        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
-    (status, v)
+    let headers: Vec<_> = token.map(common::bearer).into_iter().collect();
+    let a = common::send(&state.app, method, uri, body.as_ref(), &headers).await;
+    (a.status, a.json())
 }
 
 /// The demo's pools and definitions, and its four hosts registered like agents.

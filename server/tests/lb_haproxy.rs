@@ -214,21 +214,19 @@ fn state_of(servers: &[ServerState], name: &str) -> Option<Admin> {
 
 /// Polls `show servers state web` until `ok` holds (10 s at most).
 async fn wait_for(socket: &Path, what: &str, ok: impl Fn(&[ServerState]) -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    let ok = &ok;
+    tessera_control::testkit::wait_for(what, Duration::from_secs(10), || async move {
         let answer = lb::haproxy(socket, "show servers state web")
             .await
             .expect("HAProxy answers");
         let servers = lb::parse_servers_state(&answer).expect("a backend's state");
         if ok(&servers) {
-            return;
+            Ok(())
+        } else {
+            Err(format!("{servers:?}"))
         }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: not within 10 s: {servers:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -16,6 +16,7 @@ use tower::ServiceExt;
 
 const JOIN: &str = "metrics-join-token-0123456789";
 
+/// A request through the router ([`common::send`]): its status, text and content type.
 async fn send(
     state: &AppState,
     method: &str,
@@ -23,33 +24,10 @@ async fn send(
     token: Option<&str>,
     body: Option<serde_json::Value>,
 ) -> (StatusCode, String, Option<String>) {
-    let mut req = Request::builder()
-        .method(method)
-        .uri(uri)
-        .header(header::HOST, "127.0.0.1:3000");
-    if let Some(t) = token {
-        req = req.header(header::AUTHORIZATION, format!("Bearer {t}"));
-    }
-    if body.is_some() {
-        req = req.header(header::CONTENT_TYPE, "application/json");
-    }
-    let body = body.map_or_else(Body::empty, |b| Body::from(b.to_string()));
-    let resp = app(state.clone())
-        .oneshot(req.body(body).expect("request"))
-        .await
-        .expect("answer");
-    let status = resp.status();
-    let content_type = resp
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
-    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
-    (
-        status,
-        String::from_utf8_lossy(&bytes).into_owned(),
-        content_type,
-    )
+    let method = axum::http::Method::from_bytes(method.as_bytes()).expect("a method");
+    let headers: Vec<_> = token.map(common::bearer).into_iter().collect();
+    let a = common::send(state, method, uri, body.as_ref(), &headers).await;
+    (a.status, a.text(), a.content_type())
 }
 
 /// Samples of the exposition text: `name{labels}` → value. Panics on a line that is not a

@@ -6,33 +6,19 @@
 
 mod common;
 
-use axum::body::Body;
-use axum::http::{Request, StatusCode};
-use http_body_util::BodyExt;
+use axum::http::StatusCode;
 use tessera_control::bench::api_token;
 use tessera_model::auth::Role;
-use tessera_server::{AppState, app, demo};
-use tower::ServiceExt;
+use tessera_server::{AppState, demo};
 
 const JOIN: &str = "ssr-test-join-token-0001";
 
+/// A page through the router ([`common::send`]), as a browser at `localhost:3000` asks.
 async fn get(state: &AppState, uri: &str, token: Option<&str>) -> (StatusCode, String) {
-    let mut req = Request::get(uri).header("host", "localhost:3000");
-    if let Some(t) = token {
-        req = req.header("authorization", format!("Bearer {t}"));
-    }
-    let response = app(state.clone())
-        .oneshot(req.body(Body::empty()).expect("request"))
-        .await
-        .expect("router answers");
-    let status = response.status();
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .expect("body")
-        .to_bytes();
-    (status, String::from_utf8_lossy(&body).into_owned())
+    let mut headers = vec![("host", "localhost:3000".to_owned())];
+    headers.extend(token.map(common::bearer));
+    let a = common::send(state, axum::http::Method::GET, uri, None, &headers).await;
+    (a.status, a.text())
 }
 
 #[tokio::test]

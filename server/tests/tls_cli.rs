@@ -209,17 +209,14 @@ async fn an_agent_given_the_agent_ca_file_registers_over_https() {
             .expect("agent runs");
     });
     let host = HostId::new("a").expect("valid");
-    let mut registered = false;
-    for _ in 0..150 {
-        if server.control.store().get_host(&host).await.is_ok() {
-            registered = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    tessera_control::testkit::wait_until("the agent to register over HTTPS", || {
+        let store = server.control.store();
+        let host = host.clone();
+        async move { store.get_host(&host).await.is_ok() }
+    })
+    .await;
     let _ = stop.send(true);
     let _ = handle.await;
-    assert!(registered, "the agent did not register over HTTPS");
 }
 
 #[test]

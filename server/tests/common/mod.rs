@@ -61,3 +61,91 @@ pub async fn sync_body(control: &Control, host: &tessera_model::HostId) -> serde
         .collect();
     serde_json::json!({"gpus": gpus, "mps": {"healthy": true}, "tasks": []})
 }
+
+/// What the router answered to [`send`]: its status, headers and body.
+#[allow(dead_code)]
+pub struct Answer {
+    pub status: axum::http::StatusCode,
+    pub headers: axum::http::HeaderMap,
+    pub bytes: Vec<u8>,
+}
+
+#[allow(dead_code)]
+impl Answer {
+    /// The body as JSON; a body that is not JSON as a JSON string of its text.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.bytes)
+            .unwrap_or_else(|_| serde_json::Value::String(self.text()))
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.bytes).into_owned()
+    }
+
+    pub fn content_type(&self) -> Option<String> {
+        self.headers
+            .get(axum::http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    }
+}
+
+/// The header that carries `token` as a bearer credential.
+#[allow(dead_code)]
+pub fn bearer(token: &str) -> (&'static str, String) {
+    ("authorization", format!("Bearer {token}"))
+}
+
+/// Sends one request through the router on `state`: the one way the server's tests make a
+/// request. `headers` are added as given (credentials, `Origin`, ...); the `Host` is
+/// `127.0.0.1:3000` unless they name one; a JSON `body` goes with its content type. The
+/// live stream never ends: a successful one is answered with its status and headers only.
+#[allow(dead_code)]
+pub async fn send(
+    state: &tessera_server::AppState,
+    method: axum::http::Method,
+    uri: &str,
+    body: Option<&serde_json::Value>,
+    headers: &[(&str, String)],
+) -> Answer {
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+    let mut req = axum::http::Request::builder().method(method).uri(uri);
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        req = req.header("host", "127.0.0.1:3000");
+    }
+    for (k, v) in headers {
+        req = req.header(*k, v);
+    }
+    let req = match body {
+        Some(b) => req
+            .header("content-type", "application/json")
+            .body(axum::body::Body::from(b.to_string())),
+        None => req.body(axum::body::Body::empty()),
+    }
+    .expect("request");
+    let response = tessera_server::app(state.clone())
+        .oneshot(req)
+        .await
+        .expect("the router answers");
+    let (status, headers) = (response.status(), response.headers().clone());
+    if uri.starts_with("/api/v1/live") && status.is_success() {
+        return Answer {
+            status,
+            headers,
+            bytes: Vec::new(),
+        };
+    }
+    let bytes = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes()
+        .to_vec();
+    Answer {
+        status,
+        headers,
+        bytes,
+    }
+}
