@@ -13,7 +13,7 @@ use tessera_model::agent::{
     SecretEnv, SyncRequest, SyncResponse, TaskReport, WantedContainer, WantedTask,
 };
 use tessera_model::bounds::{Dropped, Owner};
-use tessera_model::service::{Measured, Task, TaskState};
+use tessera_model::service::{Measured, StopReason, Task, TaskState};
 use tessera_model::taskdef::{GpuRequirement, TaskDefinitionSpec};
 use tessera_model::{GpuHealth, GpuInfo, HostId, MiB};
 
@@ -146,7 +146,7 @@ impl Control {
         &self,
         t: &Task,
         host_id: &HostId,
-        reason: &str,
+        reason: &StopReason,
         exit_code: Option<i32>,
         failed: bool,
     ) -> Result<(), ControlError> {
@@ -400,7 +400,7 @@ impl Control {
             }
             TaskStep::Stopped { exit_code } => {
                 self.store
-                    .mark_task_stopped(&t.id, "stopped", exit_code, false)
+                    .mark_task_stopped(&t.id, &StopReason::Stopped, exit_code, false)
                     .await?;
             }
             TaskStep::Ended {
@@ -453,7 +453,10 @@ impl Control {
                     .as_ref()
                     .map(|p| crate::workloads::allowed_in_pool(&spec, p))
                 {
-                    let reason = format!("refused by pool {}: {e}", host.pool);
+                    let reason = StopReason::RefusedByPool {
+                        pool: host.pool.to_string(),
+                        why: e.to_string(),
+                    };
                     tracing::warn!(task = %t.id, %reason, "task not sent to its host");
                     self.task_ended(t, &host.id, &reason, None, true).await?;
                     continue;
@@ -499,7 +502,7 @@ enum TaskStep {
     },
     /// It ended by itself, or a running task is gone from its host.
     Ended {
-        reason: String,
+        reason: StopReason,
         exit_code: Option<i32>,
         failed: bool,
     },
@@ -517,20 +520,17 @@ fn task_step(t: &Task, report: Option<&TaskReport>) -> TaskStep {
         (Some(r), TaskState::Stopping) => TaskStep::Stopped {
             exit_code: r.exit_code,
         },
-        (Some(r), _) => {
-            let code = r.exit_code.map_or("unknown".to_owned(), |c| c.to_string());
-            TaskStep::Ended {
-                reason: match &r.error {
-                    Some(why) => format!("cannot start: {why}"),
-                    None => format!("essential container exited with code {code}"),
-                },
-                exit_code: r.exit_code,
-                failed: r.exit_code != Some(0),
-            }
-        }
+        (Some(r), _) => TaskStep::Ended {
+            reason: match &r.error {
+                Some(why) => StopReason::CannotStart(why.clone()),
+                None => StopReason::Exited(r.exit_code),
+            },
+            exit_code: r.exit_code,
+            failed: r.exit_code != Some(0),
+        },
         (None, TaskState::Stopping) => TaskStep::Stopped { exit_code: None },
         (None, TaskState::Running) => TaskStep::Ended {
-            reason: "task no longer running on its host".into(),
+            reason: StopReason::Vanished,
             exit_code: None,
             failed: true,
         },
@@ -830,7 +830,7 @@ mod tests {
                 Running,
                 report(exited(Some(0))),
                 TaskStep::Ended {
-                    reason: "essential container exited with code 0".into(),
+                    reason: StopReason::Exited(Some(0)),
                     exit_code: Some(0),
                     failed: false,
                 },
@@ -842,7 +842,7 @@ mod tests {
                     ..exited(None)
                 }),
                 TaskStep::Ended {
-                    reason: "cannot start: no such image".into(),
+                    reason: StopReason::CannotStart("no such image".into()),
                     exit_code: None,
                     failed: true,
                 },
@@ -852,7 +852,7 @@ mod tests {
                 Running,
                 None,
                 TaskStep::Ended {
-                    reason: "task no longer running on its host".into(),
+                    reason: StopReason::Vanished,
                     exit_code: None,
                     failed: true,
                 },

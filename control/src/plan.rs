@@ -7,12 +7,7 @@ use tessera_model::service::{
     Deployment, DeploymentStatus, Service, Task, TaskDefRef, TaskHealth, TaskState,
 };
 
-/// Why a task is stopped.
-pub(crate) const SCALED_DOWN: &str = "scaled down";
-pub(crate) const REPLACED: &str = "replaced by a newer deployment";
-pub(crate) const MOVED: &str = "moved: its replacement runs elsewhere";
-pub(crate) const DELETED: &str = "service deleted";
-pub(crate) const UNHEALTHY: &str = "replaced: its health check failed";
+use tessera_model::service::StopReason;
 
 /// What to do for one service.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,7 +36,7 @@ pub(crate) struct Actions {
     /// The primary deployment, whose revision new tasks run.
     pub primary: i64,
     /// Tasks to stop, with the reason.
-    pub stop: Vec<(String, &'static str)>,
+    pub stop: Vec<(String, StopReason)>,
     /// New tasks to start.
     pub start: usize,
     /// Whether an earlier revision exists to roll back to (then failures are answered by
@@ -183,7 +178,7 @@ fn converge(
         .filter(|t| t.migrating && t.state != TaskState::Stopping);
     let any_migrating = migrating.clone().next().is_some();
     if running_total >= desired {
-        stop.extend(migrating.map(|t| (t.id.clone(), MOVED)));
+        stop.extend(migrating.map(|t| (t.id.clone(), StopReason::Moved)));
     }
     Actions {
         primary: primary.id,
@@ -209,8 +204,8 @@ fn replacing_stops(
     old: &[&Task],
     desired: usize,
     mut may_stop_running: usize,
-) -> Vec<(String, &'static str)> {
-    let mut stop: Vec<(String, &'static str)> = Vec::new();
+) -> Vec<(String, StopReason)> {
+    let mut stop: Vec<(String, StopReason)> = Vec::new();
     if new.len() > desired {
         let mut surplus = new.to_vec();
         stop_order(&mut surplus);
@@ -218,7 +213,7 @@ fn replacing_stops(
             surplus
                 .iter()
                 .take(new.len() - desired)
-                .map(|t| (t.id.clone(), SCALED_DOWN)),
+                .map(|t| (t.id.clone(), StopReason::ScaledDown)),
         );
     }
     let mut old_sorted = old.to_vec();
@@ -230,7 +225,7 @@ fn replacing_stops(
             }
             may_stop_running -= 1;
         }
-        stop.push((t.id.clone(), REPLACED));
+        stop.push((t.id.clone(), StopReason::Replaced));
     }
     stop
 }
@@ -246,7 +241,7 @@ fn sick_stops(
     desired: usize,
     running_total: usize,
     start: usize,
-) -> Vec<(String, &'static str)> {
+) -> Vec<(String, StopReason)> {
     let replacement_waits = new.iter().any(|t| t.state == TaskState::Pending);
     let mut sick_sorted = sick.to_vec();
     sick_sorted.sort_by_key(|t| t.created_at.clone());
@@ -260,7 +255,7 @@ fn sick_stops(
     sick_sorted
         .iter()
         .take(n)
-        .map(|t| (t.id.clone(), UNHEALTHY))
+        .map(|t| (t.id.clone(), StopReason::Unhealthy))
         .collect()
 }
 
@@ -364,8 +359,11 @@ mod tests {
         }
     }
 
-    fn stopped(a: &Actions) -> Vec<(&str, &str)> {
-        a.stop.iter().map(|(id, why)| (id.as_str(), *why)).collect()
+    fn stopped(a: &Actions) -> Vec<(&str, StopReason)> {
+        a.stop
+            .iter()
+            .map(|(id, why)| (id.as_str(), why.clone()))
+            .collect()
     }
 
     use TaskState::{Pending, Running, Stopping};
@@ -383,7 +381,7 @@ mod tests {
             Service,
             Vec<Task>,
             &'a [Deployment],
-            Vec<(&'a str, &'a str)>,
+            Vec<(&'a str, StopReason)>,
             usize,
             bool,
         );
@@ -415,7 +413,7 @@ mod tests {
                     task("c", 2, Pending, 2),
                 ],
                 &primary_only,
-                vec![("c", SCALED_DOWN), ("b", SCALED_DOWN)],
+                vec![("c", StopReason::ScaledDown), ("b", StopReason::ScaledDown)],
                 0,
                 false,
             ),
@@ -433,7 +431,7 @@ mod tests {
                 service(2, 50, 100),
                 vec![task("o1", 1, Running, 1), task("o2", 1, Running, 2)],
                 &rolling,
-                vec![("o2", REPLACED)],
+                vec![("o2", StopReason::Replaced)],
                 1,
                 false,
             ),
@@ -446,7 +444,7 @@ mod tests {
                     task("o1", 1, Pending, 1),
                 ],
                 &rolling,
-                vec![("o1", REPLACED)],
+                vec![("o1", StopReason::Replaced)],
                 0,
                 false,
             ),
@@ -509,7 +507,7 @@ mod tests {
             &rolling,
             3,
         ));
-        assert_eq!(stopped(&a), [("o2", REPLACED)]);
+        assert_eq!(stopped(&a), [("o2", StopReason::Replaced)]);
         // Unhealthy new tasks while the old ones serve: they stop (and count as failures).
         let a = actions(plan_service(
             &service(2, 100, 200),
@@ -522,7 +520,7 @@ mod tests {
             &rolling,
             3,
         ));
-        assert_eq!(stopped(&a), [("n1", UNHEALTHY)]);
+        assert_eq!(stopped(&a), [("n1", StopReason::Unhealthy)]);
         // A steady service with one unhealthy task: a replacement starts first.
         let primary_only = [deployment(2, 2, DeploymentStatus::Primary, 0)];
         let a = actions(plan_service(
@@ -547,7 +545,10 @@ mod tests {
             &primary_only,
             3,
         ));
-        assert_eq!((a.start, stopped(&a)), (0, vec![("b", UNHEALTHY)]));
+        assert_eq!(
+            (a.start, stopped(&a)),
+            (0, vec![("b", StopReason::Unhealthy)])
+        );
         // With no room for a replacement (maximum 100 %), it stops first.
         let a = actions(plan_service(
             &service(2, 50, 100),
@@ -558,7 +559,7 @@ mod tests {
             &primary_only,
             3,
         ));
-        assert_eq!(stopped(&a), [("b", UNHEALTHY)]);
+        assert_eq!(stopped(&a), [("b", StopReason::Unhealthy)]);
         // A replacement that cannot be placed (pending) lets the unhealthy task go: it may
         // hold what the replacement needs, and it serves nothing.
         let a = actions(plan_service(
@@ -570,7 +571,7 @@ mod tests {
             &primary_only,
             3,
         ));
-        assert_eq!(stopped(&a), [("a", UNHEALTHY)]);
+        assert_eq!(stopped(&a), [("a", StopReason::Unhealthy)]);
         assert_eq!(
             a.failures,
             ["a"],
@@ -591,7 +592,7 @@ mod tests {
             &steady_after_rollout,
             3,
         ));
-        assert_eq!(stopped(&a), [("a", UNHEALTHY)]);
+        assert_eq!(stopped(&a), [("a", StopReason::Unhealthy)]);
         assert!(a.failures.is_empty());
         // Draining tasks are out of every count.
         let mut draining = task("d", 2, Stopping, 1);
@@ -650,7 +651,7 @@ mod tests {
             &deployments,
             3,
         ));
-        assert_eq!(stopped(&a), [("m", MOVED)]);
+        assert_eq!(stopped(&a), [("m", StopReason::Moved)]);
         assert!(!a.steady, "not steady while one is still moving");
     }
 

@@ -576,10 +576,11 @@ impl Control {
         owner: Option<&Service>,
         service: &Service,
     ) -> Result<(), ControlError> {
-        let reason = format!(
-            "preempted: service {} (project {}, {}) needs the room",
-            service.name, service.project, service.priority
-        );
+        let reason = tessera_model::service::StopReason::Preempted {
+            service: service.name.clone(),
+            project: service.project.clone(),
+            priority: service.priority,
+        };
         let drain = owner.filter(|s| s.deregistration_delay_secs > 0).map(|s| {
             crate::clock::stamp(
                 self.now() + chrono::Duration::seconds(i64::from(s.deregistration_delay_secs)),

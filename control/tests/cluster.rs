@@ -87,7 +87,12 @@ async fn one_server_schedules_another_takes_over_and_the_old_one_is_fenced_off()
     let running = tasks(&b, "infer", &[TaskState::Running]).await;
     let victim = &running[0].id;
     let refused = stale
-        .request_task_stop(victim, "old holder", None, false)
+        .request_task_stop(
+            victim,
+            &tessera_model::service::StopReason::Deleted,
+            None,
+            false,
+        )
         .await;
     assert!(
         matches!(refused, Err(StoreError::Fenced { epoch: 1, .. })),

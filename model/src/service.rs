@@ -331,6 +331,81 @@ impl TaskPort {
     }
 }
 
+/// Why a task was stopped: what its `stop_reason` says, one variant per cause. Stored as
+/// its text ([`std::fmt::Display`]), which is what the API and the console show.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StopReason {
+    /// The service was scaled below it.
+    ScaledDown,
+    /// A newer deployment's task replaced it.
+    Replaced,
+    /// Moved off its host: its replacement runs elsewhere.
+    Moved,
+    /// Its service was deleted.
+    Deleted,
+    /// Its health check failed; a replacement started first.
+    Unhealthy,
+    /// Stopped to make room for a task of a higher class whose project is within its
+    /// guarantee.
+    Preempted {
+        service: String,
+        project: String,
+        priority: PriorityClass,
+    },
+    /// A consolidation move's replacement, stopped because an alarm fired.
+    MoveUndone,
+    /// Stopped as asked: its agent reported it gone.
+    Stopped,
+    /// Its agent could not start it.
+    CannotStart(String),
+    /// An essential container exited (`None`: with a code nobody knows).
+    Exited(Option<i32>),
+    /// Its host no longer runs it.
+    Vanished,
+    /// Its pool no longer allows what it asks of the host.
+    RefusedByPool {
+        pool: String,
+        why: String,
+    },
+    /// Its GPU was replaced, or is missing from its host's report.
+    GpuReplaced,
+    GpuMissing,
+    /// Its host was declared lost.
+    HostLost,
+}
+
+impl std::fmt::Display for StopReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StopReason::ScaledDown => f.write_str("scaled down"),
+            StopReason::Replaced => f.write_str("replaced by a newer deployment"),
+            StopReason::Moved => f.write_str("moved: its replacement runs elsewhere"),
+            StopReason::Deleted => f.write_str("service deleted"),
+            StopReason::Unhealthy => f.write_str("replaced: its health check failed"),
+            StopReason::Preempted {
+                service,
+                project,
+                priority,
+            } => write!(
+                f,
+                "preempted: service {service} (project {project}, {priority}) needs the room"
+            ),
+            StopReason::MoveUndone => f.write_str("its move was undone: an alarm fired"),
+            StopReason::Stopped => f.write_str("stopped"),
+            StopReason::CannotStart(why) => write!(f, "cannot start: {why}"),
+            StopReason::Exited(code) => match code {
+                Some(c) => write!(f, "essential container exited with code {c}"),
+                None => f.write_str("essential container exited with code unknown"),
+            },
+            StopReason::Vanished => f.write_str("task no longer running on its host"),
+            StopReason::RefusedByPool { pool, why } => write!(f, "refused by pool {pool}: {why}"),
+            StopReason::GpuReplaced => f.write_str("GPU replaced"),
+            StopReason::GpuMissing => f.write_str("GPU missing"),
+            StopReason::HostLost => f.write_str("host lost"),
+        }
+    }
+}
+
 /// One running copy of a task definition.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -8,6 +8,7 @@ use crate::store::{NewTask, PlacementCommit};
 use std::collections::BTreeSet;
 use tessera_model::HostId;
 use tessera_model::consolidation::{ConsolidationPlan, MoveState, PlanStatus, PlannedMove};
+use tessera_model::service::StopReason;
 use tessera_model::service::{GpuAllocation, TaskState};
 
 impl Control {
@@ -289,7 +290,7 @@ impl Control {
             MoveState::Starting => {
                 if let Some(rid) = &m.replacement {
                     self.store
-                        .request_task_stop(rid, "its move was undone: an alarm fired", None, false)
+                        .request_task_stop(rid, &StopReason::MoveUndone, None, false)
                         .await?;
                 }
                 if let Ok(o) = self.store.get_task(&m.task_id).await

@@ -4,9 +4,9 @@
 use crate::clock::{since, stamp, to_chrono};
 use crate::control::Control;
 use crate::error::ControlError;
-use crate::plan::{Actions, DELETED, ServicePlan, UNHEALTHY, plan_service};
+use crate::plan::{Actions, ServicePlan, plan_service};
 use crate::store::NewTask;
-use tessera_model::service::{Deployment, DeploymentStatus, Service, Task};
+use tessera_model::service::{Deployment, DeploymentStatus, Service, StopReason, Task};
 
 impl Control {
     /// Whether new tasks of deployment `id` may start now. After the deployment's n-th
@@ -156,7 +156,7 @@ impl Control {
     ) -> Result<(), ControlError> {
         for id in stop {
             self.store
-                .request_task_stop(id, DELETED, drain, false)
+                .request_task_stop(id, &StopReason::Deleted, drain, false)
                 .await?;
         }
         if gone {
@@ -188,8 +188,8 @@ impl Control {
             self.store
                 .request_task_stop(id, reason, drain, actions.failures.contains(id))
                 .await?;
-            if *reason == UNHEALTHY {
-                self.event(Some(name), None, &format!("task {id} stopped: {UNHEALTHY}"))
+            if *reason == StopReason::Unhealthy {
+                self.event(Some(name), None, &format!("task {id} stopped: {reason}"))
                     .await;
             }
         }

@@ -4,6 +4,7 @@
 use super::tasks::stop_task_rows;
 use super::*;
 use crate::store::{HOST_ID_TAKEN, JOIN_TOKEN_SPENT, JoinTokenUse};
+use tessera_model::service::StopReason;
 
 /// Takes a use of a minted join token inside `tx` (see [`JoinTokenUse`]).
 pub(super) async fn take_use(conn: &mut DbConn, u: &JoinTokenUse) -> Result<(), StoreError> {
@@ -75,7 +76,7 @@ pub(super) async fn stop_holding_tasks(
         .iter()
         .map(|r| r.try_get("id"))
         .collect::<Result<_, _>>()?;
-    stop_task_rows(tx, &ids, "host lost").await?;
+    stop_task_rows(tx, &ids, &StopReason::HostLost).await?;
     Ok(ids)
 }
 
@@ -83,7 +84,7 @@ pub(super) async fn stop_holding_tasks(
 pub(super) async fn stop_tasks_on_gpu(
     tx: &mut sqlx::Transaction<'static, Db>,
     uuid: &str,
-    reason: &str,
+    reason: &StopReason,
 ) -> Result<Vec<String>, StoreError> {
     let ids: Vec<String> =
         sqlx::query("SELECT DISTINCT task_id FROM task_gpus WHERE gpu_uuid = $1")
@@ -208,7 +209,8 @@ impl This {
             match reported_here {
                 Some(g) if g.uuid.as_str() != uuid => {
                     // Replaced at this index: the old GPU and what ran on it are gone.
-                    let stopped = stop_tasks_on_gpu(&mut tx, uuid, "GPU replaced").await?;
+                    let stopped =
+                        stop_tasks_on_gpu(&mut tx, uuid, &StopReason::GpuReplaced).await?;
                     sqlx::query("DELETE FROM gpus WHERE uuid = $1")
                         .bind(uuid)
                         .execute(&mut *tx)
@@ -221,7 +223,7 @@ impl This {
                     });
                 }
                 None if !still_reported && health == "healthy" => {
-                    let stopped = stop_tasks_on_gpu(&mut tx, uuid, "GPU missing").await?;
+                    let stopped = stop_tasks_on_gpu(&mut tx, uuid, &StopReason::GpuMissing).await?;
                     sqlx::query("UPDATE gpus SET health = 'unhealthy' WHERE uuid = $1")
                         .bind(uuid)
                         .execute(&mut *tx)

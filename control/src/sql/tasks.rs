@@ -1,6 +1,7 @@
 //! Tasks: creation, listing, placement commits (re-checked by `crate::capacity` inside
 //! the transaction), state changes, measured use, retention.
 use super::*;
+use tessera_model::service::StopReason;
 
 /// Reads, on `conn` (inside the commit's transaction), what the re-check of `commits` needs.
 pub(super) async fn commit_context(
@@ -149,14 +150,15 @@ pub(super) fn task_conditions(q: &mut QueryBuilder<'_, Db>, filter: &TaskFilter)
 pub(super) async fn stop_task_rows(
     tx: &mut sqlx::Transaction<'static, Db>,
     ids: &[String],
-    reason: &str,
+    reason: &StopReason,
 ) -> Result<(), StoreError> {
+    let reason = reason.to_string();
     for id in ids {
         sqlx::query(&format!(
             "UPDATE tasks SET state = 'stopped', stopped_at = {NOW},
                  stop_reason = COALESCE(stop_reason, $1) WHERE id = $2 AND state != 'stopped'"
         ))
-        .bind(reason)
+        .bind(&reason)
         .bind(id)
         .execute(&mut **tx)
         .await?;
@@ -397,7 +399,7 @@ impl TaskStore for This {
     async fn mark_task_stopped(
         &self,
         id: &str,
-        reason: &str,
+        reason: &StopReason,
         exit_code: Option<i32>,
         failed: bool,
     ) -> Result<(), StoreError> {
@@ -406,7 +408,7 @@ impl TaskStore for This {
             "UPDATE tasks SET state = 'stopped', stopped_at = {NOW}, stop_reason = COALESCE(stop_reason, $1),
                  exit_code = COALESCE($2, exit_code) WHERE id = $3 AND state != 'stopped'"
         ))
-        .bind(reason)
+        .bind(reason.to_string())
         .bind(exit_code.map(i64::from))
         .bind(id)
         .execute(&mut *tx)
@@ -432,7 +434,7 @@ impl TaskStore for This {
     async fn request_task_stop(
         &self,
         id: &str,
-        reason: &str,
+        reason: &StopReason,
         drain_until: Option<&str>,
         failed: bool,
     ) -> Result<(), StoreError> {
@@ -446,7 +448,7 @@ impl TaskStore for This {
                 // this call stopped it (compare-and-set on the state).
                 let mut tx = self.begin_immediate().await?;
                 let done = sqlx::query("UPDATE tasks SET state = 'stopping', stop_reason = $1, drain_until = $3 WHERE id = $2 AND state IN ('assigned', 'running')")
-                    .bind(reason)
+                    .bind(reason.to_string())
                     .bind(id)
                     .bind(drain)
                     .execute(&mut *tx)

@@ -157,7 +157,7 @@ pub trait TaskStore: Send + Sync + 'static {
     async fn mark_task_stopped(
         &self,
         id: &str,
-        reason: &str,
+        reason: &tessera_model::service::StopReason,
         exit_code: Option<i32>,
         failed: bool,
     ) -> Result<(), StoreError>;
@@ -168,7 +168,7 @@ pub trait TaskStore: Send + Sync + 'static {
     async fn request_task_stop(
         &self,
         id: &str,
-        reason: &str,
+        reason: &tessera_model::service::StopReason,
         drain_until: Option<&str>,
         failed: bool,
     ) -> Result<(), StoreError>;
