@@ -755,37 +755,16 @@ fn same_gpus(stored: &[GpuInfo], reported: &[tessera_model::agent::GpuReport]) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tessera_model::service::{GpuAllocation, Measured, TaskDefRef};
+    use tessera_model::service::GpuAllocation;
     use tessera_model::taskdef::ContainerSpec;
-    use tessera_model::{ComputeMilli, GpuUuid, MiB, MilliCpu, Percent, PoolName};
+    use tessera_model::{ComputeMilli, GpuUuid, MiB, MilliCpu, Percent};
 
     fn task(allocations: Vec<GpuAllocation>) -> Task {
         Task {
-            id: "t".into(),
-            service: "s".into(),
-            deployment_id: 1,
-            task_definition: TaskDefRef {
-                family: "f".into(),
-                revision: 1,
-            },
-            pool: PoolName::new("p").expect("valid"),
-            cpu: MilliCpu(1000),
-            memory: MiB(64),
             state: TaskState::Assigned,
-            migrating: false,
-            host: None,
+            memory: MiB(64),
             allocations,
-            placement_message: None,
-            stop_reason: None,
-            exit_code: None,
-            measured: Measured::default(),
-            ports: vec![],
-            health: None,
-            health_output: None,
-            drain_until: None,
-            created_at: String::new(),
-            started_at: None,
-            stopped_at: None,
+            ..crate::test_values::task("t", "s")
         }
     }
 

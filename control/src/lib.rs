@@ -53,6 +53,7 @@
 //! - [`error`]: `StoreError` and `ControlError`.
 //! - `bench` (feature `bench`): the simulated fleet and arguments the benchmark programs
 //!   share.
+//! - `test_values` (unit tests only): a plain task and service to build test values from.
 //! - `testkit` (feature `testing`): the harness and builders the control plane's and the
 //!   server's tests share (a test database, a control plane, hosts, agents' syncs,
 //!   services, waiting on a condition).
@@ -90,6 +91,8 @@ mod scheduler;
 mod serving;
 pub mod sqlite;
 pub mod store;
+#[cfg(test)]
+mod test_values;
 #[cfg(feature = "testing")]
 pub mod testkit;
 pub mod usage;

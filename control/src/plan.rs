@@ -279,8 +279,7 @@ fn completed_deployments(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tessera_model::service::{DeploymentConfig, ServiceConstraints};
-    use tessera_model::{MiB, MilliCpu, PoolName};
+    use tessera_model::service::DeploymentConfig;
 
     fn rev(n: u32) -> TaskDefRef {
         TaskDefRef {
@@ -291,23 +290,13 @@ mod tests {
 
     fn service(desired: u32, min_healthy: u32, max: u32) -> Service {
         Service {
-            name: "web".into(),
             task_definition: rev(2),
-            pool: PoolName::new("gpu").expect("valid"),
-            project: "default".into(),
-            priority: Default::default(),
             desired_count: desired,
-            strategy: None,
-            constraints: ServiceConstraints::default(),
             deployment: DeploymentConfig {
                 minimum_healthy_percent: min_healthy,
                 maximum_percent: max,
             },
-            stop_timeout_secs: 10,
-            deregistration_delay_secs: 0,
-            objectives: Default::default(),
-            deleting: false,
-            created_at: String::new(),
+            ..crate::test_values::service("web")
         }
     }
 
@@ -327,28 +316,11 @@ mod tests {
     /// Task `id` of deployment `d` in `state`, created at second `at`.
     fn task(id: &str, d: i64, state: TaskState, at: u32) -> Task {
         Task {
-            id: id.into(),
-            service: "web".into(),
             deployment_id: d,
             task_definition: rev(if d == 2 { 2 } else { 1 }),
-            pool: PoolName::new("gpu").expect("valid"),
-            cpu: MilliCpu(1000),
-            memory: MiB(1024),
             state,
-            migrating: false,
-            host: None,
-            allocations: vec![],
-            placement_message: None,
-            stop_reason: None,
-            exit_code: None,
-            measured: Default::default(),
-            ports: vec![],
-            health: None,
-            health_output: None,
-            drain_until: None,
             created_at: format!("2026-11-30T12:00:{at:02}.000Z"),
-            started_at: None,
-            stopped_at: None,
+            ..crate::test_values::task(id, "web")
         }
     }
 

@@ -612,27 +612,13 @@ impl Control {
 mod tests {
     use super::*;
     use tessera_model::project::{Amounts, Quota};
-    use tessera_model::service::{DeploymentConfig, ServiceConstraints, TaskDefRef};
 
     fn service(name: &str, project: &str, priority: PriorityClass, pool: &str) -> Service {
         Service {
-            name: name.into(),
-            task_definition: TaskDefRef {
-                family: name.into(),
-                revision: 1,
-            },
             pool: PoolName::new(pool).expect("valid"),
             project: project.into(),
             priority,
-            desired_count: 1,
-            strategy: None,
-            constraints: ServiceConstraints::default(),
-            deployment: DeploymentConfig::default(),
-            stop_timeout_secs: 10,
-            deregistration_delay_secs: 0,
-            objectives: Default::default(),
-            deleting: false,
-            created_at: String::new(),
+            ..crate::test_values::service(name)
         }
     }
 

@@ -269,36 +269,12 @@ pub(crate) fn neighbours_of(task: &Task, on_host: &[Task]) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tessera_model::PoolName;
-    use tessera_model::service::{Measured, TaskDefRef, TaskState};
 
     fn task(id: &str) -> Task {
         Task {
-            id: id.into(),
-            service: "web".into(),
-            deployment_id: 1,
-            task_definition: TaskDefRef {
-                family: "web".into(),
-                revision: 1,
-            },
-            pool: PoolName::new("gpu").expect("valid"),
             cpu: tessera_model::MilliCpu(100),
             memory: MiB(100),
-            state: TaskState::Running,
-            migrating: false,
-            host: None,
-            allocations: vec![],
-            placement_message: None,
-            stop_reason: None,
-            exit_code: None,
-            measured: Measured::default(),
-            ports: vec![],
-            health: None,
-            health_output: None,
-            drain_until: None,
-            created_at: String::new(),
-            started_at: None,
-            stopped_at: None,
+            ..crate::test_values::task(id, "web")
         }
     }
 

@@ -482,7 +482,7 @@ impl<'s> ServiceBatch<'s> {
 mod tests {
     use super::*;
     use serde_json::json;
-    use tessera_model::service::DeploymentConfig;
+
     use tessera_model::taskdef::parse_task_definition;
     use tessera_model::{MiB, MilliCpu};
     use tessera_placement::{DemandProfile, GpuSpec, HostSpec, Policy, PoolLimits, Snapshot};
@@ -493,20 +493,9 @@ mod tests {
 
     fn service(name: &str, project: &str, constraints: ServiceConstraints) -> Service {
         Service {
-            name: name.into(),
-            task_definition: rev(name, 1),
-            pool: pool(),
             project: project.into(),
-            priority: Default::default(),
-            desired_count: 1,
-            strategy: None,
             constraints,
-            deployment: DeploymentConfig::default(),
-            stop_timeout_secs: 10,
-            deregistration_delay_secs: 0,
-            objectives: Default::default(),
-            deleting: false,
-            created_at: String::new(),
+            ..crate::test_values::service(name)
         }
     }
 
@@ -610,28 +599,8 @@ mod tests {
             },
         );
         let live = [Task {
-            id: "t0".into(),
-            service: "web".into(),
-            deployment_id: 1,
-            task_definition: rev("web", 1),
-            pool: pool(),
-            cpu: MilliCpu(1000),
-            memory: MiB(1024),
-            state: tessera_model::service::TaskState::Running,
-            migrating: false,
             host: Some(HostId::new("host-0").expect("valid")),
-            allocations: Vec::new(),
-            placement_message: None,
-            stop_reason: None,
-            exit_code: None,
-            measured: Default::default(),
-            ports: Vec::new(),
-            health: None,
-            health_output: None,
-            drain_until: None,
-            created_at: String::new(),
-            started_at: None,
-            stopped_at: None,
+            ..crate::test_values::task("t0", "web")
         }];
         let (mut e, mut ports, mut ledger) =
             (engine(4), PortBook::default(), ProjectLedger::default());
