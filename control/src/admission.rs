@@ -107,7 +107,7 @@ impl Control {
             return Ok(None);
         }
         let token = new_token();
-        let expires = stamp(self.now() + to_chrono(BOOTSTRAP_TOKEN_TTL));
+        let expires = stamp(self.core.now() + to_chrono(BOOTSTRAP_TOKEN_TTL));
         self.set_fleet_token(&hash_token(&token), Some(&expires))
             .await?;
         Ok(Some(token))
@@ -197,7 +197,7 @@ impl Control {
             None => None,
         };
         e.finish()?;
-        let now = self.now();
+        let now = self.core.now();
         let token = new_token();
         let info = JoinTokenInfo {
             id: uuid::Uuid::new_v4().simple().to_string()[..12].to_owned(),
@@ -237,7 +237,7 @@ impl Control {
         }
         if host.held {
             self.store.set_host_held(id, false).await?;
-            self.event(
+            self.core.event(
                 None,
                 Some(id),
                 &format!("host {id} approved by {}: it takes tasks now", caller.name),
@@ -248,7 +248,7 @@ impl Control {
             let gpus = crate::inventory_growth::approved(&host.gpus, &host.pending_gpus);
             // Written as a sync's report would be (a replaced GPU's tasks stop with it),
             // without making the host look seen now.
-            let seen_at = host.last_seen.clone().unwrap_or_else(|| stamp(self.now()));
+            let seen_at = host.last_seen.clone().unwrap_or_else(|| stamp(self.core.now()));
             let changes = self
                 .store
                 .record_host_report(
@@ -263,7 +263,7 @@ impl Control {
                 .await?;
             self.store.set_pending_gpus(id, &[]).await?;
             for change in &changes {
-                self.event(None, Some(id), &format!("host {id}: {change}"))
+                self.core.event(None, Some(id), &format!("host {id}: {change}"))
                     .await;
             }
             let uuids: Vec<String> = host
@@ -271,7 +271,7 @@ impl Control {
                 .iter()
                 .map(|p| p.uuid.to_string())
                 .collect();
-            self.event(
+            self.core.event(
                 None,
                 Some(id),
                 &format!(
@@ -284,14 +284,14 @@ impl Control {
             .await;
         }
         self.capacity_changed();
-        self.wake();
+        self.core.wake();
         Ok(())
     }
 
     /// What `token` lets a registration do, or why it lets it do nothing.
     async fn grant_of(&self, token: &str, pool: &str) -> Result<Grant, ControlError> {
         let hash = hash_token(token);
-        let now = stamp(self.now());
+        let now = stamp(self.core.now());
         if let Some(fleet) = self.store.get_setting(JOIN_TOKEN_SETTING).await?
             && same(&fleet, &hash)
         {
@@ -350,7 +350,7 @@ impl Control {
     fn token_use(&self, grant: &Grant) -> Option<crate::store::JoinTokenUse> {
         grant.minted.as_ref().map(|id| crate::store::JoinTokenUse {
             id: id.clone(),
-            now: stamp(self.now()),
+            now: stamp(self.core.now()),
         })
     }
 
@@ -379,7 +379,7 @@ impl Control {
                 .register_host(
                     &host,
                     &hash_token(&token),
-                    &stamp(self.now()),
+                    &stamp(self.core.now()),
                     token_use.as_ref(),
                 )
                 .await
@@ -416,12 +416,12 @@ impl Control {
             req.pool,
             req.gpus.len()
         );
-        self.event(None, Some(&id), &said).await;
-        self.wake();
+        self.core.event(None, Some(&id), &said).await;
+        self.core.wake();
         Ok(RegisterResponse {
             host_id: id,
             agent_token: token,
-            sync_interval_secs: self.config.sync_interval.as_secs().max(1) as u32,
+            sync_interval_secs: self.core.config().sync_interval.as_secs().max(1) as u32,
         })
     }
 
@@ -469,12 +469,12 @@ impl Control {
             .map_err(spent)?;
         let said =
             format!("host {owner} rejoined with a join token minted for it and a new agent token");
-        self.event(None, Some(&owner), &said).await;
-        self.wake();
+        self.core.event(None, Some(&owner), &said).await;
+        self.core.wake();
         Ok(RegisterResponse {
             host_id: owner,
             agent_token: token,
-            sync_interval_secs: self.config.sync_interval.as_secs().max(1) as u32,
+            sync_interval_secs: self.core.config().sync_interval.as_secs().max(1) as u32,
         })
     }
 
@@ -557,5 +557,33 @@ mod tests {
         assert!(same(&hash_token(&t), &hash_token(&t)));
         assert!(!same(&hash_token(&t), &hash_token("other")));
         assert_eq!(host_id_from(Some("GPU_Node.01")), "gpu-node-01");
+    }
+}
+
+impl Control {
+    // Hosts' credentials.
+
+    /// Forgets a host's agent token: its agent is refused until it registers again.
+    pub async fn revoke_host(&self, id: &HostId) -> Result<(), ControlError> {
+        self.store.revoke_agent_token(id).await?;
+        self.forget_agent_tokens();
+        self.core.event(
+            None,
+            Some(id),
+            &format!("host {id}: agent token revoked; the agent must register again"),
+        )
+        .await;
+        Ok(())
+    }
+
+    /// Removes a host that runs nothing, freeing its GPU UUIDs for a reinstalled machine.
+    pub async fn delete_host(&self, id: &HostId) -> Result<(), ControlError> {
+        self.store.delete_host(id).await?;
+        self.forget_agent_tokens();
+        self.capacity_changed();
+        self.core.event(None, Some(id), &format!("host {id} deleted"))
+            .await;
+        self.core.wake();
+        Ok(())
     }
 }

@@ -153,7 +153,7 @@ impl Control {
         self.store
             .mark_task_stopped(&t.id, reason, exit_code, failed)
             .await?;
-        self.event(
+        self.core.event(
             Some(&t.service),
             Some(host_id),
             &format!("task {} stopped: {reason}", t.id),
@@ -198,12 +198,12 @@ impl Control {
         changed |= self.take_status(&host, lifecycle::problem(req)).await?;
         changed |= self.take_task_reports(host_id, req, &mut mine).await?;
         if changed {
-            self.wake();
+            self.core.wake();
         }
         Ok(SyncResponse {
             host_id: host_id.clone(),
             tasks: self.wanted_on(&host, &mine).await?,
-            sync_interval_secs: self.config.sync_interval.as_secs().max(1) as u32,
+            sync_interval_secs: self.core.config().sync_interval.as_secs().max(1) as u32,
         })
     }
 
@@ -226,7 +226,7 @@ impl Control {
             })
             .map(|r| (r.task_id.clone(), r.gpu_memory_peak_mib, r.sm_percent))
             .collect();
-        let seen_at = stamp(self.now());
+        let seen_at = stamp(self.core.now());
         if usage.is_empty()
             && same_gpus(&host.gpus, &req.gpus)
             && req.mps.restarts.is_none_or(|r| r == host.mps_restarts)
@@ -246,7 +246,7 @@ impl Control {
         let gpu_changes = self.store.record_host_report(&host.id, &report).await?;
         for change in &gpu_changes {
             let said = format!("host {}: {change}", host.id);
-            self.event(None, Some(&host.id), &said).await;
+            self.core.event(None, Some(&host.id), &said).await;
         }
         if gpu_changes.is_empty() {
             return Ok(false);
@@ -303,7 +303,7 @@ impl Control {
         {
             return Ok(false);
         }
-        self.event(None, Some(&host.id), &t.message).await;
+        self.core.event(None, Some(&host.id), &t.message).await;
         self.capacity_changed();
         Ok(true)
     }
@@ -362,7 +362,7 @@ impl Control {
                 .map(|o| format!(": {o}"))
                 .unwrap_or_default();
             let said = format!("task {} is {}{why}", t.id, h.status);
-            self.event(Some(&t.service), Some(host_id), &said).await;
+            self.core.event(Some(&t.service), Some(host_id), &said).await;
         }
         if !r.ports.is_empty() {
             t.ports = r.ports.clone();
@@ -425,7 +425,7 @@ impl Control {
         host: &tessera_model::HostInfo,
         mine: &[Task],
     ) -> Result<Vec<WantedTask>, ControlError> {
-        let now = stamp(self.now());
+        let now = stamp(self.core.now());
         let wanted: Vec<&Task> = mine
             .iter()
             .filter(|_| !host.held)
@@ -612,7 +612,7 @@ impl Control {
         }
         self.gateway.said.insert(key, ());
         tracing::warn!(%host, "{message}");
-        self.event(service, Some(host), message).await;
+        self.core.event(service, Some(host), message).await;
     }
 
     /// Records what the bounds dropped from a host's report: on the task's service (and

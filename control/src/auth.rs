@@ -6,16 +6,16 @@
 //! of the HTTP server; this module is what it stores and checks through.
 
 use crate::agents::{hash_token, new_token};
-use crate::control::Control;
 use crate::error::ControlError;
-use crate::store::{AuditFilter, NewAuditEntry, UserChange};
+use crate::parts::{Core, HashQueue};
+use crate::store::{AuditFilter, AuthStore, NewAuditEntry, ProjectStore, UserChange};
+use std::sync::Arc;
 use argon2::Argon2;
 use argon2::password_hash::rand_core::OsRng;
 use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
 use std::time::Duration;
-use tessera_model::HostId;
 use tessera_model::auth::{
     ApiTokenInfo, AuditEntry, Caller, CallerKind, NewApiToken, Role, UserInfo,
 };
@@ -112,7 +112,33 @@ fn unix_now() -> i64 {
         .map_or(0, |d| d.as_secs() as i64)
 }
 
-impl Control {
+/// Operators' accounts, API tokens, console sessions and the audit log: what the HTTP
+/// layer's authentication stores and checks through. Holds the accounts' store and the
+/// queue password checks wait in; nothing else.
+#[derive(Clone)]
+pub struct Accounts {
+    store: Arc<dyn AuthStore>,
+    /// Only to check that a scoped token's project exists.
+    projects: Arc<dyn ProjectStore>,
+    core: Core,
+    /// Password checks running and waiting (see [`HashQueue`]).
+    hash_queue: Arc<HashQueue>,
+}
+
+impl Accounts {
+    pub(crate) fn new(
+        store: Arc<dyn AuthStore>,
+        projects: Arc<dyn ProjectStore>,
+        core: Core,
+    ) -> Accounts {
+        Accounts {
+            store,
+            projects,
+            core,
+            hash_queue: Arc::default(),
+        }
+    }
+
     /// Makes sure the `admin` account exists. With `given`, that is its password from now on
     /// (created, or its password reset; a disabled or demoted admin stays so). Without, on first start (no users at all) it gets a
     /// generated password, returned to be printed once; with `regenerate` (the demo) a new
@@ -218,8 +244,7 @@ impl Control {
     /// An argon2id hash of `password`, made in the hashing queue.
     async fn hash_of(&self, password: &str) -> Result<String, ControlError> {
         let password = password.to_owned();
-        self.accounts
-            .hash_queue
+        self.hash_queue
             .run(move || hash_password(&password))
             .await?
     }
@@ -241,7 +266,7 @@ impl Control {
         if let Some(a) = address {
             keys.push(format!("addr:{a}"));
         }
-        let now = self.now();
+        let now = self.core.now();
         let counted = self
             .store
             .count_sign_in_attempt(
@@ -270,7 +295,6 @@ impl Control {
             .as_ref()
             .map_or_else(|| decoy_hash().to_owned(), |c| c.password_hash.clone());
         let password_ok = self
-            .accounts
             .hash_queue
             .run({
                 let password = password.to_owned();
@@ -345,7 +369,7 @@ impl Control {
         match project {
             Some(p) => {
                 if matches!(
-                    self.store.get_project(p).await,
+                    self.projects.get_project(p).await,
                     Err(crate::error::StoreError::NotFound { .. })
                 ) {
                     e.add("project", format!("no project named {p:?}"));
@@ -544,31 +568,6 @@ impl Control {
         Ok(self.store.list_audit(filter).await?)
     }
 
-    // Hosts' credentials.
-
-    /// Forgets a host's agent token: its agent is refused until it registers again.
-    pub async fn revoke_host(&self, id: &HostId) -> Result<(), ControlError> {
-        self.store.revoke_agent_token(id).await?;
-        self.forget_agent_tokens();
-        self.event(
-            None,
-            Some(id),
-            &format!("host {id}: agent token revoked; the agent must register again"),
-        )
-        .await;
-        Ok(())
-    }
-
-    /// Removes a host that runs nothing, freeing its GPU UUIDs for a reinstalled machine.
-    pub async fn delete_host(&self, id: &HostId) -> Result<(), ControlError> {
-        self.store.delete_host(id).await?;
-        self.forget_agent_tokens();
-        self.capacity_changed();
-        self.event(None, Some(id), &format!("host {id} deleted"))
-            .await;
-        self.wake();
-        Ok(())
-    }
 }
 
 #[cfg(test)]

@@ -180,7 +180,7 @@ pub async fn api_token(
     let username = format!("bench-{role}");
     if control.store.user_credentials(&username).await?.is_none() {
         control
-            .add_user(&username, &crate::auth::generate_password(), role)
+            .accounts().add_user(&username, &crate::auth::generate_password(), role)
             .await?;
     }
     let caller = Caller {
@@ -193,7 +193,7 @@ pub async fn api_token(
         project: None,
     };
     Ok(control
-        .create_api_token(&caller, &format!("{role} token"), role, None, None)
+        .accounts().create_api_token(&caller, &format!("{role} token"), role, None, None)
         .await?
         .token)
 }

@@ -28,7 +28,7 @@ pub(crate) const ELSEWHERE: &str = "elsewhere";
 impl Control {
     /// This server's id among the servers sharing the database.
     pub fn server_id(&self) -> &str {
-        &self.membership.server_id
+        &self.core.membership().server_id
     }
 
     /// One tick: announce this server, write the quiet syncs' times, take or renew the
@@ -39,13 +39,13 @@ impl Control {
         // database that keeps it waiting counts as one that kept the announcement waiting.
         let asked = std::time::Instant::now();
         self.read_db_clock().await;
-        let now = self.now();
+        let now = self.core.now();
         let seen = self
             .store
             .server_seen(
-                &self.membership.server_id,
-                &self.config.address,
-                &stamp(self.membership.started),
+                &self.core.membership().server_id,
+                &self.core.config().address,
+                &stamp(self.core.membership().started),
                 &stamp(now),
             )
             .await;
@@ -57,16 +57,17 @@ impl Control {
         // record agents' syncs either.
         let failing = seen.is_err();
         let was_failing = self
-            .membership
+            .core
+            .membership()
             .store_failing
             .swap(failing, std::sync::atomic::Ordering::SeqCst);
         // ... and the first announcement that succeeds after failures marks when the
         // database came back: hosts get their lost timeout from then, not from the last
         // failure (up to a tick earlier).
         if failing || was_failing || asked.elapsed() > SLOW_STORE {
-            *self.membership.store_failed_at.lock() = Some(self.now());
+            *self.core.membership().store_failed_at.lock() = Some(self.core.now());
         }
-        let now = self.now();
+        let now = self.core.now();
         let announced = asked.elapsed();
         if let Err(e) = self.flush_heartbeats().await {
             tracing::warn!(error = %e, "writing the last syncs' times failed");
@@ -86,30 +87,28 @@ impl Control {
         // came back meanwhile): the pass that follows must not judge hosts' silence by the
         // time before it. (The drill found hosts lost 1 s after PostgreSQL returned.)
         if asked.elapsed() > SLOW_STORE {
-            *self.membership.store_failed_at.lock() = Some(self.now());
+            *self.core.membership().store_failed_at.lock() = Some(self.core.now());
         }
-        let mut fenced = self.clone();
-        fenced.store = self.store.fenced(Fence {
+        Some(self.with_store(self.store.fenced(Fence {
             holder: lease.holder,
             epoch: lease.epoch,
-        });
-        Some(fenced)
+        })))
     }
 
     /// Takes or renews the scheduler lease at `now`; `None` when another server holds it
     /// (or the database could not say). A lease newly taken, or held among other live
     /// servers, makes this server's engines stale.
     async fn take_lease(&self, now: chrono::DateTime<chrono::Utc>) -> Option<Lease> {
-        let expires = stamp(now + to_chrono(self.config.lease_ttl));
-        let held = self.membership.lease.lock().as_ref().map(|l| l.epoch);
+        let expires = stamp(now + to_chrono(self.core.config().lease_ttl));
+        let held = self.core.membership().lease.lock().as_ref().map(|l| l.epoch);
         let lease = match self
             .store
-            .acquire_lease(&self.membership.server_id, held, &stamp(now), &expires)
+            .acquire_lease(&self.core.membership().server_id, held, &stamp(now), &expires)
             .await
         {
             Ok(Some(lease)) => lease,
             Ok(None) => {
-                if self.membership.lease.lock().take().is_some() {
+                if self.core.membership().lease.lock().take().is_some() {
                     tracing::warn!("another server holds the scheduler lease now");
                 }
                 return None;
@@ -120,7 +119,7 @@ impl Control {
             }
         };
         let taken = {
-            let mut held = self.membership.lease.lock();
+            let mut held = self.core.membership().lease.lock();
             let taken = held.as_ref().is_none_or(|l| l.epoch != lease.epoch);
             *held = Some(lease.clone());
             taken
@@ -132,7 +131,8 @@ impl Control {
             self.capacity_changed();
             self.passes.memory.lock().forget();
         } else if !self
-            .membership
+            .core
+            .membership()
             .relayed
             .load(std::sync::atomic::Ordering::SeqCst)
             && self.others_alive().await
@@ -148,9 +148,9 @@ impl Control {
 
     /// Whether another server announced itself within a lease time.
     async fn others_alive(&self) -> bool {
-        let since = stamp(self.now() - to_chrono(self.config.lease_ttl));
+        let since = stamp(self.core.now() - to_chrono(self.core.config().lease_ttl));
         self.store.list_servers(&since).await.map_or(true, |s| {
-            s.iter().any(|s| *s.id != *self.membership.server_id)
+            s.iter().any(|s| *s.id != *self.core.membership().server_id)
         })
     }
 
@@ -169,7 +169,7 @@ impl Control {
                 return Vec::new();
             }
         };
-        self.membership
+        self.core.membership()
             .relayed
             .store(true, std::sync::atomic::Ordering::SeqCst);
         let listen = {
@@ -177,17 +177,17 @@ impl Control {
             tokio::spawn(async move {
                 while let Some(from) = news.recv().await {
                     // `None`: notices may have been lost; look again, as for a change.
-                    if from.as_deref() == Some(&*control.membership.server_id) {
+                    if from.as_deref() == Some(&*control.core.membership().server_id) {
                         continue;
                     }
                     // Capacity may have changed there: this server's engines are stale
                     // (bumped here, not through `capacity_changed`, which would publish
                     // the change again).
                     control.scheduling.capacity_changed();
-                    if control.membership.lease.lock().is_some() {
-                        control.wake.notify_one();
+                    if control.core.membership().lease.lock().is_some() {
+                        control.core.nudge();
                     }
-                    let _ = control.changes.send(ELSEWHERE);
+                    control.core.publish(ELSEWHERE);
                 }
             })
         };
@@ -206,7 +206,7 @@ impl Control {
                     while changes.try_recv().is_ok() {}
                     if let Err(e) = control
                         .store
-                        .publish_change(&control.membership.server_id)
+                        .publish_change(&control.core.membership().server_id)
                         .await
                     {
                         tracing::warn!(error = %e, "telling the other servers of a change failed");
@@ -220,9 +220,9 @@ impl Control {
     /// Lets go of the lease on a clean shutdown, so another server takes over at its next
     /// tick instead of after the lease time.
     pub(crate) async fn let_go_of_lease(&self) {
-        let held = self.membership.lease.lock().take();
+        let held = self.core.membership().lease.lock().take();
         if held.is_some()
-            && let Err(e) = self.store.release_lease(&self.membership.server_id).await
+            && let Err(e) = self.store.release_lease(&self.core.membership().server_id).await
         {
             tracing::warn!(error = %e, "letting go of the scheduler lease failed");
         }
@@ -231,8 +231,8 @@ impl Control {
     /// `GET /api/v1/cluster`: the servers seen within three lease times, and which one
     /// schedules since when.
     pub async fn cluster(&self) -> Result<ClusterView, ControlError> {
-        let now = self.now();
-        let since = stamp(now - to_chrono(self.config.lease_ttl * 3));
+        let now = self.core.now();
+        let since = stamp(now - to_chrono(self.core.config().lease_ttl * 3));
         let lease = self
             .store
             .lease()

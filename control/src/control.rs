@@ -4,19 +4,17 @@
 use crate::cache::Cache;
 use crate::config::ControlConfig;
 use crate::error::ControlError;
-use crate::parts::{
-    Accounts, FleetModel, FleetSnapshot, Gateway, Membership, Passes, Scheduling, ServiceState,
-};
+use crate::auth::Accounts;
+use crate::parts::{Core, FleetModel, FleetSnapshot, Gateway, Passes, Scheduling, ServiceState};
 use crate::store::Store;
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
-use tessera_model::HostId;
 use tessera_model::fit::Verdict;
 use tessera_model::service::TaskDefRef;
 use tessera_model::taskdef::TaskDefinitionSpec;
-use tokio::sync::{Notify, broadcast};
+use tokio::sync::broadcast;
 
 /// How long the hosts pages reuse the fit verdicts they mark segments with.
 pub(crate) const VERDICTS_FRESH: Duration = Duration::from_secs(10);
@@ -26,21 +24,16 @@ pub(crate) const VERDICTS_FRESH: Duration = Duration::from_secs(10);
 #[derive(Clone)]
 pub struct Control {
     pub(crate) store: Arc<dyn Store>,
-    pub(crate) config: ControlConfig,
-    /// Wakes the reconcile loop when something changed (a scale, a sync with news).
-    pub(crate) wake: Arc<Notify>,
-    /// Tells live views (SSE) that state changed; the payload is a coarse topic.
-    pub(crate) changes: broadcast::Sender<&'static str>,
+    /// The configuration, the fleet's time, waking the loop, events.
+    pub(crate) core: Core,
     /// The scheduler's engines, capacity epoch and revisions' specs.
     pub(crate) scheduling: Arc<Scheduling>,
     /// What agents' syncs leave to write, and what their answers need often.
     pub(crate) gateway: Arc<Gateway>,
-    /// This server among the servers on the database: id, lease, fleet clock, outages.
-    pub(crate) membership: Arc<Membership>,
     /// What the reconcile passes remember.
     pub(crate) passes: Arc<Passes>,
-    /// Password checks.
-    pub(crate) accounts: Arc<Accounts>,
+    /// Operators' accounts, tokens, sessions and the audit log.
+    accounts: Accounts,
     /// The fleet read model: what `/metrics`, the overview, projects and endpoints show.
     pub(crate) fleet: Arc<FleetModel>,
     /// Fit verdicts by task, read at most [`VERDICTS_FRESH`] ago (see `cached_verdicts`).
@@ -49,20 +42,34 @@ pub struct Control {
 
 impl Control {
     pub fn new(store: Arc<dyn Store>, config: ControlConfig) -> Control {
-        let (changes, _) = broadcast::channel(64);
+        let core = Core::new(config, store.clone());
         Control {
+            accounts: Accounts::new(store.clone(), store.clone(), core.clone()),
             store,
-            wake: Arc::new(Notify::new()),
-            changes,
+            core,
             scheduling: Arc::default(),
             gateway: Arc::default(),
-            membership: Arc::new(Membership::new(&config.address, &*config.clock)),
             passes: Arc::default(),
-            accounts: Arc::default(),
             fleet: Arc::default(),
             verdicts: Arc::new(Cache::with_max_age(1, VERDICTS_FRESH)),
-            config,
         }
+    }
+
+    /// The same control plane writing through `store` (a pass's fenced store): every
+    /// component keeps its state, and writes through the new store.
+    pub(crate) fn with_store(&self, store: Arc<dyn Store>) -> Control {
+        let core = self.core.with_events(store.clone());
+        Control {
+            accounts: self.accounts.clone(),
+            store,
+            core,
+            ..self.clone()
+        }
+    }
+
+    /// Operators' accounts: users, API tokens, console sessions, the audit log.
+    pub fn accounts(&self) -> &Accounts {
+        &self.accounts
     }
 
     /// Changes what is remembered of service `name` with `change`; true when that changed
@@ -97,7 +104,7 @@ impl Control {
     /// wrote before is in it.
     pub async fn fleet(&self) -> Result<Arc<FleetSnapshot>, ControlError> {
         let (model, store) = (self.fleet.clone(), self.store.clone());
-        let every = self.config.fleet_measured_every;
+        let every = self.core.config().fleet_measured_every;
         // A reading is finished even when its caller gives up (a request past its
         // timeout): the next caller gets it, instead of starting it again.
         match tokio::spawn(async move { model.current(&*store, every).await }).await {
@@ -114,13 +121,9 @@ impl Control {
     /// and the other servers on this database hear of it (theirs are too).
     pub(crate) fn capacity_changed(&self) {
         self.scheduling.capacity_changed();
-        let _ = self.changes.send("capacity");
+        self.core.publish("capacity");
     }
 
-    /// Now, by the fleet's clock (the database's; see [`crate::clock::FleetClock`]).
-    pub(crate) fn now(&self) -> DateTime<Utc> {
-        self.membership.fleet_clock.now(&*self.config.clock)
-    }
 
     /// Reads the database's clock for [`Control::now`]; a failure keeps the last reading
     /// (carried forward by this machine's monotonic clock).
@@ -136,7 +139,8 @@ impl Control {
             }
             Ok(t) => match chrono::DateTime::parse_from_rfc3339(&t) {
                 Ok(db) => {
-                    self.membership
+                    self.core
+                        .membership()
                         .fleet_clock
                         .sample(db.with_timezone(&Utc), std::time::Instant::now());
                 }
@@ -156,30 +160,24 @@ impl Control {
     }
 
     pub fn config(&self) -> &ControlConfig {
-        &self.config
+        self.core.config()
     }
 
     /// How long a host may go without a sync before it is lost.
     pub fn lost_timeout(&self) -> Duration {
-        self.config.sync_interval * self.config.lost_after_intervals
+        self.core.lost_timeout()
     }
 
     /// Asks the reconcile loop to run soon, and tells live views something changed.
     pub fn wake(&self) {
-        self.wake.notify_one();
-        let _ = self.changes.send("changed");
+        self.core.wake()
     }
+
+
 
     /// Change notifications for live views.
     pub fn subscribe(&self) -> broadcast::Receiver<&'static str> {
-        self.changes.subscribe()
+        self.core.subscribe()
     }
 
-    pub(crate) async fn event(&self, service: Option<&str>, host: Option<&HostId>, message: &str) {
-        tracing::info!(service, host = host.map(HostId::as_str), "{message}");
-        if let Err(e) = self.store.add_event(service, host, message).await {
-            tracing::error!(error = %e, "recording an event failed");
-        }
-        let _ = self.changes.send("event");
-    }
 }

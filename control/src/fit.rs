@@ -92,8 +92,8 @@ impl Control {
         &self,
         service: Option<&str>,
     ) -> Result<HashMap<String, TaskEvidence>, ControlError> {
-        let now = self.unix_now();
-        let c = &self.config.usage;
+        let now = self.core.unix_now();
+        let c = &self.core.config().usage;
         let [fine_w, coarse_w] = c.widths();
         let q = |width: i64, keep: std::time::Duration| UsageQuery {
             service: service.map(str::to_owned),
@@ -144,7 +144,7 @@ impl Control {
         tasks: &[Task],
         evidence: &HashMap<String, TaskEvidence>,
     ) -> ServiceFit {
-        let rules = &self.config.usage.rules;
+        let rules = &self.core.config().usage.rules;
         let whole_memory = tasks
             .iter()
             .map(|t| t.allocations.iter().map(|a| a.memory).sum::<MiB>())
@@ -213,13 +213,13 @@ impl Control {
             bucket_secs: 0,
             history: Vec::new(),
             min_evidence_secs: rules.min_evidence_secs,
-            time_note: self.config.usage.time_note.clone(),
+            time_note: self.core.config().usage.time_note.clone(),
         }
     }
 
     /// The bucket width read for `range`, and the width of the points a chart shows.
     pub(crate) fn grouping(&self, range: Range) -> (i64, i64) {
-        let [fine, coarse] = self.config.usage.widths();
+        let [fine, coarse] = self.core.config().usage.widths();
         match range {
             Range::Hour => (fine, fine),
             // At most ~300 points a chart.
@@ -237,7 +237,7 @@ impl Control {
         name: &str,
         range: Range,
     ) -> Result<(u64, Vec<UsagePoint>), ControlError> {
-        let now = self.unix_now();
+        let now = self.core.unix_now();
         let (width, group) = self.grouping(range);
         let groups = self
             .store
@@ -505,7 +505,7 @@ impl Control {
             },
         )
         .await?;
-        self.event(
+        self.core.event(
             Some(name),
             None,
             &format!(

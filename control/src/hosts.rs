@@ -44,8 +44,8 @@ impl Control {
             return Err(changed_meanwhile(id));
         }
         self.capacity_changed();
-        self.event(None, Some(id), &t.message).await;
-        self.wake();
+        self.core.event(None, Some(id), &t.message).await;
+        self.core.wake();
         Ok(())
     }
 

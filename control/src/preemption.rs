@@ -338,7 +338,7 @@ impl Control {
             }
         }
         if total > 0 {
-            self.wake();
+            self.core.wake();
         }
         Ok(outcome)
     }
@@ -408,7 +408,7 @@ impl Control {
                     .add_preemption(&entry(PreemptionState::Proposed))
                     .await?;
                 d.open.insert(task_id.to_owned());
-                self.event(
+                self.core.event(
                     Some(&service.name),
                     Some(host),
                     &format!(
@@ -432,7 +432,7 @@ impl Control {
                     .add_preemption(&entry(PreemptionState::Done))
                     .await?;
             }
-            self.event(
+            self.core.event(
                 Some(&service.name),
                 Some(host),
                 &format!(
@@ -510,7 +510,7 @@ impl Control {
             )));
         }
         self.decide(id, PreemptionState::Approved).await?;
-        self.event(
+        self.core.event(
             Some(&p.service),
             None,
             &format!(
@@ -519,7 +519,7 @@ impl Control {
             ),
         )
         .await;
-        self.wake();
+        self.core.wake();
         Ok(())
     }
 
@@ -528,7 +528,7 @@ impl Control {
     pub async fn decline_preemption(&self, id: i64) -> Result<(), ControlError> {
         let p = self.proposed(id).await?;
         self.decide(id, PreemptionState::Declined).await?;
-        self.event(
+        self.core.event(
             Some(&p.service),
             None,
             &format!(
@@ -583,13 +583,13 @@ impl Control {
         };
         let drain = owner.filter(|s| s.deregistration_delay_secs > 0).map(|s| {
             crate::clock::stamp(
-                self.now() + chrono::Duration::seconds(i64::from(s.deregistration_delay_secs)),
+                self.core.now() + chrono::Duration::seconds(i64::from(s.deregistration_delay_secs)),
             )
         });
         self.store
             .request_task_stop(&t.id, &reason, drain.as_deref(), false)
             .await?;
-        self.event(
+        self.core.event(
             Some(&t.service),
             t.host.as_ref(),
             &format!(

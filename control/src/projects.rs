@@ -165,7 +165,7 @@ impl Control {
     /// that finds anything to record does): every project with a quota or tasks in a pool
     /// gets a row, so a project that let go shows zero.
     pub(crate) async fn sample_project_use(&self) -> Result<(), ControlError> {
-        let now = self.unix_now();
+        let now = self.core.unix_now();
         let bucket = now.div_euclid(SAMPLE_SECS) * SAMPLE_SECS;
         // Halfway through the bucket, so that a server just started has placed its tasks.
         if now - bucket < SAMPLE_SECS / 2 || *self.passes.last_project_sample.lock() == Some(bucket)
@@ -216,7 +216,7 @@ impl Control {
         pool: &PoolName,
         now: &HashMap<String, Usage>,
     ) -> Result<HashMap<String, Usage>, ControlError> {
-        let since = self.unix_now() - FAIR_SHARE_WINDOW_SECS;
+        let since = self.core.unix_now() - FAIR_SHARE_WINDOW_SECS;
         let samples = self.store.project_usage(since, Some(pool.as_str())).await?;
         Ok(use_over_time(&samples, now))
     }
@@ -234,7 +234,7 @@ impl Control {
         if let Some(p) = project {
             self.store.get_project(p).await?;
         }
-        let to = self.unix_now();
+        let to = self.core.unix_now();
         let mut samples = self.store.project_usage(to - secs, None).await?;
         if let Some(p) = project {
             samples.retain(|s| s.project == p);
@@ -406,9 +406,9 @@ impl Control {
         let project = project::validate(input)?;
         self.check_quotas(&project).await?;
         self.store.create_project(&project).await?;
-        self.event(None, None, &format!("project {} created", project.name))
+        self.core.event(None, None, &format!("project {} created", project.name))
             .await;
-        self.wake();
+        self.core.wake();
         Ok(self.store.get_project(&project.name).await?)
     }
 
@@ -424,9 +424,9 @@ impl Control {
         let project = project::validate(&settings.named(name))?;
         self.check_quotas(&project).await?;
         self.store.replace_project(&project).await?;
-        self.event(None, None, &format!("project {name}'s quotas changed"))
+        self.core.event(None, None, &format!("project {name}'s quotas changed"))
             .await;
-        self.wake();
+        self.core.wake();
         Ok(self.store.get_project(name).await?)
     }
 
@@ -447,9 +447,9 @@ impl Control {
             e.finish()?;
         }
         self.store.get_project(name).await?;
-        self.get_user(username).await?;
+        self.accounts().get_user(username).await?;
         self.store.set_project_member(name, username, role).await?;
-        self.event(
+        self.core.event(
             None,
             None,
             &format!("user {username} is {role} in project {name}"),
@@ -466,7 +466,7 @@ impl Control {
     ) -> Result<(), ControlError> {
         self.store.get_project(name).await?;
         self.store.remove_project_member(name, username).await?;
-        self.event(
+        self.core.event(
             None,
             None,
             &format!("user {username} has no role in project {name} any more"),
@@ -483,7 +483,7 @@ impl Control {
             ));
         }
         self.store.delete_project(name).await?;
-        self.event(None, None, &format!("project {name} deleted"))
+        self.core.event(None, None, &format!("project {name} deleted"))
             .await;
         Ok(())
     }

@@ -50,8 +50,8 @@ impl Control {
             }
             tokio::select! {
                 _ = &mut shutdown => break,
-                _ = self.wake.notified() => {}
-                _ = tokio::time::sleep(self.config.tick) => {}
+                _ = self.core.woken() => {}
+                _ = tokio::time::sleep(self.core.config().tick) => {}
             }
         }
         if let Err(e) = self.flush_heartbeats().await {
@@ -64,7 +64,7 @@ impl Control {
         for task in relay {
             task.abort();
         }
-        self.membership
+        self.core.membership()
             .relayed
             .store(false, std::sync::atomic::Ordering::SeqCst);
         tracing::info!("reconcile loop stopped");
@@ -77,13 +77,13 @@ impl Control {
         // A tick that comes late (the last one waited on a database that was down, or the
         // process was paused) says this server could not judge hosts' silence meanwhile.
         let began = std::time::Instant::now();
-        let previous = self.membership.last_tick.lock().replace(began);
-        let late = (self.lost_timeout() / 2).max(crate::cluster::SLOW_STORE);
-        if previous.is_some_and(|p| began.duration_since(p) > self.config.tick + late) {
+        let previous = self.core.membership().last_tick.lock().replace(began);
+        let late = (self.core.lost_timeout() / 2).max(crate::cluster::SLOW_STORE);
+        if previous.is_some_and(|p| began.duration_since(p) > self.core.config().tick + late) {
             tracing::warn!(
                 "this server's last tick took too long; hosts get a lost timeout to sync again"
             );
-            *self.membership.store_failed_at.lock() = Some(self.now());
+            *self.core.membership().store_failed_at.lock() = Some(self.core.now());
         }
         match self.tick_cluster().await {
             Some(fenced) => {

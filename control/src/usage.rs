@@ -4,7 +4,6 @@
 //! them from its tick; buckets written by two servers (an agent that failed over) are
 //! merged by the store.
 
-use crate::clock::since_epoch;
 use crate::control::Control;
 use crate::error::ControlError;
 use tessera_model::agent::TaskReport;
@@ -14,15 +13,10 @@ pub use crate::config::UsageConfig;
 pub(crate) use crate::parts::neighbours_of;
 
 impl Control {
-    /// Unix seconds now, by the control plane's clock.
-    pub(crate) fn unix_now(&self) -> i64 {
-        since_epoch(self.now())
-    }
-
     /// Adds what a sync reported of `tasks` (the host's, as stored) to the usage buffer.
     pub(crate) fn record_reports(&self, tasks: &[Task], reports: &[TaskReport]) {
-        let now = self.unix_now();
-        let widths = self.config.usage.widths();
+        let now = self.core.unix_now();
+        let widths = self.core.config().usage.widths();
         let mut buffer = self.gateway.usage.lock();
         for r in reports {
             if let Some(t) = tasks.iter().find(|t| t.id == r.task_id) {
@@ -34,7 +28,7 @@ impl Control {
     /// Writes the usage buckets that closed (every bucket with `all`, at shutdown). Rows
     /// that could not be written go back to the buffer for the next flush.
     pub async fn flush_usage(&self, all: bool) -> Result<usize, ControlError> {
-        let rows = self.gateway.usage.lock().take_closed(self.unix_now(), all);
+        let rows = self.gateway.usage.lock().take_closed(self.core.unix_now(), all);
         if rows.is_empty() {
             return Ok(0);
         }
@@ -48,8 +42,8 @@ impl Control {
 
     /// Deletes buckets older than their retention.
     pub(crate) async fn prune_usage(&self) -> Result<u64, ControlError> {
-        let now = self.unix_now();
-        let c = &self.config.usage;
+        let now = self.core.unix_now();
+        let c = &self.core.config().usage;
         let [fine, coarse] = c.widths();
         let mut n = self
             .store

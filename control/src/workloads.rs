@@ -88,7 +88,7 @@ impl Control {
                 .expire_open_preemptions(updated.name.as_str())
                 .await?;
             if n > 0 {
-                self.event(
+                self.core.event(
                     None,
                     None,
                     &format!(
@@ -101,7 +101,7 @@ impl Control {
             }
         }
         self.capacity_changed();
-        self.wake();
+        self.core.wake();
         Ok(updated)
     }
 
@@ -171,7 +171,7 @@ impl Control {
             }
             other => other?,
         }
-        self.event(
+        self.core.event(
             Some(&service.name),
             None,
             &format!(
@@ -180,7 +180,7 @@ impl Control {
             ),
         )
         .await;
-        self.wake();
+        self.core.wake();
         Ok(self.store.get_service(&service.name).await?)
     }
 
@@ -259,22 +259,22 @@ impl Control {
                 "desired count changed from {} to {d}",
                 service.desired_count
             );
-            self.event(Some(name), None, &said).await;
+            self.core.event(Some(name), None, &said).await;
         }
         if let Some((change, changed)) = change
             && !changed.is_empty()
         {
             self.store.update_service_settings(name, &change).await?;
             let said = format!("settings changed: {}", changed.join(", "));
-            self.event(Some(name), None, &said).await;
+            self.core.event(Some(name), None, &said).await;
             self.capacity_changed();
         }
         if let Some(r) = new_def.filter(|r| *r != service.task_definition) {
             let id = self.store.start_deployment(name, &r, false).await?;
             let said = format!("deployment {id} started: {} → {r}", service.task_definition);
-            self.event(Some(name), None, &said).await;
+            self.core.event(Some(name), None, &said).await;
         }
-        self.wake();
+        self.core.wake();
         Ok(self.store.get_service(name).await?)
     }
 
@@ -320,13 +320,13 @@ impl Control {
     /// Drains the service to zero tasks; the reconciler removes it then.
     pub async fn delete_service(&self, name: &str) -> Result<(), ControlError> {
         self.store.mark_service_deleting(name).await?;
-        self.event(
+        self.core.event(
             Some(name),
             None,
             "service deletion requested: draining to 0 tasks",
         )
         .await;
-        self.wake();
+        self.core.wake();
         Ok(())
     }
 

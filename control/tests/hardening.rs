@@ -12,21 +12,21 @@ const CONFIGURED: &str = "configured-admin-password";
 async fn the_configured_admin_password_never_enables_a_disabled_admin() {
     let env = env(fast()).await;
     let c = &env.control;
-    c.ensure_admin(Some(CONFIGURED), false)
+    c.accounts().ensure_admin(Some(CONFIGURED), false)
         .await
         .expect("admin");
-    c.add_user("ops", "another-long-password", Role::Admin)
+    c.accounts().add_user("ops", "another-long-password", Role::Admin)
         .await
         .expect("second admin");
-    c.update_user("admin", Some(Role::Viewer), Some(true), None)
+    c.accounts().update_user("admin", Some(Role::Viewer), Some(true), None)
         .await
         .expect("demoted and disabled");
     // The restart.
-    c.ensure_admin(Some(CONFIGURED), false)
+    c.accounts().ensure_admin(Some(CONFIGURED), false)
         .await
         .expect("start");
     let admin = c
-        .list_users()
+        .accounts().list_users()
         .await
         .expect("users")
         .into_iter()
@@ -39,7 +39,7 @@ async fn the_configured_admin_password_never_enables_a_disabled_admin() {
         "the configured password restored its role"
     );
     assert!(
-        c.sign_in("admin", CONFIGURED, None).await.is_err(),
+        c.accounts().sign_in("admin", CONFIGURED, None).await.is_err(),
         "a disabled account signs in"
     );
 }
@@ -131,7 +131,7 @@ async fn the_audit_log_servers_and_finished_plans_are_pruned() {
     })
     .await;
     let c = &env.control;
-    c.audit(tessera_control::store::NewAuditEntry {
+    c.accounts().audit(tessera_control::store::NewAuditEntry {
         actor: "admin".into(),
         action: "POST /api/v1/users".into(),
         target: Some("old".into()),
@@ -449,13 +449,13 @@ async fn a_burst_of_wrong_passwords_gets_at_most_the_limit_checked() {
     let env = env(fast()).await;
     let a = env.control.clone();
     let b = env.restart(fast()).await;
-    a.add_user("ops", "the-right-password-1", Role::Operator)
+    a.accounts().add_user("ops", "the-right-password-1", Role::Operator)
         .await
         .expect("user");
     let mut burst = tokio::task::JoinSet::new();
     for i in 0..200 {
         let c = if i % 2 == 0 { a.clone() } else { b.clone() };
-        burst.spawn(async move { c.sign_in("ops", &format!("guess-{i}"), None).await });
+        burst.spawn(async move { c.accounts().sign_in("ops", &format!("guess-{i}"), None).await });
     }
     let results = burst.join_all().await;
     let checked = results
@@ -486,13 +486,13 @@ async fn a_burst_of_wrong_passwords_gets_at_most_the_limit_checked() {
     assert_eq!(checked + limited, 200);
     // The window holds for the right password too, on either server, until it passes.
     assert!(
-        b.sign_in("ops", "the-right-password-1", None)
+        b.accounts().sign_in("ops", "the-right-password-1", None)
             .await
             .is_err()
     );
     env.clock
         .advance(tessera_control::auth::ATTEMPT_WINDOW + std::time::Duration::from_secs(1));
-    a.sign_in("ops", "the-right-password-1", None)
+    a.accounts().sign_in("ops", "the-right-password-1", None)
         .await
         .expect("signs in once the window passed");
 }
@@ -652,22 +652,22 @@ async fn privileges_a_pool_does_not_allow_are_refused_with_the_field() {
 async fn successful_sign_ins_use_up_no_allowance_and_failures_do() {
     let env = env(fast()).await;
     let c = &env.control;
-    c.add_user("ops", "the-right-password-1", Role::Operator)
+    c.accounts().add_user("ops", "the-right-password-1", Role::Operator)
         .await
         .expect("user");
     let here: std::net::IpAddr = "10.1.2.3".parse().expect("ip");
     for _ in 0..12 {
-        c.sign_in("ops", "the-right-password-1", Some(here))
+        c.accounts().sign_in("ops", "the-right-password-1", Some(here))
             .await
             .expect("a good sign-in is never limited");
     }
     for i in 0..tessera_control::auth::MAX_ATTEMPTS {
         assert!(matches!(
-            c.sign_in("nobody", &format!("guess-{i}"), Some(here)).await,
+            c.accounts().sign_in("nobody", &format!("guess-{i}"), Some(here)).await,
             Err(tessera_control::error::ControlError::Unauthorized(_))
         ));
     }
-    let limited = c.sign_in("ops", "the-right-password-1", Some(here)).await;
+    let limited = c.accounts().sign_in("ops", "the-right-password-1", Some(here)).await;
     println!("after 5 failures from one address, its next sign-in: {limited:?}");
     assert!(matches!(
         limited,

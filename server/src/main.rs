@@ -114,7 +114,7 @@ async fn user(db: DbArgs, command: UserCommand) -> anyhow::Result<()> {
         } => {
             let role: Role = role.parse().context("--role")?;
             let password = read_password(password_file.as_deref())?;
-            let u = control.add_user(&username, &password, role).await?;
+            let u = control.accounts().add_user(&username, &password, role).await?;
             println!("added {} ({})", u.username, u.role);
         }
         UserCommand::Passwd {
@@ -123,13 +123,13 @@ async fn user(db: DbArgs, command: UserCommand) -> anyhow::Result<()> {
         } => {
             let password = read_password(password_file.as_deref())?;
             control
-                .update_user(&username, None, None, Some(&password))
+                .accounts().update_user(&username, None, None, Some(&password))
                 .await?;
             println!("password of {username} changed; its sessions have ended");
         }
         UserCommand::List => {
             println!("{:<24} {:<9} {:<9} created", "username", "role", "status");
-            for u in control.list_users().await? {
+            for u in control.accounts().list_users().await? {
                 let status = if u.disabled { "disabled" } else { "enabled" };
                 println!(
                     "{:<24} {:<9} {:<9} {}",
@@ -142,13 +142,13 @@ async fn user(db: DbArgs, command: UserCommand) -> anyhow::Result<()> {
         }
         UserCommand::Disable { username } => {
             control
-                .update_user(&username, None, Some(true), None)
+                .accounts().update_user(&username, None, Some(true), None)
                 .await?;
             println!("{username} disabled");
         }
         UserCommand::Enable { username } => {
             control
-                .update_user(&username, None, Some(false), None)
+                .accounts().update_user(&username, None, Some(false), None)
                 .await?;
             println!("{username} enabled");
         }
@@ -214,7 +214,7 @@ async fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
         None => std::env::var("TESSERA_ADMIN_PASSWORD").ok(),
     };
     if let Some(password) = control
-        .ensure_admin(admin_password.as_deref(), args.demo)
+        .accounts().ensure_admin(admin_password.as_deref(), args.demo)
         .await
         .context("setting up the admin account")?
     {

@@ -33,7 +33,7 @@ struct Ctx {
 async fn ctx() -> Ctx {
     let control = common::control(JOIN).await;
     control
-        .ensure_admin(Some(ADMIN_PASSWORD), false)
+        .accounts().ensure_admin(Some(ADMIN_PASSWORD), false)
         .await
         .expect("admin");
     demo::seed(&control).await.expect("seed");

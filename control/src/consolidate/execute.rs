@@ -47,7 +47,7 @@ impl Control {
     async fn advance_plan(&self, plan: &mut ConsolidationPlan) -> Result<(), ControlError> {
         let Some(i) = plan.moves.iter().position(|m| m.state != MoveState::Done) else {
             plan.status = PlanStatus::Done;
-            plan.finished_at = Some(self.unix_now());
+            plan.finished_at = Some(self.core.unix_now());
             let freed = if plan.goal == "hosts" {
                 format!("{} host(s)", plan.frees_hosts.len())
             } else {
@@ -58,7 +58,7 @@ impl Control {
                 plan.id,
                 plan.moves.len()
             );
-            self.event(None, None, &said).await;
+            self.core.event(None, None, &said).await;
             return Ok(());
         };
         let m = plan.moves[i].clone();
@@ -131,12 +131,12 @@ impl Control {
         let mv = &mut plan.moves[i];
         mv.state = MoveState::Starting;
         mv.replacement = Some(replacement.clone());
-        mv.started_at = Some(self.unix_now());
+        mv.started_at = Some(self.core.unix_now());
         let said = format!(
             "consolidation plan {}: moving task {} from {}/GPU {:?} to {}/GPU {:?}; replacement {replacement} starts first",
             plan.id, t.id, m.from_host, m.from_gpus, m.to_host, m.to_gpus
         );
-        self.event(Some(&t.service), Some(&to), &said).await;
+        self.core.event(Some(&t.service), Some(&to), &said).await;
         Ok(None)
     }
 
@@ -174,7 +174,7 @@ impl Control {
                 i + 1,
                 plan.moves.len()
             );
-            self.event(Some(&m.service), None, &said).await;
+            self.core.event(Some(&m.service), None, &said).await;
         }
         Ok(None)
     }
@@ -210,9 +210,9 @@ impl Control {
                 "consolidation plan {}: {why}: {back} of its task(s) moved back",
                 plan.id
             );
-            self.event(Some(&name), None, &said).await;
+            self.core.event(Some(&name), None, &said).await;
             self.capacity_changed();
-            self.wake();
+            self.core.wake();
             undone = true;
         }
         Ok(undone)
@@ -222,7 +222,7 @@ impl Control {
     /// first move started, while the plan is watched (executing, or done less than the
     /// service's bake time ago).
     async fn alarm_after_moves(&self, plan: &ConsolidationPlan, name: &str) -> Option<String> {
-        let now = self.unix_now();
+        let now = self.core.unix_now();
         let service = self.store.get_service(name).await.ok()?;
         if service.objectives.alarms.is_empty() {
             return None;
@@ -365,7 +365,7 @@ impl Control {
             plan.id,
             plan.message.as_deref().unwrap_or("failed")
         );
-        self.event(Some(&m.service), None, &message).await;
+        self.core.event(Some(&m.service), None, &message).await;
     }
 }
 

@@ -69,7 +69,7 @@ impl Control {
         }
         plan.status = PlanStatus::Executing;
         self.store_plan_if(&plan, PlanStatus::Planned).await?;
-        self.event(
+        self.core.event(
             None,
             None,
             &format!(
@@ -79,7 +79,7 @@ impl Control {
             ),
         )
         .await;
-        self.wake();
+        self.core.wake();
         Ok(plan)
     }
 
@@ -99,7 +99,7 @@ impl Control {
         plan.status = PlanStatus::Cancelled;
         plan.message = Some("cancelled by an operator".into());
         self.store_plan_if(&plan, was).await?;
-        self.event(None, None, &format!("consolidation plan {id} cancelled"))
+        self.core.event(None, None, &format!("consolidation plan {id} cancelled"))
             .await;
         Ok(plan)
     }

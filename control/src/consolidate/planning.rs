@@ -197,7 +197,7 @@ impl Control {
             pool: pool.to_string(),
             goal: input.goal.clone(),
             status: PlanStatus::Planned,
-            created_at: crate::clock::stamp(self.now()),
+            created_at: crate::clock::stamp(self.core.now()),
             moves,
             frees_gpus: out.freed_gpus.iter().map(name).collect(),
             frees_hosts: out

@@ -11,21 +11,23 @@
 //!   lease, the fleet's clock, outages and late ticks.
 //! - [`Passes`]: what the reconcile passes remember: each service's state, crash-loop
 //!   backoff, the changes read, alarm watches.
-//! - [`Accounts`]: the bounded queue of password checks.
+//! - [`Core`]: what every component shares: the configuration, the fleet's time, waking the
+//!   loop, live views' notifications, events.
+//! - [`HashQueue`]: the bounded queue of password checks (the accounts component's).
 //! - [`FleetModel`]: the fleet read model (hosts with their GPUs' figures and tasks,
 //!   tasks waiting), kept up to date from the rows changed since its last reading.
 
-mod accounts;
+mod core;
 mod fleet;
 mod gateway;
+mod hash_queue;
 mod membership;
 mod passes;
 mod scheduling;
 mod usage_buffer;
 
-pub(crate) use accounts::Accounts;
-#[cfg(test)]
-pub(crate) use accounts::HashQueue;
+pub(crate) use hash_queue::HashQueue;
+pub(crate) use core::Core;
 pub(crate) use fleet::FleetModel;
 pub use fleet::{FleetSnapshot, GpuFigures, HostBlock};
 pub(crate) use gateway::Gateway;

@@ -20,21 +20,21 @@ impl Control {
         if !swept.is_empty() {
             self.capacity_changed();
             tracing::warn!(tasks = swept.len(), "stopped tasks left on lost hosts");
-            self.wake();
+            self.core.wake();
         }
-        let timeout = self.lost_timeout();
-        let started = match self.membership.fleet_clock.started() {
+        let timeout = self.core.lost_timeout();
+        let started = match self.core.membership().fleet_clock.started() {
             Some(s) => s,
             None => {
                 self.read_db_clock().await;
-                let Some(s) = self.membership.fleet_clock.started() else {
+                let Some(s) = self.core.membership().fleet_clock.started() else {
                     return Ok(());
                 };
                 s
             }
         };
-        let now = self.now();
-        let outage = *self.membership.store_failed_at.lock();
+        let now = self.core.now();
+        let outage = *self.core.membership().store_failed_at.lock();
         let back = outage.map_or(started, |t| t.max(started));
         if since(now, back) < timeout {
             return Ok(());
@@ -49,7 +49,7 @@ impl Control {
                 continue;
             };
             self.capacity_changed();
-            self.event(
+            self.core.event(
                 None,
                 Some(&id),
                 &format!(
@@ -58,7 +58,7 @@ impl Control {
                 ),
             )
             .await;
-            self.wake();
+            self.core.wake();
         }
         Ok(())
     }
@@ -96,7 +96,7 @@ impl Control {
         }
         for (pool, pool_hosts) in by_pool {
             let size = sizes.get(pool).copied().unwrap_or(pool_hosts.len());
-            let limit = ((size as f64 * self.config.migration_share).floor() as usize).max(1);
+            let limit = ((size as f64 * self.core.config().migration_share).floor() as usize).max(1);
             let mut moving = 0;
             let mut candidates = Vec::new();
             for h in pool_hosts {
@@ -118,7 +118,7 @@ impl Control {
                 for id in &ids {
                     self.store.set_task_migrating(id, true).await?;
                 }
-                self.event(
+                self.core.event(
                     None,
                     Some(&host),
                     &format!(

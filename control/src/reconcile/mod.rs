@@ -81,7 +81,7 @@ impl Control {
                     if self
                         .service_state_changed(&service.name, |s| s.failure = Some(message.clone()))
                     {
-                        self.event(Some(&service.name), None, &message).await;
+                        self.core.event(Some(&service.name), None, &message).await;
                     }
                 }
             }
@@ -96,7 +96,7 @@ impl Control {
         self.sample_project_use().await?;
         let due = {
             let mut last = self.passes.last_prune.lock();
-            let now = self.now();
+            let now = self.core.now();
             let due = last.is_none_or(|t| since(now, t) >= PRUNE_EVERY);
             if due {
                 *last = Some(now);
@@ -116,11 +116,11 @@ impl Control {
     /// whoever made it) and those that move with time (not steady, failing, deleting,
     /// with alarms or autoscaling). An unchanged fleet costs a pass one small read.
     async fn services_to_reconcile(&self) -> Result<Vec<Service>, ControlError> {
-        let recent = stamp(self.now() - to_chrono(LATE_COMMITS));
+        let recent = stamp(self.core.now() - to_chrono(LATE_COMMITS));
         let (full, seen, every_pass) = {
             let m = self.passes.memory.lock();
             (
-                m.full_due(self.config.full_pass_every),
+                m.full_due(self.core.config().full_pass_every),
                 m.seen,
                 m.every_pass.clone(),
             )
@@ -246,7 +246,7 @@ impl Control {
                 _ => return Ok(()),
             }
         };
-        let recent = stamp(self.now() - to_chrono(LATE_COMMITS));
+        let recent = stamp(self.core.now() - to_chrono(LATE_COMMITS));
         self.store.forget_service_changes(upto, &recent).await?;
         Ok(())
     }
@@ -257,8 +257,8 @@ impl Control {
         let pruned = self
             .store
             .prune(
-                &stamp(self.now() - to_chrono(self.config.retention)),
-                &stamp(self.now() - to_chrono(self.config.audit_retention)),
+                &stamp(self.core.now() - to_chrono(self.core.config().retention)),
+                &stamp(self.core.now() - to_chrono(self.core.config().audit_retention)),
             )
             .await?;
         if pruned != Pruned::default() {
@@ -267,10 +267,10 @@ impl Control {
         // The changes the passes read are deleted as they go; this is the backstop for
         // those no pass deleted (passes failing for long, an older server holding the lease).
         self.store
-            .forget_service_changes(i64::MAX, &stamp(self.now() - chrono::Duration::hours(1)))
+            .forget_service_changes(i64::MAX, &stamp(self.core.now() - chrono::Duration::hours(1)))
             .await?;
         self.store
-            .prune_project_usage(self.unix_now() - crate::projects::HISTORY_KEPT_SECS)
+            .prune_project_usage(self.core.unix_now() - crate::projects::HISTORY_KEPT_SECS)
             .await?;
         let buckets = self.prune_usage().await?;
         if buckets > 0 {

@@ -16,12 +16,12 @@ impl Control {
         if failed == 0 {
             return None;
         }
-        let now = self.now();
+        let now = self.core.now();
         let mut backoff = self.passes.restart_backoff.lock();
         let entry = backoff.entry(id).or_insert((0, now));
         if failed > entry.0 {
             let delay = std::time::Duration::from_secs(1u64 << (failed - 1).min(16))
-                .min(self.config.max_restart_delay);
+                .min(self.core.config().max_restart_delay);
             *entry = (failed, now + to_chrono(delay));
         }
         (now < entry.1).then(|| since(entry.1, now))
@@ -35,7 +35,7 @@ impl Control {
         // deregistration delay.
         let drain = (service.deregistration_delay_secs > 0).then(|| {
             stamp(
-                self.now()
+                self.core.now()
                     + chrono::Duration::seconds(i64::from(service.deregistration_delay_secs)),
             )
         });
@@ -47,7 +47,7 @@ impl Control {
         if !service.deleting && self.watch_primary(service, &tasks, &deployments).await? {
             return Ok(());
         }
-        match plan_service(service, &tasks, &deployments, self.config.failure_threshold) {
+        match plan_service(service, &tasks, &deployments, self.core.config().failure_threshold) {
             ServicePlan::Delete { stop, gone } => {
                 self.delete_step(name, &stop, gone, drain.as_deref()).await
             }
@@ -62,7 +62,7 @@ impl Control {
                 to,
             } => {
                 let id = self.store.start_deployment(name, &to, true).await?;
-                self.event(
+                self.core.event(
                     Some(name),
                     None,
                     &format!(
@@ -70,7 +70,7 @@ impl Control {
                     ),
                 )
                 .await;
-                self.wake();
+                self.core.wake();
                 Ok(())
             }
             ServicePlan::Converge(actions) => {
@@ -124,7 +124,7 @@ impl Control {
                     "deployment {}: {why}; there is no earlier revision to roll back to",
                     primary.id
                 );
-                self.event(Some(name), None, &said).await;
+                self.core.event(Some(name), None, &said).await;
                 self.autoscale(service, tasks, rolling_out).await?;
                 return Ok(false);
             };
@@ -137,8 +137,8 @@ impl Control {
                 "deployment {} rolled back: {why}: {} → {} (deployment {id})",
                 primary.id, primary.task_definition, prev.task_definition
             );
-            self.event(Some(name), None, &said).await;
-            self.wake();
+            self.core.event(Some(name), None, &said).await;
+            self.core.wake();
             return Ok(true);
         }
         self.autoscale(service, tasks, rolling_out).await?;
@@ -162,10 +162,10 @@ impl Control {
         if gone {
             self.store.delete_service(name).await?;
             self.passes.service_state.lock().remove(name);
-            self.event(Some(name), None, &format!("service {name} deleted"))
+            self.core.event(Some(name), None, &format!("service {name} deleted"))
                 .await;
         } else if !stop.is_empty() {
-            self.wake();
+            self.core.wake();
         }
         Ok(())
     }
@@ -189,13 +189,13 @@ impl Control {
                 .request_task_stop(id, reason, drain, actions.failures.contains(id))
                 .await?;
             if *reason == StopReason::Unhealthy {
-                self.event(Some(name), None, &format!("task {id} stopped: {reason}"))
+                self.core.event(Some(name), None, &format!("task {id} stopped: {reason}"))
                     .await;
             }
         }
         self.start_step(service, primary, actions).await?;
         if !actions.stop.is_empty() || actions.start > 0 {
-            self.wake();
+            self.core.wake();
         }
         for &id in &actions.completed {
             self.store
@@ -203,7 +203,7 @@ impl Control {
                 .await?;
             if let Some(d) = deployments.iter().find(|d| d.id == id) {
                 let said = format!("deployment {id} ({}) drained", d.task_definition);
-                self.event(Some(name), None, &said).await;
+                self.core.event(Some(name), None, &said).await;
             }
         }
         self.say_progress(service, primary, actions).await;
@@ -232,7 +232,7 @@ impl Control {
                 wait.as_secs_f64().ceil()
             );
             if self.service_state_changed(name, |s| s.backoff = Some(primary.failed_tasks)) {
-                self.event(Some(name), None, &message).await;
+                self.core.event(Some(name), None, &message).await;
             }
         } else if actions.start > 0 {
             let def = self
@@ -264,7 +264,7 @@ impl Control {
         if let Some((running, old_left)) = actions.progress
             && self.service_state_changed(name, |s| s.progress = Some((primary.id, running)))
         {
-            self.event(
+            self.core.event(
                 Some(name),
                 None,
                 &format!(
@@ -275,7 +275,7 @@ impl Control {
             .await;
         }
         if self.service_state_changed(name, |s| s.steady = actions.steady) && actions.steady {
-            self.event(
+            self.core.event(
                 Some(name),
                 None,
                 &format!(

@@ -141,7 +141,7 @@ impl Control {
             placed_total += self.schedule_pool(&pool, tasks, &pass).await?;
         }
         if placed_total > 0 {
-            self.wake();
+            self.core.wake();
         }
         Ok(placed_total)
     }
@@ -207,7 +207,7 @@ impl Control {
                 .map(|c| (c.neighbour.as_str(), c.why.as_str()))
                 .collect();
             if let Some(said) = batch.interference_said(&conflicts) {
-                self.event(Some(&name), None, &said).await;
+                self.core.event(Some(&name), None, &said).await;
             }
             commits.append(&mut batch.commits);
             if let Some((request, tasks)) = batch.wanting {
@@ -323,7 +323,7 @@ impl Control {
                 refused = commits.len() - committed.len(),
                 "the engine's picture drifted from the store (the commit's re-check refused placements); rebuilding it"
             );
-            self.wake();
+            self.core.wake();
         } else {
             self.scheduling.engines.insert(pool.clone(), cached);
         }
@@ -356,7 +356,7 @@ impl Control {
             }
             self.store.set_placement_message(&ids, &sentence).await?;
             if self.service_state_changed(&service, |s| s.pending = Some(sentence.clone())) {
-                self.event(
+                self.core.event(
                     Some(&service),
                     None,
                     &format!("{} task(s) pending: {sentence}", ids.len()),

@@ -85,7 +85,7 @@ impl Control {
         if o.alarms.is_empty() {
             return Ok(None);
         }
-        let now = self.unix_now();
+        let now = self.core.unix_now();
         // The live tasks the pass already read: alarm figures need no reserved memory.
         let figures = Figures::of(tasks.iter().filter(|t| t.deployment_id == primary), |_| 0);
         let mut fired_now = Vec::new();
@@ -132,7 +132,7 @@ impl Control {
             if watched && rollback.is_none() {
                 rollback = Some(what);
             } else {
-                self.event(Some(name), None, &format!("{what} (the service is steady and past its bake time: nothing is rolled back)"))
+                self.core.event(Some(name), None, &format!("{what} (the service is steady and past its bake time: nothing is rolled back)"))
                     .await;
             }
         }

@@ -116,7 +116,7 @@ impl Control {
         } else {
             Figures::of(tasks, |_| 0)
         };
-        let now = self.unix_now();
+        let now = self.core.unix_now();
         let (last_out, last_any) = self
             .passes
             .watches
@@ -157,11 +157,11 @@ impl Control {
                             "scaled {} from {} to {to} at {}: {why}",
                             if out { "out" } else { "in" },
                             service.desired_count,
-                            stamp(self.now())
+                            stamp(self.core.now())
                         ),
                     );
                 }
-                self.event(
+                self.core.event(
                     Some(name),
                     None,
                     &format!(
@@ -170,7 +170,7 @@ impl Control {
                     ),
                 )
                 .await;
-                self.wake();
+                self.core.wake();
             }
         }
         Ok(())

@@ -89,19 +89,19 @@ impl Control {
     /// A service's interference estimates and p99 alone, read at most every 30 s.
     pub(crate) async fn estimates_of(&self, service: &str) -> Result<Estimates, ControlError> {
         if let Some((at, e)) = self.passes.watches.lock().estimates.get(service)
-            && self.unix_now() - at < ESTIMATES_TTL
+            && self.core.unix_now() - at < ESTIMATES_TTL
         {
             return Ok(e.clone());
         }
         let obs = self
-            .observations(service, self.config.usage.fine_keep.as_secs() as i64)
+            .observations(service, self.core.config().usage.fine_keep.as_secs() as i64)
             .await?;
         let e: Estimates = Arc::new((estimate(service, &obs), alone_p99(service, &obs)));
         self.passes
             .watches
             .lock()
             .estimates
-            .insert(service.to_owned(), (self.unix_now(), e.clone()));
+            .insert(service.to_owned(), (self.core.unix_now(), e.clone()));
         Ok(e)
     }
 

@@ -71,8 +71,8 @@ impl Control {
     /// Keeps what a sync reported of its tasks' work, written with the next heartbeats
     /// when it says something new (see [`WorkLatest::offer`]).
     pub(crate) fn record_work(&self, tasks: &[Task], reports: &[TaskReport]) {
-        let at = stamp(self.now());
-        let now = self.unix_now();
+        let at = stamp(self.core.now());
+        let now = self.core.unix_now();
         let mut latest = self.gateway.work.lock();
         for r in reports {
             let Some(w) = &r.work else { continue };
@@ -85,7 +85,7 @@ impl Control {
 
     /// Writes the work received since the last flush that says something new.
     pub(crate) async fn flush_work(&self) -> Result<(), ControlError> {
-        let work = self.gateway.work.lock().take(self.unix_now());
+        let work = self.gateway.work.lock().take(self.core.unix_now());
         if work.is_empty() {
             return Ok(());
         }
@@ -157,13 +157,13 @@ impl Control {
         service: &str,
         since_secs: i64,
     ) -> Result<Vec<Observation>, ControlError> {
-        let [fine, _] = self.config.usage.widths();
+        let [fine, _] = self.core.config().usage.widths();
         let rows = self
             .store
             .list_usage(&UsageQuery {
                 service: Some(service.to_owned()),
                 width_secs: fine,
-                since: self.unix_now() - since_secs,
+                since: self.core.unix_now() - since_secs,
             })
             .await?;
         Ok(rows
@@ -212,12 +212,12 @@ impl Control {
             .list_usage(&UsageQuery {
                 service: Some(name.to_owned()),
                 width_secs: width,
-                since: self.unix_now() - range.secs(),
+                since: self.core.unix_now() - range.secs(),
             })
             .await?;
         let series = work_series(&rows, group);
         let observations = self
-            .observations(name, self.config.usage.fine_keep.as_secs() as i64)
+            .observations(name, self.core.config().usage.fine_keep.as_secs() as i64)
             .await?;
         let watches = self.passes.watches.lock();
         let alarms = service
@@ -272,14 +272,14 @@ impl Control {
             interference: estimate(name, &observations),
             alarms,
             autoscaling,
-            note: self.config.usage.time_note.clone(),
+            note: self.core.config().usage.time_note.clone(),
         })
     }
 
     /// How long ago (seconds) `at` was, by the control plane's clock.
     pub(crate) fn age_of(&self, at: &str) -> Option<i64> {
         let t = chrono::DateTime::parse_from_rfc3339(at).ok()?;
-        Some((self.now() - t.with_timezone(&chrono::Utc)).num_seconds())
+        Some((self.core.now() - t.with_timezone(&chrono::Utc)).num_seconds())
     }
 }
 

@@ -131,7 +131,7 @@ pub async fn sign_in(State(state): State<AppState>, req: Request) -> Response {
     };
     let outcome = state
         .control
-        .sign_in(input.username.trim(), &input.password, address)
+        .accounts().sign_in(input.username.trim(), &input.password, address)
         .await;
     match (outcome, next) {
         (Ok((user, who)), next) => {
@@ -140,7 +140,7 @@ pub async fn sign_in(State(state): State<AppState>, req: Request) -> Response {
             }
             state
                 .control
-                .audit(tessera_control::store::NewAuditEntry {
+                .accounts().audit(tessera_control::store::NewAuditEntry {
                     actor: format!("user {}", user.username),
                     action: "sign in".into(),
                     target: None,
@@ -218,7 +218,7 @@ pub async fn token_sign_in(
 ) -> Result<(StatusCode, Json<NewApiToken>), ApiError> {
     let token = state
         .control
-        .token_for_sign_in(
+        .accounts().token_for_sign_in(
             input.username.trim(),
             &input.password,
             address.map(|a| a.0.0.ip()),
@@ -288,7 +288,7 @@ pub async fn create_token(
     let caller = caller_of(Some(&authn))?;
     let token = state
         .control
-        .create_api_token(
+        .accounts().create_api_token(
             &caller,
             &input.name,
             input.role,
@@ -305,7 +305,7 @@ pub async fn create_token(
     responses((status = 200, description = "Tokens", body = TokenList)))]
 pub async fn list_tokens(State(state): State<AppState>) -> Result<Json<TokenList>, ApiError> {
     Ok(Json(TokenList {
-        tokens: state.control.list_api_tokens().await?,
+        tokens: state.control.accounts().list_api_tokens().await?,
     }))
 }
 
@@ -325,7 +325,7 @@ pub async fn delete_token(
     Segment(id): Segment,
 ) -> Result<StatusCode, ApiError> {
     let caller = caller_of(Some(&authn))?;
-    let tokens = state.control.list_api_tokens().await?;
+    let tokens = state.control.accounts().list_api_tokens().await?;
     let Some(t) = tokens.iter().find(|t| t.id == id) else {
         return Err(ApiError::NotFound(format!("no API token {id}")));
     };
@@ -353,7 +353,7 @@ pub async fn delete_token(
             caller.role, t.role
         )));
     }
-    state.control.delete_api_token(&id).await?;
+    state.control.accounts().delete_api_token(&id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -363,7 +363,7 @@ pub async fn delete_token(
     responses((status = 200, description = "Users", body = UserList)))]
 pub async fn list_users(State(state): State<AppState>) -> Result<Json<UserList>, ApiError> {
     Ok(Json(UserList {
-        users: state.control.list_users().await?,
+        users: state.control.accounts().list_users().await?,
     }))
 }
 
@@ -389,7 +389,7 @@ pub async fn add_user(
 ) -> Result<(StatusCode, Json<UserInfo>), ApiError> {
     let user = state
         .control
-        .add_user(&input.username, &input.password, input.role)
+        .accounts().add_user(&input.username, &input.password, input.role)
         .await?;
     Ok((StatusCode::CREATED, Json(user)))
 }
@@ -450,7 +450,7 @@ pub async fn update_user(
     let user = if changes {
         state
             .control
-            .update_user(
+            .accounts().update_user(
                 &username,
                 patch.role,
                 patch.disabled,
@@ -458,10 +458,10 @@ pub async fn update_user(
             )
             .await?
     } else {
-        state.control.get_user(&username).await?
+        state.control.accounts().get_user(&username).await?
     };
     if patch.revoke_tokens == Some(true) {
-        let n = state.control.revoke_user_tokens(&username).await?;
+        let n = state.control.accounts().revoke_user_tokens(&username).await?;
         tracing::info!(user = %username, tokens = n, "API tokens revoked");
     }
     Ok(Json(user))
@@ -491,7 +491,7 @@ pub async fn list_audit(
 ) -> Result<Json<AuditList>, ApiError> {
     let entries = state
         .control
-        .list_audit(&AuditFilter {
+        .accounts().list_audit(&AuditFilter {
             actor: q.actor.filter(|s| !s.is_empty()),
             text: q.q.filter(|s| !s.is_empty()),
             before: q.before,

@@ -316,7 +316,7 @@ async fn resolve(
             // An agent's token: its handlers check it.
             return Ok(Authn::Anonymous);
         }
-        return Ok(match control.token_caller(token).await? {
+        return Ok(match control.accounts().token_caller(token).await? {
             Some(c) => Authn::Caller(c),
             None => Authn::BadToken,
         });
@@ -332,7 +332,7 @@ async fn resolve(
         let _ = session.flush().await;
         return Ok(Authn::Anonymous);
     }
-    match control.session_caller(&user).await? {
+    match control.accounts().session_caller(&user).await? {
         Some(caller) => {
             // Sliding idle expiry: a changed session is saved with a new expiry date.
             let seen: i64 = session.get(SESSION_SEEN).await.ok().flatten().unwrap_or(0);
@@ -460,7 +460,7 @@ pub async fn authenticate(State(state): State<AppState>, mut req: Request, next:
         };
         state
             .control
-            .audit(NewAuditEntry {
+            .accounts().audit(NewAuditEntry {
                 actor,
                 action,
                 target,

@@ -1,13 +1,6 @@
-//! Accounts' own state: the queue password checks wait in.
+//! The queue password checks wait in (the accounts component's).
 
 use crate::error::ControlError;
-
-/// What accounts keep in memory.
-#[derive(Debug, Default)]
-pub(crate) struct Accounts {
-    /// Password checks running and waiting.
-    pub hash_queue: HashQueue,
-}
 
 /// Password checks (argon2id: about 19 MiB and tens of milliseconds each) run at most
 /// this many at once per server, with a bounded queue behind them: a burst of sign-ins

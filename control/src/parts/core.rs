@@ -1,0 +1,107 @@
+//! What every component of the control plane shares and none owns: the configuration, the
+//! fleet's time, waking the reconcile loop, telling live views of a change, and recording
+//! an event.
+
+use crate::config::ControlConfig;
+use crate::parts::Membership;
+use crate::store::EventStore;
+use chrono::{DateTime, Utc};
+use std::sync::Arc;
+use std::time::Duration;
+use tessera_model::HostId;
+use tokio::sync::{Notify, broadcast};
+
+/// The common ground of the components. Cheap to clone; clones share everything. Events
+/// go through the store it was made with, so a pass's core (on the fenced store) records
+/// nothing once its server lost the scheduler lease.
+#[derive(Clone)]
+pub(crate) struct Core {
+    config: Arc<ControlConfig>,
+    membership: Arc<Membership>,
+    /// Wakes the reconcile loop when something changed (a scale, a sync with news).
+    wake: Arc<Notify>,
+    /// Tells live views (SSE) that state changed; the payload is a coarse topic.
+    changes: broadcast::Sender<&'static str>,
+    events: Arc<dyn EventStore>,
+}
+
+impl Core {
+    pub(crate) fn new(config: ControlConfig, events: Arc<dyn EventStore>) -> Core {
+        let (changes, _) = broadcast::channel(64);
+        Core {
+            membership: Arc::new(Membership::new(&config.address, &*config.clock)),
+            config: Arc::new(config),
+            wake: Arc::new(Notify::new()),
+            changes,
+            events,
+        }
+    }
+
+    /// The same core, recording events through `events` (a fenced store).
+    pub(crate) fn with_events(&self, events: Arc<dyn EventStore>) -> Core {
+        Core {
+            events,
+            ..self.clone()
+        }
+    }
+
+    pub(crate) fn config(&self) -> &ControlConfig {
+        &self.config
+    }
+
+    /// This server among the servers on the database.
+    pub(crate) fn membership(&self) -> &Membership {
+        &self.membership
+    }
+
+    /// Now, by the fleet's clock (the database's; see [`crate::clock::FleetClock`]).
+    pub(crate) fn now(&self) -> DateTime<Utc> {
+        self.membership.fleet_clock.now(&*self.config.clock)
+    }
+
+    /// Now in Unix seconds, by the fleet's clock.
+    pub(crate) fn unix_now(&self) -> i64 {
+        crate::clock::since_epoch(self.now())
+    }
+
+    /// How long a host may go without a sync before it is lost.
+    pub(crate) fn lost_timeout(&self) -> Duration {
+        self.config.sync_interval * self.config.lost_after_intervals
+    }
+
+    /// Asks the reconcile loop to run soon, and tells live views something changed.
+    pub(crate) fn wake(&self) {
+        self.wake.notify_one();
+        let _ = self.changes.send("changed");
+    }
+
+    /// Asks the reconcile loop to run soon, telling live views nothing (they heard of the
+    /// change already).
+    pub(crate) fn nudge(&self) {
+        self.wake.notify_one();
+    }
+
+    /// Waits until something asks the reconcile loop to run.
+    pub(crate) async fn woken(&self) {
+        self.wake.notified().await
+    }
+
+    /// Tells live views (and, through the database, other servers) of a change.
+    pub(crate) fn publish(&self, topic: &'static str) {
+        let _ = self.changes.send(topic);
+    }
+
+    /// Change notifications for live views.
+    pub(crate) fn subscribe(&self) -> broadcast::Receiver<&'static str> {
+        self.changes.subscribe()
+    }
+
+    /// Records an event on a service and/or a host; a failure to record is logged.
+    pub(crate) async fn event(&self, service: Option<&str>, host: Option<&HostId>, message: &str) {
+        tracing::info!(service, host = host.map(HostId::as_str), "{message}");
+        if let Err(e) = self.events.add_event(service, host, message).await {
+            tracing::error!(error = %e, "recording an event failed");
+        }
+        self.publish("event");
+    }
+}
