@@ -9,12 +9,12 @@ use crate::agents::{hash_token, new_token};
 use crate::error::ControlError;
 use crate::parts::{Core, HashQueue};
 use crate::store::{AuditFilter, AuthStore, NewAuditEntry, ProjectStore, UserChange};
-use std::sync::Arc;
 use argon2::Argon2;
 use argon2::password_hash::rand_core::OsRng;
 use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Duration;
 use tessera_model::auth::{
     ApiTokenInfo, AuditEntry, Caller, CallerKind, NewApiToken, Role, UserInfo,
@@ -567,7 +567,6 @@ impl Accounts {
     pub async fn list_audit(&self, filter: &AuditFilter) -> Result<Vec<AuditEntry>, ControlError> {
         Ok(self.store.list_audit(filter).await?)
     }
-
 }
 
 #[cfg(test)]

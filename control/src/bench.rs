@@ -97,6 +97,7 @@ pub async fn admit_simulated_hosts(
     let mut admitted = Vec::with_capacity(hosts);
     for h in 0..hosts {
         let response = control
+            .agents()
             .admit_host(
                 &RegisterRequest {
                     address: None,
@@ -180,7 +181,8 @@ pub async fn api_token(
     let username = format!("bench-{role}");
     if control.store.user_credentials(&username).await?.is_none() {
         control
-            .accounts().add_user(&username, &crate::auth::generate_password(), role)
+            .accounts()
+            .add_user(&username, &crate::auth::generate_password(), role)
             .await?;
     }
     let caller = Caller {
@@ -193,7 +195,8 @@ pub async fn api_token(
         project: None,
     };
     Ok(control
-        .accounts().create_api_token(&caller, &format!("{role} token"), role, None, None)
+        .accounts()
+        .create_api_token(&caller, &format!("{role} token"), role, None, None)
         .await?
         .token)
 }

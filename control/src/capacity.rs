@@ -258,30 +258,34 @@ mod tests {
             crate::open(&url).await.expect("store"),
             ControlConfig::default(),
         );
-        a.ensure_join_token(Some(JOIN)).await.expect("join token");
+        a.agents()
+            .ensure_join_token(Some(JOIN))
+            .await
+            .expect("join token");
         a.create_pool(&PoolInput::named("gpu")).await.expect("pool");
-        a.register_agent(&RegisterRequest {
-            address: None,
-            join_token: JOIN.into(),
-            pool: PoolName::new("gpu").expect("valid"),
-            cpu_milli: MilliCpu(64_000),
-            memory_mib: MiB(256 * 1024),
-            simulated: true,
-            labels: Default::default(),
-            gpus: (0..2)
-                .map(|i| GpuReport {
-                    uuid: GpuUuid::new(format!("GPU-h-{i}")).expect("valid"),
-                    index: i,
-                    model: "NVIDIA L4".into(),
-                    memory_mib: MiB(24 * 1024),
-                    mps_client_limit: 48,
-                    healthy: true,
-                })
-                .collect(),
-            name: Some("h".into()),
-        })
-        .await
-        .expect("register");
+        a.agents()
+            .register_agent(&RegisterRequest {
+                address: None,
+                join_token: JOIN.into(),
+                pool: PoolName::new("gpu").expect("valid"),
+                cpu_milli: MilliCpu(64_000),
+                memory_mib: MiB(256 * 1024),
+                simulated: true,
+                labels: Default::default(),
+                gpus: (0..2)
+                    .map(|i| GpuReport {
+                        uuid: GpuUuid::new(format!("GPU-h-{i}")).expect("valid"),
+                        index: i,
+                        model: "NVIDIA L4".into(),
+                        memory_mib: MiB(24 * 1024),
+                        mps_client_limit: 48,
+                        healthy: true,
+                    })
+                    .collect(),
+                name: Some("h".into()),
+            })
+            .await
+            .expect("register");
         let def = a
             .register_task_definition(&json!({"family": "s", "containers": [{"name": "main",
                 "command": ["sleep", "infinity"], "cpu_milli": 1000, "memory_mib": 1024,

@@ -69,11 +69,11 @@ impl Control {
         }
         let now = self.core.now();
         let announced = asked.elapsed();
-        if let Err(e) = self.flush_heartbeats().await {
+        if let Err(e) = self.agents().flush_heartbeats().await {
             tracing::warn!(error = %e, "writing the last syncs' times failed");
         }
         let heartbeats = asked.elapsed() - announced;
-        if let Err(e) = self.flush_usage(false).await {
+        if let Err(e) = self.agents().flush_usage(false).await {
             tracing::warn!(error = %e, "writing usage buckets failed; they are written at the next tick");
         }
         tracing::debug!(
@@ -100,10 +100,21 @@ impl Control {
     /// servers, makes this server's engines stale.
     async fn take_lease(&self, now: chrono::DateTime<chrono::Utc>) -> Option<Lease> {
         let expires = stamp(now + to_chrono(self.core.config().lease_ttl));
-        let held = self.core.membership().lease.lock().as_ref().map(|l| l.epoch);
+        let held = self
+            .core
+            .membership()
+            .lease
+            .lock()
+            .as_ref()
+            .map(|l| l.epoch);
         let lease = match self
             .store
-            .acquire_lease(&self.core.membership().server_id, held, &stamp(now), &expires)
+            .acquire_lease(
+                &self.core.membership().server_id,
+                held,
+                &stamp(now),
+                &expires,
+            )
             .await
         {
             Ok(Some(lease)) => lease,
@@ -128,7 +139,7 @@ impl Control {
             tracing::info!(epoch = lease.epoch, "this server holds the scheduler lease");
             // Others may have scheduled since this server's engines were built, and read
             // (and deleted) changes its passes have not.
-            self.capacity_changed();
+            self.scheduler.capacity_changed();
             self.passes.memory.lock().forget();
         } else if !self
             .core
@@ -141,7 +152,7 @@ impl Control {
             // this database does not tell this one: with company, each pass builds its
             // engines afresh. (Where it does, `relay_changes` marks them stale on each
             // change another server makes.)
-            self.capacity_changed();
+            self.scheduler.capacity_changed();
         }
         Some(lease)
     }
@@ -169,7 +180,8 @@ impl Control {
                 return Vec::new();
             }
         };
-        self.core.membership()
+        self.core
+            .membership()
             .relayed
             .store(true, std::sync::atomic::Ordering::SeqCst);
         let listen = {
@@ -222,7 +234,10 @@ impl Control {
     pub(crate) async fn let_go_of_lease(&self) {
         let held = self.core.membership().lease.lock().take();
         if held.is_some()
-            && let Err(e) = self.store.release_lease(&self.core.membership().server_id).await
+            && let Err(e) = self
+                .store
+                .release_lease(&self.core.membership().server_id)
+                .await
         {
             tracing::warn!(error = %e, "letting go of the scheduler lease failed");
         }

@@ -1,19 +1,19 @@
 //! `Control`: the control plane's entry point. The API, the console and the agents call
 //! its methods; its reconcile loop turns desired state into tasks and placements.
 
+use crate::agents::AgentSync;
+use crate::auth::Accounts;
 use crate::cache::Cache;
 use crate::config::ControlConfig;
 use crate::error::ControlError;
-use crate::auth::Accounts;
-use crate::parts::{Core, FleetModel, FleetSnapshot, Gateway, Passes, Scheduling, ServiceState};
+use crate::parts::{Core, FleetModel, FleetSnapshot, Passes, Scheduling, ServiceState};
+use crate::scheduler::Scheduler;
 use crate::store::Store;
 use chrono::Utc;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tessera_model::fit::Verdict;
-use tessera_model::service::TaskDefRef;
-use tessera_model::taskdef::TaskDefinitionSpec;
 use tokio::sync::broadcast;
 
 /// How long the hosts pages reuse the fit verdicts they mark segments with.
@@ -28,8 +28,10 @@ pub struct Control {
     pub(crate) core: Core,
     /// The scheduler's engines, capacity epoch and revisions' specs.
     pub(crate) scheduling: Arc<Scheduling>,
-    /// What agents' syncs leave to write, and what their answers need often.
-    pub(crate) gateway: Arc<Gateway>,
+    /// Placement against the live fleet.
+    pub(crate) scheduler: Scheduler,
+    /// Hosts joining and syncing.
+    agents: AgentSync,
     /// What the reconcile passes remember.
     pub(crate) passes: Arc<Passes>,
     /// Operators' accounts, tokens, sessions and the audit log.
@@ -43,12 +45,15 @@ pub struct Control {
 impl Control {
     pub fn new(store: Arc<dyn Store>, config: ControlConfig) -> Control {
         let core = Core::new(config, store.clone());
+        let scheduling: Arc<Scheduling> = Arc::default();
+        let scheduler = Scheduler::new(store.clone(), core.clone(), scheduling.clone());
         Control {
             accounts: Accounts::new(store.clone(), store.clone(), core.clone()),
+            agents: AgentSync::new(store.clone(), core.clone(), scheduler.clone()),
+            scheduler,
+            scheduling,
             store,
             core,
-            scheduling: Arc::default(),
-            gateway: Arc::default(),
             passes: Arc::default(),
             fleet: Arc::default(),
             verdicts: Arc::new(Cache::with_max_age(1, VERDICTS_FRESH)),
@@ -59,12 +64,22 @@ impl Control {
     /// component keeps its state, and writes through the new store.
     pub(crate) fn with_store(&self, store: Arc<dyn Store>) -> Control {
         let core = self.core.with_events(store.clone());
+        let scheduler = self.scheduler.with_store(store.clone(), core.clone());
         Control {
             accounts: self.accounts.clone(),
+            agents: self
+                .agents
+                .with_store(store.clone(), core.clone(), scheduler.clone()),
+            scheduler,
             store,
             core,
             ..self.clone()
         }
+    }
+
+    /// Agent sync: hosts joining, their syncs, their credentials.
+    pub fn agents(&self) -> &AgentSync {
+        &self.agents
     }
 
     /// Operators' accounts: users, API tokens, console sessions, the audit log.
@@ -86,20 +101,6 @@ impl Control {
         *state != before
     }
 
-    /// The spec of revision `r`, from memory after the first read (revisions are
-    /// immutable; only whether new tasks may use them changes).
-    pub(crate) async fn spec_of(
-        &self,
-        r: &TaskDefRef,
-    ) -> Result<Arc<TaskDefinitionSpec>, ControlError> {
-        if let Some(spec) = self.scheduling.specs.get(r) {
-            return Ok(spec);
-        }
-        let spec = Arc::new(self.store.get_task_definition(r).await?.spec);
-        self.scheduling.specs.insert(r.clone(), spec.clone());
-        Ok(spec)
-    }
-
     /// The fleet as of now (the fleet read model, brought up to date): what this caller
     /// wrote before is in it.
     pub async fn fleet(&self) -> Result<Arc<FleetSnapshot>, ControlError> {
@@ -116,14 +117,6 @@ impl Control {
             }),
         }
     }
-
-    /// Capacity changed outside the scheduler: its cached engines are rebuilt next pass,
-    /// and the other servers on this database hear of it (theirs are too).
-    pub(crate) fn capacity_changed(&self) {
-        self.scheduling.capacity_changed();
-        self.core.publish("capacity");
-    }
-
 
     /// Reads the database's clock for [`Control::now`]; a failure keeps the last reading
     /// (carried forward by this machine's monotonic clock).
@@ -173,11 +166,8 @@ impl Control {
         self.core.wake()
     }
 
-
-
     /// Change notifications for live views.
     pub fn subscribe(&self) -> broadcast::Receiver<&'static str> {
         self.core.subscribe()
     }
-
 }

@@ -115,7 +115,7 @@ impl Control {
         let service = self.store.get_service(name).await?;
         let evidence = self.evidence(Some(name)).await?;
         let tasks = self.holding_tasks_of(name).await?;
-        let spec = self.spec_of(&service.task_definition).await?;
+        let spec = self.scheduler.spec_of(&service.task_definition).await?;
         let mut fit = self.judge_service(&service, &spec, &tasks, &evidence);
         let (bucket_secs, history) = self.history(name, range).await?;
         fit.range = range.as_str().to_owned();
@@ -303,7 +303,7 @@ impl Control {
                 .filter(|t| t.service == s.name)
                 .cloned()
                 .collect();
-            let spec = self.spec_of(&s.task_definition).await?;
+            let spec = self.scheduler.spec_of(&s.task_definition).await?;
             let fit = self.judge_service(s, &spec, &tasks, &evidence);
             let mut req = request_for(&spec, &s.constraints, BTreeSet::new());
             if let (GpuDemand::Shared { memory, compute }, Some(m)) =
@@ -317,7 +317,7 @@ impl Control {
                 }
             }
             for t in &tasks {
-                let own = self.spec_of(&t.task_definition).await?;
+                let own = self.scheduler.spec_of(&t.task_definition).await?;
                 let mut r = request_for(&own, &s.constraints, BTreeSet::new());
                 if t.task_definition == s.task_definition {
                     r = req.clone();
@@ -387,7 +387,7 @@ impl Control {
             if tasks.is_empty() {
                 continue;
             }
-            let spec = self.spec_of(&s.task_definition).await?;
+            let spec = self.scheduler.spec_of(&s.task_definition).await?;
             for t in self.judge_service(&s, &spec, &tasks, &evidence).tasks {
                 out.insert(t.task_id, t.judgement.verdict);
             }
@@ -466,7 +466,7 @@ impl Control {
                 "service {name} has no usage evidence yet; nothing to suggest"
             )));
         };
-        let spec = self.spec_of(&service.task_definition).await?;
+        let spec = self.scheduler.spec_of(&service.task_definition).await?;
         let (new, changes) = resized(&spec, memory, fit.judgement.suggested_compute_percent);
         if changes.is_empty() {
             return Err(ControlError::Conflict(format!(
@@ -505,22 +505,23 @@ impl Control {
             },
         )
         .await?;
-        self.core.event(
-            Some(name),
-            None,
-            &format!(
-                "right-sized: {} registered from {} ({}), rolling out",
-                def.reference(),
-                proposal.current,
-                proposal
-                    .changes
-                    .iter()
-                    .map(|c| format!("{} {} → {}", c.field, c.from, c.to))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        )
-        .await;
+        self.core
+            .event(
+                Some(name),
+                None,
+                &format!(
+                    "right-sized: {} registered from {} ({}), rolling out",
+                    def.reference(),
+                    proposal.current,
+                    proposal
+                        .changes
+                        .iter()
+                        .map(|c| format!("{} {} → {}", c.field, c.from, c.to))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            )
+            .await;
         Ok((proposal, def))
     }
 }

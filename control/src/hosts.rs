@@ -43,7 +43,7 @@ impl Control {
         {
             return Err(changed_meanwhile(id));
         }
-        self.capacity_changed();
+        self.scheduler.capacity_changed();
         self.core.event(None, Some(id), &t.message).await;
         self.core.wake();
         Ok(())

@@ -60,7 +60,6 @@
 
 #![forbid(unsafe_code)]
 
-pub mod admission;
 pub mod agents;
 pub mod auth;
 #[cfg(feature = "bench")]
@@ -95,11 +94,11 @@ pub mod store;
 mod test_values;
 #[cfg(feature = "testing")]
 pub mod testkit;
-pub mod usage;
 mod views;
 mod work;
 mod workloads;
 
+pub use agents::{admission, usage};
 pub use config::ControlConfig;
 pub use control::Control;
 pub use error::{ControlError, StoreError};

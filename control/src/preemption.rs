@@ -432,16 +432,17 @@ impl Control {
                     .add_preemption(&entry(PreemptionState::Done))
                     .await?;
             }
-            self.core.event(
-                Some(&service.name),
-                Some(host),
-                &format!(
-                    "preempting {} task(s) on host {host} to make room for a task of {}",
-                    plan.stop.len(),
-                    service.name
-                ),
-            )
-            .await;
+            self.core
+                .event(
+                    Some(&service.name),
+                    Some(host),
+                    &format!(
+                        "preempting {} task(s) on host {host} to make room for a task of {}",
+                        plan.stop.len(),
+                        service.name
+                    ),
+                )
+                .await;
         } else if let Some((id, _)) = d.approved.remove(task_id) {
             // Its room is there already: nothing left to stop.
             self.store
@@ -528,15 +529,16 @@ impl Control {
     pub async fn decline_preemption(&self, id: i64) -> Result<(), ControlError> {
         let p = self.proposed(id).await?;
         self.decide(id, PreemptionState::Declined).await?;
-        self.core.event(
-            Some(&p.service),
-            None,
-            &format!(
-                "preemption {id} declined: task {} of {} waits without it",
-                p.task, p.service
-            ),
-        )
-        .await;
+        self.core
+            .event(
+                Some(&p.service),
+                None,
+                &format!(
+                    "preemption {id} declined: task {} of {} waits without it",
+                    p.task, p.service
+                ),
+            )
+            .await;
         Ok(())
     }
 

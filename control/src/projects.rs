@@ -406,7 +406,8 @@ impl Control {
         let project = project::validate(input)?;
         self.check_quotas(&project).await?;
         self.store.create_project(&project).await?;
-        self.core.event(None, None, &format!("project {} created", project.name))
+        self.core
+            .event(None, None, &format!("project {} created", project.name))
             .await;
         self.core.wake();
         Ok(self.store.get_project(&project.name).await?)
@@ -424,7 +425,8 @@ impl Control {
         let project = project::validate(&settings.named(name))?;
         self.check_quotas(&project).await?;
         self.store.replace_project(&project).await?;
-        self.core.event(None, None, &format!("project {name}'s quotas changed"))
+        self.core
+            .event(None, None, &format!("project {name}'s quotas changed"))
             .await;
         self.core.wake();
         Ok(self.store.get_project(name).await?)
@@ -449,12 +451,13 @@ impl Control {
         self.store.get_project(name).await?;
         self.accounts().get_user(username).await?;
         self.store.set_project_member(name, username, role).await?;
-        self.core.event(
-            None,
-            None,
-            &format!("user {username} is {role} in project {name}"),
-        )
-        .await;
+        self.core
+            .event(
+                None,
+                None,
+                &format!("user {username} is {role} in project {name}"),
+            )
+            .await;
         Ok(())
     }
 
@@ -466,12 +469,13 @@ impl Control {
     ) -> Result<(), ControlError> {
         self.store.get_project(name).await?;
         self.store.remove_project_member(name, username).await?;
-        self.core.event(
-            None,
-            None,
-            &format!("user {username} has no role in project {name} any more"),
-        )
-        .await;
+        self.core
+            .event(
+                None,
+                None,
+                &format!("user {username} has no role in project {name} any more"),
+            )
+            .await;
         Ok(())
     }
 
@@ -483,7 +487,8 @@ impl Control {
             ));
         }
         self.store.delete_project(name).await?;
-        self.core.event(None, None, &format!("project {name} deleted"))
+        self.core
+            .event(None, None, &format!("project {name} deleted"))
             .await;
         Ok(())
     }

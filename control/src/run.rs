@@ -54,17 +54,18 @@ impl Control {
                 _ = tokio::time::sleep(self.core.config().tick) => {}
             }
         }
-        if let Err(e) = self.flush_heartbeats().await {
+        if let Err(e) = self.agents().flush_heartbeats().await {
             tracing::error!(error = %e, "writing the last syncs' times failed");
         }
-        if let Err(e) = self.flush_usage(true).await {
+        if let Err(e) = self.agents().flush_usage(true).await {
             tracing::error!(error = %e, "writing the last usage buckets failed");
         }
         self.let_go_of_lease().await;
         for task in relay {
             task.abort();
         }
-        self.core.membership()
+        self.core
+            .membership()
             .relayed
             .store(false, std::sync::atomic::Ordering::SeqCst);
         tracing::info!("reconcile loop stopped");

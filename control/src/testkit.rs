@@ -171,6 +171,7 @@ pub async fn env(config: ControlConfig) -> Env {
         },
     );
     control
+        .agents()
         .ensure_join_token(Some(JOIN))
         .await
         .expect("join token");
@@ -201,6 +202,7 @@ pub async fn in_memory(join_token: &str) -> Control {
         .expect("in-memory store");
     let control = Control::new(store, ControlConfig::default());
     control
+        .agents()
         .ensure_join_token(Some(join_token))
         .await
         .expect("join token");
@@ -310,10 +312,12 @@ pub fn registration(
 pub async fn host(control: &Control, name: &str, count: u32, gib: u64) -> Host {
     let gpus = gpus(name, count, gib);
     let resp = control
+        .agents()
         .register_agent(&registration(JOIN, "gpu", name, gpus.clone()))
         .await
         .expect("register");
     let id = control
+        .agents()
         .authenticate_agent(&resp.agent_token)
         .await
         .expect("token works");
@@ -333,7 +337,11 @@ pub async fn sync_with(
     mps_healthy: bool,
     exited: &[(String, i32)],
 ) -> SyncResponse {
-    let id = control.authenticate_agent(&h.token).await.expect("token");
+    let id = control
+        .agents()
+        .authenticate_agent(&h.token)
+        .await
+        .expect("token");
     let wanted = control
         .store()
         .list_tasks(&TaskFilter {
@@ -359,6 +367,7 @@ pub async fn sync_with(
         ..Default::default()
     }));
     control
+        .agents()
         .sync_agent(
             &id,
             &SyncRequest {

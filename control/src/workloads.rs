@@ -26,7 +26,7 @@ impl Control {
             )));
         }
         self.store.upsert_pool(&pool).await?;
-        self.capacity_changed();
+        self.scheduler.capacity_changed();
         Ok(pool)
     }
 
@@ -88,19 +88,20 @@ impl Control {
                 .expire_open_preemptions(updated.name.as_str())
                 .await?;
             if n > 0 {
-                self.core.event(
-                    None,
-                    None,
-                    &format!(
-                        "pool {}: preemption is {} now; {n} open preemption(s) expired",
-                        updated.name,
-                        updated.preemption.as_str()
-                    ),
-                )
-                .await;
+                self.core
+                    .event(
+                        None,
+                        None,
+                        &format!(
+                            "pool {}: preemption is {} now; {n} open preemption(s) expired",
+                            updated.name,
+                            updated.preemption.as_str()
+                        ),
+                    )
+                    .await;
             }
         }
-        self.capacity_changed();
+        self.scheduler.capacity_changed();
         self.core.wake();
         Ok(updated)
     }
@@ -171,15 +172,16 @@ impl Control {
             }
             other => other?,
         }
-        self.core.event(
-            Some(&service.name),
-            None,
-            &format!(
-                "service {} created: {} tasks of {} in pool {}",
-                service.name, service.desired_count, service.task_definition, service.pool
-            ),
-        )
-        .await;
+        self.core
+            .event(
+                Some(&service.name),
+                None,
+                &format!(
+                    "service {} created: {} tasks of {} in pool {}",
+                    service.name, service.desired_count, service.task_definition, service.pool
+                ),
+            )
+            .await;
         self.core.wake();
         Ok(self.store.get_service(&service.name).await?)
     }
@@ -267,7 +269,7 @@ impl Control {
             self.store.update_service_settings(name, &change).await?;
             let said = format!("settings changed: {}", changed.join(", "));
             self.core.event(Some(name), None, &said).await;
-            self.capacity_changed();
+            self.scheduler.capacity_changed();
         }
         if let Some(r) = new_def.filter(|r| *r != service.task_definition) {
             let id = self.store.start_deployment(name, &r, false).await?;
@@ -320,12 +322,13 @@ impl Control {
     /// Drains the service to zero tasks; the reconciler removes it then.
     pub async fn delete_service(&self, name: &str) -> Result<(), ControlError> {
         self.store.mark_service_deleting(name).await?;
-        self.core.event(
-            Some(name),
-            None,
-            "service deletion requested: draining to 0 tasks",
-        )
-        .await;
+        self.core
+            .event(
+                Some(name),
+                None,
+                "service deletion requested: draining to 0 tasks",
+            )
+            .await;
         self.core.wake();
         Ok(())
     }

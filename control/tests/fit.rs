@@ -22,33 +22,34 @@ async fn report(c: &tessera_control::Control, h: &Host, peak: u64, sm: u32, erro
         })
         .await
         .expect("tasks");
-    c.sync_agent(
-        &h.id,
-        &SyncRequest {
-            address: None,
-            dynamic_ports_free: None,
-            gpus: h.gpus.clone(),
-            mps: MpsReport {
-                healthy: true,
-                reason: None,
-                restarts: None,
+    c.agents()
+        .sync_agent(
+            &h.id,
+            &SyncRequest {
+                address: None,
+                dynamic_ports_free: None,
+                gpus: h.gpus.clone(),
+                mps: MpsReport {
+                    healthy: true,
+                    reason: None,
+                    restarts: None,
+                },
+                tasks: running
+                    .iter()
+                    .map(|t| TaskReport {
+                        task_id: t.id.clone(),
+                        running: true,
+                        gpu_memory_peak_mib: Some(MiB(peak)),
+                        gpu_memory_mib: Some(MiB(peak - 100)),
+                        sm_percent: Some(sm),
+                        memory_errors: (errors > 0).then_some(errors),
+                        ..Default::default()
+                    })
+                    .collect(),
             },
-            tasks: running
-                .iter()
-                .map(|t| TaskReport {
-                    task_id: t.id.clone(),
-                    running: true,
-                    gpu_memory_peak_mib: Some(MiB(peak)),
-                    gpu_memory_mib: Some(MiB(peak - 100)),
-                    sm_percent: Some(sm),
-                    memory_errors: (errors > 0).then_some(errors),
-                    ..Default::default()
-                })
-                .collect(),
-        },
-    )
-    .await
-    .expect("sync");
+        )
+        .await
+        .expect("sync");
 }
 
 fn config() -> ControlConfig {
@@ -84,7 +85,7 @@ async fn verdicts_follow_the_evidence_and_right_sizing_rolls_out_a_smaller_budge
     for _ in 0..24 {
         report(c, &h, 2700, 12, 0).await;
         e.clock.advance(Duration::from_secs(30));
-        c.flush_usage(false).await.expect("flushed");
+        c.agents().flush_usage(false).await.expect("flushed");
     }
     let fit = c.service_fit("infer", "hour").await.expect("fit");
     assert_eq!(fit.judgement.verdict, Verdict::Oversized, "{fit:?}");
@@ -153,12 +154,12 @@ async fn refused_allocations_make_a_service_over_budget_and_an_unknown_range_is_
     sync(c, &h).await;
     report(c, &h, 3900, 20, 0).await;
     e.clock.advance(Duration::from_secs(61));
-    c.flush_usage(false).await.expect("flushed");
+    c.agents().flush_usage(false).await.expect("flushed");
     let fit = c.service_fit("tight", "hour").await.expect("fit");
     assert_eq!(fit.judgement.verdict, Verdict::NearBudget, "{fit:?}");
     report(c, &h, 4096, 20, 3).await;
     e.clock.advance(Duration::from_secs(61));
-    c.flush_usage(false).await.expect("flushed");
+    c.agents().flush_usage(false).await.expect("flushed");
     let fit = c.service_fit("tight", "day").await.expect("fit");
     assert_eq!(fit.judgement.verdict, Verdict::OverBudget);
     assert!(
@@ -178,22 +179,23 @@ async fn the_mps_daemons_restarts_are_recorded_with_the_host() {
     sync(c, &h).await;
     assert_eq!(c.get_host(&h.id).await.expect("host").mps_restarts, 0);
     for restarts in [2, 2, 3] {
-        c.sync_agent(
-            &h.id,
-            &SyncRequest {
-                address: None,
-                dynamic_ports_free: None,
-                gpus: h.gpus.clone(),
-                mps: MpsReport {
-                    healthy: true,
-                    reason: None,
-                    restarts: Some(restarts),
+        c.agents()
+            .sync_agent(
+                &h.id,
+                &SyncRequest {
+                    address: None,
+                    dynamic_ports_free: None,
+                    gpus: h.gpus.clone(),
+                    mps: MpsReport {
+                        healthy: true,
+                        reason: None,
+                        restarts: Some(restarts),
+                    },
+                    tasks: vec![],
                 },
-                tasks: vec![],
-            },
-        )
-        .await
-        .expect("sync");
+            )
+            .await
+            .expect("sync");
         assert_eq!(
             c.get_host(&h.id).await.expect("host").mps_restarts,
             restarts

@@ -12,21 +12,26 @@ const CONFIGURED: &str = "configured-admin-password";
 async fn the_configured_admin_password_never_enables_a_disabled_admin() {
     let env = env(fast()).await;
     let c = &env.control;
-    c.accounts().ensure_admin(Some(CONFIGURED), false)
+    c.accounts()
+        .ensure_admin(Some(CONFIGURED), false)
         .await
         .expect("admin");
-    c.accounts().add_user("ops", "another-long-password", Role::Admin)
+    c.accounts()
+        .add_user("ops", "another-long-password", Role::Admin)
         .await
         .expect("second admin");
-    c.accounts().update_user("admin", Some(Role::Viewer), Some(true), None)
+    c.accounts()
+        .update_user("admin", Some(Role::Viewer), Some(true), None)
         .await
         .expect("demoted and disabled");
     // The restart.
-    c.accounts().ensure_admin(Some(CONFIGURED), false)
+    c.accounts()
+        .ensure_admin(Some(CONFIGURED), false)
         .await
         .expect("start");
     let admin = c
-        .accounts().list_users()
+        .accounts()
+        .list_users()
         .await
         .expect("users")
         .into_iter()
@@ -39,7 +44,10 @@ async fn the_configured_admin_password_never_enables_a_disabled_admin() {
         "the configured password restored its role"
     );
     assert!(
-        c.accounts().sign_in("admin", CONFIGURED, None).await.is_err(),
+        c.accounts()
+            .sign_in("admin", CONFIGURED, None)
+            .await
+            .is_err(),
         "a disabled account signs in"
     );
 }
@@ -66,25 +74,29 @@ async fn a_rotated_join_token_stays_rotated_across_a_restart() {
     let env = env(fast()).await;
     let c = &env.control;
     // `env` configured JOIN; an admin rotates it.
-    let rotated = c.rotate_join_token().await.expect("rotated");
+    let rotated = c.agents().rotate_join_token().await.expect("rotated");
     // The restart, with the old token still in the configuration.
     let restarted = env.restart(fast()).await;
     restarted
+        .agents()
         .ensure_join_token(Some(JOIN))
         .await
         .expect("starts");
     let err = restarted
+        .agents()
         .register_agent(&register_request(JOIN))
         .await
         .expect_err("the leaked token admits a host");
     assert!(err.to_string().contains("join token"), "{err}");
     restarted
+        .agents()
         .register_agent(&register_request(&rotated))
         .await
         .expect("the rotated token admits");
     // A new token in the configuration is the operator's own rotation.
     let chosen = "a-new-configured-join-token";
     restarted
+        .agents()
         .ensure_join_token(Some(chosen))
         .await
         .expect("starts");
@@ -92,11 +104,13 @@ async fn a_rotated_join_token_stays_rotated_across_a_restart() {
     r.name = Some("joiner-2".into());
     r.gpus = gpus("joiner-2", 1, 24);
     restarted
+        .agents()
         .register_agent(&r)
         .await
         .expect("the new configured token admits");
     assert!(
         restarted
+            .agents()
             .register_agent(&register_request(&rotated))
             .await
             .is_err()
@@ -131,13 +145,14 @@ async fn the_audit_log_servers_and_finished_plans_are_pruned() {
     })
     .await;
     let c = &env.control;
-    c.accounts().audit(tessera_control::store::NewAuditEntry {
-        actor: "admin".into(),
-        action: "POST /api/v1/users".into(),
-        target: Some("old".into()),
-        address: None,
-    })
-    .await;
+    c.accounts()
+        .audit(tessera_control::store::NewAuditEntry {
+            actor: "admin".into(),
+            action: "POST /api/v1/users".into(),
+            target: Some("old".into()),
+            address: None,
+        })
+        .await;
     c.tick().await.expect("this server announced");
     let plan = c
         .plan_consolidation(&tessera_model::consolidation::PlanInput {
@@ -204,13 +219,16 @@ async fn join_tokens_register_nothing_past_their_scope() {
         .await
         .expect("pool");
     let one = c
+        .agents()
         .mint_join_token(&admin(), &minted(Some("gpu"), 1, 3600))
         .await
         .expect("minted");
-    c.register_agent(&joiner(&one.token, "first", "gpu"))
+    c.agents()
+        .register_agent(&joiner(&one.token, "first", "gpu"))
         .await
         .expect("the token's one use");
     let used = c
+        .agents()
         .register_agent(&joiner(&one.token, "second", "gpu"))
         .await
         .expect_err("a used-up token registered a host");
@@ -218,21 +236,25 @@ async fn join_tokens_register_nothing_past_their_scope() {
     assert!(used.to_string().contains("used up"), "{used}");
 
     let scoped = c
+        .agents()
         .mint_join_token(&admin(), &minted(Some("gpu"), 5, 3600))
         .await
         .expect("minted");
     let other_pool = c
+        .agents()
         .register_agent(&joiner(&scoped.token, "elsewhere", "other"))
         .await
         .expect_err("a token for pool gpu registered a host in pool other");
     println!("token for another pool: refused ({other_pool})");
 
     let short = c
+        .agents()
         .mint_join_token(&admin(), &minted(None, 5, 60))
         .await
         .expect("minted");
     env.clock.advance(std::time::Duration::from_secs(61));
     let expired = c
+        .agents()
         .register_agent(&joiner(&short.token, "late", "gpu"))
         .await
         .expect_err("an expired token registered a host");
@@ -241,6 +263,7 @@ async fn join_tokens_register_nothing_past_their_scope() {
 
     // Ten registrations race for one use: exactly one host is written.
     let last = c
+        .agents()
         .mint_join_token(&admin(), &minted(None, 1, 3600))
         .await
         .expect("minted");
@@ -248,7 +271,8 @@ async fn join_tokens_register_nothing_past_their_scope() {
     for i in 0..10 {
         let (c, token) = (c.clone(), last.token.clone());
         racing.spawn(async move {
-            c.register_agent(&joiner(&token, &format!("racer-{i}"), "gpu"))
+            c.agents()
+                .register_agent(&joiner(&token, &format!("racer-{i}"), "gpu"))
                 .await
         });
     }
@@ -262,7 +286,7 @@ async fn join_tokens_register_nothing_past_their_scope() {
     assert_eq!(won, 1);
     let hosts = c.list_hosts().await.expect("hosts");
     assert_eq!(hosts.len(), 2, "{hosts:?}");
-    let listed = c.list_join_tokens().await.expect("tokens");
+    let listed = c.agents().list_join_tokens().await.expect("tokens");
     assert!(
         listed
             .iter()
@@ -284,6 +308,7 @@ async fn the_token_printed_at_first_start_expires() {
         },
     );
     let token = c
+        .agents()
         .ensure_join_token(None)
         .await
         .expect("start")
@@ -291,13 +316,15 @@ async fn the_token_printed_at_first_start_expires() {
     c.create_pool(&tessera_control::inputs::PoolInput::named("gpu"))
         .await
         .expect("pool");
-    c.register_agent(&joiner(&token, "day-one", "gpu"))
+    c.agents()
+        .register_agent(&joiner(&token, "day-one", "gpu"))
         .await
         .expect("registers on day one");
     clock.advance(
         tessera_control::admission::BOOTSTRAP_TOKEN_TTL + std::time::Duration::from_secs(1),
     );
     let err = c
+        .agents()
         .register_agent(&joiner(&token, "day-two", "gpu"))
         .await
         .expect_err("the bootstrap token still registers a day later");
@@ -340,6 +367,7 @@ async fn a_manual_pool_holds_new_hosts_and_their_tasks_until_approved() {
         "an admission that is not one"
     );
     let resp = c
+        .agents()
         .register_agent(&joiner(JOIN, "newcomer", "secure"))
         .await
         .expect("registers");
@@ -372,17 +400,22 @@ async fn a_manual_pool_holds_new_hosts_and_their_tasks_until_approved() {
     let answer = sync(c, &h).await;
     println!("held host's sync answer: {} task(s)", answer.tasks.len());
     assert!(answer.tasks.is_empty(), "a held host was sent tasks");
-    c.approve_host(&admin(), &resp.host_id)
+    c.agents()
+        .approve_host(&admin(), &resp.host_id)
         .await
         .expect("approved");
     c.reconcile_once().await.expect("pass");
     let answer = sync(c, &h).await;
     assert_eq!(answer.tasks.len(), 1, "the approved host runs the task");
     assert!(
-        c.approve_host(&admin(), &resp.host_id).await.is_err(),
+        c.agents()
+            .approve_host(&admin(), &resp.host_id)
+            .await
+            .is_err(),
         "approved twice"
     );
     let pre = c
+        .agents()
         .mint_join_token(
             &admin(),
             &tessera_model::auth::JoinTokenInput {
@@ -393,6 +426,7 @@ async fn a_manual_pool_holds_new_hosts_and_their_tasks_until_approved() {
         .await
         .expect("minted");
     let resp = c
+        .agents()
         .register_agent(&joiner(&pre.token, "trusted", "secure"))
         .await
         .expect("registers");
@@ -406,15 +440,17 @@ async fn a_revoked_host_rejoins_only_with_a_token_minted_for_it() {
     let env = env(fast()).await;
     let c = &env.control;
     let h = host(c, "victim", 1, 24).await;
-    c.revoke_host(&h.id).await.expect("revoked");
+    c.agents().revoke_host(&h.id).await.expect("revoked");
     let mut impostor = joiner(JOIN, "impostor", "gpu");
     impostor.gpus = h.gpus.clone();
     let err = c
+        .agents()
         .register_agent(&impostor)
         .await
         .expect_err("GPU UUIDs took a revoked host over");
     println!("rejoin by GPU UUIDs: refused ({err})");
     let t = c
+        .agents()
         .mint_join_token(
             &admin(),
             &tessera_model::auth::JoinTokenInput {
@@ -426,18 +462,19 @@ async fn a_revoked_host_rejoins_only_with_a_token_minted_for_it() {
         .expect("minted");
     let mut back = joiner(&t.token, "victim", "gpu");
     back.gpus = h.gpus.clone();
-    let resp = c.register_agent(&back).await.expect("rejoins");
+    let resp = c.agents().register_agent(&back).await.expect("rejoins");
     assert_eq!(resp.host_id, h.id);
     assert!(
-        c.mint_join_token(
-            &admin(),
-            &tessera_model::auth::JoinTokenInput {
-                host: Some(h.id.to_string()),
-                ..minted(None, 1, 3600)
-            },
-        )
-        .await
-        .is_err(),
+        c.agents()
+            .mint_join_token(
+                &admin(),
+                &tessera_model::auth::JoinTokenInput {
+                    host: Some(h.id.to_string()),
+                    ..minted(None, 1, 3600)
+                },
+            )
+            .await
+            .is_err(),
         "a token minted for a host that is registered"
     );
 }
@@ -449,13 +486,18 @@ async fn a_burst_of_wrong_passwords_gets_at_most_the_limit_checked() {
     let env = env(fast()).await;
     let a = env.control.clone();
     let b = env.restart(fast()).await;
-    a.accounts().add_user("ops", "the-right-password-1", Role::Operator)
+    a.accounts()
+        .add_user("ops", "the-right-password-1", Role::Operator)
         .await
         .expect("user");
     let mut burst = tokio::task::JoinSet::new();
     for i in 0..200 {
         let c = if i % 2 == 0 { a.clone() } else { b.clone() };
-        burst.spawn(async move { c.accounts().sign_in("ops", &format!("guess-{i}"), None).await });
+        burst.spawn(async move {
+            c.accounts()
+                .sign_in("ops", &format!("guess-{i}"), None)
+                .await
+        });
     }
     let results = burst.join_all().await;
     let checked = results
@@ -486,13 +528,15 @@ async fn a_burst_of_wrong_passwords_gets_at_most_the_limit_checked() {
     assert_eq!(checked + limited, 200);
     // The window holds for the right password too, on either server, until it passes.
     assert!(
-        b.accounts().sign_in("ops", "the-right-password-1", None)
+        b.accounts()
+            .sign_in("ops", "the-right-password-1", None)
             .await
             .is_err()
     );
     env.clock
         .advance(tessera_control::auth::ATTEMPT_WINDOW + std::time::Duration::from_secs(1));
-    a.accounts().sign_in("ops", "the-right-password-1", None)
+    a.accounts()
+        .sign_in("ops", "the-right-password-1", None)
         .await
         .expect("signs in once the window passed");
 }
@@ -593,6 +637,7 @@ async fn privileges_a_pool_does_not_allow_are_refused_with_the_field() {
     // The pool made stricter afterwards: a sync no longer sends the task (the last gate,
     // as for a rollback to such a revision or a definition stored before the check).
     let resp = c
+        .agents()
         .register_agent(&joiner(JOIN, "trusted-host", "trusted"))
         .await
         .expect("registers");
@@ -652,22 +697,29 @@ async fn privileges_a_pool_does_not_allow_are_refused_with_the_field() {
 async fn successful_sign_ins_use_up_no_allowance_and_failures_do() {
     let env = env(fast()).await;
     let c = &env.control;
-    c.accounts().add_user("ops", "the-right-password-1", Role::Operator)
+    c.accounts()
+        .add_user("ops", "the-right-password-1", Role::Operator)
         .await
         .expect("user");
     let here: std::net::IpAddr = "10.1.2.3".parse().expect("ip");
     for _ in 0..12 {
-        c.accounts().sign_in("ops", "the-right-password-1", Some(here))
+        c.accounts()
+            .sign_in("ops", "the-right-password-1", Some(here))
             .await
             .expect("a good sign-in is never limited");
     }
     for i in 0..tessera_control::auth::MAX_ATTEMPTS {
         assert!(matches!(
-            c.accounts().sign_in("nobody", &format!("guess-{i}"), Some(here)).await,
+            c.accounts()
+                .sign_in("nobody", &format!("guess-{i}"), Some(here))
+                .await,
             Err(tessera_control::error::ControlError::Unauthorized(_))
         ));
     }
-    let limited = c.accounts().sign_in("ops", "the-right-password-1", Some(here)).await;
+    let limited = c
+        .accounts()
+        .sign_in("ops", "the-right-password-1", Some(here))
+        .await;
     println!("after 5 failures from one address, its next sign-in: {limited:?}");
     assert!(matches!(
         limited,

@@ -91,12 +91,13 @@ async fn a_task_that_breaks_every_bound_costs_only_its_own_figures() {
     };
     for _ in 0..3 {
         let answer = c
+            .agents()
             .sync_agent(&h.id, &report(&h, vec![hostile.clone(), honest.clone()]))
             .await
             .expect("the sync is taken, whatever one task sends");
         assert_eq!(answer.tasks.len(), 2, "both tasks are still wanted");
     }
-    c.flush_heartbeats().await.expect("flushed");
+    c.agents().flush_heartbeats().await.expect("flushed");
     let host = c.get_host(&h.id).await.expect("host");
     assert_eq!(host.status, HostStatus::Active);
     assert_eq!(
@@ -184,7 +185,10 @@ async fn a_host_cannot_grow_its_inventory_behind_the_admins_back() {
     assert_eq!(held.gpus.len(), 1, "not capacity before approval");
     assert_eq!(held.pending_gpus.len(), 1);
     assert_eq!(held.pending_gpus[0].uuid.as_str(), "GPU-hot-added");
-    c.approve_host(&admin(), &h.id).await.expect("approved");
+    c.agents()
+        .approve_host(&admin(), &h.id)
+        .await
+        .expect("approved");
     let approved = c.get_host(&h.id).await.expect("host");
     assert_eq!(approved.gpus.len(), 2, "approved GPUs are capacity");
     assert!(approved.pending_gpus.is_empty());

@@ -457,14 +457,25 @@ async fn a_sync_that_changes_nothing_still_counts_and_new_use_or_gpus_are_record
     };
     // Use is recorded: a peak only grows, the SM share is the latest.
     env.clock.advance(std::time::Duration::from_secs(1));
-    c.sync_agent(&a.id, &report(3000, 20)).await.expect("sync");
+    c.agents()
+        .sync_agent(&a.id, &report(3000, 20))
+        .await
+        .expect("sync");
     assert_eq!(measured().await, [(Some(3000), Some(20)); 2]);
     env.clock.advance(std::time::Duration::from_secs(1));
-    let again = c.sync_agent(&a.id, &report(2000, 30)).await.expect("sync");
+    let again = c
+        .agents()
+        .sync_agent(&a.id, &report(2000, 30))
+        .await
+        .expect("sync");
     assert_eq!(measured().await, [(Some(3000), Some(30)); 2]);
     // Nothing new: only the time is written, and the answer is the same.
     env.clock.advance(std::time::Duration::from_secs(1));
-    let same = c.sync_agent(&a.id, &report(3000, 30)).await.expect("sync");
+    let same = c
+        .agents()
+        .sync_agent(&a.id, &report(3000, 30))
+        .await
+        .expect("sync");
     assert_eq!(same, again);
     assert_eq!(measured().await, [(Some(3000), Some(30)); 2]);
     // Its time is written with the others' at the start of the next pass.
@@ -474,7 +485,7 @@ async fn a_sync_that_changes_nothing_still_counts_and_new_use_or_gpus_are_record
     // A GPU that goes missing is still caught, and its tasks stop with it.
     let mut one_gone = report(3000, 30);
     let gone = one_gone.gpus.remove(0);
-    let after = c.sync_agent(&a.id, &one_gone).await.expect("sync");
+    let after = c.agents().sync_agent(&a.id, &one_gone).await.expect("sync");
     let host = c.get_host(&a.id).await.expect("host");
     let g = host
         .gpus
@@ -522,6 +533,7 @@ async fn a_task_pulling_its_image_stays_assigned_and_says_so_and_a_refused_pull_
         }],
     };
     let answer = c
+        .agents()
         .sync_agent(&a.id, &report(Some("registry.example/llm:1"), None))
         .await
         .expect("sync");
@@ -534,6 +546,7 @@ async fn a_task_pulling_its_image_stays_assigned_and_says_so_and_a_refused_pull_
     );
     let why = "pull access denied for registry.example/llm";
     let answer = c
+        .agents()
         .sync_agent(&a.id, &report(None, Some(why)))
         .await
         .expect("sync");
@@ -636,10 +649,12 @@ async fn a_fresh_fleet_gets_the_default_pool_once_and_a_fleet_with_pools_none() 
     assert_eq!(names, ["default"]);
     // An agent started with its defaults joins it.
     control
+        .agents()
         .ensure_join_token(Some(JOIN))
         .await
         .expect("join token");
     let joined = control
+        .agents()
         .register_agent(&tessera_model::agent::RegisterRequest {
             address: None,
             join_token: JOIN.into(),

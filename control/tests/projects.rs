@@ -904,7 +904,8 @@ async fn roles_in_projects_are_kept_and_bound_scoped_tokens() {
     c.create_project(&project("research", vec![]))
         .await
         .expect("project");
-    c.accounts().add_user("rita", "rita-password-123", Role::Viewer)
+    c.accounts()
+        .add_user("rita", "rita-password-123", Role::Viewer)
         .await
         .expect("user");
     let err = c
@@ -924,7 +925,8 @@ async fn roles_in_projects_are_kept_and_bound_scoped_tokens() {
 
     // Rita's session sees her role in research.
     let rita = c
-        .accounts().session_caller(&tessera_control::auth::SessionUser {
+        .accounts()
+        .session_caller(&tessera_control::auth::SessionUser {
             username: "rita".into(),
             signed_in_at: i64::MAX / 2,
         })
@@ -935,21 +937,25 @@ async fn roles_in_projects_are_kept_and_bound_scoped_tokens() {
     assert_eq!(rita.role_in("default"), Some(Role::Viewer));
     // She makes a token scoped to research: an operator there, at most.
     let err = c
-        .accounts().create_api_token(&rita, "too-much", Role::Admin, Some("research"), None)
+        .accounts()
+        .create_api_token(&rita, "too-much", Role::Admin, Some("research"), None)
         .await
         .expect_err("admin is not a project role");
     assert_eq!(fields(&err), vec!["role"]);
     let err = c
-        .accounts().create_api_token(&rita, "elsewhere", Role::Operator, None, None)
+        .accounts()
+        .create_api_token(&rita, "elsewhere", Role::Operator, None, None)
         .await
         .expect_err("fleet-wide she is a viewer");
     assert_eq!(fields(&err), vec!["role"]);
     let made = c
-        .accounts().create_api_token(&rita, "ci", Role::Operator, Some("research"), None)
+        .accounts()
+        .create_api_token(&rita, "ci", Role::Operator, Some("research"), None)
         .await
         .expect("scoped");
     let ci: Caller = c
-        .accounts().token_caller(&made.token)
+        .accounts()
+        .token_caller(&made.token)
         .await
         .expect("read")
         .expect("valid");
@@ -964,7 +970,8 @@ async fn roles_in_projects_are_kept_and_bound_scoped_tokens() {
         .await
         .expect("taken");
     let ci = c
-        .accounts().token_caller(&made.token)
+        .accounts()
+        .token_caller(&made.token)
         .await
         .expect("read")
         .expect("valid");
@@ -974,7 +981,13 @@ async fn roles_in_projects_are_kept_and_bound_scoped_tokens() {
         .expect_err("nothing to take");
     // The project goes, and its tokens with it.
     c.delete_project("research").await.expect("deleted");
-    assert!(c.accounts().token_caller(&made.token).await.expect("read").is_none());
+    assert!(
+        c.accounts()
+            .token_caller(&made.token)
+            .await
+            .expect("read")
+            .is_none()
+    );
 }
 
 /// The store keeps the newest preemptions decided for good, and every open one however

@@ -297,13 +297,15 @@ async fn a_machine_rejoins_under_its_old_id_only_once_its_old_token_is_revoked()
     };
     // Its agent is still registered: a second agent for the same GPUs is refused.
     let refused = c
+        .agents()
         .register_agent(&again)
         .await
         .expect_err("two agents, one host");
     assert!(refused.to_string().contains("revoke"), "{refused}");
-    c.revoke_host(&a.id).await.expect("revoke");
+    c.agents().revoke_host(&a.id).await.expect("revoke");
     // Not by presenting its GPU UUIDs (anyone can see them): with a token minted for it.
     let unminted = c
+        .agents()
         .register_agent(&again)
         .await
         .expect_err("a revoked host rejoined with the fleet's token");
@@ -318,6 +320,7 @@ async fn a_machine_rejoins_under_its_old_id_only_once_its_old_token_is_revoked()
         project: None,
     };
     let minted = c
+        .agents()
         .mint_join_token(
             &admin,
             &tessera_model::auth::JoinTokenInput {
@@ -331,14 +334,15 @@ async fn a_machine_rejoins_under_its_old_id_only_once_its_old_token_is_revoked()
         join_token: minted.token,
         ..again
     };
-    let rejoined = c.register_agent(&again).await.expect("rejoins");
+    let rejoined = c.agents().register_agent(&again).await.expect("rejoins");
     assert_eq!(rejoined.host_id, a.id, "under its old id");
     assert!(
-        c.authenticate_agent(&a.token).await.is_err(),
+        c.agents().authenticate_agent(&a.token).await.is_err(),
         "the old token is gone"
     );
     assert_eq!(
-        c.authenticate_agent(&rejoined.agent_token)
+        c.agents()
+            .authenticate_agent(&rejoined.agent_token)
             .await
             .expect("new token"),
         a.id

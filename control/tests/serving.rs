@@ -61,7 +61,11 @@ async fn sync_serving(
     h: &Host,
     health: impl Fn(&str) -> TaskHealth,
 ) -> SyncResponse {
-    let id = c.authenticate_agent(&h.token).await.expect("token");
+    let id = c
+        .agents()
+        .authenticate_agent(&h.token)
+        .await
+        .expect("token");
     let on_host = c
         .store()
         .list_tasks(&tessera_control::store::TaskFilter {
@@ -91,22 +95,23 @@ async fn sync_serving(
             ..Default::default()
         })
         .collect();
-    c.sync_agent(
-        &id,
-        &SyncRequest {
-            address: Some(format!("10.0.0.{}", h.gpus.len())),
-            dynamic_ports_free: Some(1000),
-            gpus: h.gpus.clone(),
-            mps: MpsReport {
-                healthy: true,
-                reason: None,
-                restarts: None,
+    c.agents()
+        .sync_agent(
+            &id,
+            &SyncRequest {
+                address: Some(format!("10.0.0.{}", h.gpus.len())),
+                dynamic_ports_free: Some(1000),
+                gpus: h.gpus.clone(),
+                mps: MpsReport {
+                    healthy: true,
+                    reason: None,
+                    restarts: None,
+                },
+                tasks,
             },
-            tasks,
-        },
-    )
-    .await
-    .expect("sync")
+        )
+        .await
+        .expect("sync")
 }
 
 /// The tasks the answer tells the agent to run.

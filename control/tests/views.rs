@@ -21,6 +21,7 @@ async fn a_gpu_is_shown_as_the_scheduler_counts_it_with_the_pools_overcommit() {
         .await
         .expect("pool");
     control
+        .agents()
         .register_agent(&RegisterRequest {
             address: None,
             join_token: JOIN.into(),
@@ -219,11 +220,12 @@ async fn the_fleet_model_kept_from_changes_is_the_fleet_read_from_scratch() {
             })
             .collect();
         control
+            .agents()
             .sync_agent(&h.id, &testkit::report(h, reports))
             .await
             .expect("sync");
     }
-    control.flush_heartbeats().await.expect("flush");
+    control.agents().flush_heartbeats().await.expect("flush");
     let fleet = control.fleet().await.expect("fleet");
     assert_eq!(fleet.pending().count(), 0);
     assert_eq!(
@@ -255,7 +257,7 @@ async fn the_fleet_model_kept_from_changes_is_the_fleet_read_from_scratch() {
     // Host b loses a GPU.
     let fewer = b.clone_with_gpus(b.gpus[..3].to_vec());
     testkit::sync(control, &fewer).await;
-    control.flush_heartbeats().await.expect("flush");
+    control.agents().flush_heartbeats().await.expect("flush");
     assert_fleet_as_read_from_scratch(&env, "a GPU gone").await;
     let fleet = control.fleet().await.expect("fleet");
     let gone = &fleet.host(&b.id).expect("host b").host.gpus[3];
@@ -286,7 +288,11 @@ async fn the_fleet_model_kept_from_changes_is_the_fleet_read_from_scratch() {
     }
     assert_fleet_as_read_from_scratch(&env, "the service deleted").await;
 
-    control.delete_host(&a.id).await.expect("delete host");
+    control
+        .agents()
+        .delete_host(&a.id)
+        .await
+        .expect("delete host");
     let fleet = control.fleet().await.expect("fleet");
     assert!(fleet.host(&a.id).is_none(), "a deleted host is gone");
     assert_eq!(fleet.hosts().count(), 1);

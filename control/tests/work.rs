@@ -24,6 +24,7 @@ use tessera_model::{MiB, MilliCpu, PoolName};
 async fn labelled_host(c: &Control, name: &str, labels: &[&str]) -> Host {
     let gpus = gpus(name, 1, 80);
     let resp = c
+        .agents()
         .register_agent(&RegisterRequest {
             address: Some("10.0.0.1".into()),
             join_token: JOIN.into(),
@@ -131,22 +132,23 @@ async fn sync_work(c: &Control, h: &Host, work: &impl Fn(&Task) -> (f64, f64)) {
             }
         })
         .collect();
-    c.sync_agent(
-        &h.id,
-        &SyncRequest {
-            address: Some("10.0.0.1".into()),
-            dynamic_ports_free: Some(1000),
-            gpus: h.gpus.clone(),
-            mps: MpsReport {
-                healthy: true,
-                reason: None,
-                restarts: None,
+    c.agents()
+        .sync_agent(
+            &h.id,
+            &SyncRequest {
+                address: Some("10.0.0.1".into()),
+                dynamic_ports_free: Some(1000),
+                gpus: h.gpus.clone(),
+                mps: MpsReport {
+                    healthy: true,
+                    reason: None,
+                    restarts: None,
+                },
+                tasks: reports,
             },
-            tasks: reports,
-        },
-    )
-    .await
-    .expect("sync");
+        )
+        .await
+        .expect("sync");
 }
 
 async fn tasks_on(c: &Control, h: &Host) -> Vec<Task> {
@@ -221,7 +223,7 @@ async fn interference_is_found_for_the_pair_that_causes_it_and_no_other() {
         }
         c.reconcile_once().await.expect("pass");
     }
-    c.flush_usage(true).await.expect("flushed");
+    c.agents().flush_usage(true).await.expect("flushed");
     let work = c.service_work("web", "hour").await.expect("work");
     let established: Vec<&str> = work
         .interference

@@ -329,7 +329,7 @@ async fn agent_budget(state: AppState, mut req: Request, next: Next) -> Response
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
     let known = match token {
-        Some(t) => state.control.authenticate_agent(t).await,
+        Some(t) => state.control.agents().authenticate_agent(t).await,
         None => Err(tessera_control::ControlError::Unauthorized(
             "no agent token".into(),
         )),

@@ -114,7 +114,10 @@ async fn user(db: DbArgs, command: UserCommand) -> anyhow::Result<()> {
         } => {
             let role: Role = role.parse().context("--role")?;
             let password = read_password(password_file.as_deref())?;
-            let u = control.accounts().add_user(&username, &password, role).await?;
+            let u = control
+                .accounts()
+                .add_user(&username, &password, role)
+                .await?;
             println!("added {} ({})", u.username, u.role);
         }
         UserCommand::Passwd {
@@ -123,7 +126,8 @@ async fn user(db: DbArgs, command: UserCommand) -> anyhow::Result<()> {
         } => {
             let password = read_password(password_file.as_deref())?;
             control
-                .accounts().update_user(&username, None, None, Some(&password))
+                .accounts()
+                .update_user(&username, None, None, Some(&password))
                 .await?;
             println!("password of {username} changed; its sessions have ended");
         }
@@ -142,13 +146,15 @@ async fn user(db: DbArgs, command: UserCommand) -> anyhow::Result<()> {
         }
         UserCommand::Disable { username } => {
             control
-                .accounts().update_user(&username, None, Some(true), None)
+                .accounts()
+                .update_user(&username, None, Some(true), None)
                 .await?;
             println!("{username} disabled");
         }
         UserCommand::Enable { username } => {
             control
-                .accounts().update_user(&username, None, Some(false), None)
+                .accounts()
+                .update_user(&username, None, Some(false), None)
                 .await?;
             println!("{username} enabled");
         }
@@ -214,7 +220,8 @@ async fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
         None => std::env::var("TESSERA_ADMIN_PASSWORD").ok(),
     };
     if let Some(password) = control
-        .accounts().ensure_admin(admin_password.as_deref(), args.demo)
+        .accounts()
+        .ensure_admin(admin_password.as_deref(), args.demo)
         .await
         .context("setting up the admin account")?
     {
@@ -243,6 +250,7 @@ async fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
     // The fleet's clock (the database's) before anything is written with it.
     control.read_db_clock().await;
     if let Some(token) = control
+        .agents()
         .ensure_join_token(join_token.as_deref())
         .await
         .context("setting up the join token")?

@@ -49,6 +49,7 @@ async fn cluster_over(https: bool) -> Cluster {
     let dir = tempfile::tempdir().expect("dir");
     let control = control_on(dir.path()).await;
     control
+        .agents()
         .ensure_join_token(Some(JOIN))
         .await
         .expect("join token");
@@ -554,7 +555,11 @@ async fn a_revoked_agent_rejoins_only_with_a_token_minted_for_it() {
     let a = two_tasks_on_a(&c, "exec sleep 60").await;
     let creds = c.dir.path().join("a/credentials.json");
     let old = std::fs::read_to_string(&creds).expect("credentials");
-    c.control.revoke_host(&host("a")).await.expect("revoke");
+    c.control
+        .agents()
+        .revoke_host(&host("a"))
+        .await
+        .expect("revoke");
     // It forgot its join token once registered: a revoked agent does not let itself back in.
     // Absence cannot be awaited: in 1.5 s the agent, syncing about every second, has had its
     // token refused, and it must not have registered again since.
@@ -576,6 +581,7 @@ async fn a_revoked_agent_rejoins_only_with_a_token_minted_for_it() {
     };
     let minted = c
         .control
+        .agents()
         .mint_join_token(
             &admin,
             &tessera_model::auth::JoinTokenInput {

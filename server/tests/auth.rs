@@ -33,7 +33,8 @@ struct Ctx {
 async fn ctx() -> Ctx {
     let control = common::control(JOIN).await;
     control
-        .accounts().ensure_admin(Some(ADMIN_PASSWORD), false)
+        .accounts()
+        .ensure_admin(Some(ADMIN_PASSWORD), false)
         .await
         .expect("admin");
     demo::seed(&control).await.expect("seed");

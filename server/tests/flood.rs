@@ -90,7 +90,11 @@ async fn fleet() -> Fleet {
             ..ControlConfig::default()
         },
     );
-    control.ensure_join_token(Some(JOIN)).await.expect("join");
+    control
+        .agents()
+        .ensure_join_token(Some(JOIN))
+        .await
+        .expect("join");
     control
         .create_pool(&PoolInput::named("inference"))
         .await

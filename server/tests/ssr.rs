@@ -59,7 +59,8 @@ async fn pages_render_on_the_server() {
     // (the REST route and the server function refuse it too).
     state
         .control
-        .accounts().audit(tessera_control::store::NewAuditEntry {
+        .accounts()
+        .audit(tessera_control::store::NewAuditEntry {
             actor: "admin".into(),
             action: "POST /api/v1/users".into(),
             target: Some("secret-agent-07".into()),

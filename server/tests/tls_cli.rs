@@ -62,6 +62,7 @@ async fn serve(dir: &Path, cert: &Path, key: &Path) -> Server {
         },
     );
     control
+        .agents()
         .ensure_join_token(Some(JOIN))
         .await
         .expect("join token");

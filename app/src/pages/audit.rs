@@ -15,7 +15,8 @@ pub async fn list_audit(
 ) -> Result<Vec<AuditEntry>, ServerFnError> {
     use crate::data::ssr::{control_for, internal};
     control_for::<ListAudit>()?
-        .accounts().list_audit(&tessera_control::store::AuditFilter {
+        .accounts()
+        .list_audit(&tessera_control::store::AuditFilter {
             actor: actor.filter(|s| !s.is_empty()),
             text: text.filter(|s| !s.is_empty()),
             before: None,

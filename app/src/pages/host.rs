@@ -42,6 +42,7 @@ pub async fn approve_host(id: String) -> Result<(), ServerFnError> {
     let caller = crate::data::ssr::caller().ok_or_else(|| ServerFnError::new("sign in first"))?;
     let id = tessera_model::HostId::new(id).map_err(|e| ServerFnError::new(e.to_string()))?;
     control
+        .agents()
         .approve_host(&caller, &id)
         .await
         .map_err(crate::data::ssr::failed)

@@ -12,6 +12,7 @@ use tessera_model::auth::{JoinTokenInfo, JoinTokenInput, NewJoinToken};
 pub async fn list_join_tokens() -> Result<(Vec<JoinTokenInfo>, Vec<String>), ServerFnError> {
     let control = crate::data::ssr::control_for::<ListJoinTokens>()?;
     let tokens = control
+        .agents()
         .list_join_tokens()
         .await
         .map_err(crate::data::ssr::failed)?;
@@ -33,6 +34,7 @@ pub async fn mint_join_token(input: JoinTokenInput) -> Result<NewJoinToken, Serv
     let control = crate::data::ssr::control_for::<MintJoinToken>()?;
     let caller = crate::data::ssr::caller().ok_or_else(|| ServerFnError::new("sign in first"))?;
     control
+        .agents()
         .mint_join_token(&caller, &input)
         .await
         .map_err(crate::data::ssr::failed)
@@ -44,6 +46,7 @@ guard!(MintJoinToken, Access::ADMIN);
 pub async fn delete_join_token(id: String) -> Result<(), ServerFnError> {
     let control = crate::data::ssr::control_for::<DeleteJoinToken>()?;
     control
+        .agents()
         .delete_join_token(&id)
         .await
         .map_err(crate::data::ssr::failed)

@@ -112,7 +112,7 @@ impl Control {
                     t.deployment_id,
                     &t.task_definition,
                     &t.pool,
-                    &*self.spec_of(&t.task_definition).await?,
+                    &*self.scheduler.spec_of(&t.task_definition).await?,
                 ),
                 &PlacementCommit {
                     task_id: replacement.clone(),
@@ -127,7 +127,7 @@ impl Control {
                 m.to_host, m.to_gpus, m.task_id
             )));
         }
-        self.capacity_changed();
+        self.scheduler.capacity_changed();
         let mv = &mut plan.moves[i];
         mv.state = MoveState::Starting;
         mv.replacement = Some(replacement.clone());
@@ -211,7 +211,7 @@ impl Control {
                 plan.id
             );
             self.core.event(Some(&name), None, &said).await;
-            self.capacity_changed();
+            self.scheduler.capacity_changed();
             self.core.wake();
             undone = true;
         }
@@ -348,7 +348,7 @@ impl Control {
                     moved.deployment_id,
                     &moved.task_definition,
                     &moved.pool,
-                    &*self.spec_of(&moved.task_definition).await?,
+                    &*self.scheduler.spec_of(&moved.task_definition).await?,
                 ),
                 &PlacementCommit {
                     task_id: back,

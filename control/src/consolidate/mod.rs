@@ -69,16 +69,17 @@ impl Control {
         }
         plan.status = PlanStatus::Executing;
         self.store_plan_if(&plan, PlanStatus::Planned).await?;
-        self.core.event(
-            None,
-            None,
-            &format!(
-                "consolidation plan {id} in pool {}: executing {} move(s), start before stop",
-                plan.pool,
-                plan.moves.len()
-            ),
-        )
-        .await;
+        self.core
+            .event(
+                None,
+                None,
+                &format!(
+                    "consolidation plan {id} in pool {}: executing {} move(s), start before stop",
+                    plan.pool,
+                    plan.moves.len()
+                ),
+            )
+            .await;
         self.core.wake();
         Ok(plan)
     }
@@ -99,7 +100,8 @@ impl Control {
         plan.status = PlanStatus::Cancelled;
         plan.message = Some("cancelled by an operator".into());
         self.store_plan_if(&plan, was).await?;
-        self.core.event(None, None, &format!("consolidation plan {id} cancelled"))
+        self.core
+            .event(None, None, &format!("consolidation plan {id} cancelled"))
             .await;
         Ok(plan)
     }

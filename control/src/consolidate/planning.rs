@@ -232,7 +232,7 @@ impl Control {
             if mine.is_empty() {
                 continue;
             }
-            let spec = self.spec_of(&s.task_definition).await?;
+            let spec = self.scheduler.spec_of(&s.task_definition).await?;
             // A move would have to find a fixed host port free on its target, which the
             // plan's engine does not track: such tasks stay where they are.
             let stay = must_stay(s, &mine).or_else(|| {

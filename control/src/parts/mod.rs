@@ -26,13 +26,13 @@ mod passes;
 mod scheduling;
 mod usage_buffer;
 
-pub(crate) use hash_queue::HashQueue;
 pub(crate) use core::Core;
 pub(crate) use fleet::FleetModel;
 pub use fleet::{FleetSnapshot, GpuFigures, HostBlock};
 pub(crate) use gateway::Gateway;
 #[cfg(test)]
 pub(crate) use gateway::{WORK_REFRESH, WorkLatest};
+pub(crate) use hash_queue::HashQueue;
 pub(crate) use membership::Membership;
 pub(crate) use passes::{Estimates, Passes, ServiceState, Watch};
 pub(crate) use scheduling::{CachedEngine, PoolEngine, Scheduling};

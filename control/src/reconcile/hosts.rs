@@ -18,7 +18,7 @@ impl Control {
     pub(super) async fn detect_lost_hosts(&self) -> Result<(), ControlError> {
         let swept = self.store.stop_tasks_on_lost_hosts().await?;
         if !swept.is_empty() {
-            self.capacity_changed();
+            self.scheduler.capacity_changed();
             tracing::warn!(tasks = swept.len(), "stopped tasks left on lost hosts");
             self.core.wake();
         }
@@ -48,16 +48,17 @@ impl Control {
             let Some(stopped) = self.store.mark_host_lost(&id, &reason, &cutoff).await? else {
                 continue;
             };
-            self.capacity_changed();
-            self.core.event(
-                None,
-                Some(&id),
-                &format!(
-                    "host {id} lost ({reason}); {} task(s) stopped and replaced elsewhere",
-                    stopped.len()
-                ),
-            )
-            .await;
+            self.scheduler.capacity_changed();
+            self.core
+                .event(
+                    None,
+                    Some(&id),
+                    &format!(
+                        "host {id} lost ({reason}); {} task(s) stopped and replaced elsewhere",
+                        stopped.len()
+                    ),
+                )
+                .await;
             self.core.wake();
         }
         Ok(())
@@ -96,7 +97,8 @@ impl Control {
         }
         for (pool, pool_hosts) in by_pool {
             let size = sizes.get(pool).copied().unwrap_or(pool_hosts.len());
-            let limit = ((size as f64 * self.core.config().migration_share).floor() as usize).max(1);
+            let limit =
+                ((size as f64 * self.core.config().migration_share).floor() as usize).max(1);
             let mut moving = 0;
             let mut candidates = Vec::new();
             for h in pool_hosts {
@@ -118,15 +120,16 @@ impl Control {
                 for id in &ids {
                     self.store.set_task_migrating(id, true).await?;
                 }
-                self.core.event(
-                    None,
-                    Some(&host),
-                    &format!(
-                        "moving {} task(s) off host {host}: replacements start first",
-                        ids.len()
-                    ),
-                )
-                .await;
+                self.core
+                    .event(
+                        None,
+                        Some(&host),
+                        &format!(
+                            "moving {} task(s) off host {host}: replacements start first",
+                            ids.len()
+                        ),
+                    )
+                    .await;
             }
         }
         Ok(())

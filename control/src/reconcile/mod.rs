@@ -60,7 +60,7 @@ impl Control {
     pub async fn reconcile_once(&self) -> Result<(), ControlError> {
         let _pass = self.passes.pass.lock().await;
         let mut phases = Phases::default();
-        self.flush_heartbeats().await?;
+        self.agents().flush_heartbeats().await?;
         phases.done("heartbeats");
         self.detect_lost_hosts().await?;
         phases.done("lost_hosts");
@@ -267,12 +267,15 @@ impl Control {
         // The changes the passes read are deleted as they go; this is the backstop for
         // those no pass deleted (passes failing for long, an older server holding the lease).
         self.store
-            .forget_service_changes(i64::MAX, &stamp(self.core.now() - chrono::Duration::hours(1)))
+            .forget_service_changes(
+                i64::MAX,
+                &stamp(self.core.now() - chrono::Duration::hours(1)),
+            )
             .await?;
         self.store
             .prune_project_usage(self.core.unix_now() - crate::projects::HISTORY_KEPT_SECS)
             .await?;
-        let buckets = self.prune_usage().await?;
+        let buckets = self.agents().prune_usage().await?;
         if buckets > 0 {
             tracing::info!(buckets, "pruned usage buckets past their retention");
         }

@@ -47,7 +47,12 @@ impl Control {
         if !service.deleting && self.watch_primary(service, &tasks, &deployments).await? {
             return Ok(());
         }
-        match plan_service(service, &tasks, &deployments, self.core.config().failure_threshold) {
+        match plan_service(
+            service,
+            &tasks,
+            &deployments,
+            self.core.config().failure_threshold,
+        ) {
             ServicePlan::Delete { stop, gone } => {
                 self.delete_step(name, &stop, gone, drain.as_deref()).await
             }
@@ -162,7 +167,8 @@ impl Control {
         if gone {
             self.store.delete_service(name).await?;
             self.passes.service_state.lock().remove(name);
-            self.core.event(Some(name), None, &format!("service {name} deleted"))
+            self.core
+                .event(Some(name), None, &format!("service {name} deleted"))
                 .await;
         } else if !stop.is_empty() {
             self.core.wake();
@@ -189,7 +195,8 @@ impl Control {
                 .request_task_stop(id, reason, drain, actions.failures.contains(id))
                 .await?;
             if *reason == StopReason::Unhealthy {
-                self.core.event(Some(name), None, &format!("task {id} stopped: {reason}"))
+                self.core
+                    .event(Some(name), None, &format!("task {id} stopped: {reason}"))
                     .await;
             }
         }

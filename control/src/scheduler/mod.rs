@@ -10,15 +10,62 @@ pub(crate) use steps::{allocations, request_for};
 use crate::capacity::{Held, PoolCapacity};
 use crate::control::Control;
 use crate::error::ControlError;
-use crate::parts::{CachedEngine, PoolEngine};
-use crate::store::{PendingTask, PlacementCommit, TaskFilter};
+use crate::parts::{CachedEngine, Core, PoolEngine, Scheduling};
+use crate::store::{PendingTask, PlacementCommit, SchedulerStore, TaskFilter};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
 use steps::{PortBook, ProjectLedger, ServiceBatch};
 use tessera_model::project::Project;
 use tessera_model::service::{Service, ServiceConstraints, Task, TaskDefRef, TaskState};
 use tessera_model::taskdef::{Protocol, TaskDefinitionSpec};
 use tessera_model::{HostId, PlacementPolicy, PoolInfo, PoolName};
 use tessera_placement::{DemandProfile, Engine, Policy, TaskRequest};
+
+/// The scheduler: places pending tasks against the live fleet, holds them to projects'
+/// limits, preempts, and keeps what it learnt between passes (each pool's engine, the
+/// capacity epoch that makes them stale, revisions' specs).
+#[derive(Clone)]
+pub(crate) struct Scheduler {
+    store: Arc<dyn SchedulerStore>,
+    core: Core,
+    state: Arc<Scheduling>,
+}
+
+impl Scheduler {
+    pub(crate) fn new(store: Arc<dyn SchedulerStore>, core: Core, state: Arc<Scheduling>) -> Self {
+        Scheduler { store, core, state }
+    }
+
+    /// The same scheduler writing through `store` (a pass's fenced store).
+    pub(crate) fn with_store(&self, store: Arc<dyn SchedulerStore>, core: Core) -> Self {
+        Scheduler {
+            store,
+            core,
+            state: self.state.clone(),
+        }
+    }
+
+    /// Capacity changed outside the scheduler: its cached engines are rebuilt next pass,
+    /// and the other servers on this database hear of it (theirs are too).
+    pub(crate) fn capacity_changed(&self) {
+        self.state.capacity_changed();
+        self.core.publish("capacity");
+    }
+
+    /// The spec of revision `r`, from memory after the first read (revisions are
+    /// immutable; only whether new tasks may use them changes).
+    pub(crate) async fn spec_of(
+        &self,
+        r: &TaskDefRef,
+    ) -> Result<Arc<TaskDefinitionSpec>, ControlError> {
+        if let Some(spec) = self.state.specs.get(r) {
+            return Ok(spec);
+        }
+        let spec = Arc::new(self.store.get_task_definition(r).await?.spec);
+        self.state.specs.insert(r.clone(), spec.clone());
+        Ok(spec)
+    }
+}
 
 /// What a scheduling pass reads once for every pool.
 struct PassInputs {
@@ -36,7 +83,7 @@ impl Control {
         let mut out = HashMap::new();
         for r in refs {
             if let std::collections::hash_map::Entry::Vacant(slot) = out.entry(r) {
-                let spec = self.spec_of(slot.key()).await?;
+                let spec = self.scheduler.spec_of(slot.key()).await?;
                 slot.insert(TaskDefinitionSpec::clone(&spec));
             }
         }
@@ -356,12 +403,13 @@ impl Control {
             }
             self.store.set_placement_message(&ids, &sentence).await?;
             if self.service_state_changed(&service, |s| s.pending = Some(sentence.clone())) {
-                self.core.event(
-                    Some(&service),
-                    None,
-                    &format!("{} task(s) pending: {sentence}", ids.len()),
-                )
-                .await;
+                self.core
+                    .event(
+                        Some(&service),
+                        None,
+                        &format!("{} task(s) pending: {sentence}", ids.len()),
+                    )
+                    .await;
             }
         }
         Ok(())

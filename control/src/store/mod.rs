@@ -33,6 +33,28 @@ pub use usage::{
     PlanStore, StoredPlan, UsageGroup, UsageQuery, UsageRow, UsageStore, UsageSummary,
 };
 
+/// Declares a bundle of store traits: what one component reads and writes, and nothing
+/// more. Every bundle is a supertrait of [`Store`], so a component's `Arc<dyn Bundle>` is
+/// the control plane's store upcast.
+macro_rules! bundle {
+    ($(#[$doc:meta])* $name:ident: $($part:ident)+) => {
+        $(#[$doc])*
+        pub trait $name: $($part +)+ {}
+        impl<T: $($part +)+ ?Sized> $name for T {}
+    };
+}
+
+bundle!(
+    /// What agent sync reads and writes: hosts and their credentials, their tasks, the
+    /// task definitions tasks run, measured use and work, the fleet's join token (a setting).
+    AgentStore: HostStore ServiceStore TaskStore UsageStore EventStore
+);
+bundle!(
+    /// What the scheduler reads and writes: pools and hosts, services and their
+    /// revisions, tasks and their placements, projects' limits, preemptions.
+    SchedulerStore: HostStore ServiceStore TaskStore ProjectStore
+);
+
 /// Everything the control plane persists, one trait per aggregate. Callers hold an `Arc<dyn Store>`;
 /// a backend implements the parts and gets this for free.
 pub trait Store:
@@ -46,6 +68,8 @@ pub trait Store:
     + UsageStore
     + PlanStore
     + FleetStore
+    + AgentStore
+    + SchedulerStore
 {
 }
 

@@ -161,15 +161,16 @@ impl Control {
                         ),
                     );
                 }
-                self.core.event(
-                    Some(name),
-                    None,
-                    &format!(
-                        "autoscaling: desired count {} → {to} ({why})",
-                        service.desired_count
-                    ),
-                )
-                .await;
+                self.core
+                    .event(
+                        Some(name),
+                        None,
+                        &format!(
+                            "autoscaling: desired count {} → {to} ({why})",
+                            service.desired_count
+                        ),
+                    )
+                    .await;
                 self.core.wake();
             }
         }

@@ -15,7 +15,6 @@ mod autoscale;
 mod conflicts;
 mod figures;
 
-use crate::clock::stamp;
 use crate::control::Control;
 use crate::error::ControlError;
 use crate::fit::usage_range;
@@ -25,9 +24,8 @@ use crate::store::{TaskFilter, UsageQuery};
 use alarms::alarm_state;
 use figures::{Figures, work_series};
 use std::collections::HashMap;
-use tessera_model::agent::TaskReport;
 use tessera_model::service::{Task, TaskState};
-use tessera_model::work::{Alarm, Objectives, ServiceWork, WorkNow, trim_float};
+use tessera_model::work::{Alarm, Objectives, ServiceWork, trim_float};
 
 /// An event's words for a service's objectives.
 pub(crate) fn describe_objectives(o: &Objectives) -> String {
@@ -68,34 +66,6 @@ pub(crate) fn describe_objectives(o: &Objectives) -> String {
 }
 
 impl Control {
-    /// Keeps what a sync reported of its tasks' work, written with the next heartbeats
-    /// when it says something new (see [`WorkLatest::offer`]).
-    pub(crate) fn record_work(&self, tasks: &[Task], reports: &[TaskReport]) {
-        let at = stamp(self.core.now());
-        let now = self.core.unix_now();
-        let mut latest = self.gateway.work.lock();
-        for r in reports {
-            let Some(w) = &r.work else { continue };
-            if !tasks.iter().any(|t| t.id == r.task_id) {
-                continue;
-            }
-            latest.offer(&r.task_id, WorkNow::of(at.clone(), w), now);
-        }
-    }
-
-    /// Writes the work received since the last flush that says something new.
-    pub(crate) async fn flush_work(&self) -> Result<(), ControlError> {
-        let work = self.gateway.work.lock().take(self.core.unix_now());
-        if work.is_empty() {
-            return Ok(());
-        }
-        if let Err(e) = self.store.set_task_work(&work).await {
-            self.gateway.work.lock().put_back(work);
-            return Err(e.into());
-        }
-        Ok(())
-    }
-
     /// Running tasks of `service` with their allocations, and each one's reserved GPU
     /// memory and share of its GPUs (by memory).
     async fn running_with_shares(
@@ -184,7 +154,7 @@ impl Control {
     pub async fn service_work(&self, name: &str, range: &str) -> Result<ServiceWork, ControlError> {
         let range = usage_range(range)?;
         let service = self.store.get_service(name).await?;
-        let spec = self.spec_of(&service.task_definition).await?;
+        let spec = self.scheduler.spec_of(&service.task_definition).await?;
         let (tasks, shares) = self.running_with_shares(name).await?;
         let figures = Figures::of(&tasks, |t| shares.get(&t.id).map_or(0, |s| s.0));
         let unknown: Vec<(String, String)> = tasks
@@ -292,37 +262,4 @@ fn latency_verdict(slo: Option<&tessera_model::work::Slo>, p99: Option<f64>) -> 
     } else {
         format!("p99 over target ({p99_said} ms > {target} ms)")
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::parts::{WORK_REFRESH, WorkLatest};
-
-    #[test]
-    fn work_is_written_when_it_moves_or_grows_old() {
-        let w = |c: f64, p99: f64| WorkNow {
-            completed_per_sec: Some(c),
-            latency_p99_ms: Some(p99),
-            ..WorkNow::default()
-        };
-        let mut l = WorkLatest::default();
-        l.offer("t", w(100.0, 50.0), 0);
-        assert_eq!(l.take(0).len(), 1, "the first report");
-        l.offer("t", w(105.0, 52.0), 1);
-        assert!(l.take(1).is_empty(), "within 10 %: not written");
-        l.offer("t", w(105.0, 60.0), 2);
-        assert_eq!(l.take(2).len(), 1, "p99 moved by 20 %");
-        l.offer("t", w(105.0, 60.0), 2 + WORK_REFRESH);
-        assert_eq!(l.take(2 + WORK_REFRESH).len(), 1, "refreshed");
-        l.offer(
-            "t",
-            WorkNow {
-                unknown: Some("timeout".into()),
-                ..WorkNow::default()
-            },
-            3 + WORK_REFRESH,
-        );
-        assert_eq!(l.take(3 + WORK_REFRESH).len(), 1, "turned unknown");
-    }
 }

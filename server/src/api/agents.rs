@@ -22,7 +22,7 @@ pub async fn agent_register(
 ) -> Result<(StatusCode, Json<RegisterResponse>), ApiError> {
     Ok((
         StatusCode::CREATED,
-        Json(state.control.register_agent(&req).await?),
+        Json(state.control.agents().register_agent(&req).await?),
     ))
 }
 
@@ -48,9 +48,15 @@ pub async fn agent_sync(
     let started = std::time::Instant::now();
     let host = match checked {
         Some(axum::Extension(crate::edge::AgentHost(host))) => host,
-        None => state.control.authenticate_agent(bearer(&headers)?).await?,
+        None => {
+            state
+                .control
+                .agents()
+                .authenticate_agent(bearer(&headers)?)
+                .await?
+        }
     };
-    let answer = state.control.sync_agent(&host, &req).await?;
+    let answer = state.control.agents().sync_agent(&host, &req).await?;
     metrics::histogram!("tessera_agent_sync_seconds").record(started.elapsed().as_secs_f64());
     Ok(Json(answer))
 }

@@ -84,7 +84,7 @@ pub async fn revoke_host(
     Segment(id): Segment,
 ) -> Result<Json<HostInfo>, ApiError> {
     let id = host_id(id)?;
-    state.control.revoke_host(&id).await?;
+    state.control.agents().revoke_host(&id).await?;
     Ok(Json(state.control.get_host(&id).await?))
 }
 
@@ -97,7 +97,7 @@ pub async fn delete_host(
     State(state): State<AppState>,
     Segment(id): Segment,
 ) -> Result<StatusCode, ApiError> {
-    state.control.delete_host(&host_id(id)?).await?;
+    state.control.agents().delete_host(&host_id(id)?).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -115,7 +115,7 @@ pub async fn cluster(State(state): State<AppState>) -> Result<Json<ClusterView>,
     responses((status = 200, description = "Join token", body = JoinToken)))]
 pub async fn rotate_join_token(State(state): State<AppState>) -> Result<Json<JoinToken>, ApiError> {
     Ok(Json(JoinToken {
-        join_token: state.control.rotate_join_token().await?,
+        join_token: state.control.agents().rotate_join_token().await?,
     }))
 }
 
@@ -127,7 +127,7 @@ pub async fn list_join_tokens(
     State(state): State<AppState>,
 ) -> Result<Json<JoinTokenList>, ApiError> {
     Ok(Json(JoinTokenList {
-        join_tokens: state.control.list_join_tokens().await?,
+        join_tokens: state.control.agents().list_join_tokens().await?,
     }))
 }
 
@@ -141,7 +141,11 @@ pub async fn mint_join_token(
     Body(input): Body<JoinTokenInput>,
 ) -> Result<(StatusCode, Json<NewJoinToken>), ApiError> {
     let caller = crate::api::session::caller_of(Some(&authn))?;
-    let token = state.control.mint_join_token(&caller, &input).await?;
+    let token = state
+        .control
+        .agents()
+        .mint_join_token(&caller, &input)
+        .await?;
     Ok((StatusCode::CREATED, Json(token)))
 }
 
@@ -154,7 +158,7 @@ pub async fn delete_join_token(
     State(state): State<AppState>,
     Segment(id): Segment,
 ) -> Result<StatusCode, ApiError> {
-    state.control.delete_join_token(&id).await?;
+    state.control.agents().delete_join_token(&id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -170,7 +174,7 @@ pub async fn approve_host(
 ) -> Result<Json<HostInfo>, ApiError> {
     let caller = crate::api::session::caller_of(Some(&authn))?;
     let id = host_id(id)?;
-    state.control.approve_host(&caller, &id).await?;
+    state.control.agents().approve_host(&caller, &id).await?;
     Ok(Json(state.control.get_host(&id).await?))
 }
 

@@ -131,7 +131,8 @@ pub async fn sign_in(State(state): State<AppState>, req: Request) -> Response {
     };
     let outcome = state
         .control
-        .accounts().sign_in(input.username.trim(), &input.password, address)
+        .accounts()
+        .sign_in(input.username.trim(), &input.password, address)
         .await;
     match (outcome, next) {
         (Ok((user, who)), next) => {
@@ -140,7 +141,8 @@ pub async fn sign_in(State(state): State<AppState>, req: Request) -> Response {
             }
             state
                 .control
-                .accounts().audit(tessera_control::store::NewAuditEntry {
+                .accounts()
+                .audit(tessera_control::store::NewAuditEntry {
                     actor: format!("user {}", user.username),
                     action: "sign in".into(),
                     target: None,
@@ -218,7 +220,8 @@ pub async fn token_sign_in(
 ) -> Result<(StatusCode, Json<NewApiToken>), ApiError> {
     let token = state
         .control
-        .accounts().token_for_sign_in(
+        .accounts()
+        .token_for_sign_in(
             input.username.trim(),
             &input.password,
             address.map(|a| a.0.0.ip()),
@@ -288,7 +291,8 @@ pub async fn create_token(
     let caller = caller_of(Some(&authn))?;
     let token = state
         .control
-        .accounts().create_api_token(
+        .accounts()
+        .create_api_token(
             &caller,
             &input.name,
             input.role,
@@ -389,7 +393,8 @@ pub async fn add_user(
 ) -> Result<(StatusCode, Json<UserInfo>), ApiError> {
     let user = state
         .control
-        .accounts().add_user(&input.username, &input.password, input.role)
+        .accounts()
+        .add_user(&input.username, &input.password, input.role)
         .await?;
     Ok((StatusCode::CREATED, Json(user)))
 }
@@ -450,7 +455,8 @@ pub async fn update_user(
     let user = if changes {
         state
             .control
-            .accounts().update_user(
+            .accounts()
+            .update_user(
                 &username,
                 patch.role,
                 patch.disabled,
@@ -461,7 +467,11 @@ pub async fn update_user(
         state.control.accounts().get_user(&username).await?
     };
     if patch.revoke_tokens == Some(true) {
-        let n = state.control.accounts().revoke_user_tokens(&username).await?;
+        let n = state
+            .control
+            .accounts()
+            .revoke_user_tokens(&username)
+            .await?;
         tracing::info!(user = %username, tokens = n, "API tokens revoked");
     }
     Ok(Json(user))
@@ -491,7 +501,8 @@ pub async fn list_audit(
 ) -> Result<Json<AuditList>, ApiError> {
     let entries = state
         .control
-        .accounts().list_audit(&AuditFilter {
+        .accounts()
+        .list_audit(&AuditFilter {
             actor: q.actor.filter(|s| !s.is_empty()),
             text: q.q.filter(|s| !s.is_empty()),
             before: q.before,

@@ -460,7 +460,8 @@ pub async fn authenticate(State(state): State<AppState>, mut req: Request, next:
         };
         state
             .control
-            .accounts().audit(NewAuditEntry {
+            .accounts()
+            .audit(NewAuditEntry {
                 actor,
                 action,
                 target,

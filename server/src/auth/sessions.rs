@@ -29,7 +29,8 @@ impl SessionStore for ControlSessions {
         // 128 random bits: a collision is not a practical concern, but never overwrite one.
         while self
             .0
-            .accounts().load_session(&record.id.to_string())
+            .accounts()
+            .load_session(&record.id.to_string())
             .await
             .map_err(backend)?
             .is_some()
@@ -43,7 +44,8 @@ impl SessionStore for ControlSessions {
         let data = serde_json::to_string(record)
             .map_err(|e| session_store::Error::Encode(e.to_string()))?;
         self.0
-            .accounts().save_session(
+            .accounts()
+            .save_session(
                 &record.id.to_string(),
                 &data,
                 record.expiry_date.unix_timestamp(),
@@ -55,7 +57,8 @@ impl SessionStore for ControlSessions {
     async fn load(&self, id: &Id) -> session_store::Result<Option<Record>> {
         match self
             .0
-            .accounts().load_session(&id.to_string())
+            .accounts()
+            .load_session(&id.to_string())
             .await
             .map_err(backend)?
         {
@@ -68,7 +71,8 @@ impl SessionStore for ControlSessions {
 
     async fn delete(&self, id: &Id) -> session_store::Result<()> {
         self.0
-            .accounts().delete_session(&id.to_string())
+            .accounts()
+            .delete_session(&id.to_string())
             .await
             .map_err(backend)
     }

@@ -65,9 +65,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     control.reconcile_once().await?;
     let mut syncs = measured_use(&control, &admitted, per_host).await?;
     for (host, request) in &syncs {
-        control.sync_agent(host, request).await?;
+        control.agents().sync_agent(host, request).await?;
     }
-    control.flush_heartbeats().await?;
+    control.agents().flush_heartbeats().await?;
     let token = api_token(&control, Role::Viewer).await?;
     println!(
         "console-bench: {hosts} hosts × {per_host} GPUs = {} GPUs, {tasks} tasks placed; {requests} requests each",
@@ -196,9 +196,9 @@ async fn live_fleet(
             t.sm_percent = Some(10 + round % 50);
         }
         request.dynamic_ports_free = (i == 0).then_some(1000 + round);
-        control.sync_agent(host, request).await?;
+        control.agents().sync_agent(host, request).await?;
     }
-    control.flush_heartbeats().await?;
+    control.agents().flush_heartbeats().await?;
     Ok(())
 }
 

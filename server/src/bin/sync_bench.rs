@@ -336,7 +336,7 @@ async fn run(
     // keep them for up to a tick), then the first takes the lease and runs a pass: as in a
     // running cluster, where every server writes them every tick.
     for c in controls.iter().skip(1) {
-        c.flush_heartbeats().await?;
+        c.agents().flush_heartbeats().await?;
     }
     control.tick().await?;
     analyze(&url).await?;
@@ -387,8 +387,8 @@ async fn run(
                             _ = stop.changed() => break,
                             _ = tokio::time::sleep(interval_tick) => {}
                         }
-                        let _ = control.flush_heartbeats().await;
-                        let _ = control.flush_usage(false).await;
+                        let _ = control.agents().flush_heartbeats().await;
+                        let _ = control.agents().flush_usage(false).await;
                     }
                 } else if reconcile {
                     control

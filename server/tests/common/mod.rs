@@ -30,6 +30,7 @@ pub async fn register_hosts(
     for &(name, pool, model, count, gib) in hosts {
         let gpus = gpus_of(name, model, count, gib);
         let registered = control
+            .agents()
             .register_agent(&registration(join_token, pool, name, gpus))
             .await
             .expect("register");

@@ -4,7 +4,7 @@
 //! them from its tick; buckets written by two servers (an agent that failed over) are
 //! merged by the store.
 
-use crate::control::Control;
+use super::AgentSync;
 use crate::error::ControlError;
 use tessera_model::agent::TaskReport;
 use tessera_model::service::Task;
@@ -12,7 +12,7 @@ use tessera_model::service::Task;
 pub use crate::config::UsageConfig;
 pub(crate) use crate::parts::neighbours_of;
 
-impl Control {
+impl AgentSync {
     /// Adds what a sync reported of `tasks` (the host's, as stored) to the usage buffer.
     pub(crate) fn record_reports(&self, tasks: &[Task], reports: &[TaskReport]) {
         let now = self.core.unix_now();
@@ -28,7 +28,11 @@ impl Control {
     /// Writes the usage buckets that closed (every bucket with `all`, at shutdown). Rows
     /// that could not be written go back to the buffer for the next flush.
     pub async fn flush_usage(&self, all: bool) -> Result<usize, ControlError> {
-        let rows = self.gateway.usage.lock().take_closed(self.core.unix_now(), all);
+        let rows = self
+            .gateway
+            .usage
+            .lock()
+            .take_closed(self.core.unix_now(), all);
         if rows.is_empty() {
             return Ok(0);
         }

@@ -6,9 +6,9 @@
 //! A host is who its agent token says; GPU UUIDs only find a machine that is already
 //! known, and never let it back in: a revoked host rejoins with a token minted for it.
 
+use super::AgentSync;
 use crate::agents::{hash_token, new_token};
 use crate::clock::{stamp, to_chrono};
-use crate::control::Control;
 use crate::error::ControlError;
 use std::time::Duration;
 use tessera_model::agent::{RegisterRequest, RegisterResponse};
@@ -69,7 +69,7 @@ pub(crate) struct Grant {
     preapproved: bool,
 }
 
-impl Control {
+impl AgentSync {
     /// Makes sure a join token exists. With `given`, that token is the join token from now
     /// on. Without, one is generated on first start and returned (to print once); it
     /// expires after [`BOOTSTRAP_TOKEN_TTL`]. Later starts return `None` (only its hash
@@ -237,18 +237,22 @@ impl Control {
         }
         if host.held {
             self.store.set_host_held(id, false).await?;
-            self.core.event(
-                None,
-                Some(id),
-                &format!("host {id} approved by {}: it takes tasks now", caller.name),
-            )
-            .await;
+            self.core
+                .event(
+                    None,
+                    Some(id),
+                    &format!("host {id} approved by {}: it takes tasks now", caller.name),
+                )
+                .await;
         }
         if !host.pending_gpus.is_empty() {
             let gpus = crate::inventory_growth::approved(&host.gpus, &host.pending_gpus);
             // Written as a sync's report would be (a replaced GPU's tasks stop with it),
             // without making the host look seen now.
-            let seen_at = host.last_seen.clone().unwrap_or_else(|| stamp(self.core.now()));
+            let seen_at = host
+                .last_seen
+                .clone()
+                .unwrap_or_else(|| stamp(self.core.now()));
             let changes = self
                 .store
                 .record_host_report(
@@ -263,7 +267,8 @@ impl Control {
                 .await?;
             self.store.set_pending_gpus(id, &[]).await?;
             for change in &changes {
-                self.core.event(None, Some(id), &format!("host {id}: {change}"))
+                self.core
+                    .event(None, Some(id), &format!("host {id}: {change}"))
                     .await;
             }
             let uuids: Vec<String> = host
@@ -271,19 +276,20 @@ impl Control {
                 .iter()
                 .map(|p| p.uuid.to_string())
                 .collect();
-            self.core.event(
-                None,
-                Some(id),
-                &format!(
-                    "host {id}: {} GPU(s) approved by {}: {}",
-                    uuids.len(),
-                    caller.name,
-                    uuids.join(", ")
-                ),
-            )
-            .await;
+            self.core
+                .event(
+                    None,
+                    Some(id),
+                    &format!(
+                        "host {id}: {} GPU(s) approved by {}: {}",
+                        uuids.len(),
+                        caller.name,
+                        uuids.join(", ")
+                    ),
+                )
+                .await;
         }
-        self.capacity_changed();
+        self.scheduler.capacity_changed();
         self.core.wake();
         Ok(())
     }
@@ -396,7 +402,7 @@ impl Control {
             }
         }
         let id = host.id.clone();
-        self.capacity_changed();
+        self.scheduler.capacity_changed();
         let kind = if req.simulated {
             "simulated host"
         } else {
@@ -545,6 +551,36 @@ fn spent(e: crate::error::StoreError) -> ControlError {
     }
 }
 
+impl AgentSync {
+    // Hosts' credentials.
+
+    /// Forgets a host's agent token: its agent is refused until it registers again.
+    pub async fn revoke_host(&self, id: &HostId) -> Result<(), ControlError> {
+        self.store.revoke_agent_token(id).await?;
+        self.forget_agent_tokens();
+        self.core
+            .event(
+                None,
+                Some(id),
+                &format!("host {id}: agent token revoked; the agent must register again"),
+            )
+            .await;
+        Ok(())
+    }
+
+    /// Removes a host that runs nothing, freeing its GPU UUIDs for a reinstalled machine.
+    pub async fn delete_host(&self, id: &HostId) -> Result<(), ControlError> {
+        self.store.delete_host(id).await?;
+        self.forget_agent_tokens();
+        self.scheduler.capacity_changed();
+        self.core
+            .event(None, Some(id), &format!("host {id} deleted"))
+            .await;
+        self.core.wake();
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -557,33 +593,5 @@ mod tests {
         assert!(same(&hash_token(&t), &hash_token(&t)));
         assert!(!same(&hash_token(&t), &hash_token("other")));
         assert_eq!(host_id_from(Some("GPU_Node.01")), "gpu-node-01");
-    }
-}
-
-impl Control {
-    // Hosts' credentials.
-
-    /// Forgets a host's agent token: its agent is refused until it registers again.
-    pub async fn revoke_host(&self, id: &HostId) -> Result<(), ControlError> {
-        self.store.revoke_agent_token(id).await?;
-        self.forget_agent_tokens();
-        self.core.event(
-            None,
-            Some(id),
-            &format!("host {id}: agent token revoked; the agent must register again"),
-        )
-        .await;
-        Ok(())
-    }
-
-    /// Removes a host that runs nothing, freeing its GPU UUIDs for a reinstalled machine.
-    pub async fn delete_host(&self, id: &HostId) -> Result<(), ControlError> {
-        self.store.delete_host(id).await?;
-        self.forget_agent_tokens();
-        self.capacity_changed();
-        self.core.event(None, Some(id), &format!("host {id} deleted"))
-            .await;
-        self.core.wake();
-        Ok(())
     }
 }

@@ -2,13 +2,20 @@
 //! what an agent reports (GPUs, MPS health, its tasks and their measured use) and answers
 //! with every task its host should run, environment included.
 
+pub mod admission;
+pub mod usage;
+mod work;
+
 use crate::clock::stamp;
-use crate::control::Control;
 use crate::error::ControlError;
 use crate::lifecycle;
+use crate::parts::{Core, Gateway};
+use crate::scheduler::Scheduler;
+use crate::store::AgentStore;
 use crate::store::{HostReport, TaskFilter};
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use tessera_model::agent::{
     SecretEnv, SyncRequest, SyncResponse, TaskReport, WantedContainer, WantedTask,
 };
@@ -104,7 +111,48 @@ pub fn container_env(spec: &TaskDefinitionSpec, task: &Task) -> Vec<WantedContai
         .collect()
 }
 
-impl Control {
+/// Agent sync: hosts joining (join tokens, registration, approval), their syncs (reports
+/// judged item by item, GPUs, status, tasks' states and serving, the answer naming what
+/// each host should run), what syncs leave to write (heartbeats, measured use, work) and
+/// hosts' credentials. Its code: this file, `admission` (joining), `usage` (measured
+/// use) and `work` (work figures).
+#[derive(Clone)]
+pub struct AgentSync {
+    store: Arc<dyn AgentStore>,
+    core: Core,
+    /// Told when a sync changes capacity; asked for revisions' specs.
+    scheduler: Scheduler,
+    /// What syncs received here leave behind (see [`Gateway`]).
+    gateway: Arc<Gateway>,
+}
+
+impl AgentSync {
+    pub(crate) fn new(store: Arc<dyn AgentStore>, core: Core, scheduler: Scheduler) -> AgentSync {
+        AgentSync {
+            store,
+            core,
+            scheduler,
+            gateway: Arc::default(),
+        }
+    }
+
+    /// The same component writing through `store` (a pass's fenced store).
+    pub(crate) fn with_store(
+        &self,
+        store: Arc<dyn AgentStore>,
+        core: Core,
+        scheduler: Scheduler,
+    ) -> AgentSync {
+        AgentSync {
+            store,
+            core,
+            scheduler,
+            gateway: self.gateway.clone(),
+        }
+    }
+}
+
+impl AgentSync {
     /// The host an agent token belongs to. Tokens found are remembered for a short while
     /// (a fleet's syncs then cost no lookup each); a token not remembered is looked up with
     /// at most a few other lookups at once, so clients sending made-up tokens cannot drive
@@ -153,12 +201,13 @@ impl Control {
         self.store
             .mark_task_stopped(&t.id, reason, exit_code, failed)
             .await?;
-        self.core.event(
-            Some(&t.service),
-            Some(host_id),
-            &format!("task {} stopped: {reason}", t.id),
-        )
-        .await;
+        self.core
+            .event(
+                Some(&t.service),
+                Some(host_id),
+                &format!("task {} stopped: {reason}", t.id),
+            )
+            .await;
         Ok(())
     }
 
@@ -251,7 +300,7 @@ impl Control {
         if gpu_changes.is_empty() {
             return Ok(false);
         }
-        self.capacity_changed();
+        self.scheduler.capacity_changed();
         *mine = self.held_on(&host.id).await?;
         Ok(true)
     }
@@ -304,7 +353,7 @@ impl Control {
             return Ok(false);
         }
         self.core.event(None, Some(&host.id), &t.message).await;
-        self.capacity_changed();
+        self.scheduler.capacity_changed();
         Ok(true)
     }
 
@@ -362,7 +411,9 @@ impl Control {
                 .map(|o| format!(": {o}"))
                 .unwrap_or_default();
             let said = format!("task {} is {}{why}", t.id, h.status);
-            self.core.event(Some(&t.service), Some(host_id), &said).await;
+            self.core
+                .event(Some(&t.service), Some(host_id), &said)
+                .await;
         }
         if !r.ports.is_empty() {
             t.ports = r.ports.clone();
@@ -413,7 +464,7 @@ impl Control {
             }
         }
         t.state = TaskState::Stopped;
-        self.capacity_changed();
+        self.scheduler.capacity_changed();
         Ok(true)
     }
 
@@ -442,7 +493,7 @@ impl Control {
         let mut pool = None;
         for t in wanted {
             // Specs are kept in memory (revisions never change).
-            let spec = self.spec_of(&t.task_definition).await?;
+            let spec = self.scheduler.spec_of(&t.task_definition).await?;
             // The last gate before a host runs it: what the pool allows of the host's
             // security now.
             if spec.host_network() || spec.containers.iter().any(|c| !c.security().is_default()) {
@@ -538,7 +589,7 @@ fn task_step(t: &Task, report: Option<&TaskReport>) -> TaskStep {
     }
 }
 
-impl Control {
+impl AgentSync {
     /// Brings the reported GPUs to what the host may have (`inventory_growth`): what is new
     /// waits for approval in a manual pool, or is refused, and is said in the host's events.
     async fn judge_inventory(
