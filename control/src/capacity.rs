@@ -374,6 +374,7 @@ mod tests {
     async fn plan(c: &Control, ids: &[String]) -> Vec<PlacementCommit> {
         let pool = PoolName::new("gpu").expect("valid");
         let mut engine = c
+            .scheduler
             .pool_engine(&pool, None, &[])
             .await
             .expect("engine")
@@ -445,7 +446,7 @@ mod tests {
     }
 
     fn builds(c: &Control) -> u64 {
-        c.scheduling.builds()
+        c.scheduler.engine_builds()
     }
 
     async fn scale(c: &Control, desired: u32) {

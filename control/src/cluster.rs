@@ -192,10 +192,8 @@ impl Control {
                     if from.as_deref() == Some(&*control.core.membership().server_id) {
                         continue;
                     }
-                    // Capacity may have changed there: this server's engines are stale
-                    // (bumped here, not through `capacity_changed`, which would publish
-                    // the change again).
-                    control.scheduling.capacity_changed();
+                    // Capacity may have changed there: this server's engines are stale.
+                    control.scheduler.capacity_changed_elsewhere();
                     if control.core.membership().lease.lock().is_some() {
                         control.core.nudge();
                     }

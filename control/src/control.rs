@@ -6,9 +6,10 @@ use crate::auth::Accounts;
 use crate::cache::Cache;
 use crate::config::ControlConfig;
 use crate::error::ControlError;
-use crate::parts::{Core, FleetModel, FleetSnapshot, Passes, Scheduling, ServiceState};
+use crate::parts::{Core, FleetModel, FleetSnapshot, Passes, ServiceStates};
 use crate::scheduler::Scheduler;
 use crate::store::Store;
+use crate::work::InterferenceModel;
 use chrono::Utc;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -26,10 +27,12 @@ pub struct Control {
     pub(crate) store: Arc<dyn Store>,
     /// The configuration, the fleet's time, waking the loop, events.
     pub(crate) core: Core,
-    /// The scheduler's engines, capacity epoch and revisions' specs.
-    pub(crate) scheduling: Arc<Scheduling>,
     /// Placement against the live fleet.
     pub(crate) scheduler: Scheduler,
+    /// What the passes last said of each service.
+    pub(crate) service_states: Arc<ServiceStates>,
+    /// Interference estimates from services' work history.
+    pub(crate) interference: InterferenceModel,
     /// Hosts joining and syncing.
     agents: AgentSync,
     /// What the reconcile passes remember.
@@ -45,13 +48,20 @@ pub struct Control {
 impl Control {
     pub fn new(store: Arc<dyn Store>, config: ControlConfig) -> Control {
         let core = Core::new(config, store.clone());
-        let scheduling: Arc<Scheduling> = Arc::default();
-        let scheduler = Scheduler::new(store.clone(), core.clone(), scheduling.clone());
+        let service_states: Arc<ServiceStates> = Arc::default();
+        let interference = InterferenceModel::new(store.clone(), core.clone());
+        let scheduler = Scheduler::new(
+            store.clone(),
+            core.clone(),
+            service_states.clone(),
+            interference.clone(),
+        );
         Control {
             accounts: Accounts::new(store.clone(), store.clone(), core.clone()),
             agents: AgentSync::new(store.clone(), core.clone(), scheduler.clone()),
             scheduler,
-            scheduling,
+            service_states,
+            interference,
             store,
             core,
             passes: Arc::default(),
@@ -77,6 +87,11 @@ impl Control {
         }
     }
 
+    /// The scheduler: placement previews and approving or declining preemption plans.
+    pub fn scheduler(&self) -> &Scheduler {
+        &self.scheduler
+    }
+
     /// Agent sync: hosts joining, their syncs, their credentials.
     pub fn agents(&self) -> &AgentSync {
         &self.agents
@@ -85,20 +100,6 @@ impl Control {
     /// Operators' accounts: users, API tokens, console sessions, the audit log.
     pub fn accounts(&self) -> &Accounts {
         &self.accounts
-    }
-
-    /// Changes what is remembered of service `name` with `change`; true when that changed
-    /// anything (then it is news worth an event).
-    pub(crate) fn service_state_changed(
-        &self,
-        name: &str,
-        change: impl FnOnce(&mut ServiceState),
-    ) -> bool {
-        let mut states = self.passes.service_state.lock();
-        let state = states.entry(name.to_owned()).or_default();
-        let before = state.clone();
-        change(state);
-        *state != before
     }
 
     /// The fleet as of now (the fleet read model, brought up to date): what this caller

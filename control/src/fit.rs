@@ -273,7 +273,7 @@ impl Control {
         e.finish()?;
         let pool_name = pool_name.expect("validated");
         // Not found (404) rather than invalid: the pool is what is asked for.
-        let (info, hosts, holding) = self.pool_state(&pool_name).await?;
+        let (info, hosts, holding) = self.scheduler.pool_state(&pool_name).await?;
         let services: Vec<Service> = self
             .store
             .list_services()

@@ -3,9 +3,7 @@
 use crate::control::Control;
 use crate::error::ControlError;
 use crate::lifecycle::{self, HostEvent};
-use crate::store::TaskFilter;
 use tessera_model::HostId;
-use tessera_model::service::TaskState;
 
 /// A host whose status changed between reading and writing it (a sync, a lost timeout).
 fn changed_meanwhile(id: &HostId) -> ControlError {
@@ -47,26 +45,5 @@ impl Control {
         self.core.event(None, Some(id), &t.message).await;
         self.core.wake();
         Ok(())
-    }
-
-    /// Live tasks of a service (not stopped), without their allocations.
-    pub(crate) async fn live_tasks(
-        &self,
-        service: &str,
-    ) -> Result<Vec<tessera_model::service::Task>, ControlError> {
-        Ok(self
-            .store
-            .list_tasks(&TaskFilter {
-                service: Some(service.to_owned()),
-                states: vec![
-                    TaskState::Pending,
-                    TaskState::Assigned,
-                    TaskState::Running,
-                    TaskState::Stopping,
-                ],
-                without_allocations: true,
-                ..Default::default()
-            })
-            .await?)
     }
 }

@@ -34,7 +34,6 @@
 //! - `scheduler`: placement against the live fleet through `tessera-placement` (priority,
 //!   fair share, project limits), commits that re-check capacity; its pure steps (order,
 //!   each service's batch, limits, ports) in `scheduler::steps`.
-//! - `preview`: placement previews and packing density.
 //! - [`auth`]: operators' accounts, sign-in limits, API tokens, session records, the audit
 //!   log, and hosts' credentials (revoke, delete, rotate the join token).
 //! - [`agents`]: the agent API, server side: join token, registration, sync.
@@ -81,8 +80,6 @@ mod lifecycle;
 mod parts;
 mod plan;
 pub mod postgres;
-mod preemption;
-mod preview;
 pub mod projects;
 mod reconcile;
 mod run;
@@ -103,7 +100,7 @@ pub use config::ControlConfig;
 pub use control::Control;
 pub use error::{ControlError, StoreError};
 pub use parts::{FleetSnapshot, GpuFigures, HostBlock};
-pub use preview::{density, density_of};
+pub use scheduler::{density, density_of};
 pub use store::{AuthStore, Store};
 /// A GPU's usage, as `density_of` reads it.
 pub use tessera_placement::GpuUsage;

@@ -311,6 +311,7 @@ impl Control {
 
         // Stranded: free memory on GPUs too small for the smallest pending task.
         let specs = self
+            .scheduler
             .task_definition_specs(pending.iter().map(|t| t.task_definition.clone()).collect())
             .await?;
         let mut smallest: Option<(MiB, String)> = None;

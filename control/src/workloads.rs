@@ -154,12 +154,15 @@ impl Control {
 
     pub async fn create_service(&self, input: &ServiceInput) -> Result<Service, ControlError> {
         let service = crate::inputs::validate_service(input)?;
-        let def = self.usable_definition(&service.task_definition).await?;
+        let def = self
+            .scheduler
+            .usable_definition(&service.task_definition)
+            .await?;
         service
             .objectives
             .check(def.spec.published())
             .map_err(ControlError::Invalid)?;
-        let pool = self.existing_pool(&service.pool).await?;
+        let pool = self.scheduler.existing_pool(&service.pool).await?;
         allowed_in_pool(&def.spec, &pool)?;
         match self.store.create_service(&service).await {
             Err(StoreError::NotFound {
@@ -184,35 +187,6 @@ impl Control {
             .await;
         self.core.wake();
         Ok(self.store.get_service(&service.name).await?)
-    }
-
-    /// The definition `r` names, if new tasks may use it (registered and active); the error
-    /// names the `task_definition` field. The one check the API, the console, the preview
-    /// and the scheduler's inputs share.
-    pub(crate) async fn usable_definition(
-        &self,
-        r: &TaskDefRef,
-    ) -> Result<TaskDefinition, ControlError> {
-        let def = self.store.get_task_definition(r).await.map_err(|_| {
-            ControlError::invalid(
-                "task_definition",
-                format!("no task definition {r} is registered"),
-            )
-        })?;
-        if !def.active {
-            return Err(ControlError::invalid(
-                "task_definition",
-                format!("{r} is deregistered; use an active revision"),
-            ));
-        }
-        Ok(def)
-    }
-
-    /// The pool named `name`, or an error naming the `pool` field.
-    pub(crate) async fn existing_pool(&self, name: &PoolName) -> Result<PoolInfo, ControlError> {
-        self.store.get_pool(name).await.map_err(|_| {
-            ControlError::invalid("pool", format!("no pool named {:?}", name.as_str()))
-        })
     }
 
     /// Scales a service and/or starts a rolling deployment of a new revision.
@@ -305,7 +279,7 @@ impl Control {
         }
         let r = new_def.unwrap_or(&service.task_definition);
         let def = if new_def.is_some() {
-            self.usable_definition(r).await?
+            self.scheduler.usable_definition(r).await?
         } else {
             self.store.get_task_definition(r).await?
         };
@@ -314,7 +288,10 @@ impl Control {
             .check(def.spec.published())
             .map_err(ControlError::Invalid)?;
         if new_def.is_some() {
-            allowed_in_pool(&def.spec, &self.existing_pool(&service.pool).await?)?;
+            allowed_in_pool(
+                &def.spec,
+                &self.scheduler.existing_pool(&service.pool).await?,
+            )?;
         }
         Ok(())
     }

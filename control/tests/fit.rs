@@ -214,6 +214,7 @@ async fn a_per_gpu_cap_spreads_a_service_and_the_preview_explains_what_it_refuse
         ..Default::default()
     };
     let preview = c
+        .scheduler()
         .preview(&tessera_control::inputs::PreviewInput {
             task_definition: def.clone(),
             pool: "gpu".into(),

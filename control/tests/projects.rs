@@ -697,8 +697,12 @@ async fn in_an_approve_pool_a_preemption_waits_for_an_operator() {
     assert_eq!(record.len(), 1, "proposed once: {record:?}");
     assert_eq!(record[0].state, PreemptionState::Proposed);
     assert_eq!(record[0].victims.len(), 2);
-    c.approve_preemption(record[0].id).await.expect("approved");
-    c.approve_preemption(record[0].id)
+    c.scheduler()
+        .approve_preemption(record[0].id)
+        .await
+        .expect("approved");
+    c.scheduler()
+        .approve_preemption(record[0].id)
         .await
         .expect_err("approved once");
     c.reconcile_once().await.expect("pass");
@@ -726,7 +730,10 @@ async fn in_an_approve_pool_a_preemption_waits_for_an_operator() {
         .filter(|p| p.state == PreemptionState::Proposed)
         .collect();
     assert_eq!(open.len(), 1, "{open:?}");
-    c.decline_preemption(open[0].id).await.expect("declined");
+    c.scheduler()
+        .decline_preemption(open[0].id)
+        .await
+        .expect("declined");
     let before = stopping().await;
     for _ in 0..2 {
         c.reconcile_once().await.expect("pass");
@@ -738,7 +745,8 @@ async fn in_an_approve_pool_a_preemption_waits_for_an_operator() {
         "not proposed again: {after:?}"
     );
     assert_eq!(tasks(c, "api2", &[TaskState::Pending]).await.len(), 1);
-    c.approve_preemption(open[0].id)
+    c.scheduler()
+        .approve_preemption(open[0].id)
         .await
         .expect_err("declined is final");
     // Back to automatic: what was open expires, and plans are carried out at once.

@@ -114,6 +114,7 @@ async fn a_deregistered_revision_is_refused_by_the_preview_as_by_the_service_for
         .await
         .expect("deregister");
     let preview = control
+        .scheduler()
         .preview(&tessera_control::inputs::PreviewInput {
             task_definition: def.clone(),
             pool: "gpu".into(),

@@ -39,9 +39,17 @@ pub async fn decide_preemption(id: i64, approve: bool) -> Result<(), ServerFnErr
     use crate::data::ssr::{control, failed};
     let control = control()?;
     if approve {
-        control.approve_preemption(id).await.map_err(failed)
+        control
+            .scheduler()
+            .approve_preemption(id)
+            .await
+            .map_err(failed)
     } else {
-        control.decline_preemption(id).await.map_err(failed)
+        control
+            .scheduler()
+            .decline_preemption(id)
+            .await
+            .map_err(failed)
     }
 }
 

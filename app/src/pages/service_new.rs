@@ -44,7 +44,11 @@ fn invalid(e: tessera_control::ControlError) -> Result<Vec<FieldError>, ServerFn
 pub async fn preview_placement(
     input: PreviewInput,
 ) -> Result<Result<PreviewResult, Vec<FieldError>>, ServerFnError> {
-    match crate::data::ssr::control()?.preview(&input).await {
+    match crate::data::ssr::control()?
+        .scheduler()
+        .preview(&input)
+        .await
+    {
         Ok(r) => Ok(Ok(r)),
         Err(e) => invalid(e).map(Err),
     }

@@ -6,7 +6,7 @@ use crate::capacity::{Held, PoolCapacity};
 use crate::control::Control;
 use crate::error::ControlError;
 use crate::inputs::Errors;
-use crate::preview::density;
+use crate::scheduler::density;
 use crate::scheduler::{allocations, request_for};
 use std::collections::{BTreeSet, HashMap};
 use tessera_model::consolidation::{
@@ -95,7 +95,7 @@ impl Control {
         }
         let mut out = Vec::new();
         for (service, tasks) in by_service {
-            let est = self.estimates_of(service).await?;
+            let est = self.interference.estimates_of(service).await?;
             let factor = |names: &[String]| -> (f64, f64) {
                 let mut lat = 1.0;
                 let mut work = 1.0;
@@ -163,8 +163,8 @@ impl Control {
         };
         e.finish()?;
         let (pool, goal) = (pool.expect("validated"), goal.expect("validated"));
-        self.existing_pool(&pool).await?;
-        let (info, hosts, holding) = self.pool_state(&pool).await?;
+        self.scheduler.existing_pool(&pool).await?;
+        let (info, hosts, holding) = self.scheduler.pool_state(&pool).await?;
         let services: Vec<Service> = self
             .store
             .list_services()
@@ -247,6 +247,7 @@ impl Control {
             }
             let mut req = request_for(&spec, &s.constraints, BTreeSet::new());
             let (avoid, conflicts) = self
+                .interference
                 .interference_avoid(s, &services.iter().collect::<Vec<_>>())
                 .await?;
             req.constraints.avoid_gpus = avoid;

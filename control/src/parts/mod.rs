@@ -23,7 +23,7 @@ mod gateway;
 mod hash_queue;
 mod membership;
 mod passes;
-mod scheduling;
+mod service_states;
 mod usage_buffer;
 
 pub(crate) use core::Core;
@@ -35,5 +35,5 @@ pub(crate) use gateway::{WORK_REFRESH, WorkLatest};
 pub(crate) use hash_queue::HashQueue;
 pub(crate) use membership::Membership;
 pub(crate) use passes::{Estimates, Passes, ServiceState, Watch};
-pub(crate) use scheduling::{CachedEngine, PoolEngine, Scheduling};
+pub(crate) use service_states::ServiceStates;
 pub(crate) use usage_buffer::neighbours_of;

@@ -11,16 +11,11 @@ use tessera_model::work::Interference;
 pub(crate) struct Passes {
     /// Serialises passes: the loop and tests calling `reconcile_once` directly.
     pub pass: tokio::sync::Mutex<()>,
-    /// What the last passes reported per service, so an event is written when it changes,
-    /// not on every pass.
-    pub service_state: Mutex<HashMap<String, ServiceState>>,
     /// Per deployment: the failures already answered with a delay, and until when new
     /// tasks wait (crash-loop backoff).
     pub restart_backoff: Mutex<HashMap<i64, Backoff>>,
     /// When old rows were last pruned.
     pub last_prune: Mutex<Option<DateTime<Utc>>>,
-    /// The last bucket (unix seconds) projects' use was sampled in.
-    pub last_project_sample: Mutex<Option<i64>>,
     /// The changes read, to look only at what changed.
     pub memory: Mutex<PassMemory>,
     /// Alarm watches and autoscaling memory of the services this server reconciles.
@@ -99,6 +94,4 @@ pub(crate) struct Watches {
     pub scaling: HashMap<String, String>,
     /// When each primary deployment reached its steady state (for the bake time).
     pub steady_at: HashMap<i64, i64>,
-    /// Interference estimates by service, and when they were read.
-    pub estimates: HashMap<String, (i64, Estimates)>,
 }

@@ -73,13 +73,15 @@ impl Control {
             // say) is reported and the others are still reconciled.
             match self.reconcile_service(&service).await {
                 Ok(()) => {
-                    self.service_state_changed(&service.name, |s| s.failure = None);
+                    self.service_states
+                        .changed(&service.name, |s| s.failure = None);
                 }
                 Err(e) => {
                     let message = format!("reconciling service {} failed: {e}", service.name);
                     tracing::error!(service = %service.name, error = %e, "reconciling a service failed");
                     if self
-                        .service_state_changed(&service.name, |s| s.failure = Some(message.clone()))
+                        .service_states
+                        .changed(&service.name, |s| s.failure = Some(message.clone()))
                     {
                         self.core.event(Some(&service.name), None, &message).await;
                     }
@@ -91,9 +93,9 @@ impl Control {
         self.forget_changes_read().await?;
         self.advance_consolidation().await?;
         phases.done("consolidation");
-        self.schedule().await?;
+        self.scheduler.schedule().await?;
         phases.done("scheduling");
-        self.sample_project_use().await?;
+        self.scheduler.sample_project_use().await?;
         let due = {
             let mut last = self.passes.last_prune.lock();
             let now = self.core.now();
@@ -219,11 +221,8 @@ impl Control {
             && o.alarms.is_empty()
             && o.autoscaling.is_none()
             && self
-                .passes
-                .service_state
-                .lock()
-                .get(&service.name)
-                .is_some_and(|s| s.steady && s.failure.is_none());
+                .service_states
+                .is(&service.name, |s| s.steady && s.failure.is_none());
         let mut m = self.passes.memory.lock();
         if settled {
             m.every_pass.remove(&service.name);

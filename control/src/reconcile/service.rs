@@ -30,7 +30,7 @@ impl Control {
     /// Brings one service toward its desired state: carries out [`plan_service`]'s plan.
     pub(super) async fn reconcile_service(&self, service: &Service) -> Result<(), ControlError> {
         let name = service.name.as_str();
-        let tasks = self.live_tasks(name).await?;
+        let tasks = self.scheduler.live_tasks(name).await?;
         // A task stopped on purpose first leaves the endpoint list for the service's
         // deregistration delay.
         let drain = (service.deregistration_delay_secs > 0).then(|| {
@@ -107,13 +107,7 @@ impl Control {
                 && d.status != DeploymentStatus::Completed
                 && d.running + d.pending > 0
         });
-        let steady = !rolling_out
-            && self
-                .passes
-                .service_state
-                .lock()
-                .get(name)
-                .is_some_and(|s| s.steady);
+        let steady = !rolling_out && self.service_states.is(name, |s| s.steady);
         let age = self.age_of(&primary.created_at).unwrap_or(i64::MAX);
         if let Some(why) = self
             .watch_alarms(service, tasks, primary.id, steady, age)
@@ -166,7 +160,7 @@ impl Control {
         }
         if gone {
             self.store.delete_service(name).await?;
-            self.passes.service_state.lock().remove(name);
+            self.service_states.forget(name);
             self.core
                 .event(Some(name), None, &format!("service {name} deleted"))
                 .await;
@@ -238,7 +232,10 @@ impl Control {
                 primary.failed_tasks,
                 wait.as_secs_f64().ceil()
             );
-            if self.service_state_changed(name, |s| s.backoff = Some(primary.failed_tasks)) {
+            if self
+                .service_states
+                .changed(name, |s| s.backoff = Some(primary.failed_tasks))
+            {
                 self.core.event(Some(name), None, &message).await;
             }
         } else if actions.start > 0 {
@@ -269,7 +266,9 @@ impl Control {
         let name = service.name.as_str();
         let desired = service.desired_count;
         if let Some((running, old_left)) = actions.progress
-            && self.service_state_changed(name, |s| s.progress = Some((primary.id, running)))
+            && self
+                .service_states
+                .changed(name, |s| s.progress = Some((primary.id, running)))
         {
             self.core.event(
                 Some(name),
@@ -281,7 +280,11 @@ impl Control {
             )
             .await;
         }
-        if self.service_state_changed(name, |s| s.steady = actions.steady) && actions.steady {
+        if self
+            .service_states
+            .changed(name, |s| s.steady = actions.steady)
+            && actions.steady
+        {
             self.core.event(
                 Some(name),
                 None,

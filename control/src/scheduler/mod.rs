@@ -3,20 +3,29 @@
 //! tasks and commits them in one transaction that re-checks them with the engine's own
 //! rules; and previews placements without committing.
 
+mod limits;
+mod preemption;
+mod preview;
+mod state;
 mod steps;
+
+pub use preview::{density, density_of};
+pub(crate) use state::{CachedEngine, PoolEngine, Scheduling};
 
 pub(crate) use steps::{allocations, request_for};
 
 use crate::capacity::{Held, PoolCapacity};
-use crate::control::Control;
 use crate::error::ControlError;
-use crate::parts::{CachedEngine, Core, PoolEngine, Scheduling};
+use crate::parts::{Core, ServiceStates};
 use crate::store::{PendingTask, PlacementCommit, SchedulerStore, TaskFilter};
+use crate::work::InterferenceModel;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use steps::{PortBook, ProjectLedger, ServiceBatch};
 use tessera_model::project::Project;
-use tessera_model::service::{Service, ServiceConstraints, Task, TaskDefRef, TaskState};
+use tessera_model::service::{
+    Service, ServiceConstraints, Task, TaskDefRef, TaskDefinition, TaskState,
+};
 use tessera_model::taskdef::{Protocol, TaskDefinitionSpec};
 use tessera_model::{HostId, PlacementPolicy, PoolInfo, PoolName};
 use tessera_placement::{DemandProfile, Engine, Policy, TaskRequest};
@@ -25,15 +34,31 @@ use tessera_placement::{DemandProfile, Engine, Policy, TaskRequest};
 /// limits, preempts, and keeps what it learnt between passes (each pool's engine, the
 /// capacity epoch that makes them stale, revisions' specs).
 #[derive(Clone)]
-pub(crate) struct Scheduler {
+pub struct Scheduler {
     store: Arc<dyn SchedulerStore>,
     core: Core,
+    /// What it keeps between passes (see [`Scheduling`]).
     state: Arc<Scheduling>,
+    /// Where it says why a service's tasks wait (an event when that changes).
+    service_states: Arc<ServiceStates>,
+    /// Asked which GPUs a service should keep off.
+    interference: InterferenceModel,
 }
 
 impl Scheduler {
-    pub(crate) fn new(store: Arc<dyn SchedulerStore>, core: Core, state: Arc<Scheduling>) -> Self {
-        Scheduler { store, core, state }
+    pub(crate) fn new(
+        store: Arc<dyn SchedulerStore>,
+        core: Core,
+        service_states: Arc<ServiceStates>,
+        interference: InterferenceModel,
+    ) -> Self {
+        Scheduler {
+            store,
+            core,
+            state: Arc::default(),
+            service_states,
+            interference,
+        }
     }
 
     /// The same scheduler writing through `store` (a pass's fenced store).
@@ -41,7 +66,7 @@ impl Scheduler {
         Scheduler {
             store,
             core,
-            state: self.state.clone(),
+            ..self.clone()
         }
     }
 
@@ -50,6 +75,18 @@ impl Scheduler {
     pub(crate) fn capacity_changed(&self) {
         self.state.capacity_changed();
         self.core.publish("capacity");
+    }
+
+    /// How many engines were built from the store (tests: a pass reused its engine).
+    #[cfg(test)]
+    pub(crate) fn engine_builds(&self) -> u64 {
+        self.state.builds()
+    }
+
+    /// Capacity may have changed on another server: the cached engines are rebuilt next
+    /// pass (the change is not published again).
+    pub(crate) fn capacity_changed_elsewhere(&self) {
+        self.state.capacity_changed();
     }
 
     /// The spec of revision `r`, from memory after the first read (revisions are
@@ -65,6 +102,56 @@ impl Scheduler {
         self.state.specs.insert(r.clone(), spec.clone());
         Ok(spec)
     }
+
+    /// The definition `r` names, if new tasks may use it (registered and active); the error
+    /// names the `task_definition` field. The one check the API, the console, the preview
+    /// and the scheduler's inputs share.
+    pub(crate) async fn usable_definition(
+        &self,
+        r: &TaskDefRef,
+    ) -> Result<TaskDefinition, ControlError> {
+        let def = self.store.get_task_definition(r).await.map_err(|_| {
+            ControlError::invalid(
+                "task_definition",
+                format!("no task definition {r} is registered"),
+            )
+        })?;
+        if !def.active {
+            return Err(ControlError::invalid(
+                "task_definition",
+                format!("{r} is deregistered; use an active revision"),
+            ));
+        }
+        Ok(def)
+    }
+
+    /// The pool named `name`, or an error naming the `pool` field.
+    pub(crate) async fn existing_pool(&self, name: &PoolName) -> Result<PoolInfo, ControlError> {
+        self.store.get_pool(name).await.map_err(|_| {
+            ControlError::invalid("pool", format!("no pool named {:?}", name.as_str()))
+        })
+    }
+
+    /// The tasks of `service` not stopped (pending ones included), without allocations.
+    pub(crate) async fn live_tasks(
+        &self,
+        service: &str,
+    ) -> Result<Vec<tessera_model::service::Task>, ControlError> {
+        Ok(self
+            .store
+            .list_tasks(&TaskFilter {
+                service: Some(service.to_owned()),
+                states: vec![
+                    TaskState::Pending,
+                    TaskState::Assigned,
+                    TaskState::Running,
+                    TaskState::Stopping,
+                ],
+                without_allocations: true,
+                ..Default::default()
+            })
+            .await?)
+    }
 }
 
 /// What a scheduling pass reads once for every pool.
@@ -74,7 +161,7 @@ struct PassInputs {
     projects: HashMap<String, Project>,
 }
 
-impl Control {
+impl Scheduler {
     /// The specs of task definitions `refs`, each loaded once however often it is named.
     pub async fn task_definition_specs(
         &self,
@@ -83,7 +170,7 @@ impl Control {
         let mut out = HashMap::new();
         for r in refs {
             if let std::collections::hash_map::Entry::Vacant(slot) = out.entry(r) {
-                let spec = self.scheduler.spec_of(slot.key()).await?;
+                let spec = self.spec_of(slot.key()).await?;
                 slot.insert(TaskDefinitionSpec::clone(&spec));
             }
         }
@@ -155,7 +242,7 @@ impl Control {
         // Claims of tasks no longer waiting are spent.
         {
             let waiting: HashSet<&str> = pending.iter().map(|t| t.id.as_str()).collect();
-            self.scheduling
+            self.state
                 .claims
                 .lock()
                 .retain(|id, _| waiting.contains(id.as_str()));
@@ -218,14 +305,14 @@ impl Control {
         };
         let mut by_service = steps::by_service(tasks);
         let mut ledger = self.order_services(pool, &mut by_service, pass).await?;
-        let claims = self.scheduling.claims.lock().clone();
+        let claims = self.state.claims.lock().clone();
         steps::claims_first(&mut by_service, &claims);
 
         let mut commits = Vec::new();
         let mut complaints: Vec<(String, Vec<String>, String)> = Vec::new();
         // Each service's tasks that found no room (not held by their project's limit):
         // preemption may make room for them once this pass commits.
-        let mut short: Vec<crate::preemption::Short> = Vec::new();
+        let mut short: Vec<preemption::Short> = Vec::new();
         let PoolEngine {
             engine, pool: info, ..
         } = &mut cached.built;
@@ -242,6 +329,7 @@ impl Control {
             // Interference: GPUs where a neighbour measured to break a latency target
             // runs are kept off while anything else has room.
             let (avoid, conflicts) = self
+                .interference
                 .interference_avoid(service, &pass.services.values().collect::<Vec<_>>())
                 .await?;
             let mut batch = ServiceBatch::new(pool, service, &live, avoid);
@@ -258,7 +346,7 @@ impl Control {
             }
             commits.append(&mut batch.commits);
             if let Some((request, tasks)) = batch.wanting {
-                short.push(crate::preemption::Short {
+                short.push(preemption::Short {
                     service: name.clone(),
                     request,
                     tasks,
@@ -267,7 +355,7 @@ impl Control {
             if !batch.unplaced.is_empty() {
                 complaints.push((name, batch.unplaced, batch.sentence));
             } else {
-                self.service_state_changed(&name, |s| s.pending = None);
+                self.service_states.changed(&name, |s| s.pending = None);
             }
         }
         let placed = self.commit_pass(pool, cached, &commits).await?;
@@ -284,11 +372,11 @@ impl Control {
         tasks: &[&PendingTask],
         specs: &HashMap<TaskDefRef, TaskDefinitionSpec>,
     ) -> Result<CachedEngine, ControlError> {
-        let epoch = self.scheduling.epoch();
+        let epoch = self.state.epoch();
         let pending_refs: HashSet<TaskDefRef> =
             tasks.iter().map(|t| t.task_definition.clone()).collect();
         let kept = self
-            .scheduling
+            .state
             .engines
             .take(pool)
             .filter(|c| c.epoch == epoch && pending_refs.is_subset(&c.built.profiled));
@@ -306,7 +394,7 @@ impl Control {
             })
             .collect();
         let mut built = self.pool_engine(pool, None, &extra).await?;
-        self.scheduling.built();
+        self.state.built();
         built.profiled.extend(pending_refs);
         Ok(CachedEngine { built, epoch })
     }
@@ -372,7 +460,7 @@ impl Control {
             );
             self.core.wake();
         } else {
-            self.scheduling.engines.insert(pool.clone(), cached);
+            self.state.engines.insert(pool.clone(), cached);
         }
         Ok(committed.len())
     }
@@ -382,7 +470,7 @@ impl Control {
     async fn after_pass(
         &self,
         pool: &PoolName,
-        short: Vec<crate::preemption::Short>,
+        short: Vec<preemption::Short>,
         complaints: Vec<(String, Vec<String>, String)>,
         pass: &PassInputs,
     ) -> Result<(), ControlError> {
@@ -393,7 +481,7 @@ impl Control {
         let renewed = preempted.renewed;
         // A claim this pass did not renew (its project left its guarantee, its class
         // changed, no plan makes room) no longer puts its task first.
-        self.scheduling
+        self.state
             .claims
             .lock()
             .retain(|id, _| !waiting_here.contains(id) || renewed.contains(id));
@@ -402,7 +490,10 @@ impl Control {
                 sentence = format!("{sentence}; {note}");
             }
             self.store.set_placement_message(&ids, &sentence).await?;
-            if self.service_state_changed(&service, |s| s.pending = Some(sentence.clone())) {
+            if self
+                .service_states
+                .changed(&service, |s| s.pending = Some(sentence.clone()))
+            {
                 self.core
                     .event(
                         Some(&service),

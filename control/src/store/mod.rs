@@ -54,6 +54,10 @@ bundle!(
     /// revisions, tasks and their placements, projects' limits, preemptions.
     SchedulerStore: HostStore ServiceStore TaskStore ProjectStore
 );
+bundle!(
+    /// What interference estimates read: services' work history and where tasks run.
+    InterferenceStore: UsageStore TaskStore
+);
 
 /// Everything the control plane persists, one trait per aggregate. Callers hold an `Arc<dyn Store>`;
 /// a backend implements the parts and gets this for free.
@@ -70,6 +74,7 @@ pub trait Store:
     + FleetStore
     + AgentStore
     + SchedulerStore
+    + InterferenceStore
 {
 }
 

@@ -1,12 +1,12 @@
 //! Interference estimates acted on: each service's estimates (reused for a while) and the
 //! neighbours, and so the GPUs, a service's tasks should keep off.
 
-use crate::control::Control;
 use crate::error::ControlError;
-use crate::interference::{ANY, alone_p99, estimate, predicted_p99};
-use crate::parts::Estimates;
-use crate::store::TaskFilter;
-use std::collections::BTreeSet;
+use crate::interference::{ANY, Observation, alone_p99, estimate, predicted_p99};
+use crate::parts::{Core, Estimates};
+use crate::store::{InterferenceStore, TaskFilter, UsageQuery};
+use parking_lot::Mutex;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use tessera_model::GpuUuid;
 use tessera_model::service::{Service, TaskState};
@@ -85,10 +85,59 @@ pub(crate) fn conflicts(
     out
 }
 
-impl Control {
+/// Interference estimates: what sharing a GPU with each neighbour costs a service, from its
+/// work history, reused for [`ESTIMATES_TTL`]; the scheduler and consolidation ask it which
+/// GPUs a service should keep off.
+#[derive(Clone)]
+pub(crate) struct InterferenceModel {
+    store: Arc<dyn InterferenceStore>,
+    core: Core,
+    /// Each service's estimates and when they were read (unix seconds).
+    estimates: Arc<Mutex<HashMap<String, (i64, Estimates)>>>,
+}
+
+impl InterferenceModel {
+    pub(crate) fn new(store: Arc<dyn InterferenceStore>, core: Core) -> Self {
+        InterferenceModel {
+            store,
+            core,
+            estimates: Arc::default(),
+        }
+    }
+
+    /// The service's work history: task-buckets of the fine width over the last
+    /// `since_secs`, as interference observations.
+    pub(crate) async fn observations(
+        &self,
+        service: &str,
+        since_secs: i64,
+    ) -> Result<Vec<Observation>, ControlError> {
+        let [fine, _] = self.core.config().usage.widths();
+        let rows = self
+            .store
+            .list_usage(&UsageQuery {
+                service: Some(service.to_owned()),
+                width_secs: fine,
+                since: self.core.unix_now() - since_secs,
+            })
+            .await?;
+        Ok(rows
+            .into_iter()
+            .filter(|r| r.work_secs > 0.0)
+            .filter_map(|r| {
+                Some(Observation {
+                    service: r.service,
+                    neighbours: r.neighbours?,
+                    completed_per_sec: r.completed / r.work_secs,
+                    latency_p99_ms: r.latency_ms[2],
+                })
+            })
+            .collect())
+    }
+
     /// A service's interference estimates and p99 alone, read at most every 30 s.
     pub(crate) async fn estimates_of(&self, service: &str) -> Result<Estimates, ControlError> {
-        if let Some((at, e)) = self.passes.watches.lock().estimates.get(service)
+        if let Some((at, e)) = self.estimates.lock().get(service)
             && self.core.unix_now() - at < ESTIMATES_TTL
         {
             return Ok(e.clone());
@@ -97,10 +146,8 @@ impl Control {
             .observations(service, self.core.config().usage.fine_keep.as_secs() as i64)
             .await?;
         let e: Estimates = Arc::new((estimate(service, &obs), alone_p99(service, &obs)));
-        self.passes
-            .watches
+        self.estimates
             .lock()
-            .estimates
             .insert(service.to_owned(), (self.core.unix_now(), e.clone()));
         Ok(e)
     }

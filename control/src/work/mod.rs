@@ -13,12 +13,13 @@
 mod alarms;
 mod autoscale;
 mod conflicts;
+pub(crate) use conflicts::InterferenceModel;
 mod figures;
 
 use crate::control::Control;
 use crate::error::ControlError;
 use crate::fit::usage_range;
-use crate::interference::{Observation, estimate};
+use crate::interference::estimate;
 use crate::parts::Watch;
 use crate::store::{TaskFilter, UsageQuery};
 use alarms::alarm_state;
@@ -120,36 +121,6 @@ impl Control {
         }))
     }
 
-    /// The service's work history: task-buckets of the fine width over the last
-    /// `since_secs`, as interference observations.
-    pub(crate) async fn observations(
-        &self,
-        service: &str,
-        since_secs: i64,
-    ) -> Result<Vec<Observation>, ControlError> {
-        let [fine, _] = self.core.config().usage.widths();
-        let rows = self
-            .store
-            .list_usage(&UsageQuery {
-                service: Some(service.to_owned()),
-                width_secs: fine,
-                since: self.core.unix_now() - since_secs,
-            })
-            .await?;
-        Ok(rows
-            .into_iter()
-            .filter(|r| r.work_secs > 0.0)
-            .filter_map(|r| {
-                Some(Observation {
-                    service: r.service,
-                    neighbours: r.neighbours?,
-                    completed_per_sec: r.completed / r.work_secs,
-                    latency_p99_ms: r.latency_ms[2],
-                })
-            })
-            .collect())
-    }
-
     /// `GET /api/v1/services/{name}/work`.
     pub async fn service_work(&self, name: &str, range: &str) -> Result<ServiceWork, ControlError> {
         let range = usage_range(range)?;
@@ -187,6 +158,7 @@ impl Control {
             .await?;
         let series = work_series(&rows, group);
         let observations = self
+            .interference
             .observations(name, self.core.config().usage.fine_keep.as_secs() as i64)
             .await?;
         let watches = self.passes.watches.lock();

@@ -180,6 +180,7 @@ pub async fn approve_preemption(
 ) -> Result<StatusCode, ApiError> {
     state
         .control
+        .scheduler()
         .approve_preemption(preemption_id(&id)?)
         .await?;
     Ok(StatusCode::NO_CONTENT)
@@ -196,6 +197,7 @@ pub async fn decline_preemption(
 ) -> Result<StatusCode, ApiError> {
     state
         .control
+        .scheduler()
         .decline_preemption(preemption_id(&id)?)
         .await?;
     Ok(StatusCode::NO_CONTENT)

@@ -241,7 +241,7 @@ pub async fn preview(
     State(state): State<AppState>,
     Body(input): Body<PreviewInput>,
 ) -> Result<Json<PreviewResult>, ApiError> {
-    Ok(Json(state.control.preview(&input).await?))
+    Ok(Json(state.control.scheduler().preview(&input).await?))
 }
 
 #[derive(Deserialize, IntoParams)]

@@ -18,9 +18,11 @@ const MAX_SPECS_CACHED: usize = 4096;
 
 /// The scheduler's memory.
 pub(crate) struct Scheduling {
+    /// The last bucket (unix seconds) projects' use was sampled in.
+    pub(super) last_project_sample: parking_lot::Mutex<Option<i64>>,
     /// Per pool, the scheduler's engine, kept in step with its own commits from one pass
     /// to the next while nothing else changes capacity.
-    pub engines: Cache<PoolName, CachedEngine>,
+    pub(super) engines: Cache<PoolName, CachedEngine>,
     /// Bumped by every change of capacity the scheduler did not make itself (a task gone,
     /// a host's status or GPUs, a pool's limits): a cached engine older than it is rebuilt.
     capacity_epoch: AtomicU64,
@@ -28,10 +30,10 @@ pub(crate) struct Scheduling {
     engine_builds: AtomicU64,
     /// Specs of task definition revisions, which never change once registered: every sync
     /// and scheduling pass needs them.
-    pub specs: Cache<TaskDefRef, Arc<TaskDefinitionSpec>>,
+    pub(super) specs: Cache<TaskDefRef, Arc<TaskDefinitionSpec>>,
     /// Room a preemption plan claimed for a waiting task, by task id: the scheduler places
     /// it there first once its victims have let go (`crate::preemption`).
-    pub claims: parking_lot::Mutex<HashMap<String, Placement>>,
+    pub(super) claims: parking_lot::Mutex<HashMap<String, Placement>>,
 }
 
 impl Default for Scheduling {
@@ -42,39 +44,40 @@ impl Default for Scheduling {
             engine_builds: AtomicU64::new(0),
             specs: Cache::new(MAX_SPECS_CACHED),
             claims: Default::default(),
+            last_project_sample: Default::default(),
         }
     }
 }
 
 impl Scheduling {
     /// The capacity epoch now: an engine built before it changed is stale.
-    pub fn epoch(&self) -> u64 {
+    pub(super) fn epoch(&self) -> u64 {
         self.capacity_epoch.load(Ordering::SeqCst)
     }
 
     /// Capacity changed outside the scheduler: every cached engine is stale.
-    pub fn capacity_changed(&self) {
+    pub(super) fn capacity_changed(&self) {
         self.capacity_epoch.fetch_add(1, Ordering::SeqCst);
     }
 
     /// An engine was built from the store.
-    pub fn built(&self) {
+    pub(super) fn built(&self) {
         self.engine_builds.fetch_add(1, Ordering::SeqCst);
     }
 
     /// How many engines were built from the store.
     #[cfg(test)]
-    pub fn builds(&self) -> u64 {
+    pub(super) fn builds(&self) -> u64 {
         self.engine_builds.load(Ordering::SeqCst)
     }
 }
 
 /// A pool's engine with what live tasks hold already assigned.
 pub(crate) struct PoolEngine {
-    pub engine: Engine,
-    pub pool: PoolInfo,
+    pub(crate) engine: Engine,
+    pub(crate) pool: PoolInfo,
     /// The revisions its workload profile was built from.
-    pub profiled: HashSet<TaskDefRef>,
+    pub(crate) profiled: HashSet<TaskDefRef>,
 }
 
 /// A pool's engine kept from one scheduling pass to the next: it already holds every
@@ -85,6 +88,6 @@ pub(crate) struct PoolEngine {
 /// changed elsewhere (`Control::capacity_changed`, after `epoch`) and when a revision its
 /// profile does not know is pending.
 pub(crate) struct CachedEngine {
-    pub built: PoolEngine,
-    pub epoch: u64,
+    pub(crate) built: PoolEngine,
+    pub(crate) epoch: u64,
 }

@@ -15,8 +15,8 @@
 //! Claims live in the scheduler's memory: a server that restarts forgets them, and the
 //! waiting tasks claim again on its first pass (their victims' room counts as free then).
 
+use super::Scheduler;
 use crate::capacity::{Held, PoolCapacity};
-use crate::control::Control;
 use crate::error::ControlError;
 use crate::projects::usage_by_project;
 use std::collections::{HashMap, HashSet};
@@ -280,7 +280,7 @@ impl<'a> Room<'a> {
     }
 }
 
-impl Control {
+impl Scheduler {
     /// Makes room, where the rules allow it, for the tasks in `short` (in the order given)
     /// by stopping tasks that use borrowed capacity, and claims it for them; returns the
     /// tasks that hold a claim from this pass.
@@ -330,7 +330,7 @@ impl Control {
                     continue;
                 }
                 total += plan.stop.len();
-                self.scheduling
+                self.state
                     .claims
                     .lock()
                     .insert(task_id.clone(), plan.placement);

@@ -1,16 +1,16 @@
 //! Placement previews ("what would placing N tasks do now?", nothing committed) and
 //! packing density.
 
-use crate::control::Control;
+use super::PoolEngine;
+use super::Scheduler;
 use crate::error::ControlError;
 use crate::inputs::{Density, PreviewInput, PreviewResult, PreviewTask};
-use crate::parts::PoolEngine;
 use crate::scheduler::request_for;
 use std::collections::{BTreeMap, BTreeSet};
 use tessera_model::SharingMode;
 use tessera_placement::{GpuUsage, Snapshot};
 
-impl Control {
+impl Scheduler {
     /// What placing `input.count` tasks now would do, without committing anything.
     pub async fn preview(&self, input: &PreviewInput) -> Result<PreviewResult, ControlError> {
         let mut e = crate::inputs::Errors::default();
