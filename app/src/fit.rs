@@ -12,7 +12,11 @@ use tessera_model::service::Task;
 #[server]
 pub async fn get_service_fit(name: String, range: String) -> Result<ServiceFit, ServerFnError> {
     use crate::data::ssr::{control, failed};
-    control()?.service_fit(&name, &range).await.map_err(failed)
+    control()?
+        .views()
+        .service_fit(&name, &range)
+        .await
+        .map_err(failed)
 }
 
 guard!(GetServiceFit, Access::VIEW);
@@ -21,7 +25,7 @@ guard!(GetServiceFit, Access::VIEW);
 #[server]
 pub async fn get_right_size(name: String) -> Result<Result<RightSize, String>, ServerFnError> {
     use crate::data::ssr::{control, failed};
-    match control()?.right_size_proposal(&name).await {
+    match control()?.views().right_size_proposal(&name).await {
         Ok(p) => Ok(Ok(p)),
         Err(tessera_control::ControlError::Conflict(why)) => Ok(Err(why)),
         Err(e) => Err(failed(e)),

@@ -499,7 +499,7 @@ mod tests {
         a.reconcile_once().await.expect("pass");
         assert_eq!(builds(&a), 2, "kept while nothing changes");
         // Capacity changed here (an operator drains the host, then reactivates it).
-        let host = a.list_hosts().await.expect("hosts")[0].id.clone();
+        let host = a.views().list_hosts().await.expect("hosts")[0].id.clone();
         a.drain_host(&host).await.expect("drain");
         a.activate_host(&host).await.expect("activate");
         a.reconcile_once().await.expect("pass");

@@ -3,22 +3,16 @@
 
 use crate::agents::AgentSync;
 use crate::auth::Accounts;
-use crate::cache::Cache;
 use crate::config::ControlConfig;
-use crate::error::ControlError;
-use crate::parts::{Core, FleetModel, FleetSnapshot, Passes, ServiceStates};
+use crate::parts::{Core, Passes, ServiceStates};
 use crate::scheduler::Scheduler;
 use crate::store::Store;
+use crate::views::Views;
 use crate::work::InterferenceModel;
 use chrono::Utc;
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
-use tessera_model::fit::Verdict;
 use tokio::sync::broadcast;
-
-/// How long the hosts pages reuse the fit verdicts they mark segments with.
-pub(crate) const VERDICTS_FRESH: Duration = Duration::from_secs(10);
 
 /// The control plane: a façade over the store and the parts that keep this server's
 /// state (see [`crate::parts`]). Cheap to clone; clones share everything.
@@ -34,15 +28,13 @@ pub struct Control {
     /// Interference estimates from services' work history.
     pub(crate) interference: InterferenceModel,
     /// Hosts joining and syncing.
-    agents: AgentSync,
+    pub(crate) agents: AgentSync,
     /// What the reconcile passes remember.
     pub(crate) passes: Arc<Passes>,
     /// Operators' accounts, tokens, sessions and the audit log.
-    accounts: Accounts,
-    /// The fleet read model: what `/metrics`, the overview, projects and endpoints show.
-    pub(crate) fleet: Arc<FleetModel>,
-    /// Fit verdicts by task, read at most [`VERDICTS_FRESH`] ago (see `cached_verdicts`).
-    pub(crate) verdicts: Arc<Cache<(), Arc<HashMap<String, Verdict>>>>,
+    pub(crate) accounts: Accounts,
+    /// The read models.
+    pub(crate) views: Views,
 }
 
 impl Control {
@@ -59,14 +51,18 @@ impl Control {
         Control {
             accounts: Accounts::new(store.clone(), store.clone(), core.clone()),
             agents: AgentSync::new(store.clone(), core.clone(), scheduler.clone()),
+            views: Views::new(
+                store.clone(),
+                store.clone(),
+                core.clone(),
+                scheduler.clone(),
+            ),
             scheduler,
             service_states,
             interference,
             store,
             core,
             passes: Arc::default(),
-            fleet: Arc::default(),
-            verdicts: Arc::new(Cache::with_max_age(1, VERDICTS_FRESH)),
         }
     }
 
@@ -92,6 +88,11 @@ impl Control {
         &self.scheduler
     }
 
+    /// The read models: pages, lists, the fleet, endpoints, fit.
+    pub fn views(&self) -> &Views {
+        &self.views
+    }
+
     /// Agent sync: hosts joining, their syncs, their credentials.
     pub fn agents(&self) -> &AgentSync {
         &self.agents
@@ -100,23 +101,6 @@ impl Control {
     /// Operators' accounts: users, API tokens, console sessions, the audit log.
     pub fn accounts(&self) -> &Accounts {
         &self.accounts
-    }
-
-    /// The fleet as of now (the fleet read model, brought up to date): what this caller
-    /// wrote before is in it.
-    pub async fn fleet(&self) -> Result<Arc<FleetSnapshot>, ControlError> {
-        let (model, store) = (self.fleet.clone(), self.store.clone());
-        let every = self.core.config().fleet_measured_every;
-        // A reading is finished even when its caller gives up (a request past its
-        // timeout): the next caller gets it, instead of starting it again.
-        match tokio::spawn(async move { model.current(&*store, every).await }).await {
-            Ok(read) => Ok(read?),
-            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            Err(e) => Err(ControlError::Busy {
-                retry_after: 1,
-                what: format!("fleet readings ({e})"),
-            }),
-        }
     }
 
     /// Reads the database's clock for [`Control::now`]; a failure keeps the last reading

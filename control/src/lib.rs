@@ -71,7 +71,6 @@ mod config;
 mod consolidate;
 pub mod control;
 pub mod error;
-mod fit;
 mod hosts;
 pub mod inputs;
 mod interference;
@@ -84,14 +83,13 @@ pub mod projects;
 mod reconcile;
 mod run;
 mod scheduler;
-mod serving;
 pub mod sqlite;
 pub mod store;
 #[cfg(test)]
 mod test_values;
 #[cfg(feature = "testing")]
 pub mod testkit;
-mod views;
+pub mod views;
 mod work;
 mod workloads;
 
@@ -104,6 +102,7 @@ pub use scheduler::{density, density_of};
 pub use store::{AuthStore, Store};
 /// A GPU's usage, as `density_of` reads it.
 pub use tessera_placement::GpuUsage;
+pub(crate) use views::fit;
 pub use workloads::DEFAULT_POOL;
 
 /// Opens the store named by `url`, applying pending migrations: `sqlite://PATH` (the file

@@ -197,7 +197,7 @@ impl Control {
     }
 
     pub async fn list_projects(&self) -> Result<Vec<ProjectView>, ControlError> {
-        let fleet = self.fleet().await?;
+        let fleet = self.views.fleet().await?;
         self.list_projects_in(&fleet).await
     }
 

@@ -43,8 +43,8 @@ impl Control {
             }
             // The fleet read model, once someone reads it, is brought up to date here too,
             // so its readers seldom wait for the measured figures' periodic reading.
-            if self.fleet.read_before()
-                && let Err(e) = self.fleet().await
+            if self.views.fleet_read()
+                && let Err(e) = self.views.fleet().await
             {
                 tracing::warn!(error = %e, "reading the fleet's changes failed");
             }

@@ -7,6 +7,7 @@ use crate::error::StoreError;
 use crate::inputs::{PoolInput, ServiceDetail, ServiceInput, ServicePatch};
 use crate::store::EventFilter;
 use serde_json::Value;
+use tessera_model::fit::RightSize;
 use tessera_model::service::{Service, TaskDefRef, TaskDefinition};
 use tessera_model::taskdef::{Secret, ValidationErrors, parse_task_definition};
 use tessera_model::{PoolInfo, PoolName};
@@ -473,4 +474,43 @@ fn settings_change(
         change.objectives = Some(new.objectives.clone());
     }
     (change, changed)
+}
+
+impl Control {
+    /// Right-sizes service `name` in one step: registers the proposal as its family's next
+    /// revision and rolls it out through the service's normal deployment.
+    pub async fn right_size(
+        &self,
+        name: &str,
+    ) -> Result<(RightSize, tessera_model::service::TaskDefinition), ControlError> {
+        let proposal = self.views.right_size_proposal(name).await?;
+        let def = self.register_task_definition(&proposal.definition).await?;
+        self.update_service(
+            name,
+            &crate::inputs::ServicePatch {
+                desired_count: None,
+                task_definition: Some(def.reference().to_string()),
+                ..Default::default()
+            },
+        )
+        .await?;
+        self.core
+            .event(
+                Some(name),
+                None,
+                &format!(
+                    "right-sized: {} registered from {} ({}), rolling out",
+                    def.reference(),
+                    proposal.current,
+                    proposal
+                        .changes
+                        .iter()
+                        .map(|c| format!("{} {} → {}", c.field, c.from, c.to))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            )
+            .await;
+        Ok((proposal, def))
+    }
 }

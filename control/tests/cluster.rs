@@ -103,7 +103,7 @@ async fn one_server_schedules_another_takes_over_and_the_old_one_is_fenced_off()
         matches!(refused, Err(StoreError::Fenced { .. })),
         "{refused:?}"
     );
-    let task = b.get_task(victim).await.expect("task");
+    let task = b.views().get_task(victim).await.expect("task");
     assert_eq!(task.state, TaskState::Running, "untouched");
     // Its next tick finds the lease taken: it does not schedule.
     assert_eq!(a.tick().await, Ok(false));

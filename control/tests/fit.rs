@@ -74,7 +74,7 @@ async fn verdicts_follow_the_evidence_and_right_sizing_rolls_out_a_smaller_budge
     service(c, "infer", &def, 2, DeploymentConfig::default()).await;
     c.reconcile_once().await.expect("placed");
     sync(c, &h).await;
-    let fit = c.service_fit("infer", "hour").await.expect("fit");
+    let fit = c.views().service_fit("infer", "hour").await.expect("fit");
     assert_eq!(fit.judgement.verdict, Verdict::NoEvidence);
     assert_eq!(fit.budget_mib, MiB(8192));
     assert_eq!(fit.compute_cap_percent, Some(40));
@@ -87,7 +87,7 @@ async fn verdicts_follow_the_evidence_and_right_sizing_rolls_out_a_smaller_budge
         e.clock.advance(Duration::from_secs(30));
         c.agents().flush_usage(false).await.expect("flushed");
     }
-    let fit = c.service_fit("infer", "hour").await.expect("fit");
+    let fit = c.views().service_fit("infer", "hour").await.expect("fit");
     assert_eq!(fit.judgement.verdict, Verdict::Oversized, "{fit:?}");
     // 2700 × 1.15 = 3105 → 3328 (13 × 256); SM p95 12 × 1.15 = 13.8 → 15.
     assert_eq!(fit.judgement.suggested_memory_mib, Some(MiB(3328)));
@@ -109,15 +109,19 @@ async fn verdicts_follow_the_evidence_and_right_sizing_rolls_out_a_smaller_budge
     assert_eq!(fit.used_mib, MiB(2 * 2700));
 
     // The pool: both tasks fit one GPU with the suggestion; room for more of them.
-    let pool = c.pool_fit("gpu").await.expect("pool fit");
+    let pool = c.views().pool_fit("gpu").await.expect("pool fit");
     assert_eq!(pool.gpus_total, 2);
     assert_eq!(pool.gpus_in_use_suggested, 1);
     assert!(pool.services[0].extra_tasks > 0, "{pool:?}");
     assert_eq!(pool.by_verdict[0].verdict, Verdict::Oversized);
-    assert!(c.pool_fit("nope").await.is_err());
+    assert!(c.views().pool_fit("nope").await.is_err());
 
     // Right-size: the diff, then one step to a rolling deployment.
-    let proposal = c.right_size_proposal("infer").await.expect("proposal");
+    let proposal = c
+        .views()
+        .right_size_proposal("infer")
+        .await
+        .expect("proposal");
     assert_eq!(proposal.current, "infer:1");
     let fields: Vec<(&str, &str, &str)> = proposal
         .changes
@@ -155,20 +159,20 @@ async fn refused_allocations_make_a_service_over_budget_and_an_unknown_range_is_
     report(c, &h, 3900, 20, 0).await;
     e.clock.advance(Duration::from_secs(61));
     c.agents().flush_usage(false).await.expect("flushed");
-    let fit = c.service_fit("tight", "hour").await.expect("fit");
+    let fit = c.views().service_fit("tight", "hour").await.expect("fit");
     assert_eq!(fit.judgement.verdict, Verdict::NearBudget, "{fit:?}");
     report(c, &h, 4096, 20, 3).await;
     e.clock.advance(Duration::from_secs(61));
     c.agents().flush_usage(false).await.expect("flushed");
-    let fit = c.service_fit("tight", "day").await.expect("fit");
+    let fit = c.views().service_fit("tight", "day").await.expect("fit");
     assert_eq!(fit.judgement.verdict, Verdict::OverBudget);
     assert!(
         fit.judgement
             .reason
             .contains("3 GPU memory allocation(s) failed")
     );
-    assert!(c.service_fit("tight", "week").await.is_err());
-    assert!(c.service_fit("nope", "hour").await.is_err());
+    assert!(c.views().service_fit("tight", "week").await.is_err());
+    assert!(c.views().service_fit("nope", "hour").await.is_err());
 }
 
 #[tokio::test]
@@ -177,7 +181,10 @@ async fn the_mps_daemons_restarts_are_recorded_with_the_host() {
     let c = &e.control;
     let h = host(c, "h1", 1, 24).await;
     sync(c, &h).await;
-    assert_eq!(c.get_host(&h.id).await.expect("host").mps_restarts, 0);
+    assert_eq!(
+        c.views().get_host(&h.id).await.expect("host").mps_restarts,
+        0
+    );
     for restarts in [2, 2, 3] {
         c.agents()
             .sync_agent(
@@ -197,7 +204,7 @@ async fn the_mps_daemons_restarts_are_recorded_with_the_host() {
             .await
             .expect("sync");
         assert_eq!(
-            c.get_host(&h.id).await.expect("host").mps_restarts,
+            c.views().get_host(&h.id).await.expect("host").mps_restarts,
             restarts
         );
     }

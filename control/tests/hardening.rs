@@ -284,7 +284,7 @@ async fn join_tokens_register_nothing_past_their_scope() {
         .count();
     println!("10 registrations racing for a token's last use: {won} registered");
     assert_eq!(won, 1);
-    let hosts = c.list_hosts().await.expect("hosts");
+    let hosts = c.views().list_hosts().await.expect("hosts");
     assert_eq!(hosts.len(), 2, "{hosts:?}");
     let listed = c.agents().list_join_tokens().await.expect("tokens");
     assert!(
@@ -371,7 +371,7 @@ async fn a_manual_pool_holds_new_hosts_and_their_tasks_until_approved() {
         .register_agent(&joiner(JOIN, "newcomer", "secure"))
         .await
         .expect("registers");
-    let host = c.get_host(&resp.host_id).await.expect("host");
+    let host = c.views().get_host(&resp.host_id).await.expect("host");
     assert!(host.held, "not held");
     let def = c
         .register_task_definition(&serde_json::json!({
@@ -430,7 +430,7 @@ async fn a_manual_pool_holds_new_hosts_and_their_tasks_until_approved() {
         .register_agent(&joiner(&pre.token, "trusted", "secure"))
         .await
         .expect("registers");
-    assert!(!c.get_host(&resp.host_id).await.expect("host").held);
+    assert!(!c.views().get_host(&resp.host_id).await.expect("host").held);
 }
 
 /// A revoked host's GPU UUIDs are visible to viewers and tasks: presenting them with the
@@ -575,7 +575,7 @@ async fn a_server_with_a_skewed_clock_loses_no_host_and_takes_no_live_lease() {
         // database's clock, which the test does not move, so it paces its rounds in real time.
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
-    let host = a.get_host(&h.id).await.expect("host");
+    let host = a.views().get_host(&h.id).await.expect("host");
     println!(
         "30 s of clock skew for 4 s: lease taken by the skewed server {took} time(s); host {}",
         host.status

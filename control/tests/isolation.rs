@@ -24,16 +24,17 @@ fn admin() -> Caller {
 }
 
 async fn events_of(c: &tessera_control::Control, service: Option<&str>) -> Vec<String> {
-    c.list_events(&EventFilter {
-        service: service.map(str::to_owned),
-        limit: 500,
-        ..Default::default()
-    })
-    .await
-    .expect("events")
-    .into_iter()
-    .map(|e| e.message)
-    .collect()
+    c.views()
+        .list_events(&EventFilter {
+            service: service.map(str::to_owned),
+            limit: 500,
+            ..Default::default()
+        })
+        .await
+        .expect("events")
+        .into_iter()
+        .map(|e| e.message)
+        .collect()
 }
 
 /// A task's own metrics (a histogram of 200 buckets with a bound of -1), its health
@@ -98,7 +99,7 @@ async fn a_task_that_breaks_every_bound_costs_only_its_own_figures() {
         assert_eq!(answer.tasks.len(), 2, "both tasks are still wanted");
     }
     c.agents().flush_heartbeats().await.expect("flushed");
-    let host = c.get_host(&h.id).await.expect("host");
+    let host = c.views().get_host(&h.id).await.expect("host");
     assert_eq!(host.status, HostStatus::Active);
     assert_eq!(
         tasks(c, "noisy", &[TaskState::Running]).await.len(),
@@ -155,7 +156,7 @@ async fn a_host_cannot_grow_its_inventory_behind_the_admins_back() {
     let mut grown = h.clone_with_gpus(gpus_of("fake", "NVIDIA H100 80GB HBM3", 64, 80));
     grown.gpus[0] = h.gpus[0].clone();
     sync(c, &grown).await;
-    let after = c.get_host(&h.id).await.expect("host");
+    let after = c.views().get_host(&h.id).await.expect("host");
     assert_eq!(after.gpus.len(), 1, "made-up GPUs became capacity");
     assert!(
         after.pending_gpus.is_empty(),
@@ -181,7 +182,7 @@ async fn a_host_cannot_grow_its_inventory_behind_the_admins_back() {
     let mut two = h.clone_with_gpus(gpus("grower", 2, 24));
     two.gpus[1].uuid = tessera_model::GpuUuid::new("GPU-hot-added").expect("valid");
     sync(c, &two).await;
-    let held = c.get_host(&h.id).await.expect("host");
+    let held = c.views().get_host(&h.id).await.expect("host");
     assert_eq!(held.gpus.len(), 1, "not capacity before approval");
     assert_eq!(held.pending_gpus.len(), 1);
     assert_eq!(held.pending_gpus[0].uuid.as_str(), "GPU-hot-added");
@@ -189,11 +190,11 @@ async fn a_host_cannot_grow_its_inventory_behind_the_admins_back() {
         .approve_host(&admin(), &h.id)
         .await
         .expect("approved");
-    let approved = c.get_host(&h.id).await.expect("host");
+    let approved = c.views().get_host(&h.id).await.expect("host");
     assert_eq!(approved.gpus.len(), 2, "approved GPUs are capacity");
     assert!(approved.pending_gpus.is_empty());
     sync(c, &two).await;
-    assert_eq!(c.get_host(&h.id).await.expect("host").gpus.len(), 2);
+    assert_eq!(c.views().get_host(&h.id).await.expect("host").gpus.len(), 2);
 }
 
 /// A host reports a GPU UUID another host has: refused, the other host keeps it.
@@ -208,9 +209,9 @@ async fn a_gpu_of_another_host_is_refused() {
     stolen.index = 1;
     thief.gpus.push(stolen);
     sync(c, &thief).await;
-    let hb = c.get_host(&b.id).await.expect("b");
+    let hb = c.views().get_host(&b.id).await.expect("b");
     assert_eq!(hb.gpus.len(), 1, "b took a's GPU");
-    let ha = c.get_host(&a.id).await.expect("a");
+    let ha = c.views().get_host(&a.id).await.expect("a");
     assert_eq!(ha.gpus.len(), 1);
     let events = events_of(c, None).await;
     assert!(

@@ -421,7 +421,7 @@ async fn a_sync_that_changes_nothing_still_counts_and_new_use_or_gpus_are_record
     c.reconcile_once().await.expect("pass");
     let first = sync(c, &a).await;
     assert_eq!(first.tasks.len(), 2);
-    let seen = c.get_host(&a.id).await.expect("host").last_seen;
+    let seen = c.views().get_host(&a.id).await.expect("host").last_seen;
     let report = |peak: u64, sm: u32| SyncRequest {
         address: None,
         dynamic_ports_free: None,
@@ -480,13 +480,13 @@ async fn a_sync_that_changes_nothing_still_counts_and_new_use_or_gpus_are_record
     assert_eq!(measured().await, [(Some(3000), Some(30)); 2]);
     // Its time is written with the others' at the start of the next pass.
     c.reconcile_once().await.expect("pass");
-    let later = c.get_host(&a.id).await.expect("host").last_seen;
+    let later = c.views().get_host(&a.id).await.expect("host").last_seen;
     assert!(later > seen, "{later:?} after {seen:?}");
     // A GPU that goes missing is still caught, and its tasks stop with it.
     let mut one_gone = report(3000, 30);
     let gone = one_gone.gpus.remove(0);
     let after = c.agents().sync_agent(&a.id, &one_gone).await.expect("sync");
-    let host = c.get_host(&a.id).await.expect("host");
+    let host = c.views().get_host(&a.id).await.expect("host");
     let g = host
         .gpus
         .iter()
@@ -538,7 +538,7 @@ async fn a_task_pulling_its_image_stays_assigned_and_says_so_and_a_refused_pull_
         .await
         .expect("sync");
     assert_eq!(answer.tasks.len(), 1, "still wanted while it pulls");
-    let t = c.get_task(&id).await.expect("task");
+    let t = c.views().get_task(&id).await.expect("task");
     assert_eq!(t.state, TaskState::Assigned);
     assert_eq!(
         t.placement_message.as_deref(),
@@ -551,7 +551,7 @@ async fn a_task_pulling_its_image_stays_assigned_and_says_so_and_a_refused_pull_
         .await
         .expect("sync");
     assert!(answer.tasks.is_empty());
-    let t = c.get_task(&id).await.expect("task");
+    let t = c.views().get_task(&id).await.expect("task");
     assert_eq!(t.state, TaskState::Stopped);
     assert_eq!(t.exit_code, Some(125));
     assert_eq!(
@@ -640,6 +640,7 @@ async fn a_fresh_fleet_gets_the_default_pool_once_and_a_fleet_with_pools_none() 
     assert!(control.ensure_default_pool().await.expect("first start"));
     assert!(!control.ensure_default_pool().await.expect("second start"));
     let names: Vec<String> = control
+        .views()
         .list_pools()
         .await
         .expect("pools")

@@ -158,7 +158,7 @@ async fn endpoints_follow_health_and_a_stopped_task_drains_before_its_agent_stop
     c.reconcile_once().await.expect("pass");
     // Running, check not passed yet: starting, out of rotation.
     sync_serving(c, &a, |_| TaskHealth::Unknown).await;
-    let list = c.endpoints("web").await.expect("endpoints");
+    let list = c.views().endpoints("web").await.expect("endpoints");
     assert_eq!(list.endpoints.len(), 2);
     assert!(
         list.endpoints
@@ -171,7 +171,7 @@ async fn endpoints_follow_health_and_a_stopped_task_drains_before_its_agent_stop
     );
     // Healthy: in rotation, with the dynamic port the agent bound.
     sync_serving(c, &a, |_| TaskHealth::Healthy).await;
-    let list = c.endpoints("web").await.expect("endpoints");
+    let list = c.views().endpoints("web").await.expect("endpoints");
     assert!(
         list.endpoints
             .iter()
@@ -190,7 +190,7 @@ async fn endpoints_follow_health_and_a_stopped_task_drains_before_its_agent_stop
     .await
     .expect("scale");
     c.reconcile_once().await.expect("pass");
-    let list = c.endpoints("web").await.expect("endpoints");
+    let list = c.views().endpoints("web").await.expect("endpoints");
     let draining: Vec<_> = list
         .endpoints
         .iter()
@@ -203,7 +203,13 @@ async fn endpoints_follow_health_and_a_stopped_task_drains_before_its_agent_stop
     let answer = sync_serving(c, &a, |_| TaskHealth::Healthy).await;
     assert_eq!(told(&answer).len(), 1, "after the delay its agent stops it");
     // Prometheus discovery lists only ports named metrics: none here.
-    assert!(c.prometheus_targets().await.expect("targets").is_empty());
+    assert!(
+        c.views()
+            .prometheus_targets()
+            .await
+            .expect("targets")
+            .is_empty()
+    );
 }
 
 #[tokio::test]
@@ -241,6 +247,7 @@ async fn a_rollout_waits_for_health_and_a_never_healthy_revision_rolls_back() {
         };
         sync_serving(c, &a, health).await;
         let healthy = c
+            .views()
             .endpoints("web")
             .await
             .expect("endpoints")

@@ -60,6 +60,7 @@ async fn a_gpu_is_shown_as_the_scheduler_counts_it_with_the_pools_overcommit() {
     control.reconcile_once().await.expect("pass");
 
     let page = control
+        .views()
         .hosts_page(&HostQuery {
             pool: "over".into(),
             ..Default::default()
@@ -77,13 +78,13 @@ async fn a_gpu_is_shown_as_the_scheduler_counts_it_with_the_pools_overcommit() {
     // The API's host reads say the same: the mode follows from the allocations, before any
     // agent has synced.
     let id = &page.hosts[0].host.id;
-    let host = control.get_host(id).await.expect("host");
+    let host = control.views().get_host(id).await.expect("host");
     assert_eq!(host.gpus[0].sharing_mode, SharingMode::Mps);
-    let listed = control.list_hosts().await.expect("hosts");
+    let listed = control.views().list_hosts().await.expect("hosts");
     let same = listed.iter().find(|h| &h.id == id).expect("listed");
     assert_eq!(same.gpus, host.gpus);
 
-    let overview = control.overview().await.expect("overview");
+    let overview = control.views().overview().await.expect("overview");
     assert_eq!(
         overview.compute_total,
         ComputeMilli(2000),
@@ -143,7 +144,7 @@ async fn the_hosts_page_is_read_a_page_at_a_time_with_its_filters() {
             page,
             ..Default::default()
         };
-        async move { control.hosts_page(&q).await.expect("page") }
+        async move { control.views().hosts_page(&q).await.expect("page") }
     };
     let first = page(0, "").await;
     assert_eq!((first.total, first.matched, first.pages), (30, 30, 2));
@@ -177,10 +178,11 @@ async fn the_hosts_page_is_read_a_page_at_a_time_with_its_filters() {
 /// The fleet read model, kept up to date from what changed, against one read from scratch
 /// (a server started now) on the same database.
 async fn assert_fleet_as_read_from_scratch(env: &testkit::Env, step: &str) {
-    let kept = env.control.fleet().await.expect("fleet");
+    let kept = env.control.views().fleet().await.expect("fleet");
     let fresh = env
         .restart(fast())
         .await
+        .views()
         .fleet()
         .await
         .expect("fleet from scratch");
@@ -204,7 +206,16 @@ async fn the_fleet_model_kept_from_changes_is_the_fleet_read_from_scratch() {
     assert_fleet_as_read_from_scratch(&env, "a service created").await;
     control.reconcile_once().await.expect("pass");
     assert_fleet_as_read_from_scratch(&env, "its tasks placed").await;
-    assert_eq!(control.fleet().await.expect("fleet").holding().count(), 8);
+    assert_eq!(
+        control
+            .views()
+            .fleet()
+            .await
+            .expect("fleet")
+            .holding()
+            .count(),
+        8
+    );
 
     // Both agents report their tasks running, with what they use.
     for h in [&a, &b] {
@@ -227,7 +238,7 @@ async fn the_fleet_model_kept_from_changes_is_the_fleet_read_from_scratch() {
             .expect("sync");
     }
     control.agents().flush_heartbeats().await.expect("flush");
-    let fleet = control.fleet().await.expect("fleet");
+    let fleet = control.views().fleet().await.expect("fleet");
     assert_eq!(fleet.pending().count(), 0);
     assert_eq!(
         fleet
@@ -260,7 +271,7 @@ async fn the_fleet_model_kept_from_changes_is_the_fleet_read_from_scratch() {
     testkit::sync(control, &fewer).await;
     control.agents().flush_heartbeats().await.expect("flush");
     assert_fleet_as_read_from_scratch(&env, "a GPU gone").await;
-    let fleet = control.fleet().await.expect("fleet");
+    let fleet = control.views().fleet().await.expect("fleet");
     let gone = &fleet.host(&b.id).expect("host b").host.gpus[3];
     assert_eq!(
         gone.health,
@@ -294,7 +305,7 @@ async fn the_fleet_model_kept_from_changes_is_the_fleet_read_from_scratch() {
         .delete_host(&a.id)
         .await
         .expect("delete host");
-    let fleet = control.fleet().await.expect("fleet");
+    let fleet = control.views().fleet().await.expect("fleet");
     assert!(fleet.host(&a.id).is_none(), "a deleted host is gone");
     assert_eq!(fleet.hosts().count(), 1);
     assert_fleet_as_read_from_scratch(&env, "a host deleted").await;

@@ -168,14 +168,19 @@ fn samples() -> Vec<Sample> {
 /// Adds the demo pools and the sample task definitions and services where they are
 /// missing. Safe to run on every start. The hosts come from [`run_agents`].
 pub async fn seed(control: &Control) -> Result<(), ControlError> {
-    let pools = control.list_pools().await?;
+    let pools = control.views().list_pools().await?;
     for pool in ["training", "inference"] {
         let name = PoolName::new(pool).expect("demo pool names are valid");
         if !pools.iter().any(|p| p.name == name) {
             control.create_pool(&PoolInput::named(pool)).await?;
         }
     }
-    if control.list_task_definition_families().await?.is_empty() {
+    if control
+        .views()
+        .list_task_definition_families()
+        .await?
+        .is_empty()
+    {
         // Sample services whose simulated use differs, so the fit view has something
         // to say from the first minutes: one near its budget, one oversized, one over it
         // (allocations refused at the limit), one that fits.
@@ -353,7 +358,7 @@ pub async fn run_load(control: Control, mut shutdown: watch::Receiver<bool>) {
         {
             if refreshed.is_none_or(|r| r.elapsed() > std::time::Duration::from_secs(2)) {
                 *refreshed = Some(std::time::Instant::now());
-                if let Ok(list) = control.endpoints(name).await {
+                if let Ok(list) = control.views().endpoints(name).await {
                     *targets = list
                         .endpoints
                         .iter()

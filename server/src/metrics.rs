@@ -201,9 +201,10 @@ struct Exposition {
 impl Exposition {
     async fn read(control: &Control) -> Result<Self, ApiError> {
         let handle = handle();
-        let fleet = control.fleet().await?;
+        let fleet = control.views().fleet().await?;
         let projects = control.list_projects_in(&fleet).await?;
         let deployments_in_progress = control
+            .views()
             .service_details()
             .await?
             .iter()

@@ -164,12 +164,14 @@ async fn syncs(c: &Cluster, name: &str, n: usize) {
     for _ in 0..n {
         let before = c
             .control
+            .views()
             .get_host(&host(name))
             .await
             .expect("host")
             .last_seen;
         wait_until("the agent's next sync", || async {
             c.control
+                .views()
                 .get_host(&host(name))
                 .await
                 .expect("host")
@@ -640,7 +642,7 @@ async fn an_agent_given_two_servers_carries_on_through_the_other_when_one_stops(
     register(&c, "web", "exec sleep 60", &out).await;
     let agent = start_agent(config);
     wait_until("host a", || async {
-        c.control.get_host(&host("a")).await.is_ok()
+        c.control.views().get_host(&host("a")).await.is_ok()
     })
     .await;
     create_service(&c, "web", 1).await;
@@ -653,16 +655,28 @@ async fn an_agent_given_two_servers_carries_on_through_the_other_when_one_stops(
     // times of quiet syncs when its passes run: here, by hand, as it has no loop.
     let _ = c._stop.send(true);
     for _ in 0..3 {
-        let before = other.get_host(&host("a")).await.expect("host").last_seen;
+        let before = other
+            .views()
+            .get_host(&host("a"))
+            .await
+            .expect("host")
+            .last_seen;
         wait_until("a sync through the other server", || async {
             other.reconcile_once().await.expect("pass");
-            other.get_host(&host("a")).await.expect("host").last_seen != before
+            other
+                .views()
+                .get_host(&host("a"))
+                .await
+                .expect("host")
+                .last_seen
+                != before
         })
         .await;
     }
-    let now = other.get_host(&host("a")).await.expect("host");
+    let now = other.views().get_host(&host("a")).await.expect("host");
     assert_eq!(now.status, HostStatus::Active);
     let still: Vec<String> = other
+        .views()
         .list_tasks(&TaskFilter {
             states: vec![TaskState::Running],
             ..Default::default()

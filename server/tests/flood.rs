@@ -196,7 +196,7 @@ fn p99(times: &mut [Duration]) -> Duration {
 }
 
 async fn lost(control: &Control) -> (usize, usize) {
-    let hosts = control.list_hosts().await.expect("hosts");
+    let hosts = control.views().list_hosts().await.expect("hosts");
     let lost = hosts
         .iter()
         .filter(|h| h.status == HostStatus::Lost)
@@ -338,7 +338,7 @@ async fn one_hosts_token_holding_slow_syncs_starves_no_other_host() {
     let timed_out = answers.iter().filter(|l| l.contains(" 408 ")).count();
     let (lost_hosts, hosts) = lost(&f.control).await;
     let others_lost = {
-        let hosts = f.control.list_hosts().await.expect("hosts");
+        let hosts = f.control.views().list_hosts().await.expect("hosts");
         hosts
             .iter()
             .filter(|h| h.id != rogue && h.status == HostStatus::Lost)

@@ -159,7 +159,7 @@ async fn metrics_parse_and_show_the_fleet_its_tasks_and_the_timings() {
     assert_eq!(control.tick().await, Ok(true));
     // The host's agent syncs: its tasks run, and it reports what they use.
     let host = tessera_model::HostId::new("sim-l4-1").expect("valid");
-    let tasks = control.service_tasks("infer").await.expect("tasks");
+    let tasks = control.views().service_tasks("infer").await.expect("tasks");
     let mut sync = common::sync_body(&control, &host).await;
     sync["tasks"] = json!(tasks
         .iter()

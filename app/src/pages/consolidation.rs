@@ -16,6 +16,7 @@ pub async fn list_consolidation() -> Result<(Vec<String>, Vec<ConsolidationPlan>
     use crate::data::ssr::{control, failed};
     let control = control()?;
     let pools = control
+        .views()
         .list_pools()
         .await
         .map_err(failed)?
@@ -30,7 +31,7 @@ guard!(ListConsolidation, Access::VIEW);
 #[server]
 pub async fn get_pool_fit(pool: String) -> Result<PoolFit, ServerFnError> {
     use crate::data::ssr::{control, failed};
-    control()?.pool_fit(&pool).await.map_err(failed)
+    control()?.views().pool_fit(&pool).await.map_err(failed)
 }
 
 guard!(GetPoolFit, Access::VIEW);

@@ -14,7 +14,7 @@ use tessera_model::service::Event;
 pub async fn get_host_view(id: String) -> Result<(HostView, Vec<Event>), ServerFnError> {
     use crate::data::ssr::{control, failed};
     let id = tessera_model::HostId::new(id).map_err(|e| ServerFnError::new(e.to_string()))?;
-    control()?.host_view(&id).await.map_err(failed)
+    control()?.views().host_view(&id).await.map_err(failed)
 }
 
 guard!(GetHostView, Access::VIEW);

@@ -16,6 +16,7 @@ use tessera_model::HostStatus;
 pub async fn list_hosts_page(query: HostQuery) -> Result<HostsPage, ServerFnError> {
     let control = crate::data::ssr::control()?;
     control
+        .views()
         .hosts_page(&query)
         .await
         .map_err(crate::data::ssr::failed)

@@ -17,6 +17,7 @@ pub async fn list_join_tokens() -> Result<(Vec<JoinTokenInfo>, Vec<String>), Ser
         .await
         .map_err(crate::data::ssr::failed)?;
     let pools = control
+        .views()
         .list_pools()
         .await
         .map_err(crate::data::ssr::failed)?

@@ -11,7 +11,11 @@ use leptos_meta::Title;
 #[server]
 pub async fn get_overview() -> Result<OverviewData, ServerFnError> {
     let control = crate::data::ssr::control()?;
-    control.overview().await.map_err(crate::data::ssr::failed)
+    control
+        .views()
+        .overview()
+        .await
+        .map_err(crate::data::ssr::failed)
 }
 
 guard!(GetOverview, Access::VIEW);

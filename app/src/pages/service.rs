@@ -28,8 +28,9 @@ pub async fn get_service_view(name: String) -> Result<ServiceView, ServerFnError
     use crate::data::ssr::{control, failed};
     let control = control()?;
     let detail = control.service_detail(&name).await.map_err(failed)?;
-    let tasks = control.service_tasks(&name).await.map_err(failed)?;
+    let tasks = control.views().service_tasks(&name).await.map_err(failed)?;
     let revisions = control
+        .views()
         .list_task_definition_revisions(&detail.service.task_definition.family)
         .await
         .map_err(failed)?
@@ -37,7 +38,7 @@ pub async fn get_service_view(name: String) -> Result<ServiceView, ServerFnError
         .filter(|d| d.active)
         .map(|d| format!("{}:{}", d.family, d.revision))
         .collect();
-    let endpoints = control.endpoints(&name).await.map_err(failed)?;
+    let endpoints = control.views().endpoints(&name).await.map_err(failed)?;
     let work = control.service_work(&name, "hour").await.map_err(failed)?;
     Ok((detail, tasks, revisions, endpoints, work))
 }

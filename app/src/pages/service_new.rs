@@ -19,8 +19,8 @@ use tessera_model::taskdef::FieldError;
 pub async fn wizard_choices() -> Result<(Vec<String>, Vec<PoolInfo>), ServerFnError> {
     use crate::data::ssr::{control, failed};
     let control = control()?;
-    let defs = control.active_revisions().await.map_err(failed)?;
-    Ok((defs, control.list_pools().await.map_err(failed)?))
+    let defs = control.views().active_revisions().await.map_err(failed)?;
+    Ok((defs, control.views().list_pools().await.map_err(failed)?))
 }
 
 guard!(WizardChoices, Access::VIEW);

@@ -11,7 +11,7 @@ use tessera_model::api::ServiceDetail;
 #[server]
 pub async fn list_service_details() -> Result<Vec<ServiceDetail>, ServerFnError> {
     use crate::data::ssr::{control, failed};
-    control()?.service_details().await.map_err(failed)
+    control()?.views().service_details().await.map_err(failed)
 }
 
 guard!(ListServiceDetails, Access::VIEW);

@@ -14,6 +14,7 @@ use tessera_model::service::TaskDefinition;
 pub async fn list_revisions(family: String) -> Result<Vec<TaskDefinition>, ServerFnError> {
     let control = crate::data::ssr::control()?;
     control
+        .views()
         .list_task_definition_revisions(&family)
         .await
         .map_err(crate::data::ssr::failed)

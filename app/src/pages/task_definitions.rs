@@ -18,6 +18,7 @@ use tessera_model::taskdef::{
 pub async fn list_task_definitions() -> Result<Vec<TaskDefinition>, ServerFnError> {
     use crate::data::ssr::{control, failed};
     control()?
+        .views()
         .list_task_definition_families()
         .await
         .map_err(failed)
@@ -31,6 +32,7 @@ pub async fn get_task_definition(reference: String) -> Result<TaskDefinition, Se
         .parse()
         .map_err(|e: tessera_model::service::TaskDefRefError| ServerFnError::new(e.to_string()))?;
     crate::data::ssr::control()?
+        .views()
         .get_task_definition(&r)
         .await
         .map_err(crate::data::ssr::failed)

@@ -70,6 +70,7 @@ async fn scale_up(
         control.reconcile_once().await?;
         passes += 1;
         let placed = control
+            .views()
             .count_tasks(&TaskFilter {
                 service: Some("bench".into()),
                 states: vec![TaskState::Assigned],

@@ -58,6 +58,11 @@ bundle!(
     /// What interference estimates read: services' work history and where tasks run.
     InterferenceStore: UsageStore TaskStore
 );
+bundle!(
+    /// What the read models read: hosts, pools, services, task definitions, tasks, events
+    /// and measured use.
+    ViewStore: HostStore ServiceStore TaskStore EventStore UsageStore
+);
 
 /// Everything the control plane persists, one trait per aggregate. Callers hold an `Arc<dyn Store>`;
 /// a backend implements the parts and gets this for free.
@@ -75,6 +80,7 @@ pub trait Store:
     + AgentStore
     + SchedulerStore
     + InterferenceStore
+    + ViewStore
 {
 }
 

@@ -147,7 +147,7 @@ impl Control {
             .filter_map(|t| shares.get(&t.id))
             .fold((0u64, 0.0f64), |(mib, share), s| (mib + s.0, share + s.1));
         let verdict = latency_verdict(service.objectives.slo.as_ref(), figures.latency_p99_ms);
-        let (width, group) = self.grouping(range);
+        let (width, group) = self.views.grouping(range);
         let rows = self
             .store
             .list_usage(&UsageQuery {

@@ -57,6 +57,7 @@ pub async fn service_fit(
     Ok(Json(
         state
             .control
+            .views()
             .service_fit(&name, q.range.as_deref().unwrap_or("hour"))
             .await?,
     ))
@@ -79,7 +80,7 @@ pub async fn pool_fit(
     State(state): State<AppState>,
     Params(q): Params<PoolQuery>,
 ) -> Result<Json<PoolFit>, ApiError> {
-    Ok(Json(state.control.pool_fit(&q.pool).await?))
+    Ok(Json(state.control.views().pool_fit(&q.pool).await?))
 }
 
 /// What right-sizing would register: the service's revision with the suggested GPU budget,
@@ -92,7 +93,9 @@ pub async fn right_size_proposal(
     State(state): State<AppState>,
     Segment(name): Segment,
 ) -> Result<Json<RightSize>, ApiError> {
-    Ok(Json(state.control.right_size_proposal(&name).await?))
+    Ok(Json(
+        state.control.views().right_size_proposal(&name).await?,
+    ))
 }
 
 /// Right-size in one step: register the proposal as a new revision and roll it out

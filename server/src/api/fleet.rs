@@ -20,7 +20,7 @@ use tessera_model::{HostId, HostInfo, PoolInfo};
     responses((status = 200, description = "Hosts", body = HostList)))]
 pub async fn list_hosts(State(state): State<AppState>) -> Result<Json<HostList>, ApiError> {
     Ok(Json(HostList {
-        hosts: state.control.list_hosts().await?,
+        hosts: state.control.views().list_hosts().await?,
     }))
 }
 
@@ -34,9 +34,10 @@ pub async fn get_host(
     Segment(id): Segment,
 ) -> Result<Json<HostDetail>, ApiError> {
     let id = host_id(id)?;
-    let host = state.control.get_host(&id).await?;
+    let host = state.control.views().get_host(&id).await?;
     let tasks = state
         .control
+        .views()
         .list_tasks(&TaskFilter {
             host: Some(id),
             states: TaskState::HOLDING.to_vec(),
@@ -57,7 +58,7 @@ pub async fn drain_host(
 ) -> Result<Json<HostInfo>, ApiError> {
     let id = host_id(id)?;
     state.control.drain_host(&id).await?;
-    Ok(Json(state.control.get_host(&id).await?))
+    Ok(Json(state.control.views().get_host(&id).await?))
 }
 
 /// Make a drained host active again
@@ -71,7 +72,7 @@ pub async fn activate_host(
 ) -> Result<Json<HostInfo>, ApiError> {
     let id = host_id(id)?;
     state.control.activate_host(&id).await?;
-    Ok(Json(state.control.get_host(&id).await?))
+    Ok(Json(state.control.views().get_host(&id).await?))
 }
 
 /// Revoke the host's agent token: the agent must register again
@@ -85,7 +86,7 @@ pub async fn revoke_host(
 ) -> Result<Json<HostInfo>, ApiError> {
     let id = host_id(id)?;
     state.control.agents().revoke_host(&id).await?;
-    Ok(Json(state.control.get_host(&id).await?))
+    Ok(Json(state.control.views().get_host(&id).await?))
 }
 
 /// Forget a host that holds no tasks
@@ -175,7 +176,7 @@ pub async fn approve_host(
     let caller = crate::api::session::caller_of(Some(&authn))?;
     let id = host_id(id)?;
     state.control.agents().approve_host(&caller, &id).await?;
-    Ok(Json(state.control.get_host(&id).await?))
+    Ok(Json(state.control.views().get_host(&id).await?))
 }
 
 /// Change a pool's placement policy, limits, admission or what its tasks may ask of a host
@@ -199,7 +200,7 @@ pub async fn update_pool(
     responses((status = 200, description = "Pools", body = PoolList)))]
 pub async fn list_pools(State(state): State<AppState>) -> Result<Json<PoolList>, ApiError> {
     Ok(Json(PoolList {
-        pools: state.control.list_pools().await?,
+        pools: state.control.views().list_pools().await?,
     }))
 }
 

@@ -185,7 +185,7 @@ pub fn routes() -> Routes {
     extensions(("x-required-role" = json!("none"))),
     responses((status = 200, description = "The server and its store answer", body = Health)))]
 pub async fn healthz(State(state): State<AppState>) -> Result<Json<Health>, ApiError> {
-    state.control.list_pools().await?;
+    state.control.views().list_pools().await?;
     Ok(Json(Health {
         status: "ok".into(),
     }))

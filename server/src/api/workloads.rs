@@ -40,7 +40,11 @@ pub async fn register_task_definition(
     responses((status = 200, description = "Families", body = FamilyList)))]
 pub async fn list_families(State(state): State<AppState>) -> Result<Json<FamilyList>, ApiError> {
     Ok(Json(FamilyList {
-        task_definitions: state.control.list_task_definition_families().await?,
+        task_definitions: state
+            .control
+            .views()
+            .list_task_definition_families()
+            .await?,
     }))
 }
 
@@ -78,14 +82,14 @@ pub async fn get_task_definition(
             .map_err(|e: tessera_model::service::TaskDefRefError| {
                 ApiError::NotFound(e.to_string())
             })?;
-        let def = control.get_task_definition(&r).await?;
+        let def = control.views().get_task_definition(&r).await?;
         return Ok(Json(match q.format.unwrap_or_default() {
             Format::Tessera => TaskDefinitionAnswer::Revision(Box::new(def)),
             Format::Ecs => TaskDefinitionAnswer::Ecs(EcsTaskDefinition(to_ecs_json(&def.spec))),
         }));
     }
     Ok(Json(TaskDefinitionAnswer::Revisions(RevisionList {
-        revisions: control.list_task_definition_revisions(&id).await?,
+        revisions: control.views().list_task_definition_revisions(&id).await?,
     })))
 }
 
@@ -135,7 +139,7 @@ pub async fn list_services(
     State(state): State<AppState>,
     Params(q): Params<ServiceQuery>,
 ) -> Result<Json<ServiceList>, ApiError> {
-    let mut services = state.control.service_details().await?;
+    let mut services = state.control.views().service_details().await?;
     if let Some(p) = &q.project {
         services.retain(|s| &s.service.project == p);
     }
@@ -183,7 +187,7 @@ pub async fn service_endpoints(
     State(state): State<AppState>,
     Segment(name): Segment,
 ) -> Result<Json<EndpointList>, ApiError> {
-    Ok(Json(state.control.endpoints(&name).await?))
+    Ok(Json(state.control.views().endpoints(&name).await?))
 }
 
 /// Prometheus HTTP service discovery: every running task's port named `metrics`, labelled
@@ -194,7 +198,7 @@ pub async fn service_endpoints(
 pub async fn prometheus_discovery(
     State(state): State<AppState>,
 ) -> Result<Json<Vec<PrometheusTargets>>, ApiError> {
-    Ok(Json(state.control.prometheus_targets().await?))
+    Ok(Json(state.control.views().prometheus_targets().await?))
 }
 
 /// Scale a service and/or deploy a new revision (rolling)
@@ -302,6 +306,7 @@ pub async fn list_tasks(
     }
     let tasks = state
         .control
+        .views()
         .list_tasks(&TaskFilter {
             service: q.service,
             project: q.project,
@@ -341,6 +346,7 @@ pub async fn list_events(
     let limit = super::limit(q.limit, 100, 1000)?;
     let events = state
         .control
+        .views()
         .list_events(&EventFilter {
             service: q.service,
             host,

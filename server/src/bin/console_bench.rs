@@ -77,7 +77,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The fleet read model's first reading, once per server start.
     let (resident_before, _) = memory_mib();
     let start = Instant::now();
-    control.fleet().await?;
+    control.views().fleet().await?;
     let first_reading_ms = start.elapsed().as_secs_f64() * 1000.0;
     let model_mib = memory_mib().0 - resident_before;
     println!(
@@ -151,13 +151,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             ..ControlConfig::default()
         },
     );
-    periodic.fleet().await?;
+    periodic.views().fleet().await?;
     let mut measured_ms = Vec::new();
     for _ in 0..3 {
         changes += 1;
         live_fleet(&control, &mut syncs, changes, syncs_between).await?;
         let start = Instant::now();
-        periodic.fleet().await?;
+        periodic.views().fleet().await?;
         measured_ms.push(start.elapsed().as_secs_f64() * 1000.0);
     }
     println!(
@@ -209,17 +209,19 @@ const BASELINE: &str = "baseline: /metrics from the store";
 /// GPU and task read from the store on each scrape and set as gauges of a registry, then
 /// rendered at once.
 async fn baseline_metrics(control: &Control) -> Result<String, Box<dyn std::error::Error>> {
-    let hosts = control.list_hosts().await?;
-    let views = control.host_views(hosts.clone()).await?;
+    let hosts = control.views().list_hosts().await?;
+    let views = control.views().host_views(hosts.clone()).await?;
     let placed = placed_tasks(control).await?;
     // What the projects' figures read: every task holding capacity or waiting.
     let projects_read = control
+        .views()
         .list_tasks(&TaskFilter {
             states: [TaskState::HOLDING.as_slice(), &[TaskState::Pending]].concat(),
             ..Default::default()
         })
         .await?;
     let pending = control
+        .views()
         .list_tasks(&TaskFilter {
             states: vec![TaskState::Pending],
             without_allocations: true,
@@ -276,6 +278,7 @@ async fn placed_tasks(
     control: &Control,
 ) -> Result<Vec<tessera_model::service::Task>, Box<dyn std::error::Error>> {
     Ok(control
+        .views()
         .list_tasks(&TaskFilter {
             states: vec![TaskState::Assigned, TaskState::Running],
             without_allocations: true,

@@ -245,6 +245,7 @@ async fn run(
     control.reconcile_once().await?;
     // Each host's sync body: its GPUs and the tasks placed on it, running.
     let placed = control
+        .views()
         .list_tasks(&TaskFilter {
             states: TaskState::HOLDING.to_vec(),
             ..Default::default()
@@ -473,6 +474,7 @@ async fn run(
     }
     latencies.sort();
     let lost = control
+        .views()
         .list_hosts()
         .await?
         .iter()

@@ -3,8 +3,18 @@
 //! [`crate::capacity`] (so a pool's overcommit and client limit count as the scheduler
 //! counts them).
 
+pub(crate) mod fit;
+pub mod serving;
+
+use crate::cache::Cache;
 use crate::capacity::{Held, PoolCapacity};
-use crate::control::Control;
+use crate::parts::{Core, FleetModel, FleetSnapshot};
+use crate::scheduler::Scheduler;
+use crate::store::ViewStore;
+use std::sync::Arc;
+use std::time::Duration;
+use tessera_model::fit::Verdict;
+
 use crate::error::ControlError;
 use crate::store::{EventFilter, HostPageQuery, TaskFilter};
 use std::collections::{BTreeMap, HashMap};
@@ -51,7 +61,67 @@ fn mode_of(usage: Option<GpuUsage>) -> SharingMode {
     usage.map_or(SharingMode::Idle, |u| u.mode)
 }
 
-impl Control {
+/// How long the hosts pages reuse the fit verdicts they mark segments with.
+pub(crate) const VERDICTS_FRESH: Duration = Duration::from_secs(10);
+
+/// The read models: what the console's pages, the REST API's lists, `/metrics`,
+/// endpoints and Prometheus discovery show. Reads only; owns the fleet read model and the
+/// fit verdicts pages mark segments with.
+#[derive(Clone)]
+pub struct Views {
+    store: Arc<dyn ViewStore>,
+    core: Core,
+    /// Asked for pools as they stand and revisions' specs.
+    scheduler: Scheduler,
+    /// Hosts with their GPUs' figures and tasks, and tasks waiting (see [`FleetModel`]).
+    fleet: Arc<FleetModel>,
+    /// The store the fleet model reads, unfenced (reads need no lease).
+    fleet_store: Arc<dyn crate::store::FleetStore>,
+    /// Fit verdicts by task, read at most [`VERDICTS_FRESH`] ago (see `cached_verdicts`).
+    verdicts: Arc<Cache<(), Arc<HashMap<String, Verdict>>>>,
+}
+
+impl Views {
+    pub(crate) fn new(
+        store: Arc<dyn ViewStore>,
+        fleet_store: Arc<dyn crate::store::FleetStore>,
+        core: Core,
+        scheduler: Scheduler,
+    ) -> Views {
+        Views {
+            store,
+            core,
+            scheduler,
+            fleet: Arc::default(),
+            fleet_store,
+            verdicts: Arc::new(Cache::with_max_age(1, VERDICTS_FRESH)),
+        }
+    }
+
+    /// The fleet as of now (the fleet read model, brought up to date): what this caller
+    /// wrote before is in it.
+    pub async fn fleet(&self) -> Result<Arc<FleetSnapshot>, ControlError> {
+        let (model, store) = (self.fleet.clone(), self.fleet_store.clone());
+        let every = self.core.config().fleet_measured_every;
+        // A reading is finished even when its caller gives up (a request past its
+        // timeout): the next caller gets it, instead of starting it again.
+        match tokio::spawn(async move { model.current(&*store, every).await }).await {
+            Ok(read) => Ok(read?),
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(e) => Err(ControlError::Busy {
+                retry_after: 1,
+                what: format!("fleet readings ({e})"),
+            }),
+        }
+    }
+
+    /// Whether the fleet read model has been read (the loop keeps it fresh only then).
+    pub(crate) fn fleet_read(&self) -> bool {
+        self.fleet.read_before()
+    }
+}
+
+impl Views {
     pub async fn list_pools(&self) -> Result<Vec<tessera_model::PoolInfo>, ControlError> {
         Ok(self.store.list_pools().await?)
     }

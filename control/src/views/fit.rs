@@ -2,8 +2,8 @@
 //! against its GPU budget by [`tessera_model::fit::judge`], and what a pool would hold with
 //! the suggested budgets, computed by the placement engine on the pool's hosts.
 
+use super::Views;
 use crate::capacity::{Held, PoolCapacity};
-use crate::control::Control;
 use crate::error::ControlError;
 use crate::inputs::Errors;
 use crate::scheduler::request_for;
@@ -85,7 +85,7 @@ fn combine(
     out
 }
 
-impl Control {
+impl Views {
     /// What was measured of each task of `service` (or every service), fine and coarse
     /// buckets within their retention, summed up by the database.
     async fn evidence(
@@ -361,7 +361,7 @@ impl Control {
         })
     }
 
-    /// Each holding task's verdict, as read at most [`crate::control::VERDICTS_FRESH`] ago (pages that mark
+    /// Each holding task's verdict, as read at most [`super::VERDICTS_FRESH`] ago (pages that mark
     /// segments read it on every render); empty when it cannot be read.
     pub(crate) async fn cached_verdicts(&self) -> std::sync::Arc<HashMap<String, Verdict>> {
         if let Some(v) = self.verdicts.get(&()) {
@@ -450,7 +450,7 @@ fn resized(
     (out, changes)
 }
 
-impl Control {
+impl Views {
     /// What right-sizing service `name` would register: `Conflict` when its tasks do not
     /// share GPUs, when there is no evidence yet, or when the budget already matches.
     pub async fn right_size_proposal(&self, name: &str) -> Result<RightSize, ControlError> {
@@ -486,43 +486,6 @@ impl Control {
                 })
             })?,
         })
-    }
-
-    /// Right-sizes service `name` in one step: registers the proposal as its family's next
-    /// revision and rolls it out through the service's normal deployment.
-    pub async fn right_size(
-        &self,
-        name: &str,
-    ) -> Result<(RightSize, tessera_model::service::TaskDefinition), ControlError> {
-        let proposal = self.right_size_proposal(name).await?;
-        let def = self.register_task_definition(&proposal.definition).await?;
-        self.update_service(
-            name,
-            &crate::inputs::ServicePatch {
-                desired_count: None,
-                task_definition: Some(def.reference().to_string()),
-                ..Default::default()
-            },
-        )
-        .await?;
-        self.core
-            .event(
-                Some(name),
-                None,
-                &format!(
-                    "right-sized: {} registered from {} ({}), rolling out",
-                    def.reference(),
-                    proposal.current,
-                    proposal
-                        .changes
-                        .iter()
-                        .map(|c| format!("{} {} → {}", c.field, c.from, c.to))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            )
-            .await;
-        Ok((proposal, def))
     }
 }
 

@@ -3,7 +3,7 @@
 //! streamed like every other change); and the same for Prometheus's HTTP service
 //! discovery (every task port named `metrics`).
 
-use crate::control::Control;
+use super::Views;
 use crate::error::ControlError;
 use crate::parts::FleetSnapshot;
 use std::collections::{BTreeMap, HashMap};
@@ -84,7 +84,7 @@ fn hosts_of<'a>(
         .collect()
 }
 
-impl Control {
+impl Views {
     /// `GET /api/v1/services/{name}/endpoints`.
     pub async fn endpoints(&self, service: &str) -> Result<EndpointList, ControlError> {
         self.store.get_service(service).await?;
