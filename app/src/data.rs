@@ -29,7 +29,11 @@ pub(crate) mod ssr {
     /// Whether the caller is an operator in the project of service `name` (a server
     /// function guarded with `Access::OPERATE_IN_PROJECT` asks before it acts).
     pub async fn operator_for_service(control: &Control, name: &str) -> Result<(), ServerFnError> {
-        let project = control.project_of_service(name).await.map_err(failed)?;
+        let project = control
+            .projects()
+            .project_of_service(name)
+            .await
+            .map_err(failed)?;
         let caller = caller().ok_or_else(|| ServerFnError::new("sign in first"))?;
         tessera_model::project::may_act_in(&caller, &project, tessera_model::auth::Role::Operator)
             .map_err(ServerFnError::new)

@@ -5,6 +5,7 @@ use crate::agents::AgentSync;
 use crate::auth::Accounts;
 use crate::config::ControlConfig;
 use crate::parts::{Core, Passes, ServiceStates};
+use crate::projects::Projects;
 use crate::scheduler::Scheduler;
 use crate::store::Store;
 use crate::views::Views;
@@ -35,6 +36,8 @@ pub struct Control {
     pub(crate) accounts: Accounts,
     /// The read models.
     pub(crate) views: Views,
+    /// Projects, their members and quotas.
+    pub(crate) projects: Projects,
 }
 
 impl Control {
@@ -42,21 +45,24 @@ impl Control {
         let core = Core::new(config, store.clone());
         let service_states: Arc<ServiceStates> = Arc::default();
         let interference = InterferenceModel::new(store.clone(), core.clone());
+        let accounts = Accounts::new(store.clone(), store.clone(), core.clone());
         let scheduler = Scheduler::new(
             store.clone(),
             core.clone(),
             service_states.clone(),
             interference.clone(),
         );
+        let views = Views::new(
+            store.clone(),
+            store.clone(),
+            core.clone(),
+            scheduler.clone(),
+        );
         Control {
-            accounts: Accounts::new(store.clone(), store.clone(), core.clone()),
+            accounts: accounts.clone(),
             agents: AgentSync::new(store.clone(), core.clone(), scheduler.clone()),
-            views: Views::new(
-                store.clone(),
-                store.clone(),
-                core.clone(),
-                scheduler.clone(),
-            ),
+            projects: Projects::new(store.clone(), core.clone(), accounts.clone(), views.clone()),
+            views,
             scheduler,
             service_states,
             interference,
@@ -72,6 +78,7 @@ impl Control {
         let core = self.core.with_events(store.clone());
         let scheduler = self.scheduler.with_store(store.clone(), core.clone());
         Control {
+            projects: self.projects.with_store(store.clone(), core.clone()),
             accounts: self.accounts.clone(),
             agents: self
                 .agents
@@ -91,6 +98,11 @@ impl Control {
     /// The read models: pages, lists, the fleet, endpoints, fit.
     pub fn views(&self) -> &Views {
         &self.views
+    }
+
+    /// Projects: quotas, members, use over time, preemptions.
+    pub fn projects(&self) -> &Projects {
+        &self.projects
     }
 
     /// Agent sync: hosts joining, their syncs, their credentials.

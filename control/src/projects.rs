@@ -2,9 +2,13 @@
 //! is refused), what each project uses per pool, and the limit check the scheduler asks
 //! before it places a task.
 
-use crate::control::Control;
+use crate::auth::Accounts;
 use crate::error::ControlError;
+use crate::parts::Core;
+use crate::store::ProjectsStore;
+use crate::views::Views;
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use tessera_model::HostInfo;
 use tessera_model::HostStatus;
 use tessera_model::project::{
@@ -158,7 +162,46 @@ pub(crate) fn fair_order<T>(
     });
 }
 
-impl Control {
+/// Projects: creating and changing them (a guarantee the pools cannot give is refused),
+/// their members' roles, what each uses now and over time, and the preemptions that
+/// concerned them. The limits the scheduler holds placements to are the scheduler's
+/// (`scheduler::limits`); this component is what operators change and read.
+#[derive(Clone)]
+pub struct Projects {
+    store: Arc<dyn ProjectsStore>,
+    core: Core,
+    /// Asked whether a user given a role exists.
+    accounts: Accounts,
+    /// Read for what each project holds now.
+    views: Views,
+}
+
+impl Projects {
+    pub(crate) fn new(
+        store: Arc<dyn ProjectsStore>,
+        core: Core,
+        accounts: Accounts,
+        views: Views,
+    ) -> Projects {
+        Projects {
+            store,
+            core,
+            accounts,
+            views,
+        }
+    }
+
+    /// The same component writing through `store` (a pass's fenced store).
+    pub(crate) fn with_store(&self, store: Arc<dyn ProjectsStore>, core: Core) -> Projects {
+        Projects {
+            store,
+            core,
+            ..self.clone()
+        }
+    }
+}
+
+impl Projects {
     /// Projects' use over the last `range` (`hour`, `day` or `week`): one project's or
     /// every project's, with each pool's capacity now.
     pub async fn project_usage_history(
@@ -363,7 +406,7 @@ impl Control {
             e.finish()?;
         }
         self.store.get_project(name).await?;
-        self.accounts().get_user(username).await?;
+        self.accounts.get_user(username).await?;
         self.store.set_project_member(name, username, role).await?;
         self.core
             .event(

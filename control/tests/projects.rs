@@ -55,7 +55,7 @@ async fn every_service_has_a_project_and_guarantees_must_fit_in_the_pool() {
 
     // A fresh fleet has the default project, and a service that names none is in it.
     service(c, "plain", &def, 1, DeploymentConfig::default()).await;
-    let projects = c.list_projects().await.expect("projects");
+    let projects = c.projects().list_projects().await.expect("projects");
     assert_eq!(projects.len(), 1);
     assert_eq!(projects[0].project.name, DEFAULT_PROJECT);
     assert_eq!(projects[0].services, 1);
@@ -100,13 +100,15 @@ async fn every_service_has_a_project_and_guarantees_must_fit_in_the_pool() {
     );
 
     // The pool has 48 GiB of GPU memory: guarantees may not add up to more, limits may.
-    c.create_project(&project(
-        "research",
-        vec![quota("gpu", gpu_memory_gib(30), gpu_memory_gib(48))],
-    ))
-    .await
-    .expect("fits");
+    c.projects()
+        .create_project(&project(
+            "research",
+            vec![quota("gpu", gpu_memory_gib(30), gpu_memory_gib(48))],
+        ))
+        .await
+        .expect("fits");
     let err = c
+        .projects()
         .create_project(&project(
             "prod",
             vec![quota("gpu", gpu_memory_gib(20), gpu_memory_gib(100))],
@@ -128,15 +130,17 @@ async fn every_service_has_a_project_and_guarantees_must_fit_in_the_pool() {
         c.store().get_project("prod").await.is_err(),
         "nothing stored"
     );
-    c.create_project(&project(
-        "prod",
-        vec![quota("gpu", gpu_memory_gib(18), gpu_memory_gib(100))],
-    ))
-    .await
-    .expect("18 + 30 fits, and limits may add up to more than the pool");
+    c.projects()
+        .create_project(&project(
+            "prod",
+            vec![quota("gpu", gpu_memory_gib(18), gpu_memory_gib(100))],
+        ))
+        .await
+        .expect("18 + 30 fits, and limits may add up to more than the pool");
 
     // A quota in a pool that does not exist; a limit below its guarantee.
     let err = c
+        .projects()
         .create_project(&project(
             "ops",
             vec![quota("nowhere", Amounts::default(), Amounts::default())],
@@ -145,6 +149,7 @@ async fn every_service_has_a_project_and_guarantees_must_fit_in_the_pool() {
         .expect_err("no such pool");
     assert_eq!(fields(&err), ["quotas[0].pool"]);
     let err = c
+        .projects()
         .create_project(&project(
             "ops",
             vec![quota("gpu", gpu_memory_gib(2), gpu_memory_gib(1))],
@@ -159,16 +164,17 @@ async fn every_service_has_a_project_and_guarantees_must_fit_in_the_pool() {
 
     // Deleting: not the default project, not one with services, yes an empty one.
     assert!(matches!(
-        c.delete_project(DEFAULT_PROJECT).await,
+        c.projects().delete_project(DEFAULT_PROJECT).await,
         Err(ControlError::Conflict(_))
     ));
     service_with(c, "trainer", &def, 0, "research", "default").await;
     let err = c
+        .projects()
         .delete_project("research")
         .await
         .expect_err("has a service");
     assert!(err.to_string().contains("1 service(s)"), "{err}");
-    c.delete_project("prod").await.expect("empty");
+    c.projects().delete_project("prod").await.expect("empty");
     assert!(c.store().get_project("prod").await.is_err());
 
     // A service moves to another project (one that exists); then research can go.
@@ -200,7 +206,8 @@ async fn every_service_has_a_project_and_guarantees_must_fit_in_the_pool() {
             .project,
         DEFAULT_PROJECT
     );
-    c.delete_project("research")
+    c.projects()
+        .delete_project("research")
         .await
         .expect("no service left in it");
 }
@@ -212,12 +219,13 @@ async fn placement_never_takes_a_project_past_its_limit_and_says_so() {
     host(c, "a", 2, 24).await;
     let def = register_def(c, "infer", 10, 40).await;
     // research may use 20 GiB of GPU memory in the pool: two 10 GiB tasks, not three.
-    c.create_project(&project(
-        "research",
-        vec![quota("gpu", Amounts::default(), gpu_memory_gib(20))],
-    ))
-    .await
-    .expect("project");
+    c.projects()
+        .create_project(&project(
+            "research",
+            vec![quota("gpu", Amounts::default(), gpu_memory_gib(20))],
+        ))
+        .await
+        .expect("project");
     service_with(c, "trainer", &def, 3, "research", "default").await;
     // Another project's tasks are not held back by research's limit.
     service(c, "web", &def, 1, DeploymentConfig::default()).await;
@@ -234,7 +242,7 @@ async fn placement_never_takes_a_project_past_its_limit_and_says_so() {
     );
 
     // The view: used, borrowed (all of it: no guarantee), pending.
-    let research = c.get_project("research").await.expect("project");
+    let research = c.projects().get_project("research").await.expect("project");
     let share = &research.pools[0];
     assert_eq!(share.pool, "gpu");
     assert_eq!(share.used.gpu_memory_mib, 20 * 1024);
@@ -260,15 +268,21 @@ async fn placement_never_takes_a_project_past_its_limit_and_says_so() {
     );
 
     // A higher limit lets the third task in on the next pass.
-    c.replace_project(
-        "research",
-        &settings(vec![quota("gpu", gpu_memory_gib(10), gpu_memory_gib(30))]),
-    )
-    .await
-    .expect("raise");
+    c.projects()
+        .replace_project(
+            "research",
+            &settings(vec![quota("gpu", gpu_memory_gib(10), gpu_memory_gib(30))]),
+        )
+        .await
+        .expect("raise");
     c.reconcile_once().await.expect("pass");
     assert_eq!(tasks(c, "trainer", &[TaskState::Assigned]).await.len(), 3);
-    let share = &c.get_project("research").await.expect("project").pools[0];
+    let share = &c
+        .projects()
+        .get_project("research")
+        .await
+        .expect("project")
+        .pools[0];
     assert_eq!(
         share.borrowed.gpu_memory_mib,
         20 * 1024,
@@ -303,19 +317,20 @@ async fn a_whole_gpu_limit_counts_gpus_and_bad_replacements_are_refused() {
         }))
         .await
         .expect("register");
-    c.create_project(&project(
-        "research",
-        vec![quota(
-            "gpu",
-            Amounts::default(),
-            Amounts {
-                gpus: Some(2),
-                ..Default::default()
-            },
-        )],
-    ))
-    .await
-    .expect("project");
+    c.projects()
+        .create_project(&project(
+            "research",
+            vec![quota(
+                "gpu",
+                Amounts::default(),
+                Amounts {
+                    gpus: Some(2),
+                    ..Default::default()
+                },
+            )],
+        ))
+        .await
+        .expect("project");
     service_with(
         c,
         "trainer",
@@ -332,11 +347,14 @@ async fn a_whole_gpu_limit_counts_gpus_and_bad_replacements_are_refused() {
     assert!(why.contains("it would use 3 of 2 whole GPUs"), "{why}");
 
     assert!(matches!(
-        c.replace_project("ghost", &settings(vec![])).await,
+        c.projects()
+            .replace_project("ghost", &settings(vec![]))
+            .await,
         Err(ControlError::NotFound(_))
     ));
     // An amount past what JSON clients read as an integer is refused.
     let err = c
+        .projects()
         .replace_project(
             "research",
             &settings(vec![quota(
@@ -382,15 +400,17 @@ async fn a_guaranteed_production_task_preempts_the_fewest_borrowing_batch_tasks(
     let env = env(fast()).await;
     let c = &env.control;
     let a = host(c, "a", 2, 24).await;
-    c.create_project(&project("lab", vec![]))
+    c.projects()
+        .create_project(&project("lab", vec![]))
         .await
         .expect("no quota: all it uses is borrowed");
-    c.create_project(&project(
-        "prod",
-        vec![quota("gpu", gpu_memory_gib(24), Amounts::default())],
-    ))
-    .await
-    .expect("prod");
+    c.projects()
+        .create_project(&project(
+            "prod",
+            vec![quota("gpu", gpu_memory_gib(24), Amounts::default())],
+        ))
+        .await
+        .expect("prod");
     let small = register_def(c, "crunch", 12, 40).await;
     let big = register_def(c, "api", 20, 50).await;
     service_with(c, "crunch", &small, 4, "lab", "batch").await;
@@ -442,6 +462,7 @@ async fn a_guaranteed_production_task_preempts_the_fewest_borrowing_batch_tasks(
     );
     // The preemption is on record, for both projects.
     let record = c
+        .projects()
         .list_preemptions(Some("lab"), 10)
         .await
         .expect("preemptions");
@@ -461,13 +482,15 @@ async fn a_guaranteed_production_task_preempts_the_fewest_borrowing_batch_tasks(
             .all(|v| v.service == "crunch" && v.project == "lab")
     );
     assert_eq!(
-        c.list_preemptions(Some("prod"), 10)
+        c.projects()
+            .list_preemptions(Some("prod"), 10)
             .await
             .expect("preemptions"),
         record
     );
     assert!(
-        c.list_preemptions(Some("default"), 10)
+        c.projects()
+            .list_preemptions(Some("default"), 10)
             .await
             .expect("preemptions")
             .is_empty()
@@ -513,25 +536,28 @@ async fn a_guaranteed_task_short_of_host_cpu_preempts_batch_tasks_that_borrow_it
     let env = env(fast()).await;
     let c = &env.control;
     let a = host(c, "a", 2, 24).await;
-    c.create_project(&project("lab", vec![]))
+    c.projects()
+        .create_project(&project("lab", vec![]))
         .await
         .expect("no quota: all it uses is borrowed");
     let cpu = |milli: u64| Amounts {
         cpu_milli: Some(milli),
         ..Default::default()
     };
-    c.create_project(&project(
-        "prod",
-        vec![quota("gpu", cpu(16_000), Amounts::default())],
-    ))
-    .await
-    .expect("prod");
-    c.create_project(&project(
-        "ops",
-        vec![quota("gpu", gpu_memory_gib(8), Amounts::default())],
-    ))
-    .await
-    .expect("ops");
+    c.projects()
+        .create_project(&project(
+            "prod",
+            vec![quota("gpu", cpu(16_000), Amounts::default())],
+        ))
+        .await
+        .expect("prod");
+    c.projects()
+        .create_project(&project(
+            "ops",
+            vec![quota("gpu", gpu_memory_gib(8), Amounts::default())],
+        ))
+        .await
+        .expect("ops");
     let cpu_only = |family: &str, milli: u64| {
         json!({"family": family, "containers": [{"name": "main", "command": ["sleep", "infinity"],
             "cpu_milli": milli, "memory_mib": 1024}]})
@@ -604,16 +630,18 @@ async fn each_waiting_task_claims_room_of_its_own_and_keeps_it() {
     let c = &env.control;
     let a = host(c, "a", 3, 24).await;
     for p in ["lab", "ops"] {
-        c.create_project(&project(p, vec![]))
+        c.projects()
+            .create_project(&project(p, vec![]))
             .await
             .expect("no quota: all it uses is borrowed");
     }
-    c.create_project(&project(
-        "prod",
-        vec![quota("gpu", gpu_memory_gib(72), Amounts::default())],
-    ))
-    .await
-    .expect("prod");
+    c.projects()
+        .create_project(&project(
+            "prod",
+            vec![quota("gpu", gpu_memory_gib(72), Amounts::default())],
+        ))
+        .await
+        .expect("prod");
     let small = register_def(c, "crunch", 12, 40).await;
     let big = register_def(c, "api", 20, 50).await;
     // prod holds one GPU (so a project using nothing comes before it by fair share); lab
@@ -669,15 +697,17 @@ async fn in_an_approve_pool_a_preemption_waits_for_an_operator() {
     )
     .await
     .expect("approve mode");
-    c.create_project(&project("lab", vec![]))
+    c.projects()
+        .create_project(&project("lab", vec![]))
         .await
         .expect("lab");
-    c.create_project(&project(
-        "prod",
-        vec![quota("gpu", gpu_memory_gib(48), Amounts::default())],
-    ))
-    .await
-    .expect("prod");
+    c.projects()
+        .create_project(&project(
+            "prod",
+            vec![quota("gpu", gpu_memory_gib(48), Amounts::default())],
+        ))
+        .await
+        .expect("prod");
     let small = register_def(c, "crunch", 12, 40).await;
     let big = register_def(c, "api", 20, 50).await;
     service_with(c, "crunch", &small, 4, "lab", "batch").await;
@@ -693,7 +723,11 @@ async fn in_an_approve_pool_a_preemption_waits_for_an_operator() {
             .len()
     };
     assert_eq!(stopping().await, 0, "nothing stops before approval");
-    let record = c.list_preemptions(Some("prod"), 10).await.expect("list");
+    let record = c
+        .projects()
+        .list_preemptions(Some("prod"), 10)
+        .await
+        .expect("list");
     assert_eq!(record.len(), 1, "proposed once: {record:?}");
     assert_eq!(record[0].state, PreemptionState::Proposed);
     assert_eq!(record[0].victims.len(), 2);
@@ -707,7 +741,11 @@ async fn in_an_approve_pool_a_preemption_waits_for_an_operator() {
         .expect_err("approved once");
     c.reconcile_once().await.expect("pass");
     assert_eq!(stopping().await, 2, "the next pass stops its victims");
-    let record = c.list_preemptions(Some("prod"), 10).await.expect("list");
+    let record = c
+        .projects()
+        .list_preemptions(Some("prod"), 10)
+        .await
+        .expect("list");
     assert_eq!(record[0].state, PreemptionState::Done, "{record:?}");
     sync(c, &a).await;
     c.reconcile_once().await.expect("pass");
@@ -723,6 +761,7 @@ async fn in_an_approve_pool_a_preemption_waits_for_an_operator() {
     service_with(c, "api2", &big, 1, "prod", "production").await;
     c.reconcile_once().await.expect("pass");
     let open: Vec<_> = c
+        .projects()
         .list_preemptions(Some("prod"), 10)
         .await
         .expect("list")
@@ -739,7 +778,11 @@ async fn in_an_approve_pool_a_preemption_waits_for_an_operator() {
         c.reconcile_once().await.expect("pass");
     }
     assert_eq!(stopping().await, before, "a declined plan stops nothing");
-    let after = c.list_preemptions(Some("prod"), 10).await.expect("list");
+    let after = c
+        .projects()
+        .list_preemptions(Some("prod"), 10)
+        .await
+        .expect("list");
     assert!(
         after.iter().all(|p| p.state != PreemptionState::Proposed),
         "not proposed again: {after:?}"
@@ -759,7 +802,11 @@ async fn in_an_approve_pool_a_preemption_waits_for_an_operator() {
     )
     .await
     .expect("automatic");
-    let expired = c.list_preemptions(Some("prod"), 10).await.expect("list");
+    let expired = c
+        .projects()
+        .list_preemptions(Some("prod"), 10)
+        .await
+        .expect("list");
     assert!(
         expired.iter().all(|p| p.state != PreemptionState::Declined),
         "{expired:?}"
@@ -778,7 +825,8 @@ async fn the_project_furthest_below_its_fair_share_is_placed_first() {
     let c = &env.control;
     let a = host(c, "a", 1, 24).await;
     for p in ["alpha", "beta"] {
-        c.create_project(&project(p, vec![]))
+        c.projects()
+            .create_project(&project(p, vec![]))
             .await
             .expect("project");
     }
@@ -844,7 +892,8 @@ async fn fair_share_counts_what_each_project_held_over_the_last_hour() {
     let c = &env.control;
     host(c, "a", 1, 24).await;
     for p in ["alpha", "beta"] {
-        c.create_project(&project(p, vec![]))
+        c.projects()
+            .create_project(&project(p, vec![]))
             .await
             .expect("project");
     }
@@ -889,12 +938,14 @@ async fn fair_share_counts_what_each_project_held_over_the_last_hour() {
     assert_eq!(tasks(c, "a1", &[TaskState::Pending]).await.len(), 1);
     // The history shows what was sampled, and the pass's own sample.
     let history = c
+        .projects()
         .project_usage_history(Some("alpha"), "day")
         .await
         .expect("history");
     assert!(history.samples.len() >= 3, "{history:?}");
     assert!(history.samples.iter().all(|s| s.project == "alpha"));
     let err = c
+        .projects()
         .project_usage_history(None, "year")
         .await
         .expect_err("not a range");
@@ -909,7 +960,8 @@ async fn roles_in_projects_are_kept_and_bound_scoped_tokens() {
     use tessera_model::auth::{Caller, CallerKind, Role};
     let env = env(fast()).await;
     let c = &env.control;
-    c.create_project(&project("research", vec![]))
+    c.projects()
+        .create_project(&project("research", vec![]))
         .await
         .expect("project");
     c.accounts()
@@ -917,17 +969,20 @@ async fn roles_in_projects_are_kept_and_bound_scoped_tokens() {
         .await
         .expect("user");
     let err = c
+        .projects()
         .set_project_member("research", "rita", Role::Admin)
         .await
         .expect_err("admins are fleet-wide");
     assert_eq!(fields(&err), vec!["role"]);
-    c.set_project_member("research", "nobody", Role::Operator)
+    c.projects()
+        .set_project_member("research", "nobody", Role::Operator)
         .await
         .expect_err("no such user");
-    c.set_project_member("research", "rita", Role::Operator)
+    c.projects()
+        .set_project_member("research", "rita", Role::Operator)
         .await
         .expect("given");
-    let view = c.get_project("research").await.expect("view");
+    let view = c.projects().get_project("research").await.expect("view");
     assert_eq!(view.members.len(), 1);
     assert_eq!(view.members[0].role, Role::Operator);
 
@@ -974,7 +1029,8 @@ async fn roles_in_projects_are_kept_and_bound_scoped_tokens() {
     );
     assert_eq!(ci.role_in("default"), None);
     // Her role taken away, the token is worth what she is there now: a viewer.
-    c.remove_project_member("research", "rita")
+    c.projects()
+        .remove_project_member("research", "rita")
         .await
         .expect("taken");
     let ci = c
@@ -984,11 +1040,15 @@ async fn roles_in_projects_are_kept_and_bound_scoped_tokens() {
         .expect("read")
         .expect("valid");
     assert_eq!(ci.role_in("research"), Some(Role::Viewer));
-    c.remove_project_member("research", "rita")
+    c.projects()
+        .remove_project_member("research", "rita")
         .await
         .expect_err("nothing to take");
     // The project goes, and its tokens with it.
-    c.delete_project("research").await.expect("deleted");
+    c.projects()
+        .delete_project("research")
+        .await
+        .expect("deleted");
     assert!(
         c.accounts()
             .token_caller(&made.token)

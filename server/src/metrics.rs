@@ -202,7 +202,7 @@ impl Exposition {
     async fn read(control: &Control) -> Result<Self, ApiError> {
         let handle = handle();
         let fleet = control.views().fleet().await?;
-        let projects = control.list_projects_in(&fleet).await?;
+        let projects = control.projects().list_projects_in(&fleet).await?;
         let deployments_in_progress = control
             .views()
             .service_details()

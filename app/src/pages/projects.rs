@@ -14,6 +14,7 @@ use tessera_model::project::{Amounts, Preemption, PreemptionState, ProjectView};
 pub async fn list_projects() -> Result<Vec<ProjectView>, ServerFnError> {
     use crate::data::ssr::{control_for, failed};
     control_for::<ListProjects>()?
+        .projects()
         .list_projects()
         .await
         .map_err(failed)
@@ -26,6 +27,7 @@ guard!(ListProjects, Access::VIEW);
 pub async fn recent_preemptions() -> Result<Vec<Preemption>, ServerFnError> {
     use crate::data::ssr::{control_for, failed};
     control_for::<RecentPreemptions>()?
+        .projects()
         .list_preemptions(None, 20)
         .await
         .map_err(failed)
@@ -60,6 +62,7 @@ guard!(DecidePreemption, Access::OPERATE);
 pub async fn projects_history() -> Result<tessera_model::project::UsageHistory, ServerFnError> {
     use crate::data::ssr::{control_for, failed};
     control_for::<ProjectsHistory>()?
+        .projects()
         .project_usage_history(None, "day")
         .await
         .map_err(failed)

@@ -62,6 +62,7 @@ pub async fn patch_service(
         let project = match &patch.project {
             Some(p) => p.clone(),
             None => control
+                .projects()
                 .project_of_service(&name)
                 .await
                 .map_err(crate::data::ssr::failed)?,

@@ -63,6 +63,11 @@ bundle!(
     /// and measured use.
     ViewStore: HostStore ServiceStore TaskStore EventStore UsageStore
 );
+bundle!(
+    /// What projects read and write: projects, their members and samples, the services
+    /// and pools their use is counted from, preemptions; members are roles (accounts' rows).
+    ProjectsStore: ProjectStore ServiceStore HostStore TaskStore AuthStore
+);
 
 /// Everything the control plane persists, one trait per aggregate. Callers hold an `Arc<dyn Store>`;
 /// a backend implements the parts and gets this for free.
@@ -81,6 +86,7 @@ pub trait Store:
     + SchedulerStore
     + InterferenceStore
     + ViewStore
+    + ProjectsStore
 {
 }
 

@@ -15,7 +15,7 @@ use tessera_model::project::{MemberInput, Project, ProjectInput, ProjectSettings
     responses((status = 200, description = "Projects", body = ProjectList)))]
 pub async fn list_projects(State(state): State<AppState>) -> Result<Json<ProjectList>, ApiError> {
     Ok(Json(ProjectList {
-        projects: state.control.list_projects().await?,
+        projects: state.control.projects().list_projects().await?,
     }))
 }
 
@@ -28,7 +28,7 @@ pub async fn get_project(
     State(state): State<AppState>,
     Segment(name): Segment,
 ) -> Result<Json<ProjectView>, ApiError> {
-    Ok(Json(state.control.get_project(&name).await?))
+    Ok(Json(state.control.projects().get_project(&name).await?))
 }
 
 /// Create a project. Guarantees in a pool, all projects' together, must fit in what its
@@ -40,7 +40,7 @@ pub async fn create_project(
     State(state): State<AppState>,
     Body(input): Body<ProjectInput>,
 ) -> Result<(StatusCode, Json<Project>), ApiError> {
-    let project = state.control.create_project(&input).await?;
+    let project = state.control.projects().create_project(&input).await?;
     Ok((StatusCode::CREATED, Json(project)))
 }
 
@@ -54,7 +54,13 @@ pub async fn replace_project(
     Segment(name): Segment,
     Body(settings): Body<ProjectSettings>,
 ) -> Result<Json<Project>, ApiError> {
-    Ok(Json(state.control.replace_project(&name, &settings).await?))
+    Ok(Json(
+        state
+            .control
+            .projects()
+            .replace_project(&name, &settings)
+            .await?,
+    ))
 }
 
 /// Delete a project no service belongs to (`default` stays)
@@ -66,7 +72,7 @@ pub async fn delete_project(
     State(state): State<AppState>,
     Segment(name): Segment,
 ) -> Result<StatusCode, ApiError> {
-    state.control.delete_project(&name).await?;
+    state.control.projects().delete_project(&name).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -84,9 +90,10 @@ pub async fn set_member(
 ) -> Result<Json<ProjectView>, ApiError> {
     state
         .control
+        .projects()
         .set_project_member(&name, &username, input.role.into())
         .await?;
-    Ok(Json(state.control.get_project(&name).await?))
+    Ok(Json(state.control.projects().get_project(&name).await?))
 }
 
 /// Take a user's role in a project away (its fleet-wide role stays)
@@ -101,6 +108,7 @@ pub async fn remove_member(
 ) -> Result<StatusCode, ApiError> {
     state
         .control
+        .projects()
         .remove_project_member(&name, &username)
         .await?;
     Ok(StatusCode::NO_CONTENT)
@@ -130,6 +138,7 @@ pub async fn list_preemptions(
     Ok(Json(tessera_model::bodies::PreemptionList {
         preemptions: state
             .control
+            .projects()
             .list_preemptions(q.project.as_deref(), limit)
             .await?,
     }))
@@ -158,6 +167,7 @@ pub async fn project_usage(
     Ok(Json(
         state
             .control
+            .projects()
             .project_usage_history(Some(&name), q.range.as_deref().unwrap_or("day"))
             .await?,
     ))

@@ -212,7 +212,7 @@ pub async fn update_service(
     Segment(name): Segment,
     Body(patch): Body<ServicePatch>,
 ) -> Result<Json<Service>, ApiError> {
-    let project = state.control.project_of_service(&name).await?;
+    let project = state.control.projects().project_of_service(&name).await?;
     authn.check_in(tessera_model::auth::Role::Operator, &project)?;
     if patch.project.is_some() || patch.priority.is_some() {
         let to = patch.project.as_deref().unwrap_or(&project);
@@ -231,7 +231,7 @@ pub async fn delete_service(
     axum::Extension(authn): axum::Extension<crate::auth::Authn>,
     Segment(name): Segment,
 ) -> Result<StatusCode, ApiError> {
-    let project = state.control.project_of_service(&name).await?;
+    let project = state.control.projects().project_of_service(&name).await?;
     authn.check_in(tessera_model::auth::Role::Operator, &project)?;
     state.control.delete_service(&name).await?;
     Ok(StatusCode::ACCEPTED)
