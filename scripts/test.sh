@@ -30,6 +30,8 @@ echo "== no import circle between the files of a crate (these crates have none l
 python3 scripts/import_circles.py model/src placement/src placement-lab/src control/src agent/src cli/src server/src app/src
 echo "== every crate's root documentation names each of its modules"
 python3 scripts/layout_check.py model/src/lib.rs placement/src/lib.rs placement-lab/src/lib.rs control/src/lib.rs agent/src/lib.rs cli/src/lib.rs server/src/lib.rs app/src/lib.rs
+echo "== the control plane's components: private state, a store bundle each, no circle of calls"
+python3 scripts/components.py control/src
 echo "== no function over 100 lines in the control plane (long ones are split into named steps)"
 python3 scripts/long_functions.py control/src
 if [ "$quick" = 1 ]; then

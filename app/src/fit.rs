@@ -38,7 +38,11 @@ guard!(GetRightSize, Access::VIEW);
 #[server]
 pub async fn apply_right_size(name: String) -> Result<String, ServerFnError> {
     use crate::data::ssr::{control, failed};
-    let (_, def) = control()?.right_size(&name).await.map_err(failed)?;
+    let (_, def) = control()?
+        .deployments()
+        .right_size(&name)
+        .await
+        .map_err(failed)?;
     Ok(def.reference().to_string())
 }
 

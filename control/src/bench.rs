@@ -136,6 +136,7 @@ pub fn simulated_gpus(h: usize, gpus_per_host: usize) -> Vec<GpuReport> {
 /// 12 % compute, so eight share an 80 GiB GPU.
 pub async fn register_task_definition(control: &Control) -> Result<TaskDefinition, ControlError> {
     control
+        .deployments()
         .register_task_definition(&json!({"family": "bench", "containers": [{
             "name": "main", "command": ["sleep", "infinity"], "cpu_milli": 2000, "memory_mib": 8192,
             "gpu": {"mps": {"memory_mib": 10240, "max_compute_percent": 12}}}]}))
@@ -150,6 +151,7 @@ pub async fn create_service(
     desired: usize,
 ) -> Result<(), ControlError> {
     control
+        .deployments()
         .create_service(&crate::inputs::ServiceInput {
             name: name.into(),
             task_definition: "bench:1".into(),
@@ -179,7 +181,7 @@ pub async fn api_token(
 ) -> Result<String, ControlError> {
     use tessera_model::auth::{Caller, CallerKind};
     let username = format!("bench-{role}");
-    if control.store.user_credentials(&username).await?.is_none() {
+    if control.accounts().get_user(&username).await.is_err() {
         control
             .accounts()
             .add_user(&username, &crate::auth::generate_password(), role)

@@ -262,7 +262,10 @@ mod tests {
             .ensure_join_token(Some(JOIN))
             .await
             .expect("join token");
-        a.create_pool(&PoolInput::named("gpu")).await.expect("pool");
+        a.deployments()
+            .create_pool(&PoolInput::named("gpu"))
+            .await
+            .expect("pool");
         a.agents()
             .register_agent(&RegisterRequest {
                 address: None,
@@ -287,38 +290,40 @@ mod tests {
             .await
             .expect("register");
         let def = a
+            .deployments()
             .register_task_definition(&json!({"family": "s", "containers": [{"name": "main",
                 "command": ["sleep", "infinity"], "cpu_milli": 1000, "memory_mib": 1024,
                 "gpu": {"mps": {"memory_mib": 10 * 1024, "max_compute_percent": 40}}}]}))
             .await
             .expect("definition");
-        a.create_service(&ServiceInput {
-            name: "s".into(),
-            task_definition: format!("{}:{}", def.family, def.revision),
-            pool: "gpu".into(),
-            project: None,
-            priority: None,
-            desired_count: 0,
-            strategy: None,
-            constraints: ServiceConstraints::default(),
-            deployment: Some(DeploymentConfig::default()),
-            stop_timeout_secs: 5,
-            deregistration_delay_secs: 0,
-            slo: None,
-            alarms: Vec::new(),
-            bake_secs: 0,
-            autoscaling: None,
-        })
-        .await
-        .expect("service");
+        a.deployments()
+            .create_service(&ServiceInput {
+                name: "s".into(),
+                task_definition: format!("{}:{}", def.family, def.revision),
+                pool: "gpu".into(),
+                project: None,
+                priority: None,
+                desired_count: 0,
+                strategy: None,
+                constraints: ServiceConstraints::default(),
+                deployment: Some(DeploymentConfig::default()),
+                stop_timeout_secs: 5,
+                deregistration_delay_secs: 0,
+                slo: None,
+                alarms: Vec::new(),
+                bake_secs: 0,
+                autoscaling: None,
+            })
+            .await
+            .expect("service");
         (a, b)
     }
 
     /// Every GPU's allocations, summed from the rows as stored: memory, compute, clients.
     async fn assert_not_overcommitted(c: &Control) -> usize {
-        let hosts = c.store.list_hosts().await.expect("hosts");
+        let hosts = c.store().list_hosts().await.expect("hosts");
         let held = c
-            .store
+            .store()
             .list_tasks(&TaskFilter {
                 states: TaskState::HOLDING.to_vec(),
                 ..Default::default()
@@ -346,10 +351,10 @@ mod tests {
 
     /// `n` pending tasks of service `s`, created as the reconcile pass would.
     async fn pending(c: &Control, prefix: &str, n: usize) -> Vec<String> {
-        let service = c.store.get_service("s").await.expect("service");
-        let deployment = c.store.list_deployments("s").await.expect("deployments")[0].id;
+        let service = c.store().get_service("s").await.expect("service");
+        let deployment = c.store().list_deployments("s").await.expect("deployments")[0].id;
         let def = c
-            .store
+            .store()
             .get_task_definition(&service.task_definition)
             .await
             .expect("definition");
@@ -366,7 +371,7 @@ mod tests {
                 health: None,
             })
             .collect();
-        c.store.create_tasks(&tasks).await.expect("tasks");
+        c.store().create_tasks(&tasks).await.expect("tasks");
         tasks.into_iter().map(|t| t.id).collect()
     }
 
@@ -374,14 +379,14 @@ mod tests {
     async fn plan(c: &Control, ids: &[String]) -> Vec<PlacementCommit> {
         let pool = PoolName::new("gpu").expect("valid");
         let mut engine = c
-            .scheduler
+            .scheduler()
             .pool_engine(&pool, None, &[])
             .await
             .expect("engine")
             .engine;
-        let service = c.store.get_service("s").await.expect("service");
+        let service = c.store().get_service("s").await.expect("service");
         let def = c
-            .store
+            .store()
             .get_task_definition(&service.task_definition)
             .await
             .expect("definition");
@@ -411,14 +416,14 @@ mod tests {
         let (plan_a, plan_b) = (plan(&a, &ids_a).await, plan(&b, &ids_b).await);
         assert_eq!((plan_a.len(), plan_b.len()), (3, 3));
         let (done_a, done_b) = tokio::join!(
-            a.store.commit_placements(&plan_a),
-            b.store.commit_placements(&plan_b)
+            a.store().commit_placements(&plan_a),
+            b.store().commit_placements(&plan_b)
         );
         let (done_a, done_b) = (done_a.expect("commit"), done_b.expect("commit"));
         assert_eq!(done_a.len() + done_b.len(), 4, "{done_a:?} {done_b:?}");
         assert_eq!(assert_not_overcommitted(&a).await, 4);
         // A stale plan for a task the other server placed already is refused too.
-        let again = b.store.commit_placements(&plan_a).await.expect("commit");
+        let again = b.store().commit_placements(&plan_a).await.expect("commit");
         assert!(again.is_empty(), "{again:?}");
     }
 
@@ -427,15 +432,16 @@ mod tests {
         let dir = tempfile::tempdir().expect("dir");
         let (a, b) = two_servers(&dir).await;
         for desired in [3, 7, 2, 9, 5] {
-            a.update_service(
-                "s",
-                &ServicePatch {
-                    desired_count: Some(desired),
-                    ..Default::default()
-                },
-            )
-            .await
-            .expect("scale");
+            a.deployments()
+                .update_service(
+                    "s",
+                    &ServicePatch {
+                        desired_count: Some(desired),
+                        ..Default::default()
+                    },
+                )
+                .await
+                .expect("scale");
             for _ in 0..3 {
                 let (ra, rb) = tokio::join!(a.reconcile_once(), b.reconcile_once());
                 ra.expect("pass");
@@ -446,19 +452,20 @@ mod tests {
     }
 
     fn builds(c: &Control) -> u64 {
-        c.scheduler.engine_builds()
+        c.scheduler().engine_builds()
     }
 
     async fn scale(c: &Control, desired: u32) {
-        c.update_service(
-            "s",
-            &ServicePatch {
-                desired_count: Some(desired),
-                ..Default::default()
-            },
-        )
-        .await
-        .expect("scale");
+        c.deployments()
+            .update_service(
+                "s",
+                &ServicePatch {
+                    desired_count: Some(desired),
+                    ..Default::default()
+                },
+            )
+            .await
+            .expect("scale");
         c.reconcile_once().await.expect("pass");
     }
 
@@ -478,7 +485,7 @@ mod tests {
         let theirs = pending(&b, "b", 1).await;
         let plan_b = plan(&b, &theirs).await;
         assert_eq!(
-            b.store
+            b.store()
                 .commit_placements(&plan_b)
                 .await
                 .expect("commit")
@@ -500,8 +507,11 @@ mod tests {
         assert_eq!(builds(&a), 2, "kept while nothing changes");
         // Capacity changed here (an operator drains the host, then reactivates it).
         let host = a.views().list_hosts().await.expect("hosts")[0].id.clone();
-        a.drain_host(&host).await.expect("drain");
-        a.activate_host(&host).await.expect("activate");
+        a.deployments().drain_host(&host).await.expect("drain");
+        a.deployments()
+            .activate_host(&host)
+            .await
+            .expect("activate");
         a.reconcile_once().await.expect("pass");
         assert_eq!(builds(&a), 3, "rebuilt after the host changed");
         assert_eq!(assert_not_overcommitted(&a).await, 4);

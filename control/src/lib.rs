@@ -2,52 +2,48 @@
 //! it that the HTTP server, the console and the agents call.
 //!
 //! # Layout
+//! The control plane is components, each owning its state behind private fields and
+//! holding only the store traits it needs (see `docs/architecture.md`); [`Control`] is the
+//! façade that wires them.
+//!
+//! Components:
+//! - [`auth`]: `Accounts`: operators' accounts, sign-in limits, API tokens, session
+//!   records, the audit log.
+//! - [`agents`]: `AgentSync`: hosts joining ([`admission`]: join tokens, pools that hold new
+//!   hosts for approval, rejoining a revoked host), syncs, measured use ([`usage`]) and work
+//!   kept until the next tick, hosts' credentials.
+//! - `scheduler`: `Scheduler`: placement against the live fleet through
+//!   `tessera-placement` (priority, fair share, project limits, preemption, previews),
+//!   commits that re-check capacity; its pure steps in `scheduler::steps`.
+//! - [`deployments`]: `Deployments`: pools, task definitions and services as operators
+//!   change them, host operations, the reconcile pass (`reconcile`), work figures, alarms
+//!   and autoscaling (`work`, with `InterferenceModel`), consolidation (`consolidate`).
+//! - [`projects`]: `Projects`: projects and their quotas, members, use over time.
+//! - [`views`]: `Views`: the read models (pages, lists, the fleet read model, endpoints,
+//!   Prometheus discovery, fit).
+//!
+//! The rest:
+//! - [`control`]: `Control`, the façade: the components' accessors, the reconcile loop
+//!   (`run`) and several servers on one database (`cluster`: announcements, the scheduler
+//!   lease, the fenced store a pass writes through).
+//! - `parts`: the pieces components share or are built from: `Core` (configuration, the
+//!   fleet's time, waking the loop, events), membership, what passes say of services, the
+//!   password-check queue, the fleet read model, the usage buffer.
 //! - [`store`]: the `Store` interface every backend implements ([`open`] picks one from
-//!   a database URL).
+//!   a database URL), and the components' bundles of its traits.
 //! - [`sqlite`]: the embedded SQLite backend (the default), with its migrations.
 //! - [`postgres`]: the PostgreSQL backend, for several servers on one database.
-//! - [`control`]: `Control`, the entry point: the parts it is made of, and the helpers every
-//!   operation shares (the time, events, waking the loop).
 //! - `config`: `ControlConfig`, the timings and limits.
-//! - `workloads`: pools, task definitions and services as operators change them.
-//! - `work`: the work applications complete (scraped by agents): a service's figures,
-//!   interference estimates, deployment alarms and target-tracking autoscaling.
-//! - `hosts`: operators' host operations (drain, activate).
-//! - `preemption`: stopping lower-priority tasks that use borrowed capacity so that a
-//!   waiting task of a project within its guarantee fits.
-//! - [`projects`]: projects and their quotas: guarantees checked against pools, what each
-//!   project uses, the limit the scheduler holds placements to.
-//! - `run`: the reconcile loop (ticks, the lease, supervised passes).
 //! - `cache`: the one bounded cache type every cache uses.
-//! - `parts`: the parts `Control` is made of, each owning its state: scheduling, the agent
-//!   gateway, membership (id, lease, clock), the passes' memory, accounts.
 //! - `inventory_growth`: what of a sync's GPUs becomes capacity (bounded by what the host
 //!   was admitted with; new GPUs wait for approval in manual pools).
 //! - `lifecycle`: a host's status as a state machine (sync, drain, activate, silence).
 //! - `plan`: what a service needs next (stops, starts, rollback), as a pure function.
-//! - `reconcile`: one reconcile pass: lost hosts, migrations, services and deployments.
 //! - [`capacity`]: the one place capacity is counted: a pool's hosts and what tasks hold,
 //!   as the engine's snapshot; the commit's re-check and every usage figure come from it.
 //! - [`clock`]: the control plane's time (the machine's, or a test's manual clock).
-//! - `cluster`: several servers on one database: announcements, the scheduler lease and
-//!   the fenced store its holder's passes write through; `Control::cluster`.
-//! - `scheduler`: placement against the live fleet through `tessera-placement` (priority,
-//!   fair share, project limits), commits that re-check capacity; its pure steps (order,
-//!   each service's batch, limits, ports) in `scheduler::steps`.
-//! - [`auth`]: operators' accounts, sign-in limits, API tokens, session records, the audit
-//!   log, and hosts' credentials (revoke, delete, rotate the join token).
-//! - [`agents`]: the agent API, server side: join token, registration, sync.
-//! - [`admission`]: how hosts join: join tokens (fleet-wide and minted), pools that hold
-//!   new hosts for approval, rejoining a revoked host.
 //! - `interference`: what sharing a GPU with another service costs it, estimated from its
 //!   measured work (Welch's t-test on log p99).
-//! - `serving`: endpoints (where each task is reached and whether it should get traffic)
-//!   and Prometheus service discovery, as read models.
-//! - `views`: read models of the console's pages (hosts with GPU segments, the overview,
-//!   a service's tasks), as `Control` methods.
-//! - [`usage`]: usage history: agents' measures gathered into buckets, written and pruned.
-//! - `fit`: fit verdicts per task, service and pool, with what suggested budgets would free.
-//! - `consolidate`: consolidation plans (moves that free GPUs or hosts) and their execution.
 //! - [`inputs`]: request bodies and computed views, with their validation.
 //! - [`error`]: `StoreError` and `ControlError`.
 //! - `bench` (feature `bench`): the simulated fleet and arguments the benchmark programs
@@ -66,12 +62,10 @@ pub mod bench;
 mod cache;
 pub mod capacity;
 pub mod clock;
-mod cluster;
 mod config;
-mod consolidate;
 pub mod control;
+pub mod deployments;
 pub mod error;
-mod hosts;
 pub mod inputs;
 mod interference;
 mod inventory_growth;
@@ -80,8 +74,6 @@ mod parts;
 mod plan;
 pub mod postgres;
 pub mod projects;
-mod reconcile;
-mod run;
 mod scheduler;
 pub mod sqlite;
 pub mod store;
@@ -90,12 +82,12 @@ mod test_values;
 #[cfg(feature = "testing")]
 pub mod testkit;
 pub mod views;
-mod work;
-mod workloads;
 
 pub use agents::{admission, usage};
 pub use config::ControlConfig;
 pub use control::Control;
+pub use deployments::workloads::DEFAULT_POOL;
+pub(crate) use deployments::{work, workloads};
 pub use error::{ControlError, StoreError};
 pub use parts::{FleetSnapshot, GpuFigures, HostBlock};
 pub use scheduler::{density, density_of};
@@ -103,7 +95,6 @@ pub use store::{AuthStore, Store};
 /// A GPU's usage, as `density_of` reads it.
 pub use tessera_placement::GpuUsage;
 pub(crate) use views::fit;
-pub use workloads::DEFAULT_POOL;
 
 /// Opens the store named by `url`, applying pending migrations: `sqlite://PATH` (the file
 /// and its directory are created if missing) or `postgres://USER@HOST[:PORT]/DATABASE`

@@ -176,6 +176,7 @@ pub async fn env(config: ControlConfig) -> Env {
         .await
         .expect("join token");
     control
+        .deployments()
         .create_pool(&PoolInput::named("gpu"))
         .await
         .expect("pool");
@@ -410,7 +411,7 @@ pub async fn sync(control: &Control, h: &Host) -> SyncResponse {
 /// % compute of a shared GPU; its reference (`family:revision`).
 pub async fn register_def(control: &Control, family: &str, gib: u64, percent: u32) -> String {
     let def = control
-        .register_task_definition(&json!({
+        .deployments().register_task_definition(&json!({
             "family": family,
             "containers": [{"name": "main", "command": ["sleep", "infinity"], "cpu_milli": 1000, "memory_mib": 1024,
                 "gpu": {"mps": {"memory_mib": gib * 1024, "max_compute_percent": percent}}}]
@@ -429,6 +430,7 @@ pub async fn service(
     deployment: DeploymentConfig,
 ) {
     control
+        .deployments()
         .create_service(&ServiceInput {
             name: name.into(),
             task_definition: def.into(),

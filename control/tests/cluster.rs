@@ -52,16 +52,17 @@ async fn one_server_schedules_another_takes_over_and_the_old_one_is_fenced_off()
     assert_eq!(b.tick().await, Ok(false), "a's lease has not run out");
     env.clock.advance(Duration::from_secs(6));
     sync(&b, &h).await;
-    b.update_service(
-        "infer",
-        &ServicePatch {
-            desired_count: Some(4),
-            task_definition: None,
-            ..Default::default()
-        },
-    )
-    .await
-    .expect("scale");
+    b.deployments()
+        .update_service(
+            "infer",
+            &ServicePatch {
+                desired_count: Some(4),
+                task_definition: None,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("scale");
     assert_eq!(b.tick().await, Ok(true));
     assert_eq!(
         tasks(&b, "infer", &[TaskState::Assigned, TaskState::Running])

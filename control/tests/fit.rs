@@ -135,9 +135,17 @@ async fn verdicts_follow_the_evidence_and_right_sizing_rolls_out_a_smaller_budge
             ("containers[0].gpu.mps.max_compute_percent", "40", "15"),
         ]
     );
-    let (_, def2) = c.right_size("infer").await.expect("right-sized");
+    let (_, def2) = c
+        .deployments()
+        .right_size("infer")
+        .await
+        .expect("right-sized");
     assert_eq!(def2.revision, 2);
-    let detail = c.service_detail("infer").await.expect("detail");
+    let detail = c
+        .deployments()
+        .service_detail("infer")
+        .await
+        .expect("detail");
     assert_eq!(detail.service.task_definition.to_string(), "infer:2");
     assert!(
         detail
@@ -234,25 +242,26 @@ async fn a_per_gpu_cap_spreads_a_service_and_the_preview_explains_what_it_refuse
     assert_eq!((preview.placed, preview.unplaced), (2, 1));
     let why = preview.tasks[2].message.clone().expect("explained");
     assert!(why.contains("constraints"), "{why}");
-    c.create_service(&tessera_control::inputs::ServiceInput {
-        name: "capped".into(),
-        task_definition: def,
-        pool: "gpu".into(),
-        project: None,
-        priority: None,
-        desired_count: 3,
-        strategy: Some("binpack".into()),
-        constraints,
-        deployment: Some(DeploymentConfig::default()),
-        stop_timeout_secs: 5,
-        deregistration_delay_secs: 0,
-        slo: None,
-        alarms: Vec::new(),
-        bake_secs: 0,
-        autoscaling: None,
-    })
-    .await
-    .expect("service");
+    c.deployments()
+        .create_service(&tessera_control::inputs::ServiceInput {
+            name: "capped".into(),
+            task_definition: def,
+            pool: "gpu".into(),
+            project: None,
+            priority: None,
+            desired_count: 3,
+            strategy: Some("binpack".into()),
+            constraints,
+            deployment: Some(DeploymentConfig::default()),
+            stop_timeout_secs: 5,
+            deregistration_delay_secs: 0,
+            slo: None,
+            alarms: Vec::new(),
+            bake_secs: 0,
+            autoscaling: None,
+        })
+        .await
+        .expect("service");
     c.reconcile_once().await.expect("placed");
     sync(c, &h).await;
     let placed = tasks(c, "capped", &[TaskState::Assigned, TaskState::Running]).await;
@@ -276,6 +285,7 @@ async fn a_per_gpu_cap_spreads_a_service_and_the_preview_explains_what_it_refuse
     );
     // A cap out of range is refused with its field.
     let bad = c
+        .deployments()
         .create_service(&tessera_control::inputs::ServiceInput {
             name: "bad".into(),
             task_definition: "capped:1".into(),

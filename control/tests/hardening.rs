@@ -155,18 +155,20 @@ async fn the_audit_log_servers_and_finished_plans_are_pruned() {
         .await;
     c.tick().await.expect("this server announced");
     let plan = c
+        .deployments()
         .plan_consolidation(&tessera_model::consolidation::PlanInput {
             pool: "gpu".into(),
             goal: "gpus".into(),
         })
         .await
         .expect("a plan");
-    c.cancel_consolidation_plan(&plan.id)
+    c.deployments()
+        .cancel_consolidation_plan(&plan.id)
         .await
         .expect("cancelled");
     // An hour and a half later: past the retention, within the audit's.
     env.clock.advance(std::time::Duration::from_secs(5400));
-    let pruned = c.prune().await.expect("prune");
+    let pruned = c.deployments().prune().await.expect("prune");
     assert_eq!(
         pruned.audit, 0,
         "the audit log keeps its own, longer retention"
@@ -174,7 +176,7 @@ async fn the_audit_log_servers_and_finished_plans_are_pruned() {
     assert_eq!(pruned.plans, 1, "{pruned:?}");
     assert_eq!(pruned.servers, 1, "{pruned:?}");
     env.clock.advance(std::time::Duration::from_secs(3600));
-    let pruned = c.prune().await.expect("prune");
+    let pruned = c.deployments().prune().await.expect("prune");
     assert_eq!(pruned.audit, 1, "{pruned:?}");
 }
 
@@ -215,7 +217,8 @@ fn joiner(token: &str, name: &str, pool: &str) -> tessera_model::agent::Register
 async fn join_tokens_register_nothing_past_their_scope() {
     let env = env(fast()).await;
     let c = &env.control;
-    c.create_pool(&tessera_control::inputs::PoolInput::named("other"))
+    c.deployments()
+        .create_pool(&tessera_control::inputs::PoolInput::named("other"))
         .await
         .expect("pool");
     let one = c
@@ -313,7 +316,8 @@ async fn the_token_printed_at_first_start_expires() {
         .await
         .expect("start")
         .expect("printed once");
-    c.create_pool(&tessera_control::inputs::PoolInput::named("gpu"))
+    c.deployments()
+        .create_pool(&tessera_control::inputs::PoolInput::named("gpu"))
         .await
         .expect("pool");
     c.agents()
@@ -339,11 +343,13 @@ async fn the_token_printed_at_first_start_expires() {
 async fn a_manual_pool_holds_new_hosts_and_their_tasks_until_approved() {
     let env = env(fast()).await;
     let c = &env.control;
-    c.create_pool(&tessera_control::inputs::PoolInput::named("secure"))
+    c.deployments()
+        .create_pool(&tessera_control::inputs::PoolInput::named("secure"))
         .await
         .expect("pool");
     // An existing pool turned manual.
     let pool = c
+        .deployments()
         .update_pool(
             &tessera_model::PoolName::new("secure").expect("name"),
             &tessera_model::api::PoolPatch {
@@ -355,15 +361,16 @@ async fn a_manual_pool_holds_new_hosts_and_their_tasks_until_approved() {
         .expect("patched");
     assert_eq!(pool.admission, tessera_model::Admission::Manual);
     assert!(
-        c.update_pool(
-            &tessera_model::PoolName::new("secure").expect("name"),
-            &tessera_model::api::PoolPatch {
-                admission: Some("sometimes".into()),
-                ..Default::default()
-            },
-        )
-        .await
-        .is_err(),
+        c.deployments()
+            .update_pool(
+                &tessera_model::PoolName::new("secure").expect("name"),
+                &tessera_model::api::PoolPatch {
+                    admission: Some("sometimes".into()),
+                    ..Default::default()
+                },
+            )
+            .await
+            .is_err(),
         "an admission that is not one"
     );
     let resp = c
@@ -374,7 +381,7 @@ async fn a_manual_pool_holds_new_hosts_and_their_tasks_until_approved() {
     let host = c.views().get_host(&resp.host_id).await.expect("host");
     assert!(host.held, "not held");
     let def = c
-        .register_task_definition(&serde_json::json!({
+        .deployments().register_task_definition(&serde_json::json!({
             "family": "secretive",
             "containers": [{"name": "main", "command": ["sleep", "infinity"], "cpu_milli": 100, "memory_mib": 64,
                 "secrets": {"API_KEY": "s3cret-value"},
@@ -382,15 +389,16 @@ async fn a_manual_pool_holds_new_hosts_and_their_tasks_until_approved() {
         }))
         .await
         .expect("def");
-    c.create_service(
-        &serde_json::from_value(serde_json::json!({
-            "name": "secretive", "pool": "secure",
-            "task_definition": format!("{}:{}", def.family, def.revision),
-        }))
-        .expect("service input"),
-    )
-    .await
-    .expect("service");
+    c.deployments()
+        .create_service(
+            &serde_json::from_value(serde_json::json!({
+                "name": "secretive", "pool": "secure",
+                "task_definition": format!("{}:{}", def.family, def.revision),
+            }))
+            .expect("service input"),
+        )
+        .await
+        .expect("service");
     c.reconcile_once().await.expect("pass");
     let h = Host {
         id: resp.host_id.clone(),
@@ -591,6 +599,7 @@ async fn privileges_a_pool_does_not_allow_are_refused_with_the_field() {
     let env = env(fast()).await;
     let c = &env.control;
     let def = c
+        .deployments()
         .register_task_definition(&serde_json::json!({
             "family": "escalator",
             "containerDefinitions": [{"name": "main", "image": "busybox", "memory": 64,
@@ -607,6 +616,7 @@ async fn privileges_a_pool_does_not_allow_are_refused_with_the_field() {
         .expect("input")
     };
     let err = c
+        .deployments()
         .create_service(&input("gpu"))
         .await
         .expect_err("a privileged container in a pool that does not allow it");
@@ -624,14 +634,16 @@ async fn privileges_a_pool_does_not_allow_are_refused_with_the_field() {
         ],
         "{v:?}"
     );
-    c.create_pool(&tessera_control::inputs::PoolInput {
-        task_users: Some(true),
-        privileged: Some(true),
-        ..tessera_control::inputs::PoolInput::named("trusted")
-    })
-    .await
-    .expect("pool");
-    c.create_service(&input("trusted"))
+    c.deployments()
+        .create_pool(&tessera_control::inputs::PoolInput {
+            task_users: Some(true),
+            privileged: Some(true),
+            ..tessera_control::inputs::PoolInput::named("trusted")
+        })
+        .await
+        .expect("pool");
+    c.deployments()
+        .create_service(&input("trusted"))
         .await
         .expect("a pool that allows both");
     // The pool made stricter afterwards: a sync no longer sends the task (the last gate,
@@ -648,15 +660,16 @@ async fn privileges_a_pool_does_not_allow_are_refused_with_the_field() {
     };
     c.reconcile_once().await.expect("pass");
     assert_eq!(sync(c, &h).await.tasks.len(), 1, "allowed: sent");
-    c.update_pool(
-        &tessera_model::PoolName::new("trusted").expect("name"),
-        &tessera_model::api::PoolPatch {
-            privileged: Some(false),
-            ..Default::default()
-        },
-    )
-    .await
-    .expect("stricter");
+    c.deployments()
+        .update_pool(
+            &tessera_model::PoolName::new("trusted").expect("name"),
+            &tessera_model::api::PoolPatch {
+                privileged: Some(false),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("stricter");
     let answer = sync(c, &h).await;
     println!(
         "pool made stricter: the sync sends {} task(s)",
@@ -665,6 +678,7 @@ async fn privileges_a_pool_does_not_allow_are_refused_with_the_field() {
     assert!(answer.tasks.is_empty(), "a refused task was sent");
     // An unknown capability never reaches a pool: the definition is refused.
     let bad = c
+        .deployments()
         .register_task_definition(&serde_json::json!({
             "family": "typo",
             "containerDefinitions": [{"name": "main", "image": "busybox", "memory": 64,
@@ -678,7 +692,7 @@ async fn privileges_a_pool_does_not_allow_are_refused_with_the_field() {
     );
     // MPS serves one Linux user at a time: a container sharing a GPU names none.
     let mps = c
-        .register_task_definition(&serde_json::json!({
+        .deployments().register_task_definition(&serde_json::json!({
             "family": "mps-user",
             "containers": [{"name": "main", "command": ["sleep", "1"], "cpu_milli": 100, "memory_mib": 64,
                 "gpu": {"mps": {"memory_mib": 1024}}, "ecs": {"user": "1000"}}]

@@ -122,7 +122,11 @@ async fn a_task_that_breaks_every_bound_costs_only_its_own_figures() {
             .is_some_and(|o| o.chars().count() <= 1024 && !o.contains('\0')),
         "the output is cut to its bound"
     );
-    let work = c.service_work("noisy", "hour").await.expect("work");
+    let work = c
+        .deployments()
+        .service_work("noisy", "hour")
+        .await
+        .expect("work");
     let why = work
         .unknown
         .iter()
@@ -170,15 +174,16 @@ async fn a_host_cannot_grow_its_inventory_behind_the_admins_back() {
         "{events:#?}"
     );
 
-    c.update_pool(
-        &tessera_model::PoolName::new("gpu").expect("name"),
-        &tessera_model::api::PoolPatch {
-            admission: Some("manual".into()),
-            ..Default::default()
-        },
-    )
-    .await
-    .expect("manual");
+    c.deployments()
+        .update_pool(
+            &tessera_model::PoolName::new("gpu").expect("name"),
+            &tessera_model::api::PoolPatch {
+                admission: Some("manual".into()),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("manual");
     let mut two = h.clone_with_gpus(gpus("grower", 2, 24));
     two.gpus[1].uuid = tessera_model::GpuUuid::new("GPU-hot-added").expect("valid");
     sync(c, &two).await;

@@ -38,16 +38,17 @@ async fn scaling_places_tasks_on_registered_hosts_and_agents_get_their_env() {
     assert_eq!(tasks(c, "infer", &[TaskState::Running]).await.len(), 8);
 
     // A ninth task fits nowhere: it stays pending with the reason.
-    c.update_service(
-        "infer",
-        &ServicePatch {
-            desired_count: Some(9),
-            task_definition: None,
-            ..Default::default()
-        },
-    )
-    .await
-    .expect("scale");
+    c.deployments()
+        .update_service(
+            "infer",
+            &ServicePatch {
+                desired_count: Some(9),
+                task_definition: None,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("scale");
     c.reconcile_once().await.expect("pass");
     let pending = tasks(c, "infer", &[TaskState::Pending]).await;
     assert_eq!(pending.len(), 1);
@@ -55,16 +56,17 @@ async fn scaling_places_tasks_on_registered_hosts_and_agents_get_their_env() {
     assert!(why.contains("no GPU has room"), "{why}");
 
     // Scaling down stops tasks; the agent's next sync stops them.
-    c.update_service(
-        "infer",
-        &ServicePatch {
-            desired_count: Some(2),
-            task_definition: None,
-            ..Default::default()
-        },
-    )
-    .await
-    .expect("scale");
+    c.deployments()
+        .update_service(
+            "infer",
+            &ServicePatch {
+                desired_count: Some(2),
+                task_definition: None,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("scale");
     c.reconcile_once().await.expect("pass");
     sync(c, &a).await;
     sync(c, &b).await;
@@ -141,16 +143,17 @@ async fn rolling_deployment_respects_minimum_healthy_and_maximum_percent() {
             .all(|t| t.task_definition.to_string() == v1)
     );
 
-    c.update_service(
-        "web",
-        &ServicePatch {
-            desired_count: None,
-            task_definition: Some(v2.clone()),
-            ..Default::default()
-        },
-    )
-    .await
-    .expect("deploy");
+    c.deployments()
+        .update_service(
+            "web",
+            &ServicePatch {
+                desired_count: None,
+                task_definition: Some(v2.clone()),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("deploy");
     // From here on: at least 2 running, at most 6 live (4 × 150 %).
     converge(c, &[&a, &b], 4, 2, 6).await;
     let running = tasks(c, "web", &[TaskState::Running]).await;
@@ -196,16 +199,17 @@ async fn failing_deployment_is_rolled_back_by_the_circuit_breaker() {
     let v2 = register_def(c, "web", 4, 10).await;
     service(c, "web", &v1, 2, DeploymentConfig::default()).await;
     converge(c, &[&a], 2, 0, 2).await;
-    c.update_service(
-        "web",
-        &ServicePatch {
-            desired_count: None,
-            task_definition: Some(v2.clone()),
-            ..Default::default()
-        },
-    )
-    .await
-    .expect("deploy");
+    c.deployments()
+        .update_service(
+            "web",
+            &ServicePatch {
+                desired_count: None,
+                task_definition: Some(v2.clone()),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("deploy");
     // Every task of the new revision exits with code 1 as soon as it starts.
     for _ in 0..20 {
         c.reconcile_once().await.expect("pass");
@@ -370,16 +374,17 @@ async fn many_clients_scaling_at_once_never_overcommit_a_gpu() {
             for step in 0..8u32 {
                 let name = format!("svc{}", (client + step) % 6);
                 let count = (client * 7 + step * 5) % 16;
-                c.update_service(
-                    &name,
-                    &ServicePatch {
-                        desired_count: Some(count),
-                        task_definition: None,
-                        ..Default::default()
-                    },
-                )
-                .await
-                .expect("scale");
+                c.deployments()
+                    .update_service(
+                        &name,
+                        &ServicePatch {
+                            desired_count: Some(count),
+                            task_definition: None,
+                            ..Default::default()
+                        },
+                    )
+                    .await
+                    .expect("scale");
                 c.reconcile_once().await.expect("pass");
             }
         }));
@@ -570,6 +575,7 @@ async fn a_services_settings_change_in_place_by_the_rules_of_a_new_one() {
     let def = register_def(c, "infer", 10, 40).await;
     service(c, "infer", &def, 1, DeploymentConfig::default()).await;
     let patched = c
+        .deployments()
         .update_service(
             "infer",
             &ServicePatch {
@@ -589,6 +595,7 @@ async fn a_services_settings_change_in_place_by_the_rules_of_a_new_one() {
     assert_eq!(patched.strategy.map(|p| p.as_str()), Some("spread_gpu"));
     // Back to the pool's policy with null.
     let back = c
+        .deployments()
         .update_service(
             "infer",
             &ServicePatch {
@@ -602,6 +609,7 @@ async fn a_services_settings_change_in_place_by_the_rules_of_a_new_one() {
     assert_eq!(back.stop_timeout_secs, 45, "what is left out stays");
     // The same rules as a new service: every broken one named, nothing written.
     let err = c
+        .deployments()
         .update_service(
             "infer",
             &ServicePatch {
@@ -627,7 +635,8 @@ async fn a_services_settings_change_in_place_by_the_rules_of_a_new_one() {
     );
     // An empty patch says what it may hold.
     assert!(
-        c.update_service("infer", &ServicePatch::default())
+        c.deployments()
+            .update_service("infer", &ServicePatch::default())
             .await
             .is_err()
     );
@@ -637,8 +646,20 @@ async fn a_services_settings_change_in_place_by_the_rules_of_a_new_one() {
 async fn a_fresh_fleet_gets_the_default_pool_once_and_a_fleet_with_pools_none() {
     let db = TestDb::new().await;
     let control = tessera_control::Control::new(db.open().await, fast());
-    assert!(control.ensure_default_pool().await.expect("first start"));
-    assert!(!control.ensure_default_pool().await.expect("second start"));
+    assert!(
+        control
+            .deployments()
+            .ensure_default_pool()
+            .await
+            .expect("first start")
+    );
+    assert!(
+        !control
+            .deployments()
+            .ensure_default_pool()
+            .await
+            .expect("second start")
+    );
     let names: Vec<String> = control
         .views()
         .list_pools()
@@ -671,7 +692,13 @@ async fn a_fresh_fleet_gets_the_default_pool_once_and_a_fleet_with_pools_none() 
     assert!(joined.is_ok(), "{joined:?}");
     // A fleet that already has pools (the test harness's `gpu`) gets no `default`.
     let env = env(fast()).await;
-    assert!(!env.control.ensure_default_pool().await.expect("ensure"));
+    assert!(
+        !env.control
+            .deployments()
+            .ensure_default_pool()
+            .await
+            .expect("ensure")
+    );
 }
 
 #[tokio::test]
@@ -683,19 +710,23 @@ async fn a_pass_looks_only_at_services_that_changed_whoever_changed_them() {
     service(c, "infer", &def, 2, DeploymentConfig::default()).await;
     service(c, "other", &def, 1, DeploymentConfig::default()).await;
     c.reconcile_once().await.expect("pass");
-    assert_eq!(c.last_pass_scope(), (true, 2), "the first pass is full");
+    assert_eq!(
+        c.deployments().last_pass_scope(),
+        (true, 2),
+        "the first pass is full"
+    );
     // The tasks start (the agent's sync changes their state), the services settle.
     sync(c, &h).await;
     c.reconcile_once().await.expect("pass");
     assert_eq!(
-        c.last_pass_scope(),
+        c.deployments().last_pass_scope(),
         (false, 2),
         "both services' tasks changed"
     );
     c.reconcile_once().await.expect("pass");
     c.reconcile_once().await.expect("pass");
     assert_eq!(
-        c.last_pass_scope(),
+        c.deployments().last_pass_scope(),
         (false, 0),
         "an unchanged, steady fleet: no service looked at"
     );
@@ -703,6 +734,7 @@ async fn a_pass_looks_only_at_services_that_changed_whoever_changed_them() {
     // database, and this server's next pass acts on it.
     let other = env.restart(fast()).await;
     other
+        .deployments()
         .update_service(
             "infer",
             &ServicePatch {
@@ -713,7 +745,11 @@ async fn a_pass_looks_only_at_services_that_changed_whoever_changed_them() {
         .await
         .expect("scale through the other server");
     c.reconcile_once().await.expect("pass");
-    assert_eq!(c.last_pass_scope(), (false, 1), "only the scaled service");
+    assert_eq!(
+        c.deployments().last_pass_scope(),
+        (false, 1),
+        "only the scaled service"
+    );
     let live = tasks(c, "infer", LIVE).await;
     assert_eq!(live.len(), 3, "{live:?}");
     // Deleted services drop out; a full pass comes round at its interval.
@@ -727,7 +763,7 @@ async fn a_pass_looks_only_at_services_that_changed_whoever_changed_them() {
     c2.reconcile_once().await.expect("pass");
     c2.reconcile_once().await.expect("pass");
     assert_eq!(
-        c2.last_pass_scope(),
+        c2.deployments().last_pass_scope(),
         (true, 2),
         "every pass full when asked"
     );
@@ -745,21 +781,22 @@ async fn a_service_that_cannot_be_read_holds_up_no_other_and_is_looked_at_again(
     sync(c, &h).await;
     c.reconcile_once().await.expect("pass");
     c.reconcile_once().await.expect("pass");
-    assert_eq!(c.last_pass_scope(), (false, 0), "settled");
+    assert_eq!(c.deployments().last_pass_scope(), (false, 0), "settled");
     // A row that no longer parses (a hand edit), and a scale of another service: the
     // pass reads both changes and reconciles the one it can.
     env.db
         .execute("UPDATE services SET constraints = 'not json' WHERE name = 'aaa-broken'")
         .await;
-    c.update_service(
-        "bbb",
-        &ServicePatch {
-            desired_count: Some(2),
-            ..Default::default()
-        },
-    )
-    .await
-    .expect("scale");
+    c.deployments()
+        .update_service(
+            "bbb",
+            &ServicePatch {
+                desired_count: Some(2),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("scale");
     // (The pass itself still fails later, where scheduling reads every service: a row
     // that does not parse stops placements until it is mended.)
     let _ = c.reconcile_once().await;

@@ -70,6 +70,7 @@ async fn every_service_has_a_project_and_guarantees_must_fit_in_the_pool() {
 
     // A service naming a project that does not exist is refused, and nothing is stored.
     let err = c
+        .deployments()
         .create_service(&ServiceInput {
             project: Some("nobody".into()),
             priority: None,
@@ -82,6 +83,7 @@ async fn every_service_has_a_project_and_guarantees_must_fit_in_the_pool() {
     assert!(c.store().get_service("x").await.is_err());
     // Nor does a change that moves a service there, and what came with it is not taken.
     let err = c
+        .deployments()
         .update_service(
             "plain",
             &ServicePatch {
@@ -179,6 +181,7 @@ async fn every_service_has_a_project_and_guarantees_must_fit_in_the_pool() {
 
     // A service moves to another project (one that exists); then research can go.
     let err = c
+        .deployments()
         .update_service(
             "trainer",
             &ServicePatch {
@@ -189,15 +192,16 @@ async fn every_service_has_a_project_and_guarantees_must_fit_in_the_pool() {
         .await
         .expect_err("prod was deleted");
     assert_eq!(fields(&err), ["project"]);
-    c.update_service(
-        "trainer",
-        &ServicePatch {
-            project: Some(DEFAULT_PROJECT.into()),
-            ..Default::default()
-        },
-    )
-    .await
-    .expect("move");
+    c.deployments()
+        .update_service(
+            "trainer",
+            &ServicePatch {
+                project: Some(DEFAULT_PROJECT.into()),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("move");
     assert_eq!(
         c.store()
             .get_service("trainer")
@@ -291,15 +295,16 @@ async fn placement_never_takes_a_project_past_its_limit_and_says_so() {
     assert_no_overcommit(c).await;
 
     // Scaling past the limit again leaves the new task pending; scaling down frees room.
-    c.update_service(
-        "trainer",
-        &ServicePatch {
-            desired_count: Some(4),
-            ..Default::default()
-        },
-    )
-    .await
-    .expect("scale");
+    c.deployments()
+        .update_service(
+            "trainer",
+            &ServicePatch {
+                desired_count: Some(4),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("scale");
     c.reconcile_once().await.expect("pass");
     assert_eq!(tasks(c, "trainer", &[TaskState::Pending]).await.len(), 1);
 }
@@ -310,6 +315,7 @@ async fn a_whole_gpu_limit_counts_gpus_and_bad_replacements_are_refused() {
     let c = &env.control;
     host(c, "a", 4, 24).await;
     let whole = c
+        .deployments()
         .register_task_definition(&json!({
             "family": "train",
             "containers": [{"name": "main", "command": ["sleep", "infinity"], "cpu_milli": 1000,
@@ -379,16 +385,17 @@ async fn service_with(
     project: &str,
     priority: &str,
 ) {
-    c.create_service(&ServiceInput {
-        priority: Some(priority.into()),
-        ..serde_json::from_value(json!({
-            "name": name, "task_definition": def, "pool": "gpu", "desired_count": count,
-            "project": project, "stop_timeout_secs": 5, "deregistration_delay_secs": 0
-        }))
-        .expect("input")
-    })
-    .await
-    .expect("service");
+    c.deployments()
+        .create_service(&ServiceInput {
+            priority: Some(priority.into()),
+            ..serde_json::from_value(json!({
+                "name": name, "task_definition": def, "pool": "gpu", "desired_count": count,
+                "project": project, "stop_timeout_secs": 5, "deregistration_delay_secs": 0
+            }))
+            .expect("input")
+        })
+        .await
+        .expect("service");
 }
 
 /// A production task of a project within its guarantee takes room from batch tasks that
@@ -426,7 +433,10 @@ async fn a_guaranteed_production_task_preempts_the_fewest_borrowing_batch_tasks(
     service_with(c, "other", &big, 1, "prod", "batch").await;
     c.reconcile_once().await.expect("pass");
     assert_eq!(tasks(c, "crunch", &[TaskState::Running]).await.len(), 4);
-    c.delete_service("other").await.expect("delete");
+    c.deployments()
+        .delete_service("other")
+        .await
+        .expect("delete");
     c.reconcile_once().await.expect("pass");
 
     service_with(c, "api", &big, 1, "prod", "production").await;
@@ -563,7 +573,8 @@ async fn a_guaranteed_task_short_of_host_cpu_preempts_batch_tasks_that_borrow_it
             "cpu_milli": milli, "memory_mib": 1024}]})
     };
     for (family, milli) in [("churn", 16_000), ("api", 12_000), ("cron", 12_000)] {
-        c.register_task_definition(&cpu_only(family, milli))
+        c.deployments()
+            .register_task_definition(&cpu_only(family, milli))
             .await
             .expect("definition");
     }
@@ -590,7 +601,10 @@ async fn a_guaranteed_task_short_of_host_cpu_preempts_batch_tasks_that_borrow_it
         said.contains("project `ops`'s guarantee in pool `gpu` names none of host CPU or memory"),
         "{said}"
     );
-    c.delete_service("cron").await.expect("delete");
+    c.deployments()
+        .delete_service("cron")
+        .await
+        .expect("delete");
     c.reconcile_once().await.expect("pass");
 
     service_with(c, "api", "api:1", 1, "prod", "production").await;
@@ -688,15 +702,16 @@ async fn in_an_approve_pool_a_preemption_waits_for_an_operator() {
     let env = env(fast()).await;
     let c = &env.control;
     let a = host(c, "a", 2, 24).await;
-    c.update_pool(
-        &tessera_model::PoolName::new("gpu").expect("valid"),
-        &tessera_model::api::PoolPatch {
-            preemption: Some("approve".into()),
-            ..Default::default()
-        },
-    )
-    .await
-    .expect("approve mode");
+    c.deployments()
+        .update_pool(
+            &tessera_model::PoolName::new("gpu").expect("valid"),
+            &tessera_model::api::PoolPatch {
+                preemption: Some("approve".into()),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("approve mode");
     c.projects()
         .create_project(&project("lab", vec![]))
         .await
@@ -793,15 +808,16 @@ async fn in_an_approve_pool_a_preemption_waits_for_an_operator() {
         .await
         .expect_err("declined is final");
     // Back to automatic: what was open expires, and plans are carried out at once.
-    c.update_pool(
-        &tessera_model::PoolName::new("gpu").expect("valid"),
-        &tessera_model::api::PoolPatch {
-            preemption: Some("automatic".into()),
-            ..Default::default()
-        },
-    )
-    .await
-    .expect("automatic");
+    c.deployments()
+        .update_pool(
+            &tessera_model::PoolName::new("gpu").expect("valid"),
+            &tessera_model::api::PoolPatch {
+                preemption: Some("automatic".into()),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("automatic");
     let expired = c
         .projects()
         .list_preemptions(Some("prod"), 10)
@@ -839,15 +855,16 @@ async fn the_project_furthest_below_its_fair_share_is_placed_first() {
         "alpha holds half"
     );
     // One slot is left; alpha and beta each want it in the same pass.
-    c.update_service(
-        "a1",
-        &ServicePatch {
-            desired_count: Some(2),
-            ..Default::default()
-        },
-    )
-    .await
-    .expect("scale");
+    c.deployments()
+        .update_service(
+            "a1",
+            &ServicePatch {
+                desired_count: Some(2),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("scale");
     service_with(c, "b1", &def, 1, "beta", "default").await;
     c.reconcile_once().await.expect("pass");
     assert_eq!(
@@ -858,16 +875,17 @@ async fn the_project_furthest_below_its_fair_share_is_placed_first() {
     assert_eq!(tasks(c, "a1", &[TaskState::Pending]).await.len(), 1);
 
     // A production service goes first, whatever its project already uses.
-    c.update_service(
-        "a1",
-        &ServicePatch {
-            desired_count: Some(1),
-            ..Default::default()
-        },
-    )
-    .await
-    .expect("scale down");
-    c.delete_service("b1").await.expect("delete");
+    c.deployments()
+        .update_service(
+            "a1",
+            &ServicePatch {
+                desired_count: Some(1),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("scale down");
+    c.deployments().delete_service("b1").await.expect("delete");
     c.reconcile_once().await.expect("pass");
     sync(c, &a).await;
     c.reconcile_once().await.expect("pass");
@@ -919,15 +937,16 @@ async fn fair_share_counts_what_each_project_held_over_the_last_hour() {
     service_with(c, "a1", &def, 0, "alpha", "default").await;
     service_with(c, "b1", &def, 0, "beta", "default").await;
     for name in ["a1", "b1"] {
-        c.update_service(
-            name,
-            &ServicePatch {
-                desired_count: Some(1),
-                ..Default::default()
-            },
-        )
-        .await
-        .expect("scale");
+        c.deployments()
+            .update_service(
+                name,
+                &ServicePatch {
+                    desired_count: Some(1),
+                    ..Default::default()
+                },
+            )
+            .await
+            .expect("scale");
     }
     c.reconcile_once().await.expect("pass");
     assert_eq!(

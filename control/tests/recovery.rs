@@ -79,7 +79,7 @@ async fn status_changes_are_compare_and_set() {
     let env = env(fast()).await;
     let c = &env.control;
     let a = host(c, "a", 1, 24).await;
-    c.drain_host(&a.id).await.expect("drain");
+    c.deployments().drain_host(&a.id).await.expect("drain");
     // A sync that read the host as active before the drain cannot undo it.
     let changed = c
         .store()
@@ -246,16 +246,17 @@ async fn stopped_tasks_events_and_finished_deployments_are_pruned_after_the_rete
     let c = &env.control;
     let a = host(c, "a", 1, 24).await;
     deploy(c, &[&a], "web", 8, 20, 1).await;
-    c.update_service(
-        "web",
-        &tessera_control::inputs::ServicePatch {
-            desired_count: Some(0),
-            task_definition: None,
-            ..Default::default()
-        },
-    )
-    .await
-    .expect("scale");
+    c.deployments()
+        .update_service(
+            "web",
+            &tessera_control::inputs::ServicePatch {
+                desired_count: Some(0),
+                task_definition: None,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("scale");
     c.reconcile_once().await.expect("pass");
     sync(c, &a).await;
     sync(c, &a).await;
@@ -268,7 +269,7 @@ async fn stopped_tasks_events_and_finished_deployments_are_pruned_after_the_rete
     };
     assert_eq!(all().await, 1, "the stopped task is history until pruned");
     env.clock.advance(Duration::from_millis(20));
-    let pruned = c.prune().await.expect("prune");
+    let pruned = c.deployments().prune().await.expect("prune");
     assert_eq!(pruned.tasks, 1);
     assert!(pruned.events > 0);
     assert_eq!(all().await, 0);

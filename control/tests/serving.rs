@@ -20,7 +20,7 @@ async fn web_def(c: &tessera_control::Control, family: &str, host_port: Option<u
         port["host_port"] = json!(h);
     }
     let def = c
-        .register_task_definition(&json!({
+        .deployments().register_task_definition(&json!({
             "family": family,
             "containers": [{"name": "main", "command": ["serve"], "cpu_milli": 100, "memory_mib": 64,
                 "gpu": {"mps": {"memory_mib": 1024}},
@@ -33,25 +33,26 @@ async fn web_def(c: &tessera_control::Control, family: &str, host_port: Option<u
 }
 
 async fn web_service(c: &tessera_control::Control, def: &str, count: u32, delay: u32) {
-    c.create_service(&ServiceInput {
-        name: "web".into(),
-        task_definition: def.into(),
-        pool: "gpu".into(),
-        project: None,
-        priority: None,
-        desired_count: count,
-        strategy: None,
-        constraints: ServiceConstraints::default(),
-        deployment: Some(DeploymentConfig::default()),
-        stop_timeout_secs: 5,
-        deregistration_delay_secs: delay,
-        slo: None,
-        alarms: Vec::new(),
-        bake_secs: 0,
-        autoscaling: None,
-    })
-    .await
-    .expect("service");
+    c.deployments()
+        .create_service(&ServiceInput {
+            name: "web".into(),
+            task_definition: def.into(),
+            pool: "gpu".into(),
+            project: None,
+            priority: None,
+            desired_count: count,
+            strategy: None,
+            constraints: ServiceConstraints::default(),
+            deployment: Some(DeploymentConfig::default()),
+            stop_timeout_secs: 5,
+            deregistration_delay_secs: delay,
+            slo: None,
+            alarms: Vec::new(),
+            bake_secs: 0,
+            autoscaling: None,
+        })
+        .await
+        .expect("service");
 }
 
 /// One sync of an agent that runs every task the store has on `h` (assigned, running or
@@ -180,15 +181,16 @@ async fn endpoints_follow_health_and_a_stopped_task_drains_before_its_agent_stop
     );
     assert!(list.endpoints.iter().all(|e| e.port >= 40000));
     // Scaled in: one task drains; the agent is still told to run it for the delay.
-    c.update_service(
-        "web",
-        &ServicePatch {
-            desired_count: Some(1),
-            ..Default::default()
-        },
-    )
-    .await
-    .expect("scale");
+    c.deployments()
+        .update_service(
+            "web",
+            &ServicePatch {
+                desired_count: Some(1),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("scale");
     c.reconcile_once().await.expect("pass");
     let list = c.views().endpoints("web").await.expect("endpoints");
     let draining: Vec<_> = list
@@ -223,15 +225,16 @@ async fn a_rollout_waits_for_health_and_a_never_healthy_revision_rolls_back() {
     let old = told(&sync_serving(c, &a, |_| TaskHealth::Healthy).await);
     assert_eq!(old.len(), 2);
     let v2 = web_def(c, "web", None).await;
-    c.update_service(
-        "web",
-        &ServicePatch {
-            task_definition: Some(v2.clone()),
-            ..Default::default()
-        },
-    )
-    .await
-    .expect("deploy");
+    c.deployments()
+        .update_service(
+            "web",
+            &ServicePatch {
+                task_definition: Some(v2.clone()),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("deploy");
     // The new revision's tasks never pass their check: the old ones keep serving, then
     // the new ones are replaced until the circuit breaker rolls back.
     let mut fewest_healthy = usize::MAX;

@@ -13,6 +13,7 @@ async fn a_gpu_is_shown_as_the_scheduler_counts_it_with_the_pools_overcommit() {
     let env = testkit::env(fast()).await;
     let control = &env.control;
     control
+        .deployments()
         .create_pool(&PoolInput {
             compute_overcommit: Some(2.0),
             mps_client_limit: Some(3),
@@ -38,6 +39,7 @@ async fn a_gpu_is_shown_as_the_scheduler_counts_it_with_the_pools_overcommit() {
     // 80 % compute each: two fit under twice the GPU's compute, a third would not.
     let def = register_def(control, "heavy", 4, 80).await;
     control
+        .deployments()
         .create_service(&ServiceInput {
             name: "heavy".into(),
             task_definition: def,
@@ -111,6 +113,7 @@ async fn a_deregistered_revision_is_refused_by_the_preview_as_by_the_service_for
     let def = register_def(control, "old", 4, 20).await;
     let r: tessera_model::service::TaskDefRef = def.parse().expect("valid");
     control
+        .deployments()
         .deregister_task_definition(&r)
         .await
         .expect("deregister");
@@ -167,6 +170,7 @@ async fn the_hosts_page_is_read_a_page_at_a_time_with_its_filters() {
     let none = page(0, "draining").await;
     assert_eq!((none.matched, none.pages, none.hosts.len()), (0, 1, 0));
     control
+        .deployments()
         .drain_host(&tessera_model::HostId::new("h07").expect("valid"))
         .await
         .expect("drain");
@@ -251,6 +255,7 @@ async fn the_fleet_model_kept_from_changes_is_the_fleet_read_from_scratch() {
     assert_fleet_as_read_from_scratch(&env, "the agents' reports").await;
 
     control
+        .deployments()
         .update_pool(
             &PoolName::new("gpu").expect("valid"),
             &PoolPatch {
@@ -262,7 +267,11 @@ async fn the_fleet_model_kept_from_changes_is_the_fleet_read_from_scratch() {
         .expect("pool");
     assert_fleet_as_read_from_scratch(&env, "the pool's overcommit changed").await;
 
-    control.drain_host(&a.id).await.expect("drain");
+    control
+        .deployments()
+        .drain_host(&a.id)
+        .await
+        .expect("drain");
     control.reconcile_once().await.expect("pass");
     assert_fleet_as_read_from_scratch(&env, "a host drained").await;
 
@@ -280,6 +289,7 @@ async fn the_fleet_model_kept_from_changes_is_the_fleet_read_from_scratch() {
     );
 
     control
+        .deployments()
         .update_service(
             "small",
             &ServicePatch {
@@ -292,7 +302,11 @@ async fn the_fleet_model_kept_from_changes_is_the_fleet_read_from_scratch() {
     control.reconcile_once().await.expect("pass");
     assert_fleet_as_read_from_scratch(&env, "the service scaled in").await;
 
-    control.delete_service("small").await.expect("delete");
+    control
+        .deployments()
+        .delete_service("small")
+        .await
+        .expect("delete");
     for _ in 0..3 {
         control.reconcile_once().await.expect("pass");
         testkit::sync(control, &fewer).await;

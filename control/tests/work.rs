@@ -50,7 +50,7 @@ async fn labelled_host(c: &Control, name: &str, labels: &[&str]) -> Host {
 
 async fn def(c: &Control, family: &str, work_ms: u32) -> String {
     let d = c
-        .register_task_definition(&json!({
+        .deployments().register_task_definition(&json!({
             "family": family,
             "containers": [{"name": "main", "command": ["serve"], "cpu_milli": 100, "memory_mib": 64,
                 "env": {"EXAMPLE_WORK_MS": work_ms.to_string()},
@@ -189,9 +189,10 @@ async fn interference_is_found_for_the_pair_that_causes_it_and_no_other() {
         latency_p99_ms: 70.0,
         max_error_rate: None,
     });
-    c.create_service(&web).await.expect("web");
+    c.deployments().create_service(&web).await.expect("web");
     for name in ["heavy", "a", "b", "c"] {
-        c.create_service(&input(name, &def(c, name, 5).await, 1, name))
+        c.deployments()
+            .create_service(&input(name, &def(c, name, 5).await, 1, name))
             .await
             .expect("service");
     }
@@ -224,7 +225,11 @@ async fn interference_is_found_for_the_pair_that_causes_it_and_no_other() {
         c.reconcile_once().await.expect("pass");
     }
     c.agents().flush_usage(true).await.expect("flushed");
-    let work = c.service_work("web", "hour").await.expect("work");
+    let work = c
+        .deployments()
+        .service_work("web", "hour")
+        .await
+        .expect("work");
     let established: Vec<&str> = work
         .interference
         .iter()
@@ -267,7 +272,11 @@ async fn interference_is_found_for_the_pair_that_causes_it_and_no_other() {
         work.verdict
     );
     for name in ["a", "b", "c"] {
-        let w = c.service_work(name, "hour").await.expect("work");
+        let w = c
+            .deployments()
+            .service_work(name, "hour")
+            .await
+            .expect("work");
         assert!(
             w.interference.iter().all(|e| !e.established),
             "{name}: {:#?}",
@@ -279,16 +288,17 @@ async fn interference_is_found_for_the_pair_that_causes_it_and_no_other() {
     let h6 = labelled_host(c, "h6", &["heavy"]).await;
     let mut two = input("heavy", "heavy:1", 2, "heavy");
     two.constraints.max_per_host = None;
-    c.update_service(
-        "heavy",
-        &ServicePatch {
-            desired_count: Some(2),
-            constraints: Some(two.constraints.clone()),
-            ..Default::default()
-        },
-    )
-    .await
-    .expect("scaled");
+    c.deployments()
+        .update_service(
+            "heavy",
+            &ServicePatch {
+                desired_count: Some(2),
+                constraints: Some(two.constraints.clone()),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("scaled");
     c.reconcile_once().await.expect("placed");
     let on_h6 = tasks_on(c, &h6).await;
     assert_eq!(on_h6.len(), 1, "the new heavy task was kept off web's GPU");
@@ -355,7 +365,7 @@ async fn a_latency_alarm_rolls_a_deployment_back_and_a_good_one_completes_after_
         for_secs: 5,
     }];
     web.bake_secs = 20;
-    c.create_service(&web).await.expect("web");
+    c.deployments().create_service(&web).await.expect("web");
     // Latency as the revision's EXAMPLE_WORK_MS says (v2 is slow).
     let latency = |t: &Task| {
         (
@@ -377,15 +387,16 @@ async fn a_latency_alarm_rolls_a_deployment_back_and_a_good_one_completes_after_
         .await
         .expect("steady on v1");
     let v2 = def(c, "web", 300).await;
-    c.update_service(
-        "web",
-        &ServicePatch {
-            task_definition: Some(v2.clone()),
-            ..Default::default()
-        },
-    )
-    .await
-    .expect("deploy v2");
+    c.deployments()
+        .update_service(
+            "web",
+            &ServicePatch {
+                task_definition: Some(v2.clone()),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("deploy v2");
     let rolled_back = async |c: &Control| {
         deployments(c)
             .await
@@ -418,15 +429,16 @@ async fn a_latency_alarm_rolls_a_deployment_back_and_a_good_one_completes_after_
         .expect("steady on v1 again");
     // A fine revision: steady, then its bake time passes without a rollback.
     let v3 = def(c, "web", 20).await;
-    c.update_service(
-        "web",
-        &ServicePatch {
-            task_definition: Some(v3.clone()),
-            ..Default::default()
-        },
-    )
-    .await
-    .expect("deploy v3");
+    c.deployments()
+        .update_service(
+            "web",
+            &ServicePatch {
+                task_definition: Some(v3.clone()),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("deploy v3");
     run_for(&env, &hosts, 30, &latency, steady)
         .await
         .expect("v3 steady");
@@ -448,7 +460,11 @@ async fn a_latency_alarm_rolls_a_deployment_back_and_a_good_one_completes_after_
         1,
         "only v2 was rolled back"
     );
-    let work = c.service_work("web", "hour").await.expect("work");
+    let work = c
+        .deployments()
+        .service_work("web", "hour")
+        .await
+        .expect("work");
     assert_eq!(work.alarms[0].state, "ok");
 }
 
@@ -472,7 +488,7 @@ async fn autoscaling_follows_the_load_out_and_back_in_after_its_cooldown() {
         scale_out_cooldown_secs: 10,
         scale_in_cooldown_secs: 30,
     });
-    c.create_service(&web).await.expect("web");
+    c.deployments().create_service(&web).await.expect("web");
     // `load` requests a second, spread over the running tasks.
     let running = |c: &Control| {
         let c = c.clone();
@@ -565,7 +581,11 @@ async fn objectives_asking_for_figures_a_task_does_not_publish_are_refused() {
         below: None,
         for_secs: 10,
     }];
-    let err = c.create_service(&s).await.expect_err("refused");
+    let err = c
+        .deployments()
+        .create_service(&s)
+        .await
+        .expect_err("refused");
     assert!(err.to_string().contains("alarms[0].metric"), "{err}");
     assert!(
         c.store().get_service("web").await.is_err(),
@@ -573,9 +593,10 @@ async fn objectives_asking_for_figures_a_task_does_not_publish_are_refused() {
     );
     let with_work = def(c, "web", 20).await;
     s.task_definition = with_work;
-    c.create_service(&s).await.expect("created");
+    c.deployments().create_service(&s).await.expect("created");
     // A revision without `work` cannot be deployed under that alarm.
     let err = c
+        .deployments()
         .update_service(
             "web",
             &ServicePatch {
@@ -609,7 +630,7 @@ async fn a_consolidation_move_is_undone_when_the_moved_services_alarm_fires() {
         for_secs: 3,
     }];
     web.bake_secs = 60;
-    c.create_service(&web).await.expect("web");
+    c.deployments().create_service(&web).await.expect("web");
     // Two tasks of web on one GPU slow each other (300 ms); alone, 20 ms.
     let crowded = |c: &Control| {
         let c = c.clone();
@@ -638,6 +659,7 @@ async fn a_consolidation_move_is_undone_when_the_moved_services_alarm_fires() {
         .await
         .expect("one task on each GPU");
     let plan = c
+        .deployments()
         .plan_consolidation(&tessera_model::consolidation::PlanInput {
             pool: "gpu".into(),
             goal: "gpus".into(),
@@ -646,7 +668,8 @@ async fn a_consolidation_move_is_undone_when_the_moved_services_alarm_fires() {
         .expect("plan");
     assert_eq!(plan.moves.len(), 1, "{plan:#?}");
     let left = plan.moves[0].from_host.clone();
-    c.execute_consolidation_plan(&plan.id)
+    c.deployments()
+        .execute_consolidation_plan(&plan.id)
         .await
         .expect("execute");
     let mut undone_after = None;
@@ -666,7 +689,11 @@ async fn a_consolidation_move_is_undone_when_the_moved_services_alarm_fires() {
             .await;
         }
         c.reconcile_once().await.expect("pass");
-        let p = c.consolidation_plan(&plan.id).await.expect("plan");
+        let p = c
+            .deployments()
+            .consolidation_plan(&plan.id)
+            .await
+            .expect("plan");
         if p.moves[0].state == tessera_model::consolidation::MoveState::Undone {
             undone_after = Some(s);
             assert!(

@@ -172,7 +172,10 @@ pub async fn seed(control: &Control) -> Result<(), ControlError> {
     for pool in ["training", "inference"] {
         let name = PoolName::new(pool).expect("demo pool names are valid");
         if !pools.iter().any(|p| p.name == name) {
-            control.create_pool(&PoolInput::named(pool)).await?;
+            control
+                .deployments()
+                .create_pool(&PoolInput::named(pool))
+                .await?;
         }
     }
     if control
@@ -199,9 +202,10 @@ pub async fn seed(control: &Control) -> Result<(), ControlError> {
             if let Some(w) = work {
                 def["work"] = w;
             }
-            control.register_task_definition(&def).await?;
+            control.deployments().register_task_definition(&def).await?;
             let embeddings = family == "embeddings";
             control
+                .deployments()
                 .create_service(&ServiceInput {
                     name: family.into(),
                     task_definition: format!("{family}:1"),

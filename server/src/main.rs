@@ -263,6 +263,7 @@ async fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
     // As ECS has its default cluster: a fresh fleet has a pool that an agent started with
     // its defaults joins.
     if control
+        .deployments()
         .ensure_default_pool()
         .await
         .context("creating the default pool")?

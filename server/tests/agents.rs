@@ -54,6 +54,7 @@ async fn cluster_over(https: bool) -> Cluster {
         .await
         .expect("join token");
     control
+        .deployments()
         .create_pool(&PoolInput::named("gpu"))
         .await
         .expect("pool");
@@ -184,7 +185,7 @@ async fn syncs(c: &Cluster, name: &str, n: usize) {
 
 async fn register(c: &Cluster, family: &str, command: &str, out: &Path) {
     c.control
-        .register_task_definition(&json!({
+        .deployments().register_task_definition(&json!({
             "family": family,
             "containers": [{"name": "main", "command": ["sh", "-c", command], "cpu_milli": 1000, "memory_mib": 256,
                 "env": {"OUT": out.display().to_string()},
@@ -196,6 +197,7 @@ async fn register(c: &Cluster, family: &str, command: &str, out: &Path) {
 
 async fn create_service(c: &Cluster, name: &str, count: u32) {
     c.control
+        .deployments()
         .create_service(&ServiceInput {
             name: name.into(),
             task_definition: format!("{name}:1"),
@@ -494,7 +496,7 @@ async fn over_https_an_agent_registers_syncs_and_gets_its_task_secret() {
     let out = c.dir.path().join("out");
     std::fs::create_dir_all(&out).expect("out");
     c.control
-        .register_task_definition(&json!({
+        .deployments().register_task_definition(&json!({
             "family": "secretive",
             "containers": [{"name": "main", "command": ["sh", "-c", "echo \"$API_KEY\" > \"$OUT/key\"; exec sleep 60"],
                 "cpu_milli": 1000, "memory_mib": 256, "env": {"OUT": out.display().to_string()},
@@ -515,6 +517,7 @@ async fn over_https_an_agent_registers_syncs_and_gets_its_task_secret() {
     })
     .await;
     c.control
+        .deployments()
         .create_service(&ServiceInput {
             name: "secretive".into(),
             task_definition: "secretive:1".into(),
@@ -732,6 +735,7 @@ async fn a_consolidation_plan_runs_start_before_stop_on_real_processes() {
     .await;
     // Spread over the host's two GPUs: one of them can be freed.
     c.control
+        .deployments()
         .create_service(&ServiceInput {
             name: "web".into(),
             task_definition: "web:1".into(),
@@ -761,6 +765,7 @@ async fn a_consolidation_plan_runs_start_before_stop_on_real_processes() {
     .await;
     let plan = c
         .control
+        .deployments()
         .plan_consolidation(&tessera_model::consolidation::PlanInput {
             pool: "gpu".into(),
             goal: "gpus".into(),
@@ -773,6 +778,7 @@ async fn a_consolidation_plan_runs_start_before_stop_on_real_processes() {
     // Nothing is committed by planning.
     assert_eq!(tasks(&c, &[TaskState::Running]).await.len(), 2);
     c.control
+        .deployments()
         .execute_consolidation_plan(&plan.id)
         .await
         .expect("execute");
@@ -784,7 +790,12 @@ async fn a_consolidation_plan_runs_start_before_stop_on_real_processes() {
         let alive = live_processes(&out).len();
         fewest = fewest.min(alive);
         most = most.max(alive);
-        let p = c.control.consolidation_plan(&plan.id).await.expect("plan");
+        let p = c
+            .control
+            .deployments()
+            .consolidation_plan(&plan.id)
+            .await
+            .expect("plan");
         if p.status != tessera_model::consolidation::PlanStatus::Executing
             || std::time::Instant::now() > deadline
         {

@@ -96,6 +96,7 @@ async fn fleet() -> Fleet {
         .await
         .expect("join");
     control
+        .deployments()
         .create_pool(&PoolInput::named("inference"))
         .await
         .expect("pool");

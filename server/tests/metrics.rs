@@ -123,6 +123,7 @@ fn sum(samples: &HashMap<String, f64>, name: &str, with: &str) -> f64 {
 async fn metrics_parse_and_show_the_fleet_its_tasks_and_the_timings() {
     let control = common::control(JOIN).await;
     control
+        .deployments()
         .create_pool(&tessera_control::inputs::PoolInput::named("inference"))
         .await
         .expect("pool");
@@ -340,6 +341,7 @@ fn assert_dashboard_queries_exist(text: &str) {
 async fn a_user_holds_two_scrapes_at_most_and_a_slow_reader_blocks_no_one() {
     let control = common::control(JOIN).await;
     control
+        .deployments()
         .create_pool(&tessera_control::inputs::PoolInput::named("inference"))
         .await
         .expect("pool");

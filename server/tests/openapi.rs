@@ -95,6 +95,7 @@ impl Server {
         let control = common::control(JOIN).await;
         for pool in ["training", "inference"] {
             control
+                .deployments()
                 .create_pool(&tessera_control::inputs::PoolInput::named(pool))
                 .await
                 .expect("pool");

@@ -80,6 +80,7 @@ async fn pages_render_on_the_server() {
     // A secret's value is on no page; that it is set is.
     state
         .control
+        .deployments()
         .register_task_definition(
             &serde_json::json!({"family": "vault", "containers": [{"name": "main",
             "command": ["sleep", "600"], "cpu_milli": 100, "memory_mib": 64,

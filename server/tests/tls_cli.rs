@@ -67,6 +67,7 @@ async fn serve(dir: &Path, cert: &Path, key: &Path) -> Server {
         .await
         .expect("join token");
     control
+        .deployments()
         .create_pool(&PoolInput::named("gpu"))
         .await
         .expect("pool");

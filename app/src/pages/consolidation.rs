@@ -23,7 +23,14 @@ pub async fn list_consolidation() -> Result<(Vec<String>, Vec<ConsolidationPlan>
         .into_iter()
         .map(|p| p.name.to_string())
         .collect();
-    Ok((pools, control.consolidation_plans().await.map_err(failed)?))
+    Ok((
+        pools,
+        control
+            .deployments()
+            .consolidation_plans()
+            .await
+            .map_err(failed)?,
+    ))
 }
 
 guard!(ListConsolidation, Access::VIEW);
@@ -40,6 +47,7 @@ guard!(GetPoolFit, Access::VIEW);
 pub async fn make_plan(pool: String, goal: String) -> Result<String, ServerFnError> {
     use crate::data::ssr::{control, failed};
     let plan = control()?
+        .deployments()
         .plan_consolidation(&tessera_model::consolidation::PlanInput { pool, goal })
         .await
         .map_err(failed)?;
@@ -55,11 +63,13 @@ pub async fn run_plan(id: String, run: bool) -> Result<(), ServerFnError> {
     let control = control()?;
     if run {
         control
+            .deployments()
             .execute_consolidation_plan(&id)
             .await
             .map_err(failed)?;
     } else {
         control
+            .deployments()
             .cancel_consolidation_plan(&id)
             .await
             .map_err(failed)?;

@@ -25,9 +25,9 @@ pub async fn set_host_draining(id: String, drain: bool) -> Result<(), ServerFnEr
     let control = crate::data::ssr::control()?;
     let id = tessera_model::HostId::new(id).map_err(|e| ServerFnError::new(e.to_string()))?;
     let result = if drain {
-        control.drain_host(&id).await
+        control.deployments().drain_host(&id).await
     } else {
-        control.activate_host(&id).await
+        control.deployments().activate_host(&id).await
     };
     result.map_err(crate::data::ssr::failed)
 }

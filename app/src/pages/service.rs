@@ -27,7 +27,11 @@ type ServiceView = (
 pub async fn get_service_view(name: String) -> Result<ServiceView, ServerFnError> {
     use crate::data::ssr::{control, failed};
     let control = control()?;
-    let detail = control.service_detail(&name).await.map_err(failed)?;
+    let detail = control
+        .deployments()
+        .service_detail(&name)
+        .await
+        .map_err(failed)?;
     let tasks = control.views().service_tasks(&name).await.map_err(failed)?;
     let revisions = control
         .views()
@@ -39,7 +43,11 @@ pub async fn get_service_view(name: String) -> Result<ServiceView, ServerFnError
         .map(|d| format!("{}:{}", d.family, d.revision))
         .collect();
     let endpoints = control.views().endpoints(&name).await.map_err(failed)?;
-    let work = control.service_work(&name, "hour").await.map_err(failed)?;
+    let work = control
+        .deployments()
+        .service_work(&name, "hour")
+        .await
+        .map_err(failed)?;
     Ok((detail, tasks, revisions, endpoints, work))
 }
 
@@ -70,7 +78,7 @@ pub async fn patch_service(
         tessera_model::project::may_place_in(&caller, &project, patch.priority.as_deref(), true)
             .map_err(ServerFnError::new)?;
     }
-    match control.update_service(&name, &patch).await {
+    match control.deployments().update_service(&name, &patch).await {
         Ok(_) => Ok(Ok(())),
         Err(tessera_control::ControlError::Invalid(v)) => Ok(Err(v.errors)),
         Err(e) => Err(crate::data::ssr::failed(e)),
@@ -84,6 +92,7 @@ pub async fn delete_service(name: String) -> Result<(), ServerFnError> {
     let control = crate::data::ssr::control()?;
     crate::data::ssr::operator_for_service(&control, &name).await?;
     control
+        .deployments()
         .delete_service(&name)
         .await
         .map_err(crate::data::ssr::failed)

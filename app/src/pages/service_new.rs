@@ -69,7 +69,7 @@ pub async fn create_service(
         .unwrap_or(tessera_model::service::DEFAULT_PROJECT);
     tessera_model::project::may_place_in(&caller, project, input.priority.as_deref(), false)
         .map_err(ServerFnError::new)?;
-    match control.create_service(&input).await {
+    match control.deployments().create_service(&input).await {
         Ok(s) => Ok(Ok(s)),
         Err(e) => invalid(e).map(Err),
     }

@@ -27,6 +27,7 @@ pub async fn deregister_revision(family: String, revision: u32) -> Result<(), Se
     let control = crate::data::ssr::control()?;
     let r = tessera_model::service::TaskDefRef { family, revision };
     control
+        .deployments()
         .deregister_task_definition(&r)
         .await
         .map(|_| ())

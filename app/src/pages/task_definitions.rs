@@ -55,6 +55,7 @@ pub async fn register_task_definition(
         }
     };
     match crate::data::ssr::control()?
+        .deployments()
         .register_task_definition(&value)
         .await
     {

@@ -3,16 +3,18 @@
 //! with every task its host should run, environment included.
 
 pub mod admission;
+mod gateway;
 pub mod usage;
 mod work;
 
 use crate::clock::stamp;
 use crate::error::ControlError;
 use crate::lifecycle;
-use crate::parts::{Core, Gateway};
+use crate::parts::Core;
 use crate::scheduler::Scheduler;
 use crate::store::AgentStore;
 use crate::store::{HostReport, TaskFilter};
+use gateway::Gateway;
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;

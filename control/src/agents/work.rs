@@ -40,7 +40,7 @@ impl AgentSync {
 
 #[cfg(test)]
 mod tests {
-    use crate::parts::{WORK_REFRESH, WorkLatest};
+    use crate::agents::gateway::{WORK_REFRESH, WorkLatest};
     use tessera_model::work::WorkNow;
 
     #[test]

@@ -44,7 +44,10 @@ async fn scale_up(
     tasks: usize,
 ) -> Result<Run, Box<dyn std::error::Error>> {
     let control = Control::new(tessera_control::open(url).await?, ControlConfig::default());
-    control.create_pool(&PoolInput::named("bench")).await?;
+    control
+        .deployments()
+        .create_pool(&PoolInput::named("bench"))
+        .await?;
     let started = Instant::now();
     let bench_pool = PoolName::new("bench")?;
     admit_simulated_hosts(&control, hosts, per_host, |_| bench_pool.clone()).await?;
@@ -56,6 +59,7 @@ async fn scale_up(
 
     let start = Instant::now();
     control
+        .deployments()
         .update_service(
             "bench",
             &ServicePatch {

@@ -4,7 +4,7 @@
 
 use crate::config::ControlConfig;
 use crate::parts::Membership;
-use crate::store::EventStore;
+use crate::store::CoreStore;
 use chrono::{DateTime, Utc};
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,25 +22,26 @@ pub(crate) struct Core {
     wake: Arc<Notify>,
     /// Tells live views (SSE) that state changed; the payload is a coarse topic.
     changes: broadcast::Sender<&'static str>,
-    events: Arc<dyn EventStore>,
+    /// Events are recorded and the database's clock read through it.
+    store: Arc<dyn CoreStore>,
 }
 
 impl Core {
-    pub(crate) fn new(config: ControlConfig, events: Arc<dyn EventStore>) -> Core {
+    pub(crate) fn new(config: ControlConfig, store: Arc<dyn CoreStore>) -> Core {
         let (changes, _) = broadcast::channel(64);
         Core {
             membership: Arc::new(Membership::new(&config.address, &*config.clock)),
             config: Arc::new(config),
             wake: Arc::new(Notify::new()),
             changes,
-            events,
+            store,
         }
     }
 
-    /// The same core, recording events through `events` (a fenced store).
-    pub(crate) fn with_events(&self, events: Arc<dyn EventStore>) -> Core {
+    /// The same core, recording events through `store` (a fenced store).
+    pub(crate) fn with_store(&self, store: Arc<dyn CoreStore>) -> Core {
         Core {
-            events,
+            store,
             ..self.clone()
         }
     }
@@ -56,7 +57,7 @@ impl Core {
 
     /// Now, by the fleet's clock (the database's; see [`crate::clock::FleetClock`]).
     pub(crate) fn now(&self) -> DateTime<Utc> {
-        self.membership.fleet_clock.now(&*self.config.clock)
+        self.membership.fleet_clock().now(&*self.config.clock)
     }
 
     /// Now in Unix seconds, by the fleet's clock.
@@ -99,9 +100,35 @@ impl Core {
     /// Records an event on a service and/or a host; a failure to record is logged.
     pub(crate) async fn event(&self, service: Option<&str>, host: Option<&HostId>, message: &str) {
         tracing::info!(service, host = host.map(HostId::as_str), "{message}");
-        if let Err(e) = self.events.add_event(service, host, message).await {
+        if let Err(e) = self.store.add_event(service, host, message).await {
             tracing::error!(error = %e, "recording an event failed");
         }
         self.publish("event");
+    }
+
+    /// Reads the database's clock for [`Control::now`]; a failure keeps the last reading
+    /// (carried forward by this machine's monotonic clock).
+    pub(crate) async fn read_db_clock(&self) {
+        let asked = std::time::Instant::now();
+        match self.store.db_now().await {
+            // A reading that took long (a database coming back, a queue for connections)
+            // says little about when it was taken: kept only when quick, and placed at
+            // its answer, so that an error makes the fleet's time lag (it waits for the
+            // database to catch up) rather than run ahead (declaring hosts lost early).
+            Ok(_) if asked.elapsed() > std::time::Duration::from_millis(500) => {
+                tracing::debug!("a slow reading of the database's clock is not used");
+            }
+            Ok(t) => match chrono::DateTime::parse_from_rfc3339(&t) {
+                Ok(db) => {
+                    self.membership
+                        .fleet_clock()
+                        .sample(db.with_timezone(&Utc), std::time::Instant::now());
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, time = t, "the database's clock is unreadable")
+                }
+            },
+            Err(e) => tracing::debug!(error = %e, "reading the database's clock failed"),
+        }
     }
 }

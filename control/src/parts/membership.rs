@@ -5,35 +5,35 @@ use crate::clock::FleetClock;
 use crate::store::Lease;
 use chrono::{DateTime, Utc};
 use parking_lot::Mutex;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// This server's place in the cluster.
 pub(crate) struct Membership {
     /// This server's id among the servers sharing the database.
-    pub server_id: Box<str>,
+    server_id: Box<str>,
     /// When this control plane started, by this machine's clock (what the cluster view
     /// shows).
-    pub started: DateTime<Utc>,
+    started: DateTime<Utc>,
     /// The fleet's time (the database's clock): what liveness and the lease are decided
     /// by. Hosts are not declared lost for one lost timeout after it started, since their
     /// agents could not reach a server that was down.
-    pub fleet_clock: FleetClock,
+    fleet_clock: FleetClock,
     /// The scheduler lease as this server last took or renewed it.
-    pub lease: Mutex<Option<Lease>>,
+    lease: Mutex<Option<Lease>>,
     /// Whether the database carries the other servers' changes to this one (see
     /// `Control::relay_changes`); without it, a scheduler with company rebuilds its
     /// engines every pass.
-    pub relayed: AtomicBool,
+    relayed: AtomicBool,
     /// When this server last found itself unable to do its work on time: the database
     /// failed or stalled (agents could not have a sync recorded through any server
     /// meanwhile), or a tick came late. Hosts get one lost timeout after it too.
-    pub store_failed_at: Mutex<Option<DateTime<Utc>>>,
+    store_failed_at: Mutex<Option<DateTime<Utc>>>,
     /// Whether the last announcement failed: the first that succeeds after it marks the
     /// database back, and the hosts' lost timeout counts from then (agents backing off
     /// may not sync again for two intervals after it returns).
-    pub store_failing: AtomicBool,
+    store_failing: AtomicBool,
     /// When the last tick began.
-    pub last_tick: Mutex<Option<std::time::Instant>>,
+    last_tick: Mutex<Option<std::time::Instant>>,
 }
 
 impl Membership {
@@ -48,6 +48,75 @@ impl Membership {
             store_failing: AtomicBool::new(false),
             last_tick: Mutex::default(),
         }
+    }
+
+    /// This server's id among the servers sharing the database.
+    pub fn server_id(&self) -> &str {
+        &self.server_id
+    }
+
+    /// When this control plane started, by this machine's clock.
+    pub fn started(&self) -> DateTime<Utc> {
+        self.started
+    }
+
+    /// The fleet's time (the database's clock).
+    pub fn fleet_clock(&self) -> &FleetClock {
+        &self.fleet_clock
+    }
+
+    /// The epoch of the lease as this server last took it, if it holds it.
+    pub fn lease_epoch(&self) -> Option<i64> {
+        self.lease.lock().as_ref().map(|l| l.epoch)
+    }
+
+    /// Whether this server holds the scheduler lease (as it last took it).
+    pub fn holds_lease(&self) -> bool {
+        self.lease.lock().is_some()
+    }
+
+    /// Records the lease as taken or renewed; true when it is newly taken (none held, or
+    /// another epoch).
+    pub fn took_lease(&self, lease: &Lease) -> bool {
+        let mut held = self.lease.lock();
+        let taken = held.as_ref().is_none_or(|l| l.epoch != lease.epoch);
+        *held = Some(lease.clone());
+        taken
+    }
+
+    /// Forgets the lease; true when it was held.
+    pub fn lost_lease(&self) -> bool {
+        self.lease.lock().take().is_some()
+    }
+
+    /// Whether the database carries the other servers' changes to this one.
+    pub fn relayed(&self) -> bool {
+        self.relayed.load(Ordering::SeqCst)
+    }
+
+    pub fn set_relayed(&self, relayed: bool) {
+        self.relayed.store(relayed, Ordering::SeqCst);
+    }
+
+    /// Notes that this server could not work on time at `at` (hosts get one lost timeout
+    /// after it).
+    pub fn fell_behind(&self, at: DateTime<Utc>) {
+        *self.store_failed_at.lock() = Some(at);
+    }
+
+    /// When this server last could not work on time.
+    pub fn fell_behind_at(&self) -> Option<DateTime<Utc>> {
+        *self.store_failed_at.lock()
+    }
+
+    /// Records whether the last announcement failed; whether the one before did.
+    pub fn announcement_failed(&self, failing: bool) -> bool {
+        self.store_failing.swap(failing, Ordering::SeqCst)
+    }
+
+    /// Records that a tick began at `at`; when the last one began.
+    pub fn tick_began(&self, at: std::time::Instant) -> Option<std::time::Instant> {
+        self.last_tick.lock().replace(at)
     }
 }
 

@@ -3,9 +3,23 @@
 //! written when one of them changes rather than on every pass. The scheduler says why tasks
 //! wait; the deployments component says the rest.
 
-use super::ServiceState;
 use parking_lot::Mutex;
 use std::collections::HashMap;
+
+/// What the reconcile passes last reported of one service.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct ServiceState {
+    /// Why its pending tasks could not be placed.
+    pub pending: Option<String>,
+    /// Why the last pass could not reconcile it.
+    pub failure: Option<String>,
+    /// Failures of the primary deployment already answered with a restart delay.
+    pub backoff: Option<u32>,
+    /// During a rollout: (deployment, its running tasks) as last reported.
+    pub progress: Option<(i64, usize)>,
+    /// Every desired task runs the primary revision.
+    pub steady: bool,
+}
 
 /// Each service's last state, behind one lock that does not poison.
 #[derive(Default)]

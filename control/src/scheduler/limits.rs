@@ -3,7 +3,7 @@
 
 use super::Scheduler;
 use crate::error::ControlError;
-use crate::projects::{
+use crate::projects::shares::{
     FAIR_SHARE_WINDOW_SECS, SAMPLE_SECS, pool_capacity, project_of, task_usage, usage_by_project,
     use_over_time,
 };

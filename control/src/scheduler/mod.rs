@@ -409,7 +409,7 @@ impl Scheduler {
         by_service: &mut [(String, Vec<&PendingTask>)],
         pass: &'p PassInputs,
     ) -> Result<ProjectLedger<'p>, ControlError> {
-        let limits = crate::projects::limits_in(&pass.projects, pool.as_str());
+        let limits = crate::projects::shares::limits_in(&pass.projects, pool.as_str());
         let waiting: HashSet<&str> = by_service
             .iter()
             .filter_map(|(name, _)| pass.services.get(name).map(|s| s.project.as_str()))
@@ -430,7 +430,7 @@ impl Scheduler {
         } else {
             Default::default()
         };
-        crate::projects::fair_order(
+        crate::projects::shares::fair_order(
             by_service,
             &pass.services,
             &pass.projects,

@@ -18,7 +18,7 @@
 use super::Scheduler;
 use crate::capacity::{Held, PoolCapacity};
 use crate::error::ControlError;
-use crate::projects::usage_by_project;
+use crate::projects::shares::usage_by_project;
 use std::collections::{HashMap, HashSet};
 use tessera_model::PreemptionMode;
 use tessera_model::project::{DEFAULT_PROJECT, PreemptionState, Project, Usage};
@@ -120,7 +120,7 @@ impl<'a> Room<'a> {
         services: &'a HashMap<String, Service>,
         projects: &'a HashMap<String, Project>,
     ) -> Room<'a> {
-        let project_of = crate::projects::project_of(services.values());
+        let project_of = crate::projects::shares::project_of(services.values());
         let kept_tasks: Vec<_> = holding
             .iter()
             .filter(|t| t.state != TaskState::Stopping)

@@ -1,7 +1,7 @@
 //! The scheduler's steps that read nothing but what they are given, in the order a pass
 //! takes them (in the spirit of Nomad's scheduler stack):
 //!
-//! 1. **order**: [`by_pool`], [`by_service`], then [`crate::projects::fair_order`] and
+//! 1. **order**: [`by_pool`], [`by_service`], then [`crate::projects::shares::fair_order`] and
 //!    [`claims_first`];
 //! 2. **feasibility and rank**: the placement engine, asked by [`ServiceBatch::place`]
 //!    with each revision's request ([`request_for`], [`with_live`]) counted against what
@@ -219,7 +219,7 @@ impl<'a> ProjectLedger<'a> {
             return Ok(());
         };
         let used = self.used.entry(project.to_owned()).or_default();
-        let after = used.plus(&crate::projects::reserved(
+        let after = used.plus(&crate::projects::shares::reserved(
             req.cpu,
             req.memory,
             &allocations(p),

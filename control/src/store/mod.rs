@@ -45,6 +45,10 @@ macro_rules! bundle {
 }
 
 bundle!(
+    /// What every component shares: events, and the database's clock.
+    CoreStore: EventStore ClusterStore
+);
+bundle!(
     /// What agent sync reads and writes: hosts and their credentials, their tasks, the
     /// task definitions tasks run, measured use and work, the fleet's join token (a setting).
     AgentStore: HostStore ServiceStore TaskStore UsageStore EventStore
@@ -68,6 +72,12 @@ bundle!(
     /// and pools their use is counted from, preemptions; members are roles (accounts' rows).
     ProjectsStore: ProjectStore ServiceStore HostStore TaskStore AuthStore
 );
+bundle!(
+    /// What deployments read and write: pools, task definitions, services and their
+    /// deployments, tasks, hosts (lost and impaired ones' tasks move), projects (a
+    /// service's), measured use (work figures, pruning), consolidation plans, settings.
+    DeploymentStore: HostStore ServiceStore TaskStore ProjectStore UsageStore PlanStore EventStore
+);
 
 /// Everything the control plane persists, one trait per aggregate. Callers hold an `Arc<dyn Store>`;
 /// a backend implements the parts and gets this for free.
@@ -87,6 +97,8 @@ pub trait Store:
     + InterferenceStore
     + ViewStore
     + ProjectsStore
+    + DeploymentStore
+    + CoreStore
 {
 }
 

@@ -38,6 +38,7 @@ pub async fn service_work(
     Ok(Json(
         state
             .control
+            .deployments()
             .service_work(&name, q.range.as_deref().unwrap_or("hour"))
             .await?,
     ))
@@ -107,7 +108,7 @@ pub async fn right_size(
     State(state): State<AppState>,
     Segment(name): Segment,
 ) -> Result<(StatusCode, Json<RightSized>), ApiError> {
-    let (proposal, task_definition) = state.control.right_size(&name).await?;
+    let (proposal, task_definition) = state.control.deployments().right_size(&name).await?;
     Ok((
         StatusCode::CREATED,
         Json(RightSized {
@@ -128,7 +129,13 @@ pub async fn plan_consolidation(
 ) -> Result<(StatusCode, Json<ConsolidationPlan>), ApiError> {
     Ok((
         StatusCode::CREATED,
-        Json(state.control.plan_consolidation(&input).await?),
+        Json(
+            state
+                .control
+                .deployments()
+                .plan_consolidation(&input)
+                .await?,
+        ),
     ))
 }
 
@@ -138,7 +145,7 @@ pub async fn plan_consolidation(
     responses((status = 200, description = "Plans", body = PlanList)))]
 pub async fn list_plans(State(state): State<AppState>) -> Result<Json<PlanList>, ApiError> {
     Ok(Json(PlanList {
-        plans: state.control.consolidation_plans().await?,
+        plans: state.control.deployments().consolidation_plans().await?,
     }))
 }
 
@@ -151,7 +158,9 @@ pub async fn get_plan(
     State(state): State<AppState>,
     Segment(id): Segment,
 ) -> Result<Json<ConsolidationPlan>, ApiError> {
-    Ok(Json(state.control.consolidation_plan(&id).await?))
+    Ok(Json(
+        state.control.deployments().consolidation_plan(&id).await?,
+    ))
 }
 
 /// Carry out a plan: one move at a time, each replacement running before its original
@@ -166,7 +175,13 @@ pub async fn execute_plan(
 ) -> Result<(StatusCode, Json<ConsolidationPlan>), ApiError> {
     Ok((
         StatusCode::ACCEPTED,
-        Json(state.control.execute_consolidation_plan(&id).await?),
+        Json(
+            state
+                .control
+                .deployments()
+                .execute_consolidation_plan(&id)
+                .await?,
+        ),
     ))
 }
 
@@ -179,5 +194,11 @@ pub async fn cancel_plan(
     State(state): State<AppState>,
     Segment(id): Segment,
 ) -> Result<Json<ConsolidationPlan>, ApiError> {
-    Ok(Json(state.control.cancel_consolidation_plan(&id).await?))
+    Ok(Json(
+        state
+            .control
+            .deployments()
+            .cancel_consolidation_plan(&id)
+            .await?,
+    ))
 }

@@ -57,7 +57,7 @@ pub async fn drain_host(
     Segment(id): Segment,
 ) -> Result<Json<HostInfo>, ApiError> {
     let id = host_id(id)?;
-    state.control.drain_host(&id).await?;
+    state.control.deployments().drain_host(&id).await?;
     Ok(Json(state.control.views().get_host(&id).await?))
 }
 
@@ -71,7 +71,7 @@ pub async fn activate_host(
     Segment(id): Segment,
 ) -> Result<Json<HostInfo>, ApiError> {
     let id = host_id(id)?;
-    state.control.activate_host(&id).await?;
+    state.control.deployments().activate_host(&id).await?;
     Ok(Json(state.control.views().get_host(&id).await?))
 }
 
@@ -191,7 +191,13 @@ pub async fn update_pool(
 ) -> Result<Json<PoolInfo>, ApiError> {
     let name = tessera_model::PoolName::new(name)
         .map_err(|e| ApiError::NotFound(format!("no pool named {:?}", e.value)))?;
-    Ok(Json(state.control.update_pool(&name, &patch).await?))
+    Ok(Json(
+        state
+            .control
+            .deployments()
+            .update_pool(&name, &patch)
+            .await?,
+    ))
 }
 
 /// Pools and their placement policies
@@ -212,6 +218,6 @@ pub async fn create_pool(
     State(state): State<AppState>,
     Body(input): Body<PoolInput>,
 ) -> Result<(StatusCode, Json<PoolInfo>), ApiError> {
-    let pool = state.control.create_pool(&input).await?;
+    let pool = state.control.deployments().create_pool(&input).await?;
     Ok((StatusCode::CREATED, Json(pool)))
 }

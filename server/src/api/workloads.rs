@@ -30,7 +30,11 @@ pub async fn register_task_definition(
     State(state): State<AppState>,
     Body(input): Body<TaskDefinitionInput>,
 ) -> Result<(StatusCode, Json<TaskDefinition>), ApiError> {
-    let def = state.control.register_task_definition(&input.0).await?;
+    let def = state
+        .control
+        .deployments()
+        .register_task_definition(&input.0)
+        .await?;
     Ok((StatusCode::CREATED, Json(def)))
 }
 
@@ -105,7 +109,13 @@ pub async fn deregister_task_definition(
     let r: TaskDefRef = id
         .parse()
         .map_err(|_| ApiError::BadRequest(format!("DELETE needs family:revision, got {id:?}")))?;
-    Ok(Json(state.control.deregister_task_definition(&r).await?))
+    Ok(Json(
+        state
+            .control
+            .deployments()
+            .deregister_task_definition(&r)
+            .await?,
+    ))
 }
 
 /// Whether the caller may put a service into `project`
@@ -161,7 +171,7 @@ pub async fn create_service(
         .unwrap_or(tessera_model::service::DEFAULT_PROJECT);
     // Only `production` takes room from others; `batch` and `default` an operator gives.
     may_place_in(&authn, project, input.priority.as_deref(), false)?;
-    let s = state.control.create_service(&input).await?;
+    let s = state.control.deployments().create_service(&input).await?;
     Ok((StatusCode::CREATED, Json(s)))
 }
 
@@ -174,7 +184,9 @@ pub async fn get_service(
     State(state): State<AppState>,
     Segment(name): Segment,
 ) -> Result<Json<ServiceDetail>, ApiError> {
-    Ok(Json(state.control.service_detail(&name).await?))
+    Ok(Json(
+        state.control.deployments().service_detail(&name).await?,
+    ))
 }
 
 /// Where a service's tasks are reached, one entry per task and port, with whether each
@@ -218,7 +230,13 @@ pub async fn update_service(
         let to = patch.project.as_deref().unwrap_or(&project);
         may_place_in(&authn, to, patch.priority.as_deref(), true)?;
     }
-    Ok(Json(state.control.update_service(&name, &patch).await?))
+    Ok(Json(
+        state
+            .control
+            .deployments()
+            .update_service(&name, &patch)
+            .await?,
+    ))
 }
 
 /// Delete a service: it drains to zero tasks, then goes
@@ -233,7 +251,7 @@ pub async fn delete_service(
 ) -> Result<StatusCode, ApiError> {
     let project = state.control.projects().project_of_service(&name).await?;
     authn.check_in(tessera_model::auth::Role::Operator, &project)?;
-    state.control.delete_service(&name).await?;
+    state.control.deployments().delete_service(&name).await?;
     Ok(StatusCode::ACCEPTED)
 }
 

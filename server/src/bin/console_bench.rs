@@ -53,7 +53,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let store = tessera_control::open(&format!("sqlite://{}/bench.db", dir.display())).await?;
     let control = Control::new(store.clone(), ControlConfig::default());
     for pool in ["a", "b"] {
-        control.create_pool(&PoolInput::named(pool)).await?;
+        control
+            .deployments()
+            .create_pool(&PoolInput::named(pool))
+            .await?;
     }
     let pools = [PoolName::new("a")?, PoolName::new("b")?];
     let admitted =

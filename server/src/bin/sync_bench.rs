@@ -237,7 +237,10 @@ async fn run(
             ..ControlConfig::default()
         },
     );
-    control.create_pool(&PoolInput::named("bench")).await?;
+    control
+        .deployments()
+        .create_pool(&PoolInput::named("bench"))
+        .await?;
     let pool = PoolName::new("bench")?;
     let admitted = admit_simulated_hosts(&control, hosts, per_host, |_| pool.clone()).await?;
     register_task_definition(&control).await?;

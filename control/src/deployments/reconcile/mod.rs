@@ -9,7 +9,7 @@ mod hosts;
 mod service;
 
 use crate::clock::{since, stamp, to_chrono};
-use crate::control::Control;
+use crate::deployments::Deployments;
 use crate::error::ControlError;
 use crate::store::Pruned;
 use std::collections::{BTreeSet, HashSet};
@@ -55,12 +55,12 @@ impl Phases {
     }
 }
 
-impl Control {
+impl Deployments {
     /// One pass over everything. Serialised: concurrent callers wait for each other.
     pub async fn reconcile_once(&self) -> Result<(), ControlError> {
         let _pass = self.passes.pass.lock().await;
         let mut phases = Phases::default();
-        self.agents().flush_heartbeats().await?;
+        self.agents.flush_heartbeats().await?;
         phases.done("heartbeats");
         self.detect_lost_hosts().await?;
         phases.done("lost_hosts");
@@ -274,7 +274,7 @@ impl Control {
         self.store
             .prune_project_usage(self.core.unix_now() - crate::projects::HISTORY_KEPT_SECS)
             .await?;
-        let buckets = self.agents().prune_usage().await?;
+        let buckets = self.agents.prune_usage().await?;
         if buckets > 0 {
             tracing::info!(buckets, "pruned usage buckets past their retention");
         }

@@ -3,7 +3,7 @@
 
 use super::figures::Figures;
 use crate::clock::stamp;
-use crate::control::Control;
+use crate::deployments::Deployments;
 use crate::error::ControlError;
 use tessera_model::service::Task;
 use tessera_model::work::{Autoscaling, ScaleMetric, trim_float};
@@ -89,7 +89,7 @@ pub(crate) fn decide_scale(
     }
 }
 
-impl Control {
+impl Deployments {
     /// Target tracking for a steady service: sets its desired count when its metric asks.
     pub(crate) async fn autoscale(
         &self,

@@ -3,7 +3,7 @@
 
 use crate::error::ControlError;
 use crate::interference::{ANY, Observation, alone_p99, estimate, predicted_p99};
-use crate::parts::{Core, Estimates};
+use crate::parts::Core;
 use crate::store::{InterferenceStore, TaskFilter, UsageQuery};
 use parking_lot::Mutex;
 use std::collections::{BTreeSet, HashMap};
@@ -11,6 +11,10 @@ use std::sync::Arc;
 use tessera_model::GpuUuid;
 use tessera_model::service::{Service, TaskState};
 use tessera_model::work::{Interference, trim_float};
+
+/// A service's interference estimates and its p99 alone, cached (they come from a day of
+/// usage buckets).
+pub(crate) type Estimates = Arc<(Vec<Interference>, Option<f64>)>;
 
 /// How long (seconds, by the control plane's clock) estimates are reused before they are
 /// read again.

@@ -1,8 +1,8 @@
 //! The agent gateway's state: what syncs leave to write at the next tick, and what their
 //! answers need often.
 
-use super::usage_buffer::UsageBuffer;
 use crate::cache::Cache;
+use crate::parts::UsageBuffer;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use tessera_model::HostId;
@@ -26,24 +26,24 @@ pub(crate) struct Gateway {
     /// When each host last synced with nothing else to say, not yet written: written
     /// together every tick, and at the start of every pass (before lost hosts are looked
     /// for), so a quiet sync costs no write of its own.
-    pub heartbeats: Mutex<HashMap<HostId, String>>,
+    pub(super) heartbeats: Mutex<HashMap<HostId, String>>,
     /// Each deployment's stop timeout (its service's, which never changes; deployment ids
     /// are never reused).
-    pub stop_timeouts: Cache<i64, u32>,
+    pub(super) stop_timeouts: Cache<i64, u32>,
     /// Measured use received and not written yet.
-    pub usage: Mutex<UsageBuffer>,
+    pub(super) usage: Mutex<UsageBuffer>,
     /// Each task's work as its syncs here reported it: written with the heartbeats when it
     /// says something new.
-    pub work: Mutex<WorkLatest>,
+    pub(super) work: Mutex<WorkLatest>,
     /// The faults of reports recorded as events lately (a drop, a refused GPU), each
     /// recorded once an hour however often its agent sends it again.
-    pub said: Cache<String, ()>,
+    pub(super) said: Cache<String, ()>,
     /// Agent tokens found (their hashes) and their hosts, for [`TOKEN_REMEMBERED`]: a
     /// revoked token works on another server for at most that long (on this one, not at
     /// all: revoking forgets them).
-    pub tokens: Cache<String, HostId>,
+    pub(super) tokens: Cache<String, HostId>,
     /// Lookups of agent tokens not remembered, running at once.
-    pub token_lookups: tokio::sync::Semaphore,
+    pub(super) token_lookups: tokio::sync::Semaphore,
 }
 
 impl Default for Gateway {

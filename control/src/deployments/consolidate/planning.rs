@@ -3,7 +3,7 @@
 
 use super::plan_body;
 use crate::capacity::{Held, PoolCapacity};
-use crate::control::Control;
+use crate::deployments::Deployments;
 use crate::error::ControlError;
 use crate::inputs::Errors;
 use crate::scheduler::density;
@@ -45,7 +45,7 @@ fn must_stay(service: &Service, tasks: &[&Task]) -> Option<String> {
     None
 }
 
-impl Control {
+impl Deployments {
     /// Each moved service's predicted change of latency and completed work: its tasks'
     /// neighbours after the moves against before, through the established interference
     /// estimates (a service without enough evidence is said to have none).

@@ -2,7 +2,7 @@
 //! undoing a moved service's moves when its alarm fires after them.
 
 use super::{corrupt, from_stored, plan_body};
-use crate::control::Control;
+use crate::deployments::Deployments;
 use crate::error::ControlError;
 use crate::store::{NewTask, PlacementCommit};
 use std::collections::BTreeSet;
@@ -11,7 +11,7 @@ use tessera_model::consolidation::{ConsolidationPlan, MoveState, PlanStatus, Pla
 use tessera_model::service::StopReason;
 use tessera_model::service::{GpuAllocation, TaskState};
 
-impl Control {
+impl Deployments {
     /// One step of every executing plan (from the reconcile pass): start the next move,
     /// or see whether the move under way finished.
     pub(crate) async fn advance_consolidation(&self) -> Result<(), ControlError> {

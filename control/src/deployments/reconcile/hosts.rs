@@ -2,14 +2,14 @@
 //! stopped), and the tasks of draining and impaired hosts marked for migration.
 
 use crate::clock::{since, stamp, to_chrono};
-use crate::control::Control;
+use crate::deployments::Deployments;
 use crate::error::ControlError;
 use crate::store::{HostState, TaskFilter};
 use std::collections::BTreeMap;
 use tessera_model::service::{Task, TaskState};
 use tessera_model::{HostId, HostStatus, PoolName};
 
-impl Control {
+impl Deployments {
     /// Hosts silent past the timeout become lost; their tasks stop and are replaced. For one
     /// lost timeout after this control plane started, or after it last found itself unable
     /// to work on time (the database down or stalled, a tick late), nothing is declared
@@ -23,18 +23,18 @@ impl Control {
             self.core.wake();
         }
         let timeout = self.core.lost_timeout();
-        let started = match self.core.membership().fleet_clock.started() {
+        let started = match self.core.membership().fleet_clock().started() {
             Some(s) => s,
             None => {
-                self.read_db_clock().await;
-                let Some(s) = self.core.membership().fleet_clock.started() else {
+                self.core.read_db_clock().await;
+                let Some(s) = self.core.membership().fleet_clock().started() else {
                     return Ok(());
                 };
                 s
             }
         };
         let now = self.core.now();
-        let outage = *self.core.membership().store_failed_at.lock();
+        let outage = self.core.membership().fell_behind_at();
         let back = outage.map_or(started, |t| t.max(started));
         if since(now, back) < timeout {
             return Ok(());

@@ -1,6 +1,6 @@
 //! Operators' host operations: drain and activate, through the lifecycle state machine.
 
-use crate::control::Control;
+use crate::deployments::Deployments;
 use crate::error::ControlError;
 use crate::lifecycle::{self, HostEvent};
 use tessera_model::HostId;
@@ -12,7 +12,7 @@ fn changed_meanwhile(id: &HostId) -> ControlError {
     ))
 }
 
-impl Control {
+impl Deployments {
     // Hosts.
 
     /// Operator drain: no new tasks; running ones move elsewhere (start before stop).

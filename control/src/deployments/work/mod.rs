@@ -16,11 +16,11 @@ mod conflicts;
 pub(crate) use conflicts::InterferenceModel;
 mod figures;
 
-use crate::control::Control;
+use crate::deployments::Deployments;
+use crate::deployments::passes::Watch;
 use crate::error::ControlError;
 use crate::fit::usage_range;
 use crate::interference::estimate;
-use crate::parts::Watch;
 use crate::store::{TaskFilter, UsageQuery};
 use alarms::alarm_state;
 use figures::{Figures, work_series};
@@ -66,7 +66,7 @@ pub(crate) fn describe_objectives(o: &Objectives) -> String {
     parts.join(", ")
 }
 
-impl Control {
+impl Deployments {
     /// Running tasks of `service` with their allocations, and each one's reserved GPU
     /// memory and share of its GPUs (by memory).
     async fn running_with_shares(

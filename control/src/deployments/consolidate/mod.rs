@@ -13,7 +13,7 @@
 mod execute;
 mod planning;
 
-use crate::control::Control;
+use crate::deployments::Deployments;
 use crate::error::ControlError;
 use crate::store::StoredPlan;
 use tessera_model::consolidation::{ConsolidationPlan, PlanStatus};
@@ -40,7 +40,7 @@ fn from_stored(s: &StoredPlan) -> Result<ConsolidationPlan, ControlError> {
     serde_json::from_str(&s.body).map_err(|e| corrupt(format!("{}: {e}", s.id)))
 }
 
-impl Control {
+impl Deployments {
     pub async fn consolidation_plan(&self, id: &str) -> Result<ConsolidationPlan, ControlError> {
         from_stored(&self.store.get_plan(id).await?)
     }

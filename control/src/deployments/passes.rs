@@ -3,38 +3,21 @@
 use chrono::{DateTime, Utc};
 use parking_lot::Mutex;
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::sync::Arc;
-use tessera_model::work::Interference;
 
 /// The reconcile passes' memory.
 #[derive(Default)]
 pub(crate) struct Passes {
     /// Serialises passes: the loop and tests calling `reconcile_once` directly.
-    pub pass: tokio::sync::Mutex<()>,
+    pub(super) pass: tokio::sync::Mutex<()>,
     /// Per deployment: the failures already answered with a delay, and until when new
     /// tasks wait (crash-loop backoff).
-    pub restart_backoff: Mutex<HashMap<i64, Backoff>>,
+    pub(super) restart_backoff: Mutex<HashMap<i64, Backoff>>,
     /// When old rows were last pruned.
-    pub last_prune: Mutex<Option<DateTime<Utc>>>,
+    pub(super) last_prune: Mutex<Option<DateTime<Utc>>>,
     /// The changes read, to look only at what changed.
-    pub memory: Mutex<PassMemory>,
+    pub(super) memory: Mutex<PassMemory>,
     /// Alarm watches and autoscaling memory of the services this server reconciles.
-    pub watches: Mutex<Watches>,
-}
-
-/// What the reconcile passes last reported of one service.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct ServiceState {
-    /// Why its pending tasks could not be placed.
-    pub pending: Option<String>,
-    /// Why the last pass could not reconcile it.
-    pub failure: Option<String>,
-    /// Failures of the primary deployment already answered with a restart delay.
-    pub backoff: Option<u32>,
-    /// During a rollout: (deployment, its running tasks) as last reported.
-    pub progress: Option<(i64, usize)>,
-    /// Every desired task runs the primary revision.
-    pub steady: bool,
+    pub(super) watches: Mutex<Watches>,
 }
 
 /// A deployment's crash-loop backoff: the failures already answered with a delay, and
@@ -45,18 +28,18 @@ pub(crate) type Backoff = (u32, DateTime<Utc>);
 #[derive(Debug, Default)]
 pub(crate) struct PassMemory {
     /// The newest change read; `None` until the first (full) pass.
-    pub seen: Option<i64>,
+    pub(super) seen: Option<i64>,
     /// Changes inside the late-commit window already acted on.
-    pub acted: HashSet<i64>,
+    pub(super) acted: HashSet<i64>,
     /// Services every pass looks at (they move with time).
-    pub every_pass: BTreeSet<String>,
+    pub(super) every_pass: BTreeSet<String>,
     /// When the last full pass began.
-    pub last_full: Option<std::time::Instant>,
+    pub(super) last_full: Option<std::time::Instant>,
     /// When the changes read were last deleted, and whether some have been read since.
-    pub last_forget: Option<std::time::Instant>,
-    pub unforgotten: bool,
+    pub(super) last_forget: Option<std::time::Instant>,
+    pub(super) unforgotten: bool,
     /// The last pass: whether it was full, and how many services it looked at.
-    pub last_scope: (bool, usize),
+    pub(super) last_scope: (bool, usize),
 }
 
 impl PassMemory {
@@ -74,24 +57,20 @@ impl PassMemory {
 /// One alarm's watch: since when its figure breaches, and since when it is in alarm.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub(crate) struct Watch {
-    pub breaching_since: Option<i64>,
-    pub fired_at: Option<i64>,
-    pub value: Option<f64>,
+    pub(super) breaching_since: Option<i64>,
+    pub(super) fired_at: Option<i64>,
+    pub(super) value: Option<f64>,
 }
-
-/// A service's interference estimates and its p99 alone, cached (they come from a day of
-/// usage buckets).
-pub(crate) type Estimates = Arc<(Vec<Interference>, Option<f64>)>;
 
 /// Each service's alarm watches and autoscaling memory (kept by the server that
 /// reconciles; a new one starts watching afresh).
 #[derive(Debug, Default)]
 pub(crate) struct Watches {
-    pub alarms: HashMap<(String, usize), Watch>,
+    pub(super) alarms: HashMap<(String, usize), Watch>,
     /// (last scale-out, last scaling of either kind), unix seconds.
-    pub scaled: HashMap<String, (Option<i64>, Option<i64>)>,
+    pub(super) scaled: HashMap<String, (Option<i64>, Option<i64>)>,
     /// The last autoscaling decision, in words.
-    pub scaling: HashMap<String, String>,
+    pub(super) scaling: HashMap<String, String>,
     /// When each primary deployment reached its steady state (for the bake time).
-    pub steady_at: HashMap<i64, i64>,
+    pub(super) steady_at: HashMap<i64, i64>,
 }

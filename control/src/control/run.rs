@@ -31,7 +31,7 @@ impl Control {
     /// announces itself, writes the times of the quiet syncs it received, brings its fleet
     /// read model up to date (once it has readers), and takes or renews the scheduler
     /// lease; the server holding it runs a reconcile pass whose writes
-    /// carry the lease's epoch (see [`crate::cluster`]). Each pass runs as its own task, so
+    /// carry the lease's epoch (see [`super::cluster`]). Each pass runs as its own task, so
     /// a pass that fails or panics is logged and the next one runs as usual: scheduling
     /// never stops silently.
     pub async fn run(&self, shutdown: impl std::future::Future<Output = ()>) {
@@ -64,10 +64,7 @@ impl Control {
         for task in relay {
             task.abort();
         }
-        self.core
-            .membership()
-            .relayed
-            .store(false, std::sync::atomic::Ordering::SeqCst);
+        self.core.membership().set_relayed(false);
         tracing::info!("reconcile loop stopped");
     }
 
@@ -78,13 +75,13 @@ impl Control {
         // A tick that comes late (the last one waited on a database that was down, or the
         // process was paused) says this server could not judge hosts' silence meanwhile.
         let began = std::time::Instant::now();
-        let previous = self.core.membership().last_tick.lock().replace(began);
-        let late = (self.core.lost_timeout() / 2).max(crate::cluster::SLOW_STORE);
+        let previous = self.core.membership().tick_began(began);
+        let late = (self.core.lost_timeout() / 2).max(super::SLOW_STORE);
         if previous.is_some_and(|p| began.duration_since(p) > self.core.config().tick + late) {
             tracing::warn!(
                 "this server's last tick took too long; hosts get a lost timeout to sync again"
             );
-            *self.core.membership().store_failed_at.lock() = Some(self.core.now());
+            self.core.membership().fell_behind(self.core.now());
         }
         match self.tick_cluster().await {
             Some(fenced) => {

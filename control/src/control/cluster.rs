@@ -28,7 +28,7 @@ pub(crate) const ELSEWHERE: &str = "elsewhere";
 impl Control {
     /// This server's id among the servers sharing the database.
     pub fn server_id(&self) -> &str {
-        &self.core.membership().server_id
+        self.core.membership().server_id()
     }
 
     /// One tick: announce this server, write the quiet syncs' times, take or renew the
@@ -38,14 +38,14 @@ impl Control {
         // Reading the database's clock is the tick's first call to the database: a
         // database that keeps it waiting counts as one that kept the announcement waiting.
         let asked = std::time::Instant::now();
-        self.read_db_clock().await;
+        self.core.read_db_clock().await;
         let now = self.core.now();
         let seen = self
             .store
             .server_seen(
-                &self.core.membership().server_id,
+                self.core.membership().server_id(),
                 &self.core.config().address,
-                &stamp(self.core.membership().started),
+                &stamp(self.core.membership().started()),
                 &stamp(now),
             )
             .await;
@@ -56,16 +56,12 @@ impl Control {
         // unreachable: requests wait for a connection rather than fail at once) could not
         // record agents' syncs either.
         let failing = seen.is_err();
-        let was_failing = self
-            .core
-            .membership()
-            .store_failing
-            .swap(failing, std::sync::atomic::Ordering::SeqCst);
+        let was_failing = self.core.membership().announcement_failed(failing);
         // ... and the first announcement that succeeds after failures marks when the
         // database came back: hosts get their lost timeout from then, not from the last
         // failure (up to a tick earlier).
         if failing || was_failing || asked.elapsed() > SLOW_STORE {
-            *self.core.membership().store_failed_at.lock() = Some(self.core.now());
+            self.core.membership().fell_behind(self.core.now());
         }
         let now = self.core.now();
         let announced = asked.elapsed();
@@ -87,7 +83,7 @@ impl Control {
         // came back meanwhile): the pass that follows must not judge hosts' silence by the
         // time before it. (The drill found hosts lost 1 s after PostgreSQL returned.)
         if asked.elapsed() > SLOW_STORE {
-            *self.core.membership().store_failed_at.lock() = Some(self.core.now());
+            self.core.membership().fell_behind(self.core.now());
         }
         Some(self.with_store(self.store.fenced(Fence {
             holder: lease.holder,
@@ -100,17 +96,11 @@ impl Control {
     /// servers, makes this server's engines stale.
     async fn take_lease(&self, now: chrono::DateTime<chrono::Utc>) -> Option<Lease> {
         let expires = stamp(now + to_chrono(self.core.config().lease_ttl));
-        let held = self
-            .core
-            .membership()
-            .lease
-            .lock()
-            .as_ref()
-            .map(|l| l.epoch);
+        let held = self.core.membership().lease_epoch();
         let lease = match self
             .store
             .acquire_lease(
-                &self.core.membership().server_id,
+                self.core.membership().server_id(),
                 held,
                 &stamp(now),
                 &expires,
@@ -119,7 +109,7 @@ impl Control {
         {
             Ok(Some(lease)) => lease,
             Ok(None) => {
-                if self.core.membership().lease.lock().take().is_some() {
+                if self.core.membership().lost_lease() {
                     tracing::warn!("another server holds the scheduler lease now");
                 }
                 return None;
@@ -129,25 +119,14 @@ impl Control {
                 return None;
             }
         };
-        let taken = {
-            let mut held = self.core.membership().lease.lock();
-            let taken = held.as_ref().is_none_or(|l| l.epoch != lease.epoch);
-            *held = Some(lease.clone());
-            taken
-        };
+        let taken = self.core.membership().took_lease(&lease);
         if taken {
             tracing::info!(epoch = lease.epoch, "this server holds the scheduler lease");
             // Others may have scheduled since this server's engines were built, and read
             // (and deleted) changes its passes have not.
             self.scheduler.capacity_changed();
-            self.passes.memory.lock().forget();
-        } else if !self
-            .core
-            .membership()
-            .relayed
-            .load(std::sync::atomic::Ordering::SeqCst)
-            && self.others_alive().await
-        {
+            self.deployments.read_everything_next();
+        } else if !self.core.membership().relayed() && self.others_alive().await {
             // Other servers' agents change capacity too (tasks ending, GPUs going), and
             // this database does not tell this one: with company, each pass builds its
             // engines afresh. (Where it does, `relay_changes` marks them stale on each
@@ -161,7 +140,8 @@ impl Control {
     async fn others_alive(&self) -> bool {
         let since = stamp(self.core.now() - to_chrono(self.core.config().lease_ttl));
         self.store.list_servers(&since).await.map_or(true, |s| {
-            s.iter().any(|s| *s.id != *self.core.membership().server_id)
+            s.iter()
+                .any(|s| *s.id != *self.core.membership().server_id())
         })
     }
 
@@ -180,21 +160,18 @@ impl Control {
                 return Vec::new();
             }
         };
-        self.core
-            .membership()
-            .relayed
-            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.core.membership().set_relayed(true);
         let listen = {
             let control = self.clone();
             tokio::spawn(async move {
                 while let Some(from) = news.recv().await {
                     // `None`: notices may have been lost; look again, as for a change.
-                    if from.as_deref() == Some(&*control.core.membership().server_id) {
+                    if from.as_deref() == Some(control.core.membership().server_id()) {
                         continue;
                     }
                     // Capacity may have changed there: this server's engines are stale.
                     control.scheduler.capacity_changed_elsewhere();
-                    if control.core.membership().lease.lock().is_some() {
+                    if control.core.membership().holds_lease() {
                         control.core.nudge();
                     }
                     control.core.publish(ELSEWHERE);
@@ -216,7 +193,7 @@ impl Control {
                     while changes.try_recv().is_ok() {}
                     if let Err(e) = control
                         .store
-                        .publish_change(&control.core.membership().server_id)
+                        .publish_change(control.core.membership().server_id())
                         .await
                     {
                         tracing::warn!(error = %e, "telling the other servers of a change failed");
@@ -230,11 +207,10 @@ impl Control {
     /// Lets go of the lease on a clean shutdown, so another server takes over at its next
     /// tick instead of after the lease time.
     pub(crate) async fn let_go_of_lease(&self) {
-        let held = self.core.membership().lease.lock().take();
-        if held.is_some()
+        if self.core.membership().lost_lease()
             && let Err(e) = self
                 .store
-                .release_lease(&self.core.membership().server_id)
+                .release_lease(self.core.membership().server_id())
                 .await
         {
             tracing::warn!(error = %e, "letting go of the scheduler lease failed");

@@ -2,9 +2,9 @@
 //! pass's watch over a service's primary deployment, which asks for a rollback.
 
 use super::figures::Figures;
-use crate::control::Control;
+use crate::deployments::Deployments;
+use crate::deployments::passes::Watch;
 use crate::error::ControlError;
-use crate::parts::Watch;
 use tessera_model::service::Task;
 use tessera_model::work::{Alarm, AlarmState, trim_float};
 
@@ -68,7 +68,7 @@ pub(crate) fn alarm_state(alarm: &Alarm, w: Option<&Watch>) -> AlarmState {
     }
 }
 
-impl Control {
+impl Deployments {
     /// Watches the service's alarms against the figures of the tasks of its primary
     /// deployment. True when one fired while the deployment is still watched (rolling out,
     /// or within its bake time): the caller rolls it back.

@@ -1,7 +1,7 @@
 //! Pools, task definitions and services: what operators create, change and delete, each
 //! checked and written through the store; the reconcile loop acts on it.
 
-use crate::control::Control;
+use crate::deployments::Deployments;
 use crate::error::ControlError;
 use crate::error::StoreError;
 use crate::inputs::{PoolInput, ServiceDetail, ServiceInput, ServicePatch};
@@ -15,7 +15,7 @@ use tessera_model::{PoolInfo, PoolName};
 /// The pool a fresh fleet has, and an agent joins unless told another.
 pub const DEFAULT_POOL: &str = "default";
 
-impl Control {
+impl Deployments {
     // Pools.
 
     pub async fn create_pool(&self, input: &PoolInput) -> Result<PoolInfo, ControlError> {
@@ -476,7 +476,7 @@ fn settings_change(
     (change, changed)
 }
 
-impl Control {
+impl Deployments {
     /// Right-sizes service `name` in one step: registers the proposal as its family's next
     /// revision and rolls it out through the service's normal deployment.
     pub async fn right_size(

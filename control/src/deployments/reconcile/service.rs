@@ -2,13 +2,13 @@
 //! `plan_service` carried out (stops, starts with crash-loop backoff, rollbacks, deletion).
 
 use crate::clock::{since, stamp, to_chrono};
-use crate::control::Control;
+use crate::deployments::Deployments;
 use crate::error::ControlError;
 use crate::plan::{Actions, ServicePlan, plan_service};
 use crate::store::NewTask;
 use tessera_model::service::{Deployment, DeploymentStatus, Service, StopReason, Task};
 
-impl Control {
+impl Deployments {
     /// Whether new tasks of deployment `id` may start now. After the deployment's n-th
     /// failed task they wait 2^(n-1) s (at most `max_restart_delay`), so a revision that
     /// crashes at once, with nothing to roll back to, is not restarted in a tight loop.
