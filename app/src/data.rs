@@ -16,7 +16,7 @@ pub(crate) mod ssr {
     //! How a page reaches the control plane, and how its errors are shown.
 
     use leptos::prelude::*;
-    use tessera_control::{Control, ControlError};
+    use tessera_control::{Control, ControlError, Told};
 
     /// Who is calling, as the server's authentication layer found it on the request.
     pub fn caller() -> Option<tessera_model::auth::Caller> {
@@ -79,9 +79,26 @@ pub(crate) mod ssr {
     /// text (it can name tables, paths and the database's own words). Every server function
     /// maps control errors through this one function (or takes field errors first).
     pub fn failed(e: ControlError) -> ServerFnError {
-        match e {
-            ControlError::Store(_) => internal(e),
+        told(e.told())
+    }
+
+    /// What the operator is told (the control plane's one mapping, [`Told`]) as a server
+    /// function's error: an internal failure logged with its cause.
+    pub fn told(t: Told) -> ServerFnError {
+        match t {
+            Told::Internal(e) => internal(e),
             other => ServerFnError::new(other.to_string()),
+        }
+    }
+
+    /// The field errors a form shows, where the operator is told of fields; `Err` with
+    /// what they are told otherwise.
+    pub fn field_errors(
+        e: ControlError,
+    ) -> Result<Vec<tessera_model::taskdef::FieldError>, ServerFnError> {
+        match e.told() {
+            Told::Invalid(fields) => Ok(fields),
+            other => Err(told(other)),
         }
     }
 

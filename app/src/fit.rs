@@ -24,11 +24,15 @@ guard!(GetServiceFit, Access::VIEW);
 /// The right-size proposal, or why there is none.
 #[server]
 pub async fn get_right_size(name: String) -> Result<Result<RightSize, String>, ServerFnError> {
-    use crate::data::ssr::{control, failed};
+    use crate::data::ssr::{control, told};
+    use tessera_control::Told;
     match control()?.views().right_size_proposal(&name).await {
         Ok(p) => Ok(Ok(p)),
-        Err(tessera_control::ControlError::Conflict(why)) => Ok(Err(why)),
-        Err(e) => Err(failed(e)),
+        Err(e) => match e.told() {
+            // Why no proposal can be made (no evidence yet): shown in the panel.
+            Told::Conflict(why) => Ok(Err(why)),
+            other => Err(told(other)),
+        },
     }
 }
 

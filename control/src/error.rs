@@ -83,7 +83,64 @@ impl From<ValidationErrors> for ControlError {
     }
 }
 
+/// What an operator is told of a failed operation: the one mapping the REST API (its
+/// status and body) and the console (its message or its form's field errors) both read.
+/// What they can act on is told in words; a store's failure is [`Told::Internal`], whose
+/// words say nothing of its cause (it can name tables, paths and the database's own
+/// words), and whose cause the caller logs.
+#[derive(Debug)]
+pub enum Told {
+    /// Every invalid field with its rule (REST: 422).
+    Invalid(Vec<tessera_model::taskdef::FieldError>),
+    /// REST: 404.
+    NotFound(String),
+    /// REST: 409.
+    Conflict(String),
+    /// REST: 401.
+    Unauthorized(String),
+    /// REST: 429, with when to try again.
+    TooManyAttempts { retry_after: u64 },
+    /// A bounded resource is full for now (REST: 503).
+    Busy(String),
+    /// Not the operator's to act on (REST: 500): the error, to be logged.
+    Internal(ControlError),
+}
+
+impl std::fmt::Display for Told {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Told::Invalid(errors) => {
+                let fields: Vec<String> = errors
+                    .iter()
+                    .map(|e| format!("{}: {}", e.field, e.message))
+                    .collect();
+                write!(f, "invalid input: {}", fields.join("; "))
+            }
+            Told::NotFound(m) | Told::Conflict(m) | Told::Unauthorized(m) | Told::Busy(m) => {
+                f.write_str(m)
+            }
+            Told::TooManyAttempts { retry_after } => {
+                write!(f, "too many sign-in attempts; try again in {retry_after} s")
+            }
+            Told::Internal(_) => f.write_str("the server could not answer; its log has the cause"),
+        }
+    }
+}
+
 impl ControlError {
+    /// What an operator is told of this error (see [`Told`]).
+    pub fn told(self) -> Told {
+        match self {
+            ControlError::Invalid(v) => Told::Invalid(v.errors),
+            ControlError::NotFound(m) => Told::NotFound(m),
+            ControlError::Conflict(m) => Told::Conflict(m),
+            ControlError::Unauthorized(m) => Told::Unauthorized(m),
+            ControlError::TooManyAttempts { retry_after } => Told::TooManyAttempts { retry_after },
+            e @ ControlError::Busy { .. } => Told::Busy(e.to_string()),
+            e @ ControlError::Store(_) => Told::Internal(e),
+        }
+    }
+
     /// One invalid field.
     pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
         ControlError::Invalid(ValidationErrors {
@@ -92,5 +149,38 @@ impl ControlError {
                 message: message.into(),
             }],
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_an_operator_is_told_keeps_a_store_failure_to_the_log() {
+        let leaked = "no such table: tasks_secret_column at /var/lib/tessera/tessera.db";
+        let told = ControlError::Store(StoreError::Corrupt {
+            what: "task",
+            message: leaked.into(),
+        })
+        .told();
+        assert!(matches!(told, Told::Internal(_)));
+        assert!(!told.to_string().contains("tasks_secret"), "{told}");
+        let told = ControlError::invalid("pool", "no pool named \"x\"").told();
+        assert_eq!(told.to_string(), "invalid input: pool: no pool named \"x\"");
+        assert!(matches!(told, Told::Invalid(ref f) if f[0].field == "pool"));
+        let told = ControlError::Busy {
+            retry_after: 1,
+            what: "password checks".into(),
+        }
+        .told();
+        assert_eq!(
+            told.to_string(),
+            "too many password checks at once; try again in 1 s"
+        );
+        assert!(matches!(
+            StoreError::Conflict("name taken".into()).into(),
+            ControlError::Conflict(_)
+        ));
     }
 }

@@ -88,7 +88,7 @@ pub use config::ControlConfig;
 pub use control::Control;
 pub use deployments::workloads::DEFAULT_POOL;
 pub(crate) use deployments::{work, workloads};
-pub use error::{ControlError, StoreError};
+pub use error::{ControlError, StoreError, Told};
 pub use parts::{FleetSnapshot, GpuFigures, HostBlock};
 pub use scheduler::{density, density_of};
 pub use store::{AuthStore, Store};

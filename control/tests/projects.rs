@@ -387,7 +387,7 @@ async fn service_with(
 ) {
     c.deployments()
         .create_service(&ServiceInput {
-            priority: Some(priority.into()),
+            priority: Some(priority.parse().expect("a priority class")),
             ..serde_json::from_value(json!({
                 "name": name, "task_definition": def, "pool": "gpu", "desired_count": count,
                 "project": project, "stop_timeout_secs": 5, "deregistration_delay_secs": 0

@@ -132,7 +132,7 @@ pub struct ServiceInput {
     /// may take room from tasks of a lower one that use borrowed capacity.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::fields::optional_priority))]
-    pub priority: Option<String>,
+    pub priority: Option<crate::inventory::PriorityClass>,
     #[serde(default = "default_desired")]
     #[cfg_attr(
         feature = "openapi",
@@ -219,7 +219,7 @@ pub struct ServicePatch {
         deserialize_with = "not_null",
         skip_serializing_if = "Option::is_none"
     )]
-    pub priority: Option<String>,
+    pub priority: Option<crate::inventory::PriorityClass>,
     /// The placement policy for the service's next placements; `null`: the pool's.
     #[serde(
         default,

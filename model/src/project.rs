@@ -624,7 +624,7 @@ pub fn may_act_in(
 pub fn may_place_in(
     caller: &crate::auth::Caller,
     project: &str,
-    priority: Option<&str>,
+    priority: Option<crate::inventory::PriorityClass>,
     changes_class: bool,
 ) -> Result<(), String> {
     may_act_in(caller, project, crate::auth::Role::Operator)?;
@@ -634,7 +634,8 @@ pub fn may_place_in(
             caller.actor()
         ));
     }
-    let class_is_admins = changes_class && priority.is_some() || priority == Some("production");
+    let class_is_admins = changes_class && priority.is_some()
+        || priority == Some(crate::inventory::PriorityClass::Production);
     if class_is_admins && caller.role != crate::auth::Role::Admin {
         return Err(
             "a service's priority class is the admin's to give (a higher class may preempt other projects' tasks)"

@@ -169,13 +169,7 @@ pub fn service(input: &ServiceInput) -> Result<Service, ValidationErrors> {
     if !ids::is_valid_name(&project) {
         e.add("project", ids::NAME_RULE);
     }
-    let priority = match &input.priority {
-        None => Some(crate::inventory::PriorityClass::default()),
-        Some(p) => p
-            .parse()
-            .map_err(|err: ParseEnumError| e.add("priority", err.to_string()))
-            .ok(),
-    };
+    let priority = input.priority.unwrap_or_default();
     e.desired_count(input.desired_count);
     let strategy = e.strategy(input.strategy.as_ref());
     let deployment = input.deployment.unwrap_or_default();
@@ -205,7 +199,7 @@ pub fn service(input: &ServiceInput) -> Result<Service, ValidationErrors> {
         task_definition: task_definition.expect("validated"),
         pool: pool.expect("validated"),
         project,
-        priority: priority.expect("validated"),
+        priority,
         desired_count: input.desired_count,
         strategy: strategy.expect("validated"),
         constraints: input.constraints.clone(),

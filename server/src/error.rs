@@ -6,7 +6,7 @@ use axum::Json;
 use axum::extract::rejection::JsonRejection;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use tessera_control::{ControlError, StoreError};
+use tessera_control::{ControlError, StoreError, Told};
 use tessera_model::taskdef::FieldError;
 
 /// The API's error.
@@ -48,16 +48,17 @@ impl ApiError {
     }
 }
 
+/// The control plane's one mapping of its errors ([`Told`]), as HTTP.
 impl From<ControlError> for ApiError {
     fn from(e: ControlError) -> Self {
-        match e {
-            ControlError::Invalid(v) => ApiError::Invalid(v.errors),
-            ControlError::NotFound(m) => ApiError::NotFound(m),
-            ControlError::Conflict(m) => ApiError::Conflict(m),
-            ControlError::Unauthorized(m) => ApiError::Unauthorized(m),
-            ControlError::TooManyAttempts { retry_after } => ApiError::TooManyAttempts(retry_after),
-            e @ ControlError::Busy { .. } => ApiError::Unavailable(e.to_string()),
-            other => ApiError::Internal(other),
+        match e.told() {
+            Told::Invalid(fields) => ApiError::Invalid(fields),
+            Told::NotFound(m) => ApiError::NotFound(m),
+            Told::Conflict(m) => ApiError::Conflict(m),
+            Told::Unauthorized(m) => ApiError::Unauthorized(m),
+            Told::TooManyAttempts { retry_after } => ApiError::TooManyAttempts(retry_after),
+            Told::Busy(m) => ApiError::Unavailable(m),
+            Told::Internal(e) => ApiError::Internal(e),
         }
     }
 }

@@ -830,4 +830,28 @@ async fn a_services_project_and_production_class_are_the_admins_to_give() {
     assert_eq!(status, StatusCode::OK, "{moved}");
     assert_eq!(moved["project"], "research");
     assert_eq!(moved["priority"], "production");
+    // A class that is none: refused by its type, naming the field and the classes, and
+    // nothing changes.
+    for (method, path, bad) in [
+        (
+            Method::POST,
+            "/api/v1/services",
+            body(json!({"name": "svc2", "priority": "urgent"})),
+        ),
+        (
+            Method::PATCH,
+            "/api/v1/services/svc",
+            json!({"priority": "urgent"}),
+        ),
+    ] {
+        let (status, err) = call(&state, method, path, Some(bad), None).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{err}");
+        let said = err.to_string();
+        assert!(
+            said.contains("priority") && said.contains("production"),
+            "{said}"
+        );
+    }
+    let (_, kept) = call(&state, Method::GET, "/api/v1/services/svc", None, None).await;
+    assert_eq!(kept["priority"], "production", "{kept}");
 }

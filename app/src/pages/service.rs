@@ -75,13 +75,12 @@ pub async fn patch_service(
                 .await
                 .map_err(crate::data::ssr::failed)?,
         };
-        tessera_model::project::may_place_in(&caller, &project, patch.priority.as_deref(), true)
+        tessera_model::project::may_place_in(&caller, &project, patch.priority, true)
             .map_err(ServerFnError::new)?;
     }
     match control.deployments().update_service(&name, &patch).await {
         Ok(_) => Ok(Ok(())),
-        Err(tessera_control::ControlError::Invalid(v)) => Ok(Err(v.errors)),
-        Err(e) => Err(crate::data::ssr::failed(e)),
+        Err(e) => crate::data::ssr::field_errors(e).map(Err),
     }
 }
 

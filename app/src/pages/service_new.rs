@@ -28,15 +28,14 @@ guard!(WizardChoices, Access::VIEW);
 /// A control-plane refusal as field errors the wizard shows; anything else is internal.
 #[cfg(feature = "ssr")]
 fn invalid(e: tessera_control::ControlError) -> Result<Vec<FieldError>, ServerFnError> {
-    match e {
-        tessera_control::ControlError::Invalid(v) => Ok(v.errors),
-        tessera_control::ControlError::Conflict(m) | tessera_control::ControlError::NotFound(m) => {
-            Ok(vec![FieldError {
-                field: "name".into(),
-                message: m,
-            }])
-        }
-        other => Err(crate::data::ssr::failed(other)),
+    use tessera_control::Told;
+    match e.told() {
+        Told::Invalid(fields) => Ok(fields),
+        Told::Conflict(m) | Told::NotFound(m) => Ok(vec![FieldError {
+            field: "name".into(),
+            message: m,
+        }]),
+        other => Err(crate::data::ssr::told(other)),
     }
 }
 
@@ -67,7 +66,7 @@ pub async fn create_service(
         .project
         .as_deref()
         .unwrap_or(tessera_model::service::DEFAULT_PROJECT);
-    tessera_model::project::may_place_in(&caller, project, input.priority.as_deref(), false)
+    tessera_model::project::may_place_in(&caller, project, input.priority, false)
         .map_err(ServerFnError::new)?;
     match control.deployments().create_service(&input).await {
         Ok(s) => Ok(Ok(s)),

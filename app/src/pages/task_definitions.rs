@@ -60,8 +60,7 @@ pub async fn register_task_definition(
         .await
     {
         Ok(def) => Ok(Ok(def)),
-        Err(tessera_control::ControlError::Invalid(v)) => Ok(Err(v.errors)),
-        Err(e) => Err(crate::data::ssr::failed(e)),
+        Err(e) => crate::data::ssr::field_errors(e).map(Err),
     }
 }
 

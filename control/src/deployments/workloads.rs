@@ -391,12 +391,7 @@ fn patched_settings(
                 .clone()
                 .unwrap_or_else(|| service.project.clone()),
         ),
-        priority: Some(
-            patch
-                .priority
-                .clone()
-                .unwrap_or_else(|| service.priority.as_str().to_owned()),
-        ),
+        priority: Some(patch.priority.unwrap_or(service.priority)),
         desired_count: service.desired_count,
         strategy: match &patch.strategy {
             Some(s) => s.clone(),

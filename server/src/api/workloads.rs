@@ -124,7 +124,7 @@ pub async fn deregister_task_definition(
 fn may_place_in(
     authn: &crate::auth::Authn,
     project: &str,
-    priority: Option<&str>,
+    priority: Option<tessera_model::inventory::PriorityClass>,
     changes_class: bool,
 ) -> Result<(), ApiError> {
     authn.check_in(tessera_model::auth::Role::Operator, project)?;
@@ -170,7 +170,7 @@ pub async fn create_service(
         .as_deref()
         .unwrap_or(tessera_model::service::DEFAULT_PROJECT);
     // Only `production` takes room from others; `batch` and `default` an operator gives.
-    may_place_in(&authn, project, input.priority.as_deref(), false)?;
+    may_place_in(&authn, project, input.priority, false)?;
     let s = state.control.deployments().create_service(&input).await?;
     Ok((StatusCode::CREATED, Json(s)))
 }
@@ -228,7 +228,7 @@ pub async fn update_service(
     authn.check_in(tessera_model::auth::Role::Operator, &project)?;
     if patch.project.is_some() || patch.priority.is_some() {
         let to = patch.project.as_deref().unwrap_or(&project);
-        may_place_in(&authn, to, patch.priority.as_deref(), true)?;
+        may_place_in(&authn, to, patch.priority, true)?;
     }
     Ok(Json(
         state
