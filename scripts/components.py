@@ -15,7 +15,10 @@ another. This check does, and holds the picture DESIGN.md draws:
   another only through a field of that component's type, so the fields are the
   dependency picture, and every `self.<field>.<method>(` call is counted against it;
 - no struct beside a lock (`Mutex`, `RwLock`, `Semaphore`, an atomic) has a `pub` or
-  `pub(crate)` field: state behind a lock is changed through its owner's methods.
+  `pub(crate)` field: state behind a lock is changed through its owner's methods;
+- `Control::with_store` (a reconcile pass's control plane, on the store fenced by the
+  scheduler lease) rebuilds every component with its own `with_store`, so that no write
+  of a pass reaches the unfenced store through a component kept as it was.
 
 With `--print` it prints each component, its store bundle and the components it calls
 (with the methods called), the picture `docs/architecture.md` describes. Exits 1 on a
@@ -93,6 +96,19 @@ def main():
                             body = text[m.end():text.find('\n}\n', m.end())]
                             edges[c][other] |= set(re.findall(r'self\s*\.%s\s*\.\s*(\w+)\s*\(' % n, body))
                             edges[c][other] |= set(re.findall(r'self\s*\.%s\(\)\s*\.\s*(\w+)\s*\(' % n, body))
+    # a pass's control plane: every component rebuilt on the fenced store
+    for p, text in files.items():
+        m = re.search(r'fn with_store\(&self, store: Arc<dyn Store>\) -> Control \{', text)
+        if not m:
+            continue
+        body = text[m.end():text.find('\n    }\n', m.end())]
+        held = [n for n, ty in components['Control'][1].items() if ty in components]
+        for field in held:
+            bound = re.search(r'let %s\s*=\s*([^;]*);' % field, body, re.S)
+            given = re.search(r'\b%s: ([^,]*),' % field, body)
+            how = (bound.group(1) if bound else '') + (given.group(1) if given else '')
+            if 'with_store' not in how:
+                problems.append(f'{p}: Control::with_store keeps `{field}` as it was; rebuild it with its with_store')
     # circles
     seen, stack = set(), []
 

@@ -139,6 +139,17 @@ impl Accounts {
         }
     }
 
+    /// The same accounts writing through `store` (a pass's fenced store); the queue of
+    /// password checks is shared.
+    pub(crate) fn with_store(&self, store: Arc<dyn crate::store::Store>, core: Core) -> Accounts {
+        Accounts {
+            store: store.clone(),
+            projects: store,
+            core,
+            hash_queue: self.hash_queue.clone(),
+        }
+    }
+
     /// Makes sure the `admin` account exists. With `given`, that is its password from now on
     /// (created, or its password reset; a disabled or demoted admin stays so). Without, on first start (no users at all) it gets a
     /// generated password, returned to be printed once; with `regenerate` (the demo) a new

@@ -89,31 +89,47 @@ impl Control {
     }
 
     /// The same control plane writing through `store` (a pass's fenced store): every
-    /// component keeps its state, and writes through the new store.
+    /// component is rebuilt on it, asking the others rebuilt likewise, and keeps its state
+    /// (shared with this one's).
     pub(crate) fn with_store(&self, store: Arc<dyn Store>) -> Control {
         let core = self.core.with_store(store.clone());
-        let scheduler = self.scheduler.with_store(store.clone(), core.clone());
+        let interference = self
+            .deployments
+            .interference()
+            .with_store(store.clone(), core.clone());
+        let scheduler =
+            self.scheduler
+                .with_store(store.clone(), core.clone(), interference.clone());
         let agents = self
             .agents
             .with_store(store.clone(), core.clone(), scheduler.clone());
+        let views = self
+            .views
+            .with_store(store.clone(), core.clone(), scheduler.clone());
+        let accounts = self.accounts.with_store(store.clone(), core.clone());
         let deployments = self.deployments.with_store(
             store.clone(),
             core.clone(),
             Asks {
                 scheduler: scheduler.clone(),
                 agents: agents.clone(),
-                views: self.views.clone(),
-                interference: self.deployments.interference().clone(),
+                views: views.clone(),
+                interference,
                 service_states: self.deployments.service_states().clone(),
             },
         );
         Control {
-            projects: self.projects.with_store(store.clone(), core.clone()),
-            accounts: self.accounts.clone(),
+            projects: self.projects.with_store(
+                store.clone(),
+                core.clone(),
+                accounts.clone(),
+                views.clone(),
+            ),
+            accounts,
             agents,
             scheduler,
             deployments,
-            views: self.views.clone(),
+            views,
             store,
             core,
         }

@@ -106,7 +106,7 @@ impl Core {
         self.publish("event");
     }
 
-    /// Reads the database's clock for [`Control::now`]; a failure keeps the last reading
+    /// Reads the database's clock for [`Core::now`]; a failure keeps the last reading
     /// (carried forward by this machine's monotonic clock).
     pub(crate) async fn read_db_clock(&self) {
         let asked = std::time::Instant::now();

@@ -50,11 +50,18 @@ impl Projects {
     }
 
     /// The same component writing through `store` (a pass's fenced store).
-    pub(crate) fn with_store(&self, store: Arc<dyn ProjectsStore>, core: Core) -> Projects {
+    pub(crate) fn with_store(
+        &self,
+        store: Arc<dyn ProjectsStore>,
+        core: Core,
+        accounts: Accounts,
+        views: Views,
+    ) -> Projects {
         Projects {
             store,
             core,
-            ..self.clone()
+            accounts,
+            views,
         }
     }
 }

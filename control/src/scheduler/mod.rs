@@ -61,12 +61,20 @@ impl Scheduler {
         }
     }
 
-    /// The same scheduler writing through `store` (a pass's fenced store).
-    pub(crate) fn with_store(&self, store: Arc<dyn SchedulerStore>, core: Core) -> Self {
+    /// The same scheduler writing through `store` (a pass's fenced store) and asking
+    /// `interference` (built on the same store); its state is shared.
+    pub(crate) fn with_store(
+        &self,
+        store: Arc<dyn SchedulerStore>,
+        core: Core,
+        interference: InterferenceModel,
+    ) -> Self {
         Scheduler {
             store,
             core,
-            ..self.clone()
+            state: self.state.clone(),
+            service_states: self.service_states.clone(),
+            interference,
         }
     }
 

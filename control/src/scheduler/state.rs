@@ -85,7 +85,7 @@ pub(crate) struct PoolEngine {
 /// and puts it back only after all its placements were committed, so a pass that fails
 /// midway or whose commit was refused in part (the engine's picture drifted from the store;
 /// the commit's re-check caught it) leaves nothing behind. It is also rebuilt when capacity
-/// changed elsewhere (`Control::capacity_changed`, after `epoch`) and when a revision its
+/// changed elsewhere (`Scheduler::capacity_changed`, after `epoch`) and when a revision its
 /// profile does not know is pending.
 pub(crate) struct CachedEngine {
     pub(crate) built: PoolEngine,

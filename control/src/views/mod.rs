@@ -98,6 +98,22 @@ impl Views {
         }
     }
 
+    /// The same read models reading through `store` (a pass's fenced store) and asking
+    /// `scheduler`; the fleet model and the verdicts are shared.
+    pub(crate) fn with_store(
+        &self,
+        store: Arc<dyn ViewStore>,
+        core: Core,
+        scheduler: Scheduler,
+    ) -> Views {
+        Views {
+            store,
+            core,
+            scheduler,
+            ..self.clone()
+        }
+    }
+
     /// The fleet as of now (the fleet read model, brought up to date): what this caller
     /// wrote before is in it.
     pub async fn fleet(&self) -> Result<Arc<FleetSnapshot>, ControlError> {

@@ -109,6 +109,16 @@ impl InterferenceModel {
         }
     }
 
+    /// The same model reading through `store` (a pass's fenced store), sharing its
+    /// estimates.
+    pub(crate) fn with_store(&self, store: Arc<dyn InterferenceStore>, core: Core) -> Self {
+        InterferenceModel {
+            store,
+            core,
+            estimates: self.estimates.clone(),
+        }
+    }
+
     /// The service's work history: task-buckets of the fine width over the last
     /// `since_secs`, as interference observations.
     pub(crate) async fn observations(
