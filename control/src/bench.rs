@@ -181,7 +181,12 @@ pub async fn api_token(
 ) -> Result<String, ControlError> {
     use tessera_model::auth::{Caller, CallerKind};
     let username = format!("bench-{role}");
-    if control.accounts().get_user(&username).await.is_err() {
+    let missing = match control.accounts().get_user(&username).await {
+        Ok(_) => false,
+        Err(ControlError::NotFound(_)) => true,
+        Err(e) => return Err(e),
+    };
+    if missing {
         control
             .accounts()
             .add_user(&username, &crate::auth::generate_password(), role)
