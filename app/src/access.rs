@@ -1,11 +1,13 @@
 //! What each console server function needs from its caller, declared once beside the
-//! function with [`guard!`]. The server enforces it (a registered server function without a
-//! declaration is refused), and the console disables a control whose server function the
-//! signed-in caller may not call ([`allowed`]).
+//! function with [`guard!`] (a [`Declaration`]: a REST operation's twin names the same one).
+//! The server enforces it, a project's role included (a registered server function without
+//! a declaration is refused), and the console disables a control whose server function the
+//! signed-in caller may not call ([`allowed`], [`allowed_in`]).
 
 use leptos::prelude::*;
 pub use tessera_model::auth::Access;
 use tessera_model::auth::Caller;
+pub use tessera_model::operations::{self as ops, Declaration};
 
 /// The signed-in caller, loaded once per page load (the shell provides it); pages ask
 /// [`allowed`] what it may do.
@@ -14,7 +16,7 @@ pub struct SignedIn(pub Resource<Result<Option<Caller>, ServerFnError>>);
 
 /// A server function and the access it needs.
 pub trait Guarded {
-    const ACCESS: Access;
+    const DECLARED: Declaration;
 }
 
 /// One server function's declaration, as the server reads them all ([`rules`]).
@@ -25,7 +27,10 @@ pub struct Rule {
     pub path: &'static str,
     /// Its type's name, for logs and tests.
     pub name: &'static str,
-    pub access: Access,
+    pub declared: Declaration,
+    /// The argument that holds the body a REST twin would take (`input`, `patch`): its
+    /// declaration's scope names fields of it. `None`: the arguments themselves.
+    pub body: Option<&'static str>,
 }
 
 #[cfg(feature = "ssr")]
@@ -53,19 +58,28 @@ pub fn rules() -> impl Iterator<Item = &'static Rule> {
     inventory::iter::<Rule>.into_iter()
 }
 
-/// Declares what the server function `$fn` (its generated type) needs: `guard!(PatchService,
-/// Access::OPERATE);` right after the function.
+/// Declares what the server function `$fn` (its generated type) needs, right after the
+/// function: `guard!(MakePlan, Declaration::OPERATE);`, or for a REST operation's twin its
+/// declaration, naming the argument that holds the REST body when its scope reads fields of
+/// it: `guard!(PatchService, ops::UPDATE_SERVICE, body = patch);`.
 macro_rules! guard {
-    ($fn:ident, $access:expr) => {
+    ($fn:ident, $declared:expr) => {
+        $crate::access::guard!(@ $fn, $declared, None);
+    };
+    ($fn:ident, $declared:expr, body = $body:ident) => {
+        $crate::access::guard!(@ $fn, $declared, Some(stringify!($body)));
+    };
+    (@ $fn:ident, $declared:expr, $body:expr) => {
         impl $crate::access::Guarded for $fn {
-            const ACCESS: $crate::access::Access = $access;
+            const DECLARED: $crate::access::Declaration = $declared;
         }
         #[cfg(feature = "ssr")]
         ::inventory::submit! {
             $crate::access::Rule {
                 path: <$fn as ::leptos::server_fn::ServerFn>::PATH,
                 name: stringify!($fn),
-                access: $access,
+                declared: $declared,
+                body: $body,
             }
         }
     };
@@ -74,27 +88,37 @@ pub(crate) use guard;
 
 /// Why a control that calls the server function `F` is disabled for the signed-in caller,
 /// or `None` when it may be used. The server refuses the call anyway; this only spares the
-/// operator the attempt.
+/// operator the attempt. For an operation in a project whose project the page does not
+/// know yet (a new service's), a caller with the role in some project may try.
 pub fn allowed<F: Guarded>() -> Signal<Option<String>> {
-    let Some(needed) = F::ACCESS.role() else {
+    allowed_in::<F>(Signal::derive(|| None))
+}
+
+/// As [`allowed`], for an operation on something in `project` (a service's page): the
+/// caller's role there, as the server will check it.
+pub fn allowed_in<F: Guarded>(project: Signal<Option<String>>) -> Signal<Option<String>> {
+    let Some(needed) = F::DECLARED.access.role() else {
         return Signal::derive(|| None);
     };
+    let in_project = matches!(F::DECLARED.access, Access::InProject(_));
     let signed_in = use_context::<SignedIn>();
     Signal::derive(move || {
         let caller = signed_in
             .and_then(|s| s.0.get())
             .and_then(Result::ok)
             .flatten();
-        // An operation in a project: a caller with the role in some project may try (the
-        // server checks the project acted on).
-        let has = |c: &Caller| match F::ACCESS {
-            Access::InProject(_) => c.best_role(),
-            _ => c.role,
+        let Some(c) = caller else {
+            return Some("sign in first".to_owned());
         };
-        match caller {
-            Some(c) if has(&c).allows(needed) => None,
-            Some(c) => Some(format!("needs the {needed} role; you are {}", has(&c))),
-            None => Some("sign in first".to_owned()),
+        let (has, where_) = match (in_project, project.get()) {
+            (true, Some(p)) => (c.role_in(&p), format!(" in project {p}")),
+            (true, None) => (Some(c.best_role()), String::new()),
+            (false, _) => (Some(c.role), String::new()),
+        };
+        match has {
+            Some(r) if r.allows(needed) => None,
+            Some(r) => Some(format!("needs the {needed} role{where_}; you are {r}")),
+            None => Some(format!("{} acts in another project only", c.actor())),
         }
     })
 }

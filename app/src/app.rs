@@ -1,6 +1,6 @@
 //! The HTML shell, the router and the navigation shared by every page.
 
-use crate::access::{Access, SignedIn, guard};
+use crate::access::{Declaration, SignedIn, guard};
 use crate::live::provide_live;
 use crate::pages::audit::AuditPage;
 use crate::pages::consolidation::ConsolidationPage;
@@ -26,7 +26,7 @@ pub async fn current_caller() -> Result<Option<Caller>, ServerFnError> {
     Ok(crate::data::ssr::caller())
 }
 
-guard!(CurrentCaller, Access::Public);
+guard!(CurrentCaller, Declaration::PUBLIC);
 
 /// The servers sharing the database and which one schedules, for the footer.
 #[server]
@@ -35,7 +35,7 @@ pub async fn cluster_status() -> Result<crate::data::ClusterView, ServerFnError>
     control.cluster().await.map_err(crate::data::ssr::failed)
 }
 
-guard!(ClusterStatus, Access::VIEW);
+guard!(ClusterStatus, Declaration::VIEW);
 
 /// Each page's code loads on its own when the WASM bundle is split
 /// (`cargo leptos build --release --split`), so a first load carries one page.

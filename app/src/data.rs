@@ -26,19 +26,6 @@ pub(crate) mod ssr {
             .cloned()
     }
 
-    /// Whether the caller is an operator in the project of service `name` (a server
-    /// function guarded with `Access::OPERATE_IN_PROJECT` asks before it acts).
-    pub async fn operator_for_service(control: &Control, name: &str) -> Result<(), ServerFnError> {
-        let project = control
-            .projects()
-            .project_of_service(name)
-            .await
-            .map_err(failed)?;
-        let caller = caller().ok_or_else(|| ServerFnError::new("sign in first"))?;
-        tessera_model::project::may_act_in(&caller, &project, tessera_model::auth::Role::Operator)
-            .map_err(ServerFnError::new)
-    }
-
     /// The control plane, provided by the server to every page and server function; only
     /// to a signed-in caller (the authentication layer checks each server function's role
     /// before it runs; this keeps a page rendered without a caller from reading anything).
@@ -50,12 +37,13 @@ pub(crate) mod ssr {
             .ok_or_else(|| ServerFnError::new("the console is not connected to the control plane"))
     }
 
-    /// The control plane, to a caller the server function `F` admits (its declared
-    /// [`crate::access::Access`]). A page rendered on the server calls its server functions in
-    /// process, past the layer that checks them over HTTP: one that reads what only some roles
-    /// may read checks the caller itself.
+    /// The control plane, to a caller the server function `F` admits (its declared role
+    /// fleet-wide). A page rendered on the server calls its server functions in process, past
+    /// the layer that checks them over HTTP: one that reads what only some roles may read
+    /// checks the caller itself. (Server functions in a project are actions, called over
+    /// HTTP only, where the layer checks their project.)
     pub fn control_for<F: crate::access::Guarded>() -> Result<Control, ServerFnError> {
-        let Some(role) = F::ACCESS.role() else {
+        let Some(role) = F::DECLARED.access.role() else {
             return control();
         };
         match caller() {

@@ -2,7 +2,7 @@
 //! use over time against the budget and the compute cap, each task's verdict, how widely
 //! the service's tasks are spread (blast radius), and right-sizing in one step.
 
-use crate::access::{Access, guard};
+use crate::access::{Declaration, guard};
 use crate::components::measured_text;
 use leptos::prelude::*;
 use tessera_model::MiB;
@@ -19,7 +19,7 @@ pub async fn get_service_fit(name: String, range: String) -> Result<ServiceFit, 
         .map_err(failed)
 }
 
-guard!(GetServiceFit, Access::VIEW);
+guard!(GetServiceFit, Declaration::VIEW);
 
 /// The right-size proposal, or why there is none.
 #[server]
@@ -36,7 +36,7 @@ pub async fn get_right_size(name: String) -> Result<Result<RightSize, String>, S
     }
 }
 
-guard!(GetRightSize, Access::VIEW);
+guard!(GetRightSize, Declaration::VIEW);
 
 /// Registers the proposal and rolls it out; the new revision.
 #[server]
@@ -50,7 +50,7 @@ pub async fn apply_right_size(name: String) -> Result<String, ServerFnError> {
     Ok(def.reference().to_string())
 }
 
-guard!(ApplyRightSize, Access::OPERATE);
+guard!(ApplyRightSize, Declaration::OPERATE);
 
 /// A verdict as a badge.
 #[component]

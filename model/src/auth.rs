@@ -55,9 +55,8 @@ impl Role {
     }
 }
 
-/// What an operation needs from its caller. Each REST operation declares it once, in its
-/// `#[utoipa::path]` (the `x-required-role` extension, [`Access::as_str`]); each console
-/// server function once, beside it (`tessera_app::access`).
+/// The role an operation needs from its caller: part of its one declaration
+/// ([`crate::operations::Declaration`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Access {
     /// Anyone: `/healthz`, the OpenAPI document, signing in.
@@ -66,9 +65,9 @@ pub enum Access {
     Agent,
     /// A signed-in user or an API token with at least this role.
     Role(Role),
-    /// At least this role in the project the operation acts on (a service's), which the
-    /// handler checks ([`Caller::role_in`]); the layer lets through callers with the role
-    /// in some project or fleet-wide.
+    /// At least this role in the project the operation acts on, found where its declaration's
+    /// scope says ([`crate::operations::Scope`]) and checked by the layer
+    /// ([`Caller::role_in`]) before the handler runs.
     InProject(Role),
 }
 
@@ -87,7 +86,7 @@ impl Access {
         }
     }
 
-    /// As the OpenAPI document's `x-required-role` names it: `none`, `agent`, a role, or
+    /// As the OpenAPI document's `x-access` names it (its `role`): `none`, `agent`, a role, or
     /// `project-operator` (operator in the project acted on).
     pub fn as_str(self) -> &'static str {
         match self {

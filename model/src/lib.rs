@@ -15,6 +15,8 @@
 //! - [`error`]: `FieldError` and `ValidationErrors`, every validator's answer.
 //! - [`project`]: projects (teams), their quotas per pool and what they use.
 //! - [`auth`]: roles, operators' accounts, API tokens, callers and the audit log.
+//! - [`operations`]: what each operation needs (role, project scope, audit), declared once
+//!   and read by the router, the OpenAPI document, the console and the access tests.
 //! - [`agent`]: the agent protocol (register, sync) spoken over `/agent/v1`.
 //! - [`bounds`]: the bounds of a sync report, applied item by item by agent and server.
 //! - [`views`]: read models of the console's pages (hosts with GPU segments, overview).
@@ -42,6 +44,7 @@ pub mod fit;
 pub mod ids;
 pub mod inventory;
 pub mod limits;
+pub mod operations;
 pub mod project;
 pub mod range;
 #[cfg(feature = "openapi")]

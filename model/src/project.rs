@@ -615,18 +615,12 @@ pub fn may_act_in(
     }
 }
 
-/// Whether `caller` may put a service into `project` (create it there, or move it there),
-/// asking for priority class `priority` (`None`: the class is not being set): an
-/// operator there, and for a project other than `default`, one given the role in that
-/// project itself (or an admin), since its quotas are that project's. The `production`
-/// class (whom a service may preempt) is the admin's to give; when `changes_class`, any
-/// class is. `Err` says why not.
-pub fn may_place_in(
-    caller: &crate::auth::Caller,
-    project: &str,
-    priority: Option<crate::inventory::PriorityClass>,
-    changes_class: bool,
-) -> Result<(), String> {
+/// Whether `caller` may put a service into `project` (create it there, or move it there):
+/// an operator there, and for a project other than `default`, one given the role in that
+/// project itself (or an admin), since its quotas are that project's. The authentication
+/// layer asks this for an operation whose scope is [`crate::operations::Scope::Into`] or
+/// [`crate::operations::Scope::MovedInto`]. `Err` says why not.
+pub fn may_put_in(caller: &crate::auth::Caller, project: &str) -> Result<(), String> {
     may_act_in(caller, project, crate::auth::Role::Operator)?;
     if project != DEFAULT_PROJECT && !caller.given_in(project, crate::auth::Role::Operator) {
         return Err(format!(
@@ -634,6 +628,18 @@ pub fn may_place_in(
             caller.actor()
         ));
     }
+    Ok(())
+}
+
+/// Whether `caller` may ask for priority class `priority` (`None`: the class is not being
+/// set): the `production` class (whom a service may preempt) is the admin's to give; when
+/// `changes_class` (an existing service's), any class is. A rule on what the request asks
+/// for, beside its access: REST and the console's server functions both ask it.
+pub fn may_set_class(
+    caller: &crate::auth::Caller,
+    priority: Option<crate::inventory::PriorityClass>,
+    changes_class: bool,
+) -> Result<(), String> {
     let class_is_admins = changes_class && priority.is_some()
         || priority == Some(crate::inventory::PriorityClass::Production);
     if class_is_admins && caller.role != crate::auth::Role::Admin {

@@ -195,12 +195,17 @@ pub struct TlsFiles {
 /// The whole HTTP surface: console pages, server functions, API, static files, behind the
 /// authentication layer.
 pub fn app(state: AppState) -> Router {
+    app_with(state, api::routes())
+}
+
+/// [`app`] with these REST routes (the API's, and in tests one more).
+pub fn app_with(state: AppState, api: auth::Routes) -> Router {
     let routes = generate_route_list(App);
     let control = state.control.clone();
     let leptos = state.leptos.clone();
     let sessions = auth::session_layer(state.control.clone(), state.auth.tls);
     Router::new()
-        .merge(api::routes().into_router())
+        .merge(api.into_router())
         .leptos_routes_with_context(
             &state,
             routes,

@@ -142,8 +142,13 @@ async fn healthz_and_openapi() {
             "{} {}",
             rule.method, rule.path
         );
-        let role = rule.access.as_str();
-        assert_eq!(op["x-required-role"], role, "{} {}", rule.method, rule.path);
+        assert_eq!(
+            op["x-access"],
+            serde_json::to_value(&rule.declared).expect("serialises"),
+            "{} {}",
+            rule.method,
+            rule.path
+        );
     }
 }
 

@@ -381,8 +381,13 @@ async fn the_document_and_the_router_agree_and_answers_match_their_schemas() {
     server.populate(&doc).await;
     for rule in tessera_server::api::routes().rules() {
         let op = &doc["paths"][rule.path.as_str()][rule.method.as_str().to_ascii_lowercase()];
-        let role = rule.access.as_str();
-        assert_eq!(op["x-required-role"], role, "{} {}", rule.method, rule.path);
+        assert_eq!(
+            op["x-access"],
+            serde_json::to_value(&rule.declared).expect("serialises"),
+            "{} {}",
+            rule.method,
+            rule.path
+        );
         assert!(
             op["summary"].as_str().is_some_and(|s| !s.is_empty()),
             "{} {} has a summary",

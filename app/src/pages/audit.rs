@@ -1,6 +1,6 @@
 //! The audit log (admins): every accepted change, who made it, on what, from where.
 
-use crate::access::{Access, guard};
+use crate::access::{Declaration, guard};
 use crate::components::ErrorList;
 use leptos::prelude::*;
 use leptos_meta::Title;
@@ -26,7 +26,7 @@ pub async fn list_audit(
         .map_err(internal)
 }
 
-guard!(ListAudit, Access::ADMIN);
+guard!(ListAudit, Declaration::ADMIN);
 
 #[component]
 pub fn AuditPage() -> impl IntoView {

@@ -2,7 +2,7 @@
 //! after GPU bars, execute (start before stop, one move at a time) or cancel; and what the
 //! pool would hold with right-sized budgets.
 
-use crate::access::{Access, guard};
+use crate::access::{Declaration, guard};
 use crate::components::{ErrorList, RoleHint, measured_text};
 use crate::live::use_live;
 use leptos::prelude::*;
@@ -33,7 +33,7 @@ pub async fn list_consolidation() -> Result<(Vec<String>, Vec<ConsolidationPlan>
     ))
 }
 
-guard!(ListConsolidation, Access::VIEW);
+guard!(ListConsolidation, Declaration::VIEW);
 
 #[server]
 pub async fn get_pool_fit(pool: String) -> Result<PoolFit, ServerFnError> {
@@ -41,7 +41,7 @@ pub async fn get_pool_fit(pool: String) -> Result<PoolFit, ServerFnError> {
     control()?.views().pool_fit(&pool).await.map_err(failed)
 }
 
-guard!(GetPoolFit, Access::VIEW);
+guard!(GetPoolFit, Declaration::VIEW);
 
 #[server]
 pub async fn make_plan(pool: String, goal: String) -> Result<String, ServerFnError> {
@@ -54,7 +54,7 @@ pub async fn make_plan(pool: String, goal: String) -> Result<String, ServerFnErr
     Ok(plan.id)
 }
 
-guard!(MakePlan, Access::OPERATE);
+guard!(MakePlan, Declaration::OPERATE);
 
 /// Executes (`run = true`) or cancels a plan.
 #[server]
@@ -77,7 +77,7 @@ pub async fn run_plan(id: String, run: bool) -> Result<(), ServerFnError> {
     Ok(())
 }
 
-guard!(RunPlan, Access::OPERATE);
+guard!(RunPlan, Declaration::OPERATE);
 
 #[component]
 pub fn ConsolidationPage() -> impl IntoView {

@@ -1,6 +1,6 @@
 //! One host: its GPUs, the tasks it holds, its events; drain and activate.
 
-use crate::access::{Access, guard};
+use crate::access::{Declaration, guard};
 use crate::components::{ErrorList, EventList, HostCard, RoleHint};
 use crate::data::HostView;
 use crate::live::use_live;
@@ -17,7 +17,7 @@ pub async fn get_host_view(id: String) -> Result<(HostView, Vec<Event>), ServerF
     control()?.views().host_view(&id).await.map_err(failed)
 }
 
-guard!(GetHostView, Access::VIEW);
+guard!(GetHostView, Declaration::VIEW);
 
 /// Drain (`drain = true`) or activate a host.
 #[server]
@@ -32,7 +32,7 @@ pub async fn set_host_draining(id: String, drain: bool) -> Result<(), ServerFnEr
     result.map_err(crate::data::ssr::failed)
 }
 
-guard!(SetHostDraining, Access::OPERATE);
+guard!(SetHostDraining, Declaration::OPERATE);
 
 /// Lets a host its pool held for approval take tasks, and approves the GPUs it reports
 /// beyond what it was admitted with.
@@ -48,7 +48,7 @@ pub async fn approve_host(id: String) -> Result<(), ServerFnError> {
         .map_err(crate::data::ssr::failed)
 }
 
-guard!(ApproveHost, Access::ADMIN);
+guard!(ApproveHost, Declaration::ADMIN);
 
 #[component]
 pub fn HostPage() -> impl IntoView {

@@ -1,7 +1,7 @@
 //! The Hosts page: hosts and their GPUs drawn as bars (memory per task coloured by service,
 //! reserved compute), filtered by pool, status and GPU model, a page at a time.
 
-use crate::access::{Access, guard};
+use crate::access::{Declaration, guard};
 use crate::components::{ErrorList, HostCard};
 use crate::data::{HostQuery, HostsPage};
 use crate::live::use_live;
@@ -22,7 +22,7 @@ pub async fn list_hosts_page(query: HostQuery) -> Result<HostsPage, ServerFnErro
         .map_err(crate::data::ssr::failed)
 }
 
-guard!(ListHostsPage, Access::VIEW);
+guard!(ListHostsPage, Declaration::VIEW);
 
 fn query_string(q: &HostQuery) -> String {
     let mut parts = Vec::new();

@@ -2,7 +2,7 @@
 //! expiry and a number of uses, shown once with the agent's command; list and delete
 //! them.
 
-use crate::access::{Access, guard};
+use crate::access::{Declaration, guard};
 use crate::components::RoleHint;
 use leptos::prelude::*;
 use tessera_model::auth::{JoinTokenInfo, JoinTokenInput, NewJoinToken};
@@ -27,7 +27,7 @@ pub async fn list_join_tokens() -> Result<(Vec<JoinTokenInfo>, Vec<String>), Ser
     Ok((tokens, pools))
 }
 
-guard!(ListJoinTokens, Access::ADMIN);
+guard!(ListJoinTokens, Declaration::ADMIN);
 
 /// Mints a join token; its value is in this answer only.
 #[server]
@@ -41,7 +41,7 @@ pub async fn mint_join_token(input: JoinTokenInput) -> Result<NewJoinToken, Serv
         .map_err(crate::data::ssr::failed)
 }
 
-guard!(MintJoinToken, Access::ADMIN);
+guard!(MintJoinToken, Declaration::ADMIN);
 
 #[server]
 pub async fn delete_join_token(id: String) -> Result<(), ServerFnError> {
@@ -53,7 +53,7 @@ pub async fn delete_join_token(id: String) -> Result<(), ServerFnError> {
         .map_err(crate::data::ssr::failed)
 }
 
-guard!(DeleteJoinToken, Access::ADMIN);
+guard!(DeleteJoinToken, Declaration::ADMIN);
 
 /// The panel, for admins only (others see nothing of it).
 #[component]

@@ -1,7 +1,7 @@
 //! The overview: the fleet by status, allocation against capacity and measured use,
 //! packing density, stranded memory, pending tasks with their reasons, recent events.
 
-use crate::access::{Access, guard};
+use crate::access::{Declaration, guard};
 use crate::components::{ErrorList, EventList, Meter, measured_text};
 use crate::data::OverviewData;
 use crate::live::use_live;
@@ -18,7 +18,7 @@ pub async fn get_overview() -> Result<OverviewData, ServerFnError> {
         .map_err(crate::data::ssr::failed)
 }
 
-guard!(GetOverview, Access::VIEW);
+guard!(GetOverview, Declaration::VIEW);
 
 #[component]
 pub fn OverviewPage() -> impl IntoView {

@@ -1,7 +1,7 @@
 //! Projects and their quotas: per project and pool, what is guaranteed, the limit, what its
 //! tasks use, what of that is borrowed, and how many of its tasks wait (with why).
 
-use crate::access::{Access, guard};
+use crate::access::{Declaration, guard};
 use crate::components::ErrorList;
 use crate::components::RoleHint;
 use crate::live::use_live;
@@ -20,7 +20,7 @@ pub async fn list_projects() -> Result<Vec<ProjectView>, ServerFnError> {
         .map_err(failed)
 }
 
-guard!(ListProjects, Access::VIEW);
+guard!(ListProjects, Declaration::VIEW);
 
 /// The newest preemptions (who took room, where, what it stopped).
 #[server]
@@ -33,7 +33,7 @@ pub async fn recent_preemptions() -> Result<Vec<Preemption>, ServerFnError> {
         .map_err(failed)
 }
 
-guard!(RecentPreemptions, Access::VIEW);
+guard!(RecentPreemptions, Declaration::VIEW);
 
 /// Approves (`approve = true`) or declines a proposed preemption.
 #[server]
@@ -55,7 +55,7 @@ pub async fn decide_preemption(id: i64, approve: bool) -> Result<(), ServerFnErr
     }
 }
 
-guard!(DecidePreemption, Access::OPERATE);
+guard!(DecidePreemption, Declaration::OPERATE);
 
 /// Every project's use over the last day, with each pool's capacity.
 #[server]
@@ -68,7 +68,7 @@ pub async fn projects_history() -> Result<tessera_model::project::UsageHistory, 
         .map_err(failed)
 }
 
-guard!(ProjectsHistory, Access::VIEW);
+guard!(ProjectsHistory, Declaration::VIEW);
 
 /// One chart per pool: each project's dominant share of the pool (its largest share of any
 /// quantity), as fair share reads it.

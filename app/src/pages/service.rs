@@ -3,7 +3,7 @@
 //! they spread, the fit of their measured use (`crate::fit`), events; scale it, roll out
 //! another revision, right-size it, or delete it.
 
-use crate::access::{Access, guard};
+use crate::access::{Declaration, guard, ops};
 use crate::components::{ErrorList, EventList, measured_text};
 use crate::live::use_live;
 use leptos::prelude::*;
@@ -51,7 +51,7 @@ pub async fn get_service_view(name: String) -> Result<ServiceView, ServerFnError
     Ok((detail, tasks, revisions, endpoints, work))
 }
 
-guard!(GetServiceView, Access::VIEW);
+guard!(GetServiceView, Declaration::VIEW);
 
 /// A scale or rollout: refused input comes back as field errors.
 type PatchResult = Result<Result<(), Vec<FieldError>>, ServerFnError>;
@@ -62,42 +62,29 @@ pub async fn patch_service(
     patch: ServicePatch,
 ) -> Result<Result<(), Vec<FieldError>>, ServerFnError> {
     let control = crate::data::ssr::control()?;
-    crate::data::ssr::operator_for_service(&control, &name).await?;
-    // The same rule as the REST API: a project's services and the production class.
-    if (patch.project.is_some() || patch.priority.is_some())
-        && let Some(caller) = crate::data::ssr::caller()
-    {
-        let project = match &patch.project {
-            Some(p) => p.clone(),
-            None => control
-                .projects()
-                .project_of_service(&name)
-                .await
-                .map_err(crate::data::ssr::failed)?,
-        };
-        tessera_model::project::may_place_in(&caller, &project, patch.priority, true)
-            .map_err(ServerFnError::new)?;
-    }
+    // The layer checked the caller is an operator in the service's project and in the one
+    // it moves into (`ops::UPDATE_SERVICE`); the class is a rule on what is asked for.
+    let caller = crate::data::ssr::caller().ok_or_else(|| ServerFnError::new("sign in first"))?;
+    tessera_model::project::may_set_class(&caller, patch.priority, true)
+        .map_err(ServerFnError::new)?;
     match control.deployments().update_service(&name, &patch).await {
         Ok(_) => Ok(Ok(())),
         Err(e) => crate::data::ssr::field_errors(e).map(Err),
     }
 }
 
-guard!(PatchService, Access::OPERATE_IN_PROJECT);
+guard!(PatchService, ops::UPDATE_SERVICE, body = patch);
 
 #[server]
 pub async fn delete_service(name: String) -> Result<(), ServerFnError> {
-    let control = crate::data::ssr::control()?;
-    crate::data::ssr::operator_for_service(&control, &name).await?;
-    control
+    crate::data::ssr::control()?
         .deployments()
         .delete_service(&name)
         .await
         .map_err(crate::data::ssr::failed)
 }
 
-guard!(DeleteService, Access::OPERATE_IN_PROJECT);
+guard!(DeleteService, ops::DELETE_SERVICE);
 
 #[component]
 pub fn ServicePage() -> impl IntoView {
@@ -323,8 +310,10 @@ fn Detail(
     delete: Action<String, Result<(), ServerFnError>>,
 ) -> impl IntoView {
     let s = detail.service.clone();
-    let operate = crate::access::allowed::<PatchService>();
-    let may_delete = crate::access::allowed::<DeleteService>();
+    // What the server will check: an operator in this service's project.
+    let project = Signal::stored(Some(s.project.clone()));
+    let operate = crate::access::allowed_in::<PatchService>(project);
+    let may_delete = crate::access::allowed_in::<DeleteService>(project);
     let desired = s.desired_count;
     let scale_to = RwSignal::new(desired.to_string());
     let revision = RwSignal::new(s.task_definition.to_string());

@@ -3,7 +3,7 @@
 //! not fit) before Create. Each step is checked in the browser with the server's own rules
 //! (`tessera_model::validate`) before the next one opens.
 
-use crate::access::{Access, guard};
+use crate::access::{Declaration, guard, ops};
 use leptos::prelude::*;
 use leptos::server_fn::codec::Json;
 use leptos_meta::Title;
@@ -23,7 +23,7 @@ pub async fn wizard_choices() -> Result<(Vec<String>, Vec<PoolInfo>), ServerFnEr
     Ok((defs, control.views().list_pools().await.map_err(failed)?))
 }
 
-guard!(WizardChoices, Access::VIEW);
+guard!(WizardChoices, Declaration::VIEW);
 
 /// A control-plane refusal as field errors the wizard shows; anything else is internal.
 #[cfg(feature = "ssr")]
@@ -53,20 +53,17 @@ pub async fn preview_placement(
     }
 }
 
-guard!(PreviewPlacement, Access::OPERATE);
+guard!(PreviewPlacement, Declaration::OPERATE);
 
 #[server(input = Json)]
 pub async fn create_service(
     input: ServiceInput,
 ) -> Result<Result<Service, Vec<FieldError>>, ServerFnError> {
     let control = crate::data::ssr::control()?;
-    // The same rule as the REST API: a project's services and the production class.
+    // The layer checked the caller may put a service into the project the input names
+    // (`ops::CREATE_SERVICE`); the class is a rule on what is asked for.
     let caller = crate::data::ssr::caller().ok_or_else(|| ServerFnError::new("sign in first"))?;
-    let project = input
-        .project
-        .as_deref()
-        .unwrap_or(tessera_model::service::DEFAULT_PROJECT);
-    tessera_model::project::may_place_in(&caller, project, input.priority, false)
+    tessera_model::project::may_set_class(&caller, input.priority, false)
         .map_err(ServerFnError::new)?;
     match control.deployments().create_service(&input).await {
         Ok(s) => Ok(Ok(s)),
@@ -74,7 +71,7 @@ pub async fn create_service(
     }
 }
 
-guard!(CreateService, Access::OPERATE_IN_PROJECT);
+guard!(CreateService, ops::CREATE_SERVICE, body = input);
 
 /// The step (index into [`STEPS`]) whose form holds `field`.
 fn step_of(field: &str) -> usize {

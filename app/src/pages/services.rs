@@ -1,6 +1,6 @@
 //! Services: each with its running, pending and desired counts.
 
-use crate::access::{Access, guard};
+use crate::access::{Declaration, guard};
 use crate::components::ErrorList;
 use crate::live::use_live;
 use leptos::prelude::*;
@@ -14,7 +14,7 @@ pub async fn list_service_details() -> Result<Vec<ServiceDetail>, ServerFnError>
     control()?.views().service_details().await.map_err(failed)
 }
 
-guard!(ListServiceDetails, Access::VIEW);
+guard!(ListServiceDetails, Declaration::VIEW);
 
 #[component]
 pub fn ServicesPage() -> impl IntoView {

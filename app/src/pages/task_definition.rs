@@ -1,7 +1,7 @@
 //! One task definition family: its revisions, deregistering one, and the difference
 //! between any two.
 
-use crate::access::{Access, guard};
+use crate::access::{Declaration, guard};
 use crate::components::ErrorList;
 use crate::live::use_live;
 use crate::pages::task_definitions::gpu_summary;
@@ -20,7 +20,7 @@ pub async fn list_revisions(family: String) -> Result<Vec<TaskDefinition>, Serve
         .map_err(crate::data::ssr::failed)
 }
 
-guard!(ListRevisions, Access::VIEW);
+guard!(ListRevisions, Declaration::VIEW);
 
 #[server]
 pub async fn deregister_revision(family: String, revision: u32) -> Result<(), ServerFnError> {
@@ -34,7 +34,7 @@ pub async fn deregister_revision(family: String, revision: u32) -> Result<(), Se
         .map_err(crate::data::ssr::failed)
 }
 
-guard!(DeregisterRevision, Access::OPERATE);
+guard!(DeregisterRevision, Declaration::OPERATE);
 
 /// A line of a diff.
 #[derive(Debug, Clone, PartialEq, Eq)]

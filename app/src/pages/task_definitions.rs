@@ -2,7 +2,7 @@
 //! a new revision (a form, or JSON in Tessera's or ECS's shape), validated as you type by
 //! the same validator the API uses.
 
-use crate::access::{Access, guard};
+use crate::access::{Declaration, guard};
 use crate::components::{ErrorList, FieldErrors};
 use crate::live::use_live;
 use leptos::prelude::*;
@@ -24,7 +24,7 @@ pub async fn list_task_definitions() -> Result<Vec<TaskDefinition>, ServerFnErro
         .map_err(failed)
 }
 
-guard!(ListTaskDefinitions, Access::VIEW);
+guard!(ListTaskDefinitions, Declaration::VIEW);
 
 #[server]
 pub async fn get_task_definition(reference: String) -> Result<TaskDefinition, ServerFnError> {
@@ -38,7 +38,7 @@ pub async fn get_task_definition(reference: String) -> Result<TaskDefinition, Se
         .map_err(crate::data::ssr::failed)
 }
 
-guard!(GetTaskDefinition, Access::VIEW);
+guard!(GetTaskDefinition, Declaration::VIEW);
 
 /// Registers `body` (JSON); invalid input comes back as field errors and stores nothing.
 #[server]
@@ -64,7 +64,7 @@ pub async fn register_task_definition(
     }
 }
 
-guard!(RegisterTaskDefinition, Access::OPERATE);
+guard!(RegisterTaskDefinition, Declaration::OPERATE);
 
 /// The GPU part of a spec in a few words.
 pub fn gpu_summary(spec: &TaskDefinitionSpec) -> String {

@@ -2,6 +2,7 @@
 
 use super::Body;
 use crate::AppState;
+use crate::auth::Declaration;
 use crate::error::ApiError;
 use axum::Json;
 use axum::extract::State;
@@ -10,7 +11,7 @@ use tessera_model::agent::{RegisterRequest, RegisterResponse, SyncRequest, SyncR
 
 /// Register a host with the join token
 #[utoipa::path(post, path = "/agent/v1/register", tag = "agents", request_body = RegisterRequest,
-    extensions(("x-required-role" = json!("agent"))),
+    extensions(("x-access" = json!(Declaration::AGENT))),
     responses(
         (status = 201, description = "Registered: the agent's token, shown once", body = RegisterResponse),
         (status = 401, description = "Wrong join token", body = crate::api::bodies::ErrorBody),
@@ -37,7 +38,7 @@ fn bearer(headers: &HeaderMap) -> Result<&str, ApiError> {
 
 /// Report the host's state; the answer is every task it should run
 #[utoipa::path(post, path = "/agent/v1/sync", tag = "agents", request_body = SyncRequest,
-    extensions(("x-required-role" = json!("agent"))),
+    extensions(("x-access" = json!(Declaration::AGENT))),
     responses((status = 200, description = "The tasks to run", body = SyncResponse)))]
 pub async fn agent_sync(
     State(state): State<AppState>,

@@ -4,6 +4,7 @@
 use super::bodies::{ErrorBody, PlanList, RightSized};
 use super::{Body, Params, Segment};
 use crate::AppState;
+use crate::auth::Declaration;
 use crate::error::ApiError;
 use axum::Json;
 use axum::extract::State;
@@ -27,7 +28,7 @@ pub struct RangeQuery {
 /// a GPU with each neighbour costs it (with the samples behind each estimate), its alarms
 /// and its last autoscaling decision
 #[utoipa::path(get, path = "/api/v1/services/{name}/work", tag = "evidence",
-    extensions(("x-required-role" = json!("viewer"))),
+    extensions(("x-access" = json!(Declaration::VIEW))),
     params(("name" = ServiceName, Path, description = "service"), RangeQuery),
     responses((status = 200, description = "Work", body = tessera_model::work::ServiceWork), (status = 404, description = "No such service", body = ErrorBody)))]
 pub async fn service_work(
@@ -47,7 +48,7 @@ pub async fn service_work(
 /// A service's fit: the verdict over its tasks' measured use with the numbers behind it, a
 /// suggested budget, each task's verdict, and its usage history
 #[utoipa::path(get, path = "/api/v1/services/{name}/fit", tag = "evidence",
-    extensions(("x-required-role" = json!("viewer"))),
+    extensions(("x-access" = json!(Declaration::VIEW))),
     params(("name" = ServiceName, Path, description = "service"), RangeQuery),
     responses((status = 200, description = "Fit", body = ServiceFit), (status = 404, description = "No such service", body = ErrorBody)))]
 pub async fn service_fit(
@@ -75,7 +76,7 @@ pub struct PoolQuery {
 /// A pool's fit: tasks by verdict, GPU memory reserved against used, and what the pool
 /// would hold with the suggested budgets (computed by the placement engine)
 #[utoipa::path(get, path = "/api/v1/fit", tag = "evidence", params(PoolQuery),
-    extensions(("x-required-role" = json!("viewer"))),
+    extensions(("x-access" = json!(Declaration::VIEW))),
     responses((status = 200, description = "Fit", body = PoolFit), (status = 404, description = "No such pool", body = ErrorBody)))]
 pub async fn pool_fit(
     State(state): State<AppState>,
@@ -87,7 +88,7 @@ pub async fn pool_fit(
 /// What right-sizing would register: the service's revision with the suggested GPU budget,
 /// as a diff; nothing is stored
 #[utoipa::path(get, path = "/api/v1/services/{name}/right-size", tag = "evidence",
-    extensions(("x-required-role" = json!("viewer"))),
+    extensions(("x-access" = json!(Declaration::VIEW))),
     params(("name" = ServiceName, Path, description = "service")),
     responses((status = 200, description = "The proposal", body = RightSize), (status = 404, description = "No such service", body = ErrorBody), (status = 409, description = "Nothing to right-size (no MPS slot, no evidence, or already at the suggestion)", body = ErrorBody)))]
 pub async fn right_size_proposal(
@@ -101,7 +102,7 @@ pub async fn right_size_proposal(
 
 /// Right-size in one step: register the proposal as a new revision and roll it out
 #[utoipa::path(post, path = "/api/v1/services/{name}/right-size", tag = "evidence",
-    extensions(("x-required-role" = json!("operator"))),
+    extensions(("x-access" = json!(Declaration::OPERATE))),
     params(("name" = ServiceName, Path, description = "service")),
     responses((status = 201, description = "Registered and rolling out", body = RightSized), (status = 404, description = "No such service", body = ErrorBody), (status = 409, description = "Nothing to right-size", body = ErrorBody)))]
 pub async fn right_size(
@@ -121,7 +122,7 @@ pub async fn right_size(
 /// Plan consolidation: moves that free whole GPUs or hosts of a pool, honouring every
 /// service's constraints and deployment limits; nothing is committed
 #[utoipa::path(post, path = "/api/v1/consolidation-plans", tag = "evidence", request_body = PlanInput,
-    extensions(("x-required-role" = json!("operator"))),
+    extensions(("x-access" = json!(Declaration::OPERATE))),
     responses((status = 201, description = "Planned", body = ConsolidationPlan), (status = 404, description = "No such pool", body = ErrorBody)))]
 pub async fn plan_consolidation(
     State(state): State<AppState>,
@@ -141,7 +142,7 @@ pub async fn plan_consolidation(
 
 /// The newest consolidation plans
 #[utoipa::path(get, path = "/api/v1/consolidation-plans", tag = "evidence",
-    extensions(("x-required-role" = json!("viewer"))),
+    extensions(("x-access" = json!(Declaration::VIEW))),
     responses((status = 200, description = "Plans", body = PlanList)))]
 pub async fn list_plans(State(state): State<AppState>) -> Result<Json<PlanList>, ApiError> {
     Ok(Json(PlanList {
@@ -151,7 +152,7 @@ pub async fn list_plans(State(state): State<AppState>) -> Result<Json<PlanList>,
 
 /// One consolidation plan, with how far its execution got
 #[utoipa::path(get, path = "/api/v1/consolidation-plans/{id}", tag = "evidence",
-    extensions(("x-required-role" = json!("viewer"))),
+    extensions(("x-access" = json!(Declaration::VIEW))),
     params(("id" = PlanId, Path, description = "plan id")),
     responses((status = 200, description = "Plan", body = ConsolidationPlan), (status = 404, description = "No such plan", body = ErrorBody)))]
 pub async fn get_plan(
@@ -166,7 +167,7 @@ pub async fn get_plan(
 /// Carry out a plan: one move at a time, each replacement running before its original
 /// stops; halts on the first failure
 #[utoipa::path(post, path = "/api/v1/consolidation-plans/{id}/execute", tag = "evidence",
-    extensions(("x-required-role" = json!("operator"))),
+    extensions(("x-access" = json!(Declaration::OPERATE))),
     params(("id" = PlanId, Path, description = "plan id")),
     responses((status = 202, description = "Executing", body = ConsolidationPlan), (status = 404, description = "No such plan", body = ErrorBody), (status = 409, description = "The plan is not in the planned state", body = ErrorBody)))]
 pub async fn execute_plan(
@@ -187,7 +188,7 @@ pub async fn execute_plan(
 
 /// Cancel a plan: no further move starts (one under way finishes)
 #[utoipa::path(post, path = "/api/v1/consolidation-plans/{id}/cancel", tag = "evidence",
-    extensions(("x-required-role" = json!("operator"))),
+    extensions(("x-access" = json!(Declaration::OPERATE))),
     params(("id" = PlanId, Path, description = "plan id")),
     responses((status = 200, description = "Cancelled", body = ConsolidationPlan), (status = 404, description = "No such plan", body = ErrorBody), (status = 409, description = "The plan already ended", body = ErrorBody)))]
 pub async fn cancel_plan(

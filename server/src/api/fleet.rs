@@ -3,6 +3,7 @@
 use super::bodies::{HostDetail, HostList, JoinToken, JoinTokenList, PoolList};
 use super::{Body, Segment, host_id};
 use crate::AppState;
+use crate::auth::Declaration;
 use crate::error::ApiError;
 use axum::Json;
 use axum::extract::State;
@@ -16,7 +17,7 @@ use tessera_model::{HostId, HostInfo, PoolInfo};
 
 /// Every host with its GPUs
 #[utoipa::path(get, path = "/api/v1/hosts", tag = "fleet",
-    extensions(("x-required-role" = json!("viewer"))),
+    extensions(("x-access" = json!(Declaration::VIEW))),
     responses((status = 200, description = "Hosts", body = HostList)))]
 pub async fn list_hosts(State(state): State<AppState>) -> Result<Json<HostList>, ApiError> {
     Ok(Json(HostList {
@@ -26,7 +27,7 @@ pub async fn list_hosts(State(state): State<AppState>) -> Result<Json<HostList>,
 
 /// One host and the tasks that hold capacity on it
 #[utoipa::path(get, path = "/api/v1/hosts/{id}", tag = "fleet",
-    extensions(("x-required-role" = json!("viewer"))),
+    extensions(("x-access" = json!(Declaration::VIEW))),
     params(("id" = HostId, Path, description = "host id")),
     responses((status = 200, description = "Host", body = HostDetail), (status = 404, description = "No such host", body = crate::api::bodies::ErrorBody)))]
 pub async fn get_host(
@@ -49,7 +50,7 @@ pub async fn get_host(
 
 /// Drain a host: no new tasks; its tasks are replaced elsewhere first, then stopped
 #[utoipa::path(post, path = "/api/v1/hosts/{id}/drain", tag = "fleet",
-    extensions(("x-required-role" = json!("operator"))),
+    extensions(("x-access" = json!(Declaration::OPERATE))),
     params(("id" = HostId, Path, description = "host id")),
     responses((status = 200, description = "Host", body = HostInfo), (status = 404, description = "No such host", body = crate::api::bodies::ErrorBody), (status = 409, description = "Not possible in the host's state", body = crate::api::bodies::ErrorBody)))]
 pub async fn drain_host(
@@ -63,7 +64,7 @@ pub async fn drain_host(
 
 /// Make a drained host active again
 #[utoipa::path(post, path = "/api/v1/hosts/{id}/activate", tag = "fleet",
-    extensions(("x-required-role" = json!("operator"))),
+    extensions(("x-access" = json!(Declaration::OPERATE))),
     params(("id" = HostId, Path, description = "host id")),
     responses((status = 200, description = "Host", body = HostInfo), (status = 404, description = "No such host", body = crate::api::bodies::ErrorBody), (status = 409, description = "Not possible in the host's state", body = crate::api::bodies::ErrorBody)))]
 pub async fn activate_host(
@@ -77,7 +78,7 @@ pub async fn activate_host(
 
 /// Revoke the host's agent token: the agent must register again
 #[utoipa::path(post, path = "/api/v1/hosts/{id}/revoke", tag = "fleet",
-    extensions(("x-required-role" = json!("admin"))),
+    extensions(("x-access" = json!(Declaration::ADMIN))),
     params(("id" = HostId, Path, description = "host id")),
     responses((status = 200, description = "Host", body = HostInfo), (status = 404, description = "No such host", body = crate::api::bodies::ErrorBody)))]
 pub async fn revoke_host(
@@ -91,7 +92,7 @@ pub async fn revoke_host(
 
 /// Forget a host that holds no tasks
 #[utoipa::path(delete, path = "/api/v1/hosts/{id}", tag = "fleet",
-    extensions(("x-required-role" = json!("admin"))),
+    extensions(("x-access" = json!(Declaration::ADMIN))),
     params(("id" = HostId, Path, description = "host id")),
     responses((status = 204, description = "Deleted"), (status = 404, description = "No such host", body = crate::api::bodies::ErrorBody), (status = 409, description = "Tasks still hold capacity on it", body = crate::api::bodies::ErrorBody)))]
 pub async fn delete_host(
@@ -104,7 +105,7 @@ pub async fn delete_host(
 
 /// The servers sharing the database, and which one schedules since when
 #[utoipa::path(get, path = "/api/v1/cluster", tag = "fleet",
-    extensions(("x-required-role" = json!("viewer"))),
+    extensions(("x-access" = json!(Declaration::VIEW))),
     responses((status = 200, description = "Servers", body = ClusterView)))]
 pub async fn cluster(State(state): State<AppState>) -> Result<Json<ClusterView>, ApiError> {
     Ok(Json(state.control.cluster().await?))
@@ -112,7 +113,7 @@ pub async fn cluster(State(state): State<AppState>) -> Result<Json<ClusterView>,
 
 /// A new join token, shown this once; the old one stops working at once
 #[utoipa::path(post, path = "/api/v1/join-token", tag = "fleet",
-    extensions(("x-required-role" = json!("admin"))),
+    extensions(("x-access" = json!(Declaration::ADMIN))),
     responses((status = 200, description = "Join token", body = JoinToken)))]
 pub async fn rotate_join_token(State(state): State<AppState>) -> Result<Json<JoinToken>, ApiError> {
     Ok(Json(JoinToken {
@@ -122,7 +123,7 @@ pub async fn rotate_join_token(State(state): State<AppState>) -> Result<Json<Joi
 
 /// Join tokens an admin minted, without their values
 #[utoipa::path(get, path = "/api/v1/join-tokens", tag = "fleet",
-    extensions(("x-required-role" = json!("admin"))),
+    extensions(("x-access" = json!(Declaration::ADMIN))),
     responses((status = 200, description = "Join tokens", body = JoinTokenList)))]
 pub async fn list_join_tokens(
     State(state): State<AppState>,
@@ -134,7 +135,7 @@ pub async fn list_join_tokens(
 
 /// Mint a join token for a pool, an expiry and a number of uses (or to rejoin one revoked host); its value is in this answer only
 #[utoipa::path(post, path = "/api/v1/join-tokens", tag = "fleet", request_body = JoinTokenInput,
-    extensions(("x-required-role" = json!("admin"))),
+    extensions(("x-access" = json!(Declaration::ADMIN))),
     responses((status = 201, description = "Minted", body = NewJoinToken), (status = 422, description = "Invalid scope", body = crate::api::bodies::ErrorBody)))]
 pub async fn mint_join_token(
     State(state): State<AppState>,
@@ -152,7 +153,7 @@ pub async fn mint_join_token(
 
 /// Delete a join token: hosts can no longer register with it (hosts it registered stay)
 #[utoipa::path(delete, path = "/api/v1/join-tokens/{id}", tag = "fleet",
-    extensions(("x-required-role" = json!("admin"))),
+    extensions(("x-access" = json!(Declaration::ADMIN))),
     params(("id" = tessera_model::schema::JoinTokenId, Path, description = "join token id")),
     responses((status = 204, description = "Deleted"), (status = 404, description = "No such join token", body = crate::api::bodies::ErrorBody)))]
 pub async fn delete_join_token(
@@ -165,7 +166,7 @@ pub async fn delete_join_token(
 
 /// Approve a host held by its pool's manual admission: it takes tasks from now on
 #[utoipa::path(post, path = "/api/v1/hosts/{id}/approve", tag = "fleet",
-    extensions(("x-required-role" = json!("admin"))),
+    extensions(("x-access" = json!(Declaration::ADMIN))),
     params(("id" = HostId, Path, description = "host id")),
     responses((status = 200, description = "Host", body = HostInfo), (status = 404, description = "No such host", body = crate::api::bodies::ErrorBody), (status = 409, description = "Not waiting for approval", body = crate::api::bodies::ErrorBody)))]
 pub async fn approve_host(
@@ -181,7 +182,7 @@ pub async fn approve_host(
 
 /// Change a pool's placement policy, limits, admission or what its tasks may ask of a host
 #[utoipa::path(patch, path = "/api/v1/pools/{name}", tag = "fleet", request_body = tessera_model::api::PoolPatch,
-    extensions(("x-required-role" = json!("admin"))),
+    extensions(("x-access" = json!(Declaration::ADMIN))),
     params(("name" = tessera_model::PoolName, Path, description = "pool name")),
     responses((status = 200, description = "Changed", body = PoolInfo), (status = 404, description = "No such pool", body = crate::api::bodies::ErrorBody), (status = 422, description = "Invalid settings", body = crate::api::bodies::ErrorBody)))]
 pub async fn update_pool(
@@ -202,7 +203,7 @@ pub async fn update_pool(
 
 /// Pools and their placement policies
 #[utoipa::path(get, path = "/api/v1/pools", tag = "fleet",
-    extensions(("x-required-role" = json!("viewer"))),
+    extensions(("x-access" = json!(Declaration::VIEW))),
     responses((status = 200, description = "Pools", body = PoolList)))]
 pub async fn list_pools(State(state): State<AppState>) -> Result<Json<PoolList>, ApiError> {
     Ok(Json(PoolList {
@@ -212,7 +213,7 @@ pub async fn list_pools(State(state): State<AppState>) -> Result<Json<PoolList>,
 
 /// Create a pool
 #[utoipa::path(post, path = "/api/v1/pools", tag = "fleet", request_body = PoolInput,
-    extensions(("x-required-role" = json!("admin"))),
+    extensions(("x-access" = json!(Declaration::ADMIN))),
     responses((status = 201, description = "Created", body = PoolInfo), (status = 409, description = "A pool of that name exists", body = crate::api::bodies::ErrorBody)))]
 pub async fn create_pool(
     State(state): State<AppState>,

@@ -20,6 +20,7 @@ pub mod strict;
 pub mod workloads;
 
 use crate::AppState;
+use crate::auth::Declaration;
 use crate::auth::Routes;
 use crate::error::ApiError;
 use agents::*;
@@ -105,9 +106,10 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Segments {
 }
 
 /// Every REST route. Each handler's `#[utoipa::path]` is its one declaration: method, path,
-/// documentation and the access it needs (the `x-required-role` extension: `none`, `agent`,
-/// `viewer`, `operator` or `admin`). [`Routes::route`] reads them, guards the route with that
-/// access and adds the operation to the OpenAPI document.
+/// documentation and the access it needs (the `x-access` extension: a
+/// [`tessera_model::operations::Declaration`]). [`Routes::route`] reads them, guards the
+/// route with that access (in the project its scope names) and adds the operation to the
+/// OpenAPI document.
 pub fn routes() -> Routes {
     Routes::default()
         .route(routes!(healthz))
@@ -182,7 +184,7 @@ pub fn routes() -> Routes {
 
 /// Liveness plus a store round trip, so a broken database shows as unhealthy.
 #[utoipa::path(get, path = "/healthz", tag = "server",
-    extensions(("x-required-role" = json!("none"))),
+    extensions(("x-access" = json!(Declaration::PUBLIC))),
     responses((status = 200, description = "The server and its store answer", body = Health)))]
 pub async fn healthz(State(state): State<AppState>) -> Result<Json<Health>, ApiError> {
     state.control.views().list_pools().await?;
@@ -195,7 +197,7 @@ pub async fn healthz(State(state): State<AppState>) -> Result<Json<Health>, ApiE
 /// hosts, pending tasks, deployments) and the timings of passes, commits and syncs. Scrape
 /// with a viewer's API token (`authorization: Bearer …`).
 #[utoipa::path(get, path = "/metrics", tag = "server",
-    extensions(("x-required-role" = json!("viewer"))),
+    extensions(("x-access" = json!(Declaration::VIEW))),
     responses(
         (status = 200, description = "Prometheus text exposition format", content_type = "text/plain", body = String),
         (status = 503, description = "This user has two scrapes in flight already", body = crate::api::bodies::ErrorBody),

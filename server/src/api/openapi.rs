@@ -1,13 +1,14 @@
 //! `GET /api/v1/openapi.json`: the REST and agent APIs described as OpenAPI 3.1, generated
 //! from the handlers' `#[utoipa::path]`s and the bodies' types (whose schemas carry the
 //! validators' rules, see `tessera_model::schema`). The operations are the router's own
-//! ([`crate::api::routes`]): each handler's `#[utoipa::path]` declares its access
-//! (`x-required-role`), which the router enforces and from which this document's security
+//! ([`crate::api::routes`]): each handler's `#[utoipa::path]` names its declaration
+//! (`x-access`: role, project scope, audit), which the router enforces and from which this document's security
 //! and the errors every route can answer are derived, so the document cannot disagree with
 //! what is enforced. The tests check that answers match their schemas.
 
 use crate::api::{self, bodies, workloads};
 use crate::auth::Access;
+use crate::auth::Declaration;
 use axum::Json;
 use serde_json::{Value, json};
 use utoipa::OpenApi;
@@ -41,7 +42,7 @@ struct ApiDoc;
 
 /// This document
 #[utoipa::path(get, path = "/api/v1/openapi.json", tag = "server",
-    extensions(("x-required-role" = json!("none"))),
+    extensions(("x-access" = json!(Declaration::PUBLIC))),
     responses((status = 200, description = "OpenAPI 3.1", body = Object)))]
 pub async fn spec() -> Json<Value> {
     static DOC: std::sync::OnceLock<Value> = std::sync::OnceLock::new();
@@ -68,7 +69,7 @@ pub fn document() -> Value {
     for rule in &rules {
         let method = rule.method.as_str().to_ascii_lowercase();
         let op = &mut doc["paths"][rule.path.as_str()][method.as_str()];
-        op["security"] = match rule.access {
+        op["security"] = match rule.access() {
             Access::Public => json!([]),
             Access::Agent => json!([{"agentToken": []}]),
             Access::Role(_) | Access::InProject(_) => json!([{"apiToken": []}, {"session": []}]),
@@ -96,7 +97,7 @@ pub fn document() -> Value {
         if rule.method != axum::http::Method::GET {
             add("403", error("A cross-site request from a browser"));
         }
-        match rule.access {
+        match rule.access() {
             Access::Public => {}
             Access::Agent => add("401", error("No or bad agent token")),
             Access::Role(_) => {

@@ -3,6 +3,7 @@
 use super::bodies::{ErrorBody, ProjectList};
 use super::{Body, Params, Segment, Segments};
 use crate::AppState;
+use crate::auth::Declaration;
 use crate::error::ApiError;
 use axum::Json;
 use axum::extract::State;
@@ -11,7 +12,7 @@ use tessera_model::project::{MemberInput, Project, ProjectInput, ProjectSettings
 
 /// Every project with its quotas, and per pool what it uses, borrows and waits for
 #[utoipa::path(get, path = "/api/v1/projects", tag = "projects",
-    extensions(("x-required-role" = json!("viewer"))),
+    extensions(("x-access" = json!(Declaration::VIEW))),
     responses((status = 200, description = "Projects", body = ProjectList)))]
 pub async fn list_projects(State(state): State<AppState>) -> Result<Json<ProjectList>, ApiError> {
     Ok(Json(ProjectList {
@@ -21,7 +22,7 @@ pub async fn list_projects(State(state): State<AppState>) -> Result<Json<Project
 
 /// One project with its quotas and use
 #[utoipa::path(get, path = "/api/v1/projects/{name}", tag = "projects",
-    extensions(("x-required-role" = json!("viewer"))),
+    extensions(("x-access" = json!(Declaration::VIEW))),
     params(("name" = tessera_model::schema::ProjectName, Path, description = "project name")),
     responses((status = 200, description = "Project", body = ProjectView), (status = 404, description = "No such project", body = ErrorBody)))]
 pub async fn get_project(
@@ -34,7 +35,7 @@ pub async fn get_project(
 /// Create a project. Guarantees in a pool, all projects' together, must fit in what its
 /// hosts offer (`422` names the pool and the shortfall); limits may add up to more
 #[utoipa::path(post, path = "/api/v1/projects", tag = "projects", request_body = ProjectInput,
-    extensions(("x-required-role" = json!("admin"))),
+    extensions(("x-access" = json!(Declaration::ADMIN))),
     responses((status = 201, description = "Created", body = Project), (status = 409, description = "A project of that name exists", body = ErrorBody)))]
 pub async fn create_project(
     State(state): State<AppState>,
@@ -46,7 +47,7 @@ pub async fn create_project(
 
 /// Replace a project's weight and quotas
 #[utoipa::path(put, path = "/api/v1/projects/{name}", tag = "projects", request_body = ProjectSettings,
-    extensions(("x-required-role" = json!("admin"))),
+    extensions(("x-access" = json!(Declaration::ADMIN))),
     params(("name" = tessera_model::schema::ProjectName, Path, description = "project name")),
     responses((status = 200, description = "Replaced", body = Project), (status = 404, description = "No such project", body = ErrorBody)))]
 pub async fn replace_project(
@@ -65,7 +66,7 @@ pub async fn replace_project(
 
 /// Delete a project no service belongs to (`default` stays)
 #[utoipa::path(delete, path = "/api/v1/projects/{name}", tag = "projects",
-    extensions(("x-required-role" = json!("admin"))),
+    extensions(("x-access" = json!(Declaration::ADMIN))),
     params(("name" = tessera_model::schema::ProjectName, Path, description = "project name")),
     responses((status = 204, description = "Deleted"), (status = 404, description = "No such project", body = ErrorBody), (status = 409, description = "Services belong to it, or it is `default`", body = ErrorBody)))]
 pub async fn delete_project(
@@ -79,7 +80,7 @@ pub async fn delete_project(
 /// Give a user a role in a project (viewer or operator), replacing the one it had there:
 /// an operator there manages the project's services whatever the user's fleet-wide role
 #[utoipa::path(put, path = "/api/v1/projects/{name}/members/{username}", tag = "projects", request_body = MemberInput,
-    extensions(("x-required-role" = json!("admin"))),
+    extensions(("x-access" = json!(Declaration::ADMIN))),
     params(("name" = tessera_model::schema::ProjectName, Path, description = "project name"),
            ("username" = tessera_model::schema::Username, Path, description = "user")),
     responses((status = 200, description = "Given; the project as it is now", body = ProjectView), (status = 404, description = "No such project or user", body = ErrorBody)))]
@@ -98,7 +99,7 @@ pub async fn set_member(
 
 /// Take a user's role in a project away (its fleet-wide role stays)
 #[utoipa::path(delete, path = "/api/v1/projects/{name}/members/{username}", tag = "projects",
-    extensions(("x-required-role" = json!("admin"))),
+    extensions(("x-access" = json!(Declaration::ADMIN))),
     params(("name" = tessera_model::schema::ProjectName, Path, description = "project name"),
            ("username" = tessera_model::schema::Username, Path, description = "user")),
     responses((status = 204, description = "Taken away"), (status = 404, description = "The user has no role in the project", body = ErrorBody)))]
@@ -128,7 +129,7 @@ pub struct PreemptionQuery {
 /// Preemptions carried out, newest first: who took room, on which host, and the tasks it
 /// stopped
 #[utoipa::path(get, path = "/api/v1/preemptions", tag = "projects", params(PreemptionQuery),
-    extensions(("x-required-role" = json!("viewer"))),
+    extensions(("x-access" = json!(Declaration::VIEW))),
     responses((status = 200, description = "Preemptions", body = tessera_model::bodies::PreemptionList)))]
 pub async fn list_preemptions(
     State(state): State<AppState>,
@@ -157,7 +158,7 @@ pub struct UsageQuery {
 #[utoipa::path(get, path = "/api/v1/projects/{name}/usage", tag = "projects", params(
         ("name" = tessera_model::schema::ProjectName, Path, description = "project name"),
         UsageQuery),
-    extensions(("x-required-role" = json!("viewer"))),
+    extensions(("x-access" = json!(Declaration::VIEW))),
     responses((status = 200, description = "Use over time", body = tessera_model::project::UsageHistory), (status = 404, description = "No such project", body = ErrorBody)))]
 pub async fn project_usage(
     State(state): State<AppState>,
@@ -181,7 +182,7 @@ fn preemption_id(raw: &str) -> Result<i64, ApiError> {
 /// Approve a proposed preemption (a pool whose preemption is `approve`): its victims still
 /// running stop, and the waiting task it was made for takes the room on a later pass
 #[utoipa::path(post, path = "/api/v1/preemptions/{id}/approve", tag = "projects",
-    extensions(("x-required-role" = json!("operator"))),
+    extensions(("x-access" = json!(Declaration::OPERATE))),
     params(("id" = i64, Path, description = "preemption id")),
     responses((status = 204, description = "Approved: its victims stop"), (status = 404, description = "No such preemption", body = ErrorBody), (status = 409, description = "Not proposed, or its task no longer waits", body = ErrorBody)))]
 pub async fn approve_preemption(
@@ -198,7 +199,7 @@ pub async fn approve_preemption(
 
 /// Decline a proposed preemption: nothing stops, and its task proposes no other
 #[utoipa::path(post, path = "/api/v1/preemptions/{id}/decline", tag = "projects",
-    extensions(("x-required-role" = json!("operator"))),
+    extensions(("x-access" = json!(Declaration::OPERATE))),
     params(("id" = i64, Path, description = "preemption id")),
     responses((status = 204, description = "Declined"), (status = 404, description = "No such preemption", body = ErrorBody), (status = 409, description = "Not proposed", body = ErrorBody)))]
 pub async fn decline_preemption(

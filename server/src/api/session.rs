@@ -7,6 +7,7 @@
 use crate::AppState;
 use crate::api::bodies::{AuditList, ErrorBody, TokenList, UserList};
 use crate::api::{Params, Segment};
+use crate::auth::Declaration;
 use crate::auth::{Authn, start_session};
 use crate::error::ApiError;
 use axum::Json;
@@ -76,7 +77,7 @@ pub(crate) fn caller_of(authn: Option<&Authn>) -> Result<Caller, ApiError> {
 
 /// Sign in: JSON gets the user and a session cookie; the console's form gets a redirect
 #[utoipa::path(post, path = "/api/v1/session", tag = "session",
-    extensions(("x-required-role" = json!("none"))),
+    extensions(("x-access" = json!(Declaration::PUBLIC))),
     request_body(content(
         (SignIn = "application/json"),
         (SignInForm = "application/x-www-form-urlencoded"),
@@ -168,7 +169,7 @@ pub async fn sign_in(State(state): State<AppState>, req: Request) -> Response {
 
 /// Who is calling
 #[utoipa::path(get, path = "/api/v1/session", tag = "session",
-    extensions(("x-required-role" = json!("viewer"))),
+    extensions(("x-access" = json!(Declaration::VIEW))),
     responses((status = 200, description = "The caller", body = Caller)))]
 pub async fn who_am_i(req: Request) -> Result<Json<Caller>, ApiError> {
     Ok(Json(caller_of(req.extensions().get::<Authn>())?))
@@ -176,7 +177,7 @@ pub async fn who_am_i(req: Request) -> Result<Json<Caller>, ApiError> {
 
 /// Sign out: ends the session, if any
 #[utoipa::path(delete, path = "/api/v1/session", tag = "session",
-    extensions(("x-required-role" = json!("none"))),
+    extensions(("x-access" = json!(Declaration::PUBLIC))),
     responses((status = 204, description = "Signed out")))]
 pub async fn sign_out_api(req: Request) -> Response {
     sign_out(req).await
@@ -207,7 +208,7 @@ pub struct TokenSignIn {
 /// Sign in for an API token of your own role (what `tessera login` keeps); its value is in
 /// this answer only
 #[utoipa::path(post, path = "/api/v1/session/token", tag = "session", request_body = TokenSignIn,
-    extensions(("x-required-role" = json!("none"))),
+    extensions(("x-access" = json!(Declaration::PUBLIC))),
     responses(
         (status = 201, description = "Made", body = NewApiToken),
         (status = 401, description = "Wrong username or password", body = ErrorBody),
@@ -237,7 +238,7 @@ pub async fn token_sign_in(
 
 /// Sign out from the console's form: to the sign-in page
 #[utoipa::path(post, path = "/api/v1/session/end", tag = "session",
-    extensions(("x-required-role" = json!("none"))),
+    extensions(("x-access" = json!(Declaration::PUBLIC))),
     responses((status = 303, description = "To the sign-in page")))]
 pub async fn sign_out_form(req: Request) -> Response {
     sign_out(req).await
@@ -281,7 +282,7 @@ pub struct TokenInput {
 
 /// Make an API token; its value is in this answer only
 #[utoipa::path(post, path = "/api/v1/tokens", tag = "session", request_body = TokenInput,
-    extensions(("x-required-role" = json!("admin"))),
+    extensions(("x-access" = json!(Declaration::ADMIN))),
     responses((status = 201, description = "Made", body = NewApiToken)))]
 pub async fn create_token(
     State(state): State<AppState>,
@@ -305,7 +306,7 @@ pub async fn create_token(
 
 /// API tokens (never their values)
 #[utoipa::path(get, path = "/api/v1/tokens", tag = "session",
-    extensions(("x-required-role" = json!("admin"))),
+    extensions(("x-access" = json!(Declaration::ADMIN))),
     responses((status = 200, description = "Tokens", body = TokenList)))]
 pub async fn list_tokens(State(state): State<AppState>) -> Result<Json<TokenList>, ApiError> {
     Ok(Json(TokenList {
@@ -316,7 +317,7 @@ pub async fn list_tokens(State(state): State<AppState>) -> Result<Json<TokenList
 /// Delete an API token: it stops working at once. An admin may delete any; anyone else
 /// the tokens they made (`tessera logout` deletes its own)
 #[utoipa::path(delete, path = "/api/v1/tokens/{id}", tag = "session",
-    extensions(("x-required-role" = json!("viewer"))),
+    extensions(("x-access" = json!(Declaration::VIEW))),
     params(("id" = tessera_model::schema::TokenId, Path, description = "token id")),
     responses(
         (status = 204, description = "Deleted"),
@@ -363,7 +364,7 @@ pub async fn delete_token(
 
 /// Operators' accounts
 #[utoipa::path(get, path = "/api/v1/users", tag = "session",
-    extensions(("x-required-role" = json!("admin"))),
+    extensions(("x-access" = json!(Declaration::ADMIN))),
     responses((status = 200, description = "Users", body = UserList)))]
 pub async fn list_users(State(state): State<AppState>) -> Result<Json<UserList>, ApiError> {
     Ok(Json(UserList {
@@ -385,7 +386,7 @@ pub struct UserInput {
 
 /// Add a user
 #[utoipa::path(post, path = "/api/v1/users", tag = "session", request_body = UserInput,
-    extensions(("x-required-role" = json!("admin"))),
+    extensions(("x-access" = json!(Declaration::ADMIN))),
     responses((status = 201, description = "Added", body = UserInfo), (status = 409, description = "A user of that name exists", body = ErrorBody)))]
 pub async fn add_user(
     State(state): State<AppState>,
@@ -436,7 +437,7 @@ impl utoipa::ToSchema for UserPatch {}
 
 /// Change a user's role, password or disabled flag (the last enabled admin stays)
 #[utoipa::path(patch, path = "/api/v1/users/{username}", tag = "session", request_body = UserPatch,
-    extensions(("x-required-role" = json!("admin"))),
+    extensions(("x-access" = json!(Declaration::ADMIN))),
     params(("username" = Username, Path, description = "user")),
     responses((status = 200, description = "Changed", body = UserInfo), (status = 404, description = "No such user", body = ErrorBody), (status = 409, description = "It would leave no enabled admin", body = ErrorBody)))]
 pub async fn update_user(
@@ -493,7 +494,7 @@ pub struct AuditQuery {
 
 /// Accepted changes, newest first
 #[utoipa::path(get, path = "/api/v1/audit", tag = "session", params(AuditQuery),
-    extensions(("x-required-role" = json!("admin"))),
+    extensions(("x-access" = json!(Declaration::ADMIN))),
     responses((status = 200, description = "Entries", body = AuditList)))]
 pub async fn list_audit(
     State(state): State<AppState>,

@@ -6,6 +6,7 @@ use super::bodies::{
 };
 use super::{Body, Params, Segment};
 use crate::AppState;
+use crate::auth::Declaration;
 use crate::error::ApiError;
 use axum::Json;
 use axum::extract::State;
@@ -17,6 +18,7 @@ use tessera_control::inputs::{
 use tessera_control::store::{EventFilter, TaskFilter};
 use tessera_model::HostId;
 use tessera_model::api::{EndpointList, PrometheusTargets};
+use tessera_model::operations as ops;
 use tessera_model::schema::{FamilyOrRef, ServiceName};
 use tessera_model::service::{Service, TaskDefRef, TaskDefinition, TaskState};
 use tessera_model::taskdef::{FieldError, to_ecs_json};
@@ -24,7 +26,7 @@ use utoipa::{IntoParams, ToSchema};
 
 /// Register a task definition (Tessera's JSON or ECS's) as its family's next revision
 #[utoipa::path(post, path = "/api/v1/task-definitions", tag = "workloads", request_body = TaskDefinitionInput,
-    extensions(("x-required-role" = json!("operator"))),
+    extensions(("x-access" = json!(Declaration::OPERATE))),
     responses((status = 201, description = "Registered", body = TaskDefinition)))]
 pub async fn register_task_definition(
     State(state): State<AppState>,
@@ -40,7 +42,7 @@ pub async fn register_task_definition(
 
 /// The newest revision of every family
 #[utoipa::path(get, path = "/api/v1/task-definitions", tag = "workloads",
-    extensions(("x-required-role" = json!("viewer"))),
+    extensions(("x-access" = json!(Declaration::VIEW))),
     responses((status = 200, description = "Families", body = FamilyList)))]
 pub async fn list_families(State(state): State<AppState>) -> Result<Json<FamilyList>, ApiError> {
     Ok(Json(FamilyList {
@@ -71,7 +73,7 @@ pub struct FormatQuery {
 
 /// A family's revisions (`{family}`), or one revision (`{family}:{revision}`)
 #[utoipa::path(get, path = "/api/v1/task-definitions/{id}", tag = "workloads",
-    extensions(("x-required-role" = json!("viewer"))),
+    extensions(("x-access" = json!(Declaration::VIEW))),
     params(("id" = FamilyOrRef, Path, description = "family, or family:revision"), FormatQuery),
     responses((status = 200, description = "The revision (in the shape asked for), or the family's revisions", body = TaskDefinitionAnswer), (status = 404, description = "No such revision", body = ErrorBody)))]
 pub async fn get_task_definition(
@@ -99,7 +101,7 @@ pub async fn get_task_definition(
 
 /// Deregister a revision: running tasks go on, no new ones start
 #[utoipa::path(delete, path = "/api/v1/task-definitions/{id}", tag = "workloads",
-    extensions(("x-required-role" = json!("operator"))),
+    extensions(("x-access" = json!(Declaration::OPERATE))),
     params(("id" = TaskDefRef, Path, description = "family:revision")),
     responses((status = 200, description = "Deregistered", body = TaskDefinition), (status = 404, description = "No such revision", body = ErrorBody)))]
 pub async fn deregister_task_definition(
@@ -118,18 +120,16 @@ pub async fn deregister_task_definition(
     ))
 }
 
-/// Whether the caller may put a service into `project`
-/// ([`tessera_model::project::may_place_in`], the rule the console's server functions
-/// share).
-fn may_place_in(
-    authn: &crate::auth::Authn,
-    project: &str,
+/// Whether the caller may ask for the priority class it asks for
+/// ([`tessera_model::project::may_set_class`], a rule the console's server functions share);
+/// its role in the projects acted on the layer checked (`ops::CREATE_SERVICE`,
+/// `ops::UPDATE_SERVICE`).
+fn may_set_class(
+    caller: &tessera_model::auth::Caller,
     priority: Option<tessera_model::inventory::PriorityClass>,
     changes_class: bool,
 ) -> Result<(), ApiError> {
-    authn.check_in(tessera_model::auth::Role::Operator, project)?;
-    let caller = crate::api::session::caller_of(Some(authn))?;
-    tessera_model::project::may_place_in(&caller, project, priority, changes_class)
+    tessera_model::project::may_set_class(caller, priority, changes_class)
         .map_err(ApiError::Forbidden)
 }
 
@@ -143,7 +143,7 @@ pub struct ServiceQuery {
 
 /// Every service (or one project's) with its task counts, deployments and recent events
 #[utoipa::path(get, path = "/api/v1/services", tag = "workloads", params(ServiceQuery),
-    extensions(("x-required-role" = json!("viewer"))),
+    extensions(("x-access" = json!(Declaration::VIEW))),
     responses((status = 200, description = "Services", body = ServiceList)))]
 pub async fn list_services(
     State(state): State<AppState>,
@@ -158,26 +158,22 @@ pub async fn list_services(
 
 /// Create a service: its tasks are placed at once
 #[utoipa::path(post, path = "/api/v1/services", tag = "workloads", request_body = ServiceInput,
-    extensions(("x-required-role" = json!("project-operator"))),
+    extensions(("x-access" = json!(ops::CREATE_SERVICE))),
     responses((status = 201, description = "Created", body = Service), (status = 409, description = "A service of that name exists", body = ErrorBody)))]
 pub async fn create_service(
     State(state): State<AppState>,
-    axum::Extension(authn): axum::Extension<crate::auth::Authn>,
+    axum::Extension(caller): axum::Extension<tessera_model::auth::Caller>,
     Body(input): Body<ServiceInput>,
 ) -> Result<(StatusCode, Json<Service>), ApiError> {
-    let project = input
-        .project
-        .as_deref()
-        .unwrap_or(tessera_model::service::DEFAULT_PROJECT);
     // Only `production` takes room from others; `batch` and `default` an operator gives.
-    may_place_in(&authn, project, input.priority, false)?;
+    may_set_class(&caller, input.priority, false)?;
     let s = state.control.deployments().create_service(&input).await?;
     Ok((StatusCode::CREATED, Json(s)))
 }
 
 /// One service with its task counts, deployments and recent events
 #[utoipa::path(get, path = "/api/v1/services/{name}", tag = "workloads",
-    extensions(("x-required-role" = json!("viewer"))),
+    extensions(("x-access" = json!(Declaration::VIEW))),
     params(("name" = ServiceName, Path, description = "service")),
     responses((status = 200, description = "Service", body = ServiceDetail), (status = 404, description = "No such service", body = ErrorBody)))]
 pub async fn get_service(
@@ -192,7 +188,7 @@ pub async fn get_service(
 /// Where a service's tasks are reached, one entry per task and port, with whether each
 /// should get traffic (`healthy`) or not (`starting`, `unhealthy`, `draining`)
 #[utoipa::path(get, path = "/api/v1/services/{name}/endpoints", tag = "workloads",
-    extensions(("x-required-role" = json!("viewer"))),
+    extensions(("x-access" = json!(Declaration::VIEW))),
     params(("name" = ServiceName, Path, description = "service")),
     responses((status = 200, description = "Endpoints", body = EndpointList), (status = 404, description = "No such service", body = ErrorBody)))]
 pub async fn service_endpoints(
@@ -205,7 +201,7 @@ pub async fn service_endpoints(
 /// Prometheus HTTP service discovery: every running task's port named `metrics`, labelled
 /// with service, revision, task, host, GPU and pool
 #[utoipa::path(get, path = "/api/v1/discovery/prometheus", tag = "workloads",
-    extensions(("x-required-role" = json!("viewer"))),
+    extensions(("x-access" = json!(Declaration::VIEW))),
     responses((status = 200, description = "Target groups", body = Vec<PrometheusTargets>)))]
 pub async fn prometheus_discovery(
     State(state): State<AppState>,
@@ -215,21 +211,16 @@ pub async fn prometheus_discovery(
 
 /// Scale a service and/or deploy a new revision (rolling)
 #[utoipa::path(patch, path = "/api/v1/services/{name}", tag = "workloads", request_body = ServicePatch,
-    extensions(("x-required-role" = json!("project-operator"))),
+    extensions(("x-access" = json!(ops::UPDATE_SERVICE))),
     params(("name" = ServiceName, Path, description = "service")),
     responses((status = 200, description = "Updated", body = Service), (status = 404, description = "No such service", body = ErrorBody), (status = 409, description = "The service is being deleted", body = ErrorBody)))]
 pub async fn update_service(
     State(state): State<AppState>,
-    axum::Extension(authn): axum::Extension<crate::auth::Authn>,
+    axum::Extension(caller): axum::Extension<tessera_model::auth::Caller>,
     Segment(name): Segment,
     Body(patch): Body<ServicePatch>,
 ) -> Result<Json<Service>, ApiError> {
-    let project = state.control.projects().project_of_service(&name).await?;
-    authn.check_in(tessera_model::auth::Role::Operator, &project)?;
-    if patch.project.is_some() || patch.priority.is_some() {
-        let to = patch.project.as_deref().unwrap_or(&project);
-        may_place_in(&authn, to, patch.priority, true)?;
-    }
+    may_set_class(&caller, patch.priority, true)?;
     Ok(Json(
         state
             .control
@@ -241,23 +232,20 @@ pub async fn update_service(
 
 /// Delete a service: it drains to zero tasks, then goes
 #[utoipa::path(delete, path = "/api/v1/services/{name}", tag = "workloads",
-    extensions(("x-required-role" = json!("project-operator"))),
+    extensions(("x-access" = json!(ops::DELETE_SERVICE))),
     params(("name" = ServiceName, Path, description = "service")),
     responses((status = 202, description = "Draining"), (status = 404, description = "No such service", body = ErrorBody)))]
 pub async fn delete_service(
     State(state): State<AppState>,
-    axum::Extension(authn): axum::Extension<crate::auth::Authn>,
     Segment(name): Segment,
 ) -> Result<StatusCode, ApiError> {
-    let project = state.control.projects().project_of_service(&name).await?;
-    authn.check_in(tessera_model::auth::Role::Operator, &project)?;
     state.control.deployments().delete_service(&name).await?;
     Ok(StatusCode::ACCEPTED)
 }
 
 /// Where `count` tasks would go now, and the packing before and after; nothing is stored
 #[utoipa::path(post, path = "/api/v1/placement-preview", tag = "workloads", request_body = PreviewInput,
-    extensions(("x-required-role" = json!("operator"))),
+    extensions(("x-access" = json!(Declaration::OPERATE))),
     responses((status = 200, description = "Preview", body = PreviewResult)))]
 pub async fn preview(
     State(state): State<AppState>,
@@ -289,7 +277,7 @@ pub struct TaskQuery {
 
 /// Tasks, filtered
 #[utoipa::path(get, path = "/api/v1/tasks", tag = "workloads", params(TaskQuery),
-    extensions(("x-required-role" = json!("viewer"))),
+    extensions(("x-access" = json!(Declaration::VIEW))),
     responses((status = 200, description = "Tasks", body = TaskList)))]
 pub async fn list_tasks(
     State(state): State<AppState>,
@@ -354,7 +342,7 @@ pub struct EventQuery {
 
 /// Recent events, newest first
 #[utoipa::path(get, path = "/api/v1/events", tag = "workloads", params(EventQuery),
-    extensions(("x-required-role" = json!("viewer"))),
+    extensions(("x-access" = json!(Declaration::VIEW))),
     responses((status = 200, description = "Events", body = EventList)))]
 pub async fn list_events(
     State(state): State<AppState>,
@@ -380,7 +368,7 @@ pub async fn list_events(
 /// `AppState::live_slots` streams are open at once; past that, `503` (the console then
 /// simply refreshes on navigation).
 #[utoipa::path(get, path = "/api/v1/live", tag = "workloads",
-    extensions(("x-required-role" = json!("viewer"))),
+    extensions(("x-access" = json!(Declaration::VIEW))),
     responses((status = 200, description = "A stream of `change` events", content_type = "text/event-stream", body = crate::api::bodies::LiveEvent), (status = 503, description = "Too many streams are open", body = ErrorBody)))]
 pub async fn live(
     State(state): State<AppState>,

@@ -4,14 +4,19 @@
 //!   records stored through `Control`) or an API token (`Authorization: Bearer tsr_...`);
 //!   agents use their own tokens on `/agent/v1`, checked by those handlers.
 //! - Deny by default: REST routes can only be added through [`Routes::route`], which reads the
-//!   [`Access`] the handler's `#[utoipa::path]` declares and refuses a handler without one;
-//!   a server function without its declaration (`tessera_app::access::guard!`) is refused.
-//!   Console pages need a session, except the sign-in page.
+//!   [`Declaration`] the handler's `#[utoipa::path]` names (`x-access`) and refuses a handler
+//!   without one; a server function without its declaration (`tessera_app::access::guard!`)
+//!   is refused. Console pages need a session, except the sign-in page.
+//! - An operation in a project ([`Access::InProject`]) is checked here against the project
+//!   its declaration's scope names ([`scope`]): a service's, or the one a service is put
+//!   into. Handlers never check a project's role.
 //! - A state-changing request that does not carry a bearer token must come from the console's
 //!   own origin (`Sec-Fetch-Site` or `Origin`), and every request must name an allowed
 //!   `Host` (against DNS rebinding).
-//! - Every accepted mutation is written to the audit log: who, what, on what, from where.
+//! - Every accepted mutation is written to the audit log: who, what, on what, from where;
+//!   so is every read an operation declares audited ([`Audit::Always`]).
 
+mod scope;
 mod sessions;
 
 use sessions::unix_now;
@@ -53,6 +58,7 @@ pub const SESSION_COOKIE: &str = "tessera_session";
 const MAX_BODY: usize = 2 * 1024 * 1024;
 
 pub use tessera_model::auth::Access;
+pub use tessera_model::operations::{Audit, Declaration};
 
 /// Settings of the layer, from the command line.
 #[derive(Debug, Clone)]
@@ -104,7 +110,7 @@ impl Authn {
 
     /// Whether the caller may do what `access` requires. For an operation in a project
     /// ([`Access::InProject`]), a caller with the role in some project passes here; the
-    /// handler checks the project acted on ([`Authn::check_in`]).
+    /// project acted on is checked next ([`scope::check`]).
     pub fn check(&self, access: Access) -> Result<(), ApiError> {
         let Some(needed) = access.role() else {
             return Ok(());
@@ -130,32 +136,26 @@ impl Authn {
     }
 }
 
-impl Authn {
-    /// Whether the caller has `needed` in `project`: its fleet-wide role or the one it was
-    /// given there (a token scoped to another project has none).
-    pub fn check_in(
-        &self,
-        needed: tessera_model::auth::Role,
-        project: &str,
-    ) -> Result<(), ApiError> {
-        self.check(Access::InProject(needed))?;
-        let c = self.caller().expect("checked: a caller");
-        tessera_model::project::may_act_in(c, project, needed).map_err(ApiError::Forbidden)
-    }
-}
-
 /// One REST route and what it needs: the list the deny-by-default test walks.
 #[derive(Debug, Clone)]
 pub struct RouteRule {
     pub method: Method,
     pub path: String,
-    pub access: Access,
+    pub declared: Declaration,
+}
+
+impl RouteRule {
+    pub fn access(&self) -> Access {
+        self.declared.access
+    }
 }
 
 /// The REST router under construction, with the OpenAPI document of what it serves. A route
-/// is added from its handler's `#[utoipa::path]`, which must declare its access (the
-/// `x-required-role` extension): a handler without one, or with an unknown one, is a
-/// programming error and stops the server before it serves anything.
+/// is added from its handler's `#[utoipa::path]`, which must name its declaration (the
+/// `x-access` extension, `json!(Declaration::VIEW)` or `json!(ops::UPDATE_SERVICE)`): a
+/// handler without one, or with one that cannot be enforced (a project role without a
+/// scope, a scope naming a path parameter the path lacks), is a programming error and stops
+/// the server before it serves anything.
 #[derive(Default)]
 pub struct Routes {
     router: OpenApiRouter<AppState>,
@@ -165,7 +165,7 @@ pub struct Routes {
 impl Routes {
     /// One handler, as `utoipa_axum::routes!(handler)` reads it.
     pub fn route(mut self, (schemas, paths, method_router): UtoipaMethodRouter<AppState>) -> Self {
-        let mut declared = Vec::new();
+        let mut found = Vec::new();
         for (path, item) in &paths.paths {
             for (method, op) in [
                 (Method::GET, &item.get),
@@ -175,26 +175,32 @@ impl Routes {
                 (Method::DELETE, &item.delete),
             ] {
                 let Some(op) = op else { continue };
-                let role = op
-                    .extensions
-                    .as_ref()
-                    .and_then(|e| e.get("x-required-role"))
-                    .and_then(|v| v.as_str());
-                let access = role.and_then(Access::parse).unwrap_or_else(|| {
-                    panic!("{method} {path}: its #[utoipa::path] must declare extensions((\"x-required-role\" = json!(\"none|agent|viewer|operator|admin\"))), not {role:?}")
-                });
-                declared.push(RouteRule {
+                let raw = op.extensions.as_ref().and_then(|e| e.get("x-access"));
+                let declared = raw
+                    .and_then(|v| serde_json::from_value::<Declaration>(v.clone()).ok())
+                    .unwrap_or_else(|| {
+                        panic!("{method} {path}: its #[utoipa::path] must declare extensions((\"x-access\" = json!(Declaration::VIEW))) or a declaration of tessera_model::operations, not {raw:?}")
+                    });
+                for sc in declared.scope.iter() {
+                    if let Some(p) = sc.path_parameter() {
+                        assert!(
+                            path.contains(&format!("{{{p}}}")),
+                            "{method} {path}: its scope reads {{{p}}}, which the path lacks"
+                        );
+                    }
+                }
+                found.push(RouteRule {
                     method,
                     path: path.clone(),
-                    access,
+                    declared,
                 });
             }
         }
-        let [rule] = <[RouteRule; 1]>::try_from(declared)
+        let [rule] = <[RouteRule; 1]>::try_from(found)
             .unwrap_or_else(|d| panic!("add one operation at a time, not {d:?}"));
-        let access = rule.access;
+        let declared = std::sync::Arc::new(rule.declared.clone());
         let method_router = method_router.route_layer(axum::middleware::from_fn(
-            move |req: Request, next: Next| require(access, req, next),
+            move |req: Request, next: Next| require(declared.clone(), req, next),
         ));
         self.router = self.router.routes((schemas, paths, method_router));
         self.rules.push(rule);
@@ -215,28 +221,98 @@ impl Routes {
     }
 }
 
-/// The route layer: refuses a caller without the access the route needs.
-async fn require(access: Access, req: Request, next: Next) -> Response {
+/// The route layer: refuses a caller without the access the route declares, in the project
+/// its scope names; marks the answer of a read declared audited for [`authenticate`].
+async fn require(declared: std::sync::Arc<Declaration>, req: Request, next: Next) -> Response {
     let authn = req
         .extensions()
         .get::<Authn>()
         .cloned()
         .unwrap_or(Authn::Anonymous);
-    match authn.check(access) {
-        Ok(()) => next.run(req).await,
-        Err(e) => e.into_response(),
+    if let Err(e) = authn.check(declared.access) {
+        return e.into_response();
     }
+    let req = match rest_in_scope(&declared, req).await {
+        Ok(req) => req,
+        Err(e) => return e.into_response(),
+    };
+    let mut response = next.run(req).await;
+    if declared.audit == Audit::Always {
+        response.extensions_mut().insert(AuditedRead);
+    }
+    response
 }
+
+/// The answer of a read whose operation is declared [`Audit::Always`].
+#[derive(Clone, Copy)]
+struct AuditedRead;
+
+/// The control plane, for the route layer's project checks.
+#[derive(Clone)]
+struct Projects(Control);
+
+/// A REST request whose declaration has a scope: the caller's role in each project it
+/// names, before the handler runs; the request as it came (its body read once).
+async fn rest_in_scope(declared: &Declaration, req: Request) -> Result<Request, ApiError> {
+    if declared.scope.is_empty() {
+        return Ok(req);
+    }
+    let (caller, control) = match (
+        req.extensions().get::<Caller>(),
+        req.extensions().get::<Projects>(),
+    ) {
+        (Some(c), Some(p)) => (c.clone(), p.0.clone()),
+        _ => return Err(ApiError::Unauthorized("sign in first".into())),
+    };
+    let (mut parts, body) = req.into_parts();
+    let path = <axum::extract::Path<HashMap<String, String>> as axum::extract::FromRequestParts<
+        (),
+    >>::from_request_parts(&mut parts, &())
+    .await
+    .map(|p| p.0)
+    .unwrap_or_default();
+    let (body, bytes) = if scope::reads_body(declared) {
+        let bytes = read_body(body).await?;
+        let json = serde_json::from_slice(&bytes).map_err(|e| {
+            ApiError::BadRequest(format!(
+                "the body is not the JSON this operation reads: {e}"
+            ))
+        })?;
+        (Some(json), bytes)
+    } else {
+        (None, read_body(body).await?)
+    };
+    scope::check(
+        &control,
+        &caller,
+        declared,
+        &scope::Arguments::Rest { path, body },
+    )
+    .await?;
+    Ok(Request::from_parts(parts, Body::from(bytes)))
+}
+
+async fn read_body(body: Body) -> Result<axum::body::Bytes, ApiError> {
+    axum::body::to_bytes(body, MAX_BODY)
+        .await
+        .map_err(|_| ApiError::PayloadTooLarge(format!("the body is larger than {MAX_BODY} bytes")))
+}
+
+pub use tessera_app::access::Rule as ServerFnRule;
 
 /// Every server function of the console and what it needs, as each declares it beside
 /// itself (`tessera_app::access`). A server function missing here is refused (the test walks
 /// the registered ones).
-pub fn server_fn_rules() -> &'static HashMap<&'static str, (String, Access)> {
-    static RULES: OnceLock<HashMap<&'static str, (String, Access)>> = OnceLock::new();
+pub fn server_fn_rules() -> &'static HashMap<&'static str, (String, &'static ServerFnRule)> {
+    static RULES: OnceLock<HashMap<&'static str, (String, &'static ServerFnRule)>> =
+        OnceLock::new();
     RULES.get_or_init(|| {
         let mut rules = HashMap::new();
         for r in tessera_app::access::rules() {
-            let earlier = rules.insert(r.path, (r.function(), r.access));
+            if let Err(why) = r.declared.check() {
+                panic!("server function {}: {why}", r.name);
+            }
+            let earlier = rules.insert(r.path, (r.function(), r));
             // Fail closed: one declaration must not quietly replace another.
             assert!(earlier.is_none(), "{} declares its access twice", r.path);
         }
@@ -400,13 +476,13 @@ pub async fn authenticate(State(state): State<AppState>, mut req: Request, next:
         }
     }
     let server_fn = if path.starts_with("/api/") && !path.starts_with("/api/v1/") {
-        let Some((name, access)) = server_fn_rules().get(path.as_str()) else {
+        let Some((name, rule)) = server_fn_rules().get(path.as_str()) else {
             return ApiError::Forbidden(format!("{path} has no access rule")).into_response();
         };
-        if let Err(e) = authn.check(*access) {
+        if let Err(e) = authn.check(rule.declared.access) {
             return e.into_response();
         }
-        Some(name)
+        Some((name, *rule))
     } else {
         None
     };
@@ -427,35 +503,46 @@ pub async fn authenticate(State(state): State<AppState>, mut req: Request, next:
         ))
         .into_response();
     }
-    let audit = match authn.caller() {
-        Some(c) if !is_safe(&method) => Some(c.actor()),
-        _ => None,
-    };
     if let Some(c) = authn.caller() {
         // For the console's server functions and pages, which see the model's type only.
         req.extensions_mut().insert(c.clone());
     }
+    req.extensions_mut().insert(Projects(state.control.clone()));
+    let actor = authn.caller().map(Caller::actor);
     req.extensions_mut().insert(authn);
-    let Some(actor) = audit else {
+    let Some(actor) = actor else {
         return next.run(req).await;
     };
-    // Read the body once to name the target in the audit log, then pass it on.
     let address = client_address(&req);
-    let (parts, body) = req.into_parts();
-    let bytes = match axum::body::to_bytes(body, MAX_BODY).await {
-        Ok(b) => b,
-        Err(_) => {
-            return ApiError::PayloadTooLarge(format!("the body is larger than {MAX_BODY} bytes"))
-                .into_response();
+    let changes = !is_safe(&method);
+    let scoped_fn = server_fn.filter(|(_, r)| !r.declared.scope.is_empty());
+    // Read the body once (to name the target in the audit log, and for a server function in
+    // a project to find the project), then pass it on.
+    let (req, target) = if changes || scoped_fn.is_some() {
+        let (parts, body) = req.into_parts();
+        let bytes = match read_body(body).await {
+            Ok(b) => b,
+            Err(e) => return e.into_response(),
+        };
+        if let Some((_, rule)) = scoped_fn
+            && let Err(e) = server_fn_in_scope(&state.control, &parts, &bytes, rule).await
+        {
+            return e.into_response();
         }
+        let target = audit_target(&path, &bytes);
+        (Request::from_parts(parts, Body::from(bytes)), target)
+    } else {
+        (req, audit_target(&path, &[]))
     };
-    let target = audit_target(&path, &bytes);
-    let response = next
-        .run(Request::from_parts(parts, Body::from(bytes)))
-        .await;
-    if response.status().is_success() || response.status().is_redirection() {
+    let declared_audited = match server_fn {
+        Some((_, r)) => r.declared.audited(changes),
+        None => changes,
+    };
+    let response = next.run(req).await;
+    let audited = declared_audited || response.extensions().get::<AuditedRead>().is_some();
+    if audited && (response.status().is_success() || response.status().is_redirection()) {
         let action = match server_fn {
-            Some(name) => format!("server function {name}"),
+            Some((name, _)) => format!("server function {name}"),
             None => format!("{method} {path}"),
         };
         state
@@ -470,6 +557,31 @@ pub async fn authenticate(State(state): State<AppState>, mut req: Request, next:
             .await;
     }
     response
+}
+
+/// A server function whose declaration has a scope: the caller's role in each project it
+/// names, from the arguments as the function reads them (its query for `GET`, else its body).
+async fn server_fn_in_scope(
+    control: &Control,
+    parts: &axum::http::request::Parts,
+    bytes: &[u8],
+    rule: &ServerFnRule,
+) -> Result<(), ApiError> {
+    let caller = parts
+        .extensions
+        .get::<Caller>()
+        .ok_or_else(|| ApiError::Unauthorized("sign in first".into()))?;
+    let args = if parts.method == Method::GET {
+        let query = parts.uri.query().unwrap_or_default();
+        scope::Arguments::server_fn(None, query.as_bytes(), rule.body)?
+    } else {
+        let content_type = parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok());
+        scope::Arguments::server_fn(content_type, bytes, rule.body)?
+    };
+    scope::check(control, caller, &rule.declared, &args).await
 }
 
 /// What a mutation acted on: a name, id or family from its body (never other values, which
@@ -519,7 +631,7 @@ mod tests {
     use utoipa_axum::routes;
 
     /// Declares its access.
-    #[utoipa::path(post, path = "/declared", extensions(("x-required-role" = json!("operator"))),
+    #[utoipa::path(post, path = "/declared", extensions(("x-access" = json!(Declaration::OPERATE))),
         responses((status = 204, description = "Done")))]
     async fn declared() {}
 
@@ -528,16 +640,27 @@ mod tests {
     async fn forgotten() {}
 
     /// Misspells it.
-    #[utoipa::path(get, path = "/misspelt", extensions(("x-required-role" = json!("operatr"))),
+    #[utoipa::path(get, path = "/misspelt", extensions(("x-access" = json!({"role": "operatr"}))),
         responses((status = 204, description = "Done")))]
     async fn misspelt() {}
+
+    /// Declares a project role but not where the project is.
+    #[utoipa::path(post, path = "/unscoped", extensions(("x-access" = json!({"role": "project-operator"}))),
+        responses((status = 204, description = "Done")))]
+    async fn unscoped() {}
+
+    /// Reads the project of a service named by a path parameter it does not have.
+    #[utoipa::path(delete, path = "/services/{id}",
+        extensions(("x-access" = json!(tessera_model::operations::DELETE_SERVICE))),
+        responses((status = 204, description = "Done")))]
+    async fn misscoped() {}
 
     #[test]
     fn a_route_carries_the_access_its_handler_declares() {
         let routes = Routes::default().route(routes!(declared));
         let rule = &routes.rules()[0];
         assert_eq!(
-            (rule.method.clone(), rule.path.as_str(), rule.access),
+            (rule.method.clone(), rule.path.as_str(), rule.access()),
             (Method::POST, "/declared", Access::OPERATE)
         );
         let (_, doc) = routes.split();
@@ -554,6 +677,18 @@ mod tests {
     #[should_panic(expected = "must declare")]
     fn a_handler_whose_access_is_misspelt_cannot_be_routed() {
         let _ = Routes::default().route(routes!(misspelt));
+    }
+
+    #[test]
+    #[should_panic(expected = "must declare")]
+    fn a_project_role_without_a_scope_cannot_be_routed() {
+        let _ = Routes::default().route(routes!(unscoped));
+    }
+
+    #[test]
+    #[should_panic(expected = "which the path lacks")]
+    fn a_scope_on_a_path_parameter_the_path_lacks_cannot_be_routed() {
+        let _ = Routes::default().route(routes!(misscoped));
     }
 
     #[test]
