@@ -31,6 +31,70 @@ pub struct Rule {
     /// The argument that holds the body a REST twin would take (`input`, `patch`): its
     /// declaration's scope names fields of it. `None`: the arguments themselves.
     pub body: Option<&'static str>,
+    /// Its arguments read from a request's query and body by the function's own decoder
+    /// ([`decode::arguments`]), as JSON: what the layer checks is what the function gets.
+    pub arguments: fn(&str, &[u8]) -> Result<serde_json::Value, String>,
+}
+
+/// A server function's arguments, read by the decoder its own protocol uses.
+#[cfg(feature = "ssr")]
+pub mod decode {
+    use leptos::server_fn::codec::{GetUrl, Json, JsonEncoding, PostUrl};
+    use leptos::server_fn::{Bytes, Decodes, Http, ServerFn};
+    use serde::Serialize;
+    use serde::de::DeserializeOwned;
+
+    /// The encoding of a protocol's input.
+    pub trait InputOf {
+        type Input: Encoding;
+    }
+
+    impl<I: Encoding, O> InputOf for Http<I, O> {
+        type Input = I;
+    }
+
+    /// Reads arguments as `server_fn` does for this encoding (a server function with an
+    /// encoding not here does not compile with `guard!`).
+    pub trait Encoding {
+        fn read<F: DeserializeOwned>(query: &str, body: &[u8]) -> Result<F, String>;
+    }
+
+    /// `server_fn`'s own: `serde_qs` with depth 5, not strict, over the UTF-8 body.
+    impl Encoding for PostUrl {
+        fn read<F: DeserializeOwned>(_: &str, body: &[u8]) -> Result<F, String> {
+            let text = std::str::from_utf8(body).map_err(|e| e.to_string())?;
+            serde_qs::Config::new(5, false)
+                .deserialize_str(text)
+                .map_err(|e| e.to_string())
+        }
+    }
+
+    /// As [`PostUrl`], over the query.
+    impl Encoding for GetUrl {
+        fn read<F: DeserializeOwned>(query: &str, _: &[u8]) -> Result<F, String> {
+            serde_qs::Config::new(5, false)
+                .deserialize_str(query)
+                .map_err(|e| e.to_string())
+        }
+    }
+
+    impl Encoding for Json {
+        fn read<F: DeserializeOwned>(_: &str, body: &[u8]) -> Result<F, String> {
+            <JsonEncoding as Decodes<F>>::decode(Bytes::copy_from_slice(body))
+                .map_err(|e| e.to_string())
+        }
+    }
+
+    /// The arguments of server function `F` in a request, decoded as `F` decodes them and
+    /// written back as JSON (every argument by its name).
+    pub fn arguments<F>(query: &str, body: &[u8]) -> Result<serde_json::Value, String>
+    where
+        F: ServerFn + DeserializeOwned + Serialize,
+        F::Protocol: InputOf,
+    {
+        let args: F = <<F::Protocol as InputOf>::Input as Encoding>::read(query, body)?;
+        serde_json::to_value(&args).map_err(|e| e.to_string())
+    }
 }
 
 #[cfg(feature = "ssr")]
@@ -80,6 +144,7 @@ macro_rules! guard {
                 name: stringify!($fn),
                 declared: $declared,
                 body: $body,
+                arguments: $crate::access::decode::arguments::<$fn>,
             }
         }
     };

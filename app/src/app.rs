@@ -204,8 +204,7 @@ fn ClusterLine(c: crate::data::ClusterView) -> impl IntoView {
     let scheduler = c.servers.into_iter().find(|s| s.scheduling);
     let scheduling = match scheduler {
         Some(s) => {
-            let since = s.since.unwrap_or_default();
-            let since = since.get(..19).unwrap_or(&since).replace('T', " ");
+            let since = s.since.map(|t| t.short()).unwrap_or_default();
             // An id already names its address (machine/host:port); else show both.
             let address = s.address.split("://").last().unwrap_or(&s.address);
             if s.id.ends_with(address) {

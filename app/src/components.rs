@@ -209,11 +209,11 @@ pub fn EventList(events: Vec<Event>) -> impl IntoView {
             {events
                 .into_iter()
                 .map(|e| {
-                    let at = e.at.get(11..19).unwrap_or(&e.at).to_owned();
+                    let at = e.at.clock();
                     let subject = e.service.clone().or(e.host.as_ref().map(|h| h.to_string())).unwrap_or_default();
                     view! {
                         <li>
-                            <time datetime=e.at.clone()>{at}</time>
+                            <time datetime=e.at.to_string()>{at}</time>
                             <span class="event-subject">{subject}</span>
                             <span class="event-message">{e.message}</span>
                         </li>

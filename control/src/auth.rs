@@ -23,18 +23,13 @@ use tessera_model::ids::{NAME_RULE, is_valid_name};
 
 /// The account made on first start.
 pub const ADMIN_USER: &str = "admin";
-pub use tessera_model::auth::MIN_PASSWORD_LEN;
+use tessera_model::limits::accounts::MAX_TOKEN_DAYS;
+pub use tessera_model::limits::accounts::{MAX_ATTEMPTS, MIN_PASSWORD_LEN};
 /// What every API token starts with, so a leaked one is recognisable (and so the server
 /// tells them from agent tokens without a lookup).
 pub const API_TOKEN_PREFIX: &str = "tsr_";
-/// Sign-in attempts allowed per user and per client address within [`ATTEMPT_WINDOW`]:
-/// counted in the database before the password is checked, so the limit holds for a
-/// concurrent burst and across servers. A successful sign-in clears its user's count and
-/// gives its address's attempt back: failures are what use the allowance up.
-pub const MAX_ATTEMPTS: u64 = 5;
 /// A key's window starts at its first attempt.
 pub const ATTEMPT_WINDOW: Duration = Duration::from_secs(60);
-const MAX_TOKEN_DAYS: u32 = 3650;
 
 /// What a token made at sign-in is for: the whole fleet or one project, and how long.
 #[derive(Debug, Clone, Copy, Default)]

@@ -137,6 +137,11 @@ pub fn stamp(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Millis, true)
 }
 
+/// `t` as the model carries times: compared as a time, written as [`stamp`] writes it.
+pub fn instant(t: DateTime<Utc>) -> tessera_model::time::Timestamp {
+    tessera_model::time::Timestamp::from_utc(t)
+}
+
 /// `d` as a chrono duration (saturating at about 292 years).
 pub fn to_chrono(d: Duration) -> chrono::Duration {
     chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)

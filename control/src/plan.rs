@@ -54,7 +54,7 @@ pub(crate) struct Actions {
 
 /// Orders tasks for stopping: ones not serving first, then the newest.
 fn stop_order(tasks: &mut [&Task]) {
-    tasks.sort_by_key(|t| (t.ready(), std::cmp::Reverse(t.created_at.clone())));
+    tasks.sort_by_key(|t| (t.ready(), std::cmp::Reverse(t.created_at)));
 }
 
 /// A running task whose health check fails: replaced, start before stop.
@@ -244,7 +244,7 @@ fn sick_stops(
 ) -> Vec<(String, StopReason)> {
     let replacement_waits = new.iter().any(|t| t.state == TaskState::Pending);
     let mut sick_sorted = sick.to_vec();
-    sick_sorted.sort_by_key(|t| t.created_at.clone());
+    sick_sorted.sort_by_key(|t| t.created_at);
     let n = if running_total >= desired || replacement_waits {
         sick_sorted.len()
     } else if start == 0 && new.len() < desired {
@@ -309,7 +309,7 @@ mod tests {
             pending: 0,
             running: 0,
             failed_tasks: failed,
-            created_at: String::new(),
+            created_at: tessera_model::time::Timestamp::EPOCH,
         }
     }
 
@@ -319,7 +319,9 @@ mod tests {
             deployment_id: d,
             task_definition: rev(if d == 2 { 2 } else { 1 }),
             state,
-            created_at: format!("2026-11-30T12:00:{at:02}.000Z"),
+            created_at: format!("2026-11-30T12:00:{at:02}.000Z")
+                .parse()
+                .expect("a time"),
             ..crate::test_values::task(id, "web")
         }
     }
@@ -568,7 +570,7 @@ mod tests {
         assert!(a.failures.is_empty());
         // Draining tasks are out of every count.
         let mut draining = task("d", 2, Stopping, 1);
-        draining.drain_until = Some("2026-11-30T12:00:09.000Z".into());
+        draining.drain_until = Some("2026-11-30T12:00:09.000Z".parse().expect("a time"));
         let a = actions(plan_service(
             &service(1, 100, 200),
             &[draining],

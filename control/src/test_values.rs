@@ -31,7 +31,7 @@ pub(crate) fn task(id: &str, service: &str) -> Task {
         health: None,
         health_output: None,
         drain_until: None,
-        created_at: String::new(),
+        created_at: tessera_model::time::Timestamp::EPOCH,
         started_at: None,
         stopped_at: None,
     }
@@ -57,6 +57,6 @@ pub(crate) fn service(name: &str) -> Service {
         deregistration_delay_secs: 0,
         objectives: Default::default(),
         deleting: false,
-        created_at: String::new(),
+        created_at: tessera_model::time::Timestamp::EPOCH,
     }
 }

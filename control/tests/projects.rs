@@ -1089,7 +1089,7 @@ async fn open_preemptions_are_never_pruned() {
         id: 0,
         state,
         task: task.into(),
-        at: String::new(),
+        at: tessera_model::time::Timestamp::EPOCH,
         pool: "gpu".into(),
         host: "a".into(),
         service: "api".into(),

@@ -2,13 +2,11 @@
 //! the console show them. Passwords, token values and hashes never appear in these types.
 
 use crate::inventory::{ParseEnumError, text_enum};
+use crate::time::Timestamp;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
-
-/// Passwords shorter than this (in characters) are refused.
-pub const MIN_PASSWORD_LEN: usize = 12;
 
 text_enum!(
     /// What a caller may do. Each role can do everything the one before it can.
@@ -118,8 +116,7 @@ pub struct UserInfo {
     pub username: String,
     pub role: Role,
     pub disabled: bool,
-    /// RFC 3339 UTC.
-    pub created_at: String,
+    pub created_at: Timestamp,
 }
 
 /// An API token as lists show it: never its value.
@@ -134,9 +131,9 @@ pub struct ApiTokenInfo {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub project: Option<String>,
     pub created_by: String,
-    pub created_at: String,
-    /// RFC 3339 UTC; `None`: does not expire.
-    pub expires_at: Option<String>,
+    pub created_at: Timestamp,
+    /// `None`: does not expire.
+    pub expires_at: Option<Timestamp>,
 }
 
 /// A token just made: the only time its value is shown.
@@ -222,8 +219,7 @@ impl Caller {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AuditEntry {
     pub id: i64,
-    /// RFC 3339 UTC.
-    pub at: String,
+    pub at: Timestamp,
     pub actor: String,
     /// `POST /api/v1/services`, `server function create_service`, `sign in`.
     pub action: String,
@@ -353,15 +349,14 @@ pub struct JoinTokenInfo {
     pub description: String,
     pub pool: Option<String>,
     pub host: Option<String>,
-    /// RFC 3339 UTC.
-    pub expires_at: String,
+    pub expires_at: Timestamp,
     /// Registrations it still allows.
     pub uses_left: u32,
     /// Registrations made with it.
     pub uses: u32,
     pub preapproved: bool,
     pub created_by: String,
-    pub created_at: String,
+    pub created_at: Timestamp,
 }
 
 /// A join token just minted: the only time its value is shown.

@@ -14,33 +14,6 @@
 
 use crate::ids::GpuUuid;
 
-/// Most GPUs one host may report.
-pub const MAX_GPUS: usize = 64;
-/// Highest GPU index.
-pub const MAX_GPU_INDEX: u32 = 1023;
-/// Largest GPU memory a report may claim (16 TiB).
-pub const MAX_GPU_MEMORY_MIB: u64 = 16 * 1024 * 1024;
-/// Most task reports in one sync.
-pub const MAX_TASKS: usize = 10_000;
-/// Most ports one task may report.
-pub const MAX_PORTS: usize = 100;
-/// Names: a task id, a GPU model, a port's container and name, labels.
-pub const MAX_NAME_CHARS: usize = 256;
-/// A failing health check's output.
-pub const MAX_HEALTH_OUTPUT_CHARS: usize = 1024;
-/// The image a task is pulling.
-pub const MAX_PULLING_CHARS: usize = 512;
-/// Why a task could not start or ended.
-pub const MAX_ERROR_CHARS: usize = 2048;
-/// Why the MPS daemon is unhealthy.
-pub const MAX_MPS_REASON_CHARS: usize = 4096;
-/// Why a task's work is unknown.
-pub const MAX_WORK_REASON_CHARS: usize = 512;
-/// Most latency buckets of one work sample.
-pub const MAX_LATENCY_BUCKETS: usize = 64;
-/// Most failed allocations counted in one sync window.
-pub const MAX_MEMORY_ERRORS: u32 = 1_000_000;
-
 /// Whose item a bound dropped or cut.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Owner {

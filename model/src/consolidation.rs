@@ -112,7 +112,7 @@ pub struct ConsolidationPlan {
     pub pool: String,
     pub goal: String,
     pub status: PlanStatus,
-    pub created_at: String,
+    pub created_at: crate::time::Timestamp,
     pub moves: Vec<PlannedMove>,
     /// GPUs emptied, as `host/GPU index`.
     pub frees_gpus: Vec<String>,

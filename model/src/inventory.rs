@@ -2,6 +2,7 @@
 //! console show them.
 
 use crate::ids::{GpuUuid, HostId, PoolName};
+use crate::time::Timestamp;
 use crate::units::{MiB, MilliCpu};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -242,7 +243,7 @@ pub struct HostInfo {
     pub status_reason: Option<String>,
     /// When its agent last synced (RFC 3339, UTC); absent before the first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_seen: Option<String>,
+    pub last_seen: Option<Timestamp>,
     /// Times its agent restarted the MPS control daemon (since the agent started).
     #[serde(default)]
     pub mps_restarts: u32,

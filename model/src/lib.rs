@@ -29,6 +29,7 @@
 //! - [`bodies`]: the REST API's own response bodies (wrapped lists, the error body).
 //! - [`limits`]: the bounds requests and reports are checked against, each declared once.
 //! - [`range`]: the time ranges histories are read over, parsed in one place.
+//! - [`time`]: `Timestamp`, an instant compared as a time and written as RFC 3339.
 
 #![forbid(unsafe_code)]
 #![recursion_limit = "256"]
@@ -51,6 +52,7 @@ pub mod range;
 pub mod schema;
 pub mod service;
 pub mod taskdef;
+pub mod time;
 pub mod units;
 pub mod urlenc;
 pub mod validate;

@@ -1,4 +1,6 @@
-//! Bounds that requests and reports are checked against, each declared once. The
+//! Every limit on what requests, reports and tasks may hold, each declared once: those of
+//! services and pools here, the others in a module each (`report`, `task_definition`,
+//! `project`, `accounts`, `http`, `work`). The
 //! validators (`agent.rs`, `taskdef`, `validate`), the hand-written JSON Schemas
 //! (`schema.rs`) and the agent read these constants. utoipa's attributes take literals
 //! only: `derived_schemas_carry_these_bounds` checks that the derived schemas' bounds agree.
@@ -33,6 +35,97 @@ pub const MAX_TEXT_CHARS: usize = 1024;
 /// How far a pool's MPS compute caps may be overcommitted (1.0: reserved, never
 /// overcommitted).
 pub const COMPUTE_OVERCOMMIT_MAX: f64 = 10.0;
+
+/// What one agent's sync report may hold: an item past a bound is dropped or cut
+/// ([`crate::bounds`]), never the whole report.
+pub mod report {
+    /// Most GPUs one host may report.
+    pub const MAX_GPUS: usize = 64;
+    /// Highest GPU index.
+    pub const MAX_GPU_INDEX: u32 = 1023;
+    /// Largest GPU memory a report may claim (16 TiB).
+    pub const MAX_GPU_MEMORY_MIB: u64 = 16 * 1024 * 1024;
+    /// Most task reports in one sync.
+    pub const MAX_TASKS: usize = 10_000;
+    /// Most ports one task may report.
+    pub const MAX_PORTS: usize = 100;
+    /// Names: a task id, a GPU model, a port's container and name, labels.
+    pub const MAX_NAME_CHARS: usize = 256;
+    /// A failing health check's output.
+    pub const MAX_HEALTH_OUTPUT_CHARS: usize = 1024;
+    /// The image a task is pulling.
+    pub const MAX_PULLING_CHARS: usize = 512;
+    /// Why a task could not start or ended.
+    pub const MAX_ERROR_CHARS: usize = 2048;
+    /// Why the MPS daemon is unhealthy.
+    pub const MAX_MPS_REASON_CHARS: usize = 4096;
+    /// Why a task's work is unknown.
+    pub const MAX_WORK_REASON_CHARS: usize = 512;
+    /// Most latency buckets of one work sample.
+    pub const MAX_LATENCY_BUCKETS: usize = 64;
+    /// Most failed allocations counted in one sync window.
+    pub const MAX_MEMORY_ERRORS: u32 = 1_000_000;
+}
+
+/// What a task definition may ask for.
+pub mod task_definition {
+    /// Most containers in one task.
+    pub const MAX_CONTAINERS: usize = 10;
+    /// Most whole GPUs one task may ask for (what fits on one host).
+    pub const MAX_GPUS: u64 = 16;
+    /// Largest memory (host or GPU) a container may ask for: 16 TiB.
+    pub const MAX_MEMORY_MIB: u64 = 16 * 1024 * 1024;
+    /// Longest secret value.
+    pub const MAX_SECRET_BYTES: usize = 64 * 1024;
+}
+
+/// A project's quotas and weight.
+pub mod project {
+    /// The most quotas one project may have (one per pool).
+    pub const MAX_QUOTAS: usize = 64;
+    /// The largest amount a quota may name of any quantity (what a signed 64-bit integer
+    /// holds, as JSON clients read integers).
+    pub const MAX_AMOUNT: u64 = i64::MAX as u64;
+    /// The largest weight of a project (its share of borrowed capacity, against others').
+    pub const MAX_WEIGHT: u32 = 1000;
+}
+
+/// Accounts, sign-in and tokens.
+pub mod accounts {
+    /// Passwords shorter than this (in characters) are refused.
+    pub const MIN_PASSWORD_LEN: usize = 12;
+    /// Sign-in attempts allowed per user and per client address within a minute: counted in
+    /// the database before the password is checked, so the limit holds for a concurrent
+    /// burst and across servers. A successful sign-in clears its user's count and gives its
+    /// address's attempt back: failures are what use the allowance up.
+    pub const MAX_ATTEMPTS: u64 = 5;
+    /// An API token's longest life (days).
+    pub const MAX_TOKEN_DAYS: u32 = 3650;
+    /// A join token's longest life (seconds: 30 days).
+    pub const MAX_JOIN_TOKEN_SECS: u64 = 30 * 24 * 3600;
+    /// The most hosts one join token may admit.
+    pub const MAX_JOIN_TOKEN_USES: u32 = 10_000;
+}
+
+/// Request bodies the server reads.
+pub mod http {
+    /// The largest body of a console or API request (axum's limit of JSON bodies, which the
+    /// auth layer applies too when it reads a body for its scope or audit entry).
+    pub const MAX_BODY: usize = 2 * 1024 * 1024;
+    /// The largest agent request body (read first by the edge, within the agents' body
+    /// deadline; the handler's extractor applies it too).
+    pub const MAX_AGENT_BODY: usize = 2 * 1024 * 1024;
+}
+
+/// What the agent reads of a task's `/metrics` (its completed work).
+pub mod work {
+    /// The largest metrics answer read: a runaway label set must not fill the agent's memory.
+    pub const MAX_SCRAPE_BYTES: usize = 4 * 1024 * 1024;
+    /// Most samples of the configured metrics one scrape may have (series of the counters
+    /// and bucket lines of the histogram together): past it the work is unknown, so a
+    /// runaway label set costs one bounded pass over the text, nothing more.
+    pub const MAX_SERIES: usize = 100_000;
+}
 
 #[cfg(all(test, feature = "openapi"))]
 mod tests {

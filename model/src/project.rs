@@ -8,6 +8,8 @@
 //! share (of shared, MPS slots and whole GPUs alike), host CPU and host memory.
 
 use crate::error::ValidationErrors;
+use crate::limits::project::{MAX_AMOUNT, MAX_QUOTAS, MAX_WEIGHT};
+use crate::time::Timestamp;
 use crate::validate::Errors;
 use crate::{PoolName, ids};
 use serde::{Deserialize, Serialize};
@@ -15,16 +17,6 @@ use std::collections::BTreeSet;
 
 pub use crate::inventory::PreemptionState;
 pub use crate::service::DEFAULT_PROJECT;
-
-/// The most quotas one project may have (one per pool).
-pub const MAX_QUOTAS: usize = 64;
-
-/// The largest amount a quota may name of any quantity (what a signed 64-bit integer
-/// holds, as JSON clients read integers).
-pub const MAX_AMOUNT: u64 = i64::MAX as u64;
-
-/// The largest weight of a project (its share of borrowed capacity, against others').
-pub const MAX_WEIGHT: u32 = 1000;
 
 /// Quantities of a pool's capacity a quota names. Left out: a guarantee of none, or no
 /// limit on that quantity.
@@ -280,7 +272,7 @@ pub struct Project {
     pub name: String,
     pub weight: u32,
     pub quotas: Vec<Quota>,
-    pub created_at: String,
+    pub created_at: Timestamp,
 }
 
 impl Project {
@@ -290,7 +282,7 @@ impl Project {
             name: DEFAULT_PROJECT.to_owned(),
             weight: 1,
             quotas: Vec::new(),
-            created_at: String::new(),
+            created_at: Timestamp::EPOCH,
         }
     }
 
@@ -421,7 +413,7 @@ pub fn validate(input: &ProjectInput) -> Result<Project, ValidationErrors> {
         name: input.name.clone(),
         weight,
         quotas: input.quotas.clone(),
-        created_at: String::new(),
+        created_at: Timestamp::EPOCH,
     })
 }
 
@@ -545,8 +537,7 @@ pub struct Preemption {
     pub state: PreemptionState,
     /// The waiting task the plan was made for.
     pub task: String,
-    /// RFC 3339 UTC.
-    pub at: String,
+    pub at: Timestamp,
     pub pool: String,
     pub host: String,
     pub service: String,

@@ -3,6 +3,7 @@
 use crate::ids::{GpuUuid, HostId, PoolName};
 use crate::inventory::PlacementPolicy;
 use crate::taskdef::TaskDefinitionSpec;
+use crate::time::Timestamp;
 use crate::units::{ComputeMilli, MiB};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -71,7 +72,7 @@ pub struct TaskDefinition {
     /// `false` once deregistered: still describable, no new tasks.
     pub active: bool,
     pub spec: TaskDefinitionSpec,
-    pub registered_at: String,
+    pub registered_at: Timestamp,
 }
 
 impl TaskDefinition {
@@ -161,7 +162,7 @@ pub struct Service {
     pub objectives: crate::work::Objectives,
     /// `true` after DELETE: it drains to zero tasks and is then removed.
     pub deleting: bool,
-    pub created_at: String,
+    pub created_at: Timestamp,
 }
 
 /// The project of a service that names none, and of every service from before projects.
@@ -443,10 +444,10 @@ pub struct Task {
     /// While it is draining: until when it stays running, out of the endpoint list, before
     /// its stop signal.
     #[serde(default)]
-    pub drain_until: Option<String>,
-    pub created_at: String,
-    pub started_at: Option<String>,
-    pub stopped_at: Option<String>,
+    pub drain_until: Option<Timestamp>,
+    pub created_at: Timestamp,
+    pub started_at: Option<Timestamp>,
+    pub stopped_at: Option<Timestamp>,
 }
 
 impl Task {
@@ -470,7 +471,7 @@ pub struct Deployment {
     pub running: u32,
     /// Tasks of this deployment that stopped on their own with a non-zero exit code.
     pub failed_tasks: u32,
-    pub created_at: String,
+    pub created_at: Timestamp,
 }
 
 /// A timestamped, human-readable record on a service or a host.
@@ -478,7 +479,7 @@ pub struct Deployment {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Event {
     pub id: i64,
-    pub at: String,
+    pub at: Timestamp,
     pub service: Option<String>,
     pub host: Option<HostId>,
     pub message: String,

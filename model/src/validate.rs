@@ -10,6 +10,7 @@ use crate::limits::{
     MPS_CLIENT_LIMIT_MAX, STOP_TIMEOUT_MAX_SECS, STOP_TIMEOUT_MIN_SECS,
 };
 use crate::service::{DeploymentConfig, Service, TaskDefRef};
+use crate::time::Timestamp;
 use crate::{Admission, ParseEnumError, PlacementPolicy, PoolInfo, PoolName, ids};
 
 /// Collects field errors, then fails with all of them.
@@ -208,7 +209,7 @@ pub fn service(input: &ServiceInput) -> Result<Service, ValidationErrors> {
         deregistration_delay_secs: input.deregistration_delay_secs,
         objectives: input.objectives(),
         deleting: false,
-        created_at: String::new(),
+        created_at: Timestamp::EPOCH,
     })
 }
 

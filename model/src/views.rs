@@ -4,6 +4,7 @@
 
 use crate::api::Density;
 use crate::service::{Event, TaskState};
+use crate::time::Timestamp;
 use crate::{ComputeMilli, GpuInfo, HostInfo, HostStatus, MiB};
 use serde::{Deserialize, Serialize};
 
@@ -146,10 +147,10 @@ pub struct ServerView {
     /// Whether it holds the scheduler lease: it runs the reconcile and scheduling loop.
     pub scheduling: bool,
     /// Since when it schedules (RFC 3339 UTC), when it does.
-    pub since: Option<String>,
-    pub started_at: String,
+    pub since: Option<Timestamp>,
+    pub started_at: Timestamp,
     /// Its last announcement (every tick).
-    pub last_seen: String,
+    pub last_seen: Timestamp,
 }
 
 /// The servers sharing the database, and which one schedules.

@@ -509,7 +509,7 @@ async fn the_document_and_the_router_agree_and_answers_match_their_schemas() {
                 id: 0,
                 state: tessera_model::project::PreemptionState::Proposed,
                 task: "t-0".into(),
-                at: String::new(),
+                at: tessera_model::time::Timestamp::EPOCH,
                 pool: "inference".into(),
                 host: "sim-l4-1".into(),
                 service: "chat".into(),

@@ -23,7 +23,7 @@ use tokio::task::JoinHandle;
 const FAST: Duration = Duration::from_millis(500);
 
 /// Longest output kept of a check before its secrets are masked: far more than the
-/// report's bound ([`tessera_model::bounds::MAX_HEALTH_OUTPUT_CHARS`]), which is applied
+/// report's bound ([`tessera_model::limits::report::MAX_HEALTH_OUTPUT_CHARS`]), which is applied
 /// after masking, so that a secret cut in two here is cut away there.
 const MAX_OUTPUT: usize = 64 * 1024;
 
@@ -237,8 +237,11 @@ pub(crate) fn shown_output(raw: String, redact: &[String]) -> String {
         .iter()
         .filter(|s| !s.is_empty())
         .fold(raw, |o, secret| o.replace(secret.as_str(), "***"));
-    tessera_model::bounds::cut_text(&masked, tessera_model::bounds::MAX_HEALTH_OUTPUT_CHARS)
-        .unwrap_or(masked)
+    tessera_model::bounds::cut_text(
+        &masked,
+        tessera_model::limits::report::MAX_HEALTH_OUTPUT_CHARS,
+    )
+    .unwrap_or(masked)
 }
 
 /// A check command's exit status and output, of which at most [`MAX_OUTPUT`] bytes of

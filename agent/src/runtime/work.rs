@@ -6,15 +6,14 @@
 //! reason, never as zero work.
 
 use std::time::{Duration, Instant};
-use tessera_model::bounds::MAX_LATENCY_BUCKETS;
+use tessera_model::limits::report::MAX_LATENCY_BUCKETS;
 use tessera_model::work::{LatencyBucket, WorkReport, WorkSample, WorkSpec};
 
 /// How long one scrape may take, connecting included: a stuck application must not hold
 /// up the agent's sync.
 pub(crate) const SCRAPE_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// The largest metrics answer read: a runaway label set must not fill the agent's memory.
-pub(crate) const MAX_SCRAPE_BYTES: usize = 4 * 1024 * 1024;
+pub(crate) use tessera_model::limits::work::MAX_SCRAPE_BYTES;
 
 /// Two scrapes closer than this give no rate worth reporting.
 const MIN_INTERVAL: Duration = Duration::from_millis(50);
@@ -103,10 +102,7 @@ pub(crate) struct Totals {
     pub latency: Vec<LatencyBucket>,
 }
 
-/// Most samples of the configured metrics one scrape may have (series of the counters and
-/// bucket lines of the histogram together): past it the work is unknown, so a runaway
-/// label set costs one bounded pass over the text, nothing more.
-pub(crate) const MAX_SERIES: usize = 100_000;
+pub(crate) use tessera_model::limits::work::MAX_SERIES;
 
 /// The totals `spec` asks for in a scrape's `text`: one pass over its lines, in time linear
 /// in its length, keeping nothing but the sums. Lines of other metrics are skipped unread;

@@ -79,7 +79,7 @@ pub fn AuditPage() -> impl IntoView {
                                 <tbody>
                                     {entries.into_iter().map(|e| view! {
                                         <tr>
-                                            <td>{e.at.replace('T', " ").trim_end_matches('Z').to_owned()}</td>
+                                            <td>{e.at.short()}</td>
                                             <td>{e.actor}</td>
                                             <td>{e.action}</td>
                                             <td>{e.target.unwrap_or_default()}</td>

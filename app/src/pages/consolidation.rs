@@ -152,7 +152,7 @@ pub fn ConsolidationPage() -> impl IntoView {
                                                     <td>{p.status.as_str()}</td>
                                                     <td>{p.moves.len()}</td>
                                                     <td>{frees_text(&p)}</td>
-                                                    <td>{p.created_at.clone()}</td>
+                                                    <td>{p.created_at.short()}</td>
                                                 </tr>
                                             }).collect_view()}
                                         </tbody>

@@ -160,7 +160,7 @@ fn JoinTokensPanel() -> impl IntoView {
                                                 <td>{t.host.clone().map(|h| format!("rejoins {h}")).or(t.pool.clone()).unwrap_or_else(|| "any".into())}</td>
                                                 <td>{t.uses_left}</td>
                                                 <td>{t.uses}</td>
-                                                <td>{t.expires_at.clone()}</td>
+                                                <td>{t.expires_at.short()}</td>
                                                 <td>{t.description.clone()}</td>
                                                 <td><button type="button" class="danger" on:click=move |_| { delete.dispatch(id.clone()); }>"Delete"</button></td>
                                             </tr>

@@ -282,7 +282,7 @@ pub fn ProjectsPage() -> impl IntoView {
                                         let proposed = p.state == PreemptionState::Proposed;
                                         view! {
                                             <tr data-preemption=id.to_string() data-state=p.state.as_str()>
-                                                <td class="nowrap">{p.at.replace('T', " ").trim_end_matches('Z').to_owned()}</td>
+                                                <td class="nowrap">{p.at.short()}</td>
                                                 <td>{format!("{} ({}, {})", p.service, p.project, p.priority)}</td>
                                                 <td>{format!("{} in {}", p.host, p.pool)}</td>
                                                 <td>{stopped}</td>

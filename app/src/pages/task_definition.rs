@@ -149,7 +149,7 @@ fn Revisions(
                         view! {
                             <tr data-revision=r.to_string()>
                                 <td>{format!("{}:{}", d.family, d.revision)}</td>
-                                <td>{d.registered_at.get(..19).unwrap_or(&d.registered_at).replace('T', " ")}</td>
+                                <td>{d.registered_at.short()}</td>
                                 <td>{d.spec.cpu().to_string()}</td>
                                 <td>{d.spec.memory().to_string()}</td>
                                 <td>{gpu_summary(&d.spec)}</td>

@@ -90,7 +90,8 @@ pub(crate) async fn describe(c: &Client, kind: Described, name: &str) -> anyhow:
             say!("CPU:      {}    Memory: {}", host.cpu, host.memory);
             say!(
                 "Seen:     {}{}",
-                host.last_seen.as_deref().unwrap_or("never"),
+                host.last_seen
+                    .map_or_else(|| "never".to_owned(), |t| t.to_string()),
                 if host.simulated {
                     " (simulated GPUs)"
                 } else {

@@ -172,7 +172,7 @@ pub(crate) async fn get(
                     row.extend([
                         h.cpu.to_string(),
                         h.memory.to_string(),
-                        h.last_seen.clone().unwrap_or_default(),
+                        h.last_seen.map(|t| t.to_string()).unwrap_or_default(),
                         h.status_reason.clone().unwrap_or_default(),
                     ]);
                 }
@@ -391,7 +391,7 @@ pub(crate) async fn get(
                             .collect::<Vec<_>>()
                             .join(", "),
                     );
-                    row.push(d.registered_at.clone());
+                    row.push(d.registered_at.to_string());
                 }
                 t.row(row);
             }
@@ -438,7 +438,7 @@ pub(super) fn print_tasks(tasks: &[Task], wide: bool) {
         if wide {
             row.extend([
                 task.task_definition.to_string(),
-                task.started_at.clone().unwrap_or_default(),
+                task.started_at.map(|t| t.to_string()).unwrap_or_default(),
                 task_note(task),
             ]);
         }

@@ -57,7 +57,7 @@ pub(crate) async fn join_token(command: JoinTokenCommand) -> anyhow::Result<()> 
                     j.pool.clone().unwrap_or_else(|| "any".into()),
                     j.uses_left.to_string(),
                     j.uses.to_string(),
-                    j.expires_at.clone(),
+                    j.expires_at.to_string(),
                     j.description.clone(),
                 ]);
             }

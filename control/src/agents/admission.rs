@@ -10,9 +10,12 @@ use super::AgentSync;
 use crate::agents::{hash_token, new_token};
 use crate::clock::{stamp, to_chrono};
 use crate::error::ControlError;
+use std::ops::Not;
 use std::time::Duration;
 use tessera_model::agent::{RegisterRequest, RegisterResponse};
 use tessera_model::auth::{Caller, JoinTokenInfo, JoinTokenInput, NewJoinToken};
+use tessera_model::limits::accounts::{MAX_JOIN_TOKEN_SECS, MAX_JOIN_TOKEN_USES};
+use tessera_model::time::Timestamp;
 use tessera_model::{Admission, GpuHealth, GpuInfo, HostId, HostInfo, HostStatus, SharingMode};
 
 const JOIN_TOKEN_SETTING: &str = "join_token_sha256";
@@ -26,8 +29,6 @@ const JOIN_TOKEN_EXPIRES: &str = "join_token_expires_at";
 pub const BOOTSTRAP_TOKEN_TTL: Duration = Duration::from_secs(24 * 3600);
 /// A minted token's default and longest life.
 const DEFAULT_TOKEN_SECS: u64 = 24 * 3600;
-const MAX_TOKEN_SECS: u64 = 30 * 24 * 3600;
-const MAX_TOKEN_USES: u32 = 10_000;
 
 /// Equal strings, compared in time independent of where they differ.
 fn same(a: &str, b: &str) -> bool {
@@ -141,10 +142,10 @@ impl AgentSync {
             e.add("description", "at most 200 characters");
         }
         let secs = input.expires_in_secs.unwrap_or(DEFAULT_TOKEN_SECS);
-        if !(60..=MAX_TOKEN_SECS).contains(&secs) {
+        if !(60..=MAX_JOIN_TOKEN_SECS).contains(&secs) {
             e.add(
                 "expires_in_secs",
-                format!("must be between 60 and {MAX_TOKEN_SECS} (30 days), got {secs}"),
+                format!("must be between 60 and {MAX_JOIN_TOKEN_SECS} (30 days), got {secs}"),
             );
         }
         // A token for one host rejoins it once.
@@ -153,10 +154,10 @@ impl AgentSync {
         } else {
             input.uses.unwrap_or(1)
         };
-        if !(1..=MAX_TOKEN_USES).contains(&uses) {
+        if !(1..=MAX_JOIN_TOKEN_USES).contains(&uses) {
             e.add(
                 "uses",
-                format!("must be between 1 and {MAX_TOKEN_USES}, got {uses}"),
+                format!("must be between 1 and {MAX_JOIN_TOKEN_USES}, got {uses}"),
             );
         }
         let pool = match &input.pool {
@@ -204,12 +205,12 @@ impl AgentSync {
             description: input.description.trim().to_owned(),
             pool,
             host,
-            expires_at: stamp(now + chrono::Duration::seconds(secs as i64)),
+            expires_at: crate::clock::instant(now + chrono::Duration::seconds(secs as i64)),
             uses_left: uses,
             uses: 0,
             preapproved: input.preapproved,
             created_by: caller.name.clone(),
-            created_at: stamp(now),
+            created_at: crate::clock::instant(now),
         };
         self.store
             .insert_join_token(&info, &hash_token(&token))
@@ -249,10 +250,10 @@ impl AgentSync {
             let gpus = crate::inventory_growth::approved(&host.gpus, &host.pending_gpus);
             // Written as a sync's report would be (a replaced GPU's tasks stop with it),
             // without making the host look seen now.
-            let seen_at = host
-                .last_seen
-                .clone()
-                .unwrap_or_else(|| stamp(self.core.now()));
+            let seen_at = stamp(
+                host.last_seen
+                    .map_or_else(|| self.core.now(), |t| t.to_utc()),
+            );
             let changes = self
                 .store
                 .record_host_report(
@@ -297,14 +298,16 @@ impl AgentSync {
     /// What `token` lets a registration do, or why it lets it do nothing.
     async fn grant_of(&self, token: &str, pool: &str) -> Result<Grant, ControlError> {
         let hash = hash_token(token);
-        let now = stamp(self.core.now());
+        let now = self.core.instant();
         if let Some(fleet) = self.store.get_setting(JOIN_TOKEN_SETTING).await?
             && same(&fleet, &hash)
         {
             let expires = self.store.get_setting(JOIN_TOKEN_EXPIRES).await?;
+            // A stored expiry that is not a time is taken as passed: fail closed.
+            let expired = |e: &str| e.parse::<Timestamp>().is_ok_and(|e| e > now).not();
             return match expires.filter(|e| !e.is_empty()) {
-                Some(e) if e <= now => Err(ControlError::Unauthorized(format!(
-                    "the join token printed at first start expired at {e}: an admin mints one (tessera create join-token --pool POOL)"
+                Some(e) if expired(&e) => Err(ControlError::Unauthorized(format!(
+                    "the join token printed at first start expired at {e}: an admin mints one (tessera join-token create --pool POOL)"
                 ))),
                 _ => Ok(Grant::default()),
             };

@@ -478,13 +478,13 @@ impl AgentSync {
         host: &tessera_model::HostInfo,
         mine: &[Task],
     ) -> Result<Vec<WantedTask>, ControlError> {
-        let now = stamp(self.core.now());
+        let now = self.core.instant();
         let wanted: Vec<&Task> = mine
             .iter()
             .filter(|_| !host.held)
             .filter(|t| match t.state {
                 TaskState::Assigned | TaskState::Running => true,
-                TaskState::Stopping => t.drain_until.as_deref().is_some_and(|d| d > now.as_str()),
+                TaskState::Stopping => t.drain_until.is_some_and(|d| d > now),
                 _ => false,
             })
             .collect();

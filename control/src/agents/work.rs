@@ -2,7 +2,6 @@
 //! something new and written with the next heartbeats.
 
 use super::AgentSync;
-use crate::clock::stamp;
 use crate::error::ControlError;
 use tessera_model::agent::TaskReport;
 use tessera_model::service::Task;
@@ -12,7 +11,7 @@ impl AgentSync {
     /// Keeps what a sync reported of its tasks' work, written with the next heartbeats
     /// when it says something new (see [`WorkLatest::offer`]).
     pub(crate) fn record_work(&self, tasks: &[Task], reports: &[TaskReport]) {
-        let at = stamp(self.core.now());
+        let at = self.core.instant();
         let now = self.core.unix_now();
         let mut latest = self.gateway.work.lock();
         for r in reports {
@@ -20,7 +19,7 @@ impl AgentSync {
             if !tasks.iter().any(|t| t.id == r.task_id) {
                 continue;
             }
-            latest.offer(&r.task_id, WorkNow::of(at.clone(), w), now);
+            latest.offer(&r.task_id, WorkNow::of(at, w), now);
         }
     }
 

@@ -95,15 +95,15 @@ impl Control {
     /// (or the database could not say). A lease newly taken, or held among other live
     /// servers, makes this server's engines stale.
     async fn take_lease(&self, now: chrono::DateTime<chrono::Utc>) -> Option<Lease> {
-        let expires = stamp(now + to_chrono(self.core.config().lease_ttl));
+        let expires = crate::clock::instant(now + to_chrono(self.core.config().lease_ttl));
         let held = self.core.membership().lease_epoch();
         let lease = match self
             .store
             .acquire_lease(
                 self.core.membership().server_id(),
                 held,
-                &stamp(now),
-                &expires,
+                crate::clock::instant(now),
+                expires,
             )
             .await
         {
@@ -226,7 +226,7 @@ impl Control {
             .store
             .lease()
             .await?
-            .filter(|l| l.expires_at >= stamp(now));
+            .filter(|l| l.expires_at >= crate::clock::instant(now));
         let servers = self
             .store
             .list_servers(&since)
@@ -236,7 +236,7 @@ impl Control {
                 let scheduling = lease.as_ref().filter(|l| l.holder == s.id);
                 ServerView {
                     scheduling: scheduling.is_some(),
-                    since: scheduling.map(|l| l.since.clone()),
+                    since: scheduling.map(|l| l.since),
                     id: s.id,
                     address: s.address,
                     started_at: s.started_at,

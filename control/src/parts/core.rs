@@ -60,6 +60,11 @@ impl Core {
         self.membership.fleet_clock().now(&*self.config.clock)
     }
 
+    /// Now by the fleet's clock, as the model carries times.
+    pub(crate) fn instant(&self) -> tessera_model::time::Timestamp {
+        crate::clock::instant(self.now())
+    }
+
     /// Now in Unix seconds, by the fleet's clock.
     pub(crate) fn unix_now(&self) -> i64 {
         crate::clock::since_epoch(self.now())

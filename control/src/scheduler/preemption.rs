@@ -392,7 +392,7 @@ impl Scheduler {
             id: 0,
             state,
             task: task_id.to_owned(),
-            at: String::new(),
+            at: tessera_model::time::Timestamp::EPOCH,
             pool: pool.to_string(),
             host: host.to_string(),
             service: service.name.clone(),
@@ -657,7 +657,7 @@ mod tests {
                 },
                 limit: Amounts::default(),
             }],
-            created_at: String::new(),
+            created_at: tessera_model::time::Timestamp::EPOCH,
         };
         let projects: HashMap<String, Project> =
             [with_quota("prod", "gpu"), with_quota("lab", "gpu")]

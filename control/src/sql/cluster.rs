@@ -65,8 +65,8 @@ impl ClusterStore for This {
         &self,
         holder: &str,
         held: Option<i64>,
-        now: &str,
-        expires_at: &str,
+        now: Timestamp,
+        expires_at: Timestamp,
     ) -> Result<Option<Lease>, StoreError> {
         let mut tx = self.lock_writes().await?;
         let current = sqlx::query(
@@ -77,19 +77,16 @@ impl ClusterStore for This {
         .map(|r| lease_from_row(&r))
         .transpose()?;
         let lease = match current {
-            Some(l) if l.holder == holder && Some(l.epoch) == held => Lease {
-                expires_at: expires_at.to_owned(),
-                ..l
-            },
-            Some(l) if l.holder != holder && l.expires_at.as_str() >= now => {
+            Some(l) if l.holder == holder && Some(l.epoch) == held => Lease { expires_at, ..l },
+            Some(l) if l.holder != holder && l.expires_at >= now => {
                 tx.commit().await?;
                 return Ok(None);
             }
             other => Lease {
                 holder: holder.to_owned(),
                 epoch: other.map_or(1, |l| l.epoch + 1),
-                since: now.to_owned(),
-                expires_at: expires_at.to_owned(),
+                since: now,
+                expires_at,
             },
         };
         sqlx::query(
@@ -99,8 +96,8 @@ impl ClusterStore for This {
         )
         .bind(&lease.holder)
         .bind(lease.epoch)
-        .bind(&lease.since)
-        .bind(&lease.expires_at)
+        .bind(lease.since)
+        .bind(lease.expires_at)
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
@@ -108,7 +105,8 @@ impl ClusterStore for This {
     }
 
     async fn release_lease(&self, holder: &str) -> Result<(), StoreError> {
-        sqlx::query("UPDATE scheduler_lease SET expires_at = '' WHERE one = 1 AND holder = $1")
+        sqlx::query("UPDATE scheduler_lease SET expires_at = $1 WHERE one = 1 AND holder = $2")
+            .bind(Timestamp::EPOCH)
             .bind(holder)
             .execute(&self.db)
             .await?;

@@ -222,11 +222,11 @@ impl HostStore for This {
             .bind(&t.description)
             .bind(t.pool.as_deref())
             .bind(t.host.as_deref())
-            .bind(&t.expires_at)
+            .bind(t.expires_at)
             .bind(i64::from(t.uses_left))
             .bind(i64::from(t.preapproved))
             .bind(&t.created_by)
-            .bind(&t.created_at),
+            .bind(t.created_at),
         )
         .await?;
         Ok(())

@@ -48,6 +48,7 @@ use tessera_model::service::{
     ServiceConstraints, Task, TaskDefRef, TaskDefinition, TaskState,
 };
 use tessera_model::taskdef::{SecretValues, TaskDefinitionSpec};
+use tessera_model::time::Timestamp;
 use tessera_model::{
     ComputeMilli, GpuHealth, GpuInfo, GpuUuid, HostId, HostInfo, HostStatus, MiB, MilliCpu,
     PlacementPolicy, PoolInfo, PoolName, SharingMode,

@@ -89,8 +89,8 @@ pub(super) fn join_token_from_row(row: &DbRow) -> Result<JoinTokenInfo, StoreErr
         pool: row.try_get("pool")?,
         host: row.try_get("host_id")?,
         expires_at: row
-            .try_get::<Option<String>, _>("expires_at")?
-            .unwrap_or_default(),
+            .try_get::<Option<Timestamp>, _>("expires_at")?
+            .unwrap_or(Timestamp::EPOCH),
         uses_left: count("uses_left")?,
         uses: count("uses")?,
         preapproved: row.try_get::<i64, _>("preapproved")? != 0,

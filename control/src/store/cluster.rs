@@ -5,6 +5,7 @@ use super::Store;
 use crate::error::StoreError;
 use async_trait::async_trait;
 use std::sync::Arc;
+use tessera_model::time::Timestamp;
 
 /// Who holds the scheduler lease, from when, until when, and its epoch (which grows with
 /// every new holder).
@@ -12,9 +13,9 @@ use std::sync::Arc;
 pub struct Lease {
     pub holder: String,
     pub epoch: i64,
-    /// When this holder took it (stored time).
-    pub since: String,
-    pub expires_at: String,
+    /// When this holder took it.
+    pub since: Timestamp,
+    pub expires_at: Timestamp,
 }
 
 /// A server of the control plane as it last announced itself.
@@ -22,8 +23,8 @@ pub struct Lease {
 pub struct ServerRow {
     pub id: String,
     pub address: String,
-    pub started_at: String,
-    pub last_seen_at: String,
+    pub started_at: Timestamp,
+    pub last_seen_at: Timestamp,
 }
 
 #[async_trait]
@@ -50,8 +51,8 @@ pub trait ClusterStore: Send + Sync + 'static {
         &self,
         holder: &str,
         held: Option<i64>,
-        now: &str,
-        expires_at: &str,
+        now: Timestamp,
+        expires_at: Timestamp,
     ) -> Result<Option<Lease>, StoreError>;
     /// Lets go of the lease if `holder` has it (a clean shutdown: another server takes
     /// over at its next tick).

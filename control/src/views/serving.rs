@@ -173,7 +173,7 @@ mod tests {
             health,
             health_output: Some("GET /health: 503".into()),
             drain_until: None,
-            created_at: String::new(),
+            created_at: tessera_model::time::Timestamp::EPOCH,
             started_at: None,
             stopped_at: None,
         }

@@ -2,8 +2,9 @@
 //! `/agent/v1`. Sync is declarative: the agent says what it has, the server answers with
 //! everything it should run.
 
-use crate::bounds::{self, MAX_NAME_CHARS};
+use crate::bounds;
 use crate::ids::{GpuUuid, HostId, PoolName};
+use crate::limits::report::MAX_NAME_CHARS;
 use crate::service::{TaskHealth, TaskPort};
 use crate::taskdef::{ContainerSecurity, Dependency, HealthCheck, PortSpec};
 use crate::taskdef::{FieldError, ValidationErrors};
@@ -306,10 +307,10 @@ fn text_ok(s: &str) -> bool {
 /// Registration refuses the whole request for one bad GPU: a host is admitted with what
 /// it says it has, or not at all.
 fn check_gpus(gpus: &[GpuReport], errors: &mut Vec<FieldError>) {
-    if gpus.len() > bounds::MAX_GPUS {
+    if gpus.len() > crate::limits::report::MAX_GPUS {
         errors.push(FieldError {
             field: "gpus".into(),
-            message: format!("at most {} GPUs per host", bounds::MAX_GPUS),
+            message: format!("at most {} GPUs per host", crate::limits::report::MAX_GPUS),
         });
     }
     let mut indices = std::collections::BTreeSet::new();

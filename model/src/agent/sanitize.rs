@@ -4,6 +4,7 @@
 
 use super::{GpuReport, SyncRequest, TaskReport};
 use crate::bounds::*;
+use crate::limits::report::*;
 use crate::units::MiB;
 use crate::work::WorkReport;
 use std::collections::BTreeSet;

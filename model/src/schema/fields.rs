@@ -38,11 +38,11 @@ pub fn optional_name() -> Schema {
     }))
 }
 
-/// A new password: at least [`crate::auth::MIN_PASSWORD_LEN`] characters.
+/// A new password: at least [`crate::limits::accounts::MIN_PASSWORD_LEN`] characters.
 pub fn password() -> Schema {
     ObjectBuilder::new()
         .schema_type(SchemaType::new(Type::String))
-        .min_length(Some(crate::auth::MIN_PASSWORD_LEN))
+        .min_length(Some(crate::limits::accounts::MIN_PASSWORD_LEN))
         .into()
 }
 

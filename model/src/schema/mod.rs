@@ -8,11 +8,9 @@
 //! Schema; the descriptions name them.
 
 use crate::ids::{GpuUuid, HostId, PoolName};
+use crate::limits::task_definition::{MAX_CONTAINERS, MAX_GPUS, MAX_MEMORY_MIB, MAX_SECRET_BYTES};
 use crate::service::{DeploymentConfig, TaskDefRef};
-use crate::taskdef::{
-    ECS_UNCHANGED_SECRET, FAMILY_PATTERN, MAX_CONTAINERS, MAX_GPUS, MAX_MEMORY_MIB,
-    MAX_SECRET_BYTES, RESERVED_ENV, Secret,
-};
+use crate::taskdef::{ECS_UNCHANGED_SECRET, FAMILY_PATTERN, RESERVED_ENV, Secret};
 use crate::units::Percent;
 use serde_json::{Value, json};
 use std::borrow::Cow;

@@ -5,6 +5,7 @@ use super::native::{optional_string, parse_argv, parse_command};
 use super::rules::*;
 use super::serving::*;
 use super::*;
+use crate::limits::task_definition::*;
 
 /// ECS counts CPU in units of 1/1024 vCPU.
 pub(super) fn ecs_units_to_milli(units: u64) -> u64 {

@@ -22,8 +22,8 @@ mod tests;
 
 pub use crate::error::{FieldError, ValidationErrors};
 pub use ecs::to_ecs_json;
+pub use rules::FAMILY_PATTERN;
 pub(crate) use rules::kind;
-pub use rules::{FAMILY_PATTERN, MAX_CONTAINERS, MAX_GPUS, MAX_MEMORY_MIB};
 pub use security::{CAPABILITIES, ContainerSecurity, UNPRIVILEGED_CAPABILITIES};
 pub use spec::*;
 

@@ -4,6 +4,7 @@ use super::rules::*;
 use super::serving::*;
 use super::*;
 use crate::limits::MAX_TEXT_CHARS;
+use crate::limits::task_definition::*;
 
 pub(super) fn parse_native(c: &mut Checker, o: &Map<String, Value>) -> Option<TaskDefinitionSpec> {
     c.unknown_keys(o, &["family", "containers", "ecs", "work"], "");

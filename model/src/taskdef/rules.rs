@@ -1,15 +1,9 @@
 //! The rules: limits, names, and the checks that hold whatever shape the input came in;
 //! `Checker` collects every error with its field while the parsers walk a document.
 
-use super::spec::MAX_SECRET_BYTES;
 use super::*;
+use crate::limits::task_definition::*;
 
-/// Most containers in one task.
-pub const MAX_CONTAINERS: usize = 10;
-/// Most whole GPUs one task may ask for (what fits on one host).
-pub const MAX_GPUS: u64 = 16;
-/// Largest memory (host or GPU) a container may ask for: 16 TiB.
-pub const MAX_MEMORY_MIB: u64 = 16 * 1024 * 1024;
 /// What [`valid_name`] accepts, as a JSON Schema pattern (families and container names).
 pub const FAMILY_PATTERN: &str = r"^[A-Za-z0-9_-]{1,255}$";
 

@@ -32,8 +32,6 @@ pub enum Secret {
 
 /// What `{"valueFrom": ...}` of ECS's `secrets` says to keep the previous revision's value.
 pub const ECS_UNCHANGED_SECRET: &str = "tessera:unchanged";
-/// Longest secret value.
-pub const MAX_SECRET_BYTES: usize = 64 * 1024;
 
 impl Secret {
     /// The value, for the one place that must send it (a host's sync answer).

@@ -2,6 +2,7 @@
 //! (`WorkSpec`), a sync's report of it, latency histograms, and a task's rates now.
 
 use crate::error::FieldError;
+use crate::time::Timestamp;
 use serde::{Deserialize, Serialize};
 
 /// Where a task's application publishes its work, in the Prometheus text format (what
@@ -156,7 +157,7 @@ impl WorkReport {
         let count = |v: f64| v.is_finite() && v >= 0.0;
         match self {
             WorkReport::Unknown { reason } => {
-                if !crate::bounds::text_ok(reason, crate::bounds::MAX_WORK_REASON_CHARS) {
+                if !crate::bounds::text_ok(reason, crate::limits::report::MAX_WORK_REASON_CHARS) {
                     return Err("the reason must be at most 512 characters without NUL".into());
                 }
             }
@@ -170,10 +171,10 @@ impl WorkReport {
                 if !count(s.completed) || s.errors.is_some_and(|e| !count(e)) {
                     return Err("completed and errors must be counts: finite, at least 0".into());
                 }
-                if s.latency.len() > crate::bounds::MAX_LATENCY_BUCKETS {
+                if s.latency.len() > crate::limits::report::MAX_LATENCY_BUCKETS {
                     return Err(format!(
                         "at most {} latency buckets, got {}",
-                        crate::bounds::MAX_LATENCY_BUCKETS,
+                        crate::limits::report::MAX_LATENCY_BUCKETS,
                         s.latency.len()
                     ));
                 }
@@ -233,8 +234,8 @@ pub fn histogram_quantile(q: f64, buckets: &[LatencyBucket]) -> Option<f64> {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct WorkNow {
-    /// When (RFC 3339).
-    pub at: String,
+    /// When.
+    pub at: Timestamp,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completed_per_sec: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -256,7 +257,7 @@ impl Eq for WorkNow {}
 
 impl WorkNow {
     /// The rates of one sample.
-    pub fn of(at: String, report: &WorkReport) -> WorkNow {
+    pub fn of(at: crate::time::Timestamp, report: &WorkReport) -> WorkNow {
         match report {
             WorkReport::Unknown { reason } => WorkNow {
                 at,

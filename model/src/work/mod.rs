@@ -19,6 +19,7 @@ pub use objectives::{
     Alarm, AlarmMetric, Autoscaling, Objectives, Published, ScaleMetric, Slo, trim_float,
 };
 
+use crate::time::Timestamp;
 use serde::{Deserialize, Serialize};
 
 /// A service's work over one bucket of time (summed over its tasks).
@@ -77,7 +78,7 @@ pub struct AlarmState {
     pub value: Option<f64>,
     /// Since when it is in this state (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub since: Option<String>,
+    pub since: Option<Timestamp>,
 }
 
 /// `GET /api/v1/services/{name}/work`: the work a service completes, now and over time.

@@ -39,9 +39,7 @@ use workloads::*;
 /// as this API's JSON errors.
 pub struct Body<T>(pub T);
 
-/// The largest agent request body: axum's limit of JSON bodies, which the handler's
-/// extractor applies too (read first by the edge, within the agents' body deadline).
-pub const MAX_AGENT_BODY: usize = 2 * 1024 * 1024;
+pub use tessera_model::limits::http::MAX_AGENT_BODY;
 
 impl<S: Send + Sync, T: serde::de::DeserializeOwned> axum::extract::FromRequest<S> for Body<T> {
     type Rejection = ApiError;

@@ -21,6 +21,7 @@ mod sessions;
 
 use sessions::unix_now;
 pub use sessions::{ControlSessions, session_layer, start_session};
+use tessera_model::limits::http::MAX_BODY;
 
 use crate::AppState;
 use crate::error::ApiError;
@@ -53,9 +54,6 @@ pub const IDLE_TIMEOUT: time::Duration = time::Duration::hours(1);
 pub const ABSOLUTE_TIMEOUT_SECS: i64 = 12 * 3600;
 /// The session cookie's name.
 pub const SESSION_COOKIE: &str = "tessera_session";
-/// Largest body read to find an audit entry's target; larger ones are refused as they
-/// would be by the JSON extractor.
-const MAX_BODY: usize = 2 * 1024 * 1024;
 
 pub use tessera_model::auth::Access;
 pub use tessera_model::operations::{Audit, Declaration};
@@ -176,11 +174,15 @@ impl Routes {
             ] {
                 let Some(op) = op else { continue };
                 let raw = op.extensions.as_ref().and_then(|e| e.get("x-access"));
-                let declared = raw
-                    .and_then(|v| serde_json::from_value::<Declaration>(v.clone()).ok())
-                    .unwrap_or_else(|| {
-                        panic!("{method} {path}: its #[utoipa::path] must declare extensions((\"x-access\" = json!(Declaration::VIEW))) or a declaration of tessera_model::operations, not {raw:?}")
-                    });
+                let declared = match raw.map(|v| serde_json::from_value::<Declaration>(v.clone())) {
+                    Some(Ok(declared)) => declared,
+                    Some(Err(why)) => {
+                        panic!("{method} {path}: its x-access {raw:?} is not a declaration: {why}")
+                    }
+                    None => panic!(
+                        "{method} {path}: its #[utoipa::path] must declare extensions((\"x-access\" = json!(Declaration::VIEW))) or a declaration of tessera_model::operations"
+                    ),
+                };
                 for sc in declared.scope.iter() {
                     if let Some(p) = sc.path_parameter() {
                         assert!(
@@ -270,7 +272,7 @@ async fn rest_in_scope(declared: &Declaration, req: Request) -> Result<Request, 
     >>::from_request_parts(&mut parts, &())
     .await
     .map(|p| p.0)
-    .unwrap_or_default();
+    .map_err(|e| ApiError::BadRequest(format!("the path {}: {e}", parts.uri.path())))?;
     let (body, bytes) = if scope::reads_body(declared) {
         let bytes = read_body(body).await?;
         let json = serde_json::from_slice(&bytes).map_err(|e| {
@@ -480,7 +482,7 @@ pub async fn authenticate(State(state): State<AppState>, mut req: Request, next:
             return ApiError::Forbidden(format!("{path} has no access rule")).into_response();
         };
         if let Err(e) = authn.check(rule.declared.access) {
-            return e.into_response();
+            return refuse_server_fn(e);
         }
         Some((name, *rule))
     } else {
@@ -524,10 +526,10 @@ pub async fn authenticate(State(state): State<AppState>, mut req: Request, next:
             Ok(b) => b,
             Err(e) => return e.into_response(),
         };
-        if let Some((_, rule)) = scoped_fn
-            && let Err(e) = server_fn_in_scope(&state.control, &parts, &bytes, rule).await
+        if let Some((name, rule)) = scoped_fn
+            && let Err(e) = server_fn_in_scope(&state.control, &parts, &bytes, name, rule).await
         {
-            return e.into_response();
+            return refuse_server_fn(e);
         }
         let target = audit_target(&path, &bytes);
         (Request::from_parts(parts, Body::from(bytes)), target)
@@ -560,28 +562,43 @@ pub async fn authenticate(State(state): State<AppState>, mut req: Request, next:
 }
 
 /// A server function whose declaration has a scope: the caller's role in each project it
-/// names, from the arguments as the function reads them (its query for `GET`, else its body).
+/// names, from the arguments as the function's own decoder reads them (its query and body,
+/// whatever the request's content type says).
 async fn server_fn_in_scope(
     control: &Control,
     parts: &axum::http::request::Parts,
     bytes: &[u8],
+    name: &str,
     rule: &ServerFnRule,
 ) -> Result<(), ApiError> {
     let caller = parts
         .extensions
         .get::<Caller>()
         .ok_or_else(|| ApiError::Unauthorized("sign in first".into()))?;
-    let args = if parts.method == Method::GET {
-        let query = parts.uri.query().unwrap_or_default();
-        scope::Arguments::server_fn(None, query.as_bytes(), rule.body)?
-    } else {
-        let content_type = parts
-            .headers
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok());
-        scope::Arguments::server_fn(content_type, bytes, rule.body)?
-    };
+    let query = parts.uri.query().unwrap_or_default();
+    let args = (rule.arguments)(query, bytes).map_err(|e| {
+        ApiError::BadRequest(format!("the arguments of {name} cannot be read: {e}"))
+    })?;
+    let args = scope::Arguments::server_fn(args, rule.body)?;
     scope::check(control, caller, &rule.declared, &args).await
+}
+
+/// A refusal of a server function in the form the console's client reads (a server
+/// function's error, with the refusal's status), so the operator sees why.
+fn refuse_server_fn(e: ApiError) -> Response {
+    use leptos::server_fn::error::FromServerFnError;
+    let message = match &e {
+        ApiError::Internal(cause) => {
+            tracing::error!(error = %cause, "checking a server function's access failed");
+            "the server could not answer; its log has the cause".to_owned()
+        }
+        other => other.to_string(),
+    };
+    let status = e.into_response().status();
+    let refusal: leptos::prelude::ServerFnError =
+        leptos::prelude::ServerFnError::ServerError(message);
+    let body = refusal.ser();
+    (status, body).into_response()
 }
 
 /// What a mutation acted on: a name, id or family from its body (never other values, which
@@ -674,13 +691,13 @@ mod tests {
     }
 
     #[test]
-    #[should_panic(expected = "must declare")]
+    #[should_panic(expected = "unknown role \"operatr\"")]
     fn a_handler_whose_access_is_misspelt_cannot_be_routed() {
         let _ = Routes::default().route(routes!(misspelt));
     }
 
     #[test]
-    #[should_panic(expected = "must declare")]
+    #[should_panic(expected = "needs a scope")]
     fn a_project_role_without_a_scope_cannot_be_routed() {
         let _ = Routes::default().route(routes!(unscoped));
     }

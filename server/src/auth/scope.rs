@@ -3,9 +3,10 @@
 //! handler or server function runs. Handlers never check a project's role themselves.
 //!
 //! A request's arguments are read as the handler reads them: a REST operation's path
-//! parameters (percent-decoded) and its JSON body; a server function's arguments from its
-//! JSON or form body. Where the two could disagree the request is refused: a body that is
-//! not what the operation reads, a form field given twice.
+//! parameters (percent-decoded, as `Path` does) and its JSON body (as `Json` does, where
+//! `strict` refuses what the schema does not say); a server function's by its own decoder
+//! (`tessera_app::access::decode`), whatever the request's content type claims. What the
+//! layer cannot read as the operation will, it refuses.
 
 use crate::error::ApiError;
 use std::collections::HashMap;
@@ -30,27 +31,18 @@ pub(super) enum Arguments {
 }
 
 impl Arguments {
-    /// A server function's arguments from its body: JSON (`input = Json`) or a form (its
-    /// default encoding, nested fields as `patch[project]`).
+    /// A server function's arguments, as its own decoder read them (a JSON object of its
+    /// arguments by name).
     pub(super) fn server_fn(
-        content_type: Option<&str>,
-        bytes: &[u8],
+        args: serde_json::Value,
         body: Option<&'static str>,
     ) -> Result<Arguments, ApiError> {
-        let json = content_type.is_some_and(|c| c.starts_with("application/json"));
-        let args = if json {
-            match serde_json::from_slice::<serde_json::Value>(bytes) {
-                Ok(serde_json::Value::Object(m)) => m,
-                _ => {
-                    return Err(ApiError::BadRequest(
-                        "the server function's arguments must be a JSON object".into(),
-                    ));
-                }
-            }
-        } else {
-            form_arguments(bytes)?
-        };
-        Ok(Arguments::ServerFn { args, body })
+        match args {
+            serde_json::Value::Object(args) => Ok(Arguments::ServerFn { args, body }),
+            other => Err(ApiError::BadRequest(format!(
+                "a server function's arguments are an object, not {other}"
+            ))),
+        }
     }
 
     /// The argument a scope names: `Ok(None)` when it is absent (or `null`).
@@ -63,7 +55,16 @@ impl Arguments {
             (Arguments::Rest { body, .. }, None) => body.as_ref().and_then(|b| b.get(named)),
             (Arguments::ServerFn { args, .. }, Some(p)) => args.get(p),
             (Arguments::ServerFn { args, body }, None) => match body {
-                Some(b) => args.get(*b).and_then(|inner| inner.get(named)),
+                // The function's body argument is a struct, written back whole: anything
+                // else means the declaration names an argument the function lacks.
+                Some(b) => match args.get(*b) {
+                    Some(serde_json::Value::Object(inner)) => inner.get(named),
+                    _ => {
+                        return Err(ApiError::BadRequest(format!(
+                            "the server function has no argument {b} holding {named}"
+                        )));
+                    }
+                },
                 None => args.get(named),
             },
         };
@@ -75,42 +76,6 @@ impl Arguments {
             ))),
         }
     }
-}
-
-/// A form body as a server function's arguments: every value a string; a field given twice
-/// is refused (which one the function would read is not this layer's guess).
-fn form_arguments(bytes: &[u8]) -> Result<serde_json::Map<String, serde_json::Value>, ApiError> {
-    let text = std::str::from_utf8(bytes)
-        .map_err(|_| ApiError::BadRequest("the form is not UTF-8".into()))?;
-    let mut args = serde_json::Map::new();
-    for pair in text.split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        let key = tessera_model::urlenc::decode(k);
-        let value = serde_json::Value::String(tessera_model::urlenc::decode(v));
-        // `patch[project]` is field `project` of argument `patch`.
-        let slot = match key.split_once('[') {
-            Some((outer, rest)) if rest.ends_with(']') && !rest[..rest.len() - 1].contains('[') => {
-                let inner = args
-                    .entry(outer.to_owned())
-                    .or_insert_with(|| serde_json::Value::Object(Default::default()));
-                let serde_json::Value::Object(inner) = inner else {
-                    return Err(twice(outer));
-                };
-                inner
-                    .insert(rest[..rest.len() - 1].to_owned(), value)
-                    .map(|_| rest.to_owned())
-            }
-            _ => args.insert(key.clone(), value).map(|_| key.clone()),
-        };
-        if slot.is_some() {
-            return Err(twice(&key));
-        }
-    }
-    Ok(args)
-}
-
-fn twice(field: &str) -> ApiError {
-    ApiError::BadRequest(format!("the form gives {field} more than once"))
 }
 
 /// Whether `caller` has what `declared` needs in every project its scope names in `args`.
@@ -157,58 +122,50 @@ pub(super) fn reads_body(declared: &Declaration) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
     use std::borrow::Cow;
 
-    fn arg(args: &Arguments, scope: Scope) -> Option<String> {
-        args.get(&scope).expect("readable")
+    fn arg(args: &Arguments, scope: Scope) -> Result<Option<String>, ApiError> {
+        args.get(&scope)
     }
 
     #[test]
-    fn server_function_arguments_are_read_as_the_function_reads_them() {
-        let form = Arguments::server_fn(
-            Some("application/x-www-form-urlencoded"),
-            b"name=web%20api&patch%5Bproject%5D=research",
+    fn a_server_functions_arguments_are_read_by_name_and_its_body_by_field() {
+        let args = Arguments::server_fn(
+            json!({"name": "web", "patch": {"project": "research", "desired_count": 2}}),
             Some("patch"),
         )
-        .expect("a form");
+        .expect("an object");
+        let service = || Scope::Service(Cow::Borrowed("{name}"));
+        let moved = || Scope::MovedInto(Cow::Borrowed("project"));
+        assert_eq!(arg(&args, service()).expect("read").as_deref(), Some("web"));
         assert_eq!(
-            arg(&form, Scope::Service(Cow::Borrowed("{name}"))).as_deref(),
-            Some("web api")
-        );
-        assert_eq!(
-            arg(&form, Scope::MovedInto(Cow::Borrowed("project"))).as_deref(),
+            arg(&args, moved()).expect("read").as_deref(),
             Some("research")
         );
-        let json = Arguments::server_fn(
-            Some("application/json"),
-            br#"{"input":{"name":"web","project":null},"project":"decoy"}"#,
-            Some("input"),
+        let args = Arguments::server_fn(
+            json!({"name": "web", "patch": {"project": null}}),
+            Some("patch"),
         )
-        .expect("JSON");
-        assert_eq!(arg(&json, Scope::Into(Cow::Borrowed("project"))), None);
-        assert_eq!(
-            arg(&json, Scope::Service(Cow::Borrowed("{name}"))),
-            None,
-            "the body argument's fields are not the function's arguments"
-        );
+        .expect("an object");
+        assert_eq!(arg(&args, moved()).expect("read"), None, "null is absent");
     }
 
     #[test]
-    fn arguments_the_function_could_read_otherwise_are_refused() {
-        for body in [
-            &b"name=a&name=b"[..],
-            b"patch[project]=a&patch[project]=b",
-            b"patch=x&patch[project]=a",
+    fn what_the_function_could_read_otherwise_is_refused() {
+        let into = || Scope::Into(Cow::Borrowed("project"));
+        // A body argument that is not a struct, or that the function lacks (a declaration
+        // naming the wrong one), is never taken for "no project given".
+        for args in [
+            json!({"input": ["x", "llm:1", "gpu", "research"]}),
+            json!({"inptu": {}}),
+            json!({}),
         ] {
-            assert!(
-                Arguments::server_fn(None, body, Some("patch")).is_err(),
-                "{}",
-                String::from_utf8_lossy(body)
-            );
+            let args = Arguments::server_fn(args.clone(), Some("input")).expect("an object");
+            assert!(arg(&args, into()).is_err());
         }
-        assert!(Arguments::server_fn(Some("application/json"), b"[1]", None).is_err());
-        let json =
-            Arguments::server_fn(Some("application/json"), br#"{"name":7}"#, None).expect("JSON");
-        assert!(json.get(&Scope::Service(Cow::Borrowed("{name}"))).is_err());
+        assert!(Arguments::server_fn(json!([1]), None).is_err());
+        let args = Arguments::server_fn(json!({"name": 7}), None).expect("an object");
+        assert!(arg(&args, Scope::Service(Cow::Borrowed("{name}"))).is_err());
     }
 }

@@ -304,18 +304,128 @@ async fn call_fn(c: &Ctx, path: &str, args: Value, json: bool, cookie: &str) -> 
             .join("&");
         ("application/x-www-form-urlencoded", form)
     };
-    let req = Request::post(path)
+    post_fn(c, path, Some(content_type), body, cookie).await.0
+}
+
+/// A request to a server function with any content type and body; its status and body.
+async fn post_fn(
+    c: &Ctx,
+    path: &str,
+    content_type: Option<&str>,
+    body: String,
+    cookie: &str,
+) -> (StatusCode, String) {
+    use http_body_util::BodyExt;
+    let mut req = Request::post(path)
         .header("host", "127.0.0.1:3000")
         .header("cookie", cookie)
-        .header("origin", ORIGIN)
-        .header("content-type", content_type)
-        .body(Body::from(body))
-        .expect("request");
-    app(c.app.clone())
-        .oneshot(req)
+        .header("origin", ORIGIN);
+    if let Some(t) = content_type {
+        req = req.header("content-type", t);
+    }
+    let answer = app(c.app.clone())
+        .oneshot(req.body(Body::from(body)).expect("request"))
         .await
-        .expect("answers")
-        .status()
+        .expect("answers");
+    let status = answer.status();
+    let bytes = answer
+        .into_body()
+        .collect()
+        .await
+        .expect("a body")
+        .to_bytes();
+    (status, String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// A server function's arguments are checked as the function decodes them, whatever the
+/// request's content type claims: a body the layer could read one way and the function
+/// another (a form hidden in JSON, JSON sent as a form, a struct sent as an array) never
+/// gets an operator of another project past the check. Refusals read as the console's
+/// client reads a server function's error.
+#[tokio::test]
+async fn server_functions_are_checked_on_the_arguments_they_decode() {
+    use tessera_app::pages::{service::*, service_new::*};
+    let c = ctx().await;
+    let (_, otto) = two_projects(&c).await;
+    let a = send(
+        &c,
+        Method::POST,
+        "/api/v1/services",
+        Some(
+            json!({"name": "o1", "task_definition": "embeddings:1", "pool": "inference",
+            "desired_count": 0, "project": "other"}),
+        ),
+        &bearer(&c.admin),
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::CREATED, "{}", a.body);
+    let before = snapshot(&c).await;
+    for (path, content_type, body) in [
+        // JSON the function reads, with a form the layer might have read instead.
+        (
+            PatchService::PATH,
+            None,
+            r#"{"name":"r1","patch":{"desired_count":0},"_&name=o1&_":0}"#,
+        ),
+        (
+            PatchService::PATH,
+            Some("application/x-www-form-urlencoded"),
+            r#"{"name":"r1","patch":{"project":"other"},"_&name=o1&_":0}"#,
+        ),
+        (
+            CreateService::PATH,
+            Some("text/plain"),
+            r#"{"input":{"name":"x","task_definition":"embeddings:1","pool":"inference","project":"research"},"_&input[project]=other&_":0}"#,
+        ),
+        // A form the function reads, sent as JSON.
+        (
+            DeleteService::PATH,
+            Some("application/json"),
+            r#"{"name":"o1","_":"&name=r1&"}"#,
+        ),
+        // A struct written as an array of its fields.
+        (
+            PatchService::PATH,
+            Some("application/json"),
+            r#"{"name":"o1","patch":[0,"embeddings:1","research"]}"#,
+        ),
+        (
+            CreateService::PATH,
+            Some("application/json"),
+            r#"{"input":["x","embeddings:1","inference","research"]}"#,
+        ),
+    ] {
+        let (status, said) = post_fn(&c, path, content_type, body.to_owned(), &otto).await;
+        assert!(
+            status == StatusCode::FORBIDDEN || status == StatusCode::BAD_REQUEST,
+            "{path} {body}: {status} {said}"
+        );
+        assert!(
+            said.starts_with("ServerError|")
+                || said.starts_with("Args|")
+                || said.starts_with("Deserialization|"),
+            "a server function's error the console reads: {said}"
+        );
+    }
+    assert_eq!(
+        snapshot(&c).await,
+        before,
+        "refused requests change nothing"
+    );
+    // What the console itself sends, for a service of another project: refused, saying why.
+    let (status, said) = post_fn(
+        &c,
+        DeleteService::PATH,
+        Some("application/x-www-form-urlencoded"),
+        "name=r1".into(),
+        &otto,
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert!(
+        said.starts_with("ServerError|") && said.contains("research"),
+        "{said}"
+    );
 }
 
 /// Every operation in a project, REST and console alike, read from the declarations: an
@@ -352,9 +462,23 @@ async fn every_operation_in_a_project_is_checked_in_the_project_it_names() {
         .map(|(path, (name, r))| (*path, name.clone(), *r))
         .collect();
     assert!(fns.len() >= 3, "the console's twins are walked too");
+    // A body argument is decoded whole by the layer, as the function would: the fields a
+    // body needs besides the ones its scope reads (a body that does not decode is a 400).
+    let whole_body = |r: &tessera_server::auth::ServerFnRule| match (r.name, r.body) {
+        (_, None) => serde_json::Map::new(),
+        ("CreateService", Some(_)) => json!({
+            "name": "probe", "task_definition": "embeddings:1", "pool": "inference",
+            "desired_count": 0,
+        })
+        .as_object()
+        .cloned()
+        .expect("object"),
+        ("PatchService", Some(_)) => serde_json::Map::new(),
+        (name, Some(body)) => panic!("say here what a whole `{body}` of {name} holds"),
+    };
     let fn_request = |r: &tessera_server::auth::ServerFnRule| {
         let mut args = serde_json::Map::new();
-        let mut fields = serde_json::Map::new();
+        let mut fields = whole_body(r);
         for s in r.declared.scope.iter() {
             match s.path_parameter() {
                 Some(p) => {

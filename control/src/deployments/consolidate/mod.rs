@@ -31,7 +31,7 @@ fn plan_body(p: &ConsolidationPlan) -> Result<StoredPlan, ControlError> {
         pool: p.pool.clone(),
         goal: p.goal.clone(),
         status: p.status.as_str().to_owned(),
-        created_at: p.created_at.clone(),
+        created_at: p.created_at.to_string(),
         body: serde_json::to_string(p).map_err(|e| corrupt(e.to_string()))?,
     })
 }

@@ -197,7 +197,7 @@ impl Deployments {
             pool: pool.to_string(),
             goal: input.goal.clone(),
             status: PlanStatus::Planned,
-            created_at: crate::clock::stamp(self.core.now()),
+            created_at: self.core.instant(),
             moves,
             frees_gpus: out.freed_gpus.iter().map(name).collect(),
             frees_hosts: out

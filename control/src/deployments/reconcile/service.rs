@@ -108,7 +108,7 @@ impl Deployments {
                 && d.running + d.pending > 0
         });
         let steady = !rolling_out && self.service_states.is(name, |s| s.steady);
-        let age = self.age_of(&primary.created_at).unwrap_or(i64::MAX);
+        let age = self.age_of(primary.created_at);
         if let Some(why) = self
             .watch_alarms(service, tasks, primary.id, steady, age)
             .await?

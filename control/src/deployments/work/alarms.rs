@@ -6,6 +6,7 @@ use crate::deployments::Deployments;
 use crate::deployments::passes::Watch;
 use crate::error::ControlError;
 use tessera_model::service::Task;
+use tessera_model::time::Timestamp;
 use tessera_model::work::{Alarm, AlarmState, trim_float};
 
 /// The next watch of `alarm` given its figure `value` measured at `at` and seen at `now`
@@ -62,9 +63,7 @@ pub(crate) fn alarm_state(alarm: &Alarm, w: Option<&Watch>) -> AlarmState {
         alarm: alarm.clone(),
         state: state.into(),
         value: w.and_then(|w| w.value),
-        since: since
-            .and_then(|s| chrono::DateTime::from_timestamp(s, 0))
-            .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
+        since: since.and_then(|s| Timestamp::from_millis(s.saturating_mul(1000))),
     }
 }
 

@@ -58,10 +58,8 @@ impl Figures {
                 continue;
             };
             f.measured += 1;
-            if let Ok(at) = chrono::DateTime::parse_from_rfc3339(&w.at) {
-                let at = at.timestamp();
-                f.measured_at = Some(f.measured_at.map_or(at, |m| m.min(at)));
-            }
+            let at = w.at.millis() / 1000;
+            f.measured_at = Some(f.measured_at.map_or(at, |m| m.min(at)));
             completed += c;
             if let Some(e) = w.errors_per_sec {
                 errors += e;
@@ -189,7 +187,7 @@ mod tests {
             "cpu": 100, "memory": 100, "state": "running", "migrating": false,
             "host": null, "allocations": [], "placement_message": null, "stop_reason": null,
             "exit_code": null, "measured": {"gpu_memory_peak": 512, "sm_percent": 40},
-            "ports": [], "created_at": "", "started_at": null, "stopped_at": null
+            "ports": [], "created_at": "2026-12-05T00:00:00.000Z", "started_at": null, "stopped_at": null
         }))
         .expect("a task");
         t.measured.work = work;

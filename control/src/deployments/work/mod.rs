@@ -219,9 +219,8 @@ impl Deployments {
     }
 
     /// How long ago (seconds) `at` was, by the control plane's clock.
-    pub(crate) fn age_of(&self, at: &str) -> Option<i64> {
-        let t = chrono::DateTime::parse_from_rfc3339(at).ok()?;
-        Some((self.core.now() - t.with_timezone(&chrono::Utc)).num_seconds())
+    pub(crate) fn age_of(&self, at: tessera_model::time::Timestamp) -> i64 {
+        self.core.instant().millis_since(at) / 1000
     }
 }
 
