@@ -63,8 +63,9 @@ class Fleet:
         self.server = None
         self.agents = {}
         self.token = None
-        # Flags every agent gets on top of the fleet's own.
+        # Flags every agent gets on top of the fleet's own, and the servers.
         self.agent_args = []
+        self.server_args = []
 
     # Processes.
 
@@ -78,7 +79,7 @@ class Fleet:
         return subprocess.Popen(
             [os.path.join(self.bin, "tessera"), "serve", "--bind", f"127.0.0.1:{port}",
              "--data-dir", os.path.join(self.work, "server"),
-             "--sync-interval-secs", str(SYNC)],
+             "--sync-interval-secs", str(SYNC)] + self.server_args,
             stdout=log, stderr=log, env=env)
 
     def start_server(self):
@@ -215,11 +216,14 @@ class Fleet:
     def mps_pids(self):
         pids = []
         for name in self.agents:
-            path = os.path.join(self.work, name, "mps-pipe", "fake-daemon.pid")
-            try:
-                pids.append(int(open(path).read().strip()))
-            except (OSError, ValueError):
-                pass
+            # One daemon per GPU, each in its own directory.
+            root = os.path.join(self.work, name, "mps")
+            for gpu in (os.listdir(root) if os.path.isdir(root) else []):
+                path = os.path.join(root, gpu, "pipe", "fake-daemon.pid")
+                try:
+                    pids.append(int(open(path).read().strip()))
+                except (OSError, ValueError):
+                    pass
         return pids
 
     def processes(self):
@@ -439,8 +443,9 @@ def drill_mps_daemon(f, results):
     replacements first."""
     f.api("PATCH", "/api/v1/services/web", {"desired_count": 4})
     f.wait(lambda: f.converged("web", 4), 60, "4 tasks running")
-    victim = next(t["host"] for t in f.running("web"))
-    pipe = os.path.join(f.work, victim, "mps-pipe")
+    victim, gpu = next((t["host"], t["allocations"][0]["gpu"]) for t in f.running("web"))
+    # The daemon of one of its GPUs: one GPU's MPS failing for good impairs the host.
+    pipe = os.path.join(f.work, victim, "mps", gpu, "pipe")
     pid = int(open(os.path.join(pipe, "fake-daemon.pid")).read().strip())
     low = [4]
     # Killed, and it cannot start again (the stand-in's `broken` marker): the agent's

@@ -61,3 +61,5 @@ echo "== work drill: application metrics, autoscaling and a latency alarm on the
 TESSERA_BIN_DIR="$CARGO_TARGET_DIR/debug" python3 scripts/work_drill.py
 echo "== security drill: a compromised task and a leaked token against the real binaries"
 TESSERA_BIN_DIR="$CARGO_TARGET_DIR/debug" python3 scripts/security_drill.py
+echo "== the GPU check's parts that need no GPU (stand-in nvidia-smi, simulated agent)"
+TESSERA_BIN_DIR="$CARGO_TARGET_DIR/debug" python3 scripts/gpu_check_test.py

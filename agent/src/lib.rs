@@ -8,13 +8,15 @@
 //!   use) and `SimulatedProbe`.
 //! - [`mps`]: the MPS control daemon supervisor and its restart budget.
 //! - [`runtime`]: processes per task, capped logs, stop with SIGTERM/SIGKILL, re-adoption;
-//!   each task as a uid of its own and in a cgroup of its own ([`runtime::cgroup`]);
-//!   containers with an image through the Docker Engine API ([`runtime::docker`]).
+//!   each task as a uid of its own and in a cgroup of its own ([`runtime::cgroup`]) that
+//!   may open its own GPUs' device nodes only ([`runtime::cgroup::devices`]); containers
+//!   with an image through the Docker Engine API ([`runtime::docker`]).
 //! - [`agent`]: registration, the sync loop with backoff, `AgentConfig` and `Isolation`.
 //!
-//! Unsafe code is denied everywhere but in one hook, allowed where it is: a task's
+//! Unsafe code is denied everywhere but in two places, allowed where they are: a task's
 //! process joins its cgroup in the child between `fork` and `exec` (`runtime::confine`),
-//! which cannot be written without it.
+//! and a device program is loaded and attached with bpf(2) (`runtime::cgroup::devices`);
+//! neither can be written without it.
 
 #![deny(unsafe_code)]
 

@@ -65,6 +65,10 @@ struct Cli {
     /// Path of nvidia-cuda-mps-control (or a stand-in).
     #[arg(long, env = "TESSERA_AGENT_MPS_CONTROL")]
     mps_control: Option<PathBuf>,
+    /// Run no MPS daemon: the GPUs are time-shared and MPS holds no task's memory or
+    /// compute limit (where MPS cannot run; the agent says so in its log).
+    #[arg(long, env = "TESSERA_AGENT_NO_MPS", conflicts_with = "mps_control")]
+    no_mps: bool,
     /// Per-task log size before it starts over, in bytes.
     #[arg(long, env = "TESSERA_AGENT_LOG_CAP", default_value_t = 10 * 1024 * 1024)]
     log_cap: u64,
@@ -229,6 +233,7 @@ async fn main() -> anyhow::Result<()> {
         simulate: cli.simulate.clone(),
         mps_control: cli.mps_control.clone(),
         max_mps_restarts: 3,
+        no_mps: cli.no_mps,
         log_cap: cli.log_cap,
         stop_tasks_on_exit: false,
         log_retention: std::time::Duration::from_secs(cli.log_retention_hours * 3600),

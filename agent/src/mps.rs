@@ -1,9 +1,14 @@
-//! The MPS control daemon's supervisor: starts `nvidia-cuda-mps-control -d` with this
-//! agent's own pipe and log directories, checks it answers a control command within a
-//! timeout, restarts it within limits, and sends `quit` on shutdown.
+//! The MPS control daemons' supervisors: one daemon per GPU ([`MpsDaemons`]), as the NVIDIA
+//! device plugin runs one per shared resource. Each is started (`nvidia-cuda-mps-control
+//! -d`) with its GPU alone visible and pipe and log directories of its own, so a task given
+//! one GPU's pipe directory reaches that GPU whatever its environment says (its own
+//! `CUDA_VISIBLE_DEVICES` included: the daemon's server sees one device). Each is checked
+//! to answer a control command within a timeout, restarted within limits, and sent `quit`
+//! on shutdown.
 
+use std::collections::BTreeMap;
 use std::collections::VecDeque;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -24,6 +29,9 @@ pub struct MpsConfig {
     /// the host is reported impaired until the agent restarts.
     pub max_restarts: u32,
     pub restart_window: Duration,
+    /// The one GPU (its UUID) the daemon and its clients see; `None`: the agent's own
+    /// `CUDA_VISIBLE_DEVICES`, if any.
+    pub gpu: Option<String>,
 }
 
 impl MpsConfig {
@@ -35,8 +43,36 @@ impl MpsConfig {
             check_timeout: Duration::from_secs(5),
             max_restarts: 3,
             restart_window: Duration::from_secs(600),
+            gpu: None,
         }
     }
+
+    /// GPU `uuid`'s daemon under `root` (see [`gpu_dir`]), like `self` otherwise; `None`
+    /// for a UUID that cannot name a directory.
+    pub fn for_gpu(&self, root: &Path, uuid: &str) -> Option<MpsConfig> {
+        let dir = gpu_dir(root, uuid)?;
+        Some(MpsConfig {
+            pipe_dir: dir.join("pipe"),
+            log_dir: dir.join("log"),
+            gpu: Some(uuid.to_owned()),
+            ..self.clone()
+        })
+    }
+}
+
+/// Where GPU `uuid`'s daemon keeps its directories under `root`: `root/<uuid>`, for UUIDs
+/// as NVML writes them (`GPU-…`, `MIG-…`: letters, digits, `-`); `None` for anything else.
+pub fn gpu_dir(root: &Path, uuid: &str) -> Option<PathBuf> {
+    let safe = !uuid.is_empty()
+        && uuid.len() <= 128
+        && uuid.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+        && !uuid.starts_with('-');
+    safe.then(|| root.join(uuid))
+}
+
+/// The pipe directory of GPU `uuid`'s daemon under `root`.
+pub fn pipe_dir(root: &Path, uuid: &str) -> Option<PathBuf> {
+    gpu_dir(root, uuid).map(|d| d.join("pipe"))
 }
 
 /// The daemon's health as the agent reports it.
@@ -146,6 +182,9 @@ impl MpsSupervisor {
             if let Some(v) = std::env::var_os(key) {
                 cmd.env(key, v);
             }
+        }
+        if let Some(gpu) = &self.config.gpu {
+            cmd.env("CUDA_VISIBLE_DEVICES", gpu);
         }
         cmd.env("CUDA_MPS_PIPE_DIRECTORY", &self.config.pipe_dir)
             .env("CUDA_MPS_LOG_DIRECTORY", &self.config.log_dir)
@@ -286,9 +325,135 @@ impl MpsSupervisor {
     }
 }
 
+/// One MPS control daemon per GPU, under one root directory (`<state>/mps/<uuid>/pipe`
+/// and `…/log`). The host's MPS health is theirs together: healthy when every GPU's
+/// daemon answers, otherwise the reasons of those that do not, each naming its GPU.
+pub struct MpsDaemons {
+    root: PathBuf,
+    /// What every GPU's daemon is started with, but its directories and GPU.
+    template: MpsConfig,
+    daemons: BTreeMap<String, MpsSupervisor>,
+    /// Restarts of daemons of GPUs no longer present.
+    restarts_before: u32,
+}
+
+impl MpsDaemons {
+    /// Daemons run by `template.control` under `state_dir/mps`.
+    pub fn new(template: MpsConfig, state_dir: &Path) -> MpsDaemons {
+        MpsDaemons {
+            root: state_dir.join("mps"),
+            template,
+            daemons: BTreeMap::new(),
+            restarts_before: 0,
+        }
+    }
+
+    /// The directory under which each GPU's pipe directory is ([`pipe_dir`]).
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Brings the daemons to `gpus` (UUIDs): one for each new GPU (started), none for a GPU
+    /// gone (asked to quit).
+    async fn follow(&mut self, gpus: &[String]) {
+        let gone: Vec<String> = self
+            .daemons
+            .keys()
+            .filter(|k| !gpus.contains(k))
+            .cloned()
+            .collect();
+        for uuid in gone {
+            if let Some(mut d) = self.daemons.remove(&uuid) {
+                self.restarts_before = self.restarts_before.saturating_add(d.restarts());
+                d.shutdown().await;
+                tracing::info!(gpu = %uuid, "GPU gone: its MPS control daemon was asked to quit");
+            }
+        }
+        for uuid in gpus {
+            if self.daemons.contains_key(uuid) {
+                continue;
+            }
+            let Some(config) = self.template.for_gpu(&self.root, uuid) else {
+                tracing::warn!(gpu = %uuid, "a GPU UUID that cannot name a directory: no MPS daemon for it");
+                continue;
+            };
+            let mut d = MpsSupervisor::new(config);
+            match d.start().await {
+                MpsHealth::Healthy => {
+                    tracing::info!(gpu = %uuid, pipe_dir = %d.pipe_dir().display(), "MPS control daemon is up for this GPU alone")
+                }
+                MpsHealth::Unhealthy(r) => {
+                    tracing::warn!(gpu = %uuid, reason = %r, "MPS control daemon is not healthy")
+                }
+            }
+            self.daemons.insert(uuid.clone(), d);
+        }
+    }
+
+    /// Starts a daemon for each of `gpus`; their health together.
+    pub async fn start(&mut self, gpus: &[String]) -> MpsHealth {
+        self.follow(gpus).await;
+        self.health()
+    }
+
+    /// Checks every GPU's daemon (restarting within each one's budget), after bringing
+    /// them to `gpus`; their health together.
+    pub async fn supervise(&mut self, gpus: &[String]) -> MpsHealth {
+        self.follow(gpus).await;
+        for d in self.daemons.values_mut() {
+            d.supervise().await;
+        }
+        self.health()
+    }
+
+    /// Healthy when every daemon is (and there is at least one GPU to serve, or none at
+    /// all); otherwise each unhealthy GPU with its reason.
+    pub fn health(&self) -> MpsHealth {
+        let sick: Vec<String> = self
+            .daemons
+            .iter()
+            .filter_map(|(uuid, d)| d.health().reason().map(|r| format!("GPU {uuid}: {r}")))
+            .collect();
+        if sick.is_empty() {
+            MpsHealth::Healthy
+        } else {
+            MpsHealth::Unhealthy(sick.join("; "))
+        }
+    }
+
+    /// Restarts of every daemon since the agent started.
+    pub fn restarts(&self) -> u32 {
+        self.daemons
+            .values()
+            .fold(self.restarts_before, |n, d| n.saturating_add(d.restarts()))
+    }
+
+    /// Asks every daemon to quit.
+    pub async fn shutdown(&mut self) {
+        for d in self.daemons.values_mut() {
+            d.shutdown().await;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_uuids_as_nvml_writes_them_name_a_directory() {
+        let root = Path::new("/state/mps");
+        assert_eq!(
+            pipe_dir(root, "GPU-5b2a4c1e-0000-1111-2222-333344445555"),
+            Some(PathBuf::from(
+                "/state/mps/GPU-5b2a4c1e-0000-1111-2222-333344445555/pipe"
+            ))
+        );
+        assert!(pipe_dir(root, "MIG-1234-abcd").is_some());
+        for bad in ["", "../etc", "GPU-1/../../x", "-rf", "GPU 1", "GPU-1\0"] {
+            assert_eq!(pipe_dir(root, bad), None, "{bad:?}");
+        }
+    }
 
     #[test]
     fn restarts_stay_within_the_budget_and_recover_after_the_window() {

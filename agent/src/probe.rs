@@ -27,6 +27,12 @@ pub struct GpuStatus {
     pub compute_mode: Option<String>,
     pub mps_client_limit: u32,
     pub healthy: bool,
+    /// Its device node's minor (`/dev/nvidia<minor>`), where the driver says.
+    #[serde(skip)]
+    pub minor: Option<u32>,
+    /// ECC and MIG mode now (`None`: the GPU has no such mode, or a simulated one).
+    pub ecc_enabled: Option<bool>,
+    pub mig_enabled: Option<bool>,
 }
 
 /// What a probe found on this host.
@@ -40,6 +46,19 @@ pub struct Inventory {
 }
 
 impl Inventory {
+    /// Each GPU's device minor by UUID, where known.
+    pub fn minors(&self) -> std::collections::HashMap<String, u32> {
+        self.gpus
+            .iter()
+            .filter_map(|g| Some((g.uuid.to_string(), g.minor?)))
+            .collect()
+    }
+
+    /// The GPUs' UUIDs, in index order.
+    pub fn uuids(&self) -> Vec<String> {
+        self.gpus.iter().map(|g| g.uuid.to_string()).collect()
+    }
+
     /// The GPUs as the agent protocol reports them.
     pub fn reports(&self) -> Vec<GpuReport> {
         self.gpus
@@ -232,6 +251,10 @@ impl NvmlProbe {
                 .ok()
                 .map(|m: ComputeMode| format!("{m:?}")),
             mps_client_limit: MPS_CLIENT_LIMIT,
+            minor: device.minor_number().ok(),
+            ecc_enabled: device.is_ecc_enabled().ok().map(|e| e.currently_enabled),
+            // NVML_DEVICE_MIG_ENABLE is 1.
+            mig_enabled: device.mig_mode().ok().map(|m| m.current == 1),
         })
     }
 
@@ -247,7 +270,11 @@ impl NvmlProbe {
             // MPS clients are listed by the MPS query; plain processes by the compute one.
             let mut procs = device.mps_running_compute_processes().unwrap_or_default();
             procs.extend(device.running_compute_processes().unwrap_or_default());
-            for p in procs.iter().filter(|p| task.pids.contains(&p.pid)) {
+            let mut counted = std::collections::HashSet::new();
+            for p in procs
+                .iter()
+                .filter(|p| task.pids.contains(&p.pid) && counted.insert(p.pid))
+            {
                 if let UsedGpuMemory::Used(bytes) = p.used_gpu_memory {
                     memory += bytes / (1024 * 1024);
                 }
@@ -294,6 +321,12 @@ pub const SIM_USE_ENV: &str = "TESSERA_SIM_GPU_USE";
 
 /// The GPU memory a simulated task uses at its peak, in MiB; wins over [`SIM_USE_ENV`].
 pub const SIM_MIB_ENV: &str = "TESSERA_SIM_GPU_MIB";
+
+/// How many of a simulated task's processes use the GPU (1 when unset, at most 64): each
+/// uses what [`SIM_USE_ENV`] or [`SIM_MIB_ENV`] says, held to the budget on its own (MPS's
+/// limit is per client process), and the task's use is their sum, as NVML's per-process
+/// accounting adds it up.
+pub const SIM_PROCESSES_ENV: &str = "TESSERA_SIM_GPU_PROCESSES";
 
 /// Where in its five-minute cycle a simulated task is, `secs` after it was first
 /// measured: 0 (its peak) at the start, 1 (its low) half-way.
@@ -385,6 +418,9 @@ impl GpuProbe for SimulatedProbe {
                     compute_mode: None,
                     mps_client_limit: MPS_CLIENT_LIMIT,
                     healthy: true,
+                    minor: None,
+                    ecc_enabled: None,
+                    mig_enabled: None,
                 })
                 .collect(),
         })
@@ -429,8 +465,14 @@ impl GpuProbe for SimulatedProbe {
         };
         let wanted = budget as f64 * share * level;
         let refused = wanted > budget as f64;
+        let processes: u64 = task
+            .env
+            .get(SIM_PROCESSES_ENV)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1)
+            .clamp(1, 64);
         Some(Usage {
-            gpu_memory: MiB(wanted.min(budget as f64).round() as u64),
+            gpu_memory: MiB(wanted.min(budget as f64).round() as u64 * processes),
             sm_percent: Some((cap * (share * level).min(1.0)).round() as u32),
             memory_errors: u32::from(refused),
         })
@@ -457,6 +499,9 @@ mod tests {
             compute_mode: None,
             mps_client_limit: MPS_CLIENT_LIMIT,
             healthy: true,
+            minor: Some(index),
+            ecc_enabled: None,
+            mig_enabled: None,
         };
         let lost = || Err(ProbeError::Nvml(NvmlError::GpuLost));
         let mut last_seen = HashMap::new();

@@ -87,7 +87,7 @@ fn cpu_task(id: &str) -> WantedTask {
 }
 
 async fn runtime(state: &Path, fake: &Fake) -> Runtime {
-    let mut rt = Runtime::open(state, 1 << 20, Some(state.join("mps-pipe"))).expect("runtime");
+    let mut rt = Runtime::open(state, 1 << 20, Some(state.join("mps"))).expect("runtime");
     let engine = Engine::connect(&fake.socket)
         .await
         .expect("the fake answers");
@@ -174,7 +174,7 @@ async fn an_mps_task_is_pulled_then_created_with_its_gpu_pipe_limits_and_labels(
         .iter()
         .map(|v| v.as_str().unwrap())
         .collect();
-    let pipe = state.join("mps-pipe").display().to_string();
+    let pipe = state.join("mps/GPU-1111/pipe").display().to_string();
     for want in [
         "CUDA_VISIBLE_DEVICES=GPU-1111".to_owned(),
         "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=8192M".to_owned(),

@@ -17,7 +17,12 @@ fn supervisor(dir: &std::path::Path, max_restarts: u32) -> MpsSupervisor {
 }
 
 fn kill_daemon(dir: &std::path::Path) {
-    let pid = std::fs::read_to_string(dir.join("mps-pipe/fake-daemon.pid")).expect("daemon pid");
+    kill_daemon_in(&dir.join("mps-pipe"));
+}
+
+/// Kills the stand-in daemon whose pipe directory is `pipe`, and waits until it is dead.
+fn kill_daemon_in(pipe: &std::path::Path) {
+    let pid = std::fs::read_to_string(pipe.join("fake-daemon.pid")).expect("daemon pid");
     let pid = pid.trim();
     let status = std::process::Command::new("kill")
         .arg(pid)
@@ -125,5 +130,57 @@ async fn a_daemon_that_cannot_start_says_why_and_quit_stops_it() {
     assert!(
         !dir.path().join("mps-pipe/fake-daemon.pid").exists(),
         "quit stopped the daemon"
+    );
+}
+
+/// One daemon per GPU: each started seeing its GPU alone, in directories of its own; one
+/// failing for good makes MPS unhealthy naming that GPU; a GPU gone has its daemon quit.
+#[tokio::test]
+async fn each_gpu_gets_a_daemon_of_its_own() {
+    use tessera_agent::mps::{MpsDaemons, pipe_dir};
+    let dir = tempfile::tempdir().expect("dir");
+    let mut template = MpsConfig::new(fake(), dir.path());
+    template.check_timeout = Duration::from_millis(500);
+    template.max_restarts = 0;
+    let mut daemons = MpsDaemons::new(template, dir.path());
+    let gpus = ["GPU-aaaa".to_owned(), "GPU-bbbb".to_owned()];
+    assert_eq!(daemons.start(&gpus).await, MpsHealth::Healthy);
+    for g in &gpus {
+        let pipe = pipe_dir(daemons.root(), g).expect("a directory");
+        assert_eq!(pipe, dir.path().join("mps").join(g).join("pipe"));
+        let env = std::fs::read_to_string(pipe.join("daemon.env")).expect("env");
+        assert!(
+            env.contains(&format!("CUDA_VISIBLE_DEVICES={g}\n")),
+            "{env}"
+        );
+        assert!(
+            env.contains(&format!("CUDA_MPS_PIPE_DIRECTORY={}\n", pipe.display())),
+            "{env}"
+        );
+    }
+
+    // GPU-bbbb's daemon dies and cannot come back: the host's MPS is unhealthy, naming it.
+    let b = dir.path().join("mps/GPU-bbbb");
+    std::fs::write(b.join("pipe/broken"), "").expect("marker");
+    kill_daemon_in(&b.join("pipe"));
+    match daemons.supervise(&gpus).await {
+        MpsHealth::Unhealthy(reason) => {
+            assert!(reason.starts_with("GPU GPU-bbbb: "), "{reason}");
+            assert!(!reason.contains("GPU-aaaa"), "{reason}");
+        }
+        MpsHealth::Healthy => panic!("a dead daemon was reported healthy"),
+    }
+
+    // GPU-bbbb is gone from the host: its daemon is forgotten, the other one serves on.
+    assert_eq!(
+        daemons.supervise(&gpus[..1]).await,
+        MpsHealth::Healthy,
+        "only GPU-aaaa is left"
+    );
+    daemons.shutdown().await;
+    assert!(
+        !dir.path()
+            .join("mps/GPU-aaaa/pipe/fake-daemon.pid")
+            .exists()
     );
 }

@@ -41,6 +41,9 @@ pub struct ControlConfig {
     /// GPU memory, SM use): these move with nearly every sync, so no change mark follows
     /// them; each tick reads them once they are this old. Zero: on every reading.
     pub fleet_measured_every: Duration,
+    /// How long a task's measured GPU memory may stay above its budget before its pool's
+    /// `gpu_budget` acts (stops it, or says so).
+    pub gpu_budget_grace: Duration,
 }
 
 impl Default for ControlConfig {
@@ -60,6 +63,7 @@ impl Default for ControlConfig {
             usage: UsageConfig::default(),
             full_pass_every: Duration::from_secs(120),
             fleet_measured_every: Duration::from_secs(10),
+            gpu_budget_grace: Duration::from_secs(30),
         }
     }
 }

@@ -11,7 +11,8 @@
 //!   records, the audit log.
 //! - [`agents`]: `AgentSync`: hosts joining ([`admission`]: join tokens, pools that hold new
 //!   hosts for approval, rejoining a revoked host), syncs, measured use ([`usage`]) and work
-//!   kept until the next tick, hosts' credentials.
+//!   kept until the next tick, GPU memory budgets held by what is measured, hosts'
+//!   credentials.
 //! - `scheduler`: `Scheduler`: placement against the live fleet through
 //!   `tessera-placement` (priority, fair share, project limits, preemption, previews),
 //!   commits that re-check capacity; its pure steps in `scheduler::steps`.

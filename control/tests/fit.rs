@@ -313,3 +313,166 @@ async fn a_per_gpu_cap_spreads_a_service_and_the_preview_explains_what_it_refuse
         "{bad:?}"
     );
 }
+
+/// One sync of `h` reporting each task's GPU memory now (`mib` by task id; the others
+/// report nothing measured).
+async fn measured(c: &tessera_control::Control, h: &Host, mib: &[(&str, u64)]) {
+    let running = c
+        .store()
+        .list_tasks(&tessera_control::store::TaskFilter {
+            host: Some(h.id.clone()),
+            states: vec![TaskState::Assigned, TaskState::Running],
+            ..Default::default()
+        })
+        .await
+        .expect("tasks");
+    let tasks: Vec<TaskReport> = running
+        .iter()
+        .map(|t| TaskReport {
+            task_id: t.id.clone(),
+            running: true,
+            gpu_memory_mib: mib.iter().find(|(id, _)| *id == t.id).map(|(_, m)| MiB(*m)),
+            ..Default::default()
+        })
+        .collect();
+    c.agents()
+        .sync_agent(&h.id, &tessera_control::testkit::report(h, tasks))
+        .await
+        .expect("sync");
+}
+
+/// A task whose processes together hold more GPU memory than its budget (MPS holds each
+/// process alone to it) is stopped once the grace period has passed, its service's events
+/// saying by how much; its neighbour on the same GPU runs on. A pool that only warns says
+/// so once and stops nothing.
+#[tokio::test]
+async fn a_task_over_its_gpu_memory_budget_is_stopped_after_the_grace_period() {
+    let e = env(ControlConfig {
+        gpu_budget_grace: Duration::from_secs(30),
+        ..config()
+    })
+    .await;
+    let c = &e.control;
+    let h = host(c, "h1", 1, 24).await;
+    let def = register_def(c, "infer", 4, 25).await;
+    service(c, "infer", &def, 2, DeploymentConfig::default()).await;
+    c.reconcile_once().await.expect("placed");
+    sync(c, &h).await;
+    let running = tasks(c, "infer", &[TaskState::Running]).await;
+    assert_eq!(running.len(), 2, "both share the GPU");
+    assert_eq!(running[0].allocations[0].gpu, running[1].allocations[0].gpu);
+    let (hog, neighbour) = (running[0].id.clone(), running[1].id.clone());
+
+    // Two processes of 3 GiB each: 6 GiB against a 4 GiB budget, within MPS's limit each.
+    measured(c, &h, &[(&hog, 6144), (&neighbour, 3000)]).await;
+    e.clock.advance(Duration::from_secs(20));
+    measured(c, &h, &[(&hog, 6144), (&neighbour, 3000)]).await;
+    assert_eq!(
+        tasks(c, "infer", &[TaskState::Running]).await.len(),
+        2,
+        "within the grace period nothing is stopped"
+    );
+    e.clock.advance(Duration::from_secs(11));
+    measured(c, &h, &[(&hog, 6144), (&neighbour, 3000)]).await;
+    let stopped = tasks(c, "infer", &[TaskState::Stopped]).await;
+    assert_eq!(stopped.len(), 1);
+    assert_eq!(stopped[0].id, hog);
+    let reason = stopped[0].stop_reason.clone().expect("a reason");
+    assert!(
+        reason.starts_with(
+            "gpu memory over budget: 6144 MiB measured against 4096 MiB, 2048 MiB over, for 31 s"
+        ),
+        "{reason}"
+    );
+    let still: Vec<String> = tasks(c, "infer", &[TaskState::Running])
+        .await
+        .into_iter()
+        .map(|t| t.id)
+        .collect();
+    assert_eq!(still, vec![neighbour.clone()], "the neighbour runs on");
+    let events = c
+        .views()
+        .list_events(&tessera_control::store::EventFilter {
+            service: Some("infer".into()),
+            limit: 100,
+            ..Default::default()
+        })
+        .await
+        .expect("events");
+    assert!(
+        events
+            .iter()
+            .any(|ev| ev.message.contains(&hog) && ev.message.contains("2048 MiB over")),
+        "{events:?}"
+    );
+
+    // Where the pool only warns: said once, nothing stopped.
+    c.deployments()
+        .update_pool(
+            &tessera_model::PoolName::new("gpu").expect("valid"),
+            &tessera_model::api::PoolPatch {
+                gpu_budget: Some("warn".into()),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("warn mode");
+    for _ in 0..3 {
+        measured(c, &h, &[(&neighbour, 9000)]).await;
+        e.clock.advance(Duration::from_secs(31));
+    }
+    measured(c, &h, &[(&neighbour, 9000)]).await;
+    assert!(
+        tasks(c, "infer", &[TaskState::Running])
+            .await
+            .iter()
+            .any(|t| t.id == neighbour),
+        "a warning stops nothing"
+    );
+    let events = c
+        .views()
+        .list_events(&tessera_control::store::EventFilter {
+            service: Some("infer".into()),
+            limit: 100,
+            ..Default::default()
+        })
+        .await
+        .expect("events");
+    let warned = events
+        .iter()
+        .filter(|ev| ev.message.contains(&neighbour) && ev.message.contains("only warns"))
+        .count();
+    assert_eq!(warned, 1, "said once: {events:?}");
+}
+
+/// A pool's `gpu_budget` is `enforce` or `warn`, and anything else is refused naming the
+/// field, with nothing changed.
+#[tokio::test]
+async fn a_pools_gpu_budget_is_enforce_or_warn() {
+    let e = env(config()).await;
+    let c = &e.control;
+    let gpu = tessera_model::PoolName::new("gpu").expect("valid");
+    let pool = c.store().get_pool(&gpu).await.expect("pool");
+    assert_eq!(
+        pool.gpu_budget,
+        tessera_model::GpuBudget::Enforce,
+        "the default"
+    );
+    let err = c
+        .deployments()
+        .update_pool(
+            &gpu,
+            &tessera_model::api::PoolPatch {
+                gpu_budget: Some("ignore".into()),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect_err("refused");
+    let said = err.to_string();
+    assert!(
+        said.contains("gpu_budget") && said.contains("enforce warn"),
+        "{said}"
+    );
+    assert_eq!(c.store().get_pool(&gpu).await.expect("pool"), pool);
+}

@@ -23,6 +23,7 @@ fn pool(name: &str) -> PoolInfo {
         privileged: false,
         host_network: false,
         preemption: Default::default(),
+        gpu_budget: Default::default(),
     }
 }
 

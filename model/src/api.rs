@@ -58,6 +58,11 @@ pub struct PoolInput {
     #[serde(default)]
     #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::fields::optional_preemption))]
     pub preemption: Option<String>,
+    /// `enforce` (the default): a task whose measured GPU memory stays above its budget
+    /// past the grace period is stopped; `warn`: its service's events say so.
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::fields::optional_gpu_budget))]
+    pub gpu_budget: Option<String>,
 }
 
 impl PoolInput {
@@ -74,6 +79,7 @@ impl PoolInput {
             privileged: None,
             host_network: None,
             preemption: None,
+            gpu_budget: None,
         }
     }
 }
@@ -110,6 +116,11 @@ pub struct PoolPatch {
     #[serde(default)]
     #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::fields::optional_preemption))]
     pub preemption: Option<String>,
+    /// `enforce` (the default): a task whose measured GPU memory stays above its budget
+    /// past the grace period is stopped; `warn`: its service's events say so.
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::fields::optional_gpu_budget))]
+    pub gpu_budget: Option<String>,
 }
 
 /// `POST /api/v1/services`.

@@ -89,6 +89,20 @@ text_enum!(
 );
 
 text_enum!(
+    /// What happens to a task whose measured GPU memory (all its processes together) stays
+    /// above its budget past the grace period. MPS holds each client process to the
+    /// budget; a task of several processes is held to it by this.
+    #[derive(Default)]
+    GpuBudget, "gpu budget" {
+        /// It is stopped with the reason `gpu memory over budget`.
+        #[default]
+        Enforce => "enforce",
+        /// It keeps running; its service's events say it is over, once.
+        Warn => "warn",
+    }
+);
+
+text_enum!(
     /// Where a preemption stands.
     PreemptionState, "preemption state" {
         /// Waiting for an operator (a pool whose preemption is `approve`).
@@ -203,6 +217,9 @@ pub struct PoolInfo {
     /// Whether preemption plans are carried out at once or wait for approval.
     #[serde(default)]
     pub preemption: PreemptionMode,
+    /// Whether a task over its GPU memory budget is stopped or only reported.
+    #[serde(default)]
+    pub gpu_budget: GpuBudget,
 }
 
 /// One GPU as its host's agent reported it.

@@ -61,7 +61,7 @@ pub mod work;
 
 pub use ids::{GpuUuid, HostId, IdError, PoolName};
 pub use inventory::{
-    Admission, GpuHealth, GpuInfo, HostInfo, HostStatus, ParseEnumError, PendingGpu,
+    Admission, GpuBudget, GpuHealth, GpuInfo, HostInfo, HostStatus, ParseEnumError, PendingGpu,
     PlacementPolicy, PoolInfo, PreemptionMode, SharingMode,
 };
 pub use units::{ComputeMilli, MiB, MilliCpu, Percent};

@@ -373,6 +373,13 @@ pub enum StopReason {
     GpuMissing,
     /// Its host was declared lost.
     HostLost,
+    /// Its measured GPU memory (all its processes) stayed above its budget for `secs`
+    /// seconds, past the grace period, in a pool that enforces budgets.
+    GpuMemoryOverBudget {
+        measured: MiB,
+        budget: MiB,
+        secs: u64,
+    },
 }
 
 impl std::fmt::Display for StopReason {
@@ -403,6 +410,17 @@ impl std::fmt::Display for StopReason {
             StopReason::GpuReplaced => f.write_str("GPU replaced"),
             StopReason::GpuMissing => f.write_str("GPU missing"),
             StopReason::HostLost => f.write_str("host lost"),
+            StopReason::GpuMemoryOverBudget {
+                measured,
+                budget,
+                secs,
+            } => write!(
+                f,
+                "gpu memory over budget: {} MiB measured against {} MiB, {} MiB over, for {secs} s",
+                measured.0,
+                budget.0,
+                measured.0.saturating_sub(budget.0)
+            ),
         }
     }
 }

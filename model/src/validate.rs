@@ -140,6 +140,13 @@ pub fn pool(input: &PoolInput) -> Result<PoolInfo, ValidationErrors> {
             .map_err(|err: ParseEnumError| e.add("preemption", err.to_string()))
             .ok(),
     };
+    let gpu_budget = match &input.gpu_budget {
+        None => Some(crate::inventory::GpuBudget::default()),
+        Some(a) => a
+            .parse()
+            .map_err(|err: ParseEnumError| e.add("gpu_budget", err.to_string()))
+            .ok(),
+    };
     e.finish()?;
     Ok(PoolInfo {
         name: name.expect("validated"),
@@ -151,6 +158,7 @@ pub fn pool(input: &PoolInput) -> Result<PoolInfo, ValidationErrors> {
         privileged: input.privileged.unwrap_or(false),
         host_network: input.host_network.unwrap_or(false),
         preemption: preemption.expect("validated"),
+        gpu_budget: gpu_budget.expect("validated"),
     })
 }
 
@@ -300,9 +308,16 @@ mod tests {
             privileged: None,
             host_network: None,
             preemption: Some("later".into()),
+            gpu_budget: Some("ignore".into()),
         });
         let Err(errs) = bad else { panic!("accepted") };
-        assert_eq!(errs.errors.len(), 5);
+        assert_eq!(errs.errors.len(), 6);
+        assert!(
+            errs.errors
+                .iter()
+                .any(|e| e.field == "gpu_budget" && e.message.contains("enforce warn")),
+            "{errs:?}"
+        );
         assert!(
             errs.errors
                 .iter()

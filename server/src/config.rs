@@ -138,6 +138,10 @@ pub struct ServeArgs {
     /// How often agents sync, in seconds; a host silent for 3 intervals is lost.
     #[arg(long, env = "TESSERA_SYNC_INTERVAL", default_value_t = 5)]
     pub sync_interval_secs: u64,
+    /// How long (seconds) a task's measured GPU memory may stay above its budget before its
+    /// pool's `gpu_budget` acts: stops it (`enforce`) or says so (`warn`).
+    #[arg(long, env = "TESSERA_GPU_BUDGET_GRACE", default_value_t = 30)]
+    pub gpu_budget_grace_secs: u64,
     /// Stopped tasks, events and finished deployments are deleted after this many days.
     #[arg(long, env = "TESSERA_RETENTION_DAYS", default_value_t = 7)]
     pub retention_days: u64,
@@ -209,6 +213,7 @@ impl fmt::Debug for ServeArgs {
             .field("join_token", &self.join_token.as_ref().map(|_| "***"))
             .field("join_token_file", &self.join_token_file)
             .field("sync_interval_secs", &self.sync_interval_secs)
+            .field("gpu_budget_grace_secs", &self.gpu_budget_grace_secs)
             .field("retention_days", &self.retention_days)
             .field("audit_retention_days", &self.audit_retention_days)
             .finish()
@@ -256,6 +261,7 @@ mod tests {
             join_token: Some("join-s3cret-token".into()),
             join_token_file: None,
             sync_interval_secs: 5,
+            gpu_budget_grace_secs: 30,
             retention_days: 7,
             audit_retention_days: 90,
             connections_per_address: 256,

@@ -282,6 +282,7 @@ pub async fn run_agents(
             simulate: Some(d.gpus.to_owned()),
             mps_control: None,
             max_mps_restarts: 3,
+            no_mps: false,
             log_cap: 1024 * 1024,
             stop_tasks_on_exit: true,
             log_retention: std::time::Duration::from_secs(3600),

@@ -186,6 +186,7 @@ async fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
         &args.db,
         ControlConfig {
             sync_interval: std::time::Duration::from_secs(args.sync_interval_secs.max(1)),
+            gpu_budget_grace: std::time::Duration::from_secs(args.gpu_budget_grace_secs),
             retention: std::time::Duration::from_secs(args.retention_days * 24 * 3600),
             audit_retention: std::time::Duration::from_secs(
                 args.audit_retention_days.saturating_mul(24 * 3600),

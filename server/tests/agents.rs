@@ -117,6 +117,7 @@ fn agent_config(c: &Cluster, name: &str) -> AgentConfig {
         simulate: Some("2xL4-24GB".into()),
         mps_control: Some(fake_mps()),
         max_mps_restarts: 0,
+        no_mps: false,
         log_cap: 1 << 20,
         stop_tasks_on_exit: true,
         log_retention: Duration::from_secs(3600),
@@ -295,9 +296,23 @@ async fn a_task_starts_with_its_gpu_and_mps_environment_and_is_measured() {
     assert!(env["CUDA_VISIBLE_DEVICES"].starts_with("GPU-SIM-a-"));
     assert_eq!(env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], "0=8192M");
     assert_eq!(env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], "25");
+    // The pipe of its GPU's own daemon, which was started seeing that GPU alone.
+    let gpu_dir = c
+        .dir
+        .path()
+        .join("a/mps")
+        .join(task.allocations[0].gpu.to_string());
     assert_eq!(
         env["CUDA_MPS_PIPE_DIRECTORY"],
-        c.dir.path().join("a/mps-pipe").display().to_string()
+        gpu_dir.join("pipe").display().to_string()
+    );
+    let daemon = std::fs::read_to_string(gpu_dir.join("pipe/daemon.env")).expect("daemon env");
+    assert!(
+        daemon.contains(&format!(
+            "CUDA_VISIBLE_DEVICES={}\n",
+            task.allocations[0].gpu
+        )),
+        "{daemon}"
     );
     assert_eq!(env["TESSERA_TASK_ID"], task.id);
     assert!(!env.contains_key("TESSERA_AGENT_JOIN_TOKEN"));
@@ -369,7 +384,7 @@ async fn killing_the_mps_daemon_impairs_the_host_and_its_tasks_move() {
     let c = cluster().await;
     let a = two_tasks_on_a(&c, "exec sleep 60").await;
     let b = start_agent(agent_config(&c, "b"));
-    let pid = std::fs::read_to_string(c.dir.path().join("a/mps-pipe/fake-daemon.pid"))
+    let pid = std::fs::read_to_string(c.dir.path().join("a/mps/GPU-SIM-a-0/pipe/fake-daemon.pid"))
         .expect("daemon pid");
     assert!(
         std::process::Command::new("kill")

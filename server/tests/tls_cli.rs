@@ -192,6 +192,7 @@ async fn an_agent_given_the_agent_ca_file_registers_over_https() {
             PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../agent/tests/fake-mps-control"),
         ),
         max_mps_restarts: 0,
+        no_mps: false,
         log_cap: 1 << 20,
         stop_tasks_on_exit: true,
         log_retention: Duration::from_secs(3600),

@@ -35,6 +35,9 @@ pub struct AgentConfig {
     /// simulated ones (their MPS is simulated too and always healthy).
     pub mps_control: Option<PathBuf>,
     pub max_mps_restarts: u32,
+    /// No MPS on real GPUs: they are time-shared, and no MPS limit holds (a host where MPS
+    /// cannot run, or a check of what runs without it).
+    pub no_mps: bool,
     /// Bytes per task log before it starts over.
     pub log_cap: u64,
     /// Stop every task when the agent exits (the demo); a real agent leaves them running

@@ -9,7 +9,7 @@ mod sync;
 
 pub use config::{AgentConfig, ContainerRuntime, Isolation, primary_address};
 
-use crate::mps::{MpsConfig, MpsHealth, MpsSupervisor};
+use crate::mps::{MpsConfig, MpsDaemons};
 use crate::probe::{GpuProbe, NvmlProbe, ProbeError, SimulatedProbe};
 use crate::runtime::{Runtime, RuntimeError};
 use client::{http_client, server_urls};
@@ -107,7 +107,8 @@ pub struct Agent {
     servers: Vec<reqwest::Url>,
     current: usize,
     probe: Box<dyn GpuProbe>,
-    mps: Option<MpsSupervisor>,
+    /// One MPS control daemon per GPU (none on simulated hosts without a stand-in).
+    mps: Option<MpsDaemons>,
     runtime: Runtime,
     /// What each task used since the last sync that reached the server.
     windows: HashMap<String, UsageWindow>,
@@ -141,6 +142,12 @@ impl Agent {
             None => Box::new(NvmlProbe::new()?),
         };
         let control = match (&config.mps_control, probe.simulated()) {
+            _ if config.no_mps => {
+                tracing::warn!(
+                    "no MPS (--no-mps): the GPUs are time-shared and no task's GPU memory or compute limit is held by MPS"
+                );
+                None
+            }
             (Some(path), _) => Some(path.clone()),
             (None, false) => Some(PathBuf::from("nvidia-cuda-mps-control")),
             (None, true) => None,
@@ -148,12 +155,12 @@ impl Agent {
         let mps = control.map(|path| {
             let mut c = MpsConfig::new(path, &config.state_dir);
             c.max_restarts = config.max_mps_restarts;
-            MpsSupervisor::new(c)
+            MpsDaemons::new(c, &config.state_dir)
         });
         let mut runtime = Runtime::open(
             &config.state_dir,
             config.log_cap,
-            mps.as_ref().map(|m| m.pipe_dir().to_path_buf()),
+            mps.as_ref().map(|m| m.root().to_path_buf()),
         )?;
         runtime = runtime.port_range(config.port_range.0, config.port_range.1);
         if probe.simulated() {
@@ -262,11 +269,13 @@ impl Agent {
             }
         }
         if let Some(m) = &mut self.mps {
-            match m.start().await {
-                MpsHealth::Healthy => tracing::info!("MPS control daemon is up"),
-                MpsHealth::Unhealthy(r) => {
-                    tracing::warn!(reason = %r, "MPS control daemon is not healthy")
-                }
+            let gpus = self
+                .probe
+                .inventory()
+                .map(|i| i.uuids())
+                .unwrap_or_default();
+            if let crate::mps::MpsHealth::Unhealthy(r) = m.start(&gpus).await {
+                tracing::warn!(reason = %r, "MPS is not healthy on every GPU");
             }
         }
         let creds_path = self.config.state_dir.join("credentials.json");
@@ -448,6 +457,7 @@ mod tests {
             simulate: None,
             mps_control: None,
             max_mps_restarts: 0,
+            no_mps: false,
             log_cap: 1000,
             stop_tasks_on_exit: false,
             log_retention: Duration::from_secs(24 * 3600),

@@ -3,7 +3,7 @@
 
 use super::client::{server_unavailable, with_causes};
 use super::{Agent, AgentError, Credentials, SyncFailure, host_resources};
-use crate::mps::{MpsHealth, MpsSupervisor};
+use crate::mps::{MpsDaemons, MpsHealth};
 use crate::probe::TaskView;
 use std::collections::HashMap;
 use tessera_model::agent::{
@@ -89,14 +89,15 @@ impl Agent {
 
     pub(super) async fn sync(&mut self, creds: &Credentials) -> Result<SyncResponse, SyncFailure> {
         self.runtime.poll();
-        let mps = match &mut self.mps {
-            Some(m) => m.supervise().await,
-            None => MpsHealth::Healthy,
-        };
         let inventory = self
             .probe
             .inventory()
             .map_err(|e| SyncFailure::Other(e.to_string()))?;
+        self.runtime.set_gpu_minors(inventory.minors());
+        let mps = match &mut self.mps {
+            Some(m) => m.supervise(&inventory.uuids()).await,
+            None => MpsHealth::Healthy,
+        };
         let mut now = HashMap::new();
         for t in self.runtime.processes() {
             if let Some(u) = self.probe.task_usage(&TaskView {
@@ -126,7 +127,7 @@ impl Agent {
             mps: MpsReport {
                 healthy: mps == MpsHealth::Healthy,
                 reason: mps.reason().map(str::to_owned),
-                restarts: self.mps.as_ref().map(MpsSupervisor::restarts),
+                restarts: self.mps.as_ref().map(MpsDaemons::restarts),
             },
             tasks,
         };

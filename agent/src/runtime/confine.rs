@@ -5,7 +5,8 @@
 //! The cgroup is joined in the child between `fork` and `exec`, before the task's program
 //! runs: nothing it starts can be outside its cgroup, not even for a moment (writing the
 //! pid after `spawn` would leave a window in which it forks and `setsid`s away). That hook
-//! is the only unsafe code of this crate.
+//! and the bpf(2) calls that attach a device program (`cgroup::devices`) are the only
+//! unsafe code of this crate.
 
 use nix::unistd::{Gid, Uid};
 use std::path::PathBuf;

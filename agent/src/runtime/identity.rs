@@ -161,7 +161,13 @@ impl Runtime {
         let mut confine = self.identity(c, &w.task_id, task.uid)?;
         if let Some(cgroups) = &self.cgroups {
             if task.cgroup.is_none() {
-                task.cgroup = Some(cgroups.create(&w.task_id, self.pids_max)?);
+                let made = cgroups.create(&w.task_id, self.pids_max)?;
+                // Before its containers' cgroups are made: they inherit it.
+                if let Err(why) = made.deny_devices(&self.denied_devices(w)) {
+                    let _ = made.remove();
+                    return Err(format!("cannot keep the task to its own GPUs: {why}"));
+                }
+                task.cgroup = Some(made);
             }
             if let Some(own) = &task.cgroup {
                 confine.procs = own.container(

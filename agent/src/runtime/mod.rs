@@ -48,7 +48,7 @@ pub use ports::{PortAllocator, port_environment};
 pub use state::write_private;
 use task::Task;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -95,7 +95,8 @@ pub struct Runtime {
     /// The user and group tasks run as, when not the agent's own.
     run_as: Option<(u32, u32)>,
     log_cap: u64,
-    mps_pipe_dir: Option<PathBuf>,
+    /// Where each GPU's MPS daemon keeps its pipe directory (`crate::mps::pipe_dir`).
+    mps_root: Option<PathBuf>,
     /// On a simulated host: where tasks on one simulated GPU find each other (see
     /// `tessera example-server`, whose simulated GPU work slows beside heavy neighbours).
     simulated_gpus: Option<PathBuf>,
@@ -124,6 +125,11 @@ pub struct Runtime {
     next_uid: Option<u32>,
     /// This agent's cgroups, where it can use them.
     cgroups: Option<Cgroups>,
+    /// Each GPU's device minor by UUID, as the probe last read them: a task's cgroup is
+    /// refused every other GPU's node.
+    gpu_minors: HashMap<String, u32>,
+    /// Where the host's device nodes are (`/dev`; a directory of fake nodes in tests).
+    dev_dir: PathBuf,
     /// Cgroups of tasks gone that still held a process or that the kernel had not let go
     /// of: killed again and removed at each poll, given up on after a while.
     debris: Vec<(cgroup::TaskCgroup, Instant)>,
@@ -262,6 +268,31 @@ impl Runtime {
     }
 
     /// Dynamic host ports come from `from..=to`.
+    /// Looks for the host's GPU device nodes in `dir` rather than `/dev`.
+    pub fn dev_dir(mut self, dir: PathBuf) -> Self {
+        self.dev_dir = dir;
+        self
+    }
+
+    /// The GPUs' device minors by UUID, as the probe reads them now.
+    pub fn set_gpu_minors(&mut self, minors: HashMap<String, u32>) {
+        self.gpu_minors = minors;
+    }
+
+    /// The device nodes task `w` may not open: every GPU node of the host but those of the
+    /// GPUs its containers are given (all of them for a task given none, or a GPU whose
+    /// node is unknown).
+    pub(crate) fn denied_devices(&self, w: &WantedTask) -> Vec<cgroup::devices::Node> {
+        let own: std::collections::BTreeSet<u32> = w
+            .containers
+            .iter()
+            .filter_map(|c| c.env.get("CUDA_VISIBLE_DEVICES"))
+            .flat_map(|v| v.split(','))
+            .filter_map(|g| self.gpu_minors.get(g).copied())
+            .collect();
+        cgroup::devices::denied(&cgroup::devices::gpu_nodes(&self.dev_dir), &own)
+    }
+
     pub fn port_range(mut self, from: u16, to: u16) -> Self {
         self.ports = PortAllocator::new((from, to));
         self
@@ -290,7 +321,7 @@ impl Runtime {
 
 /// The environment container `container` of `w` runs with: a few of the agent's own
 /// variables, the task's (with its GPU and MPS limits), its id, and for MPS tasks the
-/// daemon's pipe directory.
+/// pipe directory of its GPU's daemon (`pipe_dir`: the root of every GPU's).
 /// Where a simulated host's tasks register the load they put on their simulated GPU.
 pub const SIMULATED_GPU_DIR: &str = "TESSERA_SIMULATED_GPU_DIR";
 
@@ -318,8 +349,23 @@ pub fn container_environment(
     let mut env = w.containers[container].env.clone();
     env.extend(w.containers[container].secrets.0.clone());
     env.insert(TASK_ID.into(), w.task_id.clone());
-    if let (true, Some(pipe)) = (w.mps, pipe_dir) {
+    if let Some(pipe) = pipe_dir.and_then(|root| task_pipe(root, w)) {
         env.insert("CUDA_MPS_PIPE_DIRECTORY".into(), pipe.display().to_string());
     }
     env
+}
+
+/// The pipe directory of the MPS daemon of an MPS task's GPU (the one its containers are
+/// given in `CUDA_VISIBLE_DEVICES`), under `root`; `None` for a task without MPS.
+pub fn task_pipe(root: &Path, w: &WantedTask) -> Option<PathBuf> {
+    if !w.mps {
+        return None;
+    }
+    let gpu = w
+        .containers
+        .iter()
+        .filter_map(|c| c.env.get("CUDA_VISIBLE_DEVICES"))
+        .flat_map(|v| v.split(','))
+        .find(|g| !g.is_empty())?;
+    crate::mps::pipe_dir(root, gpu)
 }

@@ -48,7 +48,7 @@ impl Runtime {
                 docker_name,
             }
         } else {
-            let mut env = task_environment(w, i, self.mps_pipe_dir.as_deref());
+            let mut env = task_environment(w, i, self.mps_root.as_deref());
             env.extend(port_environment(&c.name, ports));
             health::Probe::Command {
                 argv: health::command_argv(&check)?,
@@ -205,7 +205,7 @@ impl Runtime {
                 }
             }
             let entry = c.entry_point_words.min(c.command.len());
-            let mut env = container_environment(w, i, self.mps_pipe_dir.as_deref());
+            let mut env = container_environment(w, i, self.mps_root.as_deref());
             if w.host_network {
                 env.extend(port_environment(&c.name, &task.ports));
             }
@@ -226,11 +226,10 @@ impl Runtime {
                             .collect()
                     })
                     .unwrap_or_default(),
-                mps_pipe_dir: if w.mps {
-                    self.mps_pipe_dir.clone()
-                } else {
-                    None
-                },
+                mps_pipe_dir: self
+                    .mps_root
+                    .as_deref()
+                    .and_then(|root| super::task_pipe(root, w)),
                 cpu_milli: c.cpu_milli,
                 memory_mib: c.memory_mib,
                 memory_soft: c.memory_soft,
@@ -290,7 +289,7 @@ impl Runtime {
         let mut cmd = Command::new(program);
         cmd.args(args)
             .env_clear()
-            .envs(task_environment(w, i, self.mps_pipe_dir.as_deref()))
+            .envs(task_environment(w, i, self.mps_root.as_deref()))
             .envs(port_environment(&c.name, &task.ports))
             .envs(
                 self.simulated_gpus

@@ -6,6 +6,7 @@ use super::procfs::{agent_mark, boot_id, group_born, marked_processes};
 use super::task::{Proc, Task};
 use super::{DEFAULT_PIDS_MAX, Engine, PortAllocator, Runtime, RuntimeError, docker, health};
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -76,8 +77,9 @@ impl Runtime {
     pub fn open(
         state_dir: &Path,
         log_cap: u64,
-        mps_pipe_dir: Option<PathBuf>,
+        mps_root: Option<PathBuf>,
     ) -> Result<Runtime, RuntimeError> {
+        // `mps_root`: where each GPU's MPS daemon keeps its pipe directory.
         let dir = state_dir.join("tasks");
         std::fs::create_dir_all(&dir).map_err(|source| RuntimeError::StateDir {
             path: dir.display().to_string(),
@@ -94,7 +96,7 @@ impl Runtime {
             mark: agent_mark(state_dir),
             run_as: None,
             log_cap,
-            mps_pipe_dir,
+            mps_root,
             simulated_gpus: None,
             engine: None,
             saved_timeouts: saved
@@ -119,6 +121,8 @@ impl Runtime {
             task_uids: None,
             next_uid: saved.next_uid,
             cgroups: None,
+            gpu_minors: HashMap::new(),
+            dev_dir: PathBuf::from("/dev"),
             debris: Vec::new(),
             pids_max: DEFAULT_PIDS_MAX,
         };

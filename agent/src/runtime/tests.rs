@@ -48,7 +48,10 @@ fn mps_tasks_get_the_pipe_directory_and_nothing_else_leaks() {
         0,
         Some(Path::new("/run/mps")),
     );
-    assert_eq!(env["CUDA_MPS_PIPE_DIRECTORY"], "/run/mps");
+    assert_eq!(
+        env["CUDA_MPS_PIPE_DIRECTORY"], "/run/mps/GPU-1/pipe",
+        "the pipe of its GPU's own daemon"
+    );
     assert_eq!(env["CUDA_VISIBLE_DEVICES"], "GPU-1");
     assert_eq!(env["TESSERA_TASK_ID"], "t1");
     assert!(env.keys().all(|k| PASSED_THROUGH.contains(&k.as_str())
@@ -1026,4 +1029,59 @@ async fn mps_tasks_share_the_mps_uid_and_others_get_their_own() {
     }
     rt.converge(&[]);
     until(&mut rt, |rt| rt.tasks.is_empty()).await;
+}
+
+#[tokio::test]
+async fn attack_a_task_opens_another_gpus_device_node() {
+    let Some(cgroups) = test_cgroups() else {
+        return;
+    };
+    if !is_root() || cgroups.gpu_devices() == cgroup::GpuDevices::None {
+        println!("skipped: device nodes need root and a cgroup to hold the rules");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("dir");
+    // Fake GPU nodes of the real major: with no driver behind them, an open that the
+    // cgroup allows fails with ENXIO, one that it refuses with EPERM.
+    let dev = dir.path().join("dev");
+    std::fs::create_dir(&dev).expect("dev");
+    for minor in [0, 1] {
+        let made = std::process::Command::new("mknod")
+            .arg(dev.join(format!("nvidia{minor}")))
+            .args(["c", "195", &minor.to_string()])
+            .status()
+            .expect("mknod");
+        assert!(made.success());
+    }
+    let mut rt = Runtime::open(dir.path(), 1 << 20, None)
+        .expect("open")
+        .cgroups(cgroups)
+        .dev_dir(dev.clone());
+    // The task is given GPU-1, whose node is minor 1.
+    rt.set_gpu_minors(HashMap::from([
+        ("GPU-1".to_owned(), 1),
+        ("GPU-0".to_owned(), 0),
+    ]));
+    let script = format!(
+        "cat {d}/nvidia0 2> {p}/other.err; cat {d}/nvidia1 2> {p}/own.err; touch {p}/done; exec sleep 30",
+        d = dev.display(),
+        p = dir.path().display()
+    );
+    rt.converge(&[wanted("gpu-thief", &["sh", "-c", &script], true)]);
+    until(&mut rt, |_| dir.path().join("done").exists()).await;
+    let other = std::fs::read_to_string(dir.path().join("other.err")).expect("other");
+    let own = std::fs::read_to_string(dir.path().join("own.err")).expect("own");
+    println!(
+        "tried: task given GPU-1 ({}) opened /dev/nvidia0 (another GPU) and /dev/nvidia1 (its own)",
+        rt.cgroups
+            .as_ref()
+            .map(|c| c.describe())
+            .unwrap_or_default()
+    );
+    println!("  another GPU's node: {}", other.trim());
+    println!("  its own GPU's node: {}", own.trim());
+    assert!(other.contains("Operation not permitted"), "{other}");
+    assert!(own.contains("No such device or address"), "{own}");
+    rt.stop_all().await;
+    clean_cgroups(&rt);
 }

@@ -44,6 +44,8 @@ pub(crate) struct Gateway {
     pub(super) tokens: Cache<String, HostId>,
     /// Lookups of agent tokens not remembered, running at once.
     pub(super) token_lookups: tokio::sync::Semaphore,
+    /// The tasks measured over their GPU memory budget, and since when.
+    pub(super) budgets: super::budget::Budgets,
 }
 
 impl Default for Gateway {
@@ -56,6 +58,7 @@ impl Default for Gateway {
             said: Cache::with_max_age(MAX_DROPS_REMEMBERED, DROPS_REMEMBERED),
             tokens: Cache::with_max_age(MAX_TOKENS_REMEMBERED, TOKEN_REMEMBERED),
             token_lookups: tokio::sync::Semaphore::new(TOKEN_LOOKUPS),
+            budgets: Default::default(),
         }
     }
 }

@@ -3,6 +3,7 @@
 //! with every task its host should run, environment included.
 
 pub mod admission;
+mod budget;
 mod gateway;
 pub mod usage;
 mod work;
@@ -24,7 +25,7 @@ use tessera_model::agent::{
 use tessera_model::bounds::{Dropped, Owner};
 use tessera_model::service::{Measured, StopReason, Task, TaskState};
 use tessera_model::taskdef::{GpuRequirement, TaskDefinitionSpec};
-use tessera_model::{GpuHealth, GpuInfo, HostId, MiB};
+use tessera_model::{GpuBudget, GpuHealth, GpuInfo, HostId, MiB};
 
 /// SHA-256 of a token, hex; only hashes are stored.
 pub fn hash_token(token: &str) -> String {
@@ -373,6 +374,14 @@ impl AgentSync {
         for t in mine.iter_mut() {
             let report = reported.get(t.id.as_str()).copied();
             if let Some(r) = report
+                && r.running
+                && t.state == TaskState::Running
+                && self.hold_to_budget(host_id, t, r).await?
+            {
+                changed = true;
+                continue;
+            }
+            if let Some(r) = report
                 && serving_changed(t, r)
             {
                 self.take_serving(host_id, t, r).await?;
@@ -383,6 +392,65 @@ impl AgentSync {
                 .await?;
         }
         Ok(changed)
+    }
+
+    /// Holds a running task to its GPU memory budget by what its agent measured of all its
+    /// processes (see [`budget`]); whether it was stopped for it.
+    async fn hold_to_budget(
+        &self,
+        host_id: &HostId,
+        t: &mut Task,
+        r: &TaskReport,
+    ) -> Result<bool, ControlError> {
+        let Some(budget) = budget::budget_of(&t.allocations) else {
+            return Ok(false);
+        };
+        let grace = self.core.config().gpu_budget_grace.as_millis() as i64;
+        let measured = r.gpu_memory_mib.or(r.gpu_memory_peak_mib);
+        let judged =
+            self.gateway
+                .budgets
+                .judge(&t.id, budget, measured, self.core.instant(), grace);
+        let budget::Judgement::PastGrace {
+            measured,
+            budget,
+            secs,
+            first,
+        } = judged
+        else {
+            return Ok(false);
+        };
+        match self.store.get_pool(&t.pool).await?.gpu_budget {
+            GpuBudget::Enforce => {
+                let reason = StopReason::GpuMemoryOverBudget {
+                    measured,
+                    budget,
+                    secs,
+                };
+                tracing::warn!(task = %t.id, %reason, "task stopped");
+                self.task_ended(t, host_id, &reason, None, true).await?;
+                self.gateway.budgets.forget(&t.id);
+                t.state = TaskState::Stopped;
+                t.stop_reason = Some(reason.to_string());
+                Ok(true)
+            }
+            GpuBudget::Warn => {
+                if first {
+                    let said = format!(
+                        "task {}: gpu memory over budget: {} MiB measured against {} MiB, {} MiB over, for {secs} s; not stopped: pool {} only warns (gpu_budget: warn)",
+                        t.id,
+                        measured.0,
+                        budget.0,
+                        measured.0.saturating_sub(budget.0),
+                        t.pool
+                    );
+                    self.core
+                        .event(Some(&t.service), Some(host_id), &said)
+                        .await;
+                }
+                Ok(false)
+            }
+        }
     }
 
     /// Takes a task's reported ports and health (a report without health leaves what is
@@ -714,6 +782,7 @@ impl AgentSync {
     /// Writes the times of the quiet syncs received since the last call, in one statement.
     /// On failure they are kept for the next call (a newer time for a host wins).
     pub async fn flush_heartbeats(&self) -> Result<(), ControlError> {
+        self.gateway.budgets.prune(self.core.instant());
         let seen: Vec<(HostId, String)> = std::mem::take(&mut *self.gateway.heartbeats.lock())
             .into_iter()
             .collect();

@@ -79,6 +79,12 @@ impl Deployments {
                     .clone()
                     .unwrap_or_else(|| pool.preemption.as_str().to_owned()),
             ),
+            gpu_budget: Some(
+                patch
+                    .gpu_budget
+                    .clone()
+                    .unwrap_or_else(|| pool.gpu_budget.as_str().to_owned()),
+            ),
         };
         let updated = crate::inputs::validate_pool(&merged)?;
         self.store.upsert_pool(&updated).await?;

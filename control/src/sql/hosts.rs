@@ -9,12 +9,13 @@ use crate::store::JoinTokenUse;
 impl HostStore for This {
     async fn upsert_pool(&self, pool: &PoolInfo) -> Result<(), StoreError> {
         self.write_one(sqlx::query(
-            "INSERT INTO pools (name, policy, compute_overcommit, mps_client_limit, admission, task_users, privileged, preemption, host_network)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+            "INSERT INTO pools (name, policy, compute_overcommit, mps_client_limit, admission, task_users, privileged, preemption, host_network, gpu_budget)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
              ON CONFLICT (name) DO UPDATE SET policy = excluded.policy,
                  compute_overcommit = excluded.compute_overcommit, mps_client_limit = excluded.mps_client_limit,
                  admission = excluded.admission, task_users = excluded.task_users, privileged = excluded.privileged,
-                 preemption = excluded.preemption, host_network = excluded.host_network",
+                 preemption = excluded.preemption, host_network = excluded.host_network,
+                 gpu_budget = excluded.gpu_budget",
         )
         .bind(pool.name.as_str())
         .bind(pool.policy.as_str())
@@ -25,6 +26,7 @@ impl HostStore for This {
         .bind(i64::from(pool.privileged))
         .bind(pool.preemption.as_str())
         .bind(i64::from(pool.host_network))
+        .bind(pool.gpu_budget.as_str())
         )
         .await?;
         Ok(())

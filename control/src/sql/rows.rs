@@ -2,7 +2,7 @@
 //! the small helpers every aggregate's queries share.
 use super::*;
 
-pub(super) const POOL_COLUMNS: &str = "name, policy, compute_overcommit, mps_client_limit, admission, task_users, privileged, preemption, host_network";
+pub(super) const POOL_COLUMNS: &str = "name, policy, compute_overcommit, mps_client_limit, admission, task_users, privileged, preemption, host_network, gpu_budget";
 
 pub(super) const HOST_COLUMNS: &str = "id, pool, status, simulated, cpu_milli, memory_mib, labels, status_reason, last_seen_at, mps_restarts, address, dynamic_ports_free, held, pending_gpus";
 
@@ -57,6 +57,10 @@ pub(super) fn pool_from_row(row: &DbRow) -> Result<PoolInfo, StoreError> {
         preemption: parse::<tessera_model::PreemptionMode>(
             "pool preemption",
             row.try_get("preemption")?,
+        )?,
+        gpu_budget: parse::<tessera_model::GpuBudget>(
+            "pool gpu budget",
+            row.try_get("gpu_budget")?,
         )?,
     })
 }

@@ -107,6 +107,16 @@ pub fn optional_preemption() -> Schema {
     from_json(json!({ "type": ["string", "null"], "enum": names }))
 }
 
+/// An optional GPU budget mode given as text.
+pub fn optional_gpu_budget() -> Schema {
+    let mut names: Vec<Value> = crate::inventory::GpuBudget::ALL
+        .iter()
+        .map(|a| json!(a.as_str()))
+        .collect();
+    names.push(Value::Null);
+    from_json(json!({ "type": ["string", "null"], "enum": names }))
+}
+
 /// An optional priority class given as text.
 pub fn optional_priority() -> Schema {
     let mut names: Vec<Value> = crate::inventory::PriorityClass::ALL

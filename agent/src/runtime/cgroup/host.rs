@@ -3,7 +3,7 @@
 
 use super::task::TaskCgroup;
 use super::{
-    CGROUP_ROOT, Cgroups, Controller, Hierarchy, Kill, Layout, cgroup_name, make_dir,
+    CGROUP_ROOT, Cgroups, Controller, GpuDevices, Hierarchy, Kill, Layout, cgroup_name, make_dir,
     relative_cgroup, write,
 };
 use std::collections::BTreeSet;
@@ -41,6 +41,7 @@ impl Cgroups {
                 v2: true,
                 limits: available(&root.join("cgroup.controllers")),
                 freezer: false,
+                devices: false,
             });
         } else {
             let unified = root.join("unified");
@@ -52,6 +53,7 @@ impl Cgroups {
                     v2: true,
                     limits,
                     freezer: false,
+                    devices: false,
                 });
             }
             // The pids hierarchy first: the one processes are listed from when there is no
@@ -87,7 +89,27 @@ impl Cgroups {
                     v2: false,
                     limits: controller.into_iter().collect(),
                     freezer: controller.is_none(),
+                    devices: false,
                 });
+            }
+            // Which device nodes a task may open: v1's controller wherever it is mounted.
+            let devices = root.join("devices");
+            if devices.join("devices.deny").is_file() {
+                let dir = devices.canonicalize().unwrap_or(devices);
+                match cgroups
+                    .hierarchies
+                    .iter_mut()
+                    .find(|h| !h.v2 && h.root == dir)
+                {
+                    Some(h) => h.devices = true,
+                    None => cgroups.hierarchies.push(Hierarchy {
+                        root: dir,
+                        v2: false,
+                        limits: Vec::new(),
+                        freezer: false,
+                        devices: true,
+                    }),
+                }
             }
             let v1 = cgroups.hierarchies.iter().any(|h| !h.v2);
             cgroups.layout = match (v2, v1) {
@@ -161,7 +183,7 @@ impl Cgroups {
         let mut line = match self.layout {
             Layout::None => {
                 return format!(
-                    "no cgroups writable ({}): tasks run without CPU/memory/pid limits and a task's escaped processes cannot be killed (run the agent as root on a host with cgroup v2)",
+                    "no cgroups writable ({}): tasks run without CPU/memory/pid limits, a task's escaped processes cannot be killed and a process task can open every GPU's device node (run the agent as root on a host with cgroup v2)",
                     self.problems.join("; ")
                 );
             }
@@ -214,6 +236,13 @@ impl Cgroups {
                 }
             ),
         };
+        line.push_str(match self.gpu_devices() {
+            GpuDevices::V1 => "; GPU devices: each task its own (v1 devices controller)",
+            GpuDevices::Program => "; GPU devices: each task its own (v2 device programs)",
+            GpuDevices::None => {
+                "; GPU devices: not enforced (no cgroup to hold the rules): a process task can open every GPU's device node"
+            }
+        });
         let missing: Vec<&str> = Controller::ALL
             .iter()
             .filter(|c| !self.enforces(**c))
@@ -231,6 +260,19 @@ impl Cgroups {
             line.push_str(p);
         }
         line
+    }
+
+    /// How a task is kept to its own GPUs' device nodes here.
+    pub fn gpu_devices(&self) -> GpuDevices {
+        if !self.usable() {
+            GpuDevices::None
+        } else if self.hierarchies.iter().any(|h| h.devices) {
+            GpuDevices::V1
+        } else if self.hierarchies.iter().any(|h| h.v2) {
+            GpuDevices::Program
+        } else {
+            GpuDevices::None
+        }
     }
 
     /// Gives up on cgroups, saying why.

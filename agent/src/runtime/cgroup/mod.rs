@@ -9,12 +9,16 @@
 //! agent may write to (not root, a read-only `/sys`). Each limit is set in v2 where v2
 //! has its controller, else in its v1 hierarchy.
 //!
+//! A task may open the device nodes of its own GPUs only ([`devices`]): through the v1
+//! `devices` controller where the host has one, else a v2 device program.
+//!
 //! In every hierarchy used, the tree is `<--cgroup-parent>/<agent mark>/<task>/<container>`:
 //! the agent's mark keeps two agents on one host (tests, the demo) from taking each other's
 //! tasks for leftovers; the task's cgroup holds its pid limit, and each container that runs
 //! as a process has a cgroup inside it with its CPU and memory limits (v2 lets processes
 //! live only in leaves once controllers are handed down).
 
+pub mod devices;
 mod host;
 mod task;
 
@@ -70,6 +74,8 @@ struct Hierarchy {
     limits: Vec<Controller>,
     /// A v1 freezer: how a task is stopped from forking while it is killed.
     freezer: bool,
+    /// The v1 `devices` controller: which device nodes a task may open.
+    devices: bool,
 }
 
 /// How every process of a task is killed at once.
@@ -85,6 +91,17 @@ enum Kill {
     /// Every process sent SIGKILL, again at each poll until none is left (a process that
     /// forks as fast as it is killed is held by its pid limit).
     Signal,
+}
+
+/// How a task is kept to its own GPUs' device nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuDevices {
+    /// The v1 `devices` controller's `devices.deny`.
+    V1,
+    /// A v2 device program attached to each task's cgroup.
+    Program,
+    /// Not at all: no cgroup holds the rules.
+    None,
 }
 
 /// The host's cgroups as this agent uses them.
@@ -217,7 +234,7 @@ mod tests {
         assert_eq!(
             cg.describe(),
             format!(
-                "cgroup v2 (unified) at {} with cpu, memory, pids (cgroup.kill)",
+                "cgroup v2 (unified) at {} with cpu, memory, pids (cgroup.kill); GPU devices: each task its own (v2 device programs)",
                 root.display()
             )
         );
@@ -276,7 +293,7 @@ mod tests {
         assert_eq!(
             cg.describe(),
             format!(
-                "hybrid: v1 controllers cpu, memory, pids + v2 at {} (cgroup.kill)",
+                "hybrid: v1 controllers cpu, memory, pids + v2 at {} (cgroup.kill); GPU devices: each task its own (v2 device programs)",
                 root.join("unified").display()
             )
         );
@@ -316,11 +333,19 @@ mod tests {
     fn a_v1_host_freezes_to_kill_and_a_tiny_cpu_share_gets_the_kernels_minimum() {
         let root = tempfile::tempdir().expect("dir");
         let root = root.path();
-        for c in ["cpu", "memory", "pids", "freezer"] {
+        for c in ["cpu", "memory", "pids", "freezer", "devices"] {
             touch(&root.join(c).join("cgroup.procs"), "");
         }
+        touch(&root.join("devices/devices.deny"), "");
         let cg = Cgroups::at(root, "tessera").for_agent("m1");
         assert_eq!(cg.layout(), Layout::V1);
+        assert_eq!(cg.gpu_devices(), GpuDevices::V1);
+        assert!(
+            cg.describe()
+                .contains("GPU devices: each task its own (v1 devices controller)"),
+            "{}",
+            cg.describe()
+        );
         assert!(
             cg.describe()
                 .starts_with("cgroup v1: controllers cpu, memory, pids, freezer"),
@@ -331,6 +356,22 @@ mod tests {
         assert!(
             !root.join("pids/tessera/m1/t/pids.max").exists(),
             "0: no pid limit"
+        );
+        // The other GPUs' nodes refused, one rule a line, before any container's cgroup.
+        task.deny_devices(&[
+            devices::Node {
+                major: 195,
+                minor: 0,
+            },
+            devices::Node {
+                major: 195,
+                minor: 2,
+            },
+        ])
+        .expect("denied");
+        assert_eq!(
+            read(&root.join("devices/tessera/m1/t/devices.deny")),
+            "c 195:0 rwmc 195:2 rwm"
         );
         task.container(
             "main",
@@ -363,6 +404,7 @@ mod tests {
         assert!(!cg.usable());
         let line = cg.describe();
         assert!(line.starts_with("no cgroups writable"), "{line}");
+        assert_eq!(cg.gpu_devices(), GpuDevices::None);
         assert!(
             line.contains("escaped processes cannot be killed"),
             "{line}"

@@ -45,6 +45,33 @@ impl std::fmt::Display for TaskCgroup {
 }
 
 impl TaskCgroup {
+    /// Refuses the task every device node of `nodes` (the host's other GPUs): before its
+    /// containers' cgroups are made, which inherit it. Through the v1 `devices` controller
+    /// where the host has one, else a device program on its v2 cgroup; with neither,
+    /// nothing (the agent said so when it started).
+    pub(crate) fn deny_devices(&self, nodes: &[super::devices::Node]) -> Result<(), String> {
+        if nodes.is_empty() {
+            return Ok(());
+        }
+        if let Some((dir, _)) = self.homes.iter().find(|(_, h)| h.devices) {
+            use std::io::Write;
+            // One rule per write, as the kernel reads them.
+            for n in nodes {
+                std::fs::OpenOptions::new()
+                    .append(true)
+                    .create(true)
+                    .open(dir.join("devices.deny"))
+                    .and_then(|mut f| f.write_all(format!("{n} rwm").as_bytes()))
+                    .map_err(|e| format!("denying {n} in {}: {e}", dir.display()))?;
+            }
+            return Ok(());
+        }
+        match self.homes.iter().find(|(_, h)| h.v2) {
+            Some((dir, _)) => super::devices::attach(dir, nodes),
+            None => Ok(()),
+        }
+    }
+
     /// Creates (or finds) container `name`'s cgroup inside the task's, with its CPU and
     /// memory limits; returns the `cgroup.procs` files its processes join, one per
     /// hierarchy.
