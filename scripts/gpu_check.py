@@ -75,7 +75,10 @@ time.sleep(600)
 """
 
 OTHER_GPU = r"""
-import json, glob, os, torch
+import json, glob, os
+# What the task reaches when it ignores what it was given: its own environment dropped.
+os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+import torch
 seen = torch.cuda.device_count()
 opened = []
 for node in sorted(glob.glob("/dev/nvidia[0-9]*")):
@@ -438,12 +441,18 @@ class GpuCheck:
                           {"mps": {"memory_mib": 1024, "max_compute_percent": 25}})
         self.service("thief", d)
         self.fleet.wait(lambda: self.fleet.running("thief"), 120, "the thief running")
-        out = self.output(self.fleet.running("thief")[0]["id"])
+        t = self.fleet.running("thief")[0]
+        out = self.output(t["id"])
         self.delete("thief")
-        if out["devices_seen"] == 1 and out["cuda1"].startswith("refused") and len(out["nodes_opened"]) <= 1:
-            c.passed(f"sees 1 device; cuda:1 {out['cuda1']}; GPU nodes it could open: {out['nodes_opened']}")
+        own = next((g for g in self.facts.get("gpus", []) if g["uuid"] == t["allocations"][0]["gpu"]), {})
+        own_node = f"/dev/nvidia{own.get('minor')}"
+        detail = (f"without CUDA_VISIBLE_DEVICES it sees {out['devices_seen']} device(s); cuda:1 "
+                  f"{out['cuda1']}; GPU nodes it could open: {out['nodes_opened']} (its own: {own_node})")
+        if (out["devices_seen"] == 1 and out["cuda1"].startswith("refused")
+                and out["nodes_opened"] in ([], [own_node])):
+            c.passed(detail)
         else:
-            c.failed(json.dumps(out))
+            c.failed(detail)
 
     def whole_gpu(self, c):
         d = self.task_def("whole", ALLOCATE, {"ALLOC_MIB": "1024"}, {"gpus": 1})
@@ -559,6 +568,7 @@ def smi_gpus(xml_text):
             "memory_mib": int(gpu.findtext("fb_memory_usage/total").split()[0]),
             "ecc": mode(gpu, "ecc_mode/current_ecc"),
             "mig": mode(gpu, "mig_mode/current_mig"),
+            "minor": (gpu.findtext("minor_number") or "").strip(),
         }
     return gpus
 

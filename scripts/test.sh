@@ -63,3 +63,4 @@ echo "== security drill: a compromised task and a leaked token against the real 
 TESSERA_BIN_DIR="$CARGO_TARGET_DIR/debug" python3 scripts/security_drill.py
 echo "== the GPU check's parts that need no GPU (stand-in nvidia-smi, simulated agent)"
 TESSERA_BIN_DIR="$CARGO_TARGET_DIR/debug" python3 scripts/gpu_check_test.py
+TESSERA_BIN_DIR="$CARGO_TARGET_DIR/debug" python3 scripts/gpu_work_test.py

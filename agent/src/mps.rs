@@ -119,6 +119,16 @@ impl RestartBudget {
         }
     }
 
+    /// Whether a restart at `now` would be within the budget.
+    pub fn would_allow(&self, now: Instant) -> bool {
+        let recent = self
+            .history
+            .iter()
+            .filter(|t| now.duration_since(**t) <= self.window)
+            .count();
+        (recent as u32) < self.max
+    }
+
     /// Decides after a check at `now`; a restart is charged to the budget.
     pub fn decide(&mut self, check: Result<(), String>, now: Instant) -> Decision {
         let reason = match check {
@@ -152,6 +162,9 @@ pub struct MpsSupervisor {
     health: MpsHealth,
     /// Restarts since the agent started (reported with every sync).
     restarts: u32,
+    /// The budget was spent at the last check: not checked again (a hung daemon costs a
+    /// timeout each time) until a restart would be allowed.
+    gave_up: bool,
 }
 
 impl MpsSupervisor {
@@ -162,6 +175,7 @@ impl MpsSupervisor {
             budget,
             health: MpsHealth::Unhealthy("not started yet".into()),
             restarts: 0,
+            gave_up: false,
         }
     }
 
@@ -291,8 +305,13 @@ impl MpsSupervisor {
 
     /// Checks health, restarting within the budget; returns the health to report.
     pub async fn supervise(&mut self) -> MpsHealth {
+        if self.gave_up && !self.budget.would_allow(Instant::now()) {
+            return self.health.clone();
+        }
         let check = self.check().await;
-        self.health = match self.budget.decide(check, Instant::now()) {
+        let decision = self.budget.decide(check, Instant::now());
+        self.gave_up = matches!(decision, Decision::GiveUp(_));
+        self.health = match decision {
             Decision::Healthy => MpsHealth::Healthy,
             Decision::Restart(reason) => {
                 tracing::warn!(%reason, "MPS control daemon unhealthy; restarting it");
@@ -390,8 +409,16 @@ impl MpsDaemons {
         }
     }
 
-    /// Starts a daemon for each of `gpus`; their health together.
+    /// Starts a daemon for each of `gpus`; their health together. A daemon an older agent
+    /// ran for every GPU at once (`<state>/mps-pipe`) is asked to quit first: it must not
+    /// serve beside the GPUs' own.
     pub async fn start(&mut self, gpus: &[String]) -> MpsHealth {
+        if self.template.pipe_dir.is_dir() {
+            let mut legacy = MpsSupervisor::new(self.template.clone());
+            legacy.shutdown().await;
+            tracing::info!(pipe_dir = %self.template.pipe_dir.display(), "the single MPS daemon of an older agent was asked to quit");
+            let _ = std::fs::remove_dir_all(&self.template.pipe_dir);
+        }
         self.follow(gpus).await;
         self.health()
     }
@@ -400,9 +427,8 @@ impl MpsDaemons {
     /// them to `gpus`; their health together.
     pub async fn supervise(&mut self, gpus: &[String]) -> MpsHealth {
         self.follow(gpus).await;
-        for d in self.daemons.values_mut() {
-            d.supervise().await;
-        }
+        // All at once: one hung daemon costs one timeout, not one per GPU.
+        futures_util::future::join_all(self.daemons.values_mut().map(|d| d.supervise())).await;
         self.health()
     }
 

@@ -260,6 +260,12 @@ impl NvmlProbe {
 
     fn task_usage_nvml(&mut self, task: &TaskView<'_>) -> Option<Usage> {
         let count = self.nvml.device_count().ok()?;
+        // Only its own GPUs count: a process of the same number on another GPU is not its.
+        let own: Vec<&str> = task
+            .env
+            .get("CUDA_VISIBLE_DEVICES")
+            .map(|v| v.split(',').filter(|g| !g.is_empty()).collect())
+            .unwrap_or_default();
         let mut memory = 0u64;
         let mut sm: Option<u32> = None;
         let mut newest = self.last_sample_us;
@@ -267,6 +273,9 @@ impl NvmlProbe {
             let Ok(device) = self.nvml.device_by_index(index) else {
                 continue;
             };
+            if !own.is_empty() && !device.uuid().is_ok_and(|u| own.contains(&u.as_str())) {
+                continue;
+            }
             // MPS clients are listed by the MPS query; plain processes by the compute one.
             let mut procs = device.mps_running_compute_processes().unwrap_or_default();
             procs.extend(device.running_compute_processes().unwrap_or_default());

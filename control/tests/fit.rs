@@ -374,6 +374,12 @@ async fn a_task_over_its_gpu_memory_budget_is_stopped_after_the_grace_period() {
     );
     e.clock.advance(Duration::from_secs(11));
     measured(c, &h, &[(&hog, 6144), (&neighbour, 3000)]).await;
+    // Stopping: its GPU memory stays held until its agent reports it gone.
+    let stopping = tasks(c, "infer", &[TaskState::Stopping]).await;
+    assert_eq!(stopping.len(), 1);
+    assert_eq!(stopping[0].id, hog);
+    assert!(!stopping[0].allocations.is_empty(), "still holding its GPU");
+    measured(c, &h, &[(&neighbour, 3000)]).await;
     let stopped = tasks(c, "infer", &[TaskState::Stopped]).await;
     assert_eq!(stopped.len(), 1);
     assert_eq!(stopped[0].id, hog);

@@ -268,12 +268,13 @@ impl Agent {
                 }
             }
         }
+        let inventory = self.probe.inventory().ok();
+        if let Some(i) = &inventory {
+            // Before any task starts: each is kept from the other GPUs' device nodes.
+            self.runtime.set_gpu_minors(i.minors());
+        }
         if let Some(m) = &mut self.mps {
-            let gpus = self
-                .probe
-                .inventory()
-                .map(|i| i.uuids())
-                .unwrap_or_default();
+            let gpus = inventory.map(|i| i.uuids()).unwrap_or_default();
             if let crate::mps::MpsHealth::Unhealthy(r) = m.start(&gpus).await {
                 tracing::warn!(reason = %r, "MPS is not healthy on every GPU");
             }

@@ -267,7 +267,6 @@ impl Runtime {
         Ok(self)
     }
 
-    /// Dynamic host ports come from `from..=to`.
     /// Looks for the host's GPU device nodes in `dir` rather than `/dev`.
     pub fn dev_dir(mut self, dir: PathBuf) -> Self {
         self.dev_dir = dir;
@@ -283,16 +282,39 @@ impl Runtime {
     /// GPUs its containers are given (all of them for a task given none, or a GPU whose
     /// node is unknown).
     pub(crate) fn denied_devices(&self, w: &WantedTask) -> Vec<cgroup::devices::Node> {
-        let own: std::collections::BTreeSet<u32> = w
+        let mut own = std::collections::BTreeSet::new();
+        for gpu in w
             .containers
             .iter()
             .filter_map(|c| c.env.get("CUDA_VISIBLE_DEVICES"))
             .flat_map(|v| v.split(','))
-            .filter_map(|g| self.gpu_minors.get(g).copied())
-            .collect();
-        cgroup::devices::denied(&cgroup::devices::gpu_nodes(&self.dev_dir), &own)
+            .filter(|g| !g.is_empty())
+        {
+            match self.gpu_minors.get(gpu) {
+                Some(m) => {
+                    own.insert(*m);
+                }
+                None if !self.gpu_minors.is_empty() => {
+                    tracing::warn!(task = %w.task_id, %gpu, "the driver names no device node for this GPU: the task may open no GPU's node");
+                }
+                None => {}
+            }
+        }
+        // The nodes there are now, and those of every GPU the driver reports (a node made
+        // later, by nvidia-modprobe or for a GPU that comes back, is refused too).
+        let mut host = cgroup::devices::gpu_nodes(&self.dev_dir);
+        host.extend(
+            self.gpu_minors
+                .values()
+                .map(|&minor| cgroup::devices::Node {
+                    major: cgroup::devices::NVIDIA_MAJOR,
+                    minor,
+                }),
+        );
+        cgroup::devices::denied(&host, &own)
     }
 
+    /// Dynamic host ports come from `from..=to`.
     pub fn port_range(mut self, from: u16, to: u16) -> Self {
         self.ports = PortAllocator::new((from, to));
         self

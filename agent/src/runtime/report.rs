@@ -2,6 +2,7 @@
 //! running tasks' processes for measuring.
 
 use super::docker::{self, Phase};
+use super::procfs::group_born;
 use super::task::Ending;
 use super::{Runtime, TaskProcesses, cgroup, work};
 use tessera_model::agent::TaskReport;
@@ -92,9 +93,15 @@ impl Runtime {
             .iter()
             .filter(|(_, t)| t.ending.is_none())
             .map(|(id, t)| {
+                // Its live process groups only, each still led by the process it started
+                // (a group id is reused once the group is gone: another task's process
+                // may hold the number now, and must not be measured as this task's).
                 let mut pids: Vec<u32> = t
                     .procs
                     .iter()
+                    .filter(|p| {
+                        p.exit.is_none() && p.born.is_some() && group_born(p.pgid) == p.born
+                    })
                     .map(|p| p.pgid as u32)
                     .chain(t.boxes.iter().filter_map(|b| match b.phase() {
                         Phase::Running(pid) => pid,

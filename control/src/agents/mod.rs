@@ -420,17 +420,38 @@ impl AgentSync {
         else {
             return Ok(false);
         };
-        match self.store.get_pool(&t.pool).await?.gpu_budget {
+        // A pool that cannot be read now is read again at the next sync: the rest of the
+        // host's report is taken meanwhile.
+        let pool = match self.store.get_pool(&t.pool).await {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(task = %t.id, pool = %t.pool, error = %e, "cannot read the pool's gpu_budget; judged again at the next sync");
+                return Ok(false);
+            }
+        };
+        match pool.gpu_budget {
             GpuBudget::Enforce => {
                 let reason = StopReason::GpuMemoryOverBudget {
                     measured,
                     budget,
                     secs,
                 };
-                tracing::warn!(task = %t.id, %reason, "task stopped");
-                self.task_ended(t, host_id, &reason, None, true).await?;
+                let gpus: Vec<String> = t.allocations.iter().map(|a| a.gpu.to_string()).collect();
+                tracing::warn!(task = %t.id, host = %host_id, gpus = ?gpus, %reason, "task stopped");
+                // Stopping, not stopped: its GPU memory stays held until its agent reports
+                // it gone, so no replacement is placed into memory it still uses.
+                self.store
+                    .request_task_stop(&t.id, &reason, None, true)
+                    .await?;
+                self.core
+                    .event(
+                        Some(&t.service),
+                        Some(host_id),
+                        &format!("task {} on GPU {} stopped: {reason}", t.id, gpus.join(", ")),
+                    )
+                    .await;
                 self.gateway.budgets.forget(&t.id);
-                t.state = TaskState::Stopped;
+                t.state = TaskState::Stopping;
                 t.stop_reason = Some(reason.to_string());
                 Ok(true)
             }

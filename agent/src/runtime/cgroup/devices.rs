@@ -187,35 +187,45 @@ pub fn attach(cgroup: &Path, nodes: &[Node]) -> Result<(), String> {
     let dir = std::fs::File::open(cgroup).map_err(|e| format!("{}: {e}", cgroup.display()))?;
     let insns = program(nodes);
     let license = c"GPL";
-    let mut log = vec![0u8; 4096];
     let mut name = [0u8; 16];
     name[..14].copy_from_slice(b"tessera_devdny");
-    let load = ProgLoad {
-        prog_type: BPF_PROG_TYPE_CGROUP_DEVICE,
-        insn_cnt: insns.len() as u32,
-        insns: insns.as_ptr() as u64,
-        license: license.as_ptr() as u64,
-        log_level: 1,
-        log_size: log.len() as u32,
-        log_buf: log.as_mut_ptr() as u64,
-        prog_name: name,
-        expected_attach_type: BPF_CGROUP_DEVICE,
-        ..Default::default()
+    // Loaded without the verifier's log first (a log too small for a long program fails
+    // the load with ENOSPC); only a refused program is loaded again to say why.
+    let load = |log: &mut Vec<u8>| {
+        let attr = ProgLoad {
+            prog_type: BPF_PROG_TYPE_CGROUP_DEVICE,
+            insn_cnt: insns.len() as u32,
+            insns: insns.as_ptr() as u64,
+            license: license.as_ptr() as u64,
+            log_level: u32::from(!log.is_empty()),
+            log_size: log.len() as u32,
+            log_buf: if log.is_empty() {
+                0
+            } else {
+                log.as_mut_ptr() as u64
+            },
+            prog_name: name,
+            expected_attach_type: BPF_CGROUP_DEVICE,
+            ..Default::default()
+        };
+        // SAFETY: bpf(2) reads `attr` (a `union bpf_attr` prefix of the size given) and
+        // the instructions, license and log buffer it points to, all alive until it
+        // returns; the log buffer's length is the size given (none: no log). A
+        // non-negative return is a new descriptor that nothing else owns.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_PROG_LOAD,
+                &attr as *const ProgLoad,
+                std::mem::size_of::<ProgLoad>(),
+            )
+        };
+        (fd, std::io::Error::last_os_error())
     };
-    // SAFETY: bpf(2) reads `load` (a `union bpf_attr` prefix of the size given) and the
-    // instructions, license and log buffer it points to, all alive until it returns; the
-    // log buffer's length is the size given. A non-negative return is a new descriptor
-    // that nothing else owns.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_PROG_LOAD,
-            &load as *const ProgLoad,
-            std::mem::size_of::<ProgLoad>(),
-        )
-    };
+    let (fd, err) = load(&mut Vec::new());
     if fd < 0 {
-        let err = std::io::Error::last_os_error();
+        let mut log = vec![0u8; 1 << 20];
+        load(&mut log);
         let said = String::from_utf8_lossy(&log);
         return Err(format!(
             "loading the device program: {err} {}",
@@ -318,7 +328,7 @@ mod tests {
         let cg = v2.join(format!("tessera-devices-test-{}", std::process::id()));
         std::fs::create_dir(&cg).expect("cgroup");
         let dir = tempfile::tempdir().expect("dir");
-        for minor in [0, 1] {
+        for minor in [0, 1, 16] {
             let made = std::process::Command::new("mknod")
                 .arg(dir.path().join(format!("nvidia{minor}")))
                 .args(["c", "195", &minor.to_string()])
@@ -326,12 +336,14 @@ mod tests {
                 .expect("mknod");
             assert!(made.success());
         }
-        let attached = attach(&cg, &[n(0)]);
+        // Fifteen other GPUs denied (a 16-GPU host), minor 1 its own.
+        let denied: Vec<Node> = (0..17).filter(|m| *m != 1).map(n).collect();
+        let attached = attach(&cg, &denied);
         let out = attached.as_ref().ok().map(|()| {
             std::process::Command::new("sh")
                 .arg("-c")
                 .arg(format!(
-                    "echo $$ > {}/cgroup.procs && cat {d}/nvidia0; cat {d}/nvidia1",
+                    "echo $$ > {}/cgroup.procs && cat {d}/nvidia0; cat {d}/nvidia1; cat {d}/nvidia16",
                     cg.display(),
                     d = dir.path().display()
                 ))
@@ -347,6 +359,7 @@ mod tests {
             said.contains("nvidia1: No such device or address"),
             "{said}"
         );
+        assert!(said.contains("nvidia16: Operation not permitted"), "{said}");
     }
 
     #[test]

@@ -80,6 +80,12 @@ impl TaskCgroup {
         let mut procs = Vec::new();
         for (dir, h) in &self.homes {
             let dir = dir.join(&leaf);
+            // The task's own directory is missing in a hierarchy the agent took up after
+            // the task started (re-adopted across an upgrade): made on the way.
+            if !dir.parent().is_some_and(Path::is_dir) {
+                std::fs::create_dir_all(dir.parent().unwrap_or(&dir))
+                    .map_err(|e| format!("creating {}: {e}", dir.display()))?;
+            }
             make_dir(&dir)?;
             for c in &h.limits {
                 match c {

@@ -20,6 +20,17 @@ pub(crate) fn watch_alarm(
     at: i64,
     now: i64,
 ) -> (Watch, bool) {
+    // No figure (no request completed since the last scrape, a task between scrapes) is
+    // no evidence either way: a breach under way goes on, and nothing fires on it.
+    if value.is_none() {
+        return (
+            Watch {
+                value: None,
+                ..before
+            },
+            false,
+        );
+    }
     let breaching = value.is_some_and(|v| alarm.breached_by(v));
     if !breaching {
         return (
@@ -186,6 +197,17 @@ mod tests {
         // A breach counts from when it was measured, however late a pass sees it.
         let (w, fired) = watch_alarm(&a, Watch::default(), Some(300.0), 90, 100);
         assert!(fired && w.breaching_since == Some(90));
+        // A pass without a figure (nothing completed meanwhile) neither ends a breach
+        // nor fires on it.
+        let (w, _) = watch_alarm(&a, Watch::default(), Some(300.0), 300, 300);
+        let (w, fired) = watch_alarm(&a, w, None, 305, 305);
+        assert!(!fired && w.breaching_since == Some(300));
+        assert_eq!(alarm_state(&a, Some(&w)).state, "insufficient_data");
+        let (w, fired) = watch_alarm(&a, w, Some(300.0), 310, 310);
+        assert!(
+            fired && w.breaching_since == Some(300),
+            "10 s since the breach began"
+        );
         // A dip resets the clock.
         let (w, _) = watch_alarm(&a, Watch::default(), Some(300.0), 200, 200);
         let (w, _) = watch_alarm(&a, w, Some(100.0), 205, 205);
