@@ -10,18 +10,37 @@ use tessera_model::agent::{MpsReport, SyncRequest, TaskReport};
 use tessera_model::fit::{FitRules, Verdict};
 use tessera_model::service::{DeploymentConfig, TaskState};
 
-/// One sync of host `h` reporting every task it runs as using `peak` MiB and `sm` % SM,
-/// and `errors` refused allocations.
-async fn report(c: &tessera_control::Control, h: &Host, peak: u64, sm: u32, errors: u32) {
-    let running = c
-        .store()
+/// The tasks placed on host `h` (assigned or running): what its agent reports.
+async fn placed_on(c: &tessera_control::Control, h: &Host) -> Vec<tessera_model::service::Task> {
+    c.store()
         .list_tasks(&tessera_control::store::TaskFilter {
             host: Some(h.id.clone()),
             states: vec![TaskState::Assigned, TaskState::Running],
             ..Default::default()
         })
         .await
-        .expect("tasks");
+        .expect("tasks")
+}
+
+/// The events of `service` (at most 100).
+async fn events_of(
+    c: &tessera_control::Control,
+    service: &str,
+) -> Vec<tessera_model::service::Event> {
+    c.views()
+        .list_events(&tessera_control::store::EventFilter {
+            service: Some(service.into()),
+            limit: 100,
+            ..Default::default()
+        })
+        .await
+        .expect("events")
+}
+
+/// One sync of host `h` reporting every task it runs as using `peak` MiB and `sm` % SM,
+/// and `errors` refused allocations.
+async fn report(c: &tessera_control::Control, h: &Host, peak: u64, sm: u32, errors: u32) {
+    let running = placed_on(c, h).await;
     c.agents()
         .sync_agent(
             &h.id,
@@ -317,15 +336,7 @@ async fn a_per_gpu_cap_spreads_a_service_and_the_preview_explains_what_it_refuse
 /// One sync of `h` reporting each task's GPU memory now (`mib` by task id; the others
 /// report nothing measured).
 async fn measured(c: &tessera_control::Control, h: &Host, mib: &[(&str, u64)]) {
-    let running = c
-        .store()
-        .list_tasks(&tessera_control::store::TaskFilter {
-            host: Some(h.id.clone()),
-            states: vec![TaskState::Assigned, TaskState::Running],
-            ..Default::default()
-        })
-        .await
-        .expect("tasks");
+    let running = placed_on(c, h).await;
     let tasks: Vec<TaskReport> = running
         .iter()
         .map(|t| TaskReport {
@@ -396,15 +407,7 @@ async fn a_task_over_its_gpu_memory_budget_is_stopped_after_the_grace_period() {
         .map(|t| t.id)
         .collect();
     assert_eq!(still, vec![neighbour.clone()], "the neighbour runs on");
-    let events = c
-        .views()
-        .list_events(&tessera_control::store::EventFilter {
-            service: Some("infer".into()),
-            limit: 100,
-            ..Default::default()
-        })
-        .await
-        .expect("events");
+    let events = events_of(c, "infer").await;
     assert!(
         events
             .iter()
@@ -435,15 +438,7 @@ async fn a_task_over_its_gpu_memory_budget_is_stopped_after_the_grace_period() {
             .any(|t| t.id == neighbour),
         "a warning stops nothing"
     );
-    let events = c
-        .views()
-        .list_events(&tessera_control::store::EventFilter {
-            service: Some("infer".into()),
-            limit: 100,
-            ..Default::default()
-        })
-        .await
-        .expect("events");
+    let events = events_of(c, "infer").await;
     let warned = events
         .iter()
         .filter(|ev| ev.message.contains(&neighbour) && ev.message.contains("only warns"))

@@ -30,8 +30,10 @@ const FORGET_AFTER_MS: i64 = 3_600_000;
 /// A task's GPU memory budget: what it holds of shared GPUs. A task with a whole GPU has
 /// no co-tenant to protect and no budget here (`None`).
 pub(crate) fn budget_of(allocations: &[GpuAllocation]) -> Option<MiB> {
-    let shared: Vec<&GpuAllocation> = allocations.iter().filter(|a| !a.dedicated).collect();
-    (!shared.is_empty()).then(|| MiB(shared.iter().map(|a| a.memory.0).sum()))
+    // Called for every running task of every sync: no allocation.
+    let mut shared = allocations.iter().filter(|a| !a.dedicated).peekable();
+    shared.peek()?;
+    Some(MiB(shared.map(|a| a.memory.0).sum()))
 }
 
 /// What one measurement of a task means.
