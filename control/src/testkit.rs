@@ -374,6 +374,7 @@ pub async fn sync_with(
             &SyncRequest {
                 address: None,
                 dynamic_ports_free: None,
+                capabilities: None,
                 gpus: h.gpus.clone(),
                 mps: MpsReport {
                     healthy: mps_healthy,
@@ -392,6 +393,7 @@ pub fn report(h: &Host, tasks: Vec<TaskReport>) -> SyncRequest {
     SyncRequest {
         address: None,
         dynamic_ports_free: None,
+        capabilities: None,
         gpus: h.gpus.clone(),
         mps: MpsReport {
             healthy: true,

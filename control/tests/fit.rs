@@ -47,6 +47,7 @@ async fn report(c: &tessera_control::Control, h: &Host, peak: u64, sm: u32, erro
             &SyncRequest {
                 address: None,
                 dynamic_ports_free: None,
+                capabilities: None,
                 gpus: h.gpus.clone(),
                 mps: MpsReport {
                     healthy: true,
@@ -219,6 +220,7 @@ async fn the_mps_daemons_restarts_are_recorded_with_the_host() {
                 &SyncRequest {
                     address: None,
                     dynamic_ports_free: None,
+                    capabilities: None,
                     gpus: h.gpus.clone(),
                     mps: MpsReport {
                         healthy: true,

@@ -430,6 +430,7 @@ async fn a_sync_that_changes_nothing_still_counts_and_new_use_or_gpus_are_record
     let report = |peak: u64, sm: u32| SyncRequest {
         address: None,
         dynamic_ports_free: None,
+        capabilities: None,
         gpus: a.gpus.clone(),
         mps: MpsReport {
             healthy: true,
@@ -522,6 +523,7 @@ async fn a_task_pulling_its_image_stays_assigned_and_says_so_and_a_refused_pull_
     let report = |pulling: Option<&str>, error: Option<&str>| SyncRequest {
         address: None,
         dynamic_ports_free: None,
+        capabilities: None,
         gpus: a.gpus.clone(),
         mps: MpsReport {
             healthy: true,
@@ -816,5 +818,90 @@ async fn a_service_that_cannot_be_read_holds_up_no_other_and_is_looked_at_again(
         tasks(c, "aaa-broken", LIVE).await.len(),
         2,
         "aaa-broken reconciled again"
+    );
+}
+
+#[tokio::test]
+async fn what_an_agent_cannot_enforce_is_kept_on_its_host_and_said_once() {
+    use tessera_model::agent::{Capability, HostCapabilities};
+    let env = env(fast()).await;
+    let c = &env.control;
+    let mut reg = registration(JOIN, "gpu", "real", gpus("real", 1, 24));
+    reg.simulated = false;
+    let resp = c.agents().register_agent(&reg).await.expect("register");
+    let id = c
+        .agents()
+        .authenticate_agent(&resp.agent_token)
+        .await
+        .expect("token");
+    let h = Host {
+        id: id.clone(),
+        token: resp.agent_token,
+        gpus: gpus("real", 1, 24),
+    };
+    let caps = |devices: Capability| HostCapabilities {
+        gpu_discovery: Capability::held("NVML"),
+        mps: Capability::held("a control daemon per GPU"),
+        gpu_devices: devices,
+        limits: Capability::held("cgroup v2"),
+        task_users: Capability::held("each task runs as a uid of its own"),
+        containers: Capability::missing("no Docker engine"),
+    };
+    let said = || async {
+        c.store()
+            .list_events(&tessera_control::store::EventFilter {
+                host: Some(id.clone()),
+                limit: 50,
+                ..Default::default()
+            })
+            .await
+            .expect("events")
+            .into_iter()
+            .filter(|e| e.message.contains("cannot enforce"))
+            .map(|e| e.message)
+            .collect::<Vec<_>>()
+    };
+    let sync_caps = |caps: HostCapabilities| {
+        let mut r = report(&h, Vec::new());
+        r.capabilities = Some(caps);
+        r
+    };
+    let first = sync_caps(caps(Capability::held("v2 device programs")));
+    c.agents().sync_agent(&id, &first).await.expect("sync");
+    let host = c.store().get_host(&id).await.expect("host");
+    assert_eq!(host.capabilities, first.capabilities, "kept as said");
+    let events = said().await;
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert!(
+        events[0].contains("Container images (no Docker engine)"),
+        "{events:?}"
+    );
+    // The same again: nothing new is said.
+    c.agents().sync_agent(&id, &first).await.expect("sync");
+    assert_eq!(said().await.len(), 1);
+    // Device isolation lost (an agent restarted without cgroups): said, naming only it.
+    let second = sync_caps(caps(Capability::missing("no cgroups")));
+    c.agents().sync_agent(&id, &second).await.expect("sync");
+    let events = said().await;
+    assert_eq!(events.len(), 2, "{events:?}");
+    assert!(
+        events
+            .iter()
+            .any(|e| e.contains("GPU device isolation (no cgroups)")
+                && !e.contains("Container images")),
+        "{events:?}"
+    );
+    assert_eq!(
+        c.store().get_host(&id).await.expect("host").capabilities,
+        second.capabilities
+    );
+    // An agent older than the field says nothing: what is known is kept.
+    c.agents()
+        .sync_agent(&id, &report(&h, Vec::new()))
+        .await
+        .expect("sync");
+    assert_eq!(
+        c.store().get_host(&id).await.expect("host").capabilities,
+        second.capabilities
     );
 }

@@ -102,6 +102,7 @@ async fn sync_serving(
             &SyncRequest {
                 address: Some(format!("10.0.0.{}", h.gpus.len())),
                 dynamic_ports_free: Some(1000),
+                capabilities: None,
                 gpus: h.gpus.clone(),
                 mps: MpsReport {
                     healthy: true,

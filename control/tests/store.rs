@@ -54,6 +54,7 @@ fn host(id: &str, pool: &str, gpus: u32) -> HostInfo {
         address: None,
         dynamic_ports_free: None,
         pending_gpus: Vec::new(),
+        capabilities: None,
     }
 }
 

@@ -138,6 +138,7 @@ async fn sync_work(c: &Control, h: &Host, work: &impl Fn(&Task) -> (f64, f64)) {
             &SyncRequest {
                 address: Some("10.0.0.1".into()),
                 dynamic_ports_free: Some(1000),
+                capabilities: None,
                 gpus: h.gpus.clone(),
                 mps: MpsReport {
                     healthy: true,

@@ -48,6 +48,12 @@ test("the hosts page marks segments whose task is near or over its budget", asyn
   await expect(servers.getByRole("heading", { name: "Blast radius: MPS servers" })).toBeVisible();
   await expect(servers.locator("[data-mps-restarts]")).toHaveAttribute("data-mps-restarts", "0");
   await expect(servers.locator("tbody tr").first()).toContainText("×");
+  // What the host's agent can enforce, each with how or why not (a simulated host: no MPS daemon).
+  const enforcement = page.locator("section.enforcement");
+  await expect(enforcement.getByRole("heading", { name: "Enforcement" })).toBeVisible();
+  await expect(enforcement.locator('tr[data-capability="GPU discovery"]')).toContainText("simulated");
+  await expect(enforcement.locator('tr[data-capability="MPS"]')).toHaveAttribute("data-held", "false");
+  await expect(enforcement.locator("tbody tr")).toHaveCount(6);
   await page.screenshot({ path: "screenshots/host-mps-servers.png", fullPage: true });
   expect(errors).toEqual([]);
 });

@@ -274,6 +274,10 @@ pub struct HostInfo {
     /// manual admission: not capacity until an admin approves them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pending_gpus: Vec<PendingGpu>,
+    /// What its agent can enforce there, as it last said (absent before its first sync,
+    /// or from an agent that does not say).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capabilities: Option<crate::agent::HostCapabilities>,
 }
 
 /// A GPU a host's agent reports that its admission did not cover: a new one, one that

@@ -59,6 +59,8 @@ pub mod report {
     pub const MAX_ERROR_CHARS: usize = 2048;
     /// Why the MPS daemon is unhealthy.
     pub const MAX_MPS_REASON_CHARS: usize = 4096;
+    /// What one of a host's capabilities says of itself.
+    pub const MAX_CAPABILITY_CHARS: usize = 1024;
     /// Why a task's work is unknown.
     pub const MAX_WORK_REASON_CHARS: usize = 512;
     /// Most latency buckets of one work sample.

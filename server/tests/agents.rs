@@ -326,6 +326,29 @@ async fn a_task_starts_with_its_gpu_and_mps_environment_and_is_measured() {
                 .is_some_and(|m| (4325..=4915).contains(&m.0))
     })
     .await;
+    // What it can enforce here is on its host, each missing one with why.
+    let caps = c
+        .control
+        .store()
+        .get_host(&host("a"))
+        .await
+        .expect("host")
+        .capabilities
+        .expect("said with every sync");
+    assert!(
+        caps.mps.held && caps.mps.detail.contains("per GPU"),
+        "{caps:?}"
+    );
+    assert!(caps.gpu_discovery.detail.contains("simulated"), "{caps:?}");
+    assert!(
+        !caps.limits.held && caps.limits.detail.contains("--cgroup-parent"),
+        "{caps:?}"
+    );
+    assert!(!caps.gpu_devices.held, "{caps:?}");
+    assert!(
+        !caps.containers.held && caps.containers.detail.contains("--runtime process"),
+        "{caps:?}"
+    );
     a.stop().await;
 }
 

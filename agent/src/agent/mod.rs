@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
+use tessera_model::agent::{Capability, HostCapabilities};
 use tessera_model::{MiB, MilliCpu};
 
 #[derive(Debug, thiserror::Error)]
@@ -117,6 +118,10 @@ pub struct Agent {
     scraper: reqwest::Client,
     /// What the report's bounds dropped at the last sync, logged when it changes.
     dropped: Vec<String>,
+    /// Whether images can run here, or why not (set when the engine is tried).
+    containers: Capability,
+    /// What this agent can enforce, as found at start; sent with every sync.
+    capabilities: Option<HostCapabilities>,
 }
 
 impl Agent {
@@ -199,6 +204,10 @@ impl Agent {
             work: HashMap::new(),
             scraper: crate::runtime::work::client(),
             dropped: Vec::new(),
+            containers: Capability::missing(
+                "process tasks only (--runtime process): containers with an image are refused",
+            ),
+            capabilities: None,
         })
     }
 
@@ -234,6 +243,51 @@ impl Agent {
         Ok(self)
     }
 
+    /// What this agent can enforce here, each missing one said in the log.
+    fn find_capabilities(&self) -> HostCapabilities {
+        let gpu_discovery = if self.probe.simulated() {
+            Capability::held("simulated GPUs (--simulate): nothing measured is real")
+        } else {
+            Capability::held("NVML")
+        };
+        let mps = match &self.mps {
+            Some(m) => Capability::held(format!(
+                "a control daemon per GPU under {}: each task's GPU memory and compute limits held per process, its budget summed over its processes by measurement",
+                m.root().display()
+            )),
+            None if self.config.no_mps => Capability::missing(
+                "off (--no-mps): GPUs are time-shared; no GPU memory or compute limit is held per process, budgets only by measurement",
+            ),
+            None => Capability::missing(
+                "simulated GPUs: no MPS control daemon runs (--mps-control not given), limits are only simulated",
+            ),
+        };
+        let [gpu_devices, limits, task_users] = self.runtime.enforcement();
+        let found = HostCapabilities {
+            gpu_discovery,
+            mps,
+            gpu_devices,
+            limits,
+            task_users,
+            containers: self.containers.clone(),
+        };
+        for (name, c) in found.named() {
+            match (c.held, self.probe.simulated()) {
+                // Simulated hosts (the demo, drills) hold nothing real: not a warning.
+                (held, true) => {
+                    tracing::debug!(capability = name, held, detail = %c.detail, "on this simulated host")
+                }
+                (true, false) => {
+                    tracing::info!(capability = name, detail = %c.detail, "enforced on this host")
+                }
+                (false, false) => {
+                    tracing::warn!(capability = name, detail = %c.detail, "not enforced on this host")
+                }
+            }
+        }
+        found
+    }
+
     /// Runs until `shutdown` resolves.
     pub async fn run(
         mut self,
@@ -251,19 +305,33 @@ impl Agent {
                     .await
                     .map_err(AgentError::Docker)?;
                 tracing::info!(socket = %socket.display(), "images run through Docker");
+                self.containers = Capability::held(format!(
+                    "Docker at {}: each container gets only its GPUs",
+                    socket.display()
+                ));
             }
             ContainerRuntime::Auto(socket) => {
                 match crate::runtime::Engine::connect(&socket).await {
                     Ok(engine) => match self.runtime.attach_engine(engine).await {
                         Ok(()) => {
-                            tracing::info!(socket = %socket.display(), "images run through Docker")
+                            tracing::info!(socket = %socket.display(), "images run through Docker");
+                            self.containers = Capability::held(format!(
+                                "Docker at {}: each container gets only its GPUs",
+                                socket.display()
+                            ));
                         }
                         Err(e) => {
-                            tracing::warn!(error = %e, "Docker answers but cannot list containers; images are refused")
+                            tracing::warn!(error = %e, "Docker answers but cannot list containers; images are refused");
+                            self.containers = Capability::missing(format!(
+                                "Docker answers but cannot list containers ({e}): images are refused"
+                            ));
                         }
                     },
                     Err(e) => {
-                        tracing::info!(reason = %e, "no Docker engine; containers with an image are refused")
+                        tracing::info!(reason = %e, "no Docker engine; containers with an image are refused");
+                        self.containers = Capability::missing(format!(
+                            "no Docker engine ({e}): containers with an image are refused"
+                        ));
                     }
                 }
             }
@@ -279,6 +347,7 @@ impl Agent {
                 tracing::warn!(reason = %r, "MPS is not healthy on every GPU");
             }
         }
+        self.capabilities = Some(self.find_capabilities());
         let creds_path = self.config.state_dir.join("credentials.json");
         let mut creds = load_credentials(&creds_path);
         if creds.is_none() && self.config.join_token.is_none() {

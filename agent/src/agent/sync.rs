@@ -130,6 +130,7 @@ impl Agent {
                 restarts: self.mps.as_ref().map(MpsDaemons::restarts),
             },
             tasks,
+            capabilities: self.capabilities.clone(),
         };
         // The server's bounds, applied here first: what a task sends through us (its
         // metrics, its checks' output) is cut or dropped with the reason, never a report

@@ -99,6 +99,7 @@ proptest! {
             }],
             address: None,
             dynamic_ports_free: None,
+            capabilities: None,
         };
         // What the agent does before sending.
         let _ = req.sanitize();

@@ -52,7 +52,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tessera_model::agent::WantedTask;
+use tessera_model::agent::{Capability, WantedTask};
 use tessera_model::service::TaskPort;
 use tessera_model::taskdef::Protocol;
 
@@ -254,6 +254,44 @@ impl Runtime {
         }
         self.cgroups = Some(cgroups);
         self
+    }
+
+    /// What this runtime holds its tasks to here: the GPU device rule, cgroup limits and a
+    /// uid per task (in that order), each with how or why not.
+    pub fn enforcement(&self) -> [Capability; 3] {
+        let devices = match self.cgroups.as_ref().map(Cgroups::gpu_devices) {
+            Some(cgroup::GpuDevices::V1) => Capability::held(
+                "process tasks open only their own GPUs' device nodes (v1 devices controller); containers get only their GPUs from the engine",
+            ),
+            Some(cgroup::GpuDevices::Program) => Capability::held(
+                "process tasks open only their own GPUs' device nodes (a v2 device program per task); containers get only their GPUs from the engine",
+            ),
+            Some(cgroup::GpuDevices::None) => Capability::missing(
+                "no cgroup can hold device rules here: a process task can open every GPU's device node (containers still get only their GPUs from the engine)",
+            ),
+            None => Capability::missing(
+                "no cgroups (--cgroup-parent unset): a process task can open every GPU's device node (containers still get only their GPUs from the engine)",
+            ),
+        };
+        let limits = match &self.cgroups {
+            Some(c) if c.enforces_all() => Capability::held(c.describe()),
+            Some(c) => Capability::missing(c.describe()),
+            None => Capability::missing(
+                "no cgroups (--cgroup-parent unset): tasks run without CPU, memory and pid limits, and a task's escaped processes cannot be killed",
+            ),
+        };
+        let users = match (self.task_uids, self.run_as) {
+            (Some((first, last)), _) => Capability::held(format!(
+                "each task runs as a uid of its own ({first}-{last})"
+            )),
+            (None, Some((uid, _))) => Capability::missing(format!(
+                "tasks share uid {uid}: they can read each other's environment (secrets) and signal each other (--task-uids)"
+            )),
+            (None, None) => Capability::missing(
+                "tasks run as the agent's own uid: they can read each other's environment (secrets) (--task-uids)",
+            ),
+        };
+        [devices, limits, users]
     }
 
     /// The host's GPUs are simulated: tasks get `TESSERA_SIMULATED_GPU_DIR`, a directory

@@ -127,6 +127,7 @@ pub fn HostPage() -> impl IntoView {
                                     {move || set.value().get().and_then(|r| r.err()).map(|e| view! { <p class="error">{e.to_string()}</p> })}
                                 </div>
                                 <ul class="host-list single"><HostCard view=view.clone() /></ul>
+                                <Enforcement view=view.clone() />
                                 <MpsServers view />
                                 <section class="panel">
                                     <h2>"Events"</h2>
@@ -138,6 +139,56 @@ pub fn HostPage() -> impl IntoView {
             </ErrorBoundary>
         </Transition>
     }
+}
+
+/// What the host's agent can hold its tasks to, as it said at its last start: each
+/// capability held or not, with how or why not.
+#[component]
+fn Enforcement(view: HostView) -> impl IntoView {
+    let Some(caps) = view.host.capabilities else {
+        return view! {
+            <section class="panel enforcement">
+                <h2>"Enforcement"</h2>
+                <p class="muted">"Its agent has not said what it can enforce (not synced yet, or an agent older than this server)."</p>
+            </section>
+        }
+        .into_any();
+    };
+    let missing = caps.named().iter().filter(|(_, c)| !c.held).count();
+    let summary = if missing == 0 {
+        "Everything Tessera can hold a task to is held on this host.".to_owned()
+    } else {
+        format!("{missing} of 6 not held on this host: tasks here are held to less than elsewhere.")
+    };
+    let rows = caps
+        .named()
+        .into_iter()
+        .map(|(name, c)| {
+            let (mark, class) = if c.held {
+                ("held", "cap-held")
+            } else {
+                ("not held", "cap-missing")
+            };
+            view! {
+                <tr data-capability=name data-held=c.held.to_string()>
+                    <td>{name}</td>
+                    <td><span class=format!("badge {class}")>{mark}</span></td>
+                    <td class="detail">{c.detail.clone()}</td>
+                </tr>
+            }
+        })
+        .collect_view();
+    view! {
+        <section class="panel enforcement">
+            <h2>"Enforcement"</h2>
+            <p class="muted">{summary}</p>
+            <table class="table">
+                <thead><tr><th>"Capability"</th><th>""</th><th>"How, or why not"</th></tr></thead>
+                <tbody>{rows}</tbody>
+            </table>
+        </section>
+    }
+    .into_any()
 }
 
 /// Per GPU, the tasks that share its MPS server (one faulting client can take down every

@@ -537,6 +537,7 @@ fn new_host(req: &RegisterRequest, id: HostId, held: bool) -> HostInfo {
         address: req.address.clone(),
         dynamic_ports_free: None,
         pending_gpus: Vec::new(),
+        capabilities: None,
     }
 }
 

@@ -247,6 +247,7 @@ impl AgentSync {
         // are also told at once to the scheduler, whose cached engine is then rebuilt.
         let mut changed = self.take_host_report(&host, req, &mut mine).await?;
         changed |= self.take_network(&host, req).await?;
+        self.take_capabilities(&host, req).await?;
         changed |= self.take_status(&host, lifecycle::problem(req)).await?;
         changed |= self.take_task_reports(host_id, req, &mut mine).await?;
         if changed {
@@ -329,6 +330,41 @@ impl AgentSync {
             .set_host_network(&host.id, new_address.map(String::as_str), new_free)
             .await?;
         Ok(new_address.is_some())
+    }
+
+    /// Takes what the agent says it can enforce, where it changed; what it newly cannot
+    /// enforce is said in an event (an operator should not learn it from a task).
+    async fn take_capabilities(
+        &self,
+        host: &tessera_model::HostInfo,
+        req: &SyncRequest,
+    ) -> Result<(), ControlError> {
+        let Some(new) = req
+            .capabilities
+            .as_ref()
+            .filter(|c| host.capabilities.as_ref() != Some(*c))
+        else {
+            return Ok(());
+        };
+        self.store.set_host_capabilities(&host.id, new).await?;
+        let missing = |c: &tessera_model::agent::HostCapabilities| -> Vec<String> {
+            c.named()
+                .iter()
+                .filter(|(_, cap)| !cap.held)
+                .map(|(name, cap)| format!("{name} ({})", cap.detail))
+                .collect()
+        };
+        let was = host.capabilities.as_ref().map(missing).unwrap_or_default();
+        let lacks: Vec<String> = missing(new)
+            .into_iter()
+            .filter(|m| !was.contains(m))
+            .collect();
+        // A simulated host enforces nothing real; its page says so without an event.
+        if !lacks.is_empty() && !host.simulated {
+            let said = format!("host {} cannot enforce: {}", host.id, lacks.join("; "));
+            self.core.event(None, Some(&host.id), &said).await;
+        }
+        Ok(())
     }
 
     /// Moves the host's status as a sync with `problem` (the MPS daemon down, no healthy

@@ -197,6 +197,23 @@ impl HostStore for This {
         updated(done, "host", id)
     }
 
+    async fn set_host_capabilities(
+        &self,
+        id: &HostId,
+        capabilities: &tessera_model::agent::HostCapabilities,
+    ) -> Result<(), StoreError> {
+        let json = serde_json::to_string(capabilities)
+            .map_err(|e| StoreError::corrupt("host capabilities", e))?;
+        let done = self
+            .write_one(
+                sqlx::query("UPDATE hosts SET capabilities = $1 WHERE id = $2")
+                    .bind(json)
+                    .bind(id.as_str()),
+            )
+            .await?;
+        updated(done, "host", id)
+    }
+
     async fn set_host_held(&self, id: &HostId, held: bool) -> Result<(), StoreError> {
         let done = self
             .write_one(

@@ -4,7 +4,7 @@ use super::*;
 
 pub(super) const POOL_COLUMNS: &str = "name, policy, compute_overcommit, mps_client_limit, admission, task_users, privileged, preemption, host_network, gpu_budget";
 
-pub(super) const HOST_COLUMNS: &str = "id, pool, status, simulated, cpu_milli, memory_mib, labels, status_reason, last_seen_at, mps_restarts, address, dynamic_ports_free, held, pending_gpus";
+pub(super) const HOST_COLUMNS: &str = "id, pool, status, simulated, cpu_milli, memory_mib, labels, status_reason, last_seen_at, mps_restarts, address, dynamic_ports_free, held, pending_gpus, capabilities";
 
 pub(super) const GPU_COLUMNS: &str =
     "uuid, host_id, idx, model, memory_mib, mps_client_limit, health, sharing_mode";
@@ -147,6 +147,13 @@ pub(super) fn host_from_row(row: &DbRow) -> Result<HostInfo, StoreError> {
             Some(json) => serde_json::from_str(&json)
                 .map_err(|e| StoreError::corrupt("host pending_gpus", e))?,
             None => Vec::new(),
+        },
+        capabilities: match row.try_get::<Option<String>, _>("capabilities")? {
+            Some(json) => Some(
+                serde_json::from_str(&json)
+                    .map_err(|e| StoreError::corrupt("host capabilities", e))?,
+            ),
+            None => None,
         },
     })
 }

@@ -167,6 +167,12 @@ pub trait HostStore: Send + Sync + 'static {
         id: &HostId,
         pending: &[tessera_model::PendingGpu],
     ) -> Result<(), StoreError>;
+    /// What a host's agent says it can enforce there.
+    async fn set_host_capabilities(
+        &self,
+        id: &HostId,
+        capabilities: &tessera_model::agent::HostCapabilities,
+    ) -> Result<(), StoreError>;
 
     /// Stores a minted join token (its hash only).
     async fn insert_join_token(

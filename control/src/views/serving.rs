@@ -234,6 +234,7 @@ mod tests {
             address: Some("10.0.0.7".into()),
             dynamic_ports_free: None,
             pending_gpus: Vec::new(),
+            capabilities: None,
         };
         let hosts = HashMap::from([(host.id.clone(), &host)]);
         let mut unbound = task("c", TaskState::Assigned, None);

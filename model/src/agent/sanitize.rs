@@ -273,6 +273,18 @@ impl SyncRequest {
             &mut self.mps.reason,
             MAX_MPS_REASON_CHARS,
         );
+        if let Some(c) = &mut self.capabilities {
+            for (name, cap) in c.named_mut() {
+                let mut detail = Some(std::mem::take(&mut cap.detail));
+                j.cut(
+                    &Owner::Host,
+                    format!("capabilities.{name}.detail"),
+                    &mut detail,
+                    MAX_CAPABILITY_CHARS,
+                );
+                cap.detail = detail.unwrap_or_default();
+            }
+        }
         j.dropped
     }
 }
@@ -307,6 +319,7 @@ mod tests {
             tasks,
             address: None,
             dynamic_ports_free: None,
+            capabilities: None,
         }
     }
 
@@ -316,6 +329,31 @@ mod tests {
             running: true,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_capability_said_at_length_is_cut_and_named() {
+        use crate::agent::{Capability, HostCapabilities};
+        let long = "x".repeat(MAX_CAPABILITY_CHARS + 10);
+        let mut r = report(Vec::new());
+        r.capabilities = Some(HostCapabilities {
+            gpu_discovery: Capability::held("NVML"),
+            mps: Capability::held("per GPU"),
+            gpu_devices: Capability::missing(long),
+            limits: Capability::held("v2"),
+            task_users: Capability::held("uids"),
+            containers: Capability::missing("none"),
+        });
+        let dropped = r.sanitize();
+        assert_eq!(dropped.len(), 1, "{dropped:?}");
+        assert_eq!(dropped[0].field, "capabilities.gpu_devices.detail");
+        let caps = r.capabilities.expect("kept");
+        assert_eq!(
+            caps.gpu_devices.detail.chars().count(),
+            MAX_CAPABILITY_CHARS
+        );
+        assert!(!caps.gpu_devices.held);
+        assert_eq!(caps.mps.detail, "per GPU");
     }
 
     #[test]

@@ -317,6 +317,7 @@ async fn measured_use(
             let request = SyncRequest {
                 address: None,
                 dynamic_ports_free: None,
+                capabilities: None,
                 gpus: simulated_gpus(h, per_host),
                 mps: MpsReport {
                     healthy: true,

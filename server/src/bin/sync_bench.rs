@@ -277,6 +277,7 @@ async fn run(
                 let mut body = SyncRequest {
                     address: None,
                     dynamic_ports_free: None,
+                    capabilities: None,
                     gpus: simulated_gpus(h, per_host),
                     mps: MpsReport {
                         healthy: true,
