@@ -369,6 +369,16 @@ async fn a_task_over_its_gpu_memory_budget_is_stopped_after_the_grace_period() {
     let h = host(c, "h1", 1, 24).await;
     let def = register_def(c, "infer", 4, 25).await;
     service(c, "infer", &def, 2, DeploymentConfig::default()).await;
+    c.deployments()
+        .update_service(
+            "infer",
+            &tessera_model::api::ServicePatch {
+                deregistration_delay_secs: Some(5),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("a deregistration delay");
     c.reconcile_once().await.expect("placed");
     sync(c, &h).await;
     let running = tasks(c, "infer", &[TaskState::Running]).await;
@@ -392,6 +402,16 @@ async fn a_task_over_its_gpu_memory_budget_is_stopped_after_the_grace_period() {
     assert_eq!(stopping.len(), 1);
     assert_eq!(stopping[0].id, hog);
     assert!(!stopping[0].allocations.is_empty(), "still holding its GPU");
+    // Out of its endpoints, its in-flight requests get the service's deregistration delay
+    // (5 s here; never more than the grace it already had).
+    let drain = stopping[0].drain_until.expect("drains");
+    let now = tessera_model::time::Timestamp::from_utc(tessera_control::clock::Clock::now(
+        &*e.clock,
+    ));
+    assert!(
+        (3_000..=5_000).contains(&drain.millis_since(now)),
+        "{drain} against {now}"
+    );
     measured(c, &h, &[(&neighbour, 3000)]).await;
     let stopped = tasks(c, "infer", &[TaskState::Stopped]).await;
     assert_eq!(stopped.len(), 1);

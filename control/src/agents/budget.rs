@@ -27,6 +27,13 @@ pub(crate) fn over_budget(measured: MiB, budget: MiB) -> bool {
 /// Tasks not seen over their budget for this long are forgotten (their host went quiet).
 const FORGET_AFTER_MS: i64 = 3_600_000;
 
+/// How long a task stopped over its budget keeps serving its in-flight requests out of its
+/// endpoints: its service's deregistration delay, never longer than the grace it already
+/// had over budget.
+pub(crate) fn drain_secs(deregistration_delay_secs: u32, grace: std::time::Duration) -> u32 {
+    deregistration_delay_secs.min(u32::try_from(grace.as_secs()).unwrap_or(u32::MAX))
+}
+
 /// A task's GPU memory budget: what it holds of shared GPUs. A task with a whole GPU has
 /// no co-tenant to protect and no budget here (`None`).
 pub(crate) fn budget_of(allocations: &[GpuAllocation]) -> Option<MiB> {
@@ -118,6 +125,14 @@ impl Budgets {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_over_budget_task_drains_no_longer_than_its_grace() {
+        let grace = std::time::Duration::from_secs(30);
+        assert_eq!(drain_secs(5, grace), 5);
+        assert_eq!(drain_secs(300, grace), 30);
+        assert_eq!(drain_secs(0, grace), 0);
+    }
     use tessera_model::GpuUuid;
     use tessera_model::units::ComputeMilli;
 

@@ -475,9 +475,25 @@ impl AgentSync {
                 let gpus: Vec<String> = t.allocations.iter().map(|a| a.gpu.to_string()).collect();
                 tracing::warn!(task = %t.id, host = %host_id, gpus = ?gpus, %reason, "task stopped");
                 // Stopping, not stopped: its GPU memory stays held until its agent reports
-                // it gone, so no replacement is placed into memory it still uses.
+                // it gone, so no replacement is placed into memory it still uses. Out of
+                // its endpoints at once; its in-flight requests get the service's
+                // deregistration delay, but never longer than the grace it already had
+                // (its neighbours' memory comes first).
+                let drain = match self.store.get_service(&t.service).await {
+                    Ok(s) => budget::drain_secs(
+                        s.deregistration_delay_secs,
+                        self.core.config().gpu_budget_grace,
+                    ),
+                    Err(e) => {
+                        tracing::warn!(task = %t.id, error = %e, "cannot read the task's service: stopped without draining");
+                        0
+                    }
+                };
+                let drain_until = (drain > 0).then(|| {
+                    stamp(self.core.now() + chrono::Duration::seconds(i64::from(drain)))
+                });
                 self.store
-                    .request_task_stop(&t.id, &reason, None, true)
+                    .request_task_stop(&t.id, &reason, drain_until.as_deref(), true)
                     .await?;
                 self.core
                     .event(
