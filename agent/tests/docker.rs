@@ -318,6 +318,28 @@ async fn an_exit_is_reported_with_its_code_and_the_container_removed() {
 }
 
 #[tokio::test]
+async fn a_container_killed_at_its_memory_limit_is_reported_out_of_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake::start(dir.path()).await;
+    let mut rt = runtime(&dir.path().join("agent"), &fake).await;
+    rt.converge(&[cpu_task("c1")]);
+    until(&mut rt, "running", running("c1")).await;
+    let name = fake.requests("POST", "/containers/create")[0].query["name"].clone();
+    fake.oom_kill(&name);
+    let reports = until(&mut rt, "exited", |r| r.iter().any(|t| !t.running)).await;
+    assert_eq!(reports[0].exit_code, Some(137));
+    assert_eq!(
+        reports[0].out_of_memory.as_deref(),
+        Some("container worker was killed by the kernel's OOM killer"),
+        "{reports:?}"
+    );
+    assert!(
+        fake.lock().containers.is_empty(),
+        "removed after it was read"
+    );
+}
+
+#[tokio::test]
 async fn a_restarted_agent_re_adopts_by_label_never_starts_twice_and_removes_what_is_not_wanted() {
     let dir = tempfile::tempdir().unwrap();
     let fake = Fake::start(dir.path()).await;

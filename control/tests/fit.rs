@@ -405,9 +405,8 @@ async fn a_task_over_its_gpu_memory_budget_is_stopped_after_the_grace_period() {
     // Out of its endpoints, its in-flight requests get the service's deregistration delay
     // (5 s here; never more than the grace it already had).
     let drain = stopping[0].drain_until.expect("drains");
-    let now = tessera_model::time::Timestamp::from_utc(tessera_control::clock::Clock::now(
-        &*e.clock,
-    ));
+    let now =
+        tessera_model::time::Timestamp::from_utc(tessera_control::clock::Clock::now(&*e.clock));
     assert!(
         (3_000..=5_000).contains(&drain.millis_since(now)),
         "{drain} against {now}"

@@ -905,3 +905,35 @@ async fn what_an_agent_cannot_enforce_is_kept_on_its_host_and_said_once() {
         second.capabilities
     );
 }
+
+#[tokio::test]
+async fn a_task_that_ends_out_of_memory_says_so_in_its_stop_reason() {
+    use tessera_model::agent::TaskReport;
+    let env = env(fast()).await;
+    let c = &env.control;
+    let a = host(c, "a", 1, 24).await;
+    let def = register_def(c, "infer", 4, 25).await;
+    service(c, "infer", &def, 1, DeploymentConfig::default()).await;
+    c.reconcile_once().await.expect("pass");
+    sync(c, &a).await;
+    let task = tasks(c, "infer", &[TaskState::Running]).await.remove(0);
+    let why = "container main ran out of GPU memory; its output says: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB";
+    let ended = report(
+        &a,
+        vec![TaskReport {
+            task_id: task.id.clone(),
+            running: false,
+            exit_code: Some(1),
+            out_of_memory: Some(why.into()),
+            ..Default::default()
+        }],
+    );
+    c.agents().sync_agent(&a.id, &ended).await.expect("sync");
+    let stopped = c.store().get_task(&task.id).await.expect("task");
+    assert_eq!(stopped.state, TaskState::Stopped);
+    assert_eq!(
+        stopped.stop_reason.as_deref(),
+        Some(format!("out of memory: {why} (exit code 1)").as_str())
+    );
+    assert_eq!(stopped.exit_code, Some(1));
+}

@@ -361,6 +361,12 @@ pub enum StopReason {
     CannotStart(String),
     /// An essential container exited (`None`: with a code nobody knows).
     Exited(Option<i32>),
+    /// An essential container ended out of memory (killed by the kernel at its memory
+    /// limit, or out of GPU memory as its output says), with its exit code.
+    OutOfMemory {
+        why: String,
+        code: Option<i32>,
+    },
     /// Its host no longer runs it.
     Vanished,
     /// Its pool no longer allows what it asks of the host.
@@ -404,6 +410,10 @@ impl std::fmt::Display for StopReason {
             StopReason::Exited(code) => match code {
                 Some(c) => write!(f, "essential container exited with code {c}"),
                 None => f.write_str("essential container exited with code unknown"),
+            },
+            StopReason::OutOfMemory { why, code } => match code {
+                Some(c) => write!(f, "out of memory: {why} (exit code {c})"),
+                None => write!(f, "out of memory: {why}"),
             },
             StopReason::Vanished => f.write_str("task no longer running on its host"),
             StopReason::RefusedByPool { pool, why } => write!(f, "refused by pool {pool}: {why}"),

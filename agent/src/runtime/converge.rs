@@ -5,7 +5,7 @@
 use super::docker::Phase;
 use super::procfs::{Groups, live_groups};
 use super::task::Ending;
-use super::{CGROUP_REMOVAL, Runtime, health};
+use super::{CGROUP_REMOVAL, Ended, Runtime, health, oom};
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 use tessera_model::agent::WantedTask;
@@ -134,6 +134,9 @@ impl Runtime {
                     all_done = false;
                 }
             }
+            // Whether the kernel killed the container that ended the task, where the engine
+            // says (a process's cgroup is read below).
+            let mut engine_oom = None;
             for b in &t.boxes {
                 let phase = b.phase();
                 match &phase {
@@ -141,6 +144,7 @@ impl Runtime {
                         if first_exit.is_none() && !t.optional.contains(&b.name) =>
                     {
                         first_exit = Some((b.name.clone(), *code));
+                        engine_oom = Some(b.oom_killed());
                     }
                     // Docker's code for a container that could not run.
                     Phase::Failed(why) if first_exit.is_none() => {
@@ -156,6 +160,22 @@ impl Runtime {
             if t.ending.is_none()
                 && let Some((name, code)) = &first_exit
             {
+                // Read now: its cgroup goes with it.
+                if *code != Some(0) {
+                    let kernel = match engine_oom {
+                        // The engine does not say at which limit.
+                        Some(killed) => killed.then_some(None),
+                        None => t.cgroup.as_ref().and_then(|c| c.oom_killed(name)),
+                    };
+                    if kernel.is_some() {
+                        tracing::warn!(task = %id, container = %name, "killed by the kernel's OOM killer at its memory limit");
+                    }
+                    t.out_of_memory = Some(oom::Evidence {
+                        container: name.clone(),
+                        kernel,
+                        err_log: self.dir.join(id).join(format!("{name}.err.log")),
+                    });
+                }
                 tracing::info!(task = %id, container = %name, ?code, "container exited; stopping the task");
                 t.terminate();
                 t.ending = Some((Ending::Exited(*code), now + t.stop_timeout));
@@ -165,7 +185,7 @@ impl Runtime {
                 // still in its cgroup.
                 let escaped = t.cgroup.as_ref().is_some_and(|c| !c.is_empty());
                 if all_done && !escaped {
-                    gone.push((id.clone(), ending, t.error.clone()));
+                    gone.push((id.clone(), ending, t.error.clone(), t.out_of_memory.clone()));
                 } else if all_done {
                     // Its containers have ended: whatever is left of it goes now, and
                     // its checks start nothing more in its cgroup.
@@ -179,7 +199,7 @@ impl Runtime {
                 }
             }
         }
-        for (id, ending, error) in gone {
+        for (id, ending, error, out_of_memory) in gone {
             if let Some(t) = self.tasks.remove(&id) {
                 // Not handed out again for a while: a load balancer may still send it
                 // traffic meant for this task.
@@ -191,7 +211,14 @@ impl Runtime {
                 }
             }
             if let Ending::Exited(code) = ending {
-                self.ended.insert(id, (code, error));
+                self.ended.insert(
+                    id,
+                    Ended {
+                        code,
+                        error,
+                        out_of_memory,
+                    },
+                );
             }
         }
         self.save();

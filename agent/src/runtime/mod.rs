@@ -31,6 +31,7 @@ pub mod docker;
 mod health;
 mod identity;
 mod logs;
+mod oom;
 mod ports;
 mod procfs;
 mod report;
@@ -108,7 +109,7 @@ pub struct Runtime {
     tasks: BTreeMap<String, Task>,
     /// Tasks that exited on their own, with their code and why they could not start,
     /// until the server has heard.
-    ended: BTreeMap<String, (Option<i32>, Option<String>)>,
+    ended: BTreeMap<String, Ended>,
     /// Dynamic host ports.
     ports: PortAllocator,
     /// Notified when a health verdict changes, so the agent syncs at once.
@@ -135,6 +136,16 @@ pub struct Runtime {
     debris: Vec<(cgroup::TaskCgroup, Instant)>,
     /// The most processes and threads a task may have (`--task-pids-max`); 0: no limit.
     pids_max: u64,
+}
+
+/// How a task that exited by itself ended, until the server has heard.
+#[derive(Debug, Clone, Default)]
+struct Ended {
+    code: Option<i32>,
+    /// Why it could not start.
+    error: Option<String>,
+    /// Whether it ran out of memory.
+    out_of_memory: Option<oom::Evidence>,
 }
 
 /// The default of `--task-pids-max`.

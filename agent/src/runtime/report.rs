@@ -4,7 +4,7 @@
 use super::docker::{self, Phase};
 use super::procfs::group_born;
 use super::task::Ending;
-use super::{Runtime, TaskProcesses, cgroup, work};
+use super::{Ended, Runtime, TaskProcesses, cgroup, oom, work};
 use tessera_model::agent::TaskReport;
 
 impl Runtime {
@@ -49,17 +49,21 @@ impl Runtime {
             .tasks
             .iter()
             .filter_map(|(id, t)| match t.ending {
-                Some((Ending::Exited(code), _)) => Some((id.clone(), code, t.error.clone())),
+                Some((Ending::Exited(code), _)) => Some((
+                    id.clone(),
+                    Ended {
+                        code,
+                        error: t.error.clone(),
+                        out_of_memory: t.out_of_memory.clone(),
+                    },
+                )),
                 _ => None,
             })
-            .chain(
-                self.ended
-                    .iter()
-                    .map(|(id, (code, error))| (id.clone(), *code, error.clone())),
-            )
-            .map(|(task_id, exit_code, error)| TaskReport {
-                exit_code,
-                error,
+            .chain(self.ended.iter().map(|(id, e)| (id.clone(), e.clone())))
+            .map(|(task_id, e)| TaskReport {
+                exit_code: e.code,
+                error: e.error,
+                out_of_memory: e.out_of_memory.as_ref().and_then(oom::Evidence::why),
                 ..report(&task_id)
             });
         running.chain(exited).collect()

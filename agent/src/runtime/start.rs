@@ -110,6 +110,7 @@ impl Runtime {
             procs: Vec::new(),
             boxes: Vec::new(),
             error: None,
+            out_of_memory: None,
             env,
             stop_timeout,
             ending: None,

@@ -99,6 +99,8 @@ pub(super) struct Task {
     pub(super) boxes: Vec<docker::Boxed>,
     /// Why it could not start (a refused pull, an engine's error).
     pub(super) error: Option<String>,
+    /// Whether its essential container that failed ran out of memory.
+    pub(super) out_of_memory: Option<super::oom::Evidence>,
     /// Environment of its first GPU container, for measuring use.
     pub(super) env: BTreeMap<String, String>,
     pub(super) stop_timeout: Duration,

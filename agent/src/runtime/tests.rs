@@ -102,6 +102,46 @@ async fn exits_are_reported_with_their_code_until_heard() {
 }
 
 #[tokio::test]
+async fn a_task_that_runs_out_of_gpu_memory_says_so_and_a_plain_failure_does_not() {
+    let dir = tempfile::tempdir().expect("dir");
+    let mut rt = Runtime::open(dir.path(), 1 << 20, None).expect("open");
+    let oom = wanted(
+        "oom",
+        &[
+            "sh",
+            "-c",
+            "echo 'torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB' >&2; exit 1",
+        ],
+        true,
+    );
+    let plain = wanted(
+        "plain",
+        &["sh", "-c", "echo 'no such file' >&2; exit 1"],
+        true,
+    );
+    rt.converge(&[oom, plain]);
+    // Its output reaches the file just after it exits; by the next sync it is there.
+    until(&mut rt, |rt| {
+        rt.running_count() == 0
+            && rt
+                .reports()
+                .iter()
+                .any(|r| r.task_id == "oom" && r.out_of_memory.is_some())
+    })
+    .await;
+    let reports = rt.reports();
+    let of = |id: &str| reports.iter().find(|r| r.task_id == id).expect("reported");
+    assert_eq!(of("oom").exit_code, Some(1));
+    let why = of("oom").out_of_memory.clone().expect("out of memory");
+    assert!(
+        why.starts_with("container main ran out of GPU memory; its output says: torch.OutOfMemoryError: CUDA out of memory"),
+        "{why}"
+    );
+    assert_eq!(of("plain").exit_code, Some(1));
+    assert_eq!(of("plain").out_of_memory, None);
+}
+
+#[tokio::test]
 async fn secrets_reach_the_process_but_not_the_state_file() {
     let dir = tempfile::tempdir().expect("dir");
     let mut rt = Runtime::open(dir.path(), 1 << 20, None).expect("open");
@@ -406,6 +446,7 @@ fn remembered(pgid: i32, born: Option<u64>) -> Task {
         }],
         boxes: Vec::new(),
         error: None,
+        out_of_memory: None,
         env: BTreeMap::new(),
         stop_timeout: Duration::from_millis(100),
         ending: None,
@@ -890,6 +931,18 @@ async fn attack_a_fork_bomb_and_a_memory_hog_are_held_by_their_cgroup_limits() {
             "tried: holding 100 MB under a 32 MiB limit; held: it ended with {code:?} (137: killed)"
         );
         assert_eq!(code, Some(137), "killed by the kernel at its limit");
+        let why = rt
+            .reports()
+            .iter()
+            .find(|r| r.task_id == "hog")
+            .and_then(|r| r.out_of_memory.clone());
+        assert_eq!(
+            why.as_deref(),
+            Some(
+                "container main was killed by the kernel's OOM killer at its memory limit of 32 MiB"
+            ),
+            "its stop reason says out of memory"
+        );
     } else {
         println!("not tried: a memory hog, without a memory controller here");
     }

@@ -31,6 +31,8 @@ pub struct Container {
     /// Started once (a created container that never was is listed as `created`).
     pub started: bool,
     pub exit_code: i64,
+    /// Killed by the kernel at its memory limit (`State.OOMKilled`).
+    pub oom_killed: bool,
     pub pid: i64,
     /// Docker's health verdict (`starting`, `healthy`, `unhealthy`) and the last check's
     /// output, for a container created with a `Healthcheck`.
@@ -89,7 +91,6 @@ impl Fake {
             .collect()
     }
 
-    /// A container's main process exits on its own with `code`.
     /// Docker's health check of container `name` now says `status`, with `output`.
     pub fn set_health(&self, name: &str, status: &str, output: &str) {
         let mut g = self.lock();
@@ -97,10 +98,20 @@ impl Fake {
         c.health = Some((status.into(), output.into()));
     }
 
+    /// A container's main process exits on its own with `code`.
     pub fn exit(&self, name: &str, code: i64) {
         if let Some(c) = self.lock().containers.get_mut(name) {
             c.running = false;
             c.exit_code = code;
+        }
+    }
+
+    /// The kernel kills a container at its memory limit (137, `State.OOMKilled`).
+    pub fn oom_kill(&self, name: &str) {
+        if let Some(c) = self.lock().containers.get_mut(name) {
+            c.running = false;
+            c.exit_code = 137;
+            c.oom_killed = true;
         }
     }
 
@@ -127,6 +138,7 @@ impl Fake {
                 running: true,
                 started: true,
                 exit_code: 0,
+                oom_killed: false,
                 pid: 4242,
                 health: None,
             },
@@ -221,6 +233,7 @@ async fn handle(
                         "Running": c.running,
                         "Pid": if c.running { c.pid } else { 0 },
                         "ExitCode": c.exit_code,
+                        "OOMKilled": c.oom_killed,
                     });
                     if let Some((status, output)) = &c.health {
                         let code = if status == "healthy" { 0 } else { 1 };
@@ -372,6 +385,7 @@ fn create(inner: &Arc<Mutex<Inner>>, query: &BTreeMap<String, String>, body: Val
             running: false,
             started: false,
             exit_code: 0,
+            oom_killed: false,
             pid: 0,
             health,
         },

@@ -489,9 +489,8 @@ impl AgentSync {
                         0
                     }
                 };
-                let drain_until = (drain > 0).then(|| {
-                    stamp(self.core.now() + chrono::Duration::seconds(i64::from(drain)))
-                });
+                let drain_until = (drain > 0)
+                    .then(|| stamp(self.core.now() + chrono::Duration::seconds(i64::from(drain))));
                 self.store
                     .request_task_stop(&t.id, &reason, drain_until.as_deref(), true)
                     .await?;
@@ -715,9 +714,13 @@ fn task_step(t: &Task, report: Option<&TaskReport>) -> TaskStep {
             exit_code: r.exit_code,
         },
         (Some(r), _) => TaskStep::Ended {
-            reason: match &r.error {
-                Some(why) => StopReason::CannotStart(why.clone()),
-                None => StopReason::Exited(r.exit_code),
+            reason: match (&r.error, &r.out_of_memory) {
+                (Some(why), _) => StopReason::CannotStart(why.clone()),
+                (None, Some(why)) => StopReason::OutOfMemory {
+                    why: why.clone(),
+                    code: r.exit_code,
+                },
+                (None, None) => StopReason::Exited(r.exit_code),
             },
             exit_code: r.exit_code,
             failed: r.exit_code != Some(0),

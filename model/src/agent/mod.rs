@@ -205,6 +205,11 @@ pub struct TaskReport {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(max_length = 2048))]
     pub error: Option<String>,
+    /// It ended out of memory: which container, and whether the kernel killed it at its
+    /// memory limit or its output says it ran out of GPU memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(max_length = 2048))]
+    pub out_of_memory: Option<String>,
     /// Its ports and the host ports the agent bound them to.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[cfg_attr(feature = "openapi", schema(max_items = 100))]

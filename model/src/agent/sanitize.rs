@@ -175,6 +175,12 @@ fn judge_task(i: usize, t: &mut TaskReport, j: &mut Judge) {
     }
     j.cut(&owner, at("pulling"), &mut t.pulling, MAX_PULLING_CHARS);
     j.cut(&owner, at("error"), &mut t.error, MAX_ERROR_CHARS);
+    j.cut(
+        &owner,
+        at("out_of_memory"),
+        &mut t.out_of_memory,
+        MAX_ERROR_CHARS,
+    );
 }
 
 /// A work report the bounds refuse becomes `unknown` with the reason (never zero work, and

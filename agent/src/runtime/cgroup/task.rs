@@ -209,6 +209,38 @@ impl TaskCgroup {
         failed.map_or(Ok(()), Err)
     }
 
+    /// Whether the kernel's OOM killer killed a process of container `name` at its memory
+    /// limit, and that limit (MiB) where one is set: v2's `memory.events`, v1's
+    /// `memory.oom_control` (Linux 4.13+), in its container's cgroup.
+    pub(crate) fn oom_killed(&self, name: &str) -> Option<Option<u64>> {
+        let leaf = cgroup_name(name);
+        for (dir, h) in &self.homes {
+            if !h.limits.contains(&Controller::Memory) {
+                continue;
+            }
+            let dir = dir.join(&leaf);
+            let (events, limit) = if h.v2 {
+                ("memory.events", "memory.max")
+            } else {
+                ("memory.oom_control", "memory.limit_in_bytes")
+            };
+            let kills = std::fs::read_to_string(dir.join(events))
+                .ok()
+                .and_then(|s| oom_kills(&s))
+                .unwrap_or(0);
+            if kills > 0 {
+                let mib = std::fs::read_to_string(dir.join(limit))
+                    .ok()
+                    .and_then(|s| s.trim().parse::<u64>().ok())
+                    // v1 says "no limit" with the largest page-aligned number, v2 "max".
+                    .filter(|b| *b < 1 << 62)
+                    .map(|b| b / (1024 * 1024));
+                return Some(mib);
+            }
+        }
+        None
+    }
+
     /// What its files say now, for container `name`.
     #[cfg(test)]
     pub(crate) fn readback(&self, name: &str) -> Readback {
@@ -295,4 +327,12 @@ fn remove_tree(dir: &Path, depth: usize) -> std::io::Result<()> {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
         _ => Ok(()),
     }
+}
+
+/// The `oom_kill` count of a `memory.events` or `memory.oom_control` file.
+pub(crate) fn oom_kills(file: &str) -> Option<u64> {
+    file.lines().find_map(|l| {
+        let (key, n) = l.split_once(' ')?;
+        (key == "oom_kill").then(|| n.trim().parse().ok())?
+    })
 }

@@ -12,6 +12,7 @@ use futures_util::StreamExt;
 use parking_lot::Mutex;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio::task::JoinHandle;
 
@@ -22,7 +23,13 @@ pub struct Boxed {
     engine: Engine,
     phase: Arc<Mutex<Phase>>,
     driver: JoinHandle<()>,
+    /// The engine said the kernel killed it at its memory limit (`State.OOMKilled`).
+    oom_killed: Arc<AtomicBool>,
 }
+
+/// What a container's driver tells its holder: its phase, and whether the engine said the
+/// kernel killed it at its memory limit.
+type Told = (Arc<Mutex<Phase>>, Arc<AtomicBool>);
 
 /// Where a container's output goes.
 #[derive(Debug, Clone)]
@@ -39,11 +46,12 @@ impl Boxed {
     pub fn launch(engine: &Engine, launch: Launch, logs: LogFiles) -> Boxed {
         let docker_name = docker_name(&launch.mark, &launch.task_id, &launch.name);
         let phase = Arc::new(Mutex::new(Phase::Pulling(launch.image.clone())));
+        let oom_killed = Arc::new(AtomicBool::new(false));
         let driver = tokio::spawn(drive(
             engine.clone(),
             docker_name.clone(),
             launch.clone(),
-            phase.clone(),
+            (phase.clone(), oom_killed.clone()),
             logs,
         ));
         Boxed {
@@ -52,6 +60,7 @@ impl Boxed {
             engine: engine.clone(),
             phase,
             driver,
+            oom_killed,
         }
     }
 
@@ -66,10 +75,11 @@ impl Boxed {
     ) -> Boxed {
         let first = engine.phase_of(&docker_name).await;
         let phase = Arc::new(Mutex::new(first.clone()));
+        let oom_killed = Arc::new(AtomicBool::new(false));
         let driver = tokio::spawn(watch(
             engine.clone(),
             docker_name.clone(),
-            phase.clone(),
+            (phase.clone(), oom_killed.clone()),
             logs,
             true,
             first,
@@ -80,6 +90,7 @@ impl Boxed {
             engine: engine.clone(),
             phase,
             driver,
+            oom_killed,
         }
     }
 
@@ -90,6 +101,12 @@ impl Boxed {
     /// The engine and the container's name there, for reading Docker's health verdict.
     pub fn probe_target(&self) -> (Engine, String) {
         (self.engine.clone(), self.docker_name.clone())
+    }
+
+    /// Whether the engine said the kernel killed it at its memory limit (known once it
+    /// has exited).
+    pub fn oom_killed(&self) -> bool {
+        self.oom_killed.load(Ordering::Relaxed)
     }
 
     /// Asks it to stop: the engine sends SIGTERM, then SIGKILL after `timeout`. One that
@@ -151,26 +168,21 @@ fn set(phase: &Mutex<Phase>, to: Phase) {
 }
 
 /// Pull, create, start, then watch until it ends.
-async fn drive(
-    engine: Engine,
-    docker_name: String,
-    launch: Launch,
-    phase: Arc<Mutex<Phase>>,
-    logs: LogFiles,
-) {
+async fn drive(engine: Engine, docker_name: String, launch: Launch, told: Told, logs: LogFiles) {
+    let phase = &told.0;
     if let Err(why) = engine.pull(&launch.image).await {
         // A registry that cannot be reached does not stop an image already here.
         if engine.docker.inspect_image(&launch.image).await.is_err() {
             tracing::warn!(task = %launch.task_id, image = %launch.image, error = %why, "image pull failed");
             set(
-                &phase,
+                phase,
                 Phase::Failed(format!("pulling {}: {why}", launch.image)),
             );
             return;
         }
         tracing::warn!(image = %launch.image, error = %why, "pull failed; using the image already on this host");
     }
-    set(&phase, Phase::Starting);
+    set(phase, Phase::Starting);
     // A container of this name is a leftover of this very task that was never started
     // (what runs is adopted, never launched again): it goes.
     engine.remove(&docker_name).await;
@@ -186,7 +198,7 @@ async fn drive(
         .await;
     if let Err(e) = created {
         set(
-            &phase,
+            phase,
             Phase::Failed(format!("creating the container: {}", reason(&e))),
         );
         return;
@@ -194,14 +206,14 @@ async fn drive(
     if let Err(e) = engine.docker.start_container(&docker_name, None).await {
         engine.remove(&docker_name).await;
         set(
-            &phase,
+            phase,
             Phase::Failed(format!("starting the container: {}", reason(&e))),
         );
         return;
     }
     tracing::info!(task = %launch.task_id, container = %launch.name, image = %launch.image, "container started");
     let first = engine.phase_of(&docker_name).await;
-    watch(engine, docker_name, phase, logs, false, first).await;
+    watch(engine, docker_name, told, logs, false, first).await;
 }
 
 /// Follows a started container from its phase `first` (read just before): its logs, its
@@ -209,7 +221,7 @@ async fn drive(
 async fn watch(
     engine: Engine,
     docker_name: String,
-    phase: Arc<Mutex<Phase>>,
+    (phase, oom_killed): Told,
     logs: LogFiles,
     adopted: bool,
     first: Phase,
@@ -217,6 +229,7 @@ async fn watch(
     if let Phase::Exited(code) = first {
         // It ended already (while no agent watched, or at once): its code is what the
         // engine kept.
+        oom_killed.store(engine.oom_killed(&docker_name).await, Ordering::Relaxed);
         engine.remove(&docker_name).await;
         set(&phase, Phase::Exited(code));
         return;
@@ -249,6 +262,7 @@ async fn watch(
     };
     // The output is complete once the container has ended; then it goes.
     let _ = tokio::time::timeout(Duration::from_secs(5), copier).await;
+    oom_killed.store(engine.oom_killed(&docker_name).await, Ordering::Relaxed);
     engine.remove(&docker_name).await;
     set(&phase, Phase::Exited(code));
 }

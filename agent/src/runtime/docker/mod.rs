@@ -136,6 +136,17 @@ impl Engine {
         }
     }
 
+    /// Whether the engine says the kernel killed an ended container at its memory limit
+    /// (`State.OOMKilled`; false when it does not answer).
+    async fn oom_killed(&self, docker_name: &str) -> bool {
+        self.docker
+            .inspect_container(docker_name, None::<InspectContainerOptions>)
+            .await
+            .ok()
+            .and_then(|i| i.state?.oom_killed)
+            .unwrap_or(false)
+    }
+
     /// What Docker's own health check says of a container, with the last check's output;
     /// `None` when the engine does not answer.
     pub async fn health_of(
