@@ -223,11 +223,21 @@ impl MpsSupervisor {
     }
 
     async fn spawn_daemon(&self) -> Result<(), String> {
-        for dir in [&self.config.pipe_dir, &self.config.log_dir] {
+        // A new pipe directory is closed (0700) until the agent gives it to the user its
+        // GPU's tasks run as: no task reaches a GPU's MPS server before that.
+        if !self.config.pipe_dir.is_dir() {
+            use std::os::unix::fs::PermissionsExt;
+            let dir = &self.config.pipe_dir;
             tokio::fs::create_dir_all(dir)
                 .await
+                .and_then(|()| {
+                    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+                })
                 .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         }
+        tokio::fs::create_dir_all(&self.config.log_dir)
+            .await
+            .map_err(|e| format!("cannot create {}: {e}", self.config.log_dir.display()))?;
         let status = tokio::time::timeout(
             self.config.check_timeout,
             self.command()

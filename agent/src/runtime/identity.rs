@@ -1,4 +1,4 @@
-//! Who a task runs as and where: its uid (`--task-uids`, the MPS tasks' shared one), its
+//! Who a task runs as and where: its uid (`--task-uids`, shared by the MPS tasks of one GPU), its
 //! directory and log files, and the confinement its processes (and their health checks)
 //! start in: user, working directory, cgroup.
 
@@ -54,28 +54,62 @@ impl Runtime {
         std::fs::set_permissions(&work, std::fs::Permissions::from_mode(0o700))
     }
 
-    /// The uid every MPS task of this host runs as: the first of the range. MPS serves
-    /// one Linux user at a time (nvidia-cuda-mps-control(1): a client of another user waits
-    /// until every client of the running server is done), so tasks that share GPUs through
-    /// it share a uid too; containers keep them apart with their own PID namespaces.
-    pub(super) fn mps_uid(&self) -> Option<u32> {
-        self.task_uids.map(|(first, _)| first)
+    /// The uid MPS task `w` runs as: its GPU's. MPS serves one Linux user at a time per
+    /// daemon (nvidia-cuda-mps-control(1): a client of another user waits until every
+    /// client of the running server is done), so the tasks of one GPU share a uid: the one
+    /// a task of that GPU already has (running or ending, re-adopted ones included), else
+    /// a fresh one of the range. Tasks of different GPUs never share one: they cannot read
+    /// each other's environment or signal each other, and each GPU's pipe directory is its
+    /// uid's alone ([`Runtime::own_pipe`]), so no task reaches another GPU's MPS server.
+    pub(super) fn mps_uid(&mut self, w: &WantedTask) -> Result<Option<u32>, String> {
+        if self.task_uids.is_none() {
+            return Ok(None);
+        }
+        let pipe = self
+            .mps_root
+            .as_deref()
+            .and_then(|root| super::task_pipe(root, w));
+        let shared = pipe.as_ref().and_then(|pipe| {
+            self.tasks
+                .values()
+                .filter(|t| t.mps_pipe.as_ref() == Some(pipe))
+                .find_map(|t| t.uid)
+        });
+        match shared {
+            Some(uid) => Ok(Some(uid)),
+            None => self.allocate_uid(),
+        }
+    }
+
+    /// Makes MPS task `w`'s pipe directory (its GPU's) the user's its tasks run as, alone
+    /// (0700): its GPU's uid, else `--run-as`'s (tasks of the agent's own uid need
+    /// nothing). A GPU's daemon makes the directory closed; tasks of other GPUs, of other
+    /// uids, never reach this GPU's MPS server. Nothing to do before the daemon made it.
+    pub(super) fn own_pipe(&self, w: &WantedTask, uid: Option<u32>) -> Result<(), String> {
+        use std::os::unix::fs::PermissionsExt;
+        let owner = uid.or(self.run_as.map(|(u, _)| u));
+        let (Some(owner), Some(root)) = (owner, self.mps_root.as_deref()) else {
+            return Ok(());
+        };
+        let Some(pipe) = super::task_pipe(root, w).filter(|p| p.is_dir()) else {
+            return Ok(());
+        };
+        std::os::unix::fs::lchown(&pipe, Some(owner), Some(owner))
+            .and_then(|()| std::fs::set_permissions(&pipe, std::fs::Permissions::from_mode(0o700)))
+            .map_err(|e| {
+                format!(
+                    "cannot give the MPS pipe directory {} to uid {owner}: {e}",
+                    pipe.display()
+                )
+            })
     }
 
     /// A uid of the range that no task of this agent has and that no account or group of
-    /// this host has: the next after the last one handed out (wrapping around). The
-    /// range's first is the MPS tasks' (see [`Runtime::mps_uid`]).
+    /// this host has: the next after the last one handed out (wrapping around).
     pub(super) fn allocate_uid(&mut self) -> Result<Option<u32>, String> {
         let Some((first, last)) = self.task_uids else {
             return Ok(None);
         };
-        let first = first + 1;
-        if first > last {
-            return Err(format!(
-                "--task-uids {}-{last} holds only the MPS tasks' uid: give a range of at least two",
-                first - 1
-            ));
-        }
         let mut held: BTreeSet<u32> = self.tasks.values().filter_map(|t| t.uid).collect();
         held.extend(confine::uids_alive());
         let span = u64::from(last - first) + 1;

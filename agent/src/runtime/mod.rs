@@ -118,6 +118,9 @@ pub struct Runtime {
     saved_ports: BTreeMap<String, Vec<TaskPort>>,
     /// Task uids the state file kept, for containers re-adopted once the engine is attached.
     saved_uids: BTreeMap<String, u32>,
+    /// MPS pipe directories the state file kept, for containers re-adopted once the engine
+    /// is attached.
+    saved_pipes: BTreeMap<String, PathBuf>,
     /// Each task runs as a uid of its own from this range (`--task-uids`), inclusive.
     task_uids: Option<(u32, u32)>,
     /// Where the next task uid is looked for: uids are handed out in turn, so that one

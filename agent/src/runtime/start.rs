@@ -74,7 +74,9 @@ impl Runtime {
     pub(super) fn start(&mut self, w: &WantedTask, fixed: &BTreeSet<(u16, Protocol)>) {
         let task_dir = self.dir.join(&w.task_id);
         let allocated = if w.mps {
-            Ok(self.mps_uid())
+            // Its GPU's uid, and its GPU's pipe directory that uid's alone.
+            self.mps_uid(w)
+                .and_then(|uid| self.own_pipe(w, uid).map(|()| uid))
         } else {
             self.allocate_uid()
         };
@@ -111,6 +113,10 @@ impl Runtime {
             boxes: Vec::new(),
             error: None,
             out_of_memory: None,
+            mps_pipe: self
+                .mps_root
+                .as_deref()
+                .and_then(|root| super::task_pipe(root, w)),
             env,
             stop_timeout,
             ending: None,

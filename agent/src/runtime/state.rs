@@ -70,6 +70,9 @@ struct SavedTask {
     /// Its own uid: a re-adopted task keeps it, and no other task is given it.
     #[serde(default)]
     uid: Option<u32>,
+    /// The MPS pipe directory it was given (its GPU's): the tasks of one GPU share a uid.
+    #[serde(default)]
+    mps_pipe: Option<PathBuf>,
 }
 
 impl Runtime {
@@ -117,6 +120,11 @@ impl Runtime {
                 .tasks
                 .iter()
                 .filter_map(|(id, t)| Some((id.clone(), t.uid?)))
+                .collect(),
+            saved_pipes: saved
+                .tasks
+                .iter()
+                .filter_map(|(id, t)| Some((id.clone(), t.mps_pipe.clone()?)))
                 .collect(),
             task_uids: None,
             next_uid: saved.next_uid,
@@ -188,6 +196,11 @@ impl Runtime {
                     boxes: Vec::new(),
                     error: None,
                     out_of_memory: None,
+                    // An older agent's state file does not say: the pipe its processes were
+                    // started with does (read once, then kept in the state file).
+                    mps_pipe: kept
+                        .and_then(|t| t.mps_pipe.clone())
+                        .or_else(|| env.get("CUDA_MPS_PIPE_DIRECTORY").map(PathBuf::from)),
                     env,
                     stop_timeout,
                     ending: None,
@@ -225,6 +238,7 @@ impl Runtime {
                 .get(&task_id)
                 .copied()
                 .unwrap_or(Duration::from_secs(10));
+            let mps_pipe = self.saved_pipes.get(&task_id).cloned();
             self.tasks
                 .entry(task_id)
                 .or_insert_with(|| Task {
@@ -232,6 +246,7 @@ impl Runtime {
                     boxes: Vec::new(),
                     error: None,
                     out_of_memory: None,
+                    mps_pipe: mps_pipe.clone(),
                     env: BTreeMap::new(),
                     stop_timeout,
                     ending: None,
@@ -285,6 +300,7 @@ impl Runtime {
                             optional: t.optional.iter().cloned().collect(),
                             waiting: t.waiting.clone(),
                             uid: t.uid,
+                            mps_pipe: t.mps_pipe.clone(),
                         },
                     )
                 })

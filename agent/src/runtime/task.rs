@@ -99,6 +99,8 @@ pub(super) struct Task {
     pub(super) boxes: Vec<docker::Boxed>,
     /// Why it could not start (a refused pull, an engine's error).
     pub(super) error: Option<String>,
+    /// The MPS pipe directory it was given (its GPU's): tasks of one GPU share a uid.
+    pub(super) mps_pipe: Option<std::path::PathBuf>,
     /// Whether its essential container that failed ran out of memory.
     pub(super) out_of_memory: Option<super::oom::Evidence>,
     /// Environment of its first GPU container, for measuring use.

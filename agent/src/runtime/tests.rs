@@ -447,6 +447,7 @@ fn remembered(pgid: i32, born: Option<u64>) -> Task {
         boxes: Vec::new(),
         error: None,
         out_of_memory: None,
+        mps_pipe: None,
         env: BTreeMap::new(),
         stop_timeout: Duration::from_millis(100),
         ending: None,
@@ -1041,36 +1042,72 @@ async fn attack_a_task_that_names_another_tasks_uid_or_root_is_refused() {
     );
 }
 
-/// MPS serves one Linux user at a time (a client of another user waits until every client
-/// of the running server is done), so the MPS tasks of a host share the range's first uid;
-/// other tasks get uids of their own.
+/// MPS serves one Linux user at a time per daemon (a client of another user waits until
+/// every client of the running server is done), so the MPS tasks of one GPU share a uid;
+/// tasks of another GPU get another, whose pipe directory the first GPU's tasks cannot
+/// enter; other tasks get uids of their own.
 #[tokio::test]
-async fn mps_tasks_share_the_mps_uid_and_others_get_their_own() {
+async fn attack_mps_tasks_share_their_gpus_uid_and_cannot_reach_another_gpus_pipe() {
     if !is_root() {
         println!("skipped: tasks of uids of their own need the agent to run as root");
         return;
     }
     let dir = tempfile::tempdir().expect("dir");
-    let mut rt = Runtime::open(dir.path(), 1 << 20, None)
+    let mps = dir.path().join("mps");
+    for gpu in ["GPU-1", "GPU-2"] {
+        // As each GPU's daemon makes it, before any task: closed.
+        use std::os::unix::fs::PermissionsExt;
+        let pipe = mps.join(gpu).join("pipe");
+        std::fs::create_dir_all(&pipe).expect("pipe dir");
+        std::fs::set_permissions(&pipe, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    }
+    let mut rt = Runtime::open(&dir.path().join("state"), 1 << 20, Some(mps.clone()))
         .expect("open")
         .task_uids(320_400, 320_499)
         .expect("task uids");
+    let on_gpu2 = |id: &str, command: &[&str]| {
+        let mut w = wanted(id, command, true);
+        w.containers[0]
+            .env
+            .insert("CUDA_VISIBLE_DEVICES".into(), "GPU-2".into());
+        w
+    };
+    let other_pipe = mps.join("GPU-2/pipe").display().to_string();
+    // A task of GPU 1 that tries to enter GPU 2's pipe directory.
+    let probe =
+        format!("ls {other_pipe} > /dev/null 2>&1 && echo entered || echo refused; exec sleep 300");
     rt.converge(&[
-        wanted("mps-a", &["sleep", "300"], true),
+        wanted("mps-a", &["sh", "-c", &probe], true),
         wanted("mps-b", &["sleep", "300"], true),
+        on_gpu2("mps-c", &["sleep", "300"]),
         wanted("cpu-only", &["sleep", "300"], false),
     ]);
-    until(&mut rt, |rt| rt.processes().len() == 3).await;
+    until(&mut rt, |rt| rt.processes().len() == 4).await;
     let uid_of = |task: &str| rt.tasks[task].uid;
     println!(
-        "MPS tasks run as {:?} and {:?}; the other as {:?}",
+        "GPU 1's MPS tasks run as {:?} and {:?}; GPU 2's as {:?}; the other as {:?}",
         uid_of("mps-a"),
         uid_of("mps-b"),
+        uid_of("mps-c"),
         uid_of("cpu-only")
     );
-    assert_eq!(uid_of("mps-a"), Some(320_400));
-    assert_eq!(uid_of("mps-b"), Some(320_400));
-    assert_eq!(uid_of("cpu-only"), Some(320_401));
+    assert!(uid_of("mps-a").is_some());
+    assert_eq!(uid_of("mps-a"), uid_of("mps-b"), "one GPU, one MPS user");
+    let distinct: std::collections::BTreeSet<_> = ["mps-a", "mps-c", "cpu-only"]
+        .iter()
+        .map(|t| uid_of(t))
+        .collect();
+    assert_eq!(distinct.len(), 3, "another GPU, another uid");
+    for (gpu, task) in [("GPU-1", "mps-a"), ("GPU-2", "mps-c")] {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(mps.join(gpu).join("pipe")).expect("pipe dir");
+        assert_eq!(Some(meta.uid()), uid_of(task), "{gpu}'s pipe is its uid's");
+        assert_eq!(
+            meta.mode() & 0o777,
+            0o700,
+            "{gpu}'s pipe is its uid's alone"
+        );
+    }
     for p in rt.processes() {
         let expected = uid_of(&p.task_id).expect("a uid");
         assert_eq!(
@@ -1080,6 +1117,36 @@ async fn mps_tasks_share_the_mps_uid_and_others_get_their_own() {
             p.task_id
         );
     }
+    let log = dir.path().join("state/tasks/mps-a/main.log");
+    for _ in 0..100 {
+        if std::fs::read_to_string(&log).is_ok_and(|l| !l.is_empty()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let said = std::fs::read_to_string(&log).expect("its output");
+    println!(
+        "tried: a task of GPU 1 enters GPU 2's pipe directory; held: {}",
+        said.trim()
+    );
+    assert_eq!(said.trim(), "refused");
+    // A restarted agent knows which GPU each task's uid is for: a new task of GPU 2
+    // joins its uid, not GPU 1's.
+    drop(rt);
+    let mut rt = Runtime::open(&dir.path().join("state"), 1 << 20, Some(mps.clone()))
+        .expect("reopen")
+        .task_uids(320_400, 320_499)
+        .expect("task uids");
+    let gpu2_uid = rt.tasks["mps-c"].uid;
+    rt.converge(&[
+        wanted("mps-a", &["sh", "-c", &probe], true),
+        wanted("mps-b", &["sleep", "300"], true),
+        on_gpu2("mps-c", &["sleep", "300"]),
+        on_gpu2("mps-d", &["sleep", "300"]),
+        wanted("cpu-only", &["sleep", "300"], false),
+    ]);
+    until(&mut rt, |rt| rt.processes().len() == 5).await;
+    assert_eq!(rt.tasks["mps-d"].uid, gpu2_uid);
     rt.converge(&[]);
     until(&mut rt, |rt| rt.tasks.is_empty()).await;
 }
