@@ -14,6 +14,8 @@ use std::collections::BTreeMap;
 
 mod sanitize;
 
+pub use crate::inventory::{Capability, HostCapabilities};
+
 /// One GPU as the agent sees it.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -91,81 +93,6 @@ pub struct MpsReport {
     #[serde(default)]
     #[cfg_attr(feature = "openapi", schema(maximum = 1_000_000))]
     pub restarts: Option<u32>,
-}
-
-/// What the agent can hold its tasks to on this host, as it found it at start: shown on
-/// the host's page so an operator sees what is enforced without reading the agent's log.
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct HostCapabilities {
-    /// How GPUs are found: NVML, or simulated.
-    pub gpu_discovery: Capability,
-    /// MPS: a control daemon per GPU (memory and compute limits per process), or
-    /// time-shared GPUs and why.
-    pub mps: Capability,
-    /// Whether a task can open only its own GPUs' device nodes.
-    pub gpu_devices: Capability,
-    /// CPU, memory and pid limits (the cgroup layout).
-    pub limits: Capability,
-    /// Whether each task runs as a uid of its own.
-    pub task_users: Capability,
-    /// Whether tasks with a container image can run.
-    pub containers: Capability,
-}
-
-impl HostCapabilities {
-    /// Each capability with its name, in the order the console lists them.
-    pub fn named(&self) -> [(&'static str, &Capability); 6] {
-        [
-            ("GPU discovery", &self.gpu_discovery),
-            ("MPS", &self.mps),
-            ("GPU device isolation", &self.gpu_devices),
-            ("CPU, memory and pid limits", &self.limits),
-            ("A uid per task", &self.task_users),
-            ("Container images", &self.containers),
-        ]
-    }
-
-    pub(crate) fn named_mut(&mut self) -> [(&'static str, &mut Capability); 6] {
-        [
-            ("gpu_discovery", &mut self.gpu_discovery),
-            ("mps", &mut self.mps),
-            ("gpu_devices", &mut self.gpu_devices),
-            ("limits", &mut self.limits),
-            ("task_users", &mut self.task_users),
-            ("containers", &mut self.containers),
-        ]
-    }
-}
-
-/// One thing a host can or cannot enforce.
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Capability {
-    /// Enforced (or available) on this host.
-    pub held: bool,
-    /// How, or why not.
-    #[cfg_attr(
-        feature = "openapi",
-        schema(max_length = 1024, pattern = "^[^\\u0000]*$")
-    )]
-    pub detail: String,
-}
-
-impl Capability {
-    pub fn held(detail: impl Into<String>) -> Capability {
-        Capability {
-            held: true,
-            detail: detail.into(),
-        }
-    }
-
-    pub fn missing(detail: impl Into<String>) -> Capability {
-        Capability {
-            held: false,
-            detail: detail.into(),
-        }
-    }
 }
 
 /// A task as the agent has it. `Default` is a task that is not running and measured
