@@ -38,6 +38,56 @@ pub(super) fn live_groups() -> Groups {
     groups
 }
 
+/// The live processes of some process groups and of some cgroups, found in one pass over
+/// `/proc`: what a task's GPU use is summed over.
+#[derive(Debug, Default)]
+pub(super) struct Members {
+    /// By process group.
+    pub(super) groups: HashMap<i32, Vec<u32>>,
+    /// By the text of `/proc/<pid>/cgroup` (a container's main process's).
+    pub(super) cgroups: HashMap<String, Vec<u32>>,
+}
+
+/// The cgroup membership of a process, as `/proc/<pid>/cgroup` says it.
+pub(super) fn cgroup_of(pid: u32) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()
+}
+
+/// Every live process of the process groups `groups` and of the cgroups `cgroups` (each
+/// as `/proc/<pid>/cgroup` of one of its processes reads). A cgroup the agent itself is
+/// in names no container of its own (a stand-in engine, a process not in one): left out.
+pub(super) fn members(groups: &BTreeSet<i32>, cgroups: &BTreeSet<String>) -> Members {
+    let mut found = Members::default();
+    if groups.is_empty() && cgroups.is_empty() {
+        return found;
+    }
+    let own = cgroup_of(std::process::id());
+    let cgroups: BTreeSet<&String> = cgroups
+        .iter()
+        .filter(|c| Some(*c) != own.as_ref())
+        .collect();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for pid in dir
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+    {
+        let Some(stat) = proc_stat(pid).filter(|s| s.state != 'Z') else {
+            continue;
+        };
+        if groups.contains(&stat.pgrp) {
+            found.groups.entry(stat.pgrp).or_default().push(pid);
+        }
+        if !cgroups.is_empty()
+            && let Some(c) = cgroup_of(pid).filter(|c| cgroups.contains(c))
+        {
+            found.cgroups.entry(c).or_default().push(pid);
+        }
+    }
+    found
+}
+
 /// What `/proc/<pid>/stat` says of a process.
 pub(super) struct Stat {
     pub(super) state: char,

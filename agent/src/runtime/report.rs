@@ -2,9 +2,10 @@
 //! running tasks' processes for measuring.
 
 use super::docker::{self, Phase};
-use super::procfs::group_born;
-use super::task::Ending;
+use super::procfs::{self, group_born};
+use super::task::{Ending, Task};
 use super::{Ended, Runtime, TaskProcesses, cgroup, oom, work};
+use std::collections::{BTreeMap, BTreeSet};
 use tessera_model::agent::TaskReport;
 
 impl Runtime {
@@ -93,32 +94,54 @@ impl Runtime {
 
     /// Running tasks with their process ids, for measuring.
     pub fn processes(&self) -> Vec<TaskProcesses> {
-        self.tasks
-            .iter()
-            .filter(|(_, t)| t.ending.is_none())
+        let live = |t: &Task| -> Vec<i32> {
+            // Its live process groups only, each still led by the process it started (a
+            // group id is reused once the group is gone: another task's process may hold
+            // the number now, and must not be measured as this task's).
+            t.procs
+                .iter()
+                .filter(|p| p.exit.is_none() && p.born.is_some() && group_born(p.pgid) == p.born)
+                .map(|p| p.pgid)
+                .collect()
+        };
+        let mains = |t: &Task| -> Vec<u32> {
+            t.boxes
+                .iter()
+                .filter_map(|b| match b.phase() {
+                    Phase::Running(pid) => pid,
+                    _ => None,
+                })
+                .collect()
+        };
+        let running = || self.tasks.iter().filter(|(_, t)| t.ending.is_none());
+        // Every process of those groups and of each container's cgroup, in one pass
+        // over /proc: a worker a task's process started counts as the task's.
+        let groups: BTreeSet<i32> = running().flat_map(|(_, t)| live(t)).collect();
+        let container_cgroups: BTreeMap<u32, String> = running()
+            .flat_map(|(_, t)| mains(t))
+            .filter_map(|pid| Some((pid, procfs::cgroup_of(pid)?)))
+            .collect();
+        let members = procfs::members(&groups, &container_cgroups.values().cloned().collect());
+        running()
             .map(|(id, t)| {
-                // Its live process groups only, each still led by the process it started
-                // (a group id is reused once the group is gone: another task's process
-                // may hold the number now, and must not be measured as this task's).
-                let mut pids: Vec<u32> = t
-                    .procs
-                    .iter()
-                    .filter(|p| {
-                        p.exit.is_none() && p.born.is_some() && group_born(p.pgid) == p.born
-                    })
-                    .map(|p| p.pgid as u32)
-                    .chain(t.boxes.iter().filter_map(|b| match b.phase() {
-                        Phase::Running(pid) => pid,
-                        _ => None,
-                    }))
-                    .collect();
+                let mut pids: Vec<u32> = Vec::new();
+                for g in live(t) {
+                    pids.push(g as u32);
+                    pids.extend(members.groups.get(&g).into_iter().flatten());
+                }
+                for main in mains(t) {
+                    pids.push(main);
+                    let inside = container_cgroups
+                        .get(&main)
+                        .and_then(|c| members.cgroups.get(c));
+                    pids.extend(inside.into_iter().flatten());
+                }
                 // Then every other process of its cgroup: a GPU process one of its
                 // processes started is the task's, wherever it moved.
-                for pid in t.cgroup.iter().flat_map(cgroup::TaskCgroup::pids) {
-                    if !pids.contains(&pid) {
-                        pids.push(pid);
-                    }
-                }
+                pids.extend(t.cgroup.iter().flat_map(cgroup::TaskCgroup::pids));
+                // Each once, its first process first (what a simulated GPU keys on).
+                let mut seen = BTreeSet::new();
+                pids.retain(|p| seen.insert(*p));
                 TaskProcesses {
                     task_id: id.clone(),
                     pids,

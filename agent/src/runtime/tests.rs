@@ -1205,3 +1205,85 @@ async fn attack_a_task_opens_another_gpus_device_node() {
     rt.stop_all().await;
     clean_cgroups(&rt);
 }
+
+/// A task's GPU use is summed over every process of its live process groups (a worker its
+/// shell started), not only the process the agent started.
+#[tokio::test]
+async fn every_process_of_a_tasks_groups_is_measured() {
+    let dir = tempfile::tempdir().expect("dir");
+    let mut rt = Runtime::open(dir.path(), 1 << 20, None).expect("open");
+    rt.converge(&[wanted(
+        "workers",
+        &["sh", "-c", "sleep 300 & sleep 301 & wait"],
+        false,
+    )]);
+    until(&mut rt, |rt| {
+        rt.processes().first().is_some_and(|p| p.pids.len() >= 3)
+    })
+    .await;
+    let p = &rt.processes()[0];
+    let leader = rt.tasks["workers"].procs[0].pgid as u32;
+    assert_eq!(p.pids[0], leader, "its first process first");
+    for pid in &p.pids {
+        assert_eq!(
+            proc_stat(*pid).map(|s| s.pgrp),
+            Some(leader as i32),
+            "only its own group's"
+        );
+    }
+    rt.converge(&[]);
+    until(&mut rt, |rt| rt.tasks.is_empty()).await;
+}
+
+/// A container's processes are those of its main process's cgroup (where the engine put
+/// them), found by what `/proc/<pid>/cgroup` says; a cgroup the agent is in counts for none.
+#[test]
+fn a_containers_processes_are_those_of_its_cgroup() {
+    let v2 = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
+        .into_iter()
+        .map(Path::new)
+        .find(|p| p.join("cgroup.procs").is_file() && !p.join("cpu").is_dir());
+    let Some(v2) = v2.filter(|_| is_root()) else {
+        println!("skipped: needs root and a cgroup v2 hierarchy");
+        return;
+    };
+    let cg = v2.join(format!("tessera-members-{}", std::process::id()));
+    std::fs::create_dir_all(&cg).expect("cgroup");
+    let procs = cg.join("cgroup.procs");
+    let script = format!("echo $$ > {}; sleep 300 & exec sleep 301", procs.display());
+    let child = std::process::Command::new("sh")
+        .args(["-c", &script])
+        .spawn()
+        .expect("spawn");
+    let main = child.id();
+    let mut inside = Vec::new();
+    for _ in 0..100 {
+        inside = std::fs::read_to_string(&procs)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.parse::<u32>().ok())
+            .collect();
+        if inside.len() == 2 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let text = super::procfs::cgroup_of(main).expect("its cgroup");
+    let found = super::procfs::members(&BTreeSet::new(), &BTreeSet::from([text.clone()]));
+    let mut got = found.cgroups.get(&text).cloned().unwrap_or_default();
+    got.sort_unstable();
+    inside.sort_unstable();
+    for pid in &inside {
+        let _ = nix::sys::signal::kill(Pid::from_raw(*pid as i32), Signal::SIGKILL);
+    }
+    end(child);
+    let _ = std::fs::remove_dir(&cg);
+    assert_eq!(inside.len(), 2, "{inside:?}");
+    assert_eq!(got, inside);
+    let own = super::procfs::cgroup_of(std::process::id()).expect("own");
+    let none = super::procfs::members(&BTreeSet::new(), &BTreeSet::from([own]));
+    assert!(
+        none.cgroups.is_empty(),
+        "the agent's own cgroup names no container"
+    );
+}
