@@ -117,9 +117,22 @@ struct Cli {
     /// The range dynamic host ports are chosen from, FROM-TO.
     #[arg(long, env = "TESSERA_AGENT_PORT_RANGE", default_value = "32768-60999", value_parser = parse_port_range)]
     port_range: (u16, u16),
+    /// This machine's id at its capacity provider (e.g. its EC2 instance id, or what an
+    /// operator's provider command named it), said when it joins: how the pool's provider
+    /// knows the host it asked for.
+    #[arg(long, env = "TESSERA_AGENT_PROVIDER_ID", value_parser = parse_provider_id)]
+    provider_id: Option<String>,
     /// Print the GPUs found (JSON) and exit.
     #[arg(long)]
     probe: bool,
+}
+
+fn parse_provider_id(s: &str) -> Result<String, String> {
+    if tessera_model::agent::provider_id_ok(s) {
+        Ok(s.to_owned())
+    } else {
+        Err("must be 1 to 256 letters, digits and ._:/-".into())
+    }
 }
 
 /// The uids tasks get, one each, when the agent runs as root and is told nothing else: far
@@ -248,6 +261,7 @@ async fn main() -> anyhow::Result<()> {
                 .unwrap_or_else(tessera_agent::agent::primary_address),
         ),
         port_range: cli.port_range,
+        provider_id: cli.provider_id.clone(),
         containers: {
             let socket = cli
                 .docker_socket

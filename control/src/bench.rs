@@ -109,6 +109,7 @@ pub async fn admit_simulated_hosts(
                     labels: Default::default(),
                     gpus: simulated_gpus(h, gpus_per_host),
                     name: Some(format!("sim-{h:04}")),
+                    provider_id: None,
                 },
                 &Default::default(),
             )

@@ -286,6 +286,7 @@ mod tests {
                     })
                     .collect(),
                 name: Some("h".into()),
+                provider_id: None,
             })
             .await
             .expect("register");

@@ -20,6 +20,9 @@
 //!   change them, host operations, the reconcile pass (`reconcile`), work figures, alarms
 //!   and autoscaling (`work`, with `InterferenceModel`), consolidation (`consolidate`).
 //! - [`projects`]: `Projects`: projects and their quotas, members, use over time.
+//! - [`providers`]: `Providers`: pools' capacity providers: what-if sizing of the tasks
+//!   that wait (through the scheduler), machines launched, given up on and scaled in, each
+//!   recorded in the store before the provider is asked.
 //! - [`views`]: `Views`: the read models (pages, lists, the fleet read model, endpoints,
 //!   Prometheus discovery, fit).
 //!
@@ -75,6 +78,7 @@ mod parts;
 mod plan;
 pub mod postgres;
 pub mod projects;
+pub mod providers;
 mod scheduler;
 pub mod sqlite;
 pub mod store;

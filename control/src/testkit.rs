@@ -306,6 +306,7 @@ pub fn registration(
         labels: Default::default(),
         gpus,
         name: Some(name.into()),
+        provider_id: None,
     }
 }
 

@@ -63,6 +63,7 @@ fn register_request(token: &str) -> tessera_model::agent::RegisterRequest {
         labels: Default::default(),
         gpus: gpus("joiner", 1, 24),
         name: Some("joiner".into()),
+        provider_id: None,
     }
 }
 

@@ -689,6 +689,7 @@ async fn a_fresh_fleet_gets_the_default_pool_once_and_a_fleet_with_pools_none() 
             labels: Default::default(),
             gpus: gpus("d", 1, 24),
             name: Some("first".into()),
+            provider_id: None,
         })
         .await;
     assert!(joined.is_ok(), "{joined:?}");

@@ -295,6 +295,7 @@ async fn a_machine_rejoins_under_its_old_id_only_once_its_old_token_is_revoked()
         labels: Default::default(),
         gpus: a.gpus.clone(),
         name: Some("a-reinstalled".into()),
+        provider_id: None,
     };
     // Its agent is still registered: a second agent for the same GPUs is refused.
     let refused = c

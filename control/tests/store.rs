@@ -24,6 +24,7 @@ fn pool(name: &str) -> PoolInfo {
         host_network: false,
         preemption: Default::default(),
         gpu_budget: Default::default(),
+        provider: None,
     }
 }
 
@@ -55,6 +56,7 @@ fn host(id: &str, pool: &str, gpus: u32) -> HostInfo {
         dynamic_ports_free: None,
         pending_gpus: Vec::new(),
         capabilities: None,
+        provider_id: None,
     }
 }
 

@@ -38,6 +38,7 @@ async fn labelled_host(c: &Control, name: &str, labels: &[&str]) -> Host {
                 .collect(),
             gpus: gpus.clone(),
             name: Some(name.into()),
+            provider_id: None,
         })
         .await
         .expect("register");

@@ -63,6 +63,9 @@ pub struct PoolInput {
     #[serde(default)]
     #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::fields::optional_gpu_budget))]
     pub gpu_budget: Option<String>,
+    /// What makes and removes the pool's machines (absent: none).
+    #[serde(default)]
+    pub provider: Option<crate::provider::ProviderInput>,
 }
 
 impl PoolInput {
@@ -80,6 +83,7 @@ impl PoolInput {
             host_network: None,
             preemption: None,
             gpu_budget: None,
+            provider: None,
         }
     }
 }
@@ -121,6 +125,13 @@ pub struct PoolPatch {
     #[serde(default)]
     #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::fields::optional_gpu_budget))]
     pub gpu_budget: Option<String>,
+    /// Replaces the pool's capacity provider; `null` removes it (its hosts stay).
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub provider: Option<Option<crate::provider::ProviderInput>>,
 }
 
 /// `POST /api/v1/services`.

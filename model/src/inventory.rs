@@ -220,6 +220,10 @@ pub struct PoolInfo {
     /// Whether a task over its GPU memory budget is stopped or only reported.
     #[serde(default)]
     pub gpu_budget: GpuBudget,
+    /// What makes and removes its machines, and how many it may have (absent: hosts join
+    /// and leave as operators make them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<crate::provider::Provider>,
 }
 
 /// One GPU as its host's agent reported it.
@@ -278,6 +282,10 @@ pub struct HostInfo {
     /// or from an agent that does not say).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capabilities: Option<HostCapabilities>,
+    /// The provider's id of the machine it runs on (an EC2 instance id), as its agent said
+    /// when it joined.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_id: Option<String>,
 }
 
 /// What the agent can hold its tasks to on this host, as it found it at start: shown on

@@ -14,6 +14,8 @@
 //! - [`fit`]: fit evidence: verdicts of measured use against budgets, suggested budgets.
 //! - [`error`]: `FieldError` and `ValidationErrors`, every validator's answer.
 //! - [`project`]: projects (teams), their quotas per pool and what they use.
+//! - [`provider`]: pools' capacity providers (kinds, settings and their validation, host
+//!   shapes) and the machines asked of them.
 //! - [`auth`]: roles, operators' accounts, API tokens, callers and the audit log.
 //! - [`operations`]: what each operation needs (role, project scope, audit), declared once
 //!   and read by the router, the OpenAPI document, the console and the access tests.
@@ -47,6 +49,7 @@ pub mod inventory;
 pub mod limits;
 pub mod operations;
 pub mod project;
+pub mod provider;
 pub mod range;
 #[cfg(feature = "openapi")]
 pub mod schema;

@@ -147,6 +147,18 @@ pub fn pool(input: &PoolInput) -> Result<PoolInfo, ValidationErrors> {
             .map_err(|err: ParseEnumError| e.add("gpu_budget", err.to_string()))
             .ok(),
     };
+    let provider = match &input.provider {
+        None => None,
+        Some(p) => match crate::provider::validate(p) {
+            Ok(p) => Some(p),
+            Err(errors) => {
+                for f in errors.errors {
+                    e.add(&f.field, f.message);
+                }
+                None
+            }
+        },
+    };
     e.finish()?;
     Ok(PoolInfo {
         name: name.expect("validated"),
@@ -159,6 +171,7 @@ pub fn pool(input: &PoolInput) -> Result<PoolInfo, ValidationErrors> {
         host_network: input.host_network.unwrap_or(false),
         preemption: preemption.expect("validated"),
         gpu_budget: gpu_budget.expect("validated"),
+        provider,
     })
 }
 
@@ -309,9 +322,18 @@ mod tests {
             host_network: None,
             preemption: Some("later".into()),
             gpu_budget: Some("ignore".into()),
+            provider: Some(crate::provider::ProviderInput {
+                kind: "demo".into(),
+                max_hosts: 0,
+                ..Default::default()
+            }),
         });
         let Err(errs) = bad else { panic!("accepted") };
-        assert_eq!(errs.errors.len(), 6);
+        assert_eq!(errs.errors.len(), 7);
+        assert!(
+            errs.errors.iter().any(|e| e.field == "provider.max_hosts"),
+            "{errs:?}"
+        );
         assert!(
             errs.errors
                 .iter()

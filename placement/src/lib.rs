@@ -13,6 +13,8 @@
 //!   scoring (`scoring`), rejections explained (`explain`); batches and dry runs.
 //! - [`consolidate`]: consolidation plans: moves that empty partly used GPUs or hosts.
 //! - [`preempt`]: preemption plans: the fewest tasks to stop so that a waiting one fits.
+//! - [`sizing`]: what-if sizing: how many more hosts of a provider's shape place the tasks
+//!   that wait for room.
 //! - [`quota`]: projects' quotas as placement sees them (use, guarantees, fair share) and
 //!   the preemption planner's inputs read from a snapshot.
 //! - [`profile`]: the workload's shape and the fragmentation measure built on it.
@@ -36,6 +38,7 @@ pub mod quota;
 pub mod reject;
 pub mod request;
 pub mod rng;
+pub mod sizing;
 pub mod snapshot;
 
 pub use engine::{BatchOutcome, Engine, Policy, describe_request};

@@ -191,40 +191,47 @@ impl Snapshot {
             gpus: Vec::new(),
             models: Vec::new(),
         };
-        let compute_cap = (1000.0 * limits.compute_overcommit.max(1.0)).round() as u32;
         for spec in hosts {
-            let host_idx = snapshot.hosts.len() as HostIdx;
-            let first_gpu = snapshot.gpus.len() as u32;
-            for (index, g) in spec.gpus.iter().enumerate() {
-                let model = snapshot.intern_model(&g.model, g.memory);
-                snapshot.gpus.push(Gpu {
-                    host: host_idx,
-                    index: index as u32,
-                    uuid: g.uuid.clone(),
-                    model,
-                    mem_cap: g.memory,
-                    mem_free: g.memory,
-                    compute_cap,
-                    compute_free: compute_cap,
-                    clients: 0,
-                    client_limit: limits.mps_client_limit.unwrap_or(g.mps_client_limit),
-                    healthy: g.healthy,
-                    dedicated: false,
-                });
-            }
-            snapshot.hosts.push(Host {
-                id: spec.id,
-                labels: spec.labels,
-                active: spec.active,
-                cpu_cap: spec.cpu,
-                mem_cap: spec.memory,
-                cpu_free: spec.cpu,
-                mem_free: spec.memory,
-                first_gpu,
-                gpu_count: spec.gpus.len() as u32,
-            });
+            snapshot.add_host(spec, limits);
         }
         snapshot
+    }
+
+    /// Adds an empty host (`limits` as the pool's, as [`Snapshot::new`] takes them): a
+    /// what-if host of a provider's shape ([`crate::sizing`]).
+    pub fn add_host(&mut self, spec: HostSpec, limits: PoolLimits) -> HostIdx {
+        let compute_cap = (1000.0 * limits.compute_overcommit.max(1.0)).round() as u32;
+        let host_idx = self.hosts.len() as HostIdx;
+        let first_gpu = self.gpus.len() as u32;
+        for (index, g) in spec.gpus.iter().enumerate() {
+            let model = self.intern_model(&g.model, g.memory);
+            self.gpus.push(Gpu {
+                host: host_idx,
+                index: index as u32,
+                uuid: g.uuid.clone(),
+                model,
+                mem_cap: g.memory,
+                mem_free: g.memory,
+                compute_cap,
+                compute_free: compute_cap,
+                clients: 0,
+                client_limit: limits.mps_client_limit.unwrap_or(g.mps_client_limit),
+                healthy: g.healthy,
+                dedicated: false,
+            });
+        }
+        self.hosts.push(Host {
+            id: spec.id,
+            labels: spec.labels,
+            active: spec.active,
+            cpu_cap: spec.cpu,
+            mem_cap: spec.memory,
+            cpu_free: spec.cpu,
+            mem_free: spec.memory,
+            first_gpu,
+            gpu_count: spec.gpus.len() as u32,
+        });
+        host_idx
     }
 
     fn intern_model(&mut self, name: &str, memory: MiB) -> u16 {

@@ -291,6 +291,7 @@ pub async fn run_agents(
             containers: tessera_agent::ContainerRuntime::Process,
             advertise_address: Some("127.0.0.1".into()),
             port_range: (32768, 60999),
+            provider_id: None,
         })?;
         let mut stop = shutdown.clone();
         handles.push(tokio::spawn(agent.run(async move {

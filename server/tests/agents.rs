@@ -125,6 +125,7 @@ fn agent_config(c: &Cluster, name: &str) -> AgentConfig {
         containers: tessera_agent::ContainerRuntime::Process,
         advertise_address: Some("127.0.0.1".into()),
         port_range: (32768, 60999),
+        provider_id: None,
     }
 }
 

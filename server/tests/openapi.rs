@@ -31,6 +31,11 @@ const NOT_SHAPE: &[&str] = &[
     "no task definition",
     "is deregistered",
     "no pool named",
+    // A capacity provider's settings depend on its kind, and min_hosts on max_hosts.
+    "is not a setting of a",
+    "needs its Auto Scaling group's name",
+    "needs its executable's path",
+    "must be at most max_hosts",
     "no host named",
     "is still registered: revoke its agent token first",
     "is used by another container",

@@ -200,6 +200,7 @@ async fn an_agent_given_the_agent_ca_file_registers_over_https() {
         containers: tessera_agent::ContainerRuntime::Process,
         advertise_address: Some("127.0.0.1".into()),
         port_range: (32768, 60999),
+        provider_id: None,
     };
     let (stop, mut stop_rx) = watch::channel(false);
     let agent = Agent::new(config).expect("agent");

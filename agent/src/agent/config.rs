@@ -53,6 +53,9 @@ pub struct AgentConfig {
     pub advertise_address: Option<String>,
     /// Dynamic host ports come from this range (`--port-range`).
     pub port_range: (u16, u16),
+    /// The provider's id of this machine (`--provider-id`, e.g. its EC2 instance id),
+    /// said when it joins: how a pool's capacity provider knows the host it asked for.
+    pub provider_id: Option<String>,
 }
 
 /// How tasks are kept apart on this host (`--task-uids`, `--cgroup-parent`,

@@ -535,6 +535,7 @@ mod tests {
             containers: ContainerRuntime::Process,
             advertise_address: Some("127.0.0.1".into()),
             port_range: (32768, 60999),
+            provider_id: None,
         }
     }
 

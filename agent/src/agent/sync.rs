@@ -51,6 +51,7 @@ impl Agent {
             labels: self.config.labels.clone(),
             gpus: inventory.reports(),
             name: Some(self.config.name.clone()),
+            provider_id: self.config.provider_id.clone(),
         };
         let resp = match self
             .http

@@ -426,6 +426,18 @@ impl AgentSync {
             req.gpus.len()
         );
         self.core.event(None, Some(&id), &said).await;
+        if let Some(machine) = &req.provider_id
+            && self
+                .store
+                .join_machine(&req.pool, machine, &id, &stamp(self.core.now()))
+                .await?
+        {
+            let said = format!(
+                "host {id} joined as machine {machine}, which pool {}'s provider was asked for",
+                req.pool
+            );
+            self.core.event(None, Some(&id), &said).await;
+        }
         self.core.wake();
         Ok(RegisterResponse {
             host_id: id,
@@ -538,6 +550,7 @@ fn new_host(req: &RegisterRequest, id: HostId, held: bool) -> HostInfo {
         dynamic_ports_free: None,
         pending_gpus: Vec::new(),
         capabilities: None,
+        provider_id: req.provider_id.clone(),
     }
 }
 

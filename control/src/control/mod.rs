@@ -13,6 +13,7 @@ use crate::deployments::{Asks, Deployments};
 use crate::error::ControlError;
 use crate::parts::{Core, ServiceStates};
 use crate::projects::Projects;
+use crate::providers::Providers;
 use crate::scheduler::Scheduler;
 use crate::store::Store;
 use crate::views::Views;
@@ -44,6 +45,8 @@ pub struct Control {
     projects: Projects,
     /// The read models.
     views: Views,
+    /// Pools' capacity providers.
+    providers: Providers,
 }
 
 impl Control {
@@ -65,6 +68,7 @@ impl Control {
             scheduler.clone(),
         );
         let agents = AgentSync::new(store.clone(), core.clone(), scheduler.clone());
+        let providers = Providers::new(store.clone(), core.clone(), scheduler.clone());
         let deployments = Deployments::new(
             store.clone(),
             core.clone(),
@@ -74,9 +78,11 @@ impl Control {
                 views: views.clone(),
                 interference,
                 service_states,
+                providers: providers.clone(),
             },
         );
         Control {
+            providers,
             projects: Projects::new(store.clone(), core.clone(), accounts.clone(), views.clone()),
             accounts,
             agents,
@@ -107,6 +113,9 @@ impl Control {
             .views
             .with_store(store.clone(), core.clone(), scheduler.clone());
         let accounts = self.accounts.with_store(store.clone(), core.clone());
+        let providers = self
+            .providers
+            .with_store(store.clone(), core.clone(), scheduler.clone());
         let deployments = self.deployments.with_store(
             store.clone(),
             core.clone(),
@@ -116,9 +125,11 @@ impl Control {
                 views: views.clone(),
                 interference,
                 service_states: self.deployments.service_states().clone(),
+                providers: providers.clone(),
             },
         );
         Control {
+            providers,
             projects: self.projects.with_store(
                 store.clone(),
                 core.clone(),
@@ -159,6 +170,11 @@ impl Control {
     /// The read models: pages, lists, the fleet, endpoints, fit.
     pub fn views(&self) -> &Views {
         &self.views
+    }
+
+    /// Pools' capacity providers: registering what makes machines, the machines asked for.
+    pub fn providers(&self) -> &Providers {
+        &self.providers
     }
 
     /// The scheduler: placement previews and approving or declining preemption plans.

@@ -20,6 +20,7 @@ pub(crate) mod workloads;
 
 use crate::agents::AgentSync;
 use crate::parts::{Core, ServiceStates};
+use crate::providers::Providers;
 use crate::scheduler::Scheduler;
 use crate::store::DeploymentStore;
 use crate::views::Views;
@@ -42,6 +43,8 @@ pub struct Deployments {
     agents: AgentSync,
     views: Views,
     interference: InterferenceModel,
+    /// Pools' capacity providers, run after each pass's scheduling.
+    providers: Providers,
 }
 
 /// The components deployments ask.
@@ -51,6 +54,7 @@ pub(crate) struct Asks {
     pub views: Views,
     pub interference: InterferenceModel,
     pub service_states: Arc<ServiceStates>,
+    pub providers: Providers,
 }
 
 impl Deployments {
@@ -64,6 +68,7 @@ impl Deployments {
             agents: asks.agents,
             views: asks.views,
             interference: asks.interference,
+            providers: asks.providers,
         }
     }
 

@@ -85,6 +85,10 @@ impl Deployments {
                     .clone()
                     .unwrap_or_else(|| pool.gpu_budget.as_str().to_owned()),
             ),
+            provider: match &patch.provider {
+                Some(replaced) => replaced.clone(),
+                None => pool.provider.as_ref().map(Into::into),
+            },
         };
         let updated = crate::inputs::validate_pool(&merged)?;
         self.store.upsert_pool(&updated).await?;

@@ -6,6 +6,7 @@
 mod limits;
 mod preemption;
 mod preview;
+mod sizing;
 mod state;
 mod steps;
 

@@ -13,7 +13,7 @@
 //!   deployments; `projects`: projects and their quotas; `tasks`: tasks and placement commits; `events`: events and settings;
 //!   `cluster`: servers and the scheduler lease; `fleet`: the rows changed since a
 //!   reading, for the fleet read model; `usage`: measured use in buckets,
-//!   consolidation plans.
+//!   consolidation plans; `machines`: machines asked of pools' capacity providers.
 //! - `rows`: row mapping and column lists shared by them.
 
 mod auth;
@@ -22,6 +22,7 @@ mod events;
 mod fleet;
 mod hosts;
 mod inventory;
+mod machines;
 mod projects;
 mod rows;
 mod services;

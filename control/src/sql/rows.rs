@@ -2,9 +2,9 @@
 //! the small helpers every aggregate's queries share.
 use super::*;
 
-pub(super) const POOL_COLUMNS: &str = "name, policy, compute_overcommit, mps_client_limit, admission, task_users, privileged, preemption, host_network, gpu_budget";
+pub(super) const POOL_COLUMNS: &str = "name, policy, compute_overcommit, mps_client_limit, admission, task_users, privileged, preemption, host_network, gpu_budget, provider";
 
-pub(super) const HOST_COLUMNS: &str = "id, pool, status, simulated, cpu_milli, memory_mib, labels, status_reason, last_seen_at, mps_restarts, address, dynamic_ports_free, held, pending_gpus, capabilities";
+pub(super) const HOST_COLUMNS: &str = "id, pool, status, simulated, cpu_milli, memory_mib, labels, status_reason, last_seen_at, mps_restarts, address, dynamic_ports_free, held, pending_gpus, capabilities, provider_id";
 
 pub(super) const GPU_COLUMNS: &str =
     "uuid, host_id, idx, model, memory_mib, mps_client_limit, health, sharing_mode";
@@ -58,6 +58,12 @@ pub(super) fn pool_from_row(row: &DbRow) -> Result<PoolInfo, StoreError> {
             "pool preemption",
             row.try_get("preemption")?,
         )?,
+        provider: match row.try_get::<Option<String>, _>("provider")? {
+            Some(json) => Some(
+                serde_json::from_str(&json).map_err(|e| StoreError::corrupt("pool provider", e))?,
+            ),
+            None => None,
+        },
         gpu_budget: parse::<tessera_model::GpuBudget>(
             "pool gpu budget",
             row.try_get("gpu_budget")?,
@@ -155,6 +161,7 @@ pub(super) fn host_from_row(row: &DbRow) -> Result<HostInfo, StoreError> {
             ),
             None => None,
         },
+        provider_id: row.try_get("provider_id")?,
     })
 }
 

@@ -164,6 +164,8 @@ mod tests {
                     "last_seen_at",
                     "agent_token_hash",
                     "fleet_mark",
+                    // Written with the host's row, never changed.
+                    "provider_id",
                 ][..],
             ),
             ("gpus", "gpus_mark_update", &["uuid"][..]),

@@ -10,6 +10,7 @@ mod cluster;
 mod events;
 mod fleet;
 mod hosts;
+mod machines;
 mod projects;
 mod services;
 mod tasks;
@@ -23,6 +24,7 @@ pub use hosts::{
     GpuChange, HOST_ID_TAKEN, HostPage, HostPageQuery, HostReport, HostState, HostStore,
     JOIN_TOKEN_SPENT, JoinTokenUse,
 };
+pub use machines::MachineStore;
 pub use projects::{PREEMPTIONS_KEPT, ProjectStore};
 pub use services::{ServiceStore, SettingsChange};
 pub use tasks::{
@@ -50,8 +52,9 @@ bundle!(
 );
 bundle!(
     /// What agent sync reads and writes: hosts and their credentials, their tasks, the
-    /// task definitions tasks run, measured use and work, the fleet's join token (a setting).
-    AgentStore: HostStore ServiceStore TaskStore UsageStore EventStore
+    /// task definitions tasks run, measured use and work, the fleet's join token (a setting),
+    /// the machine a provider was asked for that a joining host is.
+    AgentStore: HostStore ServiceStore TaskStore UsageStore EventStore MachineStore
 );
 bundle!(
     /// What the scheduler reads and writes: pools and hosts, services and their
@@ -79,6 +82,12 @@ bundle!(
     DeploymentStore: HostStore ServiceStore TaskStore ProjectStore UsageStore PlanStore EventStore
 );
 
+bundle!(
+    /// What capacity providers read and write: pools and hosts, the machines asked for,
+    /// tasks (a host's), events.
+    ProvidersStore: HostStore MachineStore TaskStore EventStore
+);
+
 /// Everything the control plane persists, one trait per aggregate. Callers hold an `Arc<dyn Store>`;
 /// a backend implements the parts and gets this for free.
 pub trait Store:
@@ -92,12 +101,14 @@ pub trait Store:
     + UsageStore
     + PlanStore
     + FleetStore
+    + MachineStore
     + AgentStore
     + SchedulerStore
     + InterferenceStore
     + ViewStore
     + ProjectsStore
     + DeploymentStore
+    + ProvidersStore
     + CoreStore
 {
 }
@@ -112,7 +123,8 @@ impl<
         + ClusterStore
         + UsageStore
         + PlanStore
-        + FleetStore,
+        + FleetStore
+        + MachineStore,
 > Store for T
 {
 }

@@ -235,6 +235,7 @@ mod tests {
             dynamic_ports_free: None,
             pending_gpus: Vec::new(),
             capabilities: None,
+            provider_id: None,
         };
         let hosts = HashMap::from([(host.id.clone(), &host)]);
         let mut unbound = task("c", TaskState::Assigned, None);

@@ -67,6 +67,19 @@ pub struct RegisterRequest {
         schema(max_length = 256, pattern = "^[^\\u0000]*$")
     )]
     pub name: Option<String>,
+    /// The provider's id of the machine it runs on (`--provider-id`, e.g. the EC2 instance
+    /// id): matches it to the machine a pool's capacity provider was asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(pattern = "^[A-Za-z0-9._:/-]{1,256}$"))]
+    pub provider_id: Option<String>,
+}
+
+/// Whether `id` can be a provider's machine id: 1 to 256 letters, digits and `._:/-`.
+pub fn provider_id_ok(id: &str) -> bool {
+    (1..=256).contains(&id.len())
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._:/-".contains(c))
 }
 
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -362,6 +375,16 @@ impl RegisterRequest {
                     message: "keys and values are 1 to 256 characters without NUL".into(),
                 });
             }
+        }
+        if self
+            .provider_id
+            .as_deref()
+            .is_some_and(|p| !provider_id_ok(p))
+        {
+            errors.push(FieldError {
+                field: "provider_id".into(),
+                message: "must be 1 to 256 letters, digits and ._:/-".into(),
+            });
         }
         if self
             .address

@@ -95,6 +95,9 @@ impl Deployments {
         phases.done("consolidation");
         self.scheduler.schedule().await?;
         phases.done("scheduling");
+        // What still waits, and hosts left empty, are the capacity providers' to act on.
+        self.providers.pass().await?;
+        phases.done("providers");
         self.scheduler.sample_project_use().await?;
         let due = {
             let mut last = self.passes.last_prune.lock();

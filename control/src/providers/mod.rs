@@ -1,0 +1,552 @@
+//! `Providers`: pools' capacity providers. Each reconcile pass (on the scheduler lease's
+//! holder, its writes fenced) asks the scheduler how many more hosts of a provider's shape
+//! would place the tasks that wait (`Scheduler::size_waiting`), decides with [`plan`]
+//! (pure) what to launch, give up on and scale in, records every machine asked for in the
+//! store before asking (so a restart or a handover neither asks twice nor forgets one),
+//! and has the pool's provider make or remove machines ([`Machines`]). Every decision is
+//! an event with its reason.
+
+mod plan;
+
+use crate::clock::stamp;
+use crate::error::ControlError;
+use crate::parts::Core;
+use crate::scheduler::Scheduler;
+use crate::store::{ProvidersStore, TaskFilter};
+use async_trait::async_trait;
+use parking_lot::Mutex;
+use plan::{Booting, HostNow, PoolNow, Step};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use tessera_model::provider::{HostShape, Machine, MachineState, Provider, ProviderKind};
+use tessera_model::service::TaskState;
+use tessera_model::time::Timestamp;
+use tessera_model::{HostId, HostInfo, HostStatus, PoolInfo, PoolName};
+
+/// What makes and removes one kind of provider's machines: the AWS Auto Scaling API, an
+/// operator's command, the demo's simulated hosts. Errors are said in words (they become
+/// events).
+#[async_trait]
+pub trait Machines: Send + Sync {
+    /// Makes one machine for each of `names` (Tessera's names for them) in `pool`; the
+    /// provider's id of each, by name, as far as it knows them now (the demo's hosts are
+    /// named so; an Auto Scaling group's instances are matched later).
+    async fn launch(
+        &self,
+        pool: &PoolName,
+        provider: &Provider,
+        names: &[String],
+    ) -> Result<BTreeMap<String, String>, String>;
+    /// Removes machine `provider_id` (or, while the provider never said its id, the one
+    /// named `name`).
+    async fn terminate(
+        &self,
+        pool: &PoolName,
+        provider: &Provider,
+        name: &str,
+        provider_id: Option<&str>,
+    ) -> Result<(), String>;
+}
+
+/// What a pool's provider remembers between passes on this server (a new lease holder
+/// starts afresh: hosts' empty time again, which only delays a scale-in).
+#[derive(Debug, Default)]
+struct PoolMemory {
+    /// Since when each host has held no task.
+    empty_since: HashMap<HostId, Timestamp>,
+    /// Launches failed in a row, and when the last one failed.
+    failures: (u32, Option<Timestamp>),
+    /// What was last said without acting (said again only when it changes).
+    said: Option<String>,
+}
+
+/// Pools' capacity providers (see the module's documentation).
+#[derive(Clone)]
+pub struct Providers {
+    store: Arc<dyn ProvidersStore>,
+    core: Core,
+    /// Asked how many hosts would place the waiting tasks.
+    scheduler: Scheduler,
+    /// The machines of each kind of provider, as the server registered them.
+    drivers: Arc<Mutex<HashMap<ProviderKind, Arc<dyn Machines>>>>,
+    /// Each pool's memory between passes.
+    memory: Arc<Mutex<HashMap<PoolName, PoolMemory>>>,
+}
+
+/// Machines kept in the store's answer: live ones and the last that ended.
+const MACHINES_LISTED: u32 = 1000;
+
+impl Providers {
+    pub(crate) fn new(store: Arc<dyn ProvidersStore>, core: Core, scheduler: Scheduler) -> Self {
+        Providers {
+            store,
+            core,
+            scheduler,
+            drivers: Arc::default(),
+            memory: Arc::default(),
+        }
+    }
+
+    /// The same, writing through `store` (a pass's fenced store); drivers and memory shared.
+    pub(crate) fn with_store(
+        &self,
+        store: Arc<dyn ProvidersStore>,
+        core: Core,
+        scheduler: Scheduler,
+    ) -> Self {
+        Providers {
+            store,
+            core,
+            scheduler,
+            drivers: self.drivers.clone(),
+            memory: self.memory.clone(),
+        }
+    }
+
+    /// Has `machines` make and remove the machines of providers of `kind`.
+    pub fn register(&self, kind: ProviderKind, machines: Arc<dyn Machines>) {
+        self.drivers.lock().insert(kind, machines);
+    }
+
+    /// A pool's machines (every pool's with `None`): live ones, and with `ended` the last
+    /// that ended too.
+    pub async fn machines(
+        &self,
+        pool: Option<&PoolName>,
+        ended: bool,
+    ) -> Result<Vec<Machine>, ControlError> {
+        Ok(self
+            .store
+            .list_machines(pool, ended, MACHINES_LISTED)
+            .await?)
+    }
+
+    /// One pass over every pool with a provider. A pool whose provider fails is said in an
+    /// event and the others go on.
+    pub(crate) async fn pass(&self) -> Result<(), ControlError> {
+        let pools: Vec<PoolInfo> = self
+            .store
+            .list_pools()
+            .await?
+            .into_iter()
+            .filter(|p| p.provider.is_some())
+            .collect();
+        if pools.is_empty() {
+            return Ok(());
+        }
+        let hosts = self.store.list_hosts().await?;
+        for pool in pools {
+            if let Err(e) = self.pool_pass(&pool, &hosts).await {
+                tracing::warn!(pool = %pool.name, error = %e, "capacity provider pass failed");
+                self.say(&pool.name, &format!("capacity provider pass failed: {e}"))
+                    .await;
+            }
+        }
+        Ok(())
+    }
+
+    async fn pool_pass(&self, pool: &PoolInfo, all: &[HostInfo]) -> Result<(), ControlError> {
+        let provider = pool.provider.as_ref().expect("filtered");
+        let hosts: Vec<&HostInfo> = all.iter().filter(|h| h.pool == pool.name).collect();
+        let shape = provider.shape.clone().or_else(|| learnt_shape(&hosts));
+        let machines = self
+            .store
+            .list_machines(Some(&pool.name), false, MACHINES_LISTED)
+            .await?;
+        let now = self.core.now();
+        let at = Timestamp::from_utc(now);
+        let held = self.tasks_by_host(&pool.name).await?;
+        let have = hosts.len() as u32
+            + machines
+                .iter()
+                .filter(|m| m.state == MachineState::Booting)
+                .count() as u32;
+        let waiting = match &shape {
+            Some(shape) => self
+                .scheduler
+                .size_waiting(
+                    &pool.name,
+                    shape,
+                    provider.max_hosts.saturating_sub(have).max(1),
+                )
+                .await?
+                .map(|w| (w.describe(), w.sizing)),
+            None => None,
+        };
+        let since_scale_out = machines
+            .iter()
+            .map(|m| m.asked_at)
+            .chain(self.last_launch(&pool.name).await?)
+            .max()
+            .map(|t| secs_between(t, at));
+        let view = {
+            let mut memory = self.memory.lock();
+            let mem = memory.entry(pool.name.clone()).or_default();
+            let pool_hosts = hosts
+                .iter()
+                .filter(|h| h.status != HostStatus::Lost)
+                .map(|h| {
+                    let tasks = held.get(&h.id).copied().unwrap_or(0);
+                    let empty = if tasks == 0 && h.status == HostStatus::Active {
+                        Some(*mem.empty_since.entry(h.id.clone()).or_insert(at))
+                    } else {
+                        mem.empty_since.remove(&h.id);
+                        None
+                    };
+                    HostNow {
+                        id: h.id.clone(),
+                        machine: machines
+                            .iter()
+                            .find(|m| m.host_id.as_ref() == Some(&h.id))
+                            .map(|m| m.id.clone()),
+                        tasks,
+                        empty_for: empty.map(|e| secs_between(e, at)),
+                        active: h.status == HostStatus::Active,
+                    }
+                })
+                .collect();
+            mem.empty_since
+                .retain(|id, _| hosts.iter().any(|h| &h.id == id));
+            PoolNow {
+                provider,
+                shape: None,
+                hosts: pool_hosts,
+                booting: machines
+                    .iter()
+                    .filter(|m| m.state == MachineState::Booting)
+                    .map(|m| Booting {
+                        machine: m.id.clone(),
+                        age: secs_between(m.asked_at, at),
+                    })
+                    .collect(),
+                waiting,
+                since_scale_out,
+                failed_launches: (mem.failures.0, mem.failures.1.map(|t| secs_between(t, at))),
+            }
+        };
+        let view = PoolNow {
+            shape: shape.as_ref(),
+            ..view
+        };
+        if shape.is_none() && view.waiting.is_none() && view.hosts.is_empty() {
+            self.say(
+                &pool.name,
+                "the provider has no host shape and the pool no host to learn it from: give provider.shape",
+            )
+            .await;
+        }
+        for step in plan::plan(&view) {
+            self.carry_out(pool, provider, &machines, step).await?;
+        }
+        Ok(())
+    }
+
+    /// Tasks holding capacity in `pool`, by host.
+    async fn tasks_by_host(&self, pool: &PoolName) -> Result<HashMap<HostId, usize>, ControlError> {
+        let tasks = self
+            .store
+            .list_tasks(&TaskFilter {
+                pool: Some(pool.clone()),
+                states: TaskState::HOLDING.to_vec(),
+                ..Default::default()
+            })
+            .await?;
+        let mut by_host = HashMap::new();
+        for t in tasks {
+            if let Some(h) = t.host {
+                *by_host.entry(h).or_insert(0) += 1;
+            }
+        }
+        Ok(by_host)
+    }
+
+    /// When the pool's last machine was asked for, ended ones included.
+    async fn last_launch(&self, pool: &PoolName) -> Result<Option<Timestamp>, ControlError> {
+        Ok(self
+            .store
+            .list_machines(Some(pool), true, 1)
+            .await?
+            .first()
+            .map(|m| m.asked_at))
+    }
+
+    async fn carry_out(
+        &self,
+        pool: &PoolInfo,
+        provider: &Provider,
+        machines: &[Machine],
+        step: Step,
+    ) -> Result<(), ControlError> {
+        match step {
+            Step::Launch { count, reason } => self.launch(pool, provider, count, &reason).await,
+            Step::Abandon { machine, reason } => {
+                let m = machines.iter().find(|m| m.id == machine);
+                self.end_machine(
+                    pool,
+                    provider,
+                    &machine,
+                    m.and_then(|m| m.provider_id.as_deref()),
+                    MachineState::Booting,
+                    MachineState::Failed,
+                    &reason,
+                )
+                .await?;
+                self.failed_launch(&pool.name);
+                Ok(())
+            }
+            Step::ScaleIn {
+                host,
+                machine,
+                reason,
+            } => {
+                self.scale_in(pool, provider, machines, &host, &machine, &reason)
+                    .await
+            }
+            Step::Say(what) => {
+                self.say(&pool.name, &what).await;
+                Ok(())
+            }
+        }
+    }
+
+    async fn launch(
+        &self,
+        pool: &PoolInfo,
+        provider: &Provider,
+        count: u32,
+        reason: &str,
+    ) -> Result<(), ControlError> {
+        let Some(driver) = self.driver(provider.kind) else {
+            self.say(
+                &pool.name,
+                &format!(
+                    "cannot launch: this server has no {} provider ({reason})",
+                    provider.kind
+                ),
+            )
+            .await;
+            return Ok(());
+        };
+        let at = Timestamp::from_utc(self.core.now());
+        let names: Vec<String> = (0..count)
+            .map(|_| {
+                format!(
+                    "m-{}-{}",
+                    pool.name,
+                    &uuid::Uuid::new_v4().simple().to_string()[..8]
+                )
+            })
+            .collect();
+        // In the store first: a crash after the provider acted leaves a machine that is
+        // known (and given up on after its boot timeout), never one forgotten.
+        let rows: Vec<Machine> = names
+            .iter()
+            .map(|id| Machine {
+                id: id.clone(),
+                pool: pool.name.clone(),
+                provider_id: None,
+                host_id: None,
+                state: MachineState::Booting,
+                reason: reason.to_owned(),
+                asked_at: at,
+                joined_at: None,
+                ended_at: None,
+            })
+            .collect();
+        self.store.add_machines(&rows).await?;
+        let said = format!(
+            "pool {}: asked the {} provider for {count} host(s): {reason}",
+            pool.name, provider.kind
+        );
+        self.core.event(None, None, &said).await;
+        match driver.launch(&pool.name, provider, &names).await {
+            Ok(ids) => {
+                for (name, id) in ids {
+                    if names.contains(&name) {
+                        self.store.set_machine_provider_id(&name, &id).await?;
+                    }
+                }
+                self.memory
+                    .lock()
+                    .entry(pool.name.clone())
+                    .or_default()
+                    .failures = (0, None);
+            }
+            Err(why) => {
+                for name in &names {
+                    self.store
+                        .set_machine_state(
+                            name,
+                            MachineState::Booting,
+                            MachineState::Failed,
+                            &format!("the provider refused: {why}"),
+                            &stamp(self.core.now()),
+                        )
+                        .await?;
+                }
+                self.failed_launch(&pool.name);
+                let said = format!(
+                    "pool {}: the {} provider failed to launch: {why}",
+                    pool.name, provider.kind
+                );
+                self.core.event(None, None, &said).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// An empty host goes: drained first (no task is placed on it meanwhile), its machine
+    /// terminated, then deregistered.
+    async fn scale_in(
+        &self,
+        pool: &PoolInfo,
+        provider: &Provider,
+        machines: &[Machine],
+        host: &HostId,
+        machine: &str,
+        reason: &str,
+    ) -> Result<(), ControlError> {
+        if !self
+            .store
+            .set_host_status_if(
+                host,
+                HostStatus::Active,
+                HostStatus::Draining,
+                Some("scaling in: empty"),
+            )
+            .await?
+        {
+            return Ok(());
+        }
+        self.scheduler.capacity_changed();
+        // A task placed between the plan and the drain keeps the host.
+        let still = self
+            .tasks_by_host(&pool.name)
+            .await?
+            .get(host)
+            .copied()
+            .unwrap_or(0);
+        if still > 0 {
+            self.store
+                .set_host_status_if(host, HostStatus::Draining, HostStatus::Active, None)
+                .await?;
+            return Ok(());
+        }
+        let provider_id = machines
+            .iter()
+            .find(|m| m.id == machine)
+            .and_then(|m| m.provider_id.as_deref());
+        if self
+            .end_machine(
+                pool,
+                provider,
+                machine,
+                provider_id,
+                MachineState::Active,
+                MachineState::Terminated,
+                reason,
+            )
+            .await?
+        {
+            self.store.delete_host(host).await?;
+            self.memory
+                .lock()
+                .entry(pool.name.clone())
+                .or_default()
+                .empty_since
+                .remove(host);
+            let said = format!("host {host} terminated and deregistered: {reason}");
+            self.core.event(None, Some(host), &said).await;
+        }
+        Ok(())
+    }
+
+    /// Has the provider remove machine `name` and records it `to` (from `from`). Whether
+    /// the provider did; a refusal is said and the machine kept as it was.
+    #[allow(clippy::too_many_arguments)]
+    async fn end_machine(
+        &self,
+        pool: &PoolInfo,
+        provider: &Provider,
+        name: &str,
+        provider_id: Option<&str>,
+        from: MachineState,
+        to: MachineState,
+        reason: &str,
+    ) -> Result<bool, ControlError> {
+        let Some(driver) = self.driver(provider.kind) else {
+            self.say(
+                &pool.name,
+                &format!(
+                    "cannot terminate {name}: this server has no {} provider",
+                    provider.kind
+                ),
+            )
+            .await;
+            return Ok(false);
+        };
+        if let Err(why) = driver
+            .terminate(&pool.name, provider, name, provider_id)
+            .await
+        {
+            let said = format!(
+                "pool {}: the {} provider failed to terminate {name}: {why}",
+                pool.name, provider.kind
+            );
+            self.core.event(None, None, &said).await;
+            return Ok(false);
+        }
+        self.store
+            .set_machine_state(name, from, to, reason, &stamp(self.core.now()))
+            .await?;
+        if to == MachineState::Failed {
+            let said = format!("pool {}: {reason}; terminated", pool.name);
+            self.core.event(None, None, &said).await;
+        }
+        Ok(true)
+    }
+
+    fn driver(&self, kind: ProviderKind) -> Option<Arc<dyn Machines>> {
+        self.drivers.lock().get(&kind).cloned()
+    }
+
+    fn failed_launch(&self, pool: &PoolName) {
+        let at = Timestamp::from_utc(self.core.now());
+        let mut memory = self.memory.lock();
+        let f = &mut memory.entry(pool.clone()).or_default().failures;
+        *f = (f.0 + 1, Some(at));
+    }
+
+    /// Says `what` of `pool` in an event, once until it changes.
+    async fn say(&self, pool: &PoolName, what: &str) {
+        let new = {
+            let mut memory = self.memory.lock();
+            let said = &mut memory.entry(pool.clone()).or_default().said;
+            let new = said.as_deref() != Some(what);
+            *said = Some(what.to_owned());
+            new
+        };
+        if new {
+            self.core
+                .event(None, None, &format!("pool {pool}: {what}"))
+                .await;
+        }
+    }
+}
+
+/// The shape of the pool's hosts, when they agree on one (the first host's otherwise).
+fn learnt_shape(hosts: &[&HostInfo]) -> Option<HostShape> {
+    let h = hosts.iter().find(|h| !h.gpus.is_empty())?;
+    let g = &h.gpus[0];
+    Some(HostShape {
+        gpu_model: g.model.clone(),
+        gpus: h.gpus.len() as u32,
+        gpu_memory_mib: g.memory.0,
+        cpu_milli: h.cpu.0,
+        memory_mib: h.memory.0,
+    })
+}
+
+fn secs_between(earlier: Timestamp, later: Timestamp) -> u64 {
+    u64::try_from(later.millis_since(earlier) / 1000).unwrap_or(0)
+}

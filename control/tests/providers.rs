@@ -1,0 +1,359 @@
+//! Capacity providers through the control plane: a pool that grows when tasks wait for
+//! room (by the hosts a what-if placement says place them, machines asked for counted as
+//! coming capacity), gives up on machines that never join, backs off when its provider
+//! refuses, and shrinks when hosts stay empty; every decision an event.
+
+use async_trait::async_trait;
+use parking_lot::Mutex;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tessera_control::Control;
+use tessera_control::providers::Machines;
+use tessera_control::testkit::*;
+use tessera_model::PoolName;
+use tessera_model::api::{PoolPatch, ServicePatch};
+use tessera_model::provider::{HostShape, MachineState, Provider, ProviderInput, ProviderKind};
+use tessera_model::service::{DeploymentConfig, TaskState};
+
+/// A provider that records what it is asked, and refuses launches while told to.
+#[derive(Default)]
+struct Recorder {
+    launched: Mutex<Vec<String>>,
+    terminated: Mutex<Vec<String>>,
+    refuse: Mutex<Option<String>>,
+}
+
+#[async_trait]
+impl Machines for Recorder {
+    async fn launch(
+        &self,
+        _pool: &PoolName,
+        _provider: &Provider,
+        names: &[String],
+    ) -> Result<BTreeMap<String, String>, String> {
+        if let Some(why) = self.refuse.lock().clone() {
+            return Err(why);
+        }
+        self.launched.lock().extend(names.iter().cloned());
+        // The provider's id of each: `i-<name>`, as a cloud names its instances.
+        Ok(names
+            .iter()
+            .map(|n| (n.clone(), format!("i-{n}")))
+            .collect())
+    }
+
+    async fn terminate(
+        &self,
+        _pool: &PoolName,
+        _provider: &Provider,
+        name: &str,
+        _provider_id: Option<&str>,
+    ) -> Result<(), String> {
+        self.terminated.lock().push(name.to_owned());
+        Ok(())
+    }
+}
+
+fn gpu() -> PoolName {
+    PoolName::new("gpu").expect("valid")
+}
+
+/// Pool `gpu` made by a demo provider of hosts with 2 × 24 GiB L4s, at most `max`.
+async fn with_provider(c: &Control, max: u32) -> Arc<Recorder> {
+    c.deployments()
+        .update_pool(
+            &gpu(),
+            &PoolPatch {
+                provider: Some(Some(ProviderInput {
+                    kind: "demo".into(),
+                    max_hosts: max,
+                    scale_out_cooldown_secs: Some(0),
+                    scale_in_cooldown_secs: Some(120),
+                    boot_timeout_secs: Some(60),
+                    shape: Some(HostShape {
+                        gpu_model: "NVIDIA L4".into(),
+                        gpus: 2,
+                        gpu_memory_mib: 24 * 1024,
+                        cpu_milli: 64_000,
+                        memory_mib: 256 * 1024,
+                    }),
+                    ..Default::default()
+                })),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("a provider");
+    let recorder = Arc::new(Recorder::default());
+    c.providers().register(ProviderKind::Demo, recorder.clone());
+    recorder
+}
+
+/// The machine `name` boots: its agent joins with the provider's id of it.
+async fn boot(c: &Control, name: &str, host: &str) -> Host {
+    let gpus = gpus(host, 2, 24);
+    let mut reg = registration(JOIN, "gpu", host, gpus.clone());
+    reg.provider_id = Some(format!("i-{name}"));
+    let resp = c.agents().register_agent(&reg).await.expect("register");
+    Host {
+        id: resp.host_id,
+        token: resp.agent_token,
+        gpus,
+    }
+}
+
+async fn said(c: &Control) -> Vec<String> {
+    c.store()
+        .list_events(&tessera_control::store::EventFilter {
+            limit: 200,
+            ..Default::default()
+        })
+        .await
+        .expect("events")
+        .into_iter()
+        .map(|e| e.message)
+        .collect()
+}
+
+#[tokio::test]
+async fn waiting_tasks_grow_the_pool_by_what_places_them_and_empty_hosts_shrink_it() {
+    let e = env(fast()).await;
+    let c = &e.control;
+    let recorder = with_provider(c, 4).await;
+    // Three tasks of 20 GiB: one per 24 GiB GPU, two hosts of 2 GPUs.
+    let def = register_def(c, "chat", 20, 25).await;
+    service(c, "chat", &def, 3, DeploymentConfig::default()).await;
+    c.reconcile_once().await.expect("pass");
+    let asked = recorder.launched.lock().clone();
+    assert_eq!(asked.len(), 2, "{:?}", said(c).await);
+    let events = said(c).await;
+    assert!(
+        events.iter().any(|m| m.contains(
+            "3 task(s) of `chat` wait for 60 GiB of GPU memory; 2 more host(s) of 2 × NVIDIA L4 (24 GiB) place them"
+        )),
+        "{events:?}"
+    );
+    let machines = c
+        .providers()
+        .machines(Some(&gpu()), false)
+        .await
+        .expect("machines");
+    assert_eq!(machines.len(), 2);
+    assert!(machines.iter().all(|m| m.state == MachineState::Booting
+        && m.provider_id.as_deref() == Some(&format!("i-{}", m.id))));
+    // Asked for and not joined: coming capacity, not asked for again.
+    c.reconcile_once().await.expect("pass");
+    assert_eq!(recorder.launched.lock().len(), 2);
+
+    // They boot; the tasks are placed on them.
+    let a = boot(c, &asked[0], "a").await;
+    let b = boot(c, &asked[1], "b").await;
+    let machines = c
+        .providers()
+        .machines(Some(&gpu()), false)
+        .await
+        .expect("machines");
+    assert!(
+        machines.iter().all(|m| m.state == MachineState::Active),
+        "{machines:?}"
+    );
+    c.reconcile_once().await.expect("pass");
+    sync(c, &a).await;
+    sync(c, &b).await;
+    assert_eq!(tasks(c, "chat", &[TaskState::Running]).await.len(), 3);
+    assert_eq!(recorder.launched.lock().len(), 2, "nothing waits: no more");
+
+    // Scaled to nothing: the hosts go once empty for the scale-in cooldown.
+    c.deployments()
+        .update_service(
+            "chat",
+            &ServicePatch {
+                desired_count: Some(0),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("scale in");
+    c.reconcile_once().await.expect("pass");
+    sync(c, &a).await;
+    sync(c, &b).await;
+    assert!(
+        tasks(c, "chat", &[TaskState::Running, TaskState::Stopping])
+            .await
+            .is_empty()
+    );
+    c.reconcile_once().await.expect("pass");
+    assert!(
+        recorder.terminated.lock().is_empty(),
+        "not before the cooldown"
+    );
+    e.clock.advance(Duration::from_secs(121));
+    // Their agents still sync: empty, not lost.
+    sync(c, &a).await;
+    sync(c, &b).await;
+    c.reconcile_once().await.expect("pass");
+    let mut gone = recorder.terminated.lock().clone();
+    gone.sort();
+    let mut expected = asked.clone();
+    expected.sort();
+    assert_eq!(gone, expected);
+    let hosts = c.store().list_hosts().await.expect("hosts");
+    assert!(
+        !hosts.iter().any(|h| h.id == a.id || h.id == b.id),
+        "deregistered: {hosts:?}"
+    );
+    let events = said(c).await;
+    assert!(
+        events
+            .iter()
+            .any(|m| m.contains("terminated and deregistered")
+                && m.contains("has run no task for 121 s")),
+        "{events:?}"
+    );
+    assert!(
+        c.providers()
+            .machines(Some(&gpu()), false)
+            .await
+            .expect("machines")
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn a_machine_that_never_joins_is_given_up_on_and_a_refusing_provider_is_backed_off() {
+    let e = env(fast()).await;
+    let c = &e.control;
+    let recorder = with_provider(c, 3).await;
+    let def = register_def(c, "chat", 20, 25).await;
+    service(c, "chat", &def, 1, DeploymentConfig::default()).await;
+    c.reconcile_once().await.expect("pass");
+    let first = recorder.launched.lock().clone();
+    assert_eq!(first.len(), 1);
+    // It never joins: past its boot timeout it is terminated, failed, and asked for again.
+    e.clock.advance(Duration::from_secs(61));
+    c.reconcile_once().await.expect("pass");
+    assert_eq!(recorder.terminated.lock().clone(), first);
+    let ended = c
+        .providers()
+        .machines(Some(&gpu()), true)
+        .await
+        .expect("machines");
+    let late = ended.iter().find(|m| m.id == first[0]).expect("kept");
+    assert_eq!(late.state, MachineState::Failed);
+    assert!(
+        late.reason
+            .contains("did not join within its boot timeout of 60 s"),
+        "{late:?}"
+    );
+    // One failed launch: the next waits 30 s.
+    assert_eq!(recorder.launched.lock().len(), 1, "backing off");
+    e.clock.advance(Duration::from_secs(31));
+    c.reconcile_once().await.expect("pass");
+    assert_eq!(recorder.launched.lock().len(), 2);
+
+    // The provider refuses: said, the machines failed, nothing else stops.
+    *recorder.refuse.lock() = Some("no credentials".into());
+    e.clock.advance(Duration::from_secs(61));
+    c.reconcile_once().await.expect("pass");
+    e.clock.advance(Duration::from_secs(121));
+    c.reconcile_once().await.expect("pass");
+    let events = said(c).await;
+    assert!(
+        events
+            .iter()
+            .any(|m| m.contains("the demo provider failed to launch: no credentials")),
+        "{events:?}"
+    );
+    let machines = c
+        .providers()
+        .machines(Some(&gpu()), true)
+        .await
+        .expect("machines");
+    assert!(
+        machines
+            .iter()
+            .any(|m| m.state == MachineState::Failed && m.reason.contains("no credentials")),
+        "{machines:?}"
+    );
+    assert!(
+        machines.iter().filter(|m| m.state.live()).count() <= 3,
+        "never past max_hosts: {machines:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_provider_is_set_and_removed_through_the_pool_and_bad_settings_are_named() {
+    let e = env(fast()).await;
+    let c = &e.control;
+    with_provider(c, 4).await;
+    let pool = c.store().get_pool(&gpu()).await.expect("pool");
+    let p = pool.provider.expect("kept");
+    assert_eq!(
+        (p.kind, p.max_hosts, p.boot_timeout_secs),
+        (ProviderKind::Demo, 4, 60)
+    );
+    // A patch that changes something else keeps the provider.
+    c.deployments()
+        .update_pool(
+            &gpu(),
+            &PoolPatch {
+                gpu_budget: Some("warn".into()),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("patch");
+    assert!(
+        c.store()
+            .get_pool(&gpu())
+            .await
+            .expect("pool")
+            .provider
+            .is_some()
+    );
+    let err = c
+        .deployments()
+        .update_pool(
+            &gpu(),
+            &PoolPatch {
+                provider: Some(Some(ProviderInput {
+                    kind: "aws-asg".into(),
+                    max_hosts: 0,
+                    ..Default::default()
+                })),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect_err("refused");
+    let text = format!("{err:?}");
+    assert!(
+        text.contains("provider.group") && text.contains("provider.max_hosts"),
+        "{text}"
+    );
+    assert_eq!(
+        c.store()
+            .get_pool(&gpu())
+            .await
+            .expect("pool")
+            .provider
+            .map(|p| p.kind),
+        Some(ProviderKind::Demo),
+        "nothing stored"
+    );
+    c.deployments()
+        .update_pool(
+            &gpu(),
+            &PoolPatch {
+                provider: Some(None),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("removed");
+    assert_eq!(
+        c.store().get_pool(&gpu()).await.expect("pool").provider,
+        None
+    );
+}

@@ -1,0 +1,557 @@
+//! Capacity providers: what makes and removes a pool's machines (a cloud's scaling group,
+//! an operator's command, the demo's simulated hosts), and how many the pool may have. The
+//! scheduler decides how many hosts are needed; a provider only makes and removes them.
+
+use crate::taskdef::{FieldError, ValidationErrors};
+use crate::units::{MiB, MilliCpu};
+use serde::{Deserialize, Serialize};
+
+/// Who makes a pool's machines.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ProviderKind {
+    /// An AWS Auto Scaling group, through its own API.
+    #[serde(rename = "aws-asg")]
+    AwsAsg,
+    /// An operator's executable: one JSON request on stdin, one JSON answer on stdout.
+    #[serde(rename = "command")]
+    Command,
+    /// Simulated hosts started and stopped by the server (the demo).
+    #[serde(rename = "demo")]
+    Demo,
+}
+
+impl ProviderKind {
+    pub const ALL: [ProviderKind; 3] = [
+        ProviderKind::AwsAsg,
+        ProviderKind::Command,
+        ProviderKind::Demo,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProviderKind::AwsAsg => "aws-asg",
+            ProviderKind::Command => "command",
+            ProviderKind::Demo => "demo",
+        }
+    }
+}
+
+impl std::fmt::Display for ProviderKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The hosts a provider makes: what the scheduler sizes with.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostShape {
+    /// The GPU model as NVML names it (`NVIDIA L4`).
+    #[cfg_attr(
+        feature = "openapi",
+        schema(min_length = 1, max_length = 256, pattern = "^\\S")
+    )]
+    pub gpu_model: String,
+    #[cfg_attr(feature = "openapi", schema(minimum = 0, maximum = 64))]
+    pub gpus: u32,
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 16_777_216))]
+    pub gpu_memory_mib: u64,
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 100_000_000))]
+    pub cpu_milli: u64,
+    #[cfg_attr(
+        feature = "openapi",
+        schema(minimum = 1, maximum = 1_099_511_627_776_u64)
+    )]
+    pub memory_mib: u64,
+}
+
+impl HostShape {
+    pub fn cpu(&self) -> MilliCpu {
+        MilliCpu(self.cpu_milli)
+    }
+
+    pub fn memory(&self) -> MiB {
+        MiB(self.memory_mib)
+    }
+
+    pub fn gpu_memory(&self) -> MiB {
+        MiB(self.gpu_memory_mib)
+    }
+
+    /// "4 × NVIDIA L4 (24 GiB)".
+    pub fn describe(&self) -> String {
+        format!(
+            "{} × {} ({} GiB)",
+            self.gpus,
+            self.gpu_model,
+            self.gpu_memory_mib / 1024
+        )
+    }
+}
+
+/// A pool's capacity provider, as stored and shown.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Provider {
+    pub kind: ProviderKind,
+    /// `aws-asg`: the Auto Scaling group's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    /// `aws-asg`: its region (absent: the usual AWS way, `AWS_REGION` or the profile).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    /// `command`: the executable's absolute path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    pub min_hosts: u32,
+    pub max_hosts: u32,
+    /// How full the pool may run before it grows (ECS's target capacity): 100 keeps no
+    /// spare room; 80 keeps a fifth of the hosts it needs spare.
+    pub target_capacity_percent: u32,
+    /// The least time between two scale-outs.
+    pub scale_out_cooldown_secs: u32,
+    /// How long a host stays empty before it is terminated.
+    pub scale_in_cooldown_secs: u32,
+    /// How long a machine asked for may take to join before it counts as a failed launch.
+    pub boot_timeout_secs: u32,
+    /// The hosts it makes (absent: learnt from the pool's hosts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shape: Option<HostShape>,
+}
+
+/// `provider` of `POST /api/v1/pools` and `PATCH /api/v1/pools/{name}`: what is not given
+/// takes its default.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderInput {
+    /// `aws-asg`, `command` or `demo`.
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::fields::provider_kind))]
+    pub kind: String,
+    /// `aws-asg` (required there): the Auto Scaling group's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(pattern = "^[A-Za-z0-9._-]{1,255}$"))]
+    pub group: Option<String>,
+    /// `aws-asg`: its region (absent: the usual AWS way).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(pattern = "^[a-z0-9-]{1,32}$"))]
+    pub region: Option<String>,
+    /// `command` (required there): the executable's absolute path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(pattern = "^/[^\\u0000]{0,4095}$"))]
+    pub path: Option<String>,
+    /// Default 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(maximum = 10_000))]
+    pub min_hosts: Option<u32>,
+    /// The most hosts the provider may keep.
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 10_000))]
+    pub max_hosts: u32,
+    /// Default 100.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 100))]
+    pub target_capacity_percent: Option<u32>,
+    /// Default 60.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(maximum = 86_400))]
+    pub scale_out_cooldown_secs: Option<u32>,
+    /// Default 600.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(maximum = 86_400))]
+    pub scale_in_cooldown_secs: Option<u32>,
+    /// Default 600.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 10, maximum = 86_400))]
+    pub boot_timeout_secs: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shape: Option<HostShape>,
+}
+
+impl From<&Provider> for ProviderInput {
+    fn from(p: &Provider) -> ProviderInput {
+        ProviderInput {
+            kind: p.kind.as_str().to_owned(),
+            group: p.group.clone(),
+            region: p.region.clone(),
+            path: p.path.clone(),
+            min_hosts: Some(p.min_hosts),
+            max_hosts: p.max_hosts,
+            target_capacity_percent: Some(p.target_capacity_percent),
+            scale_out_cooldown_secs: Some(p.scale_out_cooldown_secs),
+            scale_in_cooldown_secs: Some(p.scale_in_cooldown_secs),
+            boot_timeout_secs: Some(p.boot_timeout_secs),
+            shape: p.shape.clone(),
+        }
+    }
+}
+
+/// The most hosts a provider may keep in one pool.
+pub const MAX_HOSTS: u32 = 10_000;
+/// The longest cooldown or boot timeout: a day.
+pub const MAX_SECS: u32 = 86_400;
+
+/// Checks `input`, naming each field that is wrong (`provider.max_hosts`); the provider to
+/// store, defaults filled in.
+pub fn validate(input: &ProviderInput) -> Result<Provider, ValidationErrors> {
+    let mut errors = Vec::new();
+    let mut add = |field: &str, message: String| {
+        errors.push(FieldError {
+            field: format!("provider.{field}"),
+            message,
+        })
+    };
+    let kind = ProviderKind::ALL
+        .into_iter()
+        .find(|k| k.as_str() == input.kind);
+    if kind.is_none() {
+        add(
+            "kind",
+            format!("must be aws-asg, command or demo, got {:?}", input.kind),
+        );
+    }
+    // Each kind's own fields, and no other kind's.
+    let wants: &[&str] = match kind {
+        Some(ProviderKind::AwsAsg) => &["group", "region"],
+        Some(ProviderKind::Command) => &["path"],
+        _ => &[],
+    };
+    for (name, value) in [
+        ("group", &input.group),
+        ("region", &input.region),
+        ("path", &input.path),
+    ] {
+        if value.is_some() && kind.is_some() && !wants.contains(&name) {
+            add(
+                name,
+                format!("is not a setting of a {} provider", input.kind),
+            );
+        }
+    }
+    if kind == Some(ProviderKind::AwsAsg) {
+        match &input.group {
+            None => add(
+                "group",
+                "an aws-asg provider needs its Auto Scaling group's name".into(),
+            ),
+            Some(g)
+                if !(1..=255).contains(&g.len())
+                    || !g
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c)) =>
+            {
+                add(
+                    "group",
+                    "must be an Auto Scaling group name: 1 to 255 letters, digits, '.', '_' and '-'"
+                        .into(),
+                )
+            }
+            Some(_) => {}
+        }
+        if let Some(r) = &input.region
+            && !(r.len() <= 32
+                && !r.is_empty()
+                && r.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'))
+        {
+            add(
+                "region",
+                format!("must be an AWS region such as us-east-1, got {r:?}"),
+            );
+        }
+    }
+    if kind == Some(ProviderKind::Command) {
+        match &input.path {
+            None => add(
+                "path",
+                "a command provider needs its executable's path".into(),
+            ),
+            Some(p) if !p.starts_with('/') || p.chars().count() > 4096 || p.contains('\0') => {
+                add("path", "must be an absolute path".into())
+            }
+            Some(_) => {}
+        }
+    }
+    let min_hosts = input.min_hosts.unwrap_or(0);
+    let max_hosts = input.max_hosts;
+    if max_hosts == 0 || max_hosts > MAX_HOSTS {
+        add(
+            "max_hosts",
+            format!("must be between 1 and {MAX_HOSTS}, got {max_hosts}"),
+        );
+    }
+    if min_hosts > MAX_HOSTS {
+        add(
+            "min_hosts",
+            format!("must be between 0 and {MAX_HOSTS}, got {min_hosts}"),
+        );
+    } else if min_hosts > max_hosts {
+        add(
+            "min_hosts",
+            format!("must be at most max_hosts ({max_hosts}), got {min_hosts}"),
+        );
+    }
+    let target = input.target_capacity_percent.unwrap_or(100);
+    if !(1..=100).contains(&target) {
+        add(
+            "target_capacity_percent",
+            format!("must be between 1 and 100, got {target}"),
+        );
+    }
+    let mut secs = |field: &str, value: Option<u32>, default: u32, least: u32| {
+        let v = value.unwrap_or(default);
+        if !(least..=MAX_SECS).contains(&v) {
+            add(
+                field,
+                format!("must be between {least} and {MAX_SECS} seconds, got {v}"),
+            );
+        }
+        v
+    };
+    let scale_out_cooldown_secs = secs(
+        "scale_out_cooldown_secs",
+        input.scale_out_cooldown_secs,
+        60,
+        0,
+    );
+    let scale_in_cooldown_secs = secs(
+        "scale_in_cooldown_secs",
+        input.scale_in_cooldown_secs,
+        600,
+        0,
+    );
+    let boot_timeout_secs = secs("boot_timeout_secs", input.boot_timeout_secs, 600, 10);
+    if let Some(s) = &input.shape {
+        if s.gpu_model.trim().is_empty()
+            || s.gpu_model.starts_with(char::is_whitespace)
+            || s.gpu_model.chars().count() > 256
+        {
+            add(
+                "shape.gpu_model",
+                "must be 1 to 256 characters, the first not a space".into(),
+            );
+        }
+        if s.gpus > 64 {
+            add("shape.gpus", format!("must be at most 64, got {}", s.gpus));
+        }
+        if s.gpu_memory_mib == 0 || s.gpu_memory_mib > 16 * 1024 * 1024 {
+            add(
+                "shape.gpu_memory_mib",
+                "must be between 1 and 16777216".into(),
+            );
+        }
+        if s.cpu_milli == 0 || s.cpu_milli > 100_000_000 {
+            add("shape.cpu_milli", "must be between 1 and 100000000".into());
+        }
+        if s.memory_mib == 0 || s.memory_mib > 1 << 40 {
+            add(
+                "shape.memory_mib",
+                "must be between 1 and 1099511627776".into(),
+            );
+        }
+    }
+    if !errors.is_empty() {
+        return Err(ValidationErrors { errors });
+    }
+    Ok(Provider {
+        kind: kind.expect("checked above"),
+        group: input.group.clone(),
+        region: input.region.clone(),
+        path: input.path.clone(),
+        min_hosts,
+        max_hosts,
+        target_capacity_percent: target,
+        scale_out_cooldown_secs,
+        scale_in_cooldown_secs,
+        boot_timeout_secs,
+        shape: input.shape.clone(),
+    })
+}
+
+/// What became of a machine a provider was asked for.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MachineState {
+    /// Asked for; its host has not joined yet (coming capacity).
+    Booting,
+    /// Its host joined.
+    Active,
+    /// Asked to go (empty, replaced, or it never joined).
+    Terminating,
+    /// Gone.
+    Terminated,
+    /// Never joined within the boot timeout, or the provider refused it.
+    Failed,
+}
+
+impl MachineState {
+    pub const ALL: [MachineState; 5] = [
+        MachineState::Booting,
+        MachineState::Active,
+        MachineState::Terminating,
+        MachineState::Terminated,
+        MachineState::Failed,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MachineState::Booting => "booting",
+            MachineState::Active => "active",
+            MachineState::Terminating => "terminating",
+            MachineState::Terminated => "terminated",
+            MachineState::Failed => "failed",
+        }
+    }
+
+    /// Booting, active or terminating: it may still cost money.
+    pub fn live(self) -> bool {
+        matches!(
+            self,
+            MachineState::Booting | MachineState::Active | MachineState::Terminating
+        )
+    }
+}
+
+impl std::str::FromStr for MachineState {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        MachineState::ALL
+            .into_iter()
+            .find(|m| m.as_str() == s)
+            .ok_or_else(|| format!("not a machine state: {s:?}"))
+    }
+}
+
+/// A machine a pool's provider was asked for.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Machine {
+    /// Tessera's name for it, given to the provider.
+    pub id: String,
+    pub pool: crate::ids::PoolName,
+    /// The provider's id for it (an EC2 instance id), once known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_id: Option<String>,
+    /// The host it joined as.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_id: Option<crate::ids::HostId>,
+    pub state: MachineState,
+    /// Why it was asked for; then why it ended.
+    pub reason: String,
+    pub asked_at: crate::time::Timestamp,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub joined_at: Option<crate::time::Timestamp>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_at: Option<crate::time::Timestamp>,
+}
+
+/// Hosts to have for `needed` hosts' worth of tasks at `target_percent` full: ECS's target
+/// capacity (`ceil(needed × 100 / target)`).
+pub fn with_headroom(needed: u32, target_percent: u32) -> u32 {
+    let t = u64::from(target_percent.clamp(1, 100));
+    u32::try_from((u64::from(needed) * 100).div_ceil(t)).unwrap_or(u32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn input(json: serde_json::Value) -> ProviderInput {
+        serde_json::from_value(json).expect("the input's shape")
+    }
+
+    fn fields(r: Result<Provider, ValidationErrors>) -> Vec<String> {
+        r.expect_err("refused")
+            .errors
+            .into_iter()
+            .map(|e| e.field)
+            .collect()
+    }
+
+    #[test]
+    fn defaults_fill_what_is_not_given() {
+        let p =
+            validate(&input(serde_json::json!({"kind": "demo", "max_hosts": 4}))).expect("valid");
+        assert_eq!(p.kind, ProviderKind::Demo);
+        assert_eq!((p.min_hosts, p.max_hosts), (0, 4));
+        assert_eq!(p.target_capacity_percent, 100);
+        assert_eq!(
+            (
+                p.scale_out_cooldown_secs,
+                p.scale_in_cooldown_secs,
+                p.boot_timeout_secs
+            ),
+            (60, 600, 600)
+        );
+        // Stored and read back as it was written.
+        let json = serde_json::to_value(&p).expect("json");
+        assert_eq!(json["kind"], "demo");
+        assert_eq!(serde_json::from_value::<Provider>(json).expect("back"), p);
+    }
+
+    #[test]
+    fn each_kind_needs_its_own_fields_and_no_others() {
+        let asg = validate(&input(serde_json::json!({
+            "kind": "aws-asg", "group": "gpu-l4", "region": "eu-west-1", "min_hosts": 1, "max_hosts": 8
+        })))
+        .expect("valid");
+        assert_eq!(asg.group.as_deref(), Some("gpu-l4"));
+        assert_eq!(
+            fields(validate(&input(
+                serde_json::json!({"kind": "aws-asg", "max_hosts": 2})
+            ))),
+            vec!["provider.group"]
+        );
+        assert_eq!(
+            fields(validate(&input(serde_json::json!({
+                "kind": "command", "path": "bin/make-hosts", "group": "x", "max_hosts": 2
+            })))),
+            vec!["provider.group", "provider.path"]
+        );
+        assert_eq!(
+            fields(validate(&input(
+                serde_json::json!({"kind": "gcp-mig", "max_hosts": 2})
+            ))),
+            vec!["provider.kind"]
+        );
+    }
+
+    #[test]
+    fn bad_numbers_are_named() {
+        let got = fields(validate(&input(serde_json::json!({
+            "kind": "demo", "min_hosts": 5, "max_hosts": 3, "target_capacity_percent": 0,
+            "boot_timeout_secs": 2,
+            "shape": {"gpu_model": "", "gpus": 65, "gpu_memory_mib": 0, "cpu_milli": 1, "memory_mib": 1}
+        }))));
+        assert_eq!(
+            got,
+            vec![
+                "provider.min_hosts",
+                "provider.target_capacity_percent",
+                "provider.boot_timeout_secs",
+                "provider.shape.gpu_model",
+                "provider.shape.gpus",
+                "provider.shape.gpu_memory_mib",
+            ]
+        );
+        assert!(
+            serde_json::from_value::<ProviderInput>(serde_json::json!({"kind": "demo"})).is_err(),
+            "max_hosts is required"
+        );
+        assert!(
+            serde_json::from_value::<ProviderInput>(serde_json::json!({"kind": "demo", "max": 1}))
+                .is_err(),
+            "an unknown field is refused"
+        );
+    }
+
+    #[test]
+    fn headroom_is_ecs_target_capacity() {
+        assert_eq!(with_headroom(4, 100), 4);
+        assert_eq!(with_headroom(4, 80), 5);
+        assert_eq!(with_headroom(3, 50), 6);
+        assert_eq!(with_headroom(0, 80), 0);
+    }
+}
