@@ -6,13 +6,19 @@ test("hosts page shows the demo fleet and filters it after hydration", async ({ 
   await open(page, "/hosts");
 
   const cards = page.locator(".host-card");
-  await expect(cards).toHaveCount(4);
+  // Four hosts, and the one the elastic pool's provider made for nightly-batch.
+  await expect(cards).toHaveCount(5);
+  await expect(page.locator('[data-host^="m-elastic-"] .simulated')).toBeVisible();
+  const machines = (await (await page.request.get("/api/v1/pools/elastic/machines")).json()).machines;
+  expect(machines).toHaveLength(1);
+  expect(machines[0].state).toBe("active");
+  expect(machines[0].reason).toContain("2 task(s) of `nightly-batch` wait for 40 GiB of GPU memory; 1 more host(s)");
   await expect(page.locator('[data-host="sim-h100-1"] .simulated')).toBeVisible();
   await expect(page.locator('[data-host="sim-h100-1"] .gpu')).toHaveCount(8);
 
   await page.locator("form.filters").getByLabel("Pool").selectOption("inference");
   await expect(cards).toHaveCount(2);
-  await expect(page.locator(".filters .count")).toHaveText("2 of 4 hosts");
+  await expect(page.locator(".filters .count")).toHaveText("2 of 5 hosts");
   await expect(page.locator('[data-host="sim-l4-1"]')).toBeVisible();
   await expect(page.locator('[data-host="sim-h100-1"]')).toHaveCount(0);
 

@@ -56,6 +56,9 @@ list!(/// `GET /api/v1/hosts`.
     HostList { hosts: HostInfo });
 list!(/// `GET /api/v1/pools`.
     PoolList { pools: PoolInfo });
+list!(/// `GET /api/v1/pools/{name}/machines`: the machines its capacity provider was asked
+    /// for, newest first: those booting, active or terminating, then the last that ended.
+    MachineList { machines: crate::provider::Machine });
 list!(/// `GET /api/v1/projects`: each project with its quotas and what it uses per pool.
     ProjectList { projects: crate::project::ProjectView });
 list!(/// `GET /api/v1/preemptions`, newest first.

@@ -128,7 +128,7 @@ pub struct Provider {
 #[serde(deny_unknown_fields)]
 pub struct ProviderInput {
     /// `aws-asg`, `command` or `demo`.
-    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::fields::provider_kind))]
+    #[cfg_attr(feature = "openapi", schema(schema_with = kind_schema))]
     pub kind: String,
     /// `aws-asg` (required there): the Auto Scaling group's name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -167,6 +167,17 @@ pub struct ProviderInput {
     pub boot_timeout_secs: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shape: Option<HostShape>,
+}
+
+/// `kind`'s schema: one of the kinds' names.
+#[cfg(feature = "openapi")]
+fn kind_schema() -> utoipa::openapi::schema::Schema {
+    let names: Vec<serde_json::Value> = ProviderKind::ALL
+        .iter()
+        .map(|k| serde_json::json!(k.as_str()))
+        .collect();
+    serde_json::from_value(serde_json::json!({ "type": "string", "enum": names }))
+        .expect("a schema utoipa can read")
 }
 
 impl From<&Provider> for ProviderInput {

@@ -13,8 +13,13 @@ use std::path::Path;
 #[cfg(feature = "demo")]
 use tessera_agent::{Agent, AgentConfig, AgentError};
 use tessera_control::inputs::{PoolInput, ServiceInput};
+#[cfg(feature = "demo")]
+use tessera_control::providers::Machines;
 use tessera_control::{Control, ControlError};
 use tessera_model::PoolName;
+use tessera_model::provider::{HostShape, ProviderInput};
+#[cfg(feature = "demo")]
+use tessera_model::provider::{Provider, ProviderKind};
 use tessera_model::service::{DeploymentConfig, ServiceConstraints};
 use tessera_model::work::{Alarm, AlarmMetric, Autoscaling, ScaleMetric, Slo};
 #[cfg(feature = "demo")]
@@ -68,6 +73,32 @@ const FLEET: &[DemoHost] = &[
         zone: "b",
     },
 ];
+
+/// The demo pool whose hosts its capacity provider makes and removes (simulated hosts the
+/// server starts), as `nightly-batch` comes and goes.
+pub const ELASTIC: &str = "elastic";
+
+/// The elastic pool's provider: hosts of 2 × L4, at most 3, an empty one gone after two
+/// minutes.
+fn elastic_provider() -> ProviderInput {
+    ProviderInput {
+        kind: "demo".into(),
+        min_hosts: Some(0),
+        max_hosts: 3,
+        target_capacity_percent: Some(100),
+        scale_out_cooldown_secs: Some(30),
+        scale_in_cooldown_secs: Some(120),
+        boot_timeout_secs: Some(60),
+        shape: Some(HostShape {
+            gpu_model: "L4 24GB (simulated)".into(),
+            gpus: 2,
+            gpu_memory_mib: 24 * 1024,
+            cpu_milli: 32_000,
+            memory_mib: 128 * 1024,
+        }),
+        ..Default::default()
+    }
+}
 
 /// The GPU memory each sample's tasks use at their peak, in MiB (the agent's simulated
 /// probe reads it from the task's environment; right-sized revisions keep it).
@@ -162,6 +193,17 @@ fn samples() -> Vec<Sample> {
             peak_mib: "5734",
             work: None,
         },
+        // Batch work in the elastic pool: two tasks of 20 GiB (one host of 2 × L4), on for
+        // eight minutes of every sixteen (`run_load`), so the pool grows and shrinks.
+        Sample {
+            family: "nightly-batch",
+            pool: ELASTIC,
+            count: 2,
+            container: json!({"name": "batch", "command": ["sleep", "infinity"], "cpu_milli": 4000, "memory_mib": 16384,
+                   "env": {}, "gpu": {"mps": {"memory_mib": 20480, "max_compute_percent": 50}}}),
+            peak_mib: "16384",
+            work: None,
+        },
     ]
 }
 
@@ -169,12 +211,15 @@ fn samples() -> Vec<Sample> {
 /// missing. Safe to run on every start. The hosts come from [`run_agents`].
 pub async fn seed(control: &Control) -> Result<(), ControlError> {
     let pools = control.views().list_pools().await?;
-    for pool in ["training", "inference"] {
+    for pool in ["training", "inference", ELASTIC] {
         let name = PoolName::new(pool).expect("demo pool names are valid");
         if !pools.iter().any(|p| p.name == name) {
             control
                 .deployments()
-                .create_pool(&PoolInput::named(pool))
+                .create_pool(&PoolInput {
+                    provider: (pool == ELASTIC).then(elastic_provider),
+                    ..PoolInput::named(pool)
+                })
                 .await?;
         }
     }
@@ -270,28 +315,19 @@ pub async fn run_agents(
     let mut handles = Vec::new();
     for d in FLEET {
         let agent = Agent::new(AgentConfig {
-            server: server.clone(),
-            ca_cert: ca_cert.clone(),
-            insecure_http: false,
-            join_token: Some(join_token.clone()),
-            state_dir: data_dir.join("demo-agents").join(d.name),
-            pool: PoolName::new(d.pool).expect("valid"),
-            name: d.name.to_owned(),
             labels: BTreeMap::from([("zone".to_owned(), d.zone.to_owned())]),
-            resources: Some((d.cpu, d.memory)),
-            simulate: Some(d.gpus.to_owned()),
-            mps_control: None,
-            max_mps_restarts: 3,
-            no_mps: false,
-            log_cap: 1024 * 1024,
-            stop_tasks_on_exit: true,
-            log_retention: std::time::Duration::from_secs(3600),
-            // The demo's tasks are `sleep`s, run as the server's own user.
-            run_as: None,
-            containers: tessera_agent::ContainerRuntime::Process,
-            advertise_address: Some("127.0.0.1".into()),
-            port_range: (32768, 60999),
-            provider_id: None,
+            ..agent_config(
+                &Joining {
+                    server: server.clone(),
+                    ca_cert: ca_cert.clone(),
+                    join_token: join_token.clone(),
+                    data_dir: data_dir.to_path_buf(),
+                },
+                d.name,
+                d.pool,
+                d.gpus,
+                (d.cpu, d.memory),
+            )
         })?;
         let mut stop = shutdown.clone();
         handles.push(tokio::spawn(agent.run(async move {
@@ -306,6 +342,189 @@ pub async fn run_agents(
         }
     }
     Ok(())
+}
+
+/// What a demo agent joins with.
+#[cfg(feature = "demo")]
+#[derive(Clone)]
+pub struct Joining {
+    pub server: String,
+    pub ca_cert: Option<std::path::PathBuf>,
+    pub join_token: String,
+    pub data_dir: std::path::PathBuf,
+}
+
+/// A demo agent's settings: simulated GPUs `gpus` (e.g. `4xL4-24GB`), its state under
+/// `data_dir/demo-agents/<name>`, its tasks stopped when it exits.
+#[cfg(feature = "demo")]
+fn agent_config(
+    j: &Joining,
+    name: &str,
+    pool: &str,
+    gpus: &str,
+    (cpu, memory): (MilliCpu, MiB),
+) -> AgentConfig {
+    AgentConfig {
+        server: j.server.clone(),
+        ca_cert: j.ca_cert.clone(),
+        insecure_http: false,
+        join_token: Some(j.join_token.clone()),
+        state_dir: j.data_dir.join("demo-agents").join(name),
+        pool: PoolName::new(pool).expect("valid"),
+        name: name.to_owned(),
+        labels: BTreeMap::new(),
+        resources: Some((cpu, memory)),
+        simulate: Some(gpus.to_owned()),
+        mps_control: None,
+        max_mps_restarts: 3,
+        no_mps: false,
+        log_cap: 1024 * 1024,
+        stop_tasks_on_exit: true,
+        log_retention: std::time::Duration::from_secs(3600),
+        // The demo's tasks are `sleep`s, run as the server's own user.
+        run_as: None,
+        containers: tessera_agent::ContainerRuntime::Process,
+        advertise_address: Some("127.0.0.1".into()),
+        port_range: (32768, 60999),
+        provider_id: None,
+    }
+}
+
+/// The demo's capacity provider: each machine asked for is a simulated host, a real
+/// in-process agent named as the machine (its provider id too), of the pool's shape;
+/// terminating one stops its agent (and its tasks) and forgets its state.
+#[cfg(feature = "demo")]
+pub struct DemoMachines {
+    joining: Joining,
+    shutdown: watch::Receiver<bool>,
+    running: std::sync::Mutex<BTreeMap<String, Running>>,
+}
+
+/// A demo machine's agent: how to stop it, and its task.
+#[cfg(feature = "demo")]
+type Running = (watch::Sender<bool>, tokio::task::JoinHandle<()>);
+
+#[cfg(feature = "demo")]
+impl DemoMachines {
+    pub fn new(joining: Joining, shutdown: watch::Receiver<bool>) -> DemoMachines {
+        DemoMachines {
+            joining,
+            shutdown,
+            running: Default::default(),
+        }
+    }
+
+    /// Starts the agent of machine `name` in `pool`, of `shape`.
+    fn start(&self, pool: &PoolName, name: &str, shape: &HostShape) -> Result<(), String> {
+        let gpus = simulate_spec(shape);
+        let config = AgentConfig {
+            provider_id: Some(name.to_owned()),
+            labels: BTreeMap::from([("provider".to_owned(), "demo".to_owned())]),
+            ..agent_config(
+                &self.joining,
+                name,
+                pool.as_str(),
+                &gpus,
+                (shape.cpu(), shape.memory()),
+            )
+        };
+        let agent = Agent::new(config).map_err(|e| e.to_string())?;
+        let (stop, mut stopped) = watch::channel(false);
+        let mut shutdown = self.shutdown.clone();
+        let handle = tokio::spawn(async move {
+            let _ = agent
+                .run(async move {
+                    tokio::select! {
+                        _ = stopped.changed() => {}
+                        _ = shutdown.changed() => {}
+                    }
+                })
+                .await;
+        });
+        self.running
+            .lock()
+            .expect("not poisoned")
+            .insert(name.to_owned(), (stop, handle));
+        Ok(())
+    }
+
+    /// Starts again the agents of the machines the store says are booting or active (a
+    /// restarted demo server): each rejoins as the host it was.
+    pub async fn resume(&self, control: &Control) -> Result<(), ControlError> {
+        let pools = control.views().list_pools().await?;
+        for m in control.providers().machines(None, false).await? {
+            let shape = pools
+                .iter()
+                .find(|p| p.name == m.pool)
+                .and_then(|p| p.provider.as_ref())
+                .filter(|p| p.kind == ProviderKind::Demo)
+                .and_then(|p| p.shape.clone());
+            if let Some(shape) = shape
+                && self
+                    .joining
+                    .data_dir
+                    .join("demo-agents")
+                    .join(&m.id)
+                    .is_dir()
+                && let Err(e) = self.start(&m.pool, &m.id, &shape)
+            {
+                tracing::warn!(machine = %m.id, error = %e, "a demo machine could not start again");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The simulated probe's spec of `shape`'s GPUs: `4xL4-24GB` for 4 × NVIDIA L4 (24 GiB).
+#[cfg(feature = "demo")]
+fn simulate_spec(shape: &HostShape) -> String {
+    let model = shape
+        .gpu_model
+        .strip_prefix("NVIDIA ")
+        .unwrap_or(&shape.gpu_model)
+        .split_whitespace()
+        .next()
+        .unwrap_or("GPU");
+    format!("{}x{model}-{}GB", shape.gpus, shape.gpu_memory_mib / 1024)
+}
+
+#[cfg(feature = "demo")]
+#[async_trait::async_trait]
+impl Machines for DemoMachines {
+    async fn launch(
+        &self,
+        pool: &PoolName,
+        provider: &Provider,
+        names: &[String],
+    ) -> Result<BTreeMap<String, String>, String> {
+        let shape = provider
+            .shape
+            .as_ref()
+            .ok_or("the demo provider needs provider.shape")?;
+        for name in names {
+            self.start(pool, name, shape)?;
+        }
+        Ok(names.iter().map(|n| (n.clone(), n.clone())).collect())
+    }
+
+    async fn terminate(
+        &self,
+        _pool: &PoolName,
+        _provider: &Provider,
+        name: &str,
+        _provider_id: Option<&str>,
+    ) -> Result<(), String> {
+        let running = self.running.lock().expect("not poisoned").remove(name);
+        if let Some((stop, handle)) = running {
+            let _ = stop.send(true);
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(20), handle).await;
+        }
+        let dir = self.joining.data_dir.join("demo-agents").join(name);
+        if dir.starts_with(self.joining.data_dir.join("demo-agents")) {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+        Ok(())
+    }
 }
 
 /// One service the demo's load reaches: its endpoints and when they were read, requests
@@ -335,7 +554,8 @@ impl Client {
 /// The demo's clients: requests to the healthy endpoints of `embeddings` (20 a second, one
 /// in a hundred asking to fail) and of `summarizer` (2 to 18 a second, rising and falling over
 /// ten minutes), so their work, latency, the cost of `batch-scorer` as a neighbour and
-/// `summarizer`'s autoscaling show in the console.
+/// `summarizer`'s autoscaling show in the console; and `nightly-batch` scaled to 2 and 0 in
+/// turn, so the elastic pool's provider grows and shrinks it.
 #[cfg(feature = "demo")]
 pub async fn run_load(control: Control, mut shutdown: watch::Receiver<bool>) {
     let client = match reqwest::Client::builder()
@@ -352,8 +572,26 @@ pub async fn run_load(control: Control, mut shutdown: watch::Receiver<bool>) {
     let started = std::time::Instant::now();
     let mut services = [Client::new("embeddings"), Client::new("summarizer")];
     let tick = std::time::Duration::from_millis(10);
+    let mut batch_on = true;
     loop {
         let t = started.elapsed().as_secs_f64();
+        // `nightly-batch` runs eight minutes of every sixteen: the elastic pool's provider
+        // adds a host for it and removes it once it has stood empty.
+        let on = ((t / 480.0) as u64).is_multiple_of(2);
+        if on != batch_on {
+            batch_on = on;
+            let patch = tessera_model::api::ServicePatch {
+                desired_count: Some(if on { 2 } else { 0 }),
+                ..Default::default()
+            };
+            if let Err(e) = control
+                .deployments()
+                .update_service("nightly-batch", &patch)
+                .await
+            {
+                tracing::warn!(error = %e, "the demo could not scale nightly-batch");
+            }
+        }
         for Client {
             name,
             targets,

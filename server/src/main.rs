@@ -313,7 +313,25 @@ async fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
             let server = format!("{scheme}://{host}:{}", addr.port());
             let ca_cert = tls.as_ref().map(|t| t.cert.clone());
             let (dir, stop) = (args.db.data_dir.clone(), stop_rx.clone());
-            tracing::info!("demo fleet: 4 simulated hosts, each a real agent over {scheme}");
+            tracing::info!(
+                "demo fleet: 4 simulated hosts, each a real agent over {scheme}, and the elastic pool's simulated provider"
+            );
+            let machines = std::sync::Arc::new(demo::DemoMachines::new(
+                demo::Joining {
+                    server: server.clone(),
+                    ca_cert: ca_cert.clone(),
+                    join_token: token.clone(),
+                    data_dir: dir.clone(),
+                },
+                stop_rx.clone(),
+            ));
+            machines
+                .resume(&control)
+                .await
+                .context("starting the demo provider's machines again")?;
+            control
+                .providers()
+                .register(tessera_model::provider::ProviderKind::Demo, machines);
             tokio::spawn(demo::run_load(control.clone(), stop_rx.clone()));
             Some(tokio::spawn(async move {
                 demo::run_agents(server, ca_cert, token, &dir, stop).await

@@ -87,15 +87,6 @@ pub fn optional_policy() -> Schema {
     from_json(json!({ "type": ["string", "null"], "enum": names }))
 }
 
-/// A capacity provider's kind.
-pub fn provider_kind() -> Schema {
-    let names: Vec<Value> = crate::provider::ProviderKind::ALL
-        .iter()
-        .map(|k| json!(k.as_str()))
-        .collect();
-    from_json(json!({ "type": "string", "enum": names }))
-}
-
 /// An optional pool admission given as text.
 pub fn optional_admission() -> Schema {
     let mut names: Vec<Value> = crate::Admission::ALL

@@ -1,6 +1,6 @@
 //! Hosts, pools and the join token.
 
-use super::bodies::{HostDetail, HostList, JoinToken, JoinTokenList, PoolList};
+use super::bodies::{HostDetail, HostList, JoinToken, JoinTokenList, MachineList, PoolList};
 use super::{Body, Segment, host_id};
 use crate::AppState;
 use crate::auth::Declaration;
@@ -199,6 +199,40 @@ pub async fn update_pool(
             .update_pool(&name, &patch)
             .await?,
     ))
+}
+
+/// The machines a pool's capacity provider was asked for: booting, active and
+/// terminating ones, then the last that ended (failed launches with why), newest first
+#[utoipa::path(get, path = "/api/v1/pools/{name}/machines", tag = "fleet",
+    extensions(("x-access" = json!(Declaration::VIEW))),
+    params(("name" = tessera_model::PoolName, Path, description = "pool name")),
+    responses((status = 200, description = "Machines", body = MachineList), (status = 404, description = "No such pool", body = crate::api::bodies::ErrorBody)))]
+pub async fn list_machines(
+    State(state): State<AppState>,
+    Segment(name): Segment,
+) -> Result<Json<MachineList>, ApiError> {
+    let name = tessera_model::PoolName::new(name)
+        .map_err(|e| ApiError::NotFound(format!("no pool named {:?}", e.value)))?;
+    if !state
+        .control
+        .views()
+        .list_pools()
+        .await?
+        .iter()
+        .any(|p| p.name == name)
+    {
+        return Err(ApiError::NotFound(format!(
+            "no pool named {:?}",
+            name.as_str()
+        )));
+    }
+    Ok(Json(MachineList {
+        machines: state
+            .control
+            .providers()
+            .machines(Some(&name), true)
+            .await?,
+    }))
 }
 
 /// Pools and their placement policies

@@ -133,6 +133,7 @@ pub fn routes() -> Routes {
         .route(routes!(list_pools))
         .route(routes!(create_pool))
         .route(routes!(update_pool))
+        .route(routes!(list_machines))
         .route(routes!(projects::list_projects))
         .route(routes!(projects::create_project))
         .route(routes!(projects::get_project))
