@@ -48,6 +48,8 @@ pub enum Output {
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum Kind {
     Hosts,
+    // Pools: their policy and, with a capacity provider, its limits and machines.
+    Pools,
     Projects,
     Services,
     Tasks,

@@ -13,6 +13,14 @@ test("hosts page shows the demo fleet and filters it after hydration", async ({ 
   expect(machines).toHaveLength(1);
   expect(machines[0].state).toBe("active");
   expect(machines[0].reason).toContain("2 task(s) of `nightly-batch` wait for 40 GiB of GPU memory; 1 more host(s)");
+  // The pool's capacity provider, shown with its hosts.
+  await open(page, "/hosts?pool=elastic");
+  const provider = page.locator("section.provider");
+  await expect(provider.getByRole("heading", { name: "Capacity provider of elastic" })).toBeVisible();
+  await expect(provider.locator(".machines-summary")).toHaveText("0 booting · 1 active · 0 terminating");
+  await expect(provider.locator('tr[data-state="active"] td.reason')).toContainText("nightly-batch");
+  await page.screenshot({ path: "screenshots/hosts-provider.png", fullPage: true });
+  await open(page, "/hosts");
   await expect(page.locator('[data-host="sim-h100-1"] .simulated')).toBeVisible();
   await expect(page.locator('[data-host="sim-h100-1"] .gpu')).toHaveCount(8);
 

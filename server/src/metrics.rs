@@ -189,6 +189,8 @@ const PER_HOST: [Family; 6] = [
 struct Exposition {
     fleet: Arc<FleetSnapshot>,
     projects: Vec<ProjectView>,
+    /// Machines pools' providers were asked for and that may still cost money.
+    machines: Vec<tessera_model::provider::Machine>,
     deployments_in_progress: usize,
     /// What the `metrics` registry holds (timings and counts): small.
     registry: String,
@@ -215,10 +217,12 @@ impl Exposition {
                 _ => false,
             })
             .count();
+        let machines = control.providers().machines(None, false).await?;
         handle.run_upkeep();
         Ok(Exposition {
             fleet,
             projects,
+            machines,
             deployments_in_progress,
             registry: handle.render(),
             part: 0,
@@ -322,6 +326,23 @@ impl Exposition {
             &[],
             self.deployments_in_progress as f64,
         );
+        family(
+            &mut out,
+            "tessera_provider_machines",
+            "Machines pools' capacity providers were asked for, by pool and state (booting, active, terminating)",
+        );
+        let mut by: BTreeMap<(&str, &'static str), u64> = BTreeMap::new();
+        for m in &self.machines {
+            *by.entry((m.pool.as_str(), m.state.as_str())).or_default() += 1;
+        }
+        for ((pool, state), n) in by {
+            sample(
+                &mut out,
+                "tessera_provider_machines",
+                &[("pool", pool), ("state", state)],
+                n as f64,
+            );
+        }
         out
     }
 

@@ -256,7 +256,7 @@ fn login_reads_the_fleet_acts_on_it_and_logout_ends_the_token() {
     s.until(&["get", "services"], "the demo's services run", |v| {
         v["services"]
             .as_array()
-            .is_some_and(|l| l.len() == 6 && l.iter().all(|s| s["running"] == s["desired_count"]))
+            .is_some_and(|l| l.len() == 7 && l.iter().all(|s| s["running"] == s["desired_count"]))
     });
     // Projects: the demo's services are all in `default`, which uses GPU memory somewhere.
     let projects = s.ok(&["get", "projects"]);
@@ -268,7 +268,7 @@ fn login_reads_the_fleet_acts_on_it_and_logout_ends_the_token() {
         "{projects}"
     );
     let mine = s.json(&["get", "services", "--project", "default", "-o", "json"]);
-    assert_eq!(mine["services"].as_array().map(Vec::len), Some(6), "{mine}");
+    assert_eq!(mine["services"].as_array().map(Vec::len), Some(7), "{mine}");
     let none = s.json(&["get", "services", "--project", "nobody", "-o", "json"]);
     assert_eq!(none["services"], serde_json::json!([]), "{none}");
     let all_tasks = s.json(&["get", "tasks", "-o", "json"]);
@@ -475,9 +475,31 @@ fn apply_changes_only_what_differs_waits_for_steady_and_fails_on_a_rollback() {
 fn a_token_from_the_environment_needs_no_login() {
     let s = serve();
     s.login();
+    // The demo's four hosts (the elastic pool's come and go with its provider).
+    let fleet = |v: &Value| {
+        v["hosts"].as_array().map(|h| {
+            h.iter()
+                .filter(|h| h["pool"] != tessera_server::demo::ELASTIC)
+                .count()
+        })
+    };
     s.until(&["get", "hosts"], "the demo's hosts registered", |v| {
-        v["hosts"].as_array().is_some_and(|h| h.len() == 4)
+        fleet(v) == Some(4)
     });
+    // Pools with their capacity providers: the elastic pool's machines.
+    let pools = s.ok(&["get", "pools", "-o", "wide"]);
+    let elastic = pools
+        .lines()
+        .find(|l| l.starts_with("elastic"))
+        .unwrap_or_else(|| panic!("{pools}"));
+    assert!(
+        elastic.contains("demo") && elastic.contains("100 %"),
+        "{pools}"
+    );
+    assert!(
+        pools.lines().next().is_some_and(|h| h.contains("BOOTING")),
+        "{pools}"
+    );
     let token = serde_json::from_str::<Value>(
         &std::fs::read_to_string(s.config().join("login.json")).unwrap(),
     )
@@ -494,5 +516,5 @@ fn a_token_from_the_environment_needs_no_login() {
         .expect("run");
     assert!(out.status.success(), "{}", text(&out));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["hosts"].as_array().map(Vec::len), Some(4));
+    assert_eq!(fleet(&v), Some(4));
 }

@@ -534,6 +534,32 @@ async fn the_document_and_the_router_agree_and_answers_match_their_schemas() {
         "/api/v1/preemptions",
         "/api/v1/preemptions?project=lab&limit=5".to_owned(),
     ));
+    // A machine a provider was asked for, so its list has one to match its schema.
+    {
+        use tessera_control::store::MachineStore;
+        use tessera_model::provider::{Machine, MachineState};
+        server
+            .state
+            .control
+            .store()
+            .add_machines(&[Machine {
+                id: "m-inference-sample".into(),
+                pool: tessera_model::PoolName::new("inference").expect("valid"),
+                provider_id: Some("i-0abc".into()),
+                host_id: None,
+                state: MachineState::Booting,
+                reason: "a sample".into(),
+                asked_at: tessera_model::time::Timestamp::EPOCH,
+                joined_at: None,
+                ended_at: None,
+            }])
+            .await
+            .expect("recorded");
+    }
+    samples.push((
+        "/api/v1/pools/{name}/machines",
+        "/api/v1/pools/inference/machines".to_owned(),
+    ));
     let mut sampled = BTreeSet::new();
     for (path, uri) in &samples {
         let a = server.send(&Method::GET, uri, None).await;

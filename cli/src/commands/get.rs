@@ -9,7 +9,9 @@ use crate::{Client, Kind, Output, seg};
 use anyhow::Context;
 use tessera_model::HostInfo;
 use tessera_model::api::EndpointList;
-use tessera_model::bodies::{FamilyList, HostList, ProjectList, ServiceList, TaskList};
+use tessera_model::bodies::{
+    FamilyList, HostList, MachineList, PoolList, ProjectList, ServiceList, TaskList,
+};
 use tessera_model::service::Task;
 
 fn gpus_summary(h: &HostInfo) -> String {
@@ -142,6 +144,66 @@ fn print_work(w: &tessera_model::work::ServiceWork, wide: bool) {
     }
 }
 
+/// Pools, their policy and hosts, and their capacity providers: the limits, and (wide)
+/// the machines booting, active and terminating, and the last failed launch.
+async fn get_pools(c: &Client, output: Output, wide: bool) -> anyhow::Result<()> {
+    let list: PoolList = c.get("/api/v1/pools").await?;
+    let hosts: HostList = c.get("/api/v1/hosts").await?;
+    let mut machines = std::collections::BTreeMap::new();
+    if wide || output == Output::Json {
+        for p in list.pools.iter().filter(|p| p.provider.is_some()) {
+            let m: MachineList = c
+                .get(&format!("/api/v1/pools/{}/machines", seg(p.name.as_str())))
+                .await?;
+            machines.insert(p.name.to_string(), m.machines);
+        }
+    }
+    if output == Output::Json {
+        return print_json(&serde_json::json!({"pools": list.pools, "machines": machines}));
+    }
+    let mut t = Table::new(&[
+        "POOL", "POLICY", "HOSTS", "PROVIDER", "MIN", "MAX", "TARGET",
+    ]);
+    if wide {
+        t.add_columns(&["BOOTING", "ACTIVE", "TERMINATING", "LAST FAILED"]);
+    }
+    for p in &list.pools {
+        let n = hosts.hosts.iter().filter(|h| h.pool == p.name).count();
+        let mut row = vec![p.name.to_string(), p.policy.to_string(), n.to_string()];
+        match &p.provider {
+            Some(pr) => row.extend([
+                pr.kind.to_string(),
+                pr.min_hosts.to_string(),
+                pr.max_hosts.to_string(),
+                format!("{} %", pr.target_capacity_percent),
+            ]),
+            None => row.extend(["-".to_owned(), "-".into(), "-".into(), "-".into()]),
+        }
+        if wide {
+            let of = machines
+                .get(p.name.as_str())
+                .map(Vec::as_slice)
+                .unwrap_or(&[]);
+            let count = |s: tessera_model::provider::MachineState| {
+                of.iter().filter(|m| m.state == s).count().to_string()
+            };
+            use tessera_model::provider::MachineState as S;
+            row.extend([
+                count(S::Booting),
+                count(S::Active),
+                count(S::Terminating),
+                of.iter()
+                    .find(|m| m.state == S::Failed)
+                    .map(|m| format!("{}: {}", m.id, m.reason))
+                    .unwrap_or_default(),
+            ]);
+        }
+        t.row(row);
+    }
+    t.print();
+    Ok(())
+}
+
 pub(crate) async fn get(
     c: &Client,
     kind: Kind,
@@ -180,6 +242,7 @@ pub(crate) async fn get(
             }
             t.print();
         }
+        Kind::Pools => get_pools(c, output, wide).await?,
         Kind::Projects => {
             let mut list: ProjectList = c.get("/api/v1/projects").await?;
             if let Some(p) = &project {
