@@ -536,7 +536,6 @@ async fn the_document_and_the_router_agree_and_answers_match_their_schemas() {
     ));
     // A machine a provider was asked for, so its list has one to match its schema.
     {
-        use tessera_control::store::MachineStore;
         use tessera_model::provider::{Machine, MachineState};
         server
             .state
