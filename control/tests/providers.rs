@@ -357,3 +357,116 @@ async fn a_provider_is_set_and_removed_through_the_pool_and_bad_settings_are_nam
         None
     );
 }
+
+/// A pool whose provider is an operator's command: the request it is given, the machines
+/// it answers, a host joining as one of them, and a command that fails said in an event.
+#[tokio::test]
+async fn an_operators_command_makes_the_machines() {
+    use std::os::unix::fs::PermissionsExt;
+    use tessera_control::providers::command::CommandMachines;
+    let e = env(fast()).await;
+    let c = &e.control;
+    let dir = tempfile::tempdir().expect("dir");
+    let script = dir.path().join("make-hosts");
+    let log = dir.path().join("requests");
+    // Answers each name with the provider id `node-<name>`.
+    std::fs::write(
+        &script,
+        format!(
+            "#!/usr/bin/env python3\nimport json, sys\nreq = json.load(sys.stdin)\nopen({log:?}, 'a').write(json.dumps(req) + '\\n')\nprint(json.dumps({{'machines': [{{'name': n, 'provider_id': 'node-' + n}} for n in req.get('names', [])]}}))\n",
+            log = log.display().to_string()
+        ),
+    )
+    .expect("script");
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    c.deployments()
+        .update_pool(
+            &gpu(),
+            &PoolPatch {
+                provider: Some(Some(ProviderInput {
+                    kind: "command".into(),
+                    path: Some(script.display().to_string()),
+                    max_hosts: 2,
+                    scale_out_cooldown_secs: Some(0),
+                    shape: Some(HostShape {
+                        gpu_model: "NVIDIA L4".into(),
+                        gpus: 2,
+                        gpu_memory_mib: 24 * 1024,
+                        cpu_milli: 64_000,
+                        memory_mib: 256 * 1024,
+                    }),
+                    ..Default::default()
+                })),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("a provider");
+    c.providers().register(
+        ProviderKind::Command,
+        Arc::new(CommandMachines::with(Duration::from_secs(10), 1)),
+    );
+    let def = register_def(c, "chat", 20, 25).await;
+    service(c, "chat", &def, 2, DeploymentConfig::default()).await;
+    c.reconcile_once().await.expect("pass");
+    let machines = c
+        .providers()
+        .machines(Some(&gpu()), false)
+        .await
+        .expect("machines");
+    assert_eq!(machines.len(), 1, "{:?}", said(c).await);
+    let m = &machines[0];
+    assert_eq!(
+        m.provider_id.as_deref(),
+        Some(format!("node-{}", m.id).as_str())
+    );
+    let request: serde_json::Value = serde_json::from_str(
+        std::fs::read_to_string(&log)
+            .expect("asked")
+            .lines()
+            .next()
+            .expect("one"),
+    )
+    .expect("JSON");
+    assert_eq!(request["action"], "create");
+    assert_eq!(request["pool"], "gpu");
+    assert_eq!(request["names"], serde_json::json!([m.id]));
+    assert_eq!(request["shape"]["gpus"], 2);
+    // Its host joins with the id the command gave.
+    let gpus = gpus("n17", 2, 24);
+    let mut reg = registration(JOIN, "gpu", "n17", gpus);
+    reg.provider_id = m.provider_id.clone();
+    c.agents().register_agent(&reg).await.expect("register");
+    let active = c
+        .providers()
+        .machines(Some(&gpu()), false)
+        .await
+        .expect("machines");
+    assert_eq!(active[0].state, MachineState::Active);
+    assert_eq!(active[0].host_id.as_ref().map(|h| h.as_str()), Some("n17"));
+    // A command that fails: said with its words, the machines recorded failed.
+    std::fs::write(
+        &script,
+        "#!/bin/sh\necho 'rack 4 has no power' >&2\nexit 3\n",
+    )
+    .expect("script");
+    c.deployments()
+        .update_service(
+            "chat",
+            &ServicePatch {
+                desired_count: Some(6),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("scale out");
+    c.reconcile_once().await.expect("pass");
+    let events = said(c).await;
+    assert!(
+        events
+            .iter()
+            .any(|m| m.contains("the command provider failed to launch")
+                && m.contains("rack 4 has no power")),
+        "{events:?}"
+    );
+}

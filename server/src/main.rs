@@ -250,6 +250,11 @@ async fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
     };
     // The fleet's clock (the database's) before anything is written with it.
     control.read_db_clock().await;
+    // Pools whose capacity provider is an operator's command.
+    control.providers().register(
+        tessera_model::provider::ProviderKind::Command,
+        std::sync::Arc::new(tessera_control::providers::command::CommandMachines::default()),
+    );
     if let Some(token) = control
         .agents()
         .ensure_join_token(join_token.as_deref())

@@ -4,8 +4,10 @@
 //! (pure) what to launch, give up on and scale in, records every machine asked for in the
 //! store before asking (so a restart or a handover neither asks twice nor forgets one),
 //! and has the pool's provider make or remove machines ([`Machines`]). Every decision is
-//! an event with its reason.
+//! an event with its reason. [`command`] is the provider that runs an operator's
+//! executable.
 
+pub mod command;
 mod plan;
 
 use crate::clock::stamp;
