@@ -470,3 +470,50 @@ async fn an_operators_command_makes_the_machines() {
         "{events:?}"
     );
 }
+
+/// A host the provider made that is lost: its task is replaced on a new machine asked for
+/// first, and past the lost delay the old machine is terminated and the host deregistered.
+#[tokio::test]
+async fn a_lost_host_is_replaced_new_machine_first() {
+    let e = env(fast()).await;
+    let c = &e.control;
+    let recorder = with_provider(c, 4).await;
+    let def = register_def(c, "chat", 20, 25).await;
+    service(c, "chat", &def, 1, DeploymentConfig::default()).await;
+    c.reconcile_once().await.expect("pass");
+    let first = recorder.launched.lock().clone();
+    assert_eq!(first.len(), 1);
+    let a = boot(c, &first[0], "a").await;
+    c.reconcile_once().await.expect("pass");
+    sync(c, &a).await;
+    assert_eq!(tasks(c, "chat", &[TaskState::Running]).await.len(), 1);
+    // Host a falls silent: lost, its task stopped and waiting again: a new machine.
+    e.clock.advance(Duration::from_secs(3));
+    c.reconcile_once().await.expect("pass");
+    let asked = recorder.launched.lock().clone();
+    assert_eq!(asked.len(), 2, "{:?}", said(c).await);
+    assert!(
+        recorder.terminated.lock().is_empty(),
+        "not before the lost delay"
+    );
+    let b = boot(c, &asked[1], "b").await;
+    c.reconcile_once().await.expect("pass");
+    sync(c, &b).await;
+    assert_eq!(tasks(c, "chat", &[TaskState::Running]).await.len(), 1);
+    // Past the lost delay: the lost machine goes, and only it.
+    e.clock.advance(Duration::from_secs(901));
+    sync(c, &b).await;
+    c.reconcile_once().await.expect("pass");
+    assert_eq!(recorder.terminated.lock().clone(), vec![first[0].clone()]);
+    let hosts = c.store().list_hosts().await.expect("hosts");
+    assert!(!hosts.iter().any(|h| h.id == a.id), "deregistered");
+    assert!(hosts.iter().any(|h| h.id == b.id));
+    let events = said(c).await;
+    assert!(
+        events
+            .iter()
+            .any(|m| m.contains("host a has been lost for") && m.contains("replaced")),
+        "{events:?}"
+    );
+    assert_eq!(tasks(c, "chat", &[TaskState::Running]).await.len(), 1);
+}

@@ -56,6 +56,8 @@ pub trait Machines: Send + Sync {
 struct PoolMemory {
     /// Since when each host has held no task.
     empty_since: HashMap<HostId, Timestamp>,
+    /// Since when each host has been impaired or lost.
+    bad_since: HashMap<HostId, Timestamp>,
     /// Launches failed in a row, and when the last one failed.
     failures: (u32, Option<Timestamp>),
     /// What was last said without acting (said again only when it changes).
@@ -181,50 +183,22 @@ impl Providers {
             .chain(self.last_launch(&pool.name).await?)
             .max()
             .map(|t| secs_between(t, at));
-        let view = {
-            let mut memory = self.memory.lock();
-            let mem = memory.entry(pool.name.clone()).or_default();
-            let pool_hosts = hosts
+        let (hosts_now, failed_launches) = self.remember(&pool.name, &hosts, &machines, &held, at);
+        let view = PoolNow {
+            provider,
+            shape: None,
+            hosts: hosts_now,
+            booting: machines
                 .iter()
-                .filter(|h| h.status != HostStatus::Lost)
-                .map(|h| {
-                    let tasks = held.get(&h.id).copied().unwrap_or(0);
-                    let empty = if tasks == 0 && h.status == HostStatus::Active {
-                        Some(*mem.empty_since.entry(h.id.clone()).or_insert(at))
-                    } else {
-                        mem.empty_since.remove(&h.id);
-                        None
-                    };
-                    HostNow {
-                        id: h.id.clone(),
-                        machine: machines
-                            .iter()
-                            .find(|m| m.host_id.as_ref() == Some(&h.id))
-                            .map(|m| m.id.clone()),
-                        tasks,
-                        empty_for: empty.map(|e| secs_between(e, at)),
-                        active: h.status == HostStatus::Active,
-                    }
+                .filter(|m| m.state == MachineState::Booting)
+                .map(|m| Booting {
+                    machine: m.id.clone(),
+                    age: secs_between(m.asked_at, at),
                 })
-                .collect();
-            mem.empty_since
-                .retain(|id, _| hosts.iter().any(|h| &h.id == id));
-            PoolNow {
-                provider,
-                shape: None,
-                hosts: pool_hosts,
-                booting: machines
-                    .iter()
-                    .filter(|m| m.state == MachineState::Booting)
-                    .map(|m| Booting {
-                        machine: m.id.clone(),
-                        age: secs_between(m.asked_at, at),
-                    })
-                    .collect(),
-                waiting,
-                since_scale_out,
-                failed_launches: (mem.failures.0, mem.failures.1.map(|t| secs_between(t, at))),
-            }
+                .collect(),
+            waiting,
+            since_scale_out,
+            failed_launches,
         };
         let view = PoolNow {
             shape: shape.as_ref(),
@@ -241,6 +215,56 @@ impl Providers {
             self.carry_out(pool, provider, &machines, step).await?;
         }
         Ok(())
+    }
+
+    /// The pool's hosts as the plan sees them, with what this server remembers of each
+    /// (since when it is empty, impaired or lost), and its failed launches in a row with
+    /// seconds since the last.
+    fn remember(
+        &self,
+        pool: &PoolName,
+        hosts: &[&HostInfo],
+        machines: &[Machine],
+        held: &HashMap<HostId, usize>,
+        at: Timestamp,
+    ) -> (Vec<HostNow>, (u32, Option<u64>)) {
+        let mut memory = self.memory.lock();
+        let mem = memory.entry(pool.clone()).or_default();
+        let now = hosts
+            .iter()
+            .map(|h| {
+                let bad = if matches!(h.status, HostStatus::Impaired | HostStatus::Lost) {
+                    Some(*mem.bad_since.entry(h.id.clone()).or_insert(at))
+                } else {
+                    mem.bad_since.remove(&h.id);
+                    None
+                };
+                let tasks = held.get(&h.id).copied().unwrap_or(0);
+                let empty = if tasks == 0 && h.status == HostStatus::Active {
+                    Some(*mem.empty_since.entry(h.id.clone()).or_insert(at))
+                } else {
+                    mem.empty_since.remove(&h.id);
+                    None
+                };
+                HostNow {
+                    id: h.id.clone(),
+                    machine: machines
+                        .iter()
+                        .find(|m| m.host_id.as_ref() == Some(&h.id))
+                        .map(|m| m.id.clone()),
+                    tasks,
+                    empty_for: empty.map(|e| secs_between(e, at)),
+                    status: h.status,
+                    bad_for: bad.map(|b| secs_between(b, at)),
+                }
+            })
+            .collect();
+        mem.empty_since
+            .retain(|id, _| hosts.iter().any(|h| &h.id == id));
+        mem.bad_since
+            .retain(|id, _| hosts.iter().any(|h| &h.id == id));
+        let failed = (mem.failures.0, mem.failures.1.map(|t| secs_between(t, at)));
+        (now, failed)
     }
 
     /// Tasks holding capacity in `pool`, by host.
@@ -302,6 +326,14 @@ impl Providers {
                 reason,
             } => {
                 self.scale_in(pool, provider, machines, &host, &machine, &reason)
+                    .await
+            }
+            Step::Replace {
+                host,
+                machine,
+                reason,
+            } => {
+                self.retire(pool, provider, machines, &host, &machine, &reason)
                     .await
             }
             Step::Say(what) => {
@@ -460,6 +492,46 @@ impl Providers {
             let said = format!("host {host} terminated and deregistered: {reason}");
             self.core.event(None, Some(host), &said).await;
         }
+        Ok(())
+    }
+
+    /// A broken host goes (impaired with its tasks moved off, or lost): its machine
+    /// terminated, the host deregistered. What it needs is asked for by the next pass (its
+    /// tasks, `min_hosts`).
+    async fn retire(
+        &self,
+        pool: &PoolInfo,
+        provider: &Provider,
+        machines: &[Machine],
+        host: &HostId,
+        machine: &str,
+        reason: &str,
+    ) -> Result<(), ControlError> {
+        let provider_id = machines
+            .iter()
+            .find(|m| m.id == machine)
+            .and_then(|m| m.provider_id.as_deref());
+        if !self
+            .end_machine(
+                pool,
+                provider,
+                machine,
+                provider_id,
+                MachineState::Active,
+                MachineState::Terminated,
+                reason,
+            )
+            .await?
+        {
+            return Ok(());
+        }
+        // A lost host's tasks were stopped with it; an impaired one's moved off.
+        if let Err(e) = self.store.delete_host(host).await {
+            tracing::warn!(host = %host, error = %e, "a replaced host could not be deregistered");
+        }
+        self.scheduler.capacity_changed();
+        let said = format!("host {host} terminated and deregistered: {reason}");
+        self.core.event(None, Some(host), &said).await;
         Ok(())
     }
 

@@ -3,8 +3,8 @@
 //! tasks that wait and how many hosts of the provider's shape would place them): table
 //! tested without a store, a clock or a provider.
 
-use tessera_model::HostId;
 use tessera_model::provider::{HostShape, Provider, with_headroom};
+use tessera_model::{HostId, HostStatus};
 use tessera_placement::sizing::Sizing;
 
 /// A host of the pool as the plan sees it.
@@ -17,8 +17,10 @@ pub(crate) struct HostNow {
     pub(crate) tasks: usize,
     /// How long it has held none (seconds), as this server saw.
     pub(crate) empty_for: Option<u64>,
-    /// Active (not draining, impaired, lost or held).
-    pub(crate) active: bool,
+    /// Its status now.
+    pub(crate) status: HostStatus,
+    /// How long it has been impaired or lost (seconds), as this server saw.
+    pub(crate) bad_for: Option<u64>,
 }
 
 /// A machine asked for and not joined yet.
@@ -52,6 +54,13 @@ pub(crate) enum Step {
     Launch { count: u32, reason: String },
     /// A machine that did not join in time: terminate it, count a failed launch.
     Abandon { machine: String, reason: String },
+    /// A broken host to terminate (its machine) and deregister: impaired past the repair
+    /// delay with its tasks moved off, or lost past the lost delay.
+    Replace {
+        host: HostId,
+        machine: String,
+        reason: String,
+    },
     /// An empty host to terminate (its machine) and deregister.
     ScaleIn {
         host: HostId,
@@ -61,6 +70,13 @@ pub(crate) enum Step {
     /// Nothing can be done about something that should be said (once per change).
     Say(String),
 }
+
+/// How long a host the provider made may stay impaired (its MPS daemon failed for good, a
+/// GPU fault) before it is replaced, once its tasks have moved off.
+pub(crate) const REPAIR_DELAY_SECS: u64 = 300;
+/// How long a host the provider made may stay lost before its machine is terminated and
+/// the host deregistered (its tasks were replaced when it was declared lost).
+pub(crate) const LOST_DELAY_SECS: u64 = 900;
 
 /// Seconds to wait after `failures` launches failed in a row: 30 s doubling, at most 30
 /// minutes.
@@ -101,11 +117,24 @@ pub(crate) fn plan(now: &PoolNow<'_>) -> Vec<Step> {
             ),
         })
         .collect();
-    let hosts = now.hosts.len() as u32;
+    replace(now, &mut steps);
+    // Lost hosts and those being replaced are no capacity.
+    let replaced: Vec<&HostId> = steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::Replace { host, .. } => Some(host),
+            _ => None,
+        })
+        .collect();
+    let live = now
+        .hosts
+        .iter()
+        .filter(|h| h.status != HostStatus::Lost && !replaced.contains(&&h.id));
+    let hosts = live.clone().count() as u32;
     let counts = Counts {
         hosts,
         have: hosts + coming.len() as u32,
-        busy: now.hosts.iter().filter(|h| h.tasks > 0).count() as u32,
+        busy: live.filter(|h| h.tasks > 0).count() as u32,
     };
     // A machine given up on now is a failed launch too: the next waits its backoff.
     let failed = match now.failed_launches {
@@ -199,6 +228,42 @@ fn scale_out(
     true
 }
 
+/// Broken hosts the provider made: impaired past [`REPAIR_DELAY_SECS`] once no task is
+/// left on them (their tasks moved start-before-stop, onto new hosts first if the pool had
+/// no room), or lost past [`LOST_DELAY_SECS`]; never more than a fifth of the pool's hosts
+/// (at least one) in one pass.
+fn replace(now: &PoolNow<'_>, steps: &mut Vec<Step>) {
+    let mut broken: Vec<&HostNow> = now
+        .hosts
+        .iter()
+        .filter(|h| h.machine.is_some())
+        .filter(|h| match (h.status, h.bad_for) {
+            (HostStatus::Impaired, Some(s)) => h.tasks == 0 && s >= REPAIR_DELAY_SECS,
+            (HostStatus::Lost, Some(s)) => s >= LOST_DELAY_SECS,
+            _ => false,
+        })
+        .collect();
+    // Longest broken first; ties by id, so every server plans alike.
+    broken.sort_by(|a, b| b.bad_for.cmp(&a.bad_for).then(a.id.cmp(&b.id)));
+    let at_once = (now.hosts.len() / 5).max(1);
+    for h in broken.into_iter().take(at_once) {
+        let how = if h.status == HostStatus::Lost {
+            "lost"
+        } else {
+            "impaired, its tasks moved off,"
+        };
+        steps.push(Step::Replace {
+            host: h.id.clone(),
+            machine: h.machine.clone().expect("filtered"),
+            reason: format!(
+                "host {} has been {how} for {} s: replaced",
+                h.id,
+                h.bad_for.unwrap_or(0)
+            ),
+        });
+    }
+}
+
 /// Hosts to terminate: those empty for the scale-in cooldown (longest first), never
 /// below `min_hosts` nor the spare room the target capacity keeps.
 fn scale_in(now: &PoolNow<'_>, c: &Counts, steps: &mut Vec<Step>) {
@@ -213,6 +278,7 @@ fn scale_in(now: &PoolNow<'_>, c: &Counts, steps: &mut Vec<Step>) {
         .filter(|h| {
             h.tasks == 0
                 && h.machine.is_some()
+                && h.status == HostStatus::Active
                 && h.empty_for
                     .is_some_and(|s| s >= u64::from(p.scale_in_cooldown_secs))
         })
@@ -257,7 +323,8 @@ mod tests {
             machine: Some(format!("m-{id}")),
             tasks,
             empty_for,
-            active: true,
+            status: HostStatus::Active,
+            bad_for: None,
         }
     }
 
@@ -431,6 +498,48 @@ mod tests {
         let mut n = now(&p, vec![host("a", 0, Some(900))]);
         n.waiting = Some(("x".into(), sizing(0)));
         assert!(plan(&n).is_empty());
+    }
+
+    #[test]
+    fn broken_hosts_are_replaced_once_their_tasks_moved_a_fifth_at_a_time() {
+        let p = provider(0, 10, 100);
+        let broken = |id: &str, status: HostStatus, tasks: usize, bad_for: u64| HostNow {
+            status,
+            bad_for: Some(bad_for),
+            ..host(id, tasks, None)
+        };
+        let replaced = |n: &PoolNow<'_>| -> Vec<String> {
+            plan(n)
+                .into_iter()
+                .filter_map(|s| match s {
+                    Step::Replace { host, .. } => Some(host.to_string()),
+                    _ => None,
+                })
+                .collect()
+        };
+        let n = now(
+            &p,
+            vec![
+                host("a", 2, None),
+                broken("i1", HostStatus::Impaired, 0, 400),
+                broken("i2", HostStatus::Impaired, 1, 900),
+                broken("i3", HostStatus::Impaired, 0, 100),
+                broken("l1", HostStatus::Lost, 0, 1000),
+            ],
+        );
+        // One of five at once: the longest broken whose tasks have gone.
+        assert_eq!(replaced(&n), vec!["l1"]);
+        let mut many = n.clone();
+        many.hosts
+            .extend((0..5).map(|i| host(&format!("x{i}"), 1, None)));
+        assert_eq!(replaced(&many), vec!["l1", "i1"], "two of ten");
+        // A lost host is no capacity: min_hosts counts without it.
+        let p2 = provider(2, 10, 100);
+        let n = now(
+            &p2,
+            vec![host("a", 1, None), broken("l1", HostStatus::Lost, 0, 10)],
+        );
+        assert_eq!(launches(&plan(&n)), 1);
     }
 
     #[test]
