@@ -466,38 +466,13 @@ impl Providers {
                 .await?;
             return Ok(());
         }
-        let provider_id = machines
-            .iter()
-            .find(|m| m.id == machine)
-            .and_then(|m| m.provider_id.as_deref());
-        if self
-            .end_machine(
-                pool,
-                provider,
-                machine,
-                provider_id,
-                MachineState::Active,
-                MachineState::Terminated,
-                reason,
-            )
-            .await?
-        {
-            self.store.delete_host(host).await?;
-            self.memory
-                .lock()
-                .entry(pool.name.clone())
-                .or_default()
-                .empty_since
-                .remove(host);
-            let said = format!("host {host} terminated and deregistered: {reason}");
-            self.core.event(None, Some(host), &said).await;
-        }
-        Ok(())
+        self.retire(pool, provider, machines, host, machine, reason)
+            .await
     }
 
-    /// A broken host goes (impaired with its tasks moved off, or lost): its machine
-    /// terminated, the host deregistered. What it needs is asked for by the next pass (its
-    /// tasks, `min_hosts`).
+    /// A host goes (empty and drained, impaired with its tasks moved off, or lost): its
+    /// machine terminated, the host deregistered. What the pool still needs is asked for by
+    /// the next pass (its tasks, `min_hosts`).
     async fn retire(
         &self,
         pool: &PoolInfo,
@@ -525,10 +500,16 @@ impl Providers {
         {
             return Ok(());
         }
-        // A lost host's tasks were stopped with it; an impaired one's moved off.
+        // A lost host's tasks were stopped with it; an impaired or empty one's moved off.
         if let Err(e) = self.store.delete_host(host).await {
-            tracing::warn!(host = %host, error = %e, "a replaced host could not be deregistered");
+            tracing::warn!(host = %host, error = %e, "a terminated host could not be deregistered");
         }
+        self.memory
+            .lock()
+            .entry(pool.name.clone())
+            .or_default()
+            .empty_since
+            .remove(host);
         self.scheduler.capacity_changed();
         let said = format!("host {host} terminated and deregistered: {reason}");
         self.core.event(None, Some(host), &said).await;
