@@ -71,6 +71,13 @@ if [ "$want_test" = 1 ] && [ ! -x /usr/sbin/haproxy ]; then
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq haproxy
 fi
 
+# moto's server: a local AWS-compatible endpoint the aws-asg provider's tests and the
+# capacity drill talk to (never a real account).
+if [ "$want_test" = 1 ] && ! command -v moto_server >/dev/null 2>&1; then
+  log "installing moto[server] from PyPI"
+  python3 -m pip install --quiet 'moto[server]' || python3 -m pip install --quiet --break-system-packages 'moto[server]'
+fi
+
 if [ "$want_test" = 1 ] && [ ! -x /usr/bin/chromium ]; then
   log "installing Chromium from Debian's packages"
   sudo_cmd=""

@@ -517,3 +517,75 @@ async fn a_lost_host_is_replaced_new_machine_first() {
     );
     assert_eq!(tasks(c, "chat", &[TaskState::Running]).await.len(), 1);
 }
+
+/// A provider whose launches hang until released.
+#[derive(Default)]
+struct Hanging {
+    calls: Mutex<u32>,
+    release: tokio::sync::Notify,
+}
+
+#[async_trait]
+impl Machines for Hanging {
+    async fn launch(
+        &self,
+        _pool: &PoolName,
+        _provider: &Provider,
+        names: &[String],
+    ) -> Result<BTreeMap<String, String>, String> {
+        *self.calls.lock() += 1;
+        self.release.notified().await;
+        Ok(names
+            .iter()
+            .map(|n| (n.clone(), format!("i-{n}")))
+            .collect())
+    }
+
+    async fn terminate(
+        &self,
+        _pool: &PoolName,
+        _provider: &Provider,
+        _name: &str,
+        _provider_id: Option<&str>,
+    ) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_hung_provider_holds_up_its_own_pool_only_and_is_not_asked_twice() {
+    let e = env(fast()).await;
+    let c = &e.control;
+    with_provider(c, 4).await;
+    let hanging = Arc::new(Hanging::default());
+    c.providers().register(ProviderKind::Demo, hanging.clone());
+    let def = register_def(c, "chat", 20, 25).await;
+    service(c, "chat", &def, 3, DeploymentConfig::default()).await;
+    // The pass ends while the launch still hangs (a pass that waited for it would not).
+    c.reconcile_once().await.expect("pass");
+    assert_eq!(*hanging.calls.lock(), 1);
+    let machines = c
+        .providers()
+        .machines(Some(&gpu()), false)
+        .await
+        .expect("machines");
+    assert_eq!(machines.len(), 2, "asked for and recorded before the call");
+    assert!(machines.iter().all(|m| m.provider_id.is_none()));
+    // The next passes neither wait for it nor ask again.
+    c.reconcile_once().await.expect("pass");
+    assert_eq!(*hanging.calls.lock(), 1);
+    // Released: what it answers is written.
+    hanging.release.notify_one();
+    for _ in 0..100 {
+        let machines = c
+            .providers()
+            .machines(Some(&gpu()), false)
+            .await
+            .expect("machines");
+        if machines.iter().all(|m| m.provider_id.is_some()) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the answer of the released call was not written");
+}

@@ -255,6 +255,12 @@ async fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
         tessera_model::provider::ProviderKind::Command,
         std::sync::Arc::new(tessera_control::providers::command::CommandMachines::default()),
     );
+    // Pools whose capacity provider is an AWS Auto Scaling group (credentials and region the
+    // usual AWS way, read when a pool first needs them; `AWS_ENDPOINT_URL` honoured).
+    control.providers().register(
+        tessera_model::provider::ProviderKind::AwsAsg,
+        std::sync::Arc::new(tessera_aws::AsgMachines::new()),
+    );
     if let Some(token) = control
         .agents()
         .ensure_join_token(join_token.as_deref())

@@ -10,13 +10,17 @@ use super::AgentSync;
 use crate::agents::{hash_token, new_token};
 use crate::clock::{stamp, to_chrono};
 use crate::error::ControlError;
+use crate::store::Joined;
 use std::ops::Not;
 use std::time::Duration;
 use tessera_model::agent::{RegisterRequest, RegisterResponse};
 use tessera_model::auth::{Caller, JoinTokenInfo, JoinTokenInput, NewJoinToken};
 use tessera_model::limits::accounts::{MAX_JOIN_TOKEN_SECS, MAX_JOIN_TOKEN_USES};
+use tessera_model::provider::{Machine, MachineState};
 use tessera_model::time::Timestamp;
-use tessera_model::{Admission, GpuHealth, GpuInfo, HostId, HostInfo, HostStatus, SharingMode};
+use tessera_model::{
+    Admission, GpuHealth, GpuInfo, HostId, HostInfo, HostStatus, PoolInfo, SharingMode,
+};
 
 const JOIN_TOKEN_SETTING: &str = "join_token_sha256";
 /// The hash of the join token the configuration last gave (see `ensure_join_token`).
@@ -426,17 +430,8 @@ impl AgentSync {
             req.gpus.len()
         );
         self.core.event(None, Some(&id), &said).await;
-        if let Some(machine) = &req.provider_id
-            && self
-                .store
-                .join_machine(&req.pool, machine, &id, &stamp(self.core.now()))
-                .await?
-        {
-            let said = format!(
-                "host {id} joined as machine {machine}, which pool {}'s provider was asked for",
-                req.pool
-            );
-            self.core.event(None, Some(&id), &said).await;
+        if let Some(machine) = &req.provider_id {
+            self.join_machine(&pool, machine, &id).await?;
         }
         self.core.wake();
         Ok(RegisterResponse {
@@ -444,6 +439,61 @@ impl AgentSync {
             agent_token: token,
             sync_interval_secs: self.core.config().sync_interval.as_secs().max(1) as u32,
         })
+    }
+
+    /// Host `id` joined `pool` saying it is the provider's machine `provider_id`: the
+    /// machine asked for (by that id, or the oldest whose id the provider never said)
+    /// becomes active as it; a host the provider made without being asked (a group's
+    /// first instances) becomes one of the pool's machines too, so it is scaled in and
+    /// replaced like the others. Said in an event.
+    async fn join_machine(
+        &self,
+        pool: &PoolInfo,
+        provider_id: &str,
+        id: &HostId,
+    ) -> Result<(), ControlError> {
+        if pool.provider.is_none() {
+            return Ok(());
+        }
+        let at = self.core.now();
+        let said = match self
+            .store
+            .join_machine(&pool.name, provider_id, id, &stamp(at))
+            .await?
+        {
+            Joined::Asked(m) | Joined::Claimed(m) => format!(
+                "host {id} joined as machine {m} ({provider_id}), which pool {}'s provider was asked for",
+                pool.name
+            ),
+            Joined::Again(m) => format!("host {id} is machine {m} ({provider_id}) again"),
+            Joined::Unknown => {
+                let m = format!(
+                    "m-{}-{}",
+                    pool.name,
+                    &uuid::Uuid::new_v4().simple().to_string()[..8]
+                );
+                let reason = format!("joined as {provider_id} without being asked for");
+                self.store
+                    .add_machines(&[Machine {
+                        id: m.clone(),
+                        pool: pool.name.clone(),
+                        provider_id: Some(provider_id.to_owned()),
+                        host_id: Some(id.clone()),
+                        state: MachineState::Active,
+                        reason: reason.clone(),
+                        asked_at: Timestamp::from_utc(at),
+                        joined_at: Some(Timestamp::from_utc(at)),
+                        ended_at: None,
+                    }])
+                    .await?;
+                format!(
+                    "host {id} ({provider_id}) joined pool {} without being asked for: it is machine {m} of the pool's provider now",
+                    pool.name
+                )
+            }
+        };
+        self.core.event(None, Some(id), &said).await;
+        Ok(())
     }
 
     /// The host this registration rejoins, if any. A machine whose GPUs are already known

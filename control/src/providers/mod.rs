@@ -18,7 +18,7 @@ use crate::store::{ProvidersStore, TaskFilter};
 use async_trait::async_trait;
 use parking_lot::Mutex;
 use plan::{Booting, HostNow, PoolNow, Step};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use tessera_model::provider::{HostShape, Machine, MachineState, Provider, ProviderKind};
 use tessera_model::service::TaskState;
@@ -48,6 +48,44 @@ pub trait Machines: Send + Sync {
         name: &str,
         provider_id: Option<&str>,
     ) -> Result<(), String>;
+
+    /// The machines the provider has for `pool` now, read back to reconcile with (an Auto
+    /// Scaling group's instances); `None` where the provider cannot say.
+    async fn fleet(&self, _pool: &PoolName, _provider: &Provider) -> Result<Option<Fleet>, String> {
+        Ok(None)
+    }
+
+    /// Keeps the provider from removing machines `ids` on its own (`protected`), or lets
+    /// it again: a host running tasks is protected (as ECS's managed termination
+    /// protection). Providers that never remove machines on their own need nothing.
+    async fn protect(
+        &self,
+        _pool: &PoolName,
+        _provider: &Provider,
+        _ids: &[String],
+        _protected: bool,
+    ) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// A provider's machines as it reports them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fleet {
+    /// How many machines the provider is asked to keep.
+    pub desired: u32,
+    pub instances: Vec<Instance>,
+}
+
+/// One of a provider's machines as it reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Instance {
+    /// The provider's id (an EC2 instance id).
+    pub id: String,
+    /// Its lifecycle in the provider's words (`Pending`, `InService`, `Terminating`).
+    pub state: String,
+    /// Kept from the provider's own scale-in.
+    pub protected: bool,
 }
 
 /// What a pool's provider remembers between passes on this server (a new lease holder
@@ -62,7 +100,23 @@ struct PoolMemory {
     failures: (u32, Option<Timestamp>),
     /// What was last said without acting (said again only when it changes).
     said: Option<String>,
+    /// The provider's machines as last read, and when.
+    fleet: Option<(std::time::Instant, Fleet)>,
+    /// Provider calls still running after a pass stopped waiting for them: `launch`, or
+    /// the machine a call ends. No second call is made for the same while one runs.
+    in_flight: HashSet<String>,
 }
+
+/// How long a pass waits for one provider call before it goes on without it (the call
+/// runs on; its result is written when it ends): a slow or hung provider delays its own
+/// pool's next steps, never the scheduling of the fleet.
+const CALL_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+/// The most a pass waits to read a provider's machines back.
+const FLEET_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+/// How often a provider's machines are read back (and after each change it made).
+const FLEET_EVERY: std::time::Duration = std::time::Duration::from_secs(15);
+/// How long a joined machine may be missing from its provider's list before it is said.
+const MISSING_AFTER_SECS: u64 = 60;
 
 /// Pools' capacity providers (see the module's documentation).
 #[derive(Clone)]
@@ -211,10 +265,216 @@ impl Providers {
             )
             .await;
         }
-        for step in plan::plan(&view) {
-            self.carry_out(pool, provider, &machines, step).await?;
+        let steps = plan::plan(&view);
+        let mut unclaimed = match self.read_fleet(pool, provider).await {
+            Some(fleet) => {
+                self.reconcile_fleet(pool, provider, &hosts, &machines, &held, &fleet, at)
+                    .await;
+                unclaimed(&fleet, &hosts, &machines)
+            }
+            None => Vec::new(),
+        };
+        let machines = Arc::new(machines);
+        for step in steps {
+            self.run_step(pool, &machines, step, &mut unclaimed).await?;
         }
         Ok(())
+    }
+
+    /// Carries out `step`, waiting for the provider at most [`CALL_WAIT`]: a call that
+    /// takes longer runs on (its result written when it ends) while the pass goes on, and
+    /// no second call for the same launch or machine is made meanwhile. A machine given up
+    /// on whose id the provider never said takes one of `unclaimed` (a machine the
+    /// provider has that no host or machine of the pool is).
+    async fn run_step(
+        &self,
+        pool: &PoolInfo,
+        machines: &Arc<Vec<Machine>>,
+        step: Step,
+        unclaimed: &mut Vec<String>,
+    ) -> Result<(), ControlError> {
+        let key = match &step {
+            Step::Say(what) => {
+                self.say(&pool.name, what).await;
+                return Ok(());
+            }
+            Step::Launch { .. } => "launch".to_owned(),
+            Step::Abandon { machine, .. }
+            | Step::Replace { machine, .. }
+            | Step::ScaleIn { machine, .. } => machine.clone(),
+        };
+        let instance = match &step {
+            Step::Abandon { machine, .. } => machines
+                .iter()
+                .find(|m| &m.id == machine)
+                .and_then(|m| m.provider_id.clone())
+                .or_else(|| unclaimed.pop()),
+            _ => None,
+        };
+        let Some(guard) = InFlight::take(&self.memory, &pool.name, &key) else {
+            return Ok(());
+        };
+        let (this, pool_now, machines) = (self.clone(), pool.clone(), machines.clone());
+        let mut call = tokio::spawn(async move {
+            let _guard = guard;
+            let done = this.carry_out(&pool_now, &machines, step, instance).await;
+            if let Err(e) = &done {
+                tracing::warn!(pool = %pool_now.name, error = %e, "a capacity provider step failed");
+            }
+            done
+        });
+        match tokio::time::timeout(CALL_WAIT, &mut call).await {
+            Ok(Ok(done)) => done,
+            Ok(Err(e)) => Err(ControlError::Conflict(format!(
+                "a capacity provider step of pool {} failed: {e}",
+                pool.name
+            ))),
+            Err(_) => {
+                tracing::info!(pool = %pool.name, step = %key, "the provider is slow; its call runs on while the pass goes on");
+                Ok(())
+            }
+        }
+    }
+
+    /// The provider's machines for `pool`, read again when the last reading is older than
+    /// [`FLEET_EVERY`] or the provider changed something since. A provider that cannot say
+    /// is said in an event, and the pass goes on without.
+    async fn read_fleet(&self, pool: &PoolInfo, provider: &Provider) -> Option<Fleet> {
+        let driver = self.driver(provider.kind)?;
+        let cached = {
+            let memory = self.memory.lock();
+            memory
+                .get(&pool.name)
+                .and_then(|m| m.fleet.clone())
+                .filter(|(at, _)| at.elapsed() < FLEET_EVERY)
+        };
+        if let Some((_, fleet)) = cached {
+            return Some(fleet);
+        }
+        let read = tokio::time::timeout(FLEET_WAIT, driver.fleet(&pool.name, provider)).await;
+        let read =
+            read.unwrap_or_else(|_| Err(format!("no answer within {} s", FLEET_WAIT.as_secs())));
+        match read {
+            Ok(Some(fleet)) => {
+                self.memory
+                    .lock()
+                    .entry(pool.name.clone())
+                    .or_default()
+                    .fleet = Some((std::time::Instant::now(), fleet.clone()));
+                Some(fleet)
+            }
+            Ok(None) => None,
+            Err(why) => {
+                self.say(
+                    &pool.name,
+                    &format!(
+                        "cannot read the {} provider's machines: {why}",
+                        provider.kind
+                    ),
+                )
+                .await;
+                None
+            }
+        }
+    }
+
+    /// Brings the provider in line with the pool: hosts running tasks protected from its
+    /// own scale-in and empty ones not; a joined machine the provider no longer has said.
+    #[allow(clippy::too_many_arguments)]
+    async fn reconcile_fleet(
+        &self,
+        pool: &PoolInfo,
+        provider: &Provider,
+        hosts: &[&HostInfo],
+        machines: &[Machine],
+        held: &HashMap<HostId, usize>,
+        fleet: &Fleet,
+        at: Timestamp,
+    ) {
+        let Some(driver) = self.driver(provider.kind) else {
+            return;
+        };
+        let (mut protect, mut release) = (Vec::new(), Vec::new());
+        for h in hosts {
+            let Some(i) = h
+                .provider_id
+                .as_ref()
+                .and_then(|id| fleet.instances.iter().find(|i| &i.id == id))
+            else {
+                continue;
+            };
+            let busy = held.get(&h.id).copied().unwrap_or(0) > 0;
+            if busy && !i.protected {
+                protect.push(i.id.clone());
+            } else if !busy && i.protected {
+                release.push(i.id.clone());
+            }
+        }
+        for (ids, protected) in [(protect, true), (release, false)] {
+            if ids.is_empty() {
+                continue;
+            }
+            let call = driver.protect(&pool.name, provider, &ids, protected);
+            match tokio::time::timeout(CALL_WAIT, call).await {
+                Ok(Ok(())) => {
+                    if let Some((_, f)) = &mut self
+                        .memory
+                        .lock()
+                        .entry(pool.name.clone())
+                        .or_default()
+                        .fleet
+                    {
+                        for i in f.instances.iter_mut().filter(|i| ids.contains(&i.id)) {
+                            i.protected = protected;
+                        }
+                    }
+                    tracing::info!(pool = %pool.name, ?ids, protected, "scale-in protection set");
+                }
+                Ok(Err(why)) => {
+                    let what = if protected { "protect" } else { "unprotect" };
+                    self.say(
+                        &pool.name,
+                        &format!(
+                            "the {} provider failed to {what} {}: {why}",
+                            provider.kind,
+                            ids.join(", ")
+                        ),
+                    )
+                    .await;
+                }
+                Err(_) => {
+                    tracing::warn!(pool = %pool.name, "setting scale-in protection took too long")
+                }
+            }
+        }
+        let missing: Vec<String> = machines
+            .iter()
+            .filter(|m| m.state == MachineState::Active)
+            .filter(|m| {
+                m.joined_at
+                    .is_some_and(|j| secs_between(j, at) >= MISSING_AFTER_SECS)
+            })
+            .filter_map(|m| m.provider_id.as_ref().map(|id| (m, id)))
+            .filter(|(_, id)| !fleet.instances.iter().any(|i| &i.id == *id))
+            .map(|(m, id)| {
+                format!(
+                    "{} ({id}, host {})",
+                    m.id,
+                    m.host_id.as_ref().map_or("none", |h| h.as_str())
+                )
+            })
+            .collect();
+        if !missing.is_empty() {
+            self.say(
+                &pool.name,
+                &format!(
+                    "the {} provider no longer has machine(s) {}: ended outside Tessera, or a host said an id that is not its own; such a host is deregistered once lost",
+                    provider.kind,
+                    missing.join(", ")
+                ),
+            )
+            .await;
+        }
     }
 
     /// The pool's hosts as the plan sees them, with what this server remembers of each
@@ -296,22 +556,23 @@ impl Providers {
             .map(|m| m.asked_at))
     }
 
+    /// Carries out `step`; `instance` is the provider's id of a machine given up on.
     async fn carry_out(
         &self,
         pool: &PoolInfo,
-        provider: &Provider,
         machines: &[Machine],
         step: Step,
+        instance: Option<String>,
     ) -> Result<(), ControlError> {
+        let provider = pool.provider.as_ref().expect("a pool with a provider");
         match step {
             Step::Launch { count, reason } => self.launch(pool, provider, count, &reason).await,
             Step::Abandon { machine, reason } => {
-                let m = machines.iter().find(|m| m.id == machine);
                 self.end_machine(
                     pool,
                     provider,
                     &machine,
-                    m.and_then(|m| m.provider_id.as_deref()),
+                    instance.as_deref(),
                     MachineState::Booting,
                     MachineState::Failed,
                     &reason,
@@ -587,6 +848,61 @@ impl Providers {
                 .await;
         }
     }
+}
+
+/// Takes a provider call's place in its pool's memory; gives it back when dropped (the call
+/// ended, failed or panicked).
+struct InFlight {
+    memory: Arc<Mutex<HashMap<PoolName, PoolMemory>>>,
+    pool: PoolName,
+    key: String,
+}
+
+impl InFlight {
+    /// `None` while a call for the same runs.
+    fn take(
+        memory: &Arc<Mutex<HashMap<PoolName, PoolMemory>>>,
+        pool: &PoolName,
+        key: &str,
+    ) -> Option<InFlight> {
+        let mut m = memory.lock();
+        m.entry(pool.clone())
+            .or_default()
+            .in_flight
+            .insert(key.to_owned())
+            .then(|| InFlight {
+                memory: memory.clone(),
+                pool: pool.clone(),
+                key: key.to_owned(),
+            })
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut m = self.memory.lock();
+        let mem = m.entry(self.pool.clone()).or_default();
+        mem.in_flight.remove(&self.key);
+        // The provider changed: read its machines again.
+        mem.fleet = None;
+    }
+}
+
+/// The provider's machines that no host or machine of the pool is (booting ones whose id
+/// it never said, or strays), newest last.
+fn unclaimed(fleet: &Fleet, hosts: &[&HostInfo], machines: &[Machine]) -> Vec<String> {
+    fleet
+        .instances
+        .iter()
+        .filter(|i| !i.state.starts_with("Terminat"))
+        .filter(|i| !hosts.iter().any(|h| h.provider_id.as_ref() == Some(&i.id)))
+        .filter(|i| {
+            !machines
+                .iter()
+                .any(|m| m.provider_id.as_ref() == Some(&i.id))
+        })
+        .map(|i| i.id.clone())
+        .collect()
 }
 
 /// The shape of the pool's hosts, when they agree on one (the first host's otherwise).

@@ -1,6 +1,6 @@
 //! Machines asked of pools' capacity providers.
 use super::*;
-use crate::store::MachineStore;
+use crate::store::{Joined, MachineStore};
 use tessera_model::provider::{Machine, MachineState};
 
 const MACHINE_COLUMNS: &str =
@@ -33,7 +33,7 @@ impl MachineStore for This {
         let mut tx = self.begin_immediate().await?;
         for m in machines {
             sqlx::query(
-                "INSERT INTO machines (id, pool, provider_id, host_id, state, reason, asked_at) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                "INSERT INTO machines (id, pool, provider_id, host_id, state, reason, asked_at, joined_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
             )
             .bind(&m.id)
             .bind(m.pool.as_str())
@@ -42,6 +42,7 @@ impl MachineStore for This {
             .bind(m.state.as_str())
             .bind(&m.reason)
             .bind(m.asked_at)
+            .bind(m.joined_at)
             .execute(&mut *tx)
             .await?;
         }
@@ -114,18 +115,42 @@ impl MachineStore for This {
         provider_id: &str,
         host: &HostId,
         at: &str,
-    ) -> Result<bool, StoreError> {
-        let done = self
-            .write_one(
-                sqlx::query(
-                    "UPDATE machines SET state = 'active', host_id = $1, joined_at = $2 WHERE pool = $3 AND provider_id = $4 AND state = 'booting'",
+    ) -> Result<Joined, StoreError> {
+        let mut tx = self.begin_immediate().await?;
+        let known: Option<(String, String)> = sqlx::query_as(
+            "SELECT id, state FROM machines WHERE pool = $1 AND provider_id = $2 AND state IN ('booting', 'active') ORDER BY asked_at DESC LIMIT 1",
+        )
+        .bind(pool.as_str())
+        .bind(provider_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let unnamed: Option<(String,)> = match &known {
+            Some(_) => None,
+            None => {
+                sqlx::query_as(
+                    "SELECT id FROM machines WHERE pool = $1 AND provider_id IS NULL AND state = 'booting' ORDER BY asked_at, id LIMIT 1",
                 )
-                .bind(host.as_str())
-                .bind(at)
                 .bind(pool.as_str())
-                .bind(provider_id),
-            )
-            .await?;
-        Ok(done.rows_affected() > 0)
+                .fetch_optional(&mut *tx)
+                .await?
+            }
+        };
+        let (id, joined): (String, fn(String) -> Joined) = match (known, unnamed) {
+            (Some((id, state)), _) if state == "booting" => (id, Joined::Asked),
+            (Some((id, _)), _) => (id, Joined::Again),
+            (None, Some((id,))) => (id, Joined::Claimed),
+            (None, None) => return Ok(Joined::Unknown),
+        };
+        sqlx::query(
+            "UPDATE machines SET state = 'active', host_id = $1, provider_id = $2, joined_at = COALESCE(joined_at, $3) WHERE id = $4",
+        )
+        .bind(host.as_str())
+        .bind(provider_id)
+        .bind(at)
+        .bind(&id)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(joined(id))
     }
 }

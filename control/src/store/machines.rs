@@ -31,13 +31,29 @@ pub trait MachineStore: Send + Sync + 'static {
     ) -> Result<bool, StoreError>;
     /// The provider's id for machine `id`, once the provider says it.
     async fn set_machine_provider_id(&self, id: &str, provider_id: &str) -> Result<(), StoreError>;
-    /// The booting machine of `pool` whose provider id is `provider_id` joined as host
-    /// `host`: active from `at`. Whether one did.
+    /// Host `host` joined `pool` saying it is the provider's machine `provider_id`: the
+    /// booting machine with that id becomes active as it; failing that, a live machine
+    /// with that id (the host rejoining) is it now; failing that, the oldest booting
+    /// machine whose id the provider never said (an Auto Scaling group names its instances
+    /// only once they run) takes the id and becomes active. `at` is the time.
     async fn join_machine(
         &self,
         pool: &PoolName,
         provider_id: &str,
         host: &HostId,
         at: &str,
-    ) -> Result<bool, StoreError>;
+    ) -> Result<Joined, StoreError>;
+}
+
+/// How a host that said its provider id became one of its pool's machines.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Joined {
+    /// It is machine `0`, asked for under that provider id.
+    Asked(String),
+    /// It is machine `0` again (it had joined before).
+    Again(String),
+    /// It is machine `0`, asked for before the provider said its id.
+    Claimed(String),
+    /// No machine of the pool was waiting for it.
+    Unknown,
 }

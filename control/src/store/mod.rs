@@ -24,7 +24,7 @@ pub use hosts::{
     GpuChange, HOST_ID_TAKEN, HostPage, HostPageQuery, HostReport, HostState, HostStore,
     JOIN_TOKEN_SPENT, JoinTokenUse,
 };
-pub use machines::MachineStore;
+pub use machines::{Joined, MachineStore};
 pub use projects::{PREEMPTIONS_KEPT, ProjectStore};
 pub use services::{ServiceStore, SettingsChange};
 pub use tasks::{
