@@ -4,7 +4,8 @@
 # PostgreSQL server, the browser tests in headless Chromium against a fresh demo server,
 # the short fault drills on the real binaries, the serving drill (HAProxy under load), the
 # work drill (autoscaling and a latency alarm on what the application reports) and the
-# security drill (a compromised task and a leaked token). This is what CI runs.
+# security drill (a compromised task and a leaked token) and the capacity drill (an Auto
+# Scaling group on a local AWS endpoint, grown, repaired and shrunk). This is what CI runs.
 #
 #   scripts/test.sh           everything (15-30 minutes warm on 2 cores)
 #   scripts/test.sh --quick   formatting, clippy, every crate's unit tests and the store
@@ -61,6 +62,8 @@ echo "== work drill: application metrics, autoscaling and a latency alarm on the
 TESSERA_BIN_DIR="$CARGO_TARGET_DIR/debug" python3 scripts/work_drill.py
 echo "== security drill: a compromised task and a leaked token against the real binaries"
 TESSERA_BIN_DIR="$CARGO_TARGET_DIR/debug" python3 scripts/security_drill.py
+echo "== capacity drill: an Auto Scaling group (moto_server) grown, repaired and shrunk by the scheduler"
+TESSERA_BIN_DIR="$CARGO_TARGET_DIR/debug" python3 scripts/capacity_drill.py
 echo "== the GPU check's parts that need no GPU (stand-in nvidia-smi, simulated agent)"
 TESSERA_BIN_DIR="$CARGO_TARGET_DIR/debug" python3 scripts/gpu_check_test.py
 TESSERA_BIN_DIR="$CARGO_TARGET_DIR/debug" python3 scripts/gpu_work_test.py

@@ -116,6 +116,14 @@ pub struct Provider {
     pub scale_in_cooldown_secs: u32,
     /// How long a machine asked for may take to join before it counts as a failed launch.
     pub boot_timeout_secs: u32,
+    /// How long a host it made may stay impaired (its MPS daemon failed for good, a GPU
+    /// fault), its tasks moved off, before it is replaced.
+    #[serde(default = "default_repair_delay")]
+    pub repair_delay_secs: u32,
+    /// How long a host it made may stay lost before its machine is terminated and the
+    /// host deregistered (its tasks were replaced when it was declared lost).
+    #[serde(default = "default_lost_delay")]
+    pub lost_delay_secs: u32,
     /// The hosts it makes (absent: learnt from the pool's hosts).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shape: Option<HostShape>,
@@ -165,6 +173,14 @@ pub struct ProviderInput {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(minimum = 10, maximum = 86_400))]
     pub boot_timeout_secs: Option<u32>,
+    /// Default 300.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0, maximum = 86_400))]
+    pub repair_delay_secs: Option<u32>,
+    /// Default 900.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0, maximum = 86_400))]
+    pub lost_delay_secs: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shape: Option<HostShape>,
 }
@@ -193,9 +209,24 @@ impl From<&Provider> for ProviderInput {
             scale_out_cooldown_secs: Some(p.scale_out_cooldown_secs),
             scale_in_cooldown_secs: Some(p.scale_in_cooldown_secs),
             boot_timeout_secs: Some(p.boot_timeout_secs),
+            repair_delay_secs: Some(p.repair_delay_secs),
+            lost_delay_secs: Some(p.lost_delay_secs),
             shape: p.shape.clone(),
         }
     }
+}
+
+/// How long a host a provider made may stay impaired, unless the provider says.
+pub const REPAIR_DELAY_SECS: u32 = 300;
+/// How long a host a provider made may stay lost, unless the provider says.
+pub const LOST_DELAY_SECS: u32 = 900;
+
+fn default_repair_delay() -> u32 {
+    REPAIR_DELAY_SECS
+}
+
+fn default_lost_delay() -> u32 {
+    LOST_DELAY_SECS
 }
 
 /// The most hosts a provider may keep in one pool.
@@ -333,6 +364,13 @@ pub fn validate(input: &ProviderInput) -> Result<Provider, ValidationErrors> {
         0,
     );
     let boot_timeout_secs = secs("boot_timeout_secs", input.boot_timeout_secs, 600, 10);
+    let repair_delay_secs = secs(
+        "repair_delay_secs",
+        input.repair_delay_secs,
+        REPAIR_DELAY_SECS,
+        0,
+    );
+    let lost_delay_secs = secs("lost_delay_secs", input.lost_delay_secs, LOST_DELAY_SECS, 0);
     if let Some(s) = &input.shape {
         if s.gpu_model.trim().is_empty()
             || s.gpu_model.starts_with(char::is_whitespace)
@@ -376,6 +414,8 @@ pub fn validate(input: &ProviderInput) -> Result<Provider, ValidationErrors> {
         scale_out_cooldown_secs,
         scale_in_cooldown_secs,
         boot_timeout_secs,
+        repair_delay_secs,
+        lost_delay_secs,
         shape: input.shape.clone(),
     })
 }

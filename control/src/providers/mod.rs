@@ -207,12 +207,16 @@ impl Providers {
         let provider = pool.provider.as_ref().expect("filtered");
         let hosts: Vec<&HostInfo> = all.iter().filter(|h| h.pool == pool.name).collect();
         let shape = provider.shape.clone().or_else(|| learnt_shape(&hosts));
+        let now = self.core.now();
+        let at = Timestamp::from_utc(now);
+        let fleet = self.read_fleet(pool, provider).await;
+        if let Some(fleet) = &fleet {
+            self.adopt_instances(pool, &hosts, fleet, at).await?;
+        }
         let machines = self
             .store
             .list_machines(Some(&pool.name), false, MACHINES_LISTED)
             .await?;
-        let now = self.core.now();
-        let at = Timestamp::from_utc(now);
         let held = self.tasks_by_host(&pool.name).await?;
         let have = hosts.len() as u32
             + machines
@@ -266,32 +270,85 @@ impl Providers {
             .await;
         }
         let steps = plan::plan(&view);
-        let mut unclaimed = match self.read_fleet(pool, provider).await {
-            Some(fleet) => {
-                self.reconcile_fleet(pool, provider, &hosts, &machines, &held, &fleet, at)
-                    .await;
-                unclaimed(&fleet, &hosts, &machines)
-            }
-            None => Vec::new(),
-        };
+        if let Some(fleet) = &fleet {
+            self.reconcile_fleet(pool, provider, &hosts, &machines, &held, fleet, at)
+                .await;
+        }
         let machines = Arc::new(machines);
         for step in steps {
-            self.run_step(pool, &machines, step, &mut unclaimed).await?;
+            self.run_step(pool, &machines, step).await?;
         }
+        Ok(())
+    }
+
+    /// The provider's machines that no host or machine of the pool is yet (an Auto Scaling
+    /// group names its instances only once they run, and has instances of its own before
+    /// the pool has a provider): each takes the place of a machine asked for whose id the
+    /// provider never said (oldest first), and the rest are recorded as machines booting.
+    /// So they count as coming capacity (never asked for twice), and one whose host does
+    /// not join within the boot timeout is terminated like any other.
+    async fn adopt_instances(
+        &self,
+        pool: &PoolInfo,
+        hosts: &[&HostInfo],
+        fleet: &Fleet,
+        at: Timestamp,
+    ) -> Result<(), ControlError> {
+        let machines = self
+            .store
+            .list_machines(Some(&pool.name), false, MACHINES_LISTED)
+            .await?;
+        let mut unclaimed = unclaimed(fleet, hosts, &machines).into_iter();
+        // Newest first in the store's answer: the oldest take ids first.
+        for m in machines
+            .iter()
+            .rev()
+            .filter(|m| m.state == MachineState::Booting && m.provider_id.is_none())
+        {
+            let Some(id) = unclaimed.next() else {
+                return Ok(());
+            };
+            self.store.set_machine_provider_id(&m.id, &id).await?;
+        }
+        let rows: Vec<Machine> = unclaimed
+            .map(|id| Machine {
+                id: format!("m-{}-{}", pool.name, &uuid::Uuid::new_v4().simple().to_string()[..8]),
+                pool: pool.name.clone(),
+                reason: format!("the provider has {id}, which Tessera did not ask for: waiting for its host to join"),
+                provider_id: Some(id),
+                host_id: None,
+                state: MachineState::Booting,
+                asked_at: at,
+                joined_at: None,
+                ended_at: None,
+            })
+            .collect();
+        if rows.is_empty() {
+            return Ok(());
+        }
+        self.store.add_machines(&rows).await?;
+        let ids: Vec<&str> = rows
+            .iter()
+            .filter_map(|m| m.provider_id.as_deref())
+            .collect();
+        let said = format!(
+            "pool {}: the provider has {} machine(s) no host is yet ({}): counted as booting, terminated unless their hosts join within the boot timeout",
+            pool.name,
+            ids.len(),
+            ids.join(", ")
+        );
+        self.core.event(None, None, &said).await;
         Ok(())
     }
 
     /// Carries out `step`, waiting for the provider at most [`CALL_WAIT`]: a call that
     /// takes longer runs on (its result written when it ends) while the pass goes on, and
-    /// no second call for the same launch or machine is made meanwhile. A machine given up
-    /// on whose id the provider never said takes one of `unclaimed` (a machine the
-    /// provider has that no host or machine of the pool is).
+    /// no second call for the same launch or machine is made meanwhile.
     async fn run_step(
         &self,
         pool: &PoolInfo,
         machines: &Arc<Vec<Machine>>,
         step: Step,
-        unclaimed: &mut Vec<String>,
     ) -> Result<(), ControlError> {
         let key = match &step {
             Step::Say(what) => {
@@ -303,21 +360,13 @@ impl Providers {
             | Step::Replace { machine, .. }
             | Step::ScaleIn { machine, .. } => machine.clone(),
         };
-        let instance = match &step {
-            Step::Abandon { machine, .. } => machines
-                .iter()
-                .find(|m| &m.id == machine)
-                .and_then(|m| m.provider_id.clone())
-                .or_else(|| unclaimed.pop()),
-            _ => None,
-        };
         let Some(guard) = InFlight::take(&self.memory, &pool.name, &key) else {
             return Ok(());
         };
         let (this, pool_now, machines) = (self.clone(), pool.clone(), machines.clone());
         let mut call = tokio::spawn(async move {
             let _guard = guard;
-            let done = this.carry_out(&pool_now, &machines, step, instance).await;
+            let done = this.carry_out(&pool_now, &machines, step).await;
             if let Err(e) = &done {
                 tracing::warn!(pool = %pool_now.name, error = %e, "a capacity provider step failed");
             }
@@ -556,23 +605,22 @@ impl Providers {
             .map(|m| m.asked_at))
     }
 
-    /// Carries out `step`; `instance` is the provider's id of a machine given up on.
     async fn carry_out(
         &self,
         pool: &PoolInfo,
         machines: &[Machine],
         step: Step,
-        instance: Option<String>,
     ) -> Result<(), ControlError> {
         let provider = pool.provider.as_ref().expect("a pool with a provider");
         match step {
             Step::Launch { count, reason } => self.launch(pool, provider, count, &reason).await,
             Step::Abandon { machine, reason } => {
+                let m = machines.iter().find(|m| m.id == machine);
                 self.end_machine(
                     pool,
                     provider,
                     &machine,
-                    instance.as_deref(),
+                    m.and_then(|m| m.provider_id.as_deref()),
                     MachineState::Booting,
                     MachineState::Failed,
                     &reason,
@@ -888,8 +936,7 @@ impl Drop for InFlight {
     }
 }
 
-/// The provider's machines that no host or machine of the pool is (booting ones whose id
-/// it never said, or strays), newest last.
+/// The provider's machines (not on their way out) that no host or machine of the pool is.
 fn unclaimed(fleet: &Fleet, hosts: &[&HostInfo], machines: &[Machine]) -> Vec<String> {
     fleet
         .instances

@@ -71,13 +71,6 @@ pub(crate) enum Step {
     Say(String),
 }
 
-/// How long a host the provider made may stay impaired (its MPS daemon failed for good, a
-/// GPU fault) before it is replaced, once its tasks have moved off.
-pub(crate) const REPAIR_DELAY_SECS: u64 = 300;
-/// How long a host the provider made may stay lost before its machine is terminated and
-/// the host deregistered (its tasks were replaced when it was declared lost).
-pub(crate) const LOST_DELAY_SECS: u64 = 900;
-
 /// Seconds to wait after `failures` launches failed in a row: 30 s doubling, at most 30
 /// minutes.
 pub(crate) fn launch_backoff(failures: u32) -> u64 {
@@ -228,9 +221,9 @@ fn scale_out(
     true
 }
 
-/// Broken hosts the provider made: impaired past [`REPAIR_DELAY_SECS`] once no task is
+/// Broken hosts the provider made: impaired past the provider's repair delay once no task is
 /// left on them (their tasks moved start-before-stop, onto new hosts first if the pool had
-/// no room), or lost past [`LOST_DELAY_SECS`]; never more than a fifth of the pool's hosts
+/// no room), or lost past its lost delay; never more than a fifth of the pool's hosts
 /// (at least one) in one pass.
 fn replace(now: &PoolNow<'_>, steps: &mut Vec<Step>) {
     let mut broken: Vec<&HostNow> = now
@@ -238,8 +231,10 @@ fn replace(now: &PoolNow<'_>, steps: &mut Vec<Step>) {
         .iter()
         .filter(|h| h.machine.is_some())
         .filter(|h| match (h.status, h.bad_for) {
-            (HostStatus::Impaired, Some(s)) => h.tasks == 0 && s >= REPAIR_DELAY_SECS,
-            (HostStatus::Lost, Some(s)) => s >= LOST_DELAY_SECS,
+            (HostStatus::Impaired, Some(s)) => {
+                h.tasks == 0 && s >= u64::from(now.provider.repair_delay_secs)
+            }
+            (HostStatus::Lost, Some(s)) => s >= u64::from(now.provider.lost_delay_secs),
             _ => false,
         })
         .collect();
