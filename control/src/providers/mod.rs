@@ -13,6 +13,7 @@ mod plan;
 use crate::clock::stamp;
 use crate::error::ControlError;
 use crate::parts::Core;
+use crate::projects::pool_capacity;
 use crate::scheduler::Scheduler;
 use crate::store::{ProvidersStore, TaskFilter};
 use async_trait::async_trait;
@@ -20,6 +21,7 @@ use parking_lot::Mutex;
 use plan::{Booting, HostNow, PoolNow, Step};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
+use tessera_model::project::Usage;
 use tessera_model::provider::{HostShape, Machine, MachineState, Provider, ProviderKind};
 use tessera_model::service::TaskState;
 use tessera_model::time::Timestamp;
@@ -257,6 +259,7 @@ impl Providers {
             waiting,
             since_scale_out,
             failed_launches,
+            guaranteed: self.guaranteed_in(&pool.name).await?,
         };
         let view = PoolNow {
             shape: shape.as_ref(),
@@ -565,6 +568,7 @@ impl Providers {
                     empty_for: empty.map(|e| secs_between(e, at)),
                     status: h.status,
                     bad_for: bad.map(|b| secs_between(b, at)),
+                    capacity: pool_capacity(std::iter::once(*h)),
                 }
             })
             .collect();
@@ -574,6 +578,17 @@ impl Providers {
             .retain(|id, _| hosts.iter().any(|h| &h.id == id));
         let failed = (mem.failures.0, mem.failures.1.map(|t| secs_between(t, at)));
         (now, failed)
+    }
+
+    /// What projects are guaranteed in `pool`, all together.
+    async fn guaranteed_in(&self, pool: &PoolName) -> Result<Usage, ControlError> {
+        Ok(self
+            .store
+            .list_projects()
+            .await?
+            .iter()
+            .filter_map(|p| p.quota(pool.as_str()))
+            .fold(Usage::default(), |sum, q| sum.plus(&q.guaranteed.or_zero())))
     }
 
     /// Tasks holding capacity in `pool`, by host.

@@ -3,6 +3,7 @@
 //! tasks that wait and how many hosts of the provider's shape would place them): table
 //! tested without a store, a clock or a provider.
 
+use tessera_model::project::Usage;
 use tessera_model::provider::{HostShape, Provider, with_headroom};
 use tessera_model::{HostId, HostStatus};
 use tessera_placement::sizing::Sizing;
@@ -21,6 +22,8 @@ pub(crate) struct HostNow {
     pub(crate) status: HostStatus,
     /// How long it has been impaired or lost (seconds), as this server saw.
     pub(crate) bad_for: Option<u64>,
+    /// What it offers (its GPUs, compute, CPU and memory), as projects' guarantees count.
+    pub(crate) capacity: Usage,
 }
 
 /// A machine asked for and not joined yet.
@@ -45,6 +48,9 @@ pub(crate) struct PoolNow<'a> {
     pub(crate) since_scale_out: Option<u64>,
     /// Launches failed in a row, and seconds since the last one failed.
     pub(crate) failed_launches: (u32, Option<u64>),
+    /// What projects are guaranteed in the pool, all together: scaling in never leaves
+    /// the pool less.
+    pub(crate) guaranteed: Usage,
 }
 
 /// One thing to do.
@@ -260,7 +266,8 @@ fn replace(now: &PoolNow<'_>, steps: &mut Vec<Step>) {
 }
 
 /// Hosts to terminate: those empty for the scale-in cooldown (longest first), never
-/// below `min_hosts` nor the spare room the target capacity keeps.
+/// below `min_hosts`, the spare room the target capacity keeps, or what projects are
+/// guaranteed in the pool (an empty host that guarantees need stays, and that is said).
 fn scale_in(now: &PoolNow<'_>, c: &Counts, steps: &mut Vec<Step>) {
     let p = now.provider;
     let keep = p
@@ -280,7 +287,28 @@ fn scale_in(now: &PoolNow<'_>, c: &Counts, steps: &mut Vec<Step>) {
         .collect();
     // Longest empty first; ties by id, so every server plans alike.
     idle.sort_by(|a, b| b.empty_for.cmp(&a.empty_for).then(a.id.cmp(&b.id)));
-    for h in idle.into_iter().take(removable) {
+    let mut capacity = now
+        .hosts
+        .iter()
+        .filter(|h| h.status != HostStatus::Lost)
+        .fold(Usage::default(), |sum, h| sum.plus(&h.capacity));
+    let mut kept: Vec<(&HostId, Vec<String>)> = Vec::new();
+    for h in idle {
+        if steps
+            .iter()
+            .filter(|s| matches!(s, Step::ScaleIn { .. }))
+            .count()
+            >= removable
+        {
+            break;
+        }
+        let after = capacity.above(&h.capacity);
+        let short = after.shortfalls(&now.guaranteed);
+        if !short.is_empty() {
+            kept.push((&h.id, short.into_iter().map(|(_, words)| words).collect()));
+            continue;
+        }
+        capacity = after;
         steps.push(Step::ScaleIn {
             host: h.id.clone(),
             machine: h.machine.clone().expect("filtered"),
@@ -291,6 +319,14 @@ fn scale_in(now: &PoolNow<'_>, c: &Counts, steps: &mut Vec<Step>) {
                 p.scale_in_cooldown_secs
             ),
         });
+    }
+    if let Some((first, short)) = kept.first() {
+        let ids: Vec<String> = kept.iter().map(|(id, _)| id.to_string()).collect();
+        steps.push(Step::Say(format!(
+            "empty host(s) {} kept: projects' guarantees in the pool need them (without {first}: {})",
+            ids.join(", "),
+            short.join("; ")
+        )));
     }
 }
 
@@ -320,6 +356,13 @@ mod tests {
             empty_for,
             status: HostStatus::Active,
             bad_for: None,
+            capacity: Usage {
+                gpus: 2,
+                gpu_memory_mib: 49152,
+                compute_milli: 2000,
+                cpu_milli: 32000,
+                memory_mib: 131072,
+            },
         }
     }
 
@@ -340,6 +383,7 @@ mod tests {
             waiting: None,
             since_scale_out: None,
             failed_launches: (0, None),
+            guaranteed: Usage::default(),
         }
     }
 
@@ -493,6 +537,52 @@ mod tests {
         let mut n = now(&p, vec![host("a", 0, Some(900))]);
         n.waiting = Some(("x".into(), sizing(0)));
         assert!(plan(&n).is_empty());
+    }
+
+    #[test]
+    fn empty_hosts_that_projects_guarantees_need_stay_and_that_is_said() {
+        let p = provider(0, 10, 100);
+        // Four hosts of 2 GPUs; 5 GPUs guaranteed: of three empty hosts, one may go.
+        let mut n = now(
+            &p,
+            vec![
+                host("a", 1, None),
+                host("b", 0, Some(900)),
+                host("c", 0, Some(800)),
+                host("d", 0, Some(700)),
+            ],
+        );
+        n.guaranteed = Usage {
+            gpus: 5,
+            ..Usage::default()
+        };
+        let steps = plan(&n);
+        let gone: Vec<String> = steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::ScaleIn { host, .. } => Some(host.to_string()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(gone, vec!["b"]);
+        let said: Vec<&String> = steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::Say(words) => Some(words),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(said.len(), 1);
+        assert!(said[0].contains("c, d kept"), "{}", said[0]);
+        assert!(said[0].contains("1 whole GPUs short"), "{}", said[0]);
+        // Guarantees of GPU memory count too; with none, every empty host goes.
+        n.guaranteed = Usage {
+            gpu_memory_mib: 49152 * 4,
+            ..Usage::default()
+        };
+        assert!(!plan(&n).iter().any(|s| matches!(s, Step::ScaleIn { .. })));
+        n.guaranteed = Usage::default();
+        assert_eq!(plan(&n).len(), 3);
     }
 
     #[test]

@@ -84,8 +84,8 @@ bundle!(
 
 bundle!(
     /// What capacity providers read and write: pools and hosts, the machines asked for,
-    /// tasks (a host's), events.
-    ProvidersStore: HostStore MachineStore TaskStore EventStore
+    /// tasks (a host's), events, projects (their guarantees in a pool bound scale-in).
+    ProvidersStore: HostStore MachineStore TaskStore EventStore ProjectStore
 );
 
 /// Everything the control plane persists, one trait per aggregate. Callers hold an `Arc<dyn Store>`;
