@@ -173,6 +173,11 @@ pub enum ClientCommand {
         #[command(flatten)]
         conn: Connection,
     },
+    /// Set or remove a pool's capacity provider (what makes and removes its machines).
+    Pool {
+        #[command(subcommand)]
+        command: PoolCommand,
+    },
     /// Mint, list and delete join tokens: what agents register with, scoped to a pool,
     /// an expiry and a number of uses (or to one revoked host).
     JoinToken {
@@ -213,6 +218,27 @@ pub enum ClientCommand {
     },
     /// Print a shell completion script.
     Completion { shell: clap_complete::Shell },
+}
+
+/// `tessera pool …`.
+#[derive(Debug, Subcommand)]
+pub enum PoolCommand {
+    /// Give the pool a capacity provider, or change its settings: a YAML or JSON file of
+    /// them (`kind`, `min_hosts`, `max_hosts`, …, as in `PATCH /api/v1/pools/{name}`).
+    SetProvider {
+        pool: String,
+        /// The settings' file; `-` reads stdin.
+        #[arg(short, long)]
+        file: String,
+        #[command(flatten)]
+        conn: Connection,
+    },
+    /// Take the pool's capacity provider away: its hosts stay, and nothing scales it.
+    RemoveProvider {
+        pool: String,
+        #[command(flatten)]
+        conn: Connection,
+    },
 }
 
 /// `tessera join-token …`.

@@ -66,12 +66,14 @@ use commands::events::events;
 use commands::get::get;
 use commands::hosts::host_action;
 use commands::join_tokens::join_token;
+use commands::pools::pool;
 use commands::session::{login, logout};
 use std::time::Duration;
 use tessera_model::api::ServicePatch;
 
 pub use args::{
-    ClientCommand, Connection, Described, JoinTokenCommand, Kind, LbCommand, Output, Token,
+    ClientCommand, Connection, Described, JoinTokenCommand, Kind, LbCommand, Output, PoolCommand,
+    Token,
 };
 pub use client::Client;
 
@@ -209,6 +211,7 @@ pub async fn run(command: ClientCommand, root: clap::Command) -> anyhow::Result<
         ClientCommand::Approve { host, conn } => {
             host_action(&Client::new(&conn)?, &host, "approve").await
         }
+        ClientCommand::Pool { command } => pool(command).await,
         ClientCommand::JoinToken { command } => join_token(command).await,
         ClientCommand::Preview { file, count, conn } => {
             apply::preview(&Client::new(&conn)?, &file, count).await

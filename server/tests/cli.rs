@@ -342,6 +342,58 @@ fn login_reads_the_fleet_acts_on_it_and_logout_ends_the_token() {
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out).contains("404"), "{}", text(&out));
     assert!(s.ok(&["completion", "bash"]).contains("_tessera"));
+    // A pool's capacity provider, set from a YAML file and taken away; bad settings are
+    // named and change nothing.
+    let good = s.write(
+        "provider.yaml",
+        "kind: demo\nmin_hosts: 0\nmax_hosts: 2\ntarget_capacity_percent: 80\n",
+    );
+    let said = s.ok(&[
+        "pool",
+        "set-provider",
+        "elastic",
+        "-f",
+        good.to_str().unwrap(),
+    ]);
+    assert!(
+        said.contains("pool elastic: demo provider, 0 to 2 hosts, target capacity 80 %"),
+        "{said}"
+    );
+    let pools = s.ok(&["get", "pools", "-o", "wide"]);
+    assert!(pools.contains("elastic"), "{pools}");
+    let bad = s.write("bad.yaml", "kind: demo\nmax_hosts: 0\n");
+    let out = s.cli(&[
+        "pool",
+        "set-provider",
+        "elastic",
+        "-f",
+        bad.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out).contains("provider.max_hosts"), "{}", text(&out));
+    let typo = s.write("typo.json", r#"{"kind": "demo", "max_host": 3}"#);
+    let out = s.cli(&[
+        "pool",
+        "set-provider",
+        "elastic",
+        "-f",
+        typo.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out).contains("unknown field `max_host`"),
+        "{}",
+        text(&out)
+    );
+    let pool = s.json(&["get", "pools", "-o", "json"]);
+    let elastic = pool["pools"]
+        .as_array()
+        .and_then(|p| p.iter().find(|p| p["name"] == "elastic"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(elastic["provider"]["max_hosts"], 2, "{pool}");
+    let said = s.ok(&["pool", "remove-provider", "elastic"]);
+    assert!(said.contains("no capacity provider"), "{said}");
 
     assert!(s.ok(&["logout"]).contains("no longer works"));
     assert!(!kept.exists());

@@ -1,11 +1,12 @@
 //! The handling of the client commands other than `apply`, `preview` and `lb`: sign-in,
-//! `get` and `describe`, hosts, join tokens and events.
+//! `get` and `describe`, hosts, pools' providers, join tokens and events.
 
 pub(super) mod describe;
 pub(super) mod events;
 pub(super) mod get;
 pub(super) mod hosts;
 pub(super) mod join_tokens;
+pub(super) mod pools;
 pub(super) mod session;
 
 use serde::Serialize;
