@@ -19,7 +19,30 @@ test("hosts page shows the demo fleet and filters it after hydration", async ({ 
   await expect(provider.getByRole("heading", { name: "Capacity provider of elastic" })).toBeVisible();
   await expect(provider.locator(".machines-summary")).toHaveText("0 booting · 1 active · 0 terminating");
   await expect(provider.locator('tr[data-state="active"] td.reason')).toContainText("nightly-batch");
+  await expect(provider.locator("figure.chart figcaption")).toContainText("Machines");
+  await expect(provider.locator("figure.chart path.line.m-active")).toHaveCount(1);
+  // An admin changes the provider: a setting that is not a number is named before it is
+  // sent, one the server refuses is named by the server, and a good one is saved.
+  await provider.getByText("Change the provider").click();
+  const form = provider.getByRole("form", { name: "Capacity provider settings" });
+  const max = form.getByLabel("Max hosts");
+  await max.fill("three");
+  await form.getByRole("button", { name: "Save provider" }).click();
+  await expect(form.locator(".field-error")).toContainText("must be a whole number");
+  await max.fill("0");
+  await form.getByRole("button", { name: "Save provider" }).click();
+  await expect(form.locator(".field-error")).toContainText("must be between 1 and");
+  await max.fill("4");
+  await form.getByRole("button", { name: "Save provider" }).click();
+  await expect(provider.getByRole("status")).toHaveText("Saved.");
+  await expect(provider.locator("p.muted").first()).toContainText("0 to 4 hosts");
+  const saved = (await (await page.request.get("/api/v1/pools")).json()).pools.find((p: { name: string }) => p.name === "elastic");
+  expect(saved.provider.max_hosts).toBe(4);
   await page.screenshot({ path: "screenshots/hosts-provider.png", fullPage: true });
+  // A pool without one offers the form to give it one.
+  await open(page, "/hosts?pool=inference");
+  await expect(page.locator("section.provider")).toContainText("No capacity provider");
+  await expect(page.locator("section.provider summary")).toHaveText("Give this pool a capacity provider");
   await open(page, "/hosts");
   await expect(page.locator('[data-host="sim-h100-1"] .simulated')).toBeVisible();
   await expect(page.locator('[data-host="sim-h100-1"] .gpu')).toHaveCount(8);

@@ -498,6 +498,77 @@ pub struct Machine {
     pub ended_at: Option<crate::time::Timestamp>,
 }
 
+/// A pool's machines at one instant, as [`machine_history`] counts them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MachineCounts {
+    /// Unix seconds.
+    pub t: i64,
+    /// Asked for, not joined (coming capacity).
+    pub booting: u32,
+    /// Joined and not ended (terminating ones among them until they end).
+    pub active: u32,
+}
+
+impl MachineCounts {
+    /// What the provider was asked to keep: booting and active.
+    pub fn desired(&self) -> u32 {
+        self.booting + self.active
+    }
+}
+
+/// How many of `machines` were booting and active over `[from, to]` (unix seconds), from
+/// their own times (asked, joined, ended): the counts at `from`, then after each change,
+/// then at `to`. A machine's row is all it takes, so the history is as long as the rows
+/// kept.
+pub fn machine_history(machines: &[Machine], from: i64, to: i64) -> Vec<MachineCounts> {
+    let secs = |t: crate::time::Timestamp| t.millis().div_euclid(1000);
+    let at = |t: i64| {
+        let mut c = MachineCounts {
+            t,
+            booting: 0,
+            active: 0,
+        };
+        for m in machines {
+            let ended = m.ended_at.map(secs).is_some_and(|e| e <= t);
+            if secs(m.asked_at) > t || ended {
+                continue;
+            }
+            match m.joined_at.map(secs) {
+                Some(j) if j <= t => c.active += 1,
+                Some(_) => c.booting += 1,
+                // Ended without joining: booting until then; never ended: booting still,
+                // unless its row says it went by another road (terminated, failed).
+                None if m.ended_at.is_some() || m.state == MachineState::Booting => c.booting += 1,
+                None => {}
+            }
+        }
+        c
+    };
+    let mut times: Vec<i64> = machines
+        .iter()
+        .flat_map(|m| [Some(m.asked_at), m.joined_at, m.ended_at])
+        .flatten()
+        .map(secs)
+        .filter(|t| *t > from && *t < to)
+        .collect();
+    times.push(from);
+    times.push(to);
+    times.sort_unstable();
+    times.dedup();
+    let mut out: Vec<MachineCounts> = Vec::with_capacity(times.len());
+    for t in times {
+        let c = at(t);
+        if out
+            .last()
+            .is_none_or(|l| (l.booting, l.active) != (c.booting, c.active))
+            || t == to
+        {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// Hosts to have for `needed` hosts' worth of tasks at `target_percent` full: ECS's target
 /// capacity (`ceil(needed × 100 / target)`).
 pub fn with_headroom(needed: u32, target_percent: u32) -> u32 {
@@ -508,6 +579,54 @@ pub fn with_headroom(needed: u32, target_percent: u32) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn machine_history_counts_booting_and_active_from_the_rows_times() {
+        let t = |s: i64| crate::time::Timestamp::from_millis(s * 1000).expect("valid");
+        let machine = |asked: i64, joined: Option<i64>, ended: Option<i64>, state| Machine {
+            id: format!("m-{asked}"),
+            pool: crate::ids::PoolName::new("p").expect("valid"),
+            provider_id: None,
+            host_id: None,
+            state,
+            reason: String::new(),
+            asked_at: t(asked),
+            joined_at: joined.map(t),
+            ended_at: ended.map(t),
+        };
+        let rows = vec![
+            machine(100, Some(130), None, MachineState::Active),
+            machine(200, Some(240), Some(400), MachineState::Terminated),
+            machine(300, None, Some(350), MachineState::Failed),
+            machine(500, None, None, MachineState::Booting),
+        ];
+        let h = machine_history(&rows, 0, 600);
+        let seen: Vec<(i64, u32, u32)> = h.iter().map(|c| (c.t, c.booting, c.active)).collect();
+        assert_eq!(
+            seen,
+            vec![
+                (0, 0, 0),
+                (100, 1, 0),
+                (130, 0, 1),
+                (200, 1, 1),
+                (240, 0, 2),
+                (300, 1, 2),
+                (350, 0, 2),
+                (400, 0, 1),
+                (500, 1, 1),
+                (600, 1, 1),
+            ]
+        );
+        assert_eq!(h.last().map(MachineCounts::desired), Some(2));
+        // A window inside: its first point is the counts then.
+        let h = machine_history(&rows, 250, 320);
+        assert_eq!(
+            h.iter()
+                .map(|c| (c.t, c.booting, c.active))
+                .collect::<Vec<_>>(),
+            vec![(250, 0, 2), (300, 1, 2), (320, 1, 2)]
+        );
+    }
 
     fn input(json: serde_json::Value) -> ProviderInput {
         serde_json::from_value(json).expect("the input's shape")

@@ -5,12 +5,12 @@ use crate::access::{Declaration, guard};
 use crate::components::{ErrorList, HostCard};
 use crate::data::{HostQuery, HostsPage};
 use crate::live::use_live;
+use crate::pages::pool_provider::PoolProviderPanel;
 use leptos::prelude::*;
 use leptos::server_fn::codec::Json;
 use leptos_meta::Title;
 use leptos_router::hooks::{use_navigate, use_query_map};
 use tessera_model::HostStatus;
-use tessera_model::provider::{Machine, MachineState, Provider};
 
 /// One page of hosts matching the filters.
 #[server(input = Json)]
@@ -24,35 +24,6 @@ pub async fn list_hosts_page(query: HostQuery) -> Result<HostsPage, ServerFnErro
 }
 
 guard!(ListHostsPage, Declaration::VIEW);
-
-/// A pool's capacity provider and the machines asked of it (newest first), when it has one.
-#[server(input = Json)]
-pub async fn pool_provider(
-    pool: String,
-) -> Result<Option<(Provider, Vec<Machine>)>, ServerFnError> {
-    let control = crate::data::ssr::control()?;
-    let failed = crate::data::ssr::failed;
-    let Some(provider) = control
-        .views()
-        .list_pools()
-        .await
-        .map_err(failed)?
-        .into_iter()
-        .find(|p| p.name.as_str() == pool)
-        .and_then(|p| p.provider)
-    else {
-        return Ok(None);
-    };
-    let name = tessera_model::PoolName::new(pool).map_err(|e| ServerFnError::new(e.to_string()))?;
-    let machines = control
-        .providers()
-        .machines(Some(&name), true)
-        .await
-        .map_err(failed)?;
-    Ok(Some((provider, machines)))
-}
-
-guard!(PoolProvider, Declaration::VIEW);
 
 fn query_string(q: &HostQuery) -> String {
     let mut parts = Vec::new();
@@ -89,17 +60,6 @@ pub fn HostsPage() -> impl IntoView {
         }
     });
     let data = Resource::new(move || (live(), query.get()), |(_, q)| list_hosts_page(q));
-    // With a pool chosen: its capacity provider, if it has one.
-    let provider = Resource::new(
-        move || (live(), query.get().pool),
-        |(_, pool)| async move {
-            if pool.is_empty() {
-                Ok(None)
-            } else {
-                pool_provider(pool).await
-            }
-        },
-    );
     view! {
         <Title text="Hosts" />
         <div class="page-head">
@@ -113,75 +73,8 @@ pub fn HostsPage() -> impl IntoView {
                 {move || Suspend::new(async move { data.await.map(|page| view! { <HostList page query /> }) })}
             </ErrorBoundary>
         </Transition>
-        <Transition fallback=|| ()>
-            {move || Suspend::new(async move {
-                provider
-                    .await
-                    .ok()
-                    .flatten()
-                    .map(|(p, machines)| view! { <ProviderPanel pool=query.get_untracked().pool provider=p machines /> })
-            })}
-        </Transition>
+        <PoolProviderPanel pool=Signal::derive(move || query.get().pool) />
         <crate::pages::join_tokens::JoinTokens />
-    }
-}
-
-/// A pool's capacity provider: its settings, its machines by state, and each machine asked
-/// for with why (the last that ended too: failed launches say why).
-#[component]
-fn ProviderPanel(pool: String, provider: Provider, machines: Vec<Machine>) -> impl IntoView {
-    let count = |s: MachineState| machines.iter().filter(|m| m.state == s).count();
-    let summary = format!(
-        "{} booting · {} active · {} terminating",
-        count(MachineState::Booting),
-        count(MachineState::Active),
-        count(MachineState::Terminating)
-    );
-    let settings = format!(
-        "{} provider · {} to {} hosts · target capacity {} % · {} · scale-out cooldown {} s · empty hosts go after {} s · boot timeout {} s",
-        provider.kind,
-        provider.min_hosts,
-        provider.max_hosts,
-        provider.target_capacity_percent,
-        provider
-            .shape
-            .as_ref()
-            .map_or("hosts like the pool's".to_owned(), |s| format!(
-                "hosts of {}",
-                s.describe()
-            )),
-        provider.scale_out_cooldown_secs,
-        provider.scale_in_cooldown_secs,
-        provider.boot_timeout_secs,
-    );
-    let rows = machines
-        .into_iter()
-        .map(|m| {
-            let host = m.host_id.as_ref().map(|h| {
-                let href = format!("/hosts/{h}");
-                view! { <a href=href>{h.to_string()}</a> }
-            });
-            view! {
-                <tr data-machine=m.id.clone() data-state=m.state.as_str()>
-                    <td><code>{m.id.clone()}</code></td>
-                    <td><span class=format!("badge machine-{}", m.state.as_str())>{m.state.as_str()}</span></td>
-                    <td>{host}</td>
-                    <td>{m.asked_at.short()}</td>
-                    <td class="reason">{m.reason.clone()}</td>
-                </tr>
-            }
-        })
-        .collect_view();
-    view! {
-        <section class="panel provider" aria-label="Capacity provider">
-            <h2>{format!("Capacity provider of {pool}")}</h2>
-            <p class="muted">{settings}</p>
-            <p class="machines-summary">{summary}</p>
-            <table class="table">
-                <thead><tr><th>"Machine"</th><th>"State"</th><th>"Host"</th><th>"Asked"</th><th>"Why"</th></tr></thead>
-                <tbody>{rows}</tbody>
-            </table>
-        </section>
     }
 }
 

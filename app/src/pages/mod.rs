@@ -1,4 +1,5 @@
-//! One route per file.
+//! One route per file, and the panels pages share (`join_tokens` and `pool_provider`
+//! on the Hosts page).
 
 pub mod audit;
 pub mod consolidation;
@@ -6,6 +7,7 @@ pub mod host;
 pub mod hosts;
 pub mod join_tokens;
 pub mod overview;
+pub mod pool_provider;
 pub mod projects;
 pub mod service;
 pub mod service_new;

@@ -181,6 +181,11 @@ impl Providers {
             .await?)
     }
 
+    /// The fleet's time now (what machines' times are read against).
+    pub fn now(&self) -> Timestamp {
+        Timestamp::from_utc(self.core.now())
+    }
+
     /// One pass over every pool with a provider. A pool whose provider fails is said in an
     /// event and the others go on.
     pub(crate) async fn pass(&self) -> Result<(), ControlError> {
