@@ -589,3 +589,109 @@ async fn a_hung_provider_holds_up_its_own_pool_only_and_is_not_asked_twice() {
     }
     panic!("the answer of the released call was not written");
 }
+
+/// Syncs the hosts still registered (a deregistered host's agent is gone).
+async fn sync_live(c: &Control, hosts: &[&Host]) {
+    let live = c.store().list_hosts().await.expect("hosts");
+    for h in hosts {
+        if live.iter().any(|l| l.id == h.id) {
+            sync(c, h).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_host_not_needed_for_the_cooldown_is_emptied_by_consolidation_and_scaled_in() {
+    let e = env(fast()).await;
+    let c = &e.control;
+    let recorder = with_provider(c, 4).await;
+    // chat's two tasks fill host a; embed's one task, arriving after, gets host b.
+    let chat = register_def(c, "chat", 20, 25).await;
+    service(c, "chat", &chat, 2, DeploymentConfig::default()).await;
+    c.reconcile_once().await.expect("pass");
+    let first = recorder.launched.lock().clone();
+    assert_eq!(first.len(), 1);
+    let a = boot(c, &first[0], "a").await;
+    c.reconcile_once().await.expect("pass");
+    sync(c, &a).await;
+    let embed = register_def(c, "embed", 20, 25).await;
+    service(c, "embed", &embed, 1, DeploymentConfig::default()).await;
+    c.reconcile_once().await.expect("pass");
+    let asked = recorder.launched.lock().clone();
+    assert_eq!(asked.len(), 2, "{:?}", said(c).await);
+    let b = boot(c, &asked[1], "b").await;
+    c.reconcile_once().await.expect("pass");
+    sync_live(c, &[&a, &b]).await;
+    // chat scaled to one: a and b run one task each, and one host would hold both.
+    c.deployments()
+        .update_service(
+            "chat",
+            &ServicePatch {
+                desired_count: Some(1),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("scale in");
+    for _ in 0..3 {
+        c.reconcile_once().await.expect("pass");
+        sync_live(c, &[&a, &b]).await;
+    }
+    let running = |c: &Control| {
+        let c = c.clone();
+        async move {
+            let mut all = tasks(&c, "chat", &[TaskState::Running]).await;
+            all.extend(tasks(&c, "embed", &[TaskState::Running]).await);
+            all
+        }
+    };
+    let now = running(c).await;
+    assert_eq!(now.len(), 2);
+    let on: std::collections::BTreeSet<_> = now.iter().filter_map(|t| t.host.clone()).collect();
+    assert_eq!(on.len(), 2, "one task on each host: {now:?}");
+    // Not before the cooldown (freeable from the next look on): nothing moves, nothing
+    // goes.
+    for secs in [16, 100] {
+        e.clock.advance(Duration::from_secs(secs));
+        sync_live(c, &[&a, &b]).await;
+        c.reconcile_once().await.expect("pass");
+    }
+    assert!(recorder.terminated.lock().is_empty());
+    assert!(
+        c.deployments()
+            .consolidation_plans()
+            .await
+            .expect("plans")
+            .is_empty()
+    );
+    // Freeable for the cooldown: a plan moves one host's task (start before stop), and
+    // the emptied host is scaled in at once (its cooldown was spent while freeable).
+    e.clock.advance(Duration::from_secs(21));
+    for _ in 0..8 {
+        sync_live(c, &[&a, &b]).await;
+        c.reconcile_once().await.expect("pass");
+        // Every task running throughout: the service never below its count.
+        assert!(running(c).await.len() >= 2);
+        if !recorder.terminated.lock().is_empty() {
+            break;
+        }
+    }
+    let gone = recorder.terminated.lock().clone();
+    assert_eq!(gone.len(), 1, "{:?}", said(c).await);
+    let plans = c.deployments().consolidation_plans().await.expect("plans");
+    assert_eq!(plans.len(), 1, "{plans:?}");
+    assert_eq!(plans[0].moves.len(), 1);
+    let events = said(c).await;
+    assert!(
+        events.iter().any(|m| m.contains("consolidation plan")
+            && m.contains("moves 1 task(s), start before stop")
+            && m.contains("for the demo provider to scale in")),
+        "{events:?}"
+    );
+    let now = running(c).await;
+    assert_eq!(now.len(), 2);
+    let on: std::collections::BTreeSet<_> = now.iter().filter_map(|t| t.host.clone()).collect();
+    assert_eq!(on.len(), 1, "both on the host that stays: {now:?}");
+    let hosts = c.store().list_hosts().await.expect("hosts");
+    assert_eq!(hosts.iter().filter(|h| h.pool == gpu()).count(), 1);
+}

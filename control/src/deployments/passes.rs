@@ -18,6 +18,8 @@ pub(crate) struct Passes {
     pub(super) memory: Mutex<PassMemory>,
     /// Alarm watches and autoscaling memory of the services this server reconciles.
     pub(super) watches: Mutex<Watches>,
+    /// Pools with a capacity provider: their hosts consolidation could free, and since when.
+    pub(super) freeable: Mutex<HashMap<tessera_model::PoolName, super::consolidate::Freeable>>,
 }
 
 /// A deployment's crash-loop backoff: the failures already answered with a delay, and

@@ -107,6 +107,9 @@ struct PoolMemory {
     /// Provider calls still running after a pass stopped waiting for them: `launch`, or
     /// the machine a call ends. No second call is made for the same while one runs.
     in_flight: HashSet<String>,
+    /// Hosts a consolidation plan is emptying because they were not needed: since when,
+    /// and when that was said. Once empty, they count as empty since then.
+    unneeded: HashMap<HostId, (Timestamp, Timestamp)>,
 }
 
 /// How long a pass waits for one provider call before it goes on without it (the call
@@ -119,6 +122,9 @@ const FLEET_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 const FLEET_EVERY: std::time::Duration = std::time::Duration::from_secs(15);
 /// How long a joined machine may be missing from its provider's list before it is said.
 const MISSING_AFTER_SECS: u64 = 60;
+/// How long what consolidation said of a host it empties holds (a plan that halts leaves
+/// it busy).
+const UNNEEDED_KEPT_SECS: u64 = 3600;
 
 /// Pools' capacity providers (see the module's documentation).
 #[derive(Clone)]
@@ -179,6 +185,18 @@ impl Providers {
             .store
             .list_machines(pool, ended, MACHINES_LISTED)
             .await?)
+    }
+
+    /// Says that consolidation is emptying `hosts` of `pool` because they have not been
+    /// needed since `since`: once empty, each counts as empty since then (its scale-in
+    /// cooldown was spent while it was freeable, and is not waited for twice).
+    pub(crate) fn emptying_unneeded(&self, pool: &PoolName, hosts: &[HostId], since: Timestamp) {
+        let said = self.now();
+        let mut memory = self.memory.lock();
+        let mem = memory.entry(pool.clone()).or_default();
+        for h in hosts {
+            mem.unneeded.insert(h.clone(), (since, said));
+        }
     }
 
     /// The fleet's time now (what machines' times are read against).
@@ -558,7 +576,10 @@ impl Providers {
                 };
                 let tasks = held.get(&h.id).copied().unwrap_or(0);
                 let empty = if tasks == 0 && h.status == HostStatus::Active {
-                    Some(*mem.empty_since.entry(h.id.clone()).or_insert(at))
+                    let since = mem.unneeded.remove(&h.id).map_or(at, |(since, _)| since);
+                    let e = mem.empty_since.entry(h.id.clone()).or_insert(at);
+                    *e = (*e).min(since);
+                    Some(*e)
                 } else {
                     mem.empty_since.remove(&h.id);
                     None
@@ -581,6 +602,10 @@ impl Providers {
             .retain(|id, _| hosts.iter().any(|h| &h.id == id));
         mem.bad_since
             .retain(|id, _| hosts.iter().any(|h| &h.id == id));
+        // A plan that halted leaves its hosts busy: what it said of them lapses.
+        mem.unneeded.retain(|id, (_, said)| {
+            hosts.iter().any(|h| &h.id == id) && secs_between(*said, at) < UNNEEDED_KEPT_SECS
+        });
         let failed = (mem.failures.0, mem.failures.1.map(|t| secs_between(t, at)));
         (now, failed)
     }

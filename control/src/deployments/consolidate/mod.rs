@@ -7,11 +7,16 @@
 //! found it, whose target has no room any more, or whose replacement fails halts the plan.
 //!
 //! - `planning`: a plan computed from a pool's tasks, with its predicted effects on work.
+//! - `auto`: in pools with a capacity provider, plans made and carried out without an
+//!   operator for the hosts not needed for the scale-in cooldown, so that they are scaled in.
 //! - `execute`: the reconcile pass's step of each executing plan, and undoing moves after an
 //!   alarm.
 
+mod auto;
 mod execute;
 mod planning;
+
+pub(crate) use auto::Freeable;
 
 use crate::deployments::Deployments;
 use crate::error::ControlError;

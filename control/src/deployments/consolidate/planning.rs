@@ -164,17 +164,37 @@ impl Deployments {
         e.finish()?;
         let (pool, goal) = (pool.expect("validated"), goal.expect("validated"));
         self.scheduler.existing_pool(&pool).await?;
-        let (info, hosts, holding) = self.scheduler.pool_state(&pool).await?;
+        let plan = self.build_plan(&pool, goal, &input.goal, None).await?;
+        self.store.save_plan(&plan_body(&plan)?).await?;
+        Ok(plan)
+    }
+
+    /// A plan for `pool` (not stored): moves freeing as many whole GPUs or hosts as they
+    /// can; with `only`, the tasks of other hosts stay where they are, so only those hosts
+    /// are emptied.
+    pub(super) async fn build_plan(
+        &self,
+        pool: &tessera_model::PoolName,
+        goal: Goal,
+        goal_name: &str,
+        only: Option<&BTreeSet<HostId>>,
+    ) -> Result<ConsolidationPlan, ControlError> {
+        let (info, hosts, holding) = self.scheduler.pool_state(pool).await?;
         let services: Vec<Service> = self
             .store
             .list_services()
             .await?
             .into_iter()
-            .filter(|s| s.pool == pool)
+            .filter(|s| &s.pool == pool)
             .collect();
         let capacity = PoolCapacity::build(&info, &hosts, holding.iter().filter_map(Held::of));
         let mut tasks = self.movables(&services, &holding, &capacity).await?;
         tasks.add_serviceless(&services, &holding, &capacity);
+        if let Some(only) = only {
+            for m in &mut tasks.movable {
+                m.fixed |= !only.contains(&m.placement.host_id);
+            }
+        }
         let before = capacity.snapshot.clone();
         let mut engine = Engine::new(
             capacity.snapshot,
@@ -195,7 +215,7 @@ impl Deployments {
         let plan = ConsolidationPlan {
             id: uuid::Uuid::new_v4().to_string(),
             pool: pool.to_string(),
-            goal: input.goal.clone(),
+            goal: goal_name.to_owned(),
             status: PlanStatus::Planned,
             created_at: self.core.instant(),
             moves,
@@ -213,7 +233,6 @@ impl Deployments {
             finished_at: None,
             message: None,
         };
-        self.store.save_plan(&plan_body(&plan)?).await?;
         Ok(plan)
     }
 

@@ -95,7 +95,9 @@ impl Deployments {
         phases.done("consolidation");
         self.scheduler.schedule().await?;
         phases.done("scheduling");
-        // What still waits, and hosts left empty, are the capacity providers' to act on.
+        // What still waits, and hosts left empty, are the capacity providers' to act on;
+        // hosts not needed are emptied for them first.
+        self.consolidate_for_providers().await?;
         self.providers.pass().await?;
         phases.done("providers");
         self.scheduler.sample_project_use().await?;
