@@ -8,13 +8,18 @@
 //!   guarantees and limits, placed pass by pass with preemption, beside a run without.
 //! - [`bound`]: the most GPU share any engine could allocate to a set of tasks, a ceiling
 //!   to read `replay`'s figures against.
+//! - [`autoscale`]: the autoscaling benchmark: a trace's tasks with their creation and
+//!   deletion times replayed against a provider of its node types with a boot delay, under
+//!   Tessera's capacity-provider rule, a cluster-autoscaler-like rule and a static fleet,
+//!   against the lower bound of GPU-hours.
 //!
 //! Binaries: `replay` (the placement benchmark on a trace, against FGD's published
-//! figures and the bound), `projects` (the projects replay) and `consolidate` (the
-//! consolidation simulator).
+//! figures and the bound), `projects` (the projects replay), `consolidate` (the
+//! consolidation simulator) and `autoscale` (the autoscaling benchmark).
 
 #![forbid(unsafe_code)]
 
+pub mod autoscale;
 pub mod bound;
 pub mod openb;
 pub mod projects;

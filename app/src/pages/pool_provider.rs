@@ -500,7 +500,7 @@ fn ProviderForm(pool: String, provider: Option<Provider>, changed: Callback<()>)
                 {field("Min hosts", "min_hosts", f.min_hosts, "0")}
                 {field("Max hosts", "max_hosts", f.max_hosts, "required")}
                 {field("Target capacity (%)", "target_capacity_percent", f.target, "100")}
-                {field("Scale-out cooldown (s)", "scale_out_cooldown_secs", f.scale_out, "60")}
+                {field("Scale-out cooldown (s)", "scale_out_cooldown_secs", f.scale_out, "0")}
                 {field("Empty hosts go after (s)", "scale_in_cooldown_secs", f.scale_in, "600")}
                 {field("Boot timeout (s)", "boot_timeout_secs", f.boot, "600")}
                 {field("Replace impaired after (s)", "repair_delay_secs", f.repair, "300")}

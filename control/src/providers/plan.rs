@@ -452,7 +452,8 @@ mod tests {
             matches!(&steps[0], Step::Say(s) if s.starts_with("held at max_hosts 2")),
             "{steps:?}"
         );
-        let p = provider(0, 10, 100);
+        let mut p = provider(0, 10, 100);
+        p.scale_out_cooldown_secs = 60;
         let mut n = now(&p, vec![host("a", 3, None)]);
         n.waiting = Some(("x".into(), sizing(1)));
         n.since_scale_out = Some(10);
