@@ -3,7 +3,7 @@
 # (unit, store, HTTP, hostile input), the control plane's tests again on a throwaway
 # PostgreSQL server, the browser tests in headless Chromium against a fresh demo server,
 # the short fault drills on the real binaries, the serving drill (HAProxy under load), the
-# work drill (autoscaling and a latency alarm on what the application reports) and the
+# work drill (autoscaling and a latency alarm on what the application reports), the
 # security drill (a compromised task and a leaked token) and the capacity drill (an Auto
 # Scaling group on a local AWS endpoint, grown, repaired and shrunk). This is what CI runs.
 #
