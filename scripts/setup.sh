@@ -71,6 +71,15 @@ if [ "$want_test" = 1 ] && [ ! -x /usr/sbin/haproxy ]; then
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq haproxy
 fi
 
+# promtool (Debian's prometheus package) checks and tests the shipped alert rules.
+if [ "$want_test" = 1 ] && ! command -v promtool >/dev/null 2>&1; then
+  log "installing promtool (prometheus) from Debian's packages"
+  sudo_cmd=""
+  [ "$(id -u)" = 0 ] || sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends prometheus
+fi
+
 # moto's server: a local AWS-compatible endpoint the aws-asg provider's tests and the
 # capacity drill talk to (never a real account).
 if [ "$want_test" = 1 ] && ! command -v moto_server >/dev/null 2>&1; then

@@ -42,6 +42,9 @@ if [ "$quick" = 1 ]; then
   echo "== quick checks passed (the full run, scripts/test.sh, is what CI runs)"
   exit 0
 fi
+echo "== the shipped alert rules: valid, and each fires on what should raise it (promtool)"
+promtool check rules server/prometheus/tessera-rules.yml
+(cd server/prometheus && promtool test rules tessera-rules.test.yml)
 echo "== cargo test"
 cargo test --workspace --locked
 echo "== cargo test, control plane on PostgreSQL"

@@ -938,3 +938,57 @@ async fn a_task_that_ends_out_of_memory_says_so_in_its_stop_reason() {
     );
     assert_eq!(stopped.exit_code, Some(1));
 }
+
+#[tokio::test]
+async fn a_task_that_ends_keeps_the_last_lines_its_agent_sent_apart_from_the_task() {
+    let env = env(fast()).await;
+    let c = &env.control;
+    let a = host(c, "a", 1, 24).await;
+    let def = register_def(c, "crash", 10, 40).await;
+    service(c, "crash", &def, 1, DeploymentConfig::default()).await;
+    c.reconcile_once().await.expect("pass");
+    sync(c, &a).await;
+    let t = tasks(c, "crash", &[TaskState::Running]).await.remove(0);
+    let id = c.agents().authenticate_agent(&a.token).await.expect("token");
+    let last = "==> main.err.log <==\nTraceback (most recent call last):\nRuntimeError: CUDA error: out of memory";
+    c.agents()
+        .sync_agent(
+            &id,
+            &report(
+                &a,
+                vec![tessera_model::agent::TaskReport {
+                    task_id: t.id.clone(),
+                    running: false,
+                    exit_code: Some(1),
+                    last_output: Some(last.into()),
+                    ..Default::default()
+                }],
+            ),
+        )
+        .await
+        .expect("sync");
+    let got = c
+        .views()
+        .task_last_output("crash", &t.id)
+        .await
+        .expect("its last lines");
+    assert_eq!(got.state, TaskState::Stopped);
+    assert_eq!(got.exit_code, Some(1));
+    assert_eq!(got.last_output.as_deref(), Some(last));
+    // Not with the task, which every viewer reads.
+    let listed = serde_json::to_string(&c.store().get_task(&t.id).await.expect("task"))
+        .expect("json");
+    assert!(!listed.contains("Traceback"), "{listed}");
+    // Another service's task, or none: not found.
+    for (service, task) in [("other", t.id.as_str()), ("crash", "no-such-task")] {
+        let e = c
+            .views()
+            .task_last_output(service, task)
+            .await
+            .expect_err("not found");
+        assert!(
+            matches!(e, tessera_control::ControlError::NotFound(_)),
+            "{e}"
+        );
+    }
+}

@@ -519,3 +519,25 @@ pub struct PrometheusTargets {
     pub targets: Vec<String>,
     pub labels: std::collections::BTreeMap<String, String>,
 }
+
+/// `GET /api/v1/services/{name}/tasks/{task}/last-output`: how a task ended and the last
+/// lines it wrote, as its agent sent them with its stop report (kept once its host and
+/// its log files are gone).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskLastOutput {
+    pub task_id: String,
+    pub service: String,
+    pub state: crate::service::TaskState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<HostId>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<String>,
+    /// Each container's standard error, then its standard output, under a `==> main.err.log
+    /// <==` line each; absent while it runs, or when it ended without a word (or before its
+    /// agent sent them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_output: Option<String>,
+}

@@ -57,6 +57,8 @@ pub mod report {
     pub const MAX_PULLING_CHARS: usize = 512;
     /// Why a task could not start or ended.
     pub const MAX_ERROR_CHARS: usize = 2048;
+    /// The last lines a task wrote, sent with its stop report.
+    pub const MAX_LAST_OUTPUT_CHARS: usize = 4096;
     /// Why the MPS daemon is unhealthy.
     pub const MAX_MPS_REASON_CHARS: usize = 4096;
     /// What one of a host's capabilities says of itself.

@@ -141,6 +141,13 @@ pub const UPDATE_SERVICE: Declaration =
 pub const OPERATE_ON_SERVICE: Declaration = operator_in(&[NAMED_SERVICE]);
 /// Delete a service.
 pub const DELETE_SERVICE: Declaration = OPERATE_ON_SERVICE;
+/// Read what the tasks of the service `{name}` wrote (their last lines, their logs): an
+/// operator in its project, every read in the audit log, since output may hold secrets.
+pub const READ_SERVICE_OUTPUT: Declaration = Declaration {
+    access: Access::InProject(Role::Operator),
+    scope: Cow::Borrowed(&[NAMED_SERVICE]),
+    audit: Audit::Always,
+};
 
 /// As the OpenAPI document's `x-access` shows it: `{"role": "project-operator",
 /// "project": [{"service": "{name}"}], "audit": "changes"}`.

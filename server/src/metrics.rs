@@ -191,6 +191,8 @@ struct Exposition {
     projects: Vec<ProjectView>,
     /// Machines pools' providers were asked for and that may still cost money.
     machines: Vec<tessera_model::provider::Machine>,
+    /// Since when the scheduler lease's holder holds it (unix seconds), if one does.
+    lease_since: Option<f64>,
     deployments_in_progress: usize,
     /// What the `metrics` registry holds (timings and counts): small.
     registry: String,
@@ -218,11 +220,20 @@ impl Exposition {
             })
             .count();
         let machines = control.providers().machines(None, false).await?;
+        let lease_since = control
+            .cluster()
+            .await?
+            .servers
+            .iter()
+            .find(|s| s.scheduling)
+            .and_then(|s| s.since)
+            .map(|t| t.millis() as f64 / 1000.0);
         handle.run_upkeep();
         Ok(Exposition {
             fleet,
             projects,
             machines,
+            lease_since,
             deployments_in_progress,
             registry: handle.render(),
             part: 0,
@@ -343,6 +354,17 @@ impl Exposition {
                 n as f64,
             );
         }
+        family(
+            &mut out,
+            "tessera_scheduler_lease_since_seconds",
+            "Since when (unix seconds) the server holding the scheduler lease holds it; 0 when none does",
+        );
+        sample(
+            &mut out,
+            "tessera_scheduler_lease_since_seconds",
+            &[],
+            self.lease_since.unwrap_or(0.0),
+        );
         out
     }
 

@@ -296,7 +296,8 @@ async fn metrics_parse_and_show_the_fleet_its_tasks_and_the_timings() {
 }
 
 /// Every metric the sample Grafana dashboard (`server/grafana/tessera-dashboard.json`)
-/// queries is one that `text` (a whole `/metrics` answer) exposes.
+/// and the alert rules (`server/prometheus/tessera-rules.yml`) query is one that `text`
+/// (a whole `/metrics` answer) exposes.
 fn assert_dashboard_queries_exist(text: &str) {
     let dashboard: serde_json::Value =
         serde_json::from_str(include_str!("../grafana/tessera-dashboard.json"))
@@ -309,30 +310,39 @@ fn assert_dashboard_queries_exist(text: &str) {
     let mut queried = std::collections::BTreeSet::new();
     for panel in dashboard["panels"].as_array().expect("panels") {
         for target in panel["targets"].as_array().expect("targets") {
-            let expr = target["expr"].as_str().expect("an expression");
-            for (i, _) in expr.match_indices("tessera_") {
-                let name: String = expr[i..]
-                    .chars()
-                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                    .collect();
-                let base = ["_bucket", "_count", "_sum"]
-                    .iter()
-                    .find_map(|s| name.strip_suffix(s))
-                    .unwrap_or(&name)
-                    .to_owned();
-                queried.insert(base);
-            }
+            queried.extend(metric_names(target["expr"].as_str().expect("an expression")));
         }
     }
     assert!(queried.len() >= 10, "{queried:?}");
-    let missing: Vec<_> = queried
-        .iter()
-        .filter(|q| !exposed.contains(q.as_str()))
-        .collect();
-    assert!(
-        missing.is_empty(),
-        "the dashboard queries what /metrics lacks: {missing:?}"
-    );
+    let alerted = metric_names(include_str!("../prometheus/tessera-rules.yml"));
+    assert!(alerted.len() >= 6, "{alerted:?}");
+    for (what, names) in [("the dashboard", &queried), ("the alert rules", &alerted)] {
+        let missing: Vec<_> = names
+            .iter()
+            .filter(|q| !exposed.contains(q.as_str()))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "{what} query what /metrics lacks: {missing:?}"
+        );
+    }
+}
+
+/// The metrics `text` names (a histogram's `_bucket`, `_count` and `_sum` as itself).
+fn metric_names(text: &str) -> std::collections::BTreeSet<String> {
+    text.match_indices("tessera_")
+        .map(|(i, _)| {
+            let name: String = text[i..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            ["_bucket", "_count", "_sum"]
+                .iter()
+                .find_map(|s| name.strip_suffix(s))
+                .unwrap_or(&name)
+                .to_owned()
+        })
+        .collect()
 }
 
 /// One user holds at most two scrapes at once, and a scrape that is not being read holds

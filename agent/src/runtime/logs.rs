@@ -2,11 +2,27 @@
 //! to them, and the pruning of log directories of tasks gone.
 
 use super::Runtime;
+use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
+use tessera_model::limits::report::MAX_LAST_OUTPUT_CHARS;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
+/// How many of the last lines of each log file travel with a task's stop report.
+const LAST_LINES: usize = 20;
+/// How much of the end of a log file is read for them.
+const TAIL_BYTES: u64 = 8192;
+
 impl Runtime {
+    /// The last lines task `task_id` wrote, for its stop report: each log file's last
+    /// [`LAST_LINES`] (standard error before standard output, under a `==> main.err.log
+    /// <==` line each; a file that just started over is read on from the one before it),
+    /// at most [`MAX_LAST_OUTPUT_CHARS`] characters in all, keeping the end. `None` when
+    /// it wrote nothing.
+    pub(super) fn last_lines(&self, task_id: &str) -> Option<String> {
+        last_lines_in(&self.dir.join(task_id))
+    }
+
     /// Removes the log directories of tasks this runtime no longer has, once nothing in
     /// them changed for `older_than`; returns how many.
     pub fn prune_logs(&self, older_than: Duration) -> usize {
@@ -133,4 +149,54 @@ pub(super) async fn copy_capped(
         }
     }
     log.flush().await;
+}
+
+/// [`Runtime::last_lines`] of the log files in `dir`.
+fn last_lines_in(dir: &Path) -> Option<String> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "log"))
+        .collect();
+    // `main.err.log` before `main.log`: why it failed comes first.
+    files.sort();
+    let parts: Vec<String> = files
+        .iter()
+        .filter_map(|f| {
+            let text = tail_lines(f, LAST_LINES);
+            let name = f.file_name()?.to_string_lossy().into_owned();
+            (!text.trim().is_empty()).then(|| format!("==> {name} <==\n{text}"))
+        })
+        .collect();
+    if parts.is_empty() {
+        return None;
+    }
+    let all = parts.join("\n");
+    Some(tessera_model::bounds::cut_text(&all, MAX_LAST_OUTPUT_CHARS).unwrap_or(all))
+}
+
+/// The last `n` lines of log file `path`, read on from the file before it (`.1`) when
+/// the file started over since.
+fn tail_lines(path: &Path, n: usize) -> String {
+    let end = |p: &Path| -> Vec<u8> {
+        let Ok(mut f) = std::fs::File::open(p) else {
+            return Vec::new();
+        };
+        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+        let mut buf = Vec::new();
+        if f.seek(SeekFrom::Start(len.saturating_sub(TAIL_BYTES))).is_ok() {
+            let _ = f.take(TAIL_BYTES).read_to_end(&mut buf);
+        }
+        buf
+    };
+    let mut bytes = end(path);
+    if bytes.iter().filter(|b| **b == b'\n').count() < n {
+        let mut before = end(&path.with_extension("log.1"));
+        before.extend(bytes);
+        bytes = before;
+    }
+    let text = String::from_utf8_lossy(&bytes);
+    let lines: Vec<&str> = text.trim_end_matches('\n').lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
 }

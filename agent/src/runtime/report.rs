@@ -56,6 +56,7 @@ impl Runtime {
                         code,
                         error: t.error.clone(),
                         out_of_memory: t.out_of_memory.clone(),
+                        last_output: self.last_lines(id),
                     },
                 )),
                 _ => None,
@@ -65,6 +66,7 @@ impl Runtime {
                 exit_code: e.code,
                 error: e.error,
                 out_of_memory: e.out_of_memory.as_ref().and_then(oom::Evidence::why),
+                last_output: e.last_output,
                 ..report(&task_id)
             });
         running.chain(exited).collect()

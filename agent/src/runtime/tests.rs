@@ -102,6 +102,33 @@ async fn exits_are_reported_with_their_code_until_heard() {
 }
 
 #[tokio::test]
+async fn an_exit_is_reported_with_the_last_lines_the_task_wrote() {
+    let dir = tempfile::tempdir().expect("dir");
+    // A cap of 1000 bytes: the log starts over while it writes, and its last lines are
+    // read on from the file before.
+    let mut rt = Runtime::open(dir.path(), 1000, None).expect("open");
+    let script = "i=0; while [ $i -lt 300 ]; do echo line-$i; i=$((i+1)); done; echo 'CUDA error: out of memory' >&2; exit 2";
+    rt.converge(&[wanted("t", &["sh", "-c", script], false)]);
+    until(&mut rt, |rt| rt.running_count() == 0).await;
+    let r = &rt.reports()[0];
+    assert_eq!(r.exit_code, Some(2));
+    let last = r.last_output.clone().expect("its last lines");
+    let expected: Vec<String> = (280..300).map(|i| format!("line-{i}")).collect();
+    assert_eq!(
+        last,
+        format!(
+            "==> main.err.log <==\nCUDA error: out of memory\n==> main.log <==\n{}",
+            expected.join("\n")
+        )
+    );
+    // A task that wrote nothing sends none.
+    rt.converge(&[wanted("quiet", &["true"], false)]);
+    until(&mut rt, |rt| rt.running_count() == 0).await;
+    let quiet = rt.reports().into_iter().find(|r| r.task_id == "quiet").expect("reported");
+    assert_eq!(quiet.last_output, None);
+}
+
+#[tokio::test]
 async fn a_task_that_runs_out_of_gpu_memory_says_so_and_a_plain_failure_does_not() {
     let dir = tempfile::tempdir().expect("dir");
     let mut rt = Runtime::open(dir.path(), 1 << 20, None).expect("open");

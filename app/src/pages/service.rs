@@ -75,6 +75,21 @@ pub async fn patch_service(
 
 guard!(PatchService, ops::UPDATE_SERVICE, body = patch);
 
+/// How a task of service `name` ended and the last lines it wrote.
+#[server]
+pub async fn read_last_output(
+    name: String,
+    task: String,
+) -> Result<tessera_model::api::TaskLastOutput, ServerFnError> {
+    crate::data::ssr::control()?
+        .views()
+        .task_last_output(&name, &task)
+        .await
+        .map_err(crate::data::ssr::failed)
+}
+
+guard!(ReadLastOutput, ops::READ_SERVICE_OUTPUT);
+
 #[server]
 pub async fn delete_service(name: String) -> Result<(), ServerFnError> {
     crate::data::ssr::control()?
@@ -314,6 +329,7 @@ fn Detail(
     let project = Signal::stored(Some(s.project.clone()));
     let operate = crate::access::allowed_in::<PatchService>(project);
     let may_delete = crate::access::allowed_in::<DeleteService>(project);
+    let may_read_output = crate::access::allowed_in::<ReadLastOutput>(project);
     let desired = s.desired_count;
     let scale_to = RwSignal::new(desired.to_string());
     let revision = RwSignal::new(s.task_definition.to_string());
@@ -401,6 +417,8 @@ fn Detail(
                         .map(|t| {
                             let gpus = t.allocations.iter().map(|a| format!("GPU {} ({})", a.index, a.memory)).collect::<Vec<_>>().join(", ");
                             let note = t.stop_reason.clone().or(t.placement_message.clone()).unwrap_or_default();
+                            let last = (t.state == tessera_model::service::TaskState::Stopped)
+                                .then(|| view! { <LastOutput service=s.name.clone() task=t.id.clone() allowed=may_read_output /> });
                             view! {
                                 <tr class=format!("task state-{}", t.state.as_str()) data-task=t.id.clone()>
                                     <td><code>{t.id[..8.min(t.id.len())].to_owned()}</code></td>
@@ -409,7 +427,7 @@ fn Detail(
                                     <td>{t.host.map(|h| view! { <a href=format!("/hosts/{h}")>{h.to_string()}</a> })}</td>
                                     <td>{gpus}</td>
                                     <td>{t.measured.gpu_memory_peak.map(measured_text).unwrap_or_default()}</td>
-                                    <td class="reason">{note}</td>
+                                    <td class="reason">{note} {last}</td>
                                 </tr>
                             }
                         })
@@ -417,5 +435,37 @@ fn Detail(
                 </tbody>
             </table>
         </section>
+    }
+}
+
+/// A stopped task's last lines, read on request (operators of the service's project: the
+/// read is audited, output may hold secrets).
+#[component]
+fn LastOutput(service: String, task: String, allowed: Signal<Option<String>>) -> impl IntoView {
+    let read = Action::new(move |_: &()| read_last_output(service.clone(), task.clone()));
+    view! {
+        <button type="button" class="link last-output-button" title=move || allowed.get()
+            disabled=move || allowed.get().is_some() on:click=move |_| { read.dispatch(()); }>
+            "Last lines"
+        </button>
+        {move || read.value().get().map(|r| match r {
+            Ok(o) => {
+                let head = format!(
+                    "{}{}",
+                    o.exit_code.map(|c| format!("exit code {c}")).unwrap_or_else(|| "no exit code".into()),
+                    o.host.map(|h| format!(" on {h}")).unwrap_or_default()
+                );
+                view! {
+                    <div class="last-output" role="region" aria-label="Last lines">
+                        <p class="muted">{head}</p>
+                        {match o.last_output {
+                            Some(text) => view! { <pre>{text}</pre> }.into_any(),
+                            None => view! { <p class="muted">"It wrote nothing before it ended (or its agent did not say)."</p> }.into_any(),
+                        }}
+                    </div>
+                }.into_any()
+            }
+            Err(e) => view! { <p class="field-error" role="alert">{e.to_string()}</p> }.into_any(),
+        })}
     }
 }

@@ -423,9 +423,14 @@ impl AgentSync {
                 self.take_serving(host_id, t, r).await?;
                 changed = true;
             }
-            changed |= self
-                .take_task_step(host_id, t, task_step(t, report))
-                .await?;
+            let step = task_step(t, report);
+            // What it wrote last stays with it, said once: the first report of its end.
+            if matches!(step, TaskStep::Stopped { .. } | TaskStep::Ended { .. })
+                && let Some(text) = report.and_then(|r| r.last_output.as_deref())
+            {
+                self.store.set_task_last_output(&t.id, text).await?;
+            }
+            changed |= self.take_task_step(host_id, t, step).await?;
         }
         Ok(changed)
     }

@@ -487,6 +487,27 @@ impl TaskStore for This {
         Ok(())
     }
 
+    async fn set_task_last_output(&self, id: &str, text: &str) -> Result<(), StoreError> {
+        self.write_one(
+            sqlx::query("UPDATE tasks SET last_output = $1 WHERE id = $2")
+                .bind(text)
+                .bind(id),
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn task_last_output(&self, id: &str) -> Result<Option<String>, StoreError> {
+        let row = sqlx::query("SELECT last_output FROM tasks WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&self.db)
+            .await?;
+        Ok(match row {
+            Some(r) => r.try_get("last_output")?,
+            None => None,
+        })
+    }
+
     async fn set_task_migrating(&self, id: &str, migrating: bool) -> Result<(), StoreError> {
         self.write_one(
             sqlx::query("UPDATE tasks SET migrating = $2 WHERE id = $1")

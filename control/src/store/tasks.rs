@@ -180,6 +180,11 @@ pub trait TaskStore: Send + Sync + 'static {
         ports: &[tessera_model::service::TaskPort],
         health: Option<(tessera_model::service::TaskHealth, Option<&str>)>,
     ) -> Result<(), StoreError>;
+    /// Keeps the last lines a task wrote, as its agent sent them when it ended.
+    async fn set_task_last_output(&self, id: &str, text: &str) -> Result<(), StoreError>;
+    /// The last lines task `id` wrote, if it ended and its agent sent them (kept apart
+    /// from the task, which any viewer reads: they may hold secrets).
+    async fn task_last_output(&self, id: &str) -> Result<Option<String>, StoreError>;
     /// Marks a task as being moved (its replacement starts first), or no longer.
     async fn set_task_migrating(&self, id: &str, migrating: bool) -> Result<(), StoreError>;
     /// Starts moving task `original` in one transaction: only while it still runs on

@@ -85,6 +85,31 @@ fn hosts_of<'a>(
 }
 
 impl Views {
+    /// `GET /api/v1/services/{name}/tasks/{task}/last-output`: how task `task` of
+    /// `service` ended and the last lines it wrote (`NotFound` when the service has no
+    /// such task).
+    pub async fn task_last_output(
+        &self,
+        service: &str,
+        task: &str,
+    ) -> Result<tessera_model::api::TaskLastOutput, ControlError> {
+        let no_such = || ControlError::NotFound(format!("service {service} has no task {task}"));
+        let t = match self.store.get_task(task).await {
+            Ok(t) if t.service == service => t,
+            Ok(_) | Err(crate::StoreError::NotFound { .. }) => return Err(no_such()),
+            Err(e) => return Err(e.into()),
+        };
+        Ok(tessera_model::api::TaskLastOutput {
+            last_output: self.store.task_last_output(&t.id).await?,
+            task_id: t.id,
+            service: t.service,
+            state: t.state,
+            host: t.host,
+            exit_code: t.exit_code,
+            stop_reason: t.stop_reason,
+        })
+    }
+
     /// `GET /api/v1/services/{name}/endpoints`.
     pub async fn endpoints(&self, service: &str) -> Result<EndpointList, ControlError> {
         self.store.get_service(service).await?;

@@ -150,6 +150,12 @@ pub struct TaskReport {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(max_length = 2048))]
     pub out_of_memory: Option<String>,
+    /// It ended: the last lines it wrote (each container's standard error, then its
+    /// standard output, under a `==> main.err.log <==` line each), so why it ended is known
+    /// once its host is gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(max_length = 4096))]
+    pub last_output: Option<String>,
     /// Its ports and the host ports the agent bound them to.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[cfg_attr(feature = "openapi", schema(max_items = 100))]

@@ -181,6 +181,12 @@ fn judge_task(i: usize, t: &mut TaskReport, j: &mut Judge) {
         &mut t.out_of_memory,
         MAX_ERROR_CHARS,
     );
+    j.cut(
+        &owner,
+        at("last_output"),
+        &mut t.last_output,
+        MAX_LAST_OUTPUT_CHARS,
+    );
 }
 
 /// A work report the bounds refuse becomes `unknown` with the reason (never zero work, and

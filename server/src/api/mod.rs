@@ -159,6 +159,7 @@ pub fn routes() -> Routes {
         .route(routes!(pool_fit))
         .route(routes!(service_work))
         .route(routes!(service_endpoints))
+        .route(routes!(task_last_output))
         .route(routes!(prometheus_discovery))
         .route(routes!(right_size_proposal))
         .route(routes!(right_size))

@@ -4,7 +4,7 @@ use super::bodies::{
     EcsTaskDefinition, ErrorBody, EventList, FamilyList, RevisionList, ServiceList,
     TaskDefinitionAnswer, TaskDefinitionInput, TaskList,
 };
-use super::{Body, Params, Segment};
+use super::{Body, Params, Segment, Segments};
 use crate::AppState;
 use crate::auth::Declaration;
 use crate::error::ApiError;
@@ -17,7 +17,7 @@ use tessera_control::inputs::{
 };
 use tessera_control::store::{EventFilter, TaskFilter};
 use tessera_model::HostId;
-use tessera_model::api::{EndpointList, PrometheusTargets};
+use tessera_model::api::{EndpointList, PrometheusTargets, TaskLastOutput};
 use tessera_model::operations as ops;
 use tessera_model::schema::{FamilyOrRef, ServiceName};
 use tessera_model::service::{Service, TaskDefRef, TaskDefinition, TaskState};
@@ -196,6 +196,22 @@ pub async fn service_endpoints(
     Segment(name): Segment,
 ) -> Result<Json<EndpointList>, ApiError> {
     Ok(Json(state.control.views().endpoints(&name).await?))
+}
+
+/// How a task of the service ended, and the last lines it wrote (its agent sends them with
+/// its stop report; kept once its host is gone). An operator in the service's project;
+/// every read is audited
+#[utoipa::path(get, path = "/api/v1/services/{name}/tasks/{task}/last-output", tag = "workloads",
+    extensions(("x-access" = json!(ops::READ_SERVICE_OUTPUT))),
+    params(("name" = ServiceName, Path, description = "service"),
+           ("task" = String, Path, description = "task id")),
+    responses((status = 200, description = "How it ended", body = TaskLastOutput),
+              (status = 404, description = "No such service, or no such task of it", body = ErrorBody)))]
+pub async fn task_last_output(
+    State(state): State<AppState>,
+    Segments(name, task): Segments,
+) -> Result<Json<TaskLastOutput>, ApiError> {
+    Ok(Json(state.control.views().task_last_output(&name, &task).await?))
 }
 
 /// Prometheus HTTP service discovery: every running task's port named `metrics`, labelled
