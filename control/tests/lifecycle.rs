@@ -949,7 +949,11 @@ async fn a_task_that_ends_keeps_the_last_lines_its_agent_sent_apart_from_the_tas
     c.reconcile_once().await.expect("pass");
     sync(c, &a).await;
     let t = tasks(c, "crash", &[TaskState::Running]).await.remove(0);
-    let id = c.agents().authenticate_agent(&a.token).await.expect("token");
+    let id = c
+        .agents()
+        .authenticate_agent(&a.token)
+        .await
+        .expect("token");
     let last = "==> main.err.log <==\nTraceback (most recent call last):\nRuntimeError: CUDA error: out of memory";
     c.agents()
         .sync_agent(
@@ -976,8 +980,8 @@ async fn a_task_that_ends_keeps_the_last_lines_its_agent_sent_apart_from_the_tas
     assert_eq!(got.exit_code, Some(1));
     assert_eq!(got.last_output.as_deref(), Some(last));
     // Not with the task, which every viewer reads.
-    let listed = serde_json::to_string(&c.store().get_task(&t.id).await.expect("task"))
-        .expect("json");
+    let listed =
+        serde_json::to_string(&c.store().get_task(&t.id).await.expect("task")).expect("json");
     assert!(!listed.contains("Traceback"), "{listed}");
     // Another service's task, or none: not found.
     for (service, task) in [("other", t.id.as_str()), ("crash", "no-such-task")] {

@@ -310,7 +310,9 @@ fn assert_dashboard_queries_exist(text: &str) {
     let mut queried = std::collections::BTreeSet::new();
     for panel in dashboard["panels"].as_array().expect("panels") {
         for target in panel["targets"].as_array().expect("targets") {
-            queried.extend(metric_names(target["expr"].as_str().expect("an expression")));
+            queried.extend(metric_names(
+                target["expr"].as_str().expect("an expression"),
+            ));
         }
     }
     assert!(queried.len() >= 10, "{queried:?}");

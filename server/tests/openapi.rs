@@ -559,6 +559,26 @@ async fn the_document_and_the_router_agree_and_answers_match_their_schemas() {
         "/api/v1/pools/{name}/machines",
         "/api/v1/pools/inference/machines".to_owned(),
     ));
+    // A task of chat with the last lines its agent sent.
+    {
+        let store = server.state.control.store();
+        let task = store
+            .list_tasks(&tessera_control::store::TaskFilter {
+                service: Some("chat".into()),
+                ..Default::default()
+            })
+            .await
+            .expect("tasks")
+            .remove(0);
+        store
+            .set_task_last_output(&task.id, "==> main.err.log <==\nout of memory")
+            .await
+            .expect("recorded");
+        samples.push((
+            "/api/v1/services/{name}/tasks/{task}/last-output",
+            format!("/api/v1/services/chat/tasks/{}/last-output", task.id),
+        ));
+    }
     let mut sampled = BTreeSet::new();
     for (path, uri) in &samples {
         let a = server.send(&Method::GET, uri, None).await;

@@ -211,14 +211,12 @@ impl Runtime {
                 }
             }
             if let Ending::Exited(code) = ending {
-                let last_output = self.last_lines(&id);
                 self.ended.insert(
                     id,
                     Ended {
                         code,
                         error,
                         out_of_memory,
-                        last_output,
                     },
                 );
             }

@@ -4,8 +4,8 @@
 use super::Runtime;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
-use tessera_model::limits::report::MAX_LAST_OUTPUT_CHARS;
 use std::time::Duration;
+use tessera_model::limits::report::MAX_LAST_OUTPUT_CHARS;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
 /// How many of the last lines of each log file travel with a task's stop report.
@@ -185,7 +185,9 @@ fn tail_lines(path: &Path, n: usize) -> String {
         };
         let len = f.metadata().map(|m| m.len()).unwrap_or(0);
         let mut buf = Vec::new();
-        if f.seek(SeekFrom::Start(len.saturating_sub(TAIL_BYTES))).is_ok() {
+        if f.seek(SeekFrom::Start(len.saturating_sub(TAIL_BYTES)))
+            .is_ok()
+        {
             let _ = f.take(TAIL_BYTES).read_to_end(&mut buf);
         }
         buf

@@ -149,8 +149,6 @@ struct Ended {
     error: Option<String>,
     /// Whether it ran out of memory.
     out_of_memory: Option<oom::Evidence>,
-    /// The last lines it wrote ([`Runtime::last_lines`]).
-    last_output: Option<String>,
 }
 
 /// The default of `--task-pids-max`.

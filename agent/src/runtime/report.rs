@@ -56,7 +56,6 @@ impl Runtime {
                         code,
                         error: t.error.clone(),
                         out_of_memory: t.out_of_memory.clone(),
-                        last_output: self.last_lines(id),
                     },
                 )),
                 _ => None,
@@ -66,7 +65,9 @@ impl Runtime {
                 exit_code: e.code,
                 error: e.error,
                 out_of_memory: e.out_of_memory.as_ref().and_then(oom::Evidence::why),
-                last_output: e.last_output,
+                // Read when reported, not when it exited: by the next sync its output has
+                // been copied to its log files whole.
+                last_output: self.last_lines(&task_id),
                 ..report(&task_id)
             });
         running.chain(exited).collect()

@@ -110,6 +110,8 @@ async fn an_exit_is_reported_with_the_last_lines_the_task_wrote() {
     let script = "i=0; while [ $i -lt 300 ]; do echo line-$i; i=$((i+1)); done; echo 'CUDA error: out of memory' >&2; exit 2";
     rt.converge(&[wanted("t", &["sh", "-c", script], false)]);
     until(&mut rt, |rt| rt.running_count() == 0).await;
+    // Reported at the next sync, once its output is copied to its files.
+    tokio::time::sleep(Duration::from_millis(200)).await;
     let r = &rt.reports()[0];
     assert_eq!(r.exit_code, Some(2));
     let last = r.last_output.clone().expect("its last lines");
@@ -124,7 +126,12 @@ async fn an_exit_is_reported_with_the_last_lines_the_task_wrote() {
     // A task that wrote nothing sends none.
     rt.converge(&[wanted("quiet", &["true"], false)]);
     until(&mut rt, |rt| rt.running_count() == 0).await;
-    let quiet = rt.reports().into_iter().find(|r| r.task_id == "quiet").expect("reported");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let quiet = rt
+        .reports()
+        .into_iter()
+        .find(|r| r.task_id == "quiet")
+        .expect("reported");
     assert_eq!(quiet.last_output, None);
 }
 

@@ -211,7 +211,9 @@ pub async fn task_last_output(
     State(state): State<AppState>,
     Segments(name, task): Segments,
 ) -> Result<Json<TaskLastOutput>, ApiError> {
-    Ok(Json(state.control.views().task_last_output(&name, &task).await?))
+    Ok(Json(
+        state.control.views().task_last_output(&name, &task).await?,
+    ))
 }
 
 /// Prometheus HTTP service discovery: every running task's port named `metrics`, labelled
