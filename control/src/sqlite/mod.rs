@@ -153,6 +153,8 @@ mod tests {
                     "gpu_memory_peak_mib",
                     "sm_percent",
                     "fleet_mark",
+                    // Read on request only (operators), never by the fleet model.
+                    "last_output",
                 ][..],
             ),
             (
