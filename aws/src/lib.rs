@@ -32,7 +32,8 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct AsgMachines {
     /// Where the Auto Scaling API is (`None`: AWS's own, or `AWS_ENDPOINT_URL`).
     endpoint: Option<String>,
-    /// Placeholder credentials for a local AWS-compatible endpoint.
+    /// The fixed credentials of a local AWS-compatible endpoint (`testing`), not the usual
+    /// AWS way's.
     local: bool,
     /// One client per region asked for (`None`: the usual AWS way's region).
     clients: Mutex<HashMap<Option<String>, Client>>,
@@ -55,8 +56,8 @@ impl AsgMachines {
         }
     }
 
-    /// Talks to a local AWS-compatible endpoint (`moto_server`, LocalStack) with
-    /// placeholder credentials: tests and drills, never an account.
+    /// Talks to a local AWS-compatible endpoint (`moto_server`, LocalStack) with the fixed
+    /// credentials such endpoints accept (`testing`): tests and drills, never an account.
     pub fn for_local_endpoint(endpoint: impl Into<String>) -> Self {
         AsgMachines {
             local: true,

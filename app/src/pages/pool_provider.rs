@@ -457,24 +457,17 @@ fn ProviderForm(pool: String, provider: Option<Provider>, changed: Callback<()>)
     };
     let has = provider.is_some();
     let e = Signal::from(errors);
-    let field = move |label: &'static str,
+    // One setting: its label, its input, what it is when left empty (or an example), and
+    // the server's refusals of it.
+    let input = move |label: &'static str,
                       name: &'static str,
                       s: RwSignal<String>,
+                      numeric: bool,
                       hint: &'static str| {
         view! {
             <label>{label} " "
-                <input type="text" inputmode="numeric" name=name placeholder=hint prop:value=s on:input=move |ev| s.set(event_target_value(&ev)) />
-                <FieldErrors errors=e field=format!("provider.{name}") />
-            </label>
-        }
-    };
-    let text = move |label: &'static str,
-                     name: &'static str,
-                     s: RwSignal<String>,
-                     hint: &'static str| {
-        view! {
-            <label>{label} " "
-                <input type="text" name=name placeholder=hint prop:value=s on:input=move |ev| s.set(event_target_value(&ev)) />
+                <input type="text" inputmode=numeric.then_some("numeric") name=name prop:value=s on:input=move |ev| s.set(event_target_value(&ev)) />
+                <small class="muted">{hint}</small>
                 <FieldErrors errors=e field=format!("provider.{name}") />
             </label>
         }
@@ -491,27 +484,27 @@ fn ProviderForm(pool: String, provider: Option<Provider>, changed: Callback<()>)
                     <FieldErrors errors=e field="provider.kind".to_owned() />
                 </label>
                 <Show when=move || kind.get() == "aws-asg">
-                    {text("Auto Scaling group", "group", f.group, "tessera-l4")}
-                    {text("Region", "region", f.region, "the usual AWS way")}
+                    {input("Auto Scaling group", "group", f.group, false, "e.g. tessera-l4")}
+                    {input("Region", "region", f.region, false, "empty: the usual AWS way")}
                 </Show>
                 <Show when=move || kind.get() == "command">
-                    {text("Command", "path", f.path, "/usr/local/bin/make-hosts")}
+                    {input("Command", "path", f.path, false, "e.g. /usr/local/bin/make-hosts")}
                 </Show>
-                {field("Min hosts", "min_hosts", f.min_hosts, "0")}
-                {field("Max hosts", "max_hosts", f.max_hosts, "required")}
-                {field("Target capacity (%)", "target_capacity_percent", f.target, "100")}
-                {field("Scale-out cooldown (s)", "scale_out_cooldown_secs", f.scale_out, "0")}
-                {field("Empty hosts go after (s)", "scale_in_cooldown_secs", f.scale_in, "600")}
-                {field("Boot timeout (s)", "boot_timeout_secs", f.boot, "600")}
-                {field("Replace impaired after (s)", "repair_delay_secs", f.repair, "300")}
-                {field("Replace lost after (s)", "lost_delay_secs", f.lost, "900")}
+                {input("Min hosts", "min_hosts", f.min_hosts, true, "default 0")}
+                {input("Max hosts", "max_hosts", f.max_hosts, true, "required")}
+                {input("Target capacity (%)", "target_capacity_percent", f.target, true, "default 100")}
+                {input("Scale-out cooldown (s)", "scale_out_cooldown_secs", f.scale_out, true, "default 0")}
+                {input("Empty hosts go after (s)", "scale_in_cooldown_secs", f.scale_in, true, "default 600")}
+                {input("Boot timeout (s)", "boot_timeout_secs", f.boot, true, "default 600")}
+                {input("Replace impaired after (s)", "repair_delay_secs", f.repair, true, "default 300")}
+                {input("Replace lost after (s)", "lost_delay_secs", f.lost, true, "default 900")}
                 <fieldset>
                     <legend>"Hosts it makes (empty: learnt from the pool's hosts)"</legend>
-                    {text("GPU model", "shape.gpu_model", f.gpu_model, "NVIDIA L4")}
-                    {field("GPUs", "shape.gpus", f.gpus, "4")}
-                    {field("GPU memory (MiB each)", "shape.gpu_memory_mib", f.gpu_memory, "23034")}
-                    {field("CPUs", "shape.cpu_milli", f.cpus, "48")}
-                    {field("Memory (GiB)", "shape.memory_mib", f.memory_gib, "192")}
+                    {input("GPU model", "shape.gpu_model", f.gpu_model, false, "e.g. NVIDIA L4")}
+                    {input("GPUs", "shape.gpus", f.gpus, true, "e.g. 4")}
+                    {input("GPU memory (MiB each)", "shape.gpu_memory_mib", f.gpu_memory, true, "e.g. 23034")}
+                    {input("CPUs", "shape.cpu_milli", f.cpus, true, "e.g. 48")}
+                    {input("Memory (GiB)", "shape.memory_mib", f.memory_gib, true, "e.g. 192")}
                     <FieldErrors errors=e field="provider.shape".to_owned() />
                 </fieldset>
                 <button type="submit" class="primary" title=move || admin.get() disabled=move || admin.get().is_some()>
