@@ -42,7 +42,21 @@ impl Deployments {
             .into_iter()
             .filter(|p| p.provider.is_some())
             .collect();
-        if pools.is_empty() {
+        let now = Timestamp::from_utc(self.core.now());
+        // Each pool is looked at every LOOK_EVERY_SECS, so a pass in between reads nothing.
+        let due: Vec<PoolInfo> = {
+            let freeable = self.passes.freeable.lock();
+            pools
+                .into_iter()
+                .filter(|p| {
+                    freeable
+                        .get(&p.name)
+                        .and_then(|f| f.looked)
+                        .is_none_or(|t| secs(t, now) >= LOOK_EVERY_SECS)
+                })
+                .collect()
+        };
+        if due.is_empty() {
             return Ok(());
         }
         let busy: BTreeSet<String> = self
@@ -63,10 +77,13 @@ impl Deployments {
             .into_iter()
             .map(|t| t.pool)
             .collect();
-        let now = Timestamp::from_utc(self.core.now());
-        for pool in pools {
+        for pool in due {
             if busy.contains(pool.name.as_str()) || waiting.contains(&pool.name) {
-                self.passes.freeable.lock().remove(&pool.name);
+                // Not freeable while its tasks wait or a plan runs: start counting again.
+                let mut freeable = self.passes.freeable.lock();
+                let f = freeable.entry(pool.name.clone()).or_default();
+                f.looked = Some(now);
+                f.since.clear();
                 continue;
             }
             if let Err(e) = self.consolidate_pool(&pool, now).await {
@@ -76,20 +93,10 @@ impl Deployments {
         Ok(())
     }
 
-    /// Looks for `pool`'s freeable hosts (every [`LOOK_EVERY_SECS`]) and moves the tasks
+    /// Looks for `pool`'s freeable hosts and moves the tasks
     /// off those freeable for the scale-in cooldown.
     async fn consolidate_pool(&self, pool: &PoolInfo, now: Timestamp) -> Result<(), ControlError> {
         let provider = pool.provider.as_ref().expect("filtered");
-        {
-            let freeable = self.passes.freeable.lock();
-            if freeable
-                .get(&pool.name)
-                .and_then(|f| f.looked)
-                .is_some_and(|t| secs(t, now) < LOOK_EVERY_SECS)
-            {
-                return Ok(());
-            }
-        }
         // Only the provider's hosts go, and never below min_hosts.
         let made: BTreeSet<HostId> = self
             .providers
