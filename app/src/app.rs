@@ -6,12 +6,14 @@ use crate::pages::audit::AuditPage;
 use crate::pages::consolidation::ConsolidationPage;
 use crate::pages::host::HostPage;
 use crate::pages::hosts::HostsPage;
+use crate::pages::notifications::NotificationsPage;
 use crate::pages::overview::OverviewPage;
 use crate::pages::projects::ProjectsPage;
 use crate::pages::service::ServicePage;
 use crate::pages::service_new::ServiceWizardPage;
 use crate::pages::services::ServicesPage;
 use crate::pages::sign_in::SignInPage;
+use crate::pages::task::TaskPage;
 use crate::pages::task_definition::TaskDefinitionPage;
 use crate::pages::task_definitions::{TaskDefinitionEditorPage, TaskDefinitionsPage};
 use leptos::prelude::*;
@@ -74,6 +76,8 @@ lazy_page!(SignInRoute, SignInPage);
 lazy_page!(AuditRoute, AuditPage);
 lazy_page!(ConsolidationRoute, ConsolidationPage);
 lazy_page!(ProjectsRoute, ProjectsPage);
+lazy_page!(TaskRoute, TaskPage);
+lazy_page!(NotificationsRoute, NotificationsPage);
 
 /// The document around the app, rendered on the server only.
 pub fn shell(options: LeptosOptions) -> impl IntoView {
@@ -130,10 +134,12 @@ pub fn App() -> impl IntoView {
                     <Route path=path!("/services") view={ Lazy::<ServicesRoute>::new() } />
                     <Route path=path!("/services/new") view={ Lazy::<ServiceWizardRoute>::new() } />
                     <Route path=path!("/services/:name") view={ Lazy::<ServiceRoute>::new() } />
+                    <Route path=path!("/tasks/:id") view={ Lazy::<TaskRoute>::new() } />
                     <Route path=path!("/task-definitions") view={ Lazy::<TaskDefinitionsRoute>::new() } />
                     <Route path=path!("/task-definitions/new") view={ Lazy::<TaskDefinitionEditorRoute>::new() } />
                     <Route path=path!("/task-definitions/:family") view={ Lazy::<TaskDefinitionRoute>::new() } />
                     <Route path=path!("/sign-in") view={ Lazy::<SignInRoute>::new() } />
+                    <Route path=path!("/notifications") view={ Lazy::<NotificationsRoute>::new() } />
                     <Route path=path!("/audit") view={ Lazy::<AuditRoute>::new() } />
                     <Route path=path!("/consolidation") view={ Lazy::<ConsolidationRoute>::new() } />
                     <Route path=path!("/projects") view={ Lazy::<ProjectsRoute>::new() } />
@@ -161,6 +167,7 @@ fn MainNav(caller: Caller) -> impl IntoView {
             <A href="/task-definitions">"Task definitions"</A>
             <A href="/consolidation">"Consolidation"</A>
             <A href="/projects">"Projects"</A>
+            {admin.then(|| view! { <A href="/notifications">"Notifications"</A> })}
             {admin.then(|| view! { <A href="/audit">"Audit log"</A> })}
         </nav>
         <form

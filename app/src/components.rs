@@ -125,15 +125,15 @@ pub fn GpuBars(gpu: GpuView) -> impl IntoView {
                 None => "segment".to_owned(),
             };
             view! {
-                <span
+                <a
                     class=class
-                    tabindex="0"
+                    href=format!("/tasks/{}", s.task_id)
                     style=format!("width: {width:.2}%; background: hsl({hue} 60% 55%)")
                     aria-label=detail
                     data-service=s.service.clone()
                 >
                     <span class="tip" aria-hidden="true">{tip}</span>
-                </span>
+                </a>
             }
         })
         .collect_view();
@@ -198,6 +198,37 @@ pub fn HostCard(view: HostView, #[prop(optional)] link: bool) -> impl IntoView {
     }
 }
 
+/// The message with each task id in it (a UUID) a link to the task's page.
+fn linked_tasks(message: &str) -> impl IntoView + use<> {
+    let mut parts = Vec::new();
+    let mut rest = message;
+    while let Some(at) = find_uuid(rest) {
+        let (before, tail) = rest.split_at(at);
+        let (id, after) = tail.split_at(36);
+        parts.push(before.to_owned().into_any());
+        parts.push(
+            view! { <a class="task-link" href=format!("/tasks/{id}")>{id.to_owned()}</a> }
+                .into_any(),
+        );
+        rest = after;
+    }
+    parts.push(rest.to_owned().into_any());
+    parts
+}
+
+/// Where the first UUID (8-4-4-4-12 hex digits) in `s` starts.
+fn find_uuid(s: &str) -> Option<usize> {
+    let b = s.as_bytes();
+    (0..b.len().saturating_sub(35)).find(|&i| {
+        (i == 0 || !b[i - 1].is_ascii_alphanumeric())
+            && b.get(i + 36).is_none_or(|c| !c.is_ascii_alphanumeric())
+            && b[i..i + 36].iter().enumerate().all(|(k, c)| match k {
+                8 | 13 | 18 | 23 => *c == b'-',
+                _ => c.is_ascii_hexdigit(),
+            })
+    })
+}
+
 /// Recent events, newest first.
 #[component]
 pub fn EventList(events: Vec<Event>) -> impl IntoView {
@@ -210,12 +241,16 @@ pub fn EventList(events: Vec<Event>) -> impl IntoView {
                 .into_iter()
                 .map(|e| {
                     let at = e.at.clock();
-                    let subject = e.service.clone().or(e.host.as_ref().map(|h| h.to_string())).unwrap_or_default();
+                    let subject = match (&e.service, &e.host) {
+                        (Some(s), _) => view! { <a href=format!("/services/{s}")>{s.clone()}</a> }.into_any(),
+                        (None, Some(h)) => view! { <a href=format!("/hosts/{h}")>{h.to_string()}</a> }.into_any(),
+                        (None, None) => ().into_any(),
+                    };
                     view! {
                         <li>
                             <time datetime=e.at.to_string()>{at}</time>
                             <span class="event-subject">{subject}</span>
-                            <span class="event-message">{e.message}</span>
+                            <span class="event-message">{linked_tasks(&e.message)}</span>
                         </li>
                     }
                 })
@@ -242,5 +277,25 @@ pub fn FieldErrors(errors: Signal<Vec<FieldError>>, field: String) -> impl IntoV
                 </p>
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::find_uuid;
+
+    #[test]
+    fn finds_task_ids_in_messages() {
+        let id = "0f8b6c1e-2a3b-4c5d-8e9f-0a1b2c3d4e5f";
+        assert_eq!(find_uuid(&format!("task {id} stopped")), Some(5));
+        assert_eq!(find_uuid(id), Some(0));
+        assert_eq!(find_uuid("task 0f8b6c1e stopped"), None);
+        // Part of a longer word is not an id.
+        assert_eq!(find_uuid(&format!("x{id}")), None);
+        assert_eq!(find_uuid(&format!("{id}0")), None);
+        assert_eq!(
+            find_uuid("no ids here at all, however long this message is made"),
+            None
+        );
     }
 }

@@ -65,6 +65,7 @@ pub enum Kind {
 pub enum Described {
     Service,
     Host,
+    Task,
 }
 
 /// The client commands, flattened into `tessera`'s own.
@@ -118,7 +119,8 @@ pub enum ClientCommand {
         #[command(flatten)]
         conn: Connection,
     },
-    /// Everything about one service (deployments, tasks, events) or host (GPUs, tasks).
+    /// Everything about one service (deployments, tasks, events), host (GPUs, tasks) or
+    /// task (how it went, where, its failures, events, and its last lines once stopped).
     Describe {
         kind: Described,
         name: String,

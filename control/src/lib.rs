@@ -23,6 +23,9 @@
 //! - [`providers`]: `Providers`: pools' capacity providers: what-if sizing of the tasks
 //!   that wait (through the scheduler), machines launched, given up on and scaled in, each
 //!   recorded in the store before the provider is asked.
+//! - [`notify`]: `Notifications`: webhooks an admin registers and the delivery of notices
+//!   (a rollback, an alarm, a host impaired or lost, a crash loop, a preemption,
+//!   autoscaling at its maximum, a provider failing) to them: signed, retried, listed.
 //! - [`views`]: `Views`: the read models (pages, lists, the fleet read model, endpoints,
 //!   Prometheus discovery, fit).
 //!
@@ -74,6 +77,7 @@ pub mod inputs;
 mod interference;
 mod inventory_growth;
 mod lifecycle;
+pub mod notify;
 mod parts;
 mod plan;
 pub mod postgres;

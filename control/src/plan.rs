@@ -62,6 +62,15 @@ fn unhealthy(t: &Task) -> bool {
     t.state == TaskState::Running && t.health == Some(TaskHealth::Unhealthy)
 }
 
+/// How long new tasks of a deployment wait after its `failed`-th failed task: 2^(n-1) s, at
+/// most `max`, so a revision that crashes at once is not restarted in a tight loop.
+pub(crate) fn restart_delay(failed: u32, max: std::time::Duration) -> std::time::Duration {
+    if failed == 0 {
+        return std::time::Duration::ZERO;
+    }
+    std::time::Duration::from_secs(1u64 << (failed - 1).min(16)).min(max)
+}
+
 /// The plan for `service`, given its live tasks (not stopped) and its deployments (newest
 /// first); a primary deployment with `failure_threshold` failed tasks rolls back when an
 /// earlier revision exists.

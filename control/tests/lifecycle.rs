@@ -996,3 +996,90 @@ async fn a_task_that_ends_keeps_the_last_lines_its_agent_sent_apart_from_the_tas
         );
     }
 }
+
+/// A task's page: a crash loop stands out (its deployment's failures and the delay before
+/// the next start), the events that name it are its own, the newest failures are listed
+/// first on its service's page however many came before, and an unknown id is not found.
+#[tokio::test]
+async fn a_crash_looping_task_has_a_page_with_its_failures_and_its_own_events() {
+    let env = env(fast()).await;
+    let c = &env.control;
+    let a = host(c, "a", 1, 24).await;
+    let def = register_def(c, "crash", 10, 40).await;
+    service(c, "crash", &def, 1, DeploymentConfig::default()).await;
+    let mut failed = Vec::new();
+    for _ in 0..40 {
+        if failed.len() == 3 {
+            break;
+        }
+        // One pass starts a task once its delay is over, the next places it; the host
+        // keeps syncing while time goes by.
+        c.reconcile_once().await.expect("pass");
+        c.reconcile_once().await.expect("pass");
+        sync(c, &a).await;
+        if let Some(t) = tasks(c, "crash", &[TaskState::Running]).await.pop() {
+            sync_with(c, &a, true, &[(t.id.clone(), 3)]).await;
+            failed.push(t.id);
+        }
+        env.clock.advance(std::time::Duration::from_millis(500));
+    }
+    assert_eq!(failed.len(), 3, "tasks failed: {failed:?}");
+    let last = failed.last().expect("a failure").clone();
+    let page = c.views().task_detail(&last).await.expect("its page");
+    assert_eq!(page.task.state, TaskState::Stopped);
+    assert_eq!(page.task.exit_code, Some(3));
+    assert_eq!(page.project.as_deref(), Some("default"));
+    assert_eq!(
+        page.service_revision.as_ref(),
+        Some(&page.task.task_definition)
+    );
+    let f = page.failures.expect("its deployment's failures");
+    assert_eq!(f.failed_tasks as usize, failed.len());
+    assert_eq!(f.restart_delay_secs, 1 << (failed.len() - 1));
+    assert!(page.budget_mib.0 > 0);
+    // Its events name it, and no other task.
+    assert!(!page.events.is_empty());
+    for e in &page.events {
+        assert!(e.message.contains(&last), "{}", e.message);
+    }
+    // Where it was placed and what chose it, as said at the time.
+    assert!(
+        page.events.iter().any(|e| e
+            .message
+            .contains("placed by pool gpu's fragmentation policy")
+            && e.message.contains(&format!("task {last} on a GPU 0"))),
+        "{:?}",
+        page.events
+    );
+    // The service's page lists the newest failure first among the stopped tasks.
+    let listed = c.views().service_tasks("crash").await.expect("tasks");
+    let stopped: Vec<&str> = listed
+        .iter()
+        .filter(|t| t.state == TaskState::Stopped)
+        .map(|t| t.id.as_str())
+        .collect();
+    assert_eq!(stopped.first(), Some(&last.as_str()));
+    // The overview names the service and its latest failed task.
+    let o = c.views().overview().await.expect("overview");
+    let crash = o
+        .failing
+        .iter()
+        .find(|s| s.service == "crash")
+        .expect("the failing service");
+    assert_eq!(crash.last_task.as_deref(), Some(last.as_str()));
+    assert!(
+        crash
+            .last_exit
+            .as_deref()
+            .is_some_and(|e| e.starts_with("exit code 3"))
+    );
+    let e = c
+        .views()
+        .task_detail("no-such-task")
+        .await
+        .expect_err("none");
+    assert!(
+        matches!(e, tessera_control::ControlError::NotFound(_)),
+        "{e}"
+    );
+}

@@ -288,6 +288,7 @@ async fn usage_buckets_merge_when_written_twice_and_are_pruned_by_age() {
         .expect("merged");
     let q = |since| UsageQuery {
         service: Some("web".into()),
+        task: None,
         width_secs: 60,
         since,
     };

@@ -58,6 +58,11 @@ test("every page, after pauses longer than the server's timeouts, loads without 
     await expect(page.locator("main[data-hydrated=true]")).toBeVisible();
     await expect(page.locator(".crumbs")).toBeVisible();
   }
+  // And one task's, from that service's page.
+  await page.waitForTimeout(PAUSE_MS);
+  await page.locator('main a[href^="/tasks/"]').first().click();
+  await expect(page.locator("main[data-hydrated=true]")).toBeVisible();
+  await expect(page.locator(".crumbs")).toContainText("task ");
   expect(failed, failed.join("\n")).toEqual([]);
   expect(errors, errors.join("\n")).toEqual([]);
 });

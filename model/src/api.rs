@@ -520,6 +520,50 @@ pub struct PrometheusTargets {
     pub labels: std::collections::BTreeMap<String, String>,
 }
 
+/// `GET /api/v1/tasks/{id}`: one task as its page shows it. Its output is not here: logs
+/// and last lines may hold secrets, and are read apart, by operators of its project.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskDetail {
+    pub task: crate::service::Task,
+    /// Its service's project; absent once the service is deleted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
+    /// The revision its service runs now (absent once the service is deleted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_revision: Option<TaskDefRef>,
+    /// Its host's status now (`lost`: its log files cannot be read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_status: Option<crate::HostStatus>,
+    /// The GPU memory it reserves, the budget its measured use is judged against.
+    pub budget_mib: crate::MiB,
+    /// Its compute cap (MPS active thread percentage), when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_cap_percent: Option<u32>,
+    /// What was measured of it, bucket by bucket (the finest kept), oldest first.
+    pub usage: Vec<crate::fit::UsagePoint>,
+    /// Its deployment's tasks that failed (exited non-zero on their own), and how long a
+    /// new one waits before it starts: a service crash-looping stands out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failures: Option<DeploymentFailures>,
+    /// Events that name it, newest first.
+    pub events: Vec<Event>,
+    /// The server's clock when this was read (unix seconds): where its charts end.
+    pub now: i64,
+}
+
+/// A deployment whose tasks keep failing.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeploymentFailures {
+    pub deployment: i64,
+    pub failed_tasks: u32,
+    /// How long each new task waits after the latest failure before it starts (doubling
+    /// with each failure, up to the server's `max_restart_delay`); 0 while the deployment
+    /// can roll back instead.
+    pub restart_delay_secs: u64,
+}
+
 /// `GET /api/v1/services/{name}/tasks/{task}/last-output`: how a task ended and the last
 /// lines it wrote, as its agent sent them with its stop report (kept once its host and
 /// its log files are gone).

@@ -16,6 +16,8 @@
 //! - [`project`]: projects (teams), their quotas per pool and what they use.
 //! - [`provider`]: pools' capacity providers (kinds, settings and their validation, host
 //!   shapes) and the machines asked of them.
+//! - [`notify`]: notifications: their kinds, webhooks (their input and validation, body
+//!   formats) and deliveries.
 //! - [`auth`]: roles, operators' accounts, API tokens, callers and the audit log.
 //! - [`operations`]: what each operation needs (role, project scope, audit), declared once
 //!   and read by the router, the OpenAPI document, the console and the access tests.
@@ -47,6 +49,7 @@ pub mod fit;
 pub mod ids;
 pub mod inventory;
 pub mod limits;
+pub mod notify;
 pub mod operations;
 pub mod project;
 pub mod provider;

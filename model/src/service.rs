@@ -479,6 +479,17 @@ pub struct Task {
 }
 
 impl Task {
+    /// How it ended, in words: `exit code 1: it exited on its own`, the code or the reason
+    /// alone, or `None` when neither is known.
+    pub fn how_it_ended(&self) -> Option<String> {
+        match (self.exit_code, &self.stop_reason) {
+            (Some(c), Some(r)) => Some(format!("exit code {c}: {r}")),
+            (Some(c), None) => Some(format!("exit code {c}")),
+            (None, Some(r)) => Some(r.clone()),
+            (None, None) => None,
+        }
+    }
+
     /// Whether it counts as serving: running, and healthy when it has a check.
     pub fn ready(&self) -> bool {
         self.state == TaskState::Running

@@ -114,6 +114,18 @@ pub struct PendingView {
     pub message: Option<String>,
 }
 
+/// A service whose tasks keep failing: tasks of its deployment exited on their own with a
+/// non-zero code.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailingView {
+    pub service: String,
+    pub deployment: i64,
+    pub failed_tasks: u32,
+    /// The latest task that failed, and how it ended.
+    pub last_task: Option<String>,
+    pub last_exit: Option<String>,
+}
+
 /// The overview's figures.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct OverviewData {
@@ -134,6 +146,8 @@ pub struct OverviewData {
     pub stranded_memory: MiB,
     pub smallest_pending: Option<String>,
     pub pending: Vec<PendingView>,
+    /// Services whose tasks keep failing, most failures first (at most ten).
+    pub failing: Vec<FailingView>,
     pub events: Vec<Event>,
 }
 

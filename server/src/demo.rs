@@ -193,6 +193,18 @@ fn samples() -> Vec<Sample> {
             peak_mib: "5734",
             work: None,
         },
+        // A revision that crashes seconds after it starts (its model does not load): its
+        // tasks are restarted with a growing delay, and the overview names it with its
+        // latest failure, whose last lines its task page shows.
+        Sample {
+            family: "ocr-preview",
+            pool: "inference",
+            count: 1,
+            container: json!({"name": "ocr", "command": ["sh", "-c", "echo 'loading weights from /models/ocr-v3'; sleep 3; echo 'RuntimeError: CUDA error: out of memory (tried to allocate 2.00 GiB)' >&2; exit 1"],
+                   "cpu_milli": 500, "memory_mib": 1024, "env": {}, "gpu": {"mps": {"memory_mib": 1024, "max_compute_percent": 10}}}),
+            peak_mib: "900",
+            work: None,
+        },
         // Batch work in the elastic pool: two tasks of 20 GiB (one host of 2 × L4), on for
         // eight minutes of every sixteen (`run_load`), so the pool grows and shrinks.
         Sample {

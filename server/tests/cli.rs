@@ -321,6 +321,37 @@ fn login_reads_the_fleet_acts_on_it_and_logout_ends_the_token() {
     );
     let host = s.ok(&["describe", "host", "sim-l4-1"]);
     assert!(host.contains("GPUs:") && host.contains("L4"), "{host}");
+    // The demo's crash-looping service: its latest failure, described with where it ran,
+    // its deployment's failures and the last lines it wrote.
+    let failed = |v: &Value| -> Option<String> {
+        v["tasks"]
+            .as_array()?
+            .iter()
+            .rev()
+            .find(|t| t["exit_code"] == 1)?["id"]
+            .as_str()
+            .map(str::to_owned)
+    };
+    s.until(
+        &["get", "tasks", "--service", "ocr-preview"],
+        "a task of ocr-preview failed",
+        |v| failed(v).is_some(),
+    );
+    let id = failed(&s.json(&["get", "tasks", "--service", "ocr-preview", "-o", "json"]))
+        .expect("a failed task");
+    let task = s.ok(&["describe", "task", &id]);
+    for said in [
+        "State:            stopped",
+        "exit code 1",
+        "Crash-looping:",
+        "Last lines:",
+        "RuntimeError: CUDA error: out of memory",
+    ] {
+        assert!(task.contains(said), "{said}: {task}");
+    }
+    let none = s.cli(&["describe", "task", "no-such-task"]);
+    assert_eq!(none.status.code(), Some(1));
+    assert!(text(&none).contains("404"), "{}", text(&none));
 
     assert!(s.ok(&["scale", "vision", "1"]).contains("desired count 1"));
     s.until(&["get", "services"], "vision scaled in", |v| {

@@ -502,6 +502,28 @@ async fn the_document_and_the_router_agree_and_answers_match_their_schemas() {
         .await;
     assert_eq!(minted.status, StatusCode::CREATED, "{}", minted.body);
     samples.push(("/api/v1/join-tokens", "/api/v1/join-tokens".to_owned()));
+    // A webhook, its deliveries, and one task's page.
+    let hook = server
+        .send(
+            &Method::POST,
+            "/api/v1/webhooks",
+            Some(&json!({"name": "on-call", "url": "http://127.0.0.1:9/hook", "kinds": ["host_lost"]})),
+        )
+        .await;
+    assert_eq!(hook.status, StatusCode::CREATED, "{}", hook.body);
+    samples.push(("/api/v1/webhooks", "/api/v1/webhooks".to_owned()));
+    samples.push((
+        "/api/v1/webhooks/{id}/deliveries",
+        format!("/api/v1/webhooks/{}/deliveries", hook.body["webhook"]["id"]),
+    ));
+    let tasks = server
+        .send(&Method::GET, "/api/v1/tasks?service=chat", None)
+        .await;
+    let task = tasks.body["tasks"][0]["id"]
+        .as_str()
+        .expect("a task")
+        .to_owned();
+    samples.push(("/api/v1/tasks/{id}", format!("/api/v1/tasks/{task}")));
     // A preemption on record, so its answer has one to match its schema.
     {
         use tessera_model::project::{Preempted, Preemption};

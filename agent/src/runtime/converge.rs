@@ -123,6 +123,7 @@ impl Runtime {
         for (id, t) in &mut self.tasks {
             let mut first_exit = None;
             let mut all_done = true;
+            let mut copied = true;
             for p in &mut t.procs {
                 if let Some(code) = p.poll(&groups)
                     && first_exit.is_none()
@@ -133,6 +134,7 @@ impl Runtime {
                 if !p.finished(&groups) {
                     all_done = false;
                 }
+                copied &= p.output_copied();
             }
             // Whether the kernel killed the container that ended the task, where the engine
             // says (a process's cgroup is read below).
@@ -184,9 +186,11 @@ impl Runtime {
                 // Processes that left its process groups (`setsid`, double forks) are
                 // still in its cgroup.
                 let escaped = t.cgroup.as_ref().is_some_and(|c| !c.is_empty());
-                if all_done && !escaped {
+                // Its last lines are read from its files once it is gone: the copies of
+                // its output reach the end first (not waited for past its deadline).
+                if all_done && !escaped && (copied || now >= deadline) {
                     gone.push((id.clone(), ending, t.error.clone(), t.out_of_memory.clone()));
-                } else if all_done {
+                } else if all_done && escaped {
                     // Its containers have ended: whatever is left of it goes now, and
                     // its checks start nothing more in its cgroup.
                     t.checkers.clear();

@@ -314,16 +314,22 @@ impl Runtime {
             Ok(mut child) => {
                 let pgid = child.id().map_or(0, |p| p as i32);
                 let log = task_dir.join(format!("{}.log", c.name));
+                let mut pumps = Vec::new();
                 if let Some(out) = child.stdout.take() {
-                    tokio::spawn(copy_capped(out, log.clone(), self.log_cap, task.uid));
+                    pumps.push(tokio::spawn(copy_capped(
+                        out,
+                        log.clone(),
+                        self.log_cap,
+                        task.uid,
+                    )));
                 }
                 if let Some(err) = child.stderr.take() {
-                    tokio::spawn(copy_capped(
+                    pumps.push(tokio::spawn(copy_capped(
                         err,
                         task_dir.join(format!("{}.err.log", c.name)),
                         self.log_cap,
                         task.uid,
-                    ));
+                    )));
                 }
                 task.procs.push(Proc {
                     name: c.name.clone(),
@@ -332,6 +338,7 @@ impl Runtime {
                     child: Some(child),
                     exit: None,
                     born: group_born(pgid),
+                    pumps,
                 });
                 if let Some(checker) = self.checker(w, i, &task.ports, None, None, Some(&confine)) {
                     task.checkers.push(checker);

@@ -191,6 +191,7 @@ impl Runtime {
                             child: None,
                             exit: None,
                             born: group_born(pgid),
+                            pumps: Vec::new(),
                         })
                         .collect(),
                     boxes: Vec::new(),

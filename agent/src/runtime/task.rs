@@ -26,6 +26,9 @@ pub(super) struct Proc {
     /// took the group). A group id is reused only once the group is empty, by a new
     /// leader started later: one whose start differs is a stranger's, never signalled.
     pub(super) born: Option<u64>,
+    /// The copies of its output to its log files: done once they read to the end (the
+    /// task's last lines are read from the files after).
+    pub(super) pumps: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Proc {
@@ -61,6 +64,11 @@ impl Proc {
     /// process of its group remains (children that outlive it still hold the GPU).
     pub(super) fn finished(&mut self, groups: &Groups) -> bool {
         self.poll(groups).is_some() && !self.alive_in(groups)
+    }
+
+    /// Whether everything it wrote is in its log files.
+    pub(super) fn output_copied(&self) -> bool {
+        self.pumps.iter().all(tokio::task::JoinHandle::is_finished)
     }
 
     /// Signals the whole process group, as long as any of it is left and it is still

@@ -477,6 +477,7 @@ fn remembered(pgid: i32, born: Option<u64>) -> Task {
             child: None,
             exit: None,
             born,
+            pumps: Vec::new(),
         }],
         boxes: Vec::new(),
         error: None,

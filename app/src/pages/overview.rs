@@ -109,6 +109,24 @@ fn Overview(d: OverviewData) -> impl IntoView {
             <h2>"Compute"</h2>
             <Meter value=f64::from(d.compute_allocated.0) total=f64::from(d.compute_total.0) label=compute_label class="compute" />
         </section>
+        {(!d.failing.is_empty()).then(|| view! {
+            <section class="panel failing" aria-label="Failing services">
+                <h2>"Failing services"</h2>
+                <ul class="failing">
+                    {d.failing.iter().map(|f| view! {
+                        <li>
+                            <a href=format!("/services/{}", f.service)>{f.service.clone()}</a>
+                            {format!(": {} task(s) of deployment #{} failed. ", f.failed_tasks, f.deployment)}
+                            {f.last_task.clone().map(|t| view! {
+                                "Latest: "
+                                <a class="last-failed" href=format!("/tasks/{t}")>{format!("task {}", crate::pages::task::short_id(&t))}</a>
+                                <span class="reason">{f.last_exit.clone().map(|e| format!(" ({e})")).unwrap_or_default()}</span>
+                            })}
+                        </li>
+                    }).collect_view()}
+                </ul>
+            </section>
+        })}
         <section class="panel">
             <h2>"Pending tasks"</h2>
             {if d.pending.is_empty() {

@@ -96,6 +96,9 @@ pub fn PoolProviderPanel(pool: Signal<String>) -> impl IntoView {
         move |(_, p, _)| fetch(p),
     );
     let settings = Resource::new(move || (pool.get(), changed.get()), move |(p, _)| fetch(p));
+    // What the last save did. Kept here, not in the form: a save reloads the settings,
+    // which makes the form anew (and closes it).
+    let saved = RwSignal::new(None::<String>);
     let on_saved = Callback::new(move |()| changed.update(|n| *n += 1));
     view! {
         <Show when=move || !pool.get().is_empty()>
@@ -111,9 +114,10 @@ pub fn PoolProviderPanel(pool: Signal<String>) -> impl IntoView {
                 </Transition>
                 <Transition fallback=|| ()>
                     {move || Suspend::new(async move {
-                        settings.await.ok().flatten().map(|v| view! { <ProviderForm pool=pool.get_untracked() provider=v.provider changed=on_saved /> })
+                        settings.await.ok().flatten().map(|v| view! { <ProviderForm pool=pool.get_untracked() provider=v.provider changed=on_saved saved /> })
                     })}
                 </Transition>
+                {move || saved.get().map(|s| view! { <p class="notice" role="status">{s}</p> })}
             </section>
         </Show>
     }
@@ -405,11 +409,15 @@ impl Fields {
 
 /// The admins' form: kind and where, limits, timings and the hosts' shape.
 #[component]
-fn ProviderForm(pool: String, provider: Option<Provider>, changed: Callback<()>) -> impl IntoView {
+fn ProviderForm(
+    pool: String,
+    provider: Option<Provider>,
+    changed: Callback<()>,
+    saved: RwSignal<Option<String>>,
+) -> impl IntoView {
     let admin = crate::access::allowed::<SetPoolProvider>();
     let f = Fields::new(provider.as_ref());
     let errors = RwSignal::new(Vec::<FieldError>::new());
-    let saved = RwSignal::new(None::<String>);
     let pool_for_save = pool.clone();
     let save = Action::new(move |input: &Option<ProviderInput>| {
         let pool = pool_for_save.clone();
@@ -450,6 +458,7 @@ fn ProviderForm(pool: String, provider: Option<Provider>, changed: Callback<()>)
         match f.input() {
             Ok(input) => {
                 errors.set(Vec::new());
+                saved.set(None);
                 save.dispatch(Some(input));
             }
             Err(e) => errors.set(e),
@@ -520,7 +529,6 @@ fn ProviderForm(pool: String, provider: Option<Provider>, changed: Callback<()>)
                 let general: Vec<String> = errors.get().into_iter().filter(|e| e.field == "provider").map(|e| e.message).collect();
                 (!general.is_empty()).then(|| view! { <p class="field-error" role="alert">{general.join("; ")}</p> })
             }}
-            {move || saved.get().map(|s| view! { <p class="notice" role="status">{s}</p> })}
         </details>
     }
 }

@@ -75,21 +75,6 @@ pub async fn patch_service(
 
 guard!(PatchService, ops::UPDATE_SERVICE, body = patch);
 
-/// How a task of service `name` ended and the last lines it wrote.
-#[server]
-pub async fn read_last_output(
-    name: String,
-    task: String,
-) -> Result<tessera_model::api::TaskLastOutput, ServerFnError> {
-    crate::data::ssr::control()?
-        .views()
-        .task_last_output(&name, &task)
-        .await
-        .map_err(crate::data::ssr::failed)
-}
-
-guard!(ReadLastOutput, ops::READ_SERVICE_OUTPUT);
-
 #[server]
 pub async fn delete_service(name: String) -> Result<(), ServerFnError> {
     crate::data::ssr::control()?
@@ -329,7 +314,7 @@ fn Detail(
     let project = Signal::stored(Some(s.project.clone()));
     let operate = crate::access::allowed_in::<PatchService>(project);
     let may_delete = crate::access::allowed_in::<DeleteService>(project);
-    let may_read_output = crate::access::allowed_in::<ReadLastOutput>(project);
+    let may_read_output = crate::access::allowed_in::<crate::pages::task::ReadLastOutput>(project);
     let desired = s.desired_count;
     let scale_to = RwSignal::new(desired.to_string());
     let revision = RwSignal::new(s.task_definition.to_string());
@@ -421,7 +406,7 @@ fn Detail(
                                 .then(|| view! { <LastOutput service=s.name.clone() task=t.id.clone() allowed=may_read_output /> });
                             view! {
                                 <tr class=format!("task state-{}", t.state.as_str()) data-task=t.id.clone()>
-                                    <td><code>{t.id[..8.min(t.id.len())].to_owned()}</code></td>
+                                    <td><a href=format!("/tasks/{}", t.id)><code>{crate::pages::task::short_id(&t.id).to_owned()}</code></a></td>
                                     <td>{t.task_definition.to_string()}</td>
                                     <td>{t.state.as_str()}</td>
                                     <td>{t.host.map(|h| view! { <a href=format!("/hosts/{h}")>{h.to_string()}</a> })}</td>
@@ -442,30 +427,14 @@ fn Detail(
 /// read is audited, output may hold secrets).
 #[component]
 fn LastOutput(service: String, task: String, allowed: Signal<Option<String>>) -> impl IntoView {
-    let read = Action::new(move |_: &()| read_last_output(service.clone(), task.clone()));
+    let read = Action::new(move |_: &()| {
+        crate::pages::task::read_last_output(service.clone(), task.clone())
+    });
     view! {
         <button type="button" class="link last-output-button" title=move || allowed.get()
             disabled=move || allowed.get().is_some() on:click=move |_| { read.dispatch(()); }>
             "Last lines"
         </button>
-        {move || read.value().get().map(|r| match r {
-            Ok(o) => {
-                let head = format!(
-                    "{}{}",
-                    o.exit_code.map(|c| format!("exit code {c}")).unwrap_or_else(|| "no exit code".into()),
-                    o.host.map(|h| format!(" on {h}")).unwrap_or_default()
-                );
-                view! {
-                    <div class="last-output" role="region" aria-label="Last lines">
-                        <p class="muted">{head}</p>
-                        {match o.last_output {
-                            Some(text) => view! { <pre>{text}</pre> }.into_any(),
-                            None => view! { <p class="muted">"It wrote nothing before it ended (or its agent did not say)."</p> }.into_any(),
-                        }}
-                    </div>
-                }.into_any()
-            }
-            Err(e) => view! { <p class="field-error" role="alert">{e.to_string()}</p> }.into_any(),
-        })}
+        {move || read.value().get().map(crate::pages::task::last_output_view)}
     }
 }

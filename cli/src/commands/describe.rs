@@ -1,10 +1,10 @@
-//! `tessera describe`: everything about one service (deployments, tasks, events) or one
-//! host (GPUs, tasks).
+//! `tessera describe`: everything about one service (deployments, tasks, events), one
+//! host (GPUs, tasks) or one task (how it went, where, its failures, events, last lines).
 
 use crate::commands::get::print_tasks;
 use crate::table::Table;
 use crate::{Client, Described, seg};
-use tessera_model::api::ServiceDetail;
+use tessera_model::api::{ServiceDetail, TaskDetail, TaskLastOutput};
 use tessera_model::bodies::{HostDetail, TaskList};
 use tessera_model::service::Task;
 
@@ -127,6 +127,87 @@ pub(crate) async fn describe(c: &Client, kind: Described, name: &str) -> anyhow:
             say!("\nTasks:");
             print_tasks(&h.tasks, false);
         }
+        Described::Task => describe_task(c, name).await?,
+    }
+    Ok(())
+}
+
+/// One task: how it went, where it runs, its deployment's failures, its events, and its
+/// last lines when it stopped (for operators of its project; a viewer is told why not).
+async fn describe_task(c: &Client, id: &str) -> anyhow::Result<()> {
+    let d: TaskDetail = c.get(&format!("/api/v1/tasks/{}", seg(id))).await?;
+    let t = &d.task;
+    say!("Task:             {}", t.id);
+    say!("Service:          {}", t.service);
+    say!(
+        "Revision:         {}{}",
+        t.task_definition,
+        match &d.service_revision {
+            Some(r) if *r != t.task_definition => format!(" (the service now runs {r})"),
+            _ => String::new(),
+        }
+    );
+    say!("State:            {}", t.state);
+    say!("Created:          {}", t.created_at);
+    if let Some(s) = t.started_at {
+        say!("Started:          {s}");
+    }
+    if let Some(s) = t.stopped_at {
+        say!(
+            "Stopped:          {s}{}",
+            t.how_it_ended()
+                .map(|h| format!(" ({h})"))
+                .unwrap_or_default()
+        );
+    }
+    if let Some(h) = &t.host {
+        say!(
+            "Host:             {h}{}",
+            d.host_status.map(|s| format!(" ({s})")).unwrap_or_default()
+        );
+    }
+    for a in &t.allocations {
+        say!(
+            "GPU {}:            {} GPU memory, {} compute",
+            a.index,
+            a.memory,
+            a.compute
+        );
+    }
+    if let Some(p) = t.measured.gpu_memory_peak {
+        say!("Measured peak:    {p} of {} budget", d.budget_mib);
+    }
+    if let Some(f) = &d.failures {
+        say!(
+            "Crash-looping:    {} task(s) of deployment {} failed; new ones wait {} s",
+            f.failed_tasks,
+            f.deployment,
+            f.restart_delay_secs
+        );
+    }
+    say!("\nEvents:");
+    for e in d.events.iter().take(15).rev() {
+        say!("  {}  {}", e.at, e.message);
+    }
+    if t.state.is_live() {
+        return Ok(());
+    }
+    let path = format!(
+        "/api/v1/services/{}/tasks/{}/last-output",
+        seg(&t.service),
+        seg(&t.id)
+    );
+    match c.get::<TaskLastOutput>(&path).await {
+        Ok(o) => {
+            say!("\nLast lines:");
+            say!(
+                "{}",
+                o.last_output
+                    .as_deref()
+                    .unwrap_or("(it wrote nothing before it ended, or its agent did not say)")
+            );
+        }
+        Err(e) => say!("\nLast lines: not shown: {e:#}"),
     }
     Ok(())
 }

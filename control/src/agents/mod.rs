@@ -23,6 +23,7 @@ use tessera_model::agent::{
     SecretEnv, SyncRequest, SyncResponse, TaskReport, WantedContainer, WantedTask,
 };
 use tessera_model::bounds::{Dropped, Owner};
+use tessera_model::notify::NoticeKind;
 use tessera_model::service::{Measured, StopReason, Task, TaskState};
 use tessera_model::taskdef::{GpuRequirement, TaskDefinitionSpec};
 use tessera_model::{GpuBudget, GpuHealth, GpuInfo, HostId, MiB};
@@ -391,7 +392,17 @@ impl AgentSync {
         {
             return Ok(false);
         }
-        self.core.event(None, Some(&host.id), &t.message).await;
+        if t.to == tessera_model::HostStatus::Impaired {
+            self.core
+                .notify(
+                    NoticeKind::HostImpaired,
+                    (None, Some(&host.id), None),
+                    &t.message,
+                )
+                .await;
+        } else {
+            self.core.event(None, Some(&host.id), &t.message).await;
+        }
         self.scheduler.capacity_changed();
         Ok(true)
     }

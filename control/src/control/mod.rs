@@ -11,6 +11,7 @@ pub(crate) use cluster::SLOW_STORE;
 use crate::config::ControlConfig;
 use crate::deployments::{Asks, Deployments};
 use crate::error::ControlError;
+use crate::notify::Notifications;
 use crate::parts::{Core, ServiceStates};
 use crate::projects::Projects;
 use crate::providers::Providers;
@@ -47,6 +48,9 @@ pub struct Control {
     views: Views,
     /// Pools' capacity providers.
     providers: Providers,
+    /// Webhooks and the delivery of notices to them (sent at least once, by whichever
+    /// server holds the lease).
+    notifications: Notifications,
 }
 
 impl Control {
@@ -83,6 +87,7 @@ impl Control {
         );
         Control {
             providers,
+            notifications: Notifications::new(store.clone(), core.clone()),
             projects: Projects::new(store.clone(), core.clone(), accounts.clone(), views.clone()),
             accounts,
             agents,
@@ -130,6 +135,7 @@ impl Control {
         );
         Control {
             providers,
+            notifications: self.notifications.with_store(store.clone(), core.clone()),
             projects: self.projects.with_store(
                 store.clone(),
                 core.clone(),
@@ -175,6 +181,11 @@ impl Control {
     /// Pools' capacity providers: registering what makes machines, the machines asked for.
     pub fn providers(&self) -> &Providers {
         &self.providers
+    }
+
+    /// Notifications: webhooks and their deliveries.
+    pub fn notifications(&self) -> &Notifications {
+        &self.notifications
     }
 
     /// The scheduler: placement previews and approving or declining preemption plans.

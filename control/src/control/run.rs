@@ -37,6 +37,12 @@ impl Control {
     pub async fn run(&self, shutdown: impl std::future::Future<Output = ()>) {
         tokio::pin!(shutdown);
         let relay = self.relay_changes().await;
+        // Notices go out while this server holds the lease, beside the passes.
+        let (stop_deliveries, stopped) = tokio::sync::watch::channel(false);
+        let deliveries = {
+            let n = self.notifications.clone();
+            tokio::spawn(async move { n.run(stopped).await })
+        };
         loop {
             if let Err(why) = self.tick().await {
                 tracing::error!(error = %why, "reconcile pass failed; the next pass runs as usual");
@@ -60,6 +66,8 @@ impl Control {
         if let Err(e) = self.agents().flush_usage(true).await {
             tracing::error!(error = %e, "writing the last usage buckets failed");
         }
+        let _ = stop_deliveries.send(true);
+        let _ = deliveries.await;
         self.let_go_of_lease().await;
         for task in relay {
             task.abort();

@@ -111,6 +111,33 @@ impl Core {
         self.publish("event");
     }
 
+    /// Records an event that on-call people must hear of, about a service, a host and/or a
+    /// pool (found from the service or host when not given): the event, and a delivery to
+    /// each webhook that wants notices of `kind` about its service, host, pool or project
+    /// (sent by [`crate::notify::Notifications`]); a failure to record is logged.
+    pub(crate) async fn notify(
+        &self,
+        kind: tessera_model::notify::NoticeKind,
+        (service, host, pool): (Option<&str>, Option<&HostId>, Option<&str>),
+        message: &str,
+    ) {
+        tracing::warn!(
+            service,
+            host = host.map(HostId::as_str),
+            pool,
+            kind = kind.as_str(),
+            "{message}"
+        );
+        if let Err(e) = self
+            .store
+            .add_notice(kind, (service, host, pool), message)
+            .await
+        {
+            tracing::error!(error = %e, "recording a notice failed");
+        }
+        self.publish("event");
+    }
+
     /// Reads the database's clock for [`Core::now`]; a failure keeps the last reading
     /// (carried forward by this machine's monotonic clock).
     pub(crate) async fn read_db_clock(&self) {

@@ -21,6 +21,7 @@ use parking_lot::Mutex;
 use plan::{Booting, HostNow, PoolNow, Step};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
+use tessera_model::notify::NoticeKind;
 use tessera_model::project::Usage;
 use tessera_model::provider::{HostShape, Machine, MachineState, Provider, ProviderKind};
 use tessera_model::service::TaskState;
@@ -777,7 +778,13 @@ impl Providers {
                     "pool {}: the {} provider failed to launch: {why}",
                     pool.name, provider.kind
                 );
-                self.core.event(None, None, &said).await;
+                self.core
+                    .notify(
+                        NoticeKind::ProviderFailed,
+                        (None, None, Some(pool.name.as_str())),
+                        &said,
+                    )
+                    .await;
             }
         }
         Ok(())
@@ -902,7 +909,13 @@ impl Providers {
                 "pool {}: the {} provider failed to terminate {name}: {why}",
                 pool.name, provider.kind
             );
-            self.core.event(None, None, &said).await;
+            self.core
+                .notify(
+                    NoticeKind::ProviderFailed,
+                    (None, None, Some(pool.name.as_str())),
+                    &said,
+                )
+                .await;
             return Ok(false);
         }
         self.store
@@ -910,7 +923,13 @@ impl Providers {
             .await?;
         if to == MachineState::Failed {
             let said = format!("pool {}: {reason}; terminated", pool.name);
-            self.core.event(None, None, &said).await;
+            self.core
+                .notify(
+                    NoticeKind::ProviderFailed,
+                    (None, None, Some(pool.name.as_str())),
+                    &said,
+                )
+                .await;
         }
         Ok(true)
     }

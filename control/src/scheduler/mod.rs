@@ -318,6 +318,8 @@ impl Scheduler {
         steps::claims_first(&mut by_service, &claims);
 
         let mut commits = Vec::new();
+        // Each service's placements, and what chose them, for its events.
+        let mut placed_by_service: Vec<(String, String, Vec<PlacementCommit>)> = Vec::new();
         let mut complaints: Vec<(String, Vec<String>, String)> = Vec::new();
         // Each service's tasks that found no room (not held by their project's limit):
         // preemption may make room for them once this pass commits.
@@ -329,7 +331,8 @@ impl Scheduler {
             let Some(service) = pass.services.get(&name) else {
                 continue;
             };
-            engine.set_policy(Policy::from(service.strategy.unwrap_or(info.policy)));
+            let policy = service.strategy.unwrap_or(info.policy);
+            engine.set_policy(Policy::from(policy));
             let live = if steps::counts_live(&service.constraints) {
                 self.live_tasks(&name).await?
             } else {
@@ -353,6 +356,13 @@ impl Scheduler {
             if let Some(said) = batch.interference_said(&conflicts) {
                 self.core.event(Some(&name), None, &said).await;
             }
+            if !batch.commits.is_empty() {
+                let why = match service.strategy {
+                    Some(_) => format!("the service's {policy} strategy"),
+                    None => format!("pool {pool}'s {policy} policy"),
+                };
+                placed_by_service.push((name.clone(), why, batch.commits.clone()));
+            }
             commits.append(&mut batch.commits);
             if let Some((request, tasks)) = batch.wanting {
                 short.push(preemption::Short {
@@ -367,9 +377,14 @@ impl Scheduler {
                 self.service_states.changed(&name, |s| s.pending = None);
             }
         }
-        let placed = self.commit_pass(pool, cached, &commits).await?;
+        let committed = self.commit_pass(pool, cached, &commits).await?;
+        for (service, why, mine) in placed_by_service {
+            if let Some(said) = steps::placed_said(&mine, &committed, &why) {
+                self.core.event(Some(&service), None, &said).await;
+            }
+        }
         self.after_pass(pool, short, complaints, pass).await?;
-        Ok(placed)
+        Ok(committed.len())
     }
 
     /// The engine a pass places `tasks` of `pool` with: the one kept from the last pass
@@ -456,7 +471,7 @@ impl Scheduler {
         pool: &PoolName,
         cached: CachedEngine,
         commits: &[PlacementCommit],
-    ) -> Result<usize, ControlError> {
+    ) -> Result<HashSet<String>, ControlError> {
         let started = std::time::Instant::now();
         let committed = self.store.commit_placements(commits).await?;
         metrics::histogram!("tessera_placement_commit_seconds")
@@ -471,7 +486,7 @@ impl Scheduler {
         } else {
             self.state.engines.insert(pool.clone(), cached);
         }
-        Ok(committed.len())
+        Ok(committed.into_iter().collect())
     }
 
     /// After a pool's commit: preemption plans room for the tasks that found none, claims

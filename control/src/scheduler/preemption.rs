@@ -21,6 +21,7 @@ use crate::error::ControlError;
 use crate::projects::shares::usage_by_project;
 use std::collections::{HashMap, HashSet};
 use tessera_model::PreemptionMode;
+use tessera_model::notify::NoticeKind;
 use tessera_model::project::{DEFAULT_PROJECT, PreemptionState, Project, Usage};
 use tessera_model::service::Task;
 use tessera_model::service::{PriorityClass, Service, TaskState};
@@ -408,9 +409,9 @@ impl Scheduler {
                     .add_preemption(&entry(PreemptionState::Proposed))
                     .await?;
                 d.open.insert(task_id.to_owned());
-                self.core.event(
-                    Some(&service.name),
-                    Some(host),
+                self.core.notify(
+                    NoticeKind::Preemption,
+                    (Some(&service.name), Some(host), None),
                     &format!(
                         "preemption {id} proposed: stopping {} task(s) on host {host} would make room for a task of {}; it waits for an operator's approval (pool {pool})",
                         plan.stop.len(),
@@ -433,9 +434,9 @@ impl Scheduler {
                     .await?;
             }
             self.core
-                .event(
-                    Some(&service.name),
-                    Some(host),
+                .notify(
+                    NoticeKind::Preemption,
+                    (Some(&service.name), Some(host), None),
                     &format!(
                         "preempting {} task(s) on host {host} to make room for a task of {}",
                         plan.stop.len(),

@@ -478,6 +478,52 @@ impl<'s> ServiceBatch<'s> {
     }
 }
 
+/// How many tasks one placement event names one by one.
+const PLACED_NAMED: usize = 20;
+
+/// The event saying where a service's tasks of one pass went and what chose it (`why`):
+/// those of `mine` the commit took, each with its host and GPUs; `None` when it took none.
+pub(crate) fn placed_said(
+    mine: &[PlacementCommit],
+    committed: &std::collections::HashSet<String>,
+    why: &str,
+) -> Option<String> {
+    let took: Vec<&PlacementCommit> = mine
+        .iter()
+        .filter(|c| committed.contains(&c.task_id))
+        .collect();
+    if took.is_empty() {
+        return None;
+    }
+    let named: Vec<String> = took
+        .iter()
+        .take(PLACED_NAMED)
+        .map(|c| {
+            let gpus: Vec<String> = c
+                .allocations
+                .iter()
+                .map(|a| format!("GPU {} ({})", a.index, a.memory))
+                .collect();
+            if gpus.is_empty() {
+                format!("task {} on {}", c.task_id, c.host)
+            } else {
+                format!("task {} on {} {}", c.task_id, c.host, gpus.join(", "))
+            }
+        })
+        .collect();
+    let more = took.len().saturating_sub(PLACED_NAMED);
+    Some(format!(
+        "{} task(s) placed by {why}: {}{}",
+        took.len(),
+        named.join("; "),
+        if more > 0 {
+            format!("; and {more} more")
+        } else {
+            String::new()
+        }
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,5 +1,6 @@
 //! Events and settings.
 use super::*;
+use tessera_model::notify::NoticeKind;
 
 #[async_trait]
 impl EventStore for This {
@@ -19,6 +20,65 @@ impl EventStore for This {
         Ok(())
     }
 
+    async fn add_notice(
+        &self,
+        kind: NoticeKind,
+        (service, host, pool): (Option<&str>, Option<&HostId>, Option<&str>),
+        message: &str,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.begin_immediate().await?;
+        let at: Timestamp = sqlx::query_scalar(
+            "INSERT INTO events (service, host_id, message) VALUES ($1, $2, $3) RETURNING at",
+        )
+        .bind(service)
+        .bind(host.map(HostId::as_str))
+        .bind(message)
+        .fetch_one(&mut *tx)
+        .await?;
+        // Where it is: its service's pool and project, or its host's pool.
+        let (mut pool, mut project): (Option<String>, Option<String>) =
+            (pool.map(str::to_owned), None);
+        if let Some(s) = service
+            && let Some((p, pr)) = sqlx::query_as::<_, (String, String)>(
+                "SELECT pool, project FROM services WHERE name = $1",
+            )
+            .bind(s)
+            .fetch_optional(&mut *tx)
+            .await?
+        {
+            pool = pool.or(Some(p));
+            project = Some(pr);
+        }
+        if pool.is_none()
+            && let Some(h) = host
+        {
+            pool = sqlx::query_scalar("SELECT pool FROM hosts WHERE id = $1")
+                .bind(h.as_str())
+                .fetch_optional(&mut *tx)
+                .await?;
+        }
+        sqlx::query(
+            "INSERT INTO webhook_deliveries (webhook_id, kind, at, message, service, host_id, pool, status, next_at)
+             SELECT id, $1, $2, $3, $4, $5, $6, 'pending', $2 FROM webhooks
+             WHERE (kinds = ',' OR kinds LIKE $7)
+               AND (service IS NULL OR service = $4)
+               AND (pool IS NULL OR pool = $6)
+               AND (project IS NULL OR project = $8)",
+        )
+        .bind(kind.as_str())
+        .bind(at)
+        .bind(message)
+        .bind(service)
+        .bind(host.map(HostId::as_str))
+        .bind(pool.as_deref())
+        .bind(format!("%,{},%", kind.as_str()))
+        .bind(project.as_deref())
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
     async fn list_events(&self, filter: &EventFilter) -> Result<Vec<Event>, StoreError> {
         let mut q = QueryBuilder::<Db>::new(
             "SELECT id, at, service, host_id, message FROM events WHERE 1 = 1",
@@ -28,6 +88,15 @@ impl EventStore for This {
         }
         if let Some(h) = &filter.host {
             q.push(" AND host_id = ").push_bind(h.to_string());
+        }
+        if let Some(t) = &filter.task {
+            let escaped = t
+                .replace('\\', "\\\\")
+                .replace('%', "\\%")
+                .replace('_', "\\_");
+            q.push(" AND message LIKE ")
+                .push_bind(format!("%{escaped}%"))
+                .push(" ESCAPE '\\'");
         }
         if let Some(after) = filter.after {
             q.push(" AND id > ").push_bind(after);

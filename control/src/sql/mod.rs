@@ -28,6 +28,7 @@ mod rows;
 mod services;
 mod tasks;
 mod usage;
+mod webhooks;
 
 use rows::*;
 

@@ -281,7 +281,11 @@ impl TaskStore for This {
     async fn list_tasks(&self, filter: &TaskFilter) -> Result<Vec<Task>, StoreError> {
         let mut q = QueryBuilder::<Db>::new(format!("SELECT {TASK_COLUMNS} FROM tasks"));
         task_conditions(&mut q, filter);
-        q.push(" ORDER BY created_at, id");
+        q.push(if filter.newest_first {
+            " ORDER BY created_at DESC, id DESC"
+        } else {
+            " ORDER BY created_at, id"
+        });
         if let Some(limit) = filter.limit {
             q.push(" LIMIT ").push_bind(i64::from(limit));
         }

@@ -61,6 +61,9 @@ fn usage_filter(b: &mut QueryBuilder<'_, Db>, q: &UsageQuery) {
     if let Some(s) = &q.service {
         b.push(" AND service = ").push_bind(s.clone());
     }
+    if let Some(t) = &q.task {
+        b.push(" AND task_id = ").push_bind(t.clone());
+    }
 }
 
 /// The larger of the stored and the new value of `col` (NULL counts as smaller).

@@ -15,6 +15,7 @@ mod projects;
 mod services;
 mod tasks;
 mod usage;
+mod webhooks;
 
 pub use auth::{AuditFilter, AuthStore, NewAuditEntry, NewToken, UserChange, UserCredentials};
 pub use cluster::{ClusterStore, Fence, Lease, ServerRow};
@@ -34,6 +35,7 @@ pub use tasks::{
 pub use usage::{
     PlanStore, StoredPlan, UsageGroup, UsageQuery, UsageRow, UsageStore, UsageSummary,
 };
+pub use webhooks::{Attempt, Target, WebhookStore};
 
 /// Declares a bundle of store traits: what one component reads and writes, and nothing
 /// more. Every bundle is a supertrait of [`Store`], so a component's `Arc<dyn Bundle>` is
@@ -88,6 +90,11 @@ bundle!(
     ProvidersStore: HostStore MachineStore TaskStore EventStore ProjectStore
 );
 
+bundle!(
+    /// What notifications read and write: webhooks and their deliveries.
+    NotifyStore: WebhookStore
+);
+
 /// Everything the control plane persists, one trait per aggregate. Callers hold an `Arc<dyn Store>`;
 /// a backend implements the parts and gets this for free.
 pub trait Store:
@@ -109,6 +116,7 @@ pub trait Store:
     + ProjectsStore
     + DeploymentStore
     + ProvidersStore
+    + NotifyStore
     + CoreStore
 {
 }
@@ -124,7 +132,8 @@ impl<
         + UsageStore
         + PlanStore
         + FleetStore
-        + MachineStore,
+        + MachineStore
+        + WebhookStore,
 > Store for T
 {
 }

@@ -60,6 +60,8 @@ pub struct TaskFilter {
     /// Only tasks of this project's services.
     pub project: Option<String>,
     pub limit: Option<u32>,
+    /// Newest first (the limit keeps the newest); otherwise oldest first.
+    pub newest_first: bool,
     /// Leave `allocations` empty (a pass that needs only states reads less).
     pub without_allocations: bool,
 }

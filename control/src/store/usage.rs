@@ -38,6 +38,8 @@ pub struct UsageRow {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct UsageQuery {
     pub service: Option<String>,
+    /// Only this task's buckets.
+    pub task: Option<String>,
     pub width_secs: i64,
     pub since: i64,
 }

@@ -25,7 +25,10 @@ pub(crate) fn usage_range(s: &str) -> Result<Range, ControlError> {
 }
 
 /// The GPU memory a task of `spec` reserves per copy, and its compute cap in percent.
-fn budget_of(spec: &TaskDefinitionSpec, gpu_memory: Option<MiB>) -> (MiB, Option<u32>, bool) {
+pub(super) fn budget_of(
+    spec: &TaskDefinitionSpec,
+    gpu_memory: Option<MiB>,
+) -> (MiB, Option<u32>, bool) {
     match spec.gpu() {
         TaskGpu::Shared { memory, compute } => (memory, compute.map(|c| c.0.div_ceil(10)), true),
         TaskGpu::Whole { .. } => (gpu_memory.unwrap_or(MiB::ZERO), None, false),
@@ -97,6 +100,7 @@ impl Views {
         let [fine_w, coarse_w] = c.widths();
         let q = |width: i64, keep: std::time::Duration| UsageQuery {
             service: service.map(str::to_owned),
+            task: None,
             width_secs: width,
             since: now - keep.as_secs() as i64,
         };
@@ -244,6 +248,7 @@ impl Views {
             .usage_history(
                 &UsageQuery {
                     service: Some(name.to_owned()),
+                    task: None,
                     width_secs: width,
                     since: now - range.secs(),
                 },

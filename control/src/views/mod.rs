@@ -5,6 +5,7 @@
 
 pub(crate) mod fit;
 pub mod serving;
+mod task;
 
 use crate::cache::Cache;
 use crate::capacity::{Held, PoolCapacity};
@@ -22,7 +23,8 @@ use tessera_model::api::ServiceDetail;
 use tessera_model::service::{Event, Task, TaskDefRef, TaskDefinition, TaskState};
 use tessera_model::taskdef::TaskGpu;
 use tessera_model::views::{
-    GpuView, HOSTS_PER_PAGE, HostQuery, HostView, HostsPage, OverviewData, PendingView, SlotView,
+    FailingView, GpuView, HOSTS_PER_PAGE, HostQuery, HostView, HostsPage, OverviewData,
+    PendingView, SlotView,
 };
 use tessera_model::{ComputeMilli, GpuUuid, HostId, HostInfo, MiB, PoolName, SharingMode};
 use tessera_placement::GpuUsage;
@@ -60,6 +62,12 @@ fn usage_of(
 fn mode_of(usage: Option<GpuUsage>) -> SharingMode {
     usage.map_or(SharingMode::Idle, |u| u.mode)
 }
+
+/// How many failing services the overview lists.
+const FAILING_SHOWN: usize = 10;
+
+/// How many stopped tasks a service's page lists (the newest).
+const STOPPED_SHOWN: u32 = 50;
 
 /// How long the hosts pages reuse the fit verdicts they mark segments with.
 pub(crate) const VERDICTS_FRESH: Duration = Duration::from_secs(10);
@@ -456,26 +464,80 @@ impl Views {
                     message,
                 })
                 .collect(),
+            failing: self.failing().await?,
             events,
         })
     }
 
-    /// Tasks of a service for its page: live ones first, then the newest stopped, at most
-    /// 100.
-    pub async fn service_tasks(&self, service: &str) -> Result<Vec<Task>, ControlError> {
-        let mut tasks = self
+    /// Services whose current deployments' tasks keep failing, most failures first, each
+    /// with its latest failed task: one query, and one more per such service (at most
+    /// [`FAILING_SHOWN`]).
+    async fn failing(&self) -> Result<Vec<FailingView>, ControlError> {
+        use tessera_model::service::DeploymentStatus;
+        let mut failing: Vec<_> = self
             .store
-            .list_tasks(&TaskFilter {
-                service: Some(service.to_owned()),
-                limit: Some(500),
-                ..Default::default()
+            .list_all_deployments()
+            .await?
+            .into_iter()
+            .filter(|d| {
+                d.failed_tasks > 0
+                    && matches!(
+                        d.status,
+                        DeploymentStatus::Primary | DeploymentStatus::Active
+                    )
             })
+            .collect();
+        failing.sort_by(|a, b| (b.failed_tasks, &a.service).cmp(&(a.failed_tasks, &b.service)));
+        failing.truncate(FAILING_SHOWN);
+        let mut out = Vec::with_capacity(failing.len());
+        for d in failing {
+            let last = self
+                .store
+                .list_tasks(&TaskFilter {
+                    service: Some(d.service.clone()),
+                    states: vec![TaskState::Stopped],
+                    limit: Some(20),
+                    newest_first: true,
+                    without_allocations: true,
+                    ..Default::default()
+                })
+                .await?
+                .into_iter()
+                .find(|t| t.deployment_id == d.id && t.exit_code.is_some_and(|c| c != 0));
+            out.push(FailingView {
+                service: d.service,
+                deployment: d.id,
+                failed_tasks: d.failed_tasks,
+                last_exit: last.as_ref().and_then(Task::how_it_ended),
+                last_task: last.map(|t| t.id),
+            });
+        }
+        Ok(out)
+    }
+
+    /// Tasks of a service for its page: every live one (at most 500), newest first, then
+    /// the newest stopped ones (a crash-looping service's latest failures, however many
+    /// came before).
+    pub async fn service_tasks(&self, service: &str) -> Result<Vec<Task>, ControlError> {
+        let of = |states: Vec<TaskState>, limit| TaskFilter {
+            service: Some(service.to_owned()),
+            states,
+            limit: Some(limit),
+            newest_first: true,
+            ..Default::default()
+        };
+        let live = vec![
+            TaskState::Pending,
+            TaskState::Assigned,
+            TaskState::Running,
+            TaskState::Stopping,
+        ];
+        let mut tasks = self.store.list_tasks(&of(live, 500)).await?;
+        let stopped = self
+            .store
+            .list_tasks(&of(vec![TaskState::Stopped], STOPPED_SHOWN))
             .await?;
-        tasks.sort_by(|a, b| {
-            (a.state == TaskState::Stopped, &b.created_at)
-                .cmp(&(b.state == TaskState::Stopped, &a.created_at))
-        });
-        tasks.truncate(100);
+        tasks.extend(stopped);
         Ok(tasks)
     }
 }

@@ -13,6 +13,7 @@ pub mod agents;
 pub mod bodies;
 pub mod evidence;
 pub mod fleet;
+pub mod notify;
 pub mod openapi;
 pub mod projects;
 pub mod session;
@@ -30,6 +31,7 @@ use axum::response::IntoResponse;
 use bodies::Health;
 use evidence::*;
 use fleet::*;
+use notify::*;
 use tessera_model::HostId;
 use tessera_model::error::FieldError;
 use utoipa_axum::routes;
@@ -169,6 +171,11 @@ pub fn routes() -> Routes {
         .route(routes!(execute_plan))
         .route(routes!(cancel_plan))
         .route(routes!(list_tasks))
+        .route(routes!(get_task))
+        .route(routes!(list_webhooks))
+        .route(routes!(create_webhook))
+        .route(routes!(delete_webhook))
+        .route(routes!(list_deliveries))
         .route(routes!(list_events))
         .route(routes!(live))
         .route(routes!(crate::api::session::list_tokens))

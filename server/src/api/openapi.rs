@@ -35,6 +35,7 @@ use utoipa::OpenApi;
         (name = "projects", description = "Projects (teams), their quotas per pool and what they use"),
         (name = "workloads", description = "Task definitions, services, placement, tasks, events"),
         (name = "evidence", description = "Fit of measured use against budgets, right-sizing, consolidation plans"),
+        (name = "notifications", description = "Webhooks for what on-call people must hear, and their deliveries"),
         (name = "agents", description = "What host agents call"),
     )
 )]

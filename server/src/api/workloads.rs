@@ -17,7 +17,7 @@ use tessera_control::inputs::{
 };
 use tessera_control::store::{EventFilter, TaskFilter};
 use tessera_model::HostId;
-use tessera_model::api::{EndpointList, PrometheusTargets, TaskLastOutput};
+use tessera_model::api::{EndpointList, PrometheusTargets, TaskDetail, TaskLastOutput};
 use tessera_model::operations as ops;
 use tessera_model::schema::{FamilyOrRef, ServiceName};
 use tessera_model::service::{Service, TaskDefRef, TaskDefinition, TaskState};
@@ -343,6 +343,20 @@ pub async fn list_tasks(
     Ok(Json(TaskList { tasks }))
 }
 
+/// One task: its states, placement, health, budget and measured use, its deployment's
+/// failures and the events that name it (its output is read apart, by operators)
+#[utoipa::path(get, path = "/api/v1/tasks/{id}", tag = "workloads",
+    extensions(("x-access" = json!(Declaration::VIEW))),
+    params(("id" = String, Path, description = "task id")),
+    responses((status = 200, description = "The task", body = TaskDetail),
+              (status = 404, description = "No such task", body = ErrorBody)))]
+pub async fn get_task(
+    State(state): State<AppState>,
+    Segment(id): Segment,
+) -> Result<Json<TaskDetail>, ApiError> {
+    Ok(Json(state.control.views().task_detail(&id).await?))
+}
+
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct EventQuery {
@@ -351,6 +365,8 @@ pub struct EventQuery {
     /// Only this host's events.
     #[param(value_type = Option<HostId>)]
     host: Option<String>,
+    /// Only events that name this task.
+    task: Option<String>,
     /// Only events with ids above this.
     after: Option<i64>,
     /// At most this many (default 100).
@@ -374,6 +390,7 @@ pub async fn list_events(
         .list_events(&EventFilter {
             service: q.service,
             host,
+            task: q.task,
             after: q.after,
             limit,
         })

@@ -6,6 +6,7 @@ use crate::deployments::Deployments;
 use crate::error::ControlError;
 use crate::store::{HostState, TaskFilter};
 use std::collections::BTreeMap;
+use tessera_model::notify::NoticeKind;
 use tessera_model::service::{Task, TaskState};
 use tessera_model::{HostId, HostStatus, PoolName};
 
@@ -50,9 +51,9 @@ impl Deployments {
             };
             self.scheduler.capacity_changed();
             self.core
-                .event(
-                    None,
-                    Some(&id),
+                .notify(
+                    NoticeKind::HostLost,
+                    (None, Some(&id), None),
                     &format!(
                         "host {id} lost ({reason}); {} task(s) stopped and replaced elsewhere",
                         stopped.len()

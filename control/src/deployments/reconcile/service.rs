@@ -6,12 +6,12 @@ use crate::deployments::Deployments;
 use crate::error::ControlError;
 use crate::plan::{Actions, ServicePlan, plan_service};
 use crate::store::NewTask;
+use tessera_model::notify::NoticeKind;
 use tessera_model::service::{Deployment, DeploymentStatus, Service, StopReason, Task};
 
 impl Deployments {
-    /// Whether new tasks of deployment `id` may start now. After the deployment's n-th
-    /// failed task they wait 2^(n-1) s (at most `max_restart_delay`), so a revision that
-    /// crashes at once, with nothing to roll back to, is not restarted in a tight loop.
+    /// Whether new tasks of deployment `id` may start now: after its n-th failed task they
+    /// wait [`crate::plan::restart_delay`], when it has nothing to roll back to.
     fn may_start_tasks(&self, id: i64, failed: u32) -> Option<std::time::Duration> {
         if failed == 0 {
             return None;
@@ -20,8 +20,7 @@ impl Deployments {
         let mut backoff = self.passes.restart_backoff.lock();
         let entry = backoff.entry(id).or_insert((0, now));
         if failed > entry.0 {
-            let delay = std::time::Duration::from_secs(1u64 << (failed - 1).min(16))
-                .min(self.core.config().max_restart_delay);
+            let delay = crate::plan::restart_delay(failed, self.core.config().max_restart_delay);
             *entry = (failed, now + to_chrono(delay));
         }
         (now < entry.1).then(|| since(entry.1, now))
@@ -67,13 +66,9 @@ impl Deployments {
                 to,
             } => {
                 let id = self.store.start_deployment(name, &to, true).await?;
-                self.core.event(
-                    Some(name),
-                    None,
-                    &format!(
+                self.core.notify(NoticeKind::DeploymentRolledBack, (Some(name), None, None), &format!(
                         "deployment {from} rolled back after {failed} failed tasks: {failing} → {to} (deployment {id})"
-                    ),
-                )
+                    ))
                 .await;
                 self.core.wake();
                 Ok(())
@@ -123,7 +118,9 @@ impl Deployments {
                     "deployment {}: {why}; there is no earlier revision to roll back to",
                     primary.id
                 );
-                self.core.event(Some(name), None, &said).await;
+                self.core
+                    .notify(NoticeKind::AlarmFired, (Some(name), None, None), &said)
+                    .await;
                 self.autoscale(service, tasks, rolling_out).await?;
                 return Ok(false);
             };
@@ -136,7 +133,13 @@ impl Deployments {
                 "deployment {} rolled back: {why}: {} → {} (deployment {id})",
                 primary.id, primary.task_definition, prev.task_definition
             );
-            self.core.event(Some(name), None, &said).await;
+            self.core
+                .notify(
+                    NoticeKind::DeploymentRolledBack,
+                    (Some(name), None, None),
+                    &said,
+                )
+                .await;
             self.core.wake();
             return Ok(true);
         }
@@ -236,7 +239,13 @@ impl Deployments {
                 .service_states
                 .changed(name, |s| s.backoff = Some(primary.failed_tasks))
             {
-                self.core.event(Some(name), None, &message).await;
+                self.core
+                    .notify(
+                        NoticeKind::TaskCrashLooping,
+                        (Some(name), None, None),
+                        &message,
+                    )
+                    .await;
             }
         } else if actions.start > 0 {
             let def = self

@@ -5,6 +5,7 @@ use super::figures::Figures;
 use crate::deployments::Deployments;
 use crate::deployments::passes::Watch;
 use crate::error::ControlError;
+use tessera_model::notify::NoticeKind;
 use tessera_model::service::Task;
 use tessera_model::time::Timestamp;
 use tessera_model::work::{Alarm, AlarmState, trim_float};
@@ -142,7 +143,8 @@ impl Deployments {
             if watched && rollback.is_none() {
                 rollback = Some(what);
             } else {
-                self.core.event(Some(name), None, &format!("{what} (the service is steady and past its bake time: nothing is rolled back)"))
+                self.core
+                    .notify(NoticeKind::AlarmFired, (Some(name), None, None), &format!("{what} (the service is steady and past its bake time: nothing is rolled back)"))
                     .await;
             }
         }

@@ -5,6 +5,7 @@ use super::figures::Figures;
 use crate::clock::stamp;
 use crate::deployments::Deployments;
 use crate::error::ControlError;
+use tessera_model::notify::NoticeKind;
 use tessera_model::service::Task;
 use tessera_model::work::{Autoscaling, ScaleMetric, trim_float};
 
@@ -15,6 +16,9 @@ pub(crate) enum ScaleDecision {
     Scale { to: u32, why: String },
     /// Nothing to change, for `why` (shown on the service page).
     Hold(String),
+    /// At its maximum while its metric asks for more: held there, for `why` (on-call
+    /// people are told: the service needs a larger maximum, or more capacity).
+    AtMax(String),
 }
 
 /// How far from its target a metric may be before autoscaling acts (a fraction).
@@ -84,12 +88,38 @@ pub(crate) fn decide_scale(
             to: wanted,
             why: figures,
         }
+    } else if desired == a.max && ratio > 1.0 + TOLERANCE {
+        let unclamped = ((running as f64) * ratio).ceil() as u64;
+        ScaleDecision::AtMax(format!(
+            "held at its maximum of {}: it would scale out to {unclamped} ({figures})",
+            a.max
+        ))
     } else {
         ScaleDecision::Hold(format!("on target: {figures}"))
     }
 }
 
 impl Deployments {
+    /// Autoscaling of service `name` held at its maximum for `why`: noted for its page,
+    /// and on-call people told once when it gets there (not on every pass it stays).
+    async fn held_at_max(&self, name: &str, why: String) {
+        let before = self
+            .passes
+            .watches
+            .lock()
+            .scaling
+            .insert(name.to_owned(), why.clone());
+        if !before.is_some_and(|b| b.starts_with("held at its maximum")) {
+            self.core
+                .notify(
+                    NoticeKind::AutoscalingAtMax,
+                    (Some(name), None, None),
+                    &format!("autoscaling: {why}"),
+                )
+                .await;
+        }
+    }
+
     /// Target tracking for a steady service: sets its desired count when its metric asks.
     pub(crate) async fn autoscale(
         &self,
@@ -141,6 +171,7 @@ impl Deployments {
                     .scaling
                     .insert(name.to_owned(), why);
             }
+            ScaleDecision::AtMax(why) => self.held_at_max(name, why).await,
             ScaleDecision::Scale { to, why } => {
                 self.store.set_desired_count(name, to).await?;
                 let out = to > service.desired_count;
@@ -208,6 +239,17 @@ mod tests {
         assert!(matches!(
             decide_scale(&a, 2, 2, Some(1000.0), None, None),
             ScaleDecision::Scale { to: 10, .. }
+        ));
+        // At max and still asking for more: held there, and said so.
+        assert_eq!(
+            decide_scale(&a, 10, 10, Some(40.0), None, None),
+            ScaleDecision::AtMax(
+                "held at its maximum of 10: it would scale out to 20 (completed_per_task_per_sec 40 against target 20 on 10 running task(s))".into()
+            )
+        );
+        assert!(matches!(
+            decide_scale(&a, 10, 10, Some(20.0), None, None),
+            ScaleDecision::Hold(_)
         ));
         // Within the scale-out cooldown: held.
         assert!(matches!(

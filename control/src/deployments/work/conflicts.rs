@@ -131,6 +131,7 @@ impl InterferenceModel {
             .store
             .list_usage(&UsageQuery {
                 service: Some(service.to_owned()),
+                task: None,
                 width_secs: fine,
                 since: self.core.unix_now() - since_secs,
             })

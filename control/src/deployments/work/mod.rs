@@ -152,6 +152,7 @@ impl Deployments {
             .store
             .list_usage(&UsageQuery {
                 service: Some(name.to_owned()),
+                task: None,
                 width_secs: width,
                 since: self.core.unix_now() - range.secs(),
             })
