@@ -279,6 +279,9 @@ fn Placement(t: Task) -> impl IntoView {
                 None => view! { <p class="muted">"Not placed."</p> }.into_any(),
             }}
             {(!t.allocations.is_empty()).then(|| view! { <ul class="gpus">{gpus}</ul> })}
+            {(t.allocations.is_empty() && t.host.is_some() && !t.state.holds_capacity()).then(|| view! {
+                <p class="muted">"Its GPUs were given back when it stopped; its placement event below names them."</p>
+            })}
             {(!t.ports.is_empty()).then(|| view! { <ul class="ports">{ports}</ul> })}
             {health}
         </section>

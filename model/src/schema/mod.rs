@@ -423,6 +423,15 @@ string_schema!(
         json!({"type": "string", "pattern": "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", "description": "as the plan list shows it"})
     )
 );
+/// A task's id (path parameter).
+pub struct TaskId;
+string_schema!(
+    TaskId,
+    "TaskId",
+    from_json(
+        json!({"type": "string", "pattern": "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", "description": "as the task list shows it"})
+    )
+);
 /// An API token's id (path parameter).
 pub struct TokenId;
 string_schema!(

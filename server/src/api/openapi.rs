@@ -25,7 +25,7 @@ use utoipa::OpenApi;
         tessera_model::schema::ServiceName, tessera_model::schema::ProjectName, tessera_model::schema::Username,
         tessera_model::schema::FamilyOrRef, tessera_model::service::TaskDefRef,
         tessera_model::HostId, tessera_model::PoolName, workloads::Format, tessera_model::schema::TokenId,
-        tessera_model::schema::PlanId, tessera_model::schema::JoinTokenId, tessera_model::work::Slo, tessera_model::work::Alarm,
+        tessera_model::schema::PlanId, tessera_model::schema::TaskId, tessera_model::schema::JoinTokenId, tessera_model::work::Slo, tessera_model::work::Alarm,
         tessera_model::work::Autoscaling,
     )),
     tags(

@@ -347,7 +347,7 @@ pub async fn list_tasks(
 /// failures and the events that name it (its output is read apart, by operators)
 #[utoipa::path(get, path = "/api/v1/tasks/{id}", tag = "workloads",
     extensions(("x-access" = json!(Declaration::VIEW))),
-    params(("id" = String, Path, description = "task id")),
+    params(("id" = tessera_model::schema::TaskId, Path, description = "task id")),
     responses((status = 200, description = "The task", body = TaskDetail),
               (status = 404, description = "No such task", body = ErrorBody)))]
 pub async fn get_task(
