@@ -96,8 +96,14 @@ impl Runtime {
                 t.ending = Some((Ending::Requested, now + t.stop_timeout));
             }
         }
-        // Ended tasks the server no longer lists have been heard of.
+        // Ended tasks the server no longer lists have been heard of, those still finishing
+        // too.
         self.ended.retain(|id, _| ids.contains(id.as_str()));
+        for (id, t) in &self.tasks {
+            if matches!(t.ending, Some((Ending::Exited(_), _))) && !ids.contains(id.as_str()) {
+                self.heard.insert(id.clone());
+            }
+        }
         self.save();
     }
 
@@ -213,6 +219,9 @@ impl Runtime {
                 {
                     self.debris.push((c, now));
                 }
+            }
+            if self.heard.remove(&id) {
+                continue;
             }
             if let Ending::Exited(code) = ending {
                 self.ended.insert(

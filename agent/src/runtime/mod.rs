@@ -110,6 +110,9 @@ pub struct Runtime {
     /// Tasks that exited on their own, with their code and why they could not start,
     /// until the server has heard.
     ended: BTreeMap<String, Ended>,
+    /// Tasks that exited and that the server has heard of while their output was still
+    /// being copied to their files: forgotten once they are gone, never reported again.
+    heard: BTreeSet<String>,
     /// Dynamic host ports.
     ports: PortAllocator,
     /// Notified when a health verdict changes, so the agent syncs at once.

@@ -23,7 +23,9 @@ impl Runtime {
         let running = self
             .tasks
             .iter()
-            .filter(|(_, t)| matches!(t.ending, None | Some((Ending::Requested, _))))
+            .filter(|(_, t)| {
+                matches!(t.ending, None | Some((Ending::Requested, _))) || t.finishing_output()
+            })
             .filter_map(|(id, t)| {
                 let phases: Vec<Phase> = t.boxes.iter().map(docker::Boxed::phase).collect();
                 let pulling = phases.iter().find_map(|p| match p {
@@ -49,6 +51,7 @@ impl Runtime {
         let exited = self
             .tasks
             .iter()
+            .filter(|(id, t)| !self.heard.contains(*id) && !t.finishing_output())
             .filter_map(|(id, t)| match t.ending {
                 Some((Ending::Exited(code), _)) => Some((
                     id.clone(),
@@ -154,7 +157,11 @@ impl Runtime {
             .collect()
     }
 
+    /// Tasks reported running: not ending, or exited with their output still being copied.
     pub fn running_count(&self) -> usize {
-        self.tasks.values().filter(|t| t.ending.is_none()).count()
+        self.tasks
+            .values()
+            .filter(|t| t.ending.is_none() || t.finishing_output())
+            .count()
     }
 }

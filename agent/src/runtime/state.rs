@@ -109,6 +109,7 @@ impl Runtime {
                 .collect(),
             tasks: BTreeMap::new(),
             ended: BTreeMap::new(),
+            heard: BTreeSet::new(),
             ports: PortAllocator::new((32768, 60999)),
             health_changed: Arc::new(tokio::sync::Notify::new()),
             saved_ports: saved

@@ -141,6 +141,14 @@ pub(super) struct Task {
 }
 
 impl Task {
+    /// Exited on its own, with its output still being copied to its files (for at most
+    /// its stop timeout): reported as still running until then, so that the report of its
+    /// end, the one the server keeps, carries its last lines whole.
+    pub(super) fn finishing_output(&self) -> bool {
+        matches!(self.ending, Some((Ending::Exited(_), deadline)) if std::time::Instant::now() < deadline)
+            && !self.procs.iter().all(Proc::output_copied)
+    }
+
     /// What its checks say: `unknown` while a container with a check has none running
     /// yet (it waits for a dependency, or the agent has just restarted), unless the state
     /// file kept a verdict for it.

@@ -135,6 +135,60 @@ async fn an_exit_is_reported_with_the_last_lines_the_task_wrote() {
     assert_eq!(quiet.last_output, None);
 }
 
+/// The first report of an exit, the one the server keeps, carries the last lines whole:
+/// a task that exited is reported running while its output is still being copied to its
+/// files (for at most its stop timeout), and exited once it is.
+#[tokio::test]
+async fn an_exit_is_reported_once_the_output_is_copied_whole() {
+    let dir = tempfile::tempdir().expect("dir");
+    let mut rt = Runtime::open(dir.path(), 1 << 20, None).expect("open");
+    let (copied, copying) = tokio::sync::oneshot::channel::<()>();
+    let mut t = remembered(i32::MAX, None);
+    t.procs[0].pumps.push(tokio::spawn(async move {
+        let _ = copying.await;
+    }));
+    t.ending = Some((
+        super::task::Ending::Exited(Some(4)),
+        std::time::Instant::now() + Duration::from_secs(60),
+    ));
+    rt.tasks.insert("t".into(), t);
+    let report = |rt: &Runtime| {
+        rt.reports()
+            .into_iter()
+            .find(|r| r.task_id == "t")
+            .expect("reported")
+    };
+    assert!(
+        report(&rt).running,
+        "still copying: not reported as ended yet"
+    );
+    assert_eq!(rt.running_count(), 1);
+    copied.send(()).expect("the copy waits");
+    while !rt.tasks["t"].procs[0].output_copied() {
+        tokio::task::yield_now().await;
+    }
+    let ended = report(&rt);
+    assert!(!ended.running);
+    assert_eq!(ended.exit_code, Some(4));
+    assert_eq!(rt.running_count(), 0);
+    // Past its stop timeout a copy that never ends (a process that left its group holds
+    // the pipe) is not waited for.
+    let mut stuck = remembered(i32::MAX - 1, None);
+    stuck.procs[0]
+        .pumps
+        .push(tokio::spawn(std::future::pending::<()>()));
+    stuck.ending = Some((
+        super::task::Ending::Exited(Some(1)),
+        std::time::Instant::now(),
+    ));
+    rt.tasks.insert("stuck".into(), stuck);
+    assert!(
+        rt.reports()
+            .iter()
+            .any(|r| r.task_id == "stuck" && !r.running)
+    );
+}
+
 #[tokio::test]
 async fn a_task_that_runs_out_of_gpu_memory_says_so_and_a_plain_failure_does_not() {
     let dir = tempfile::tempdir().expect("dir");
@@ -396,8 +450,13 @@ async fn logs_of_tasks_gone_are_pruned_and_those_of_live_tasks_kept() {
         wanted("live", &["sleep", "30"], false),
     ]);
     until(&mut rt, |rt| rt.running_count() == 1).await;
-    // The server has heard of the exit and no longer lists it.
+    // The server has heard of the exit and no longer lists it; it is gone once its
+    // output is copied whole.
     rt.converge(&[wanted("live", &["sleep", "30"], false)]);
+    for _ in 0..10 {
+        rt.poll();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert_eq!(rt.prune_logs(Duration::from_secs(3600)), 0, "too recent");
     assert_eq!(rt.prune_logs(Duration::ZERO), 1);
     assert!(!dir.path().join("tasks/done").exists());
