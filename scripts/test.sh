@@ -4,8 +4,9 @@
 # PostgreSQL server, the browser tests in headless Chromium against a fresh demo server,
 # the short fault drills on the real binaries, the serving drill (HAProxy under load), the
 # work drill (autoscaling and a latency alarm on what the application reports), the
-# security drill (a compromised task and a leaked token) and the capacity drill (an Auto
-# Scaling group on a local AWS endpoint, grown, repaired and shrunk). This is what CI runs.
+# security drill (a compromised task and a leaked token), the capacity drill (an Auto
+# Scaling group on a local AWS endpoint, grown, repaired and shrunk) and the notifications
+# drill (webhooks and Alertmanager). This is what CI runs.
 #
 #   scripts/test.sh           everything (15-30 minutes warm on 2 cores)
 #   scripts/test.sh --quick   formatting, clippy, every crate's unit tests and the store
@@ -67,6 +68,8 @@ echo "== security drill: a compromised task and a leaked token against the real 
 TESSERA_BIN_DIR="$CARGO_TARGET_DIR/debug" python3 scripts/security_drill.py
 echo "== capacity drill: an Auto Scaling group (moto_server) grown, repaired and shrunk by the scheduler"
 TESSERA_BIN_DIR="$CARGO_TARGET_DIR/debug" python3 scripts/capacity_drill.py
+echo "== notifications drill: webhooks signed and on time, a receiver down 30 s loses nothing, Alertmanager alerted"
+TESSERA_BIN_DIR="$CARGO_TARGET_DIR/debug" python3 scripts/notify_drill.py
 echo "== the GPU check's parts that need no GPU (stand-in nvidia-smi, simulated agent)"
 TESSERA_BIN_DIR="$CARGO_TARGET_DIR/debug" python3 scripts/gpu_check_test.py
 TESSERA_BIN_DIR="$CARGO_TARGET_DIR/debug" python3 scripts/gpu_work_test.py
