@@ -404,3 +404,38 @@ async fn consolidation_plans_are_stored_and_listed_newest_first() {
     assert!(store.update_plan(&p2, "planned").await.expect("updated"));
     assert_eq!(store.get_plan("p2").await.expect("p2").status, "cancelled");
 }
+
+/// Writers that give up at any moment (a request past its timeout), many at once, leave
+/// no connection inside a transaction holding the write lock: the writes after them go
+/// through at once.
+#[tokio::test]
+async fn writers_that_give_up_midway_leave_no_lock_behind() {
+    let db = TestDb::new().await;
+    let store = db.open().await;
+    for round in 0..30u64 {
+        let tries: Vec<_> = (0..16u64)
+            .map(|i| {
+                let s = store.clone();
+                tokio::spawn(async move {
+                    let _ = tokio::time::timeout(
+                        std::time::Duration::from_micros(37 * i + 11 * round),
+                        s.add_event(None, None, "a write that may be given up on"),
+                    )
+                    .await;
+                })
+            })
+            .collect();
+        for t in tries {
+            t.await.expect("a writer");
+        }
+    }
+    for _ in 0..16 {
+        tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            store.add_event(None, None, "after them"),
+        )
+        .await
+        .expect("no write lock was left behind")
+        .expect("written");
+    }
+}

@@ -61,6 +61,19 @@ impl SqliteStore {
         let max = if in_memory { 1 } else { 8 };
         let db = SqlitePoolOptions::new()
             .max_connections(max)
+            // A connection handed back inside a transaction (one dropped before it ended
+            // still rolls back; see `lock_writes` for one that would not) is closed, which
+            // rolls it back, rather than kept: it could hold the write lock. Not for an
+            // in-memory database, which its one connection is.
+            .after_release(move |conn, _| {
+                Box::pin(async move {
+                    let open = !in_memory && sqlx::Connection::is_in_transaction(conn);
+                    if open {
+                        tracing::debug!("a connection came back inside a transaction: closed");
+                    }
+                    Ok(!open)
+                })
+            })
             .connect_with(options)
             .await?;
         if !in_memory
@@ -77,8 +90,22 @@ impl SqliteStore {
 
     /// A transaction holding SQLite's write lock from its first statement: writes that
     /// span rows never interleave, and what they read is what they write over.
+    ///
+    /// The `BEGIN IMMEDIATE` runs to its end in a task of its own. sqlx starts a custom
+    /// `BEGIN` in two steps (the statement, then a check that it took); a caller that
+    /// gives up between them (a request past its timeout while another writer holds the
+    /// lock) would leave its connection inside a transaction that no `Transaction` owns,
+    /// back in the pool and holding the write lock: every later write would wait on it
+    /// for good. Run apart, the transaction is always made, and rolled back when the
+    /// caller is gone.
     async fn lock_writes(&self) -> Result<sqlx::Transaction<'static, Sqlite>, StoreError> {
-        Ok(self.db.begin_with("BEGIN IMMEDIATE").await?)
+        let db = self.db.clone();
+        tokio::spawn(async move { db.begin_with("BEGIN IMMEDIATE").await })
+            .await
+            .map_err(|e| {
+                StoreError::Database(sqlx::Error::Protocol(format!("beginning a write: {e}")))
+            })?
+            .map_err(StoreError::from)
     }
 
     /// The same store on the same connections, with `fence` on its writes.
