@@ -17,3 +17,4 @@ pub mod sign_in;
 pub mod task;
 pub mod task_definition;
 pub mod task_definitions;
+pub mod users;
