@@ -1,5 +1,5 @@
 //! One route per file, and the panels pages share (`join_tokens` and `pool_provider`
-//! on the Hosts page).
+//! on the Hosts page, `project_admin` on the Projects page).
 
 pub mod audit;
 pub mod consolidation;
@@ -9,6 +9,7 @@ pub mod join_tokens;
 pub mod notifications;
 pub mod overview;
 pub mod pool_provider;
+pub mod project_admin;
 pub mod projects;
 pub mod service;
 pub mod service_new;
