@@ -1,5 +1,5 @@
-//! One route per file, and the panels pages share (`join_tokens` and `pool_provider`
-//! on the Hosts page, `project_admin` on the Projects page).
+//! One route per file, and the panels pages share (`join_tokens`, `pool_admin` and
+//! `pool_provider` on the Hosts page, `project_admin` on the Projects page).
 
 pub mod audit;
 pub mod consolidation;
@@ -8,6 +8,7 @@ pub mod hosts;
 pub mod join_tokens;
 pub mod notifications;
 pub mod overview;
+pub mod pool_admin;
 pub mod pool_provider;
 pub mod project_admin;
 pub mod projects;
