@@ -23,7 +23,7 @@ test("an admin adds a pool and changes its settings", async ({ page }) => {
   await expect(form.locator(".field-error")).toContainText("must be a number from 1.0 to 10.0");
   await form.getByLabel("Compute overcommit").fill("20");
   await form.getByRole("button", { name: "Save pool settings" }).click();
-  await expect(form.locator(".field-error")).toContainText("compute_overcommit");
+  await expect(form.locator(".field-error")).toContainText("must be between 1.0 (caps reserved) and 10.0, got 20");
   await form.getByLabel("Compute overcommit").fill("1.5");
   await form.locator("select[name=policy]").selectOption("binpack");
   await form.locator("select[name=preemption]").selectOption("approve");
