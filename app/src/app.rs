@@ -14,6 +14,7 @@ use crate::pages::service_new::ServiceWizardPage;
 use crate::pages::services::ServicesPage;
 use crate::pages::sign_in::SignInPage;
 use crate::pages::task::TaskPage;
+use crate::pages::users::UsersPage;
 use crate::pages::task_definition::TaskDefinitionPage;
 use crate::pages::task_definitions::{TaskDefinitionEditorPage, TaskDefinitionsPage};
 use leptos::prelude::*;
@@ -78,6 +79,7 @@ lazy_page!(ConsolidationRoute, ConsolidationPage);
 lazy_page!(ProjectsRoute, ProjectsPage);
 lazy_page!(TaskRoute, TaskPage);
 lazy_page!(NotificationsRoute, NotificationsPage);
+lazy_page!(UsersRoute, UsersPage);
 
 /// The document around the app, rendered on the server only.
 pub fn shell(options: LeptosOptions) -> impl IntoView {
@@ -139,6 +141,7 @@ pub fn App() -> impl IntoView {
                     <Route path=path!("/task-definitions/new") view={ Lazy::<TaskDefinitionEditorRoute>::new() } />
                     <Route path=path!("/task-definitions/:family") view={ Lazy::<TaskDefinitionRoute>::new() } />
                     <Route path=path!("/sign-in") view={ Lazy::<SignInRoute>::new() } />
+                    <Route path=path!("/users") view={ Lazy::<UsersRoute>::new() } />
                     <Route path=path!("/notifications") view={ Lazy::<NotificationsRoute>::new() } />
                     <Route path=path!("/audit") view={ Lazy::<AuditRoute>::new() } />
                     <Route path=path!("/consolidation") view={ Lazy::<ConsolidationRoute>::new() } />
@@ -167,6 +170,7 @@ fn MainNav(caller: Caller) -> impl IntoView {
             <A href="/task-definitions">"Task definitions"</A>
             <A href="/consolidation">"Consolidation"</A>
             <A href="/projects">"Projects"</A>
+            {admin.then(|| view! { <A href="/users">"Users"</A> })}
             {admin.then(|| view! { <A href="/notifications">"Notifications"</A> })}
             {admin.then(|| view! { <A href="/audit">"Audit log"</A> })}
         </nav>

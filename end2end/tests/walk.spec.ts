@@ -30,6 +30,7 @@ test("every page, after pauses longer than the server's timeouts, loads without 
     "/task-definitions/new",
     "/projects",
     "/consolidation",
+    "/users",
     "/notifications",
     "/audit",
     "/",

@@ -74,6 +74,7 @@ pub fn HostsPage() -> impl IntoView {
             </ErrorBoundary>
         </Transition>
         <PoolProviderPanel pool=Signal::derive(move || query.get().pool) />
+        <crate::pages::pool_admin::PoolAdmin pool=Signal::derive(move || query.get().pool) />
         <crate::pages::join_tokens::JoinTokens />
     }
 }

@@ -147,9 +147,9 @@ pub fn ProjectsPage() -> impl IntoView {
         <h1>"Projects"</h1>
         <p class="muted">
             "Each service belongs to a project. A project's limit in a pool bounds what its tasks may reserve there; "
-            "what it uses beyond its guarantee is borrowed. Admins set quotas with "
-            <code>"PUT /api/v1/projects/{name}"</code> "."
+            "what it uses beyond its guarantee is borrowed."
         </p>
+        <crate::pages::project_admin::ProjectAdmin />
         <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>
             <ErrorBoundary fallback=|errors| view! { <ErrorList errors /> }>
                 {move || Suspend::new(async move {
