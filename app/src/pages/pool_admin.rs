@@ -10,14 +10,14 @@ use leptos::prelude::*;
 use leptos::server_fn::codec::Json;
 use tessera_model::api::{PoolInput, PoolPatch};
 use tessera_model::inventory::{Admission, GpuBudget, PreemptionMode};
-use tessera_model::{PlacementPolicy, PoolInfo};
 use tessera_model::taskdef::FieldError;
+use tessera_model::{PlacementPolicy, PoolInfo};
 
 /// Refused input comes back as field errors, anything else as the error.
 type Answer = Result<Result<(), Vec<FieldError>>, ServerFnError>;
 
 #[server]
-pub async fn pool_info(pool: String) -> Result<Option<PoolInfo>, ServerFnError> {
+pub async fn pool_settings(pool: String) -> Result<Option<PoolInfo>, ServerFnError> {
     use crate::data::ssr::{control_for, failed};
     let pools = control_for::<PoolSettings>()?
         .views()
@@ -32,7 +32,8 @@ guard!(PoolSettings, Declaration::VIEW);
 #[server(input = Json)]
 pub async fn change_pool(pool: String, patch: PoolPatch) -> Answer {
     let control = crate::data::ssr::control_for::<ChangePool>()?;
-    let name = tessera_model::PoolName::new(&pool).map_err(|e| ServerFnError::new(e.to_string()))?;
+    let name =
+        tessera_model::PoolName::new(&pool).map_err(|e| ServerFnError::new(e.to_string()))?;
     match control.deployments().update_pool(&name, &patch).await {
         Ok(_) => Ok(Ok(())),
         Err(e) => crate::data::ssr::field_errors(e).map(Err),
@@ -44,7 +45,11 @@ guard!(ChangePool, Declaration::ADMIN);
 #[server]
 pub async fn add_pool(name: String) -> Answer {
     let control = crate::data::ssr::control_for::<AddPool>()?;
-    match control.deployments().create_pool(&PoolInput::named(name)).await {
+    match control
+        .deployments()
+        .create_pool(&PoolInput::named(name))
+        .await
+    {
         Ok(_) => Ok(Ok(())),
         Err(e) => crate::data::ssr::field_errors(e).map(Err),
     }
@@ -57,9 +62,16 @@ guard!(AddPool, Declaration::ADMIN);
 pub fn PoolAdmin(pool: Signal<String>) -> impl IntoView {
     let admin = crate::access::allowed::<ChangePool>();
     let changed = RwSignal::new(0u32);
-    let info = Resource::new(move || (pool.get(), changed.get()), |(p, _)| async move {
-        if p.is_empty() { Ok(None) } else { pool_info(p).await }
-    });
+    let info = Resource::new(
+        move || (pool.get(), changed.get()),
+        |(p, _)| async move {
+            if p.is_empty() {
+                Ok(None)
+            } else {
+                pool_settings(p).await
+            }
+        },
+    );
     let saved = RwSignal::new(None::<String>);
     move || {
         admin.get().is_none().then(|| view! {
@@ -79,12 +91,20 @@ pub fn PoolAdmin(pool: Signal<String>) -> impl IntoView {
 }
 
 #[component]
-fn PoolForm(pool: PoolInfo, saved: RwSignal<Option<String>>, on_saved: Callback<()>) -> impl IntoView {
+fn PoolForm(
+    pool: PoolInfo,
+    saved: RwSignal<Option<String>>,
+    on_saved: Callback<()>,
+) -> impl IntoView {
     let name = pool.name.to_string();
     let save = Action::new(move |patch: &PoolPatch| change_pool(name.clone(), patch.clone()));
     let policy = RwSignal::new(pool.policy.as_str().to_owned());
     let overcommit = RwSignal::new(pool.compute_overcommit.to_string());
-    let limit = RwSignal::new(pool.mps_client_limit.map(|l| l.to_string()).unwrap_or_default());
+    let limit = RwSignal::new(
+        pool.mps_client_limit
+            .map(|l| l.to_string())
+            .unwrap_or_default(),
+    );
     let admission = RwSignal::new(pool.admission.as_str().to_owned());
     let preemption = RwSignal::new(pool.preemption.as_str().to_owned());
     let budget = RwSignal::new(pool.gpu_budget.as_str().to_owned());
@@ -115,7 +135,10 @@ fn PoolForm(pool: PoolInfo, saved: RwSignal<Option<String>>, on_saved: Callback<
         let overcommit = match overcommit.get_untracked().trim().parse::<f64>() {
             Ok(v) => Some(v),
             Err(_) => {
-                bad.push(FieldError { field: "compute_overcommit".into(), message: "must be a number from 1.0 to 10.0".into() });
+                bad.push(FieldError {
+                    field: "compute_overcommit".into(),
+                    message: "must be a number from 1.0 to 10.0".into(),
+                });
                 None
             }
         };
@@ -124,7 +147,12 @@ fn PoolForm(pool: PoolInfo, saved: RwSignal<Option<String>>, on_saved: Callback<
             t => match t.parse::<u32>() {
                 Ok(v) => Some(v),
                 Err(_) => {
-                    bad.push(FieldError { field: "mps_client_limit".into(), message: format!("must be a whole number from 1 to 48 (or empty), got {t:?}") });
+                    bad.push(FieldError {
+                        field: "mps_client_limit".into(),
+                        message: format!(
+                            "must be a whole number from 1 to 48 (or empty), got {t:?}"
+                        ),
+                    });
                     None
                 }
             },
@@ -146,7 +174,10 @@ fn PoolForm(pool: PoolInfo, saved: RwSignal<Option<String>>, on_saved: Callback<
             provider: None,
         });
     };
-    let choice = move |label: &'static str, field: &'static str, options: Vec<&'static str>, to: RwSignal<String>| {
+    let choice = move |label: &'static str,
+                       field: &'static str,
+                       options: Vec<&'static str>,
+                       to: RwSignal<String>| {
         view! {
             <label>{label} " "
                 <select name=field on:change=move |ev| to.set(event_target_value(&ev))>
@@ -156,7 +187,10 @@ fn PoolForm(pool: PoolInfo, saved: RwSignal<Option<String>>, on_saved: Callback<
             </label>
         }
     };
-    let text = move |label: &'static str, field: &'static str, s: RwSignal<String>, hint: &'static str| {
+    let text = move |label: &'static str,
+                     field: &'static str,
+                     s: RwSignal<String>,
+                     hint: &'static str| {
         view! {
             <label>{label} " "
                 <input type="text" inputmode="decimal" size="5" name=field prop:value=s on:input=move |ev| s.set(event_target_value(&ev)) />

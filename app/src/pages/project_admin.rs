@@ -4,7 +4,7 @@
 //! /api/v1/projects` and `PUT`/`DELETE /api/v1/projects/{name}/members/{username}`.
 
 use crate::access::{Declaration, guard};
-use crate::components::{FieldErrors, RoleHint};
+use crate::components::FieldErrors;
 use leptos::prelude::*;
 use tessera_model::auth::Role;
 use tessera_model::project::{Amounts, ProjectInput, ProjectSettings, Quota};
@@ -60,7 +60,11 @@ pub async fn set_quota(project: String, quota: Quota) -> Answer {
         .await
         .map_err(crate::data::ssr::failed)?
         .project;
-    let mut quotas: Vec<Quota> = p.quotas.into_iter().filter(|q| q.pool != quota.pool).collect();
+    let mut quotas: Vec<Quota> = p
+        .quotas
+        .into_iter()
+        .filter(|q| q.pool != quota.pool)
+        .collect();
     if quota.guaranteed != Amounts::default() || quota.limit != Amounts::default() {
         quotas.push(quota);
     }
@@ -68,7 +72,13 @@ pub async fn set_quota(project: String, quota: Quota) -> Answer {
         weight: Some(p.weight),
         quotas,
     };
-    answer(control.projects().replace_project(&project, &settings).await.map(|_| ()))
+    answer(
+        control
+            .projects()
+            .replace_project(&project, &settings)
+            .await
+            .map(|_| ()),
+    )
 }
 
 guard!(SetQuota, Declaration::ADMIN);
@@ -78,8 +88,18 @@ guard!(SetQuota, Declaration::ADMIN);
 pub async fn set_member(project: String, username: String, role: Option<Role>) -> Answer {
     let control = crate::data::ssr::control_for::<SetMember>()?;
     answer(match role {
-        Some(r) => control.projects().set_project_member(&project, &username, r).await,
-        None => control.projects().remove_project_member(&project, &username).await,
+        Some(r) => {
+            control
+                .projects()
+                .set_project_member(&project, &username, r)
+                .await
+        }
+        None => {
+            control
+                .projects()
+                .remove_project_member(&project, &username)
+                .await
+        }
     })
 }
 
@@ -144,10 +164,20 @@ fn ProjectForms(projects: Vec<String>, pools: Vec<String>, changed: Callback<()>
     let member_errors = Signal::derive(move || errors_of(member.value().get()));
     let (name, weight) = (RwSignal::new(String::new()), RwSignal::new("1".to_owned()));
     let first = projects.first().cloned().unwrap_or_default();
-    let (q_project, q_pool) = (RwSignal::new(first.clone()), RwSignal::new(pools.first().cloned().unwrap_or_default()));
+    let (q_project, q_pool) = (
+        RwSignal::new(first.clone()),
+        RwSignal::new(pools.first().cloned().unwrap_or_default()),
+    );
     let fields: [RwSignal<String>; 4] = std::array::from_fn(|_| RwSignal::new(String::new()));
-    let (m_project, m_user, m_role) = (RwSignal::new(first), RwSignal::new(String::new()), RwSignal::new("operator".to_owned()));
-    let select = move |label: &'static str, name: &'static str, options: Vec<String>, to: RwSignal<String>| {
+    let (m_project, m_user, m_role) = (
+        RwSignal::new(first),
+        RwSignal::new(String::new()),
+        RwSignal::new("operator".to_owned()),
+    );
+    let select = move |label: &'static str,
+                       name: &'static str,
+                       options: Vec<String>,
+                       to: RwSignal<String>| {
         view! {
             <label>{label} " "
                 <select name=name on:change=move |ev| to.set(event_target_value(&ev))>
@@ -158,13 +188,21 @@ fn ProjectForms(projects: Vec<String>, pools: Vec<String>, changed: Callback<()>
     };
     let quota_submit = move |ev: leptos::ev::SubmitEvent| {
         ev.prevent_default();
-        let names = ["guaranteed.gpus", "guaranteed.gpu_memory_mib", "limit.gpus", "limit.gpu_memory_mib"];
+        let names = [
+            "guaranteed.gpus",
+            "guaranteed.gpu_memory_mib",
+            "limit.gpus",
+            "limit.gpu_memory_mib",
+        ];
         let mut parsed = [None; 4];
         let mut bad = Vec::new();
         for (i, f) in fields.iter().enumerate() {
             match whole(&f.get_untracked()) {
                 Ok(v) => parsed[i] = v,
-                Err(m) => bad.push(FieldError { field: format!("quotas.0.{}", names[i]), message: m }),
+                Err(m) => bad.push(FieldError {
+                    field: format!("quotas.0.{}", names[i]),
+                    message: m,
+                }),
             }
         }
         local.set(bad.clone());
@@ -176,8 +214,16 @@ fn ProjectForms(projects: Vec<String>, pools: Vec<String>, changed: Callback<()>
             q_project.get_untracked(),
             Quota {
                 pool: q_pool.get_untracked(),
-                guaranteed: Amounts { gpus: parsed[0], gpu_memory_mib: gib(parsed[1]), ..Default::default() },
-                limit: Amounts { gpus: parsed[2], gpu_memory_mib: gib(parsed[3]), ..Default::default() },
+                guaranteed: Amounts {
+                    gpus: parsed[0],
+                    gpu_memory_mib: gib(parsed[1]),
+                    ..Default::default()
+                },
+                limit: Amounts {
+                    gpus: parsed[2],
+                    gpu_memory_mib: gib(parsed[3]),
+                    ..Default::default()
+                },
             },
         ));
     };
@@ -191,7 +237,9 @@ fn ProjectForms(projects: Vec<String>, pools: Vec<String>, changed: Callback<()>
     };
     let done = |what: &'static str, v: Option<Answer>| match v {
         Some(Ok(Ok(()))) => Some(view! { <p class="notice" role="status">{what}</p> }.into_any()),
-        Some(Err(e)) => Some(view! { <p class="field-error" role="alert">{e.to_string()}</p> }.into_any()),
+        Some(Err(e)) => {
+            Some(view! { <p class="field-error" role="alert">{e.to_string()}</p> }.into_any())
+        }
         _ => None,
     };
     view! {
@@ -235,7 +283,6 @@ fn ProjectForms(projects: Vec<String>, pools: Vec<String>, changed: Callback<()>
                 <small class="muted">"none: takes the user's role in the project away"</small>
             </form>
             {move || done("Role set.", member.value().get())}
-            <RoleHint reason=crate::access::allowed::<SetQuota>() />
         </section>
     }
 }

@@ -12,6 +12,10 @@ use tessera_model::taskdef::FieldError;
 
 /// Refused input comes back as field errors, anything else as the error.
 type Answer<T> = Result<Result<T, Vec<FieldError>>, ServerFnError>;
+/// Makes a token: its name, role, project and days until it expires.
+type MintAction = Action<(String, Role, Option<String>, Option<u32>), Answer<NewApiToken>>;
+/// Changes a user's role and/or disabled flag.
+type ChangeAction = Action<(String, Option<Role>, Option<bool>), Result<UserInfo, ServerFnError>>;
 
 #[server]
 pub async fn list_accounts() -> Result<(Vec<UserInfo>, Vec<ApiTokenInfo>), ServerFnError> {
@@ -27,7 +31,11 @@ guard!(ListAccounts, Declaration::ADMIN);
 #[server]
 pub async fn add_user(username: String, password: String, role: Role) -> Answer<UserInfo> {
     let control = crate::data::ssr::control_for::<AddUser>()?;
-    match control.accounts().add_user(&username, &password, role).await {
+    match control
+        .accounts()
+        .add_user(&username, &password, role)
+        .await
+    {
         Ok(u) => Ok(Ok(u)),
         Err(e) => crate::data::ssr::field_errors(e).map(Err),
     }
@@ -100,9 +108,11 @@ pub fn UsersPage() -> impl IntoView {
     let change = Action::new(|(u, r, d): &(String, Option<Role>, Option<bool>)| {
         change_user(u.clone(), *r, *d)
     });
-    let mint = Action::new(|(n, r, p, d): &(String, Role, Option<String>, Option<u32>)| {
-        make_token(n.clone(), *r, p.clone(), *d)
-    });
+    let mint = Action::new(
+        |(n, r, p, d): &(String, Role, Option<String>, Option<u32>)| {
+            make_token(n.clone(), *r, p.clone(), *d)
+        },
+    );
     let remove = Action::new(|id: &String| remove_token(id.clone()));
     let data = Resource::new(
         move || {
@@ -137,7 +147,11 @@ pub fn UsersPage() -> impl IntoView {
 }
 
 /// A role picker over `roles`, setting `to`.
-fn role_select(name: &'static str, to: RwSignal<Role>, roles: &'static [Role]) -> impl IntoView + use<> {
+fn role_select(
+    name: &'static str,
+    to: RwSignal<Role>,
+    roles: &'static [Role],
+) -> impl IntoView + use<> {
     view! {
         <select name=name on:change=move |ev| {
             if let Ok(r) = event_target_value(&ev).parse() { to.set(r) }
@@ -159,7 +173,11 @@ fn UserForm(add: Action<(String, String, Role), Answer<UserInfo>>) -> impl IntoV
     });
     let submit = move |ev: leptos::ev::SubmitEvent| {
         ev.prevent_default();
-        add.dispatch((username.get_untracked(), password.get_untracked(), role.get_untracked()));
+        add.dispatch((
+            username.get_untracked(),
+            password.get_untracked(),
+            role.get_untracked(),
+        ));
     };
     view! {
         <section class="panel">
@@ -183,7 +201,7 @@ fn UserForm(add: Action<(String, String, Role), Answer<UserInfo>>) -> impl IntoV
 }
 
 #[component]
-fn TokenForm(mint: Action<(String, Role, Option<String>, Option<u32>), Answer<NewApiToken>>) -> impl IntoView {
+fn TokenForm(mint: MintAction) -> impl IntoView {
     let admin = crate::access::allowed::<MakeToken>();
     let name = RwSignal::new(String::new());
     let role = RwSignal::new(Role::Viewer);
@@ -196,7 +214,10 @@ fn TokenForm(mint: Action<(String, Role, Option<String>, Option<u32>), Answer<Ne
             _ => Vec::new(),
         };
         if let Some(m) = days_error.get() {
-            e.push(FieldError { field: "expires_in_days".into(), message: m });
+            e.push(FieldError {
+                field: "expires_in_days".into(),
+                message: m,
+            });
         }
         e
     });
@@ -205,17 +226,24 @@ fn TokenForm(mint: Action<(String, Role, Option<String>, Option<u32>), Answer<Ne
         let d = days.get_untracked();
         let expires = match d.trim() {
             "" => None,
-            t => match t.parse::<u32>() {
-                Ok(n) => Some(n),
-                Err(_) => {
-                    days_error.set(Some(format!("must be a whole number of days (or empty: it does not expire), got {t:?}")));
-                    return;
+            t => {
+                match t.parse::<u32>() {
+                    Ok(n) => Some(n),
+                    Err(_) => {
+                        days_error.set(Some(format!("must be a whole number of days (or empty: it does not expire), got {t:?}")));
+                        return;
+                    }
                 }
-            },
+            }
         };
         days_error.set(None);
         let p = project.get_untracked();
-        mint.dispatch((name.get_untracked(), role.get_untracked(), (!p.trim().is_empty()).then(|| p.trim().to_owned()), expires));
+        mint.dispatch((
+            name.get_untracked(),
+            role.get_untracked(),
+            (!p.trim().is_empty()).then(|| p.trim().to_owned()),
+            expires,
+        ));
     };
     view! {
         <section class="panel">
@@ -249,10 +277,7 @@ fn TokenForm(mint: Action<(String, Role, Option<String>, Option<u32>), Answer<Ne
 }
 
 #[component]
-fn Users(
-    users: Vec<UserInfo>,
-    change: Action<(String, Option<Role>, Option<bool>), Result<UserInfo, ServerFnError>>,
-) -> impl IntoView {
+fn Users(users: Vec<UserInfo>, change: ChangeAction) -> impl IntoView {
     view! {
         <section class="panel">
             <h2>"Users"</h2>
@@ -292,7 +317,10 @@ fn Users(
 }
 
 #[component]
-fn Tokens(tokens: Vec<ApiTokenInfo>, remove: Action<String, Result<(), ServerFnError>>) -> impl IntoView {
+fn Tokens(
+    tokens: Vec<ApiTokenInfo>,
+    remove: Action<String, Result<(), ServerFnError>>,
+) -> impl IntoView {
     view! {
         <section class="panel">
             <h2>"API tokens"</h2>
