@@ -79,6 +79,22 @@ pub(crate) mod ssr {
         }
     }
 
+    /// A refusal a form shows in the page rather than as a failed request: invalid
+    /// fields, and a thing not found or in conflict under the field `(request)`; `Err`
+    /// with what the operator is told otherwise.
+    pub fn refused(
+        e: ControlError,
+    ) -> Result<Vec<tessera_model::taskdef::FieldError>, ServerFnError> {
+        match e.told() {
+            Told::Invalid(fields) => Ok(fields),
+            Told::NotFound(m) | Told::Conflict(m) => Ok(vec![tessera_model::taskdef::FieldError {
+                field: "(request)".into(),
+                message: m,
+            }]),
+            other => Err(told(other)),
+        }
+    }
+
     /// The field errors a form shows, where the operator is told of fields; `Err` with
     /// what they are told otherwise.
     pub fn field_errors(

@@ -15,7 +15,7 @@ test("an admin adds a project, sets its quota in a pool and gives a user a role 
   await expect(add.locator(".field-error")).toContainText("must be between 1 and");
   await add.getByLabel("Weight").fill("2");
   await add.getByRole("button", { name: "Add project" }).click();
-  await expect(panel.getByRole("status").filter({ hasText: "Project added." })).toBeVisible();
+  await expect(page.getByRole("status").filter({ hasText: "Project added." })).toBeVisible();
 
   const quota = panel.getByRole("form", { name: "Quota" });
   await quota.locator("select[name=quota-project]").selectOption("research");
@@ -26,7 +26,7 @@ test("an admin adds a project, sets its quota in a pool and gives a user a role 
   await quota.getByLabel("Guaranteed GPUs").fill("1");
   await quota.getByLabel("Limit GPUs").fill("2");
   await quota.getByRole("button", { name: "Set quota" }).click();
-  await expect(panel.getByRole("status").filter({ hasText: "Quota set." })).toBeVisible();
+  await expect(page.getByRole("status").filter({ hasText: "Quota set." })).toBeVisible();
   const research = (await (await page.request.get("/api/v1/projects/research")).json());
   expect(research.weight).toBe(2);
   expect(research.quotas).toEqual([{ pool: "inference", guaranteed: { gpus: 1 }, limit: { gpus: 2 } }]);
@@ -40,7 +40,7 @@ test("an admin adds a project, sets its quota in a pool and gives a user a role 
   await member.getByLabel("User").fill("vera");
   await member.locator("select[name=member-role]").selectOption("operator");
   await member.getByRole("button", { name: "Set role" }).click();
-  await expect(panel.getByRole("status").filter({ hasText: "Role set." })).toBeVisible();
+  await expect(page.getByRole("status").filter({ hasText: "Role set." })).toBeVisible();
   const after = (await (await page.request.get("/api/v1/projects/research")).json());
   expect(after.members).toEqual([{ username: "vera", role: "operator" }]);
   await page.screenshot({ path: "screenshots/projects-admin.png", fullPage: true });

@@ -40,7 +40,7 @@ pub async fn add_webhook(
     let control = crate::data::ssr::control_for::<AddWebhook>()?;
     match control.notifications().create_webhook(&input).await {
         Ok(c) => Ok(Ok(c)),
-        Err(e) => crate::data::ssr::field_errors(e).map(Err),
+        Err(e) => crate::data::ssr::refused(e).map(Err),
     }
 }
 
@@ -173,6 +173,10 @@ fn WebhookForm(
                         <p class="muted">"Each request carries X-Tessera-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256 of \"<t>.<body>\">, and X-Tessera-Delivery, the same on every try (drop repeats by it)."</p>
                     </div>
                 }.into_any()),
+                Some(Ok(Err(e))) => {
+                    let m: Vec<String> = e.into_iter().filter(|e| e.field == "(request)").map(|e| e.message).collect();
+                    (!m.is_empty()).then(|| view! { <p class="field-error" role="alert">{m.join("; ")}</p> }.into_any())
+                }
                 Some(Err(e)) => Some(view! { <p class="field-error" role="alert">{e.to_string()}</p> }.into_any()),
                 _ => None,
             }}

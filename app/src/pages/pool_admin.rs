@@ -36,7 +36,7 @@ pub async fn change_pool(pool: String, patch: PoolPatch) -> Answer {
         tessera_model::PoolName::new(&pool).map_err(|e| ServerFnError::new(e.to_string()))?;
     match control.deployments().update_pool(&name, &patch).await {
         Ok(_) => Ok(Ok(())),
-        Err(e) => crate::data::ssr::field_errors(e).map(Err),
+        Err(e) => crate::data::ssr::refused(e).map(Err),
     }
 }
 
@@ -51,7 +51,7 @@ pub async fn add_pool(name: String) -> Answer {
         .await
     {
         Ok(_) => Ok(Ok(())),
-        Err(e) => crate::data::ssr::field_errors(e).map(Err),
+        Err(e) => crate::data::ssr::refused(e).map(Err),
     }
 }
 
@@ -241,6 +241,10 @@ fn AddPoolForm() -> impl IntoView {
         </form>
         {move || match add.value().get() {
             Some(Ok(Ok(()))) => Some(view! { <p class="notice" role="status">{format!("Pool {} added.", name.get_untracked())}</p> }.into_any()),
+            Some(Ok(Err(e))) => {
+                let m: Vec<String> = e.into_iter().filter(|e| e.field == "(request)").map(|e| e.message).collect();
+                (!m.is_empty()).then(|| view! { <p class="field-error" role="alert">{m.join("; ")}</p> }.into_any())
+            }
             Some(Err(e)) => Some(view! { <p class="field-error" role="alert">{e.to_string()}</p> }.into_any()),
             _ => None,
         }}

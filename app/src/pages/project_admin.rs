@@ -17,7 +17,7 @@ type Answer = Result<Result<(), Vec<FieldError>>, ServerFnError>;
 fn answer(r: Result<(), tessera_control::ControlError>) -> Answer {
     match r {
         Ok(()) => Ok(Ok(())),
-        Err(e) => crate::data::ssr::field_errors(e).map(Err),
+        Err(e) => crate::data::ssr::refused(e).map(Err),
     }
 }
 
@@ -122,32 +122,48 @@ pub fn ProjectAdmin() -> impl IntoView {
     let admin = crate::access::allowed::<ProjectChoices>();
     let changes = RwSignal::new(0u32);
     let choices = Resource::new(move || changes.get(), |_| project_choices());
-    let changed = Callback::new(move |()| changes.update(|n| *n += 1));
+    // What the last change did: kept here, since a change reloads the choices, which
+    // makes the forms anew.
+    let said = RwSignal::new(None::<&'static str>);
+    let changed = Callback::new(move |what: &'static str| {
+        said.set(Some(what));
+        changes.update(|n| *n += 1);
+    });
     move || {
         admin.get().is_none().then(|| {
             view! {
                 <Transition fallback=|| ()>
                     {move || Suspend::new(async move {
-                        choices.await.ok().map(|(projects, pools)| view! { <ProjectForms projects pools changed /> })
+                        choices.await.ok().map(|(projects, pools)| view! { <ProjectForms projects pools changed said /> })
                     })}
                 </Transition>
+                {move || said.get().map(|s| view! { <p class="notice" role="status">{s}</p> })}
             }
         })
     }
 }
 
 #[component]
-fn ProjectForms(projects: Vec<String>, pools: Vec<String>, changed: Callback<()>) -> impl IntoView {
+fn ProjectForms(
+    projects: Vec<String>,
+    pools: Vec<String>,
+    changed: Callback<&'static str>,
+    said: RwSignal<Option<&'static str>>,
+) -> impl IntoView {
     let add = Action::new(|(n, w): &(String, Option<u32>)| add_project(n.clone(), *w));
     let quota = Action::new(|(p, q): &(String, Quota)| set_quota(p.clone(), q.clone()));
     let member = Action::new(|(p, u, r): &(String, String, Option<Role>)| {
         set_member(p.clone(), u.clone(), *r)
     });
-    for a in [add.value(), quota.value(), member.value()] {
-        Effect::new(move |_| {
-            if let Some(Ok(Ok(()))) = a.get() {
-                changed.run(());
-            }
+    for (a, what) in [
+        (add.value(), "Project added."),
+        (quota.value(), "Quota set."),
+        (member.value(), "Role set."),
+    ] {
+        Effect::new(move |_| match a.get() {
+            Some(Ok(Ok(()))) => changed.run(what),
+            Some(_) => said.set(None),
+            None => {}
         });
     }
     let local = RwSignal::new(Vec::<FieldError>::new());
@@ -235,8 +251,17 @@ fn ProjectForms(projects: Vec<String>, pools: Vec<String>, changed: Callback<()>
             </label>
         }
     };
-    let done = |what: &'static str, v: Option<Answer>| match v {
-        Some(Ok(Ok(()))) => Some(view! { <p class="notice" role="status">{what}</p> }.into_any()),
+    let done = |v: Option<Answer>| match v {
+        Some(Ok(Err(e))) => {
+            let general: Vec<String> = e
+                .into_iter()
+                .filter(|e| e.field == "(request)")
+                .map(|e| e.message)
+                .collect();
+            (!general.is_empty()).then(|| {
+                view! { <p class="field-error" role="alert">{general.join("; ")}</p> }.into_any()
+            })
+        }
         Some(Err(e)) => {
             Some(view! { <p class="field-error" role="alert">{e.to_string()}</p> }.into_any())
         }
@@ -257,7 +282,7 @@ fn ProjectForms(projects: Vec<String>, pools: Vec<String>, changed: Callback<()>
                     <FieldErrors errors=add_errors field="weight".to_owned() /></label>
                 <button type="submit" class="primary">"Add project"</button>
             </form>
-            {move || done("Project added.", add.value().get())}
+            {move || done(add.value().get())}
             <form class="controls" aria-label="Quota" on:submit=quota_submit>
                 {select("Project", "quota-project", projects.clone(), q_project)}
                 {select("Pool", "quota-pool", pools.clone(), q_pool)}
@@ -267,9 +292,20 @@ fn ProjectForms(projects: Vec<String>, pools: Vec<String>, changed: Callback<()>
                 {number("Limit GPU memory (GiB)", "limit.gpu_memory_mib", fields[3])}
                 <button type="submit" class="primary">"Set quota"</button>
                 <small class="muted">"all empty: the pool's quota is cleared"</small>
-                <FieldErrors errors=quota_errors field="quotas".to_owned() />
             </form>
-            {move || done("Quota set.", quota.value().get())}
+            {move || {
+                // The server's word on the quota as a whole (a limit below its guarantee,
+                // a pool that is gone): what no field above shows.
+                let shown = ["guaranteed.gpus", "guaranteed.gpu_memory_mib", "limit.gpus", "limit.gpu_memory_mib"];
+                let rest: Vec<String> = quota_errors
+                    .get()
+                    .into_iter()
+                    .filter(|e| !shown.iter().any(|f| e.field == format!("quotas.0.{f}")))
+                    .map(|e| format!("{}: {}", e.field, e.message))
+                    .collect();
+                (!rest.is_empty()).then(|| view! { <p class="field-error" role="alert">{rest.join("; ")}</p> })
+            }}
+            {move || done(quota.value().get())}
             <form class="controls" aria-label="Member" on:submit=move |ev| {
                 ev.prevent_default();
                 let role = m_role.get_untracked().parse::<Role>().ok();
@@ -282,7 +318,7 @@ fn ProjectForms(projects: Vec<String>, pools: Vec<String>, changed: Callback<()>
                 <button type="submit" class="primary">"Set role"</button>
                 <small class="muted">"none: takes the user's role in the project away"</small>
             </form>
-            {move || done("Role set.", member.value().get())}
+            {move || done(member.value().get())}
         </section>
     }
 }

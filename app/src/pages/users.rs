@@ -15,7 +15,7 @@ type Answer<T> = Result<Result<T, Vec<FieldError>>, ServerFnError>;
 /// Makes a token: its name, role, project and days until it expires.
 type MintAction = Action<(String, Role, Option<String>, Option<u32>), Answer<NewApiToken>>;
 /// Changes a user's role and/or disabled flag.
-type ChangeAction = Action<(String, Option<Role>, Option<bool>), Result<UserInfo, ServerFnError>>;
+type ChangeAction = Action<(String, Option<Role>, Option<bool>), Answer<UserInfo>>;
 
 #[server]
 pub async fn list_accounts() -> Result<(Vec<UserInfo>, Vec<ApiTokenInfo>), ServerFnError> {
@@ -37,27 +37,31 @@ pub async fn add_user(username: String, password: String, role: Role) -> Answer<
         .await
     {
         Ok(u) => Ok(Ok(u)),
-        Err(e) => crate::data::ssr::field_errors(e).map(Err),
+        Err(e) => crate::data::ssr::refused(e).map(Err),
     }
 }
 
 guard!(AddUser, Declaration::ADMIN);
 
 /// Changes a user's role and/or disabled flag; disabling also deletes the user's API
-/// tokens (a disabled account's tokens would still work otherwise).
+/// tokens (a disabled account's tokens would still work otherwise). A refusal (the last
+/// enabled admin stays) comes back as field errors.
 #[server]
 pub async fn change_user(
     username: String,
     role: Option<Role>,
     disabled: Option<bool>,
-) -> Result<UserInfo, ServerFnError> {
-    use crate::data::ssr::{control_for, failed};
+) -> Answer<UserInfo> {
+    use crate::data::ssr::{control_for, failed, refused};
     let control = control_for::<ChangeUser>()?;
-    let user = control
+    let user = match control
         .accounts()
         .update_user(&username, role, disabled, None)
         .await
-        .map_err(failed)?;
+    {
+        Ok(u) => u,
+        Err(e) => return refused(e).map(Err),
+    };
     if disabled == Some(true) {
         control
             .accounts()
@@ -65,7 +69,7 @@ pub async fn change_user(
             .await
             .map_err(failed)?;
     }
-    Ok(user)
+    Ok(Ok(user))
 }
 
 guard!(ChangeUser, Declaration::ADMIN);
@@ -85,7 +89,7 @@ pub async fn make_token(
         .await
     {
         Ok(t) => Ok(Ok(t)),
-        Err(e) => crate::data::ssr::field_errors(e).map(Err),
+        Err(e) => crate::data::ssr::refused(e).map(Err),
     }
 }
 
@@ -146,6 +150,17 @@ pub fn UsersPage() -> impl IntoView {
     }
 }
 
+/// What a refusal says of the request as a whole (a name taken, a thing not found).
+fn general(e: Vec<FieldError>) -> Option<AnyView> {
+    let m: Vec<String> = e
+        .into_iter()
+        .filter(|e| e.field == "(request)")
+        .map(|e| e.message)
+        .collect();
+    (!m.is_empty())
+        .then(|| view! { <p class="field-error" role="alert">{m.join("; ")}</p> }.into_any())
+}
+
 /// A role picker over `roles`, setting `to`.
 fn role_select(
     name: &'static str,
@@ -193,6 +208,7 @@ fn UserForm(add: Action<(String, String, Role), Answer<UserInfo>>) -> impl IntoV
             <RoleHint reason=admin />
             {move || match add.value().get() {
                 Some(Ok(Ok(u))) => Some(view! { <p class="notice" role="status">{format!("User {} added as {}.", u.username, u.role)}</p> }.into_any()),
+                Some(Ok(Err(e))) => general(e),
                 Some(Err(e)) => Some(view! { <p class="field-error" role="alert">{e.to_string()}</p> }.into_any()),
                 _ => None,
             }}
@@ -269,6 +285,7 @@ fn TokenForm(mint: MintAction) -> impl IntoView {
                         <pre><code>{t.token.clone()}</code></pre>
                     </div>
                 }.into_any()),
+                Some(Ok(Err(e))) => general(e),
                 Some(Err(e)) => Some(view! { <p class="field-error" role="alert">{e.to_string()}</p> }.into_any()),
                 _ => None,
             }}
@@ -281,7 +298,11 @@ fn Users(users: Vec<UserInfo>, change: ChangeAction) -> impl IntoView {
     view! {
         <section class="panel">
             <h2>"Users"</h2>
-            {move || change.value().get().and_then(Result::err).map(|e| view! { <p class="field-error" role="alert">{e.to_string()}</p> })}
+            {move || match change.value().get() {
+                Some(Ok(Err(e))) => Some(e.into_iter().map(|e| e.message).collect::<Vec<_>>().join("; ")),
+                Some(Err(e)) => Some(e.to_string()),
+                _ => None,
+            }.map(|m| view! { <p class="field-error" role="alert">{m}</p> })}
             <table class="table users">
                 <thead><tr><th>"User"</th><th>"Role"</th><th>"State"</th><th>"Since"</th><th></th></tr></thead>
                 <tbody>
