@@ -270,6 +270,7 @@ fn ProjectForms(
     view! {
         <section class="panel project-admin" aria-label="Administer projects">
             <h2>"Administer projects"</h2>
+            <h3>"Add a project"</h3>
             <form class="controls" aria-label="New project" on:submit=move |ev| {
                 ev.prevent_default();
                 let w = weight.get_untracked().trim().parse::<u32>().ok();
@@ -283,6 +284,7 @@ fn ProjectForms(
                 <button type="submit" class="primary">"Add project"</button>
             </form>
             {move || done(add.value().get())}
+            <h3>"A project's quota in a pool"</h3>
             <form class="controls" aria-label="Quota" on:submit=quota_submit>
                 {select("Project", "quota-project", projects.clone(), q_project)}
                 {select("Pool", "quota-pool", pools.clone(), q_pool)}
@@ -306,6 +308,7 @@ fn ProjectForms(
                 (!rest.is_empty()).then(|| view! { <p class="field-error" role="alert">{rest.join("; ")}</p> })
             }}
             {move || done(quota.value().get())}
+            <h3>"A user's role in a project"</h3>
             <form class="controls" aria-label="Member" on:submit=move |ev| {
                 ev.prevent_default();
                 let role = m_role.get_untracked().parse::<Role>().ok();
