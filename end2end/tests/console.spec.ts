@@ -132,7 +132,7 @@ test("the overview shows density, pending work and events", async ({ page }) => 
 test("the projects page shows each project's quota and use per pool", async ({ page }) => {
   const errors = watchConsole(page);
   await open(page, "/projects");
-  await expect(page.getByRole("heading", { name: "Projects" })).toBeVisible();
+  await expect(page.getByRole("heading", { name: "Projects", exact: true })).toBeVisible();
   // The demo's services are all in the default project: it uses GPU memory in its pools.
   const row = page.locator("table.projects tbody tr", { has: page.getByRole("rowheader", { name: "default" }) }).first();
   await expect(row).toBeVisible();
