@@ -275,6 +275,41 @@ mod tests {
         assert!(printed.contains("tessera:***@db"), "{printed}");
     }
 
+    /// Every `tessera …` command the control plane's messages tell an admin to run (in
+    /// parentheses: `(tessera join-token create --host {owner})`) is one this binary parses.
+    #[test]
+    fn the_commands_messages_name_parse() {
+        let sources = [include_str!("../../control/src/agents/admission.rs")];
+        let mut checked = 0;
+        for source in sources {
+            for (at, _) in source.match_indices("(tessera ") {
+                let named = &source[at + 1..];
+                let named = &named[..named.find(')').expect("a closing parenthesis")];
+                // Placeholders (`{owner}`, `POOL`) stand for a value.
+                let words: Vec<&str> = named
+                    .split_whitespace()
+                    .map(|w| {
+                        if w.contains('{')
+                            || (w.len() > 1 && w.chars().all(|c| c.is_ascii_uppercase()))
+                        {
+                            "x"
+                        } else {
+                            w
+                        }
+                    })
+                    .collect();
+                let parsed = Cli::try_parse_from(&words);
+                assert!(
+                    parsed.is_ok(),
+                    "{named}: {}",
+                    parsed.err().map(|e| e.to_string()).unwrap_or_default()
+                );
+                checked += 1;
+            }
+        }
+        assert!(checked >= 3, "{checked} commands named");
+    }
+
     #[test]
     fn default_database_lives_in_the_data_dir() {
         let cli = Cli::try_parse_from(["tessera", "serve", "--data-dir", "/var/lib/tessera"])

@@ -509,7 +509,7 @@ impl AgentSync {
         let known = self.store.host_with_gpus(&uuids).await?;
         match (&grant.host, known) {
             (_, Some((owner, false))) => Err(ControlError::Conflict(format!(
-                "this machine's GPUs belong to host {owner}, whose agent is still registered; if it is that machine, an admin revokes the old token (POST /api/v1/hosts/{owner}/revoke) and mints a join token for it (tessera create join-token --host {owner})"
+                "this machine's GPUs belong to host {owner}, whose agent is still registered; if it is that machine, an admin revokes the old token (POST /api/v1/hosts/{owner}/revoke) and mints a join token for it (tessera join-token create --host {owner})"
             ))),
             (Some(for_host), Some((owner, true))) if *for_host != owner => {
                 Err(ControlError::Conflict(format!(
@@ -517,7 +517,7 @@ impl AgentSync {
                 )))
             }
             (None, Some((owner, true))) => Err(ControlError::Unauthorized(format!(
-                "this machine's GPUs belong to host {owner}, whose agent token was revoked: it rejoins only with a join token minted for it (tessera create join-token --host {owner})"
+                "this machine's GPUs belong to host {owner}, whose agent token was revoked: it rejoins only with a join token minted for it (tessera join-token create --host {owner})"
             ))),
             (Some(for_host), _) => {
                 if !self.store.host_token_revoked(for_host).await? {
