@@ -88,7 +88,7 @@ pub(crate) mod ssr {
         match e.told() {
             Told::Invalid(fields) => Ok(fields),
             Told::NotFound(m) | Told::Conflict(m) => Ok(vec![tessera_model::taskdef::FieldError {
-                field: "(request)".into(),
+                field: crate::components::REQUEST_FIELD.into(),
                 message: m,
             }]),
             other => Err(told(other)),

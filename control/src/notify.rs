@@ -12,7 +12,7 @@ use crate::store::{Attempt, NotifyStore, Target};
 use hmac::{Hmac, Mac};
 use parking_lot::Mutex;
 use sha2::Sha256;
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tessera_model::notify::{
@@ -28,6 +28,9 @@ pub const SEND_TIMEOUT: Duration = Duration::from_secs(5);
 pub const POLL: Duration = Duration::from_millis(250);
 /// Tries in flight at once, over every webhook.
 const IN_FLIGHT: usize = 64;
+/// Tries in flight at once to one webhook: a receiver that is down or slow takes at most
+/// this many of [`IN_FLIGHT`], and the others' deliveries go on.
+const IN_FLIGHT_PER_WEBHOOK: usize = 8;
 /// Deliveries listed per webhook.
 pub const DELIVERIES_LISTED: u32 = 50;
 
@@ -104,8 +107,8 @@ pub struct Notifications {
     store: Arc<dyn NotifyStore>,
     core: Core,
     http: reqwest::Client,
-    /// Deliveries being tried now: not picked up again meanwhile.
-    in_flight: Arc<Mutex<HashSet<i64>>>,
+    /// Deliveries being tried now, with their webhook: not picked up again meanwhile.
+    in_flight: Arc<Mutex<HashMap<i64, i64>>>,
 }
 
 impl Notifications {
@@ -179,7 +182,7 @@ impl Notifications {
     }
 
     /// Starts a try of each delivery due now that is not in flight (at most [`IN_FLIGHT`]
-    /// at once); the tries run on their own, and their handles are returned (tests wait
+    /// at once, [`IN_FLIGHT_PER_WEBHOOK`] to one webhook); the tries run on their own, and their handles are returned (tests wait
     /// for them; the loop does not).
     pub async fn deliver_due(&self) -> Result<Vec<JoinHandle<()>>, ControlError> {
         let room = IN_FLIGHT.saturating_sub(self.in_flight.lock().len());
@@ -192,8 +195,15 @@ impl Notifications {
             .await?;
         let mut started = Vec::new();
         for (d, target) in due {
-            if started.len() >= room || !self.in_flight.lock().insert(d.id) {
-                continue;
+            {
+                let mut flying = self.in_flight.lock();
+                let to_hook = flying.values().filter(|w| **w == d.webhook_id).count();
+                if started.len() >= room
+                    || to_hook >= IN_FLIGHT_PER_WEBHOOK
+                    || flying.insert(d.id, d.webhook_id).is_some()
+                {
+                    continue;
+                }
             }
             let this = self.clone();
             started.push(tokio::spawn(async move {

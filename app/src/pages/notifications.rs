@@ -173,10 +173,7 @@ fn WebhookForm(
                         <p class="muted">"Each request carries X-Tessera-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256 of \"<t>.<body>\">, and X-Tessera-Delivery, the same on every try (drop repeats by it)."</p>
                     </div>
                 }.into_any()),
-                Some(Ok(Err(e))) => {
-                    let m: Vec<String> = e.into_iter().filter(|e| e.field == "(request)").map(|e| e.message).collect();
-                    (!m.is_empty()).then(|| view! { <p class="field-error" role="alert">{m.join("; ")}</p> }.into_any())
-                }
+                Some(Ok(Err(e))) => crate::components::request_refusal(e),
                 Some(Err(e)) => Some(view! { <p class="field-error" role="alert">{e.to_string()}</p> }.into_any()),
                 _ => None,
             }}

@@ -241,10 +241,7 @@ fn AddPoolForm() -> impl IntoView {
         </form>
         {move || match add.value().get() {
             Some(Ok(Ok(()))) => Some(view! { <p class="notice" role="status">{format!("Pool {} added.", name.get_untracked())}</p> }.into_any()),
-            Some(Ok(Err(e))) => {
-                let m: Vec<String> = e.into_iter().filter(|e| e.field == "(request)").map(|e| e.message).collect();
-                (!m.is_empty()).then(|| view! { <p class="field-error" role="alert">{m.join("; ")}</p> }.into_any())
-            }
+            Some(Ok(Err(e))) => crate::components::request_refusal(e),
             Some(Err(e)) => Some(view! { <p class="field-error" role="alert">{e.to_string()}</p> }.into_any()),
             _ => None,
         }}

@@ -252,16 +252,7 @@ fn ProjectForms(
         }
     };
     let done = |v: Option<Answer>| match v {
-        Some(Ok(Err(e))) => {
-            let general: Vec<String> = e
-                .into_iter()
-                .filter(|e| e.field == "(request)")
-                .map(|e| e.message)
-                .collect();
-            (!general.is_empty()).then(|| {
-                view! { <p class="field-error" role="alert">{general.join("; ")}</p> }.into_any()
-            })
-        }
+        Some(Ok(Err(e))) => crate::components::request_refusal(e),
         Some(Err(e)) => {
             Some(view! { <p class="field-error" role="alert">{e.to_string()}</p> }.into_any())
         }

@@ -150,17 +150,6 @@ pub fn UsersPage() -> impl IntoView {
     }
 }
 
-/// What a refusal says of the request as a whole (a name taken, a thing not found).
-fn general(e: Vec<FieldError>) -> Option<AnyView> {
-    let m: Vec<String> = e
-        .into_iter()
-        .filter(|e| e.field == "(request)")
-        .map(|e| e.message)
-        .collect();
-    (!m.is_empty())
-        .then(|| view! { <p class="field-error" role="alert">{m.join("; ")}</p> }.into_any())
-}
-
 /// A role picker over `roles`, setting `to`.
 fn role_select(
     name: &'static str,
@@ -208,7 +197,7 @@ fn UserForm(add: Action<(String, String, Role), Answer<UserInfo>>) -> impl IntoV
             <RoleHint reason=admin />
             {move || match add.value().get() {
                 Some(Ok(Ok(u))) => Some(view! { <p class="notice" role="status">{format!("User {} added as {}.", u.username, u.role)}</p> }.into_any()),
-                Some(Ok(Err(e))) => general(e),
+                Some(Ok(Err(e))) => crate::components::request_refusal(e),
                 Some(Err(e)) => Some(view! { <p class="field-error" role="alert">{e.to_string()}</p> }.into_any()),
                 _ => None,
             }}
@@ -285,7 +274,7 @@ fn TokenForm(mint: MintAction) -> impl IntoView {
                         <pre><code>{t.token.clone()}</code></pre>
                     </div>
                 }.into_any()),
-                Some(Ok(Err(e))) => general(e),
+                Some(Ok(Err(e))) => crate::components::request_refusal(e),
                 Some(Err(e)) => Some(view! { <p class="field-error" role="alert">{e.to_string()}</p> }.into_any()),
                 _ => None,
             }}

@@ -144,6 +144,18 @@ pub struct Providers {
 const MACHINES_LISTED: u32 = 1000;
 
 impl Providers {
+    /// Tells on-call people a pool's provider failed (a launch, a termination, a machine
+    /// given up on): an event, and a notice to the webhooks that want it.
+    async fn provider_failed(&self, pool: &PoolName, said: &str) {
+        self.core
+            .notify(
+                NoticeKind::ProviderFailed,
+                (None, None, Some(pool.as_str())),
+                said,
+            )
+            .await;
+    }
+
     pub(crate) fn new(store: Arc<dyn ProvidersStore>, core: Core, scheduler: Scheduler) -> Self {
         Providers {
             store,
@@ -778,13 +790,7 @@ impl Providers {
                     "pool {}: the {} provider failed to launch: {why}",
                     pool.name, provider.kind
                 );
-                self.core
-                    .notify(
-                        NoticeKind::ProviderFailed,
-                        (None, None, Some(pool.name.as_str())),
-                        &said,
-                    )
-                    .await;
+                self.provider_failed(&pool.name, &said).await;
             }
         }
         Ok(())
@@ -909,13 +915,7 @@ impl Providers {
                 "pool {}: the {} provider failed to terminate {name}: {why}",
                 pool.name, provider.kind
             );
-            self.core
-                .notify(
-                    NoticeKind::ProviderFailed,
-                    (None, None, Some(pool.name.as_str())),
-                    &said,
-                )
-                .await;
+            self.provider_failed(&pool.name, &said).await;
             return Ok(false);
         }
         self.store
@@ -923,13 +923,7 @@ impl Providers {
             .await?;
         if to == MachineState::Failed {
             let said = format!("pool {}: {reason}; terminated", pool.name);
-            self.core
-                .notify(
-                    NoticeKind::ProviderFailed,
-                    (None, None, Some(pool.name.as_str())),
-                    &said,
-                )
-                .await;
+            self.provider_failed(&pool.name, &said).await;
         }
         Ok(true)
     }

@@ -318,8 +318,9 @@ impl Scheduler {
         steps::claims_first(&mut by_service, &claims);
 
         let mut commits = Vec::new();
-        // Each service's placements, and what chose them, for its events.
-        let mut placed_by_service: Vec<(String, String, Vec<PlacementCommit>)> = Vec::new();
+        // Each service's placements (their range in `commits`), and what chose them, for
+        // its events.
+        let mut placed_by_service: Vec<(String, String, std::ops::Range<usize>)> = Vec::new();
         let mut complaints: Vec<(String, Vec<String>, String)> = Vec::new();
         // Each service's tasks that found no room (not held by their project's limit):
         // preemption may make room for them once this pass commits.
@@ -356,14 +357,15 @@ impl Scheduler {
             if let Some(said) = batch.interference_said(&conflicts) {
                 self.core.event(Some(&name), None, &said).await;
             }
-            if !batch.commits.is_empty() {
+            let from = commits.len();
+            commits.append(&mut batch.commits);
+            if commits.len() > from {
                 let why = match service.strategy {
                     Some(_) => format!("the service's {policy} strategy"),
                     None => format!("pool {pool}'s {policy} policy"),
                 };
-                placed_by_service.push((name.clone(), why, batch.commits.clone()));
+                placed_by_service.push((name.clone(), why, from..commits.len()));
             }
-            commits.append(&mut batch.commits);
             if let Some((request, tasks)) = batch.wanting {
                 short.push(preemption::Short {
                     service: name.clone(),
@@ -379,7 +381,7 @@ impl Scheduler {
         }
         let committed = self.commit_pass(pool, cached, &commits).await?;
         for (service, why, mine) in placed_by_service {
-            if let Some(said) = steps::placed_said(&mine, &committed, &why) {
+            if let Some(said) = steps::placed_said(&commits[mine], &committed, &why) {
                 self.core.event(Some(&service), None, &said).await;
             }
         }
