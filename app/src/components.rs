@@ -260,15 +260,11 @@ pub fn EventList(events: Vec<Event>) -> impl IntoView {
     .into_any()
 }
 
-/// The field a refusal of the request as a whole (a name taken, a thing not found) comes
-/// under, beside forms' own fields (`crate::data::ssr::refused`).
-pub const REQUEST_FIELD: &str = "(request)";
-
 /// What a refusal says of the request as a whole, where it says anything.
 pub fn request_refusal(errors: Vec<FieldError>) -> Option<AnyView> {
     let m: Vec<String> = errors
         .into_iter()
-        .filter(|e| e.field == REQUEST_FIELD)
+        .filter(|e| e.field == crate::data::REQUEST_FIELD)
         .map(|e| e.message)
         .collect();
     (!m.is_empty())

@@ -11,6 +11,11 @@ pub fn service_hue(service: &str) -> u32 {
         % 360
 }
 
+/// The field a refusal of the request as a whole (a name taken, a thing not found) comes
+/// under, beside forms' own fields (`ssr::refused`; shown by
+/// `crate::components::request_refusal`).
+pub const REQUEST_FIELD: &str = "(request)";
+
 #[cfg(feature = "ssr")]
 pub(crate) mod ssr {
     //! How a page reaches the control plane, and how its errors are shown.
@@ -88,7 +93,7 @@ pub(crate) mod ssr {
         match e.told() {
             Told::Invalid(fields) => Ok(fields),
             Told::NotFound(m) | Told::Conflict(m) => Ok(vec![tessera_model::taskdef::FieldError {
-                field: crate::components::REQUEST_FIELD.into(),
+                field: crate::data::REQUEST_FIELD.into(),
                 message: m,
             }]),
             other => Err(told(other)),
