@@ -344,6 +344,8 @@ class GpuCheck:
         while time.time() < end:
             try:
                 for line in open(path):
+                    # Each line starts with the agent's stamp: `2026-11-30T12:00:09.000Z `.
+                    line = line.split(" ", 1)[-1]
                     if line.startswith("{"):
                         return json.loads(line)
             except OSError:

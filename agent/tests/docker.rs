@@ -223,17 +223,19 @@ async fn an_mps_task_is_pulled_then_created_with_its_gpu_pipe_limits_and_labels(
     // Its output lands in the task's logs, stdout and stderr apart.
     let logs = state.join("tasks/t1");
     for _ in 0..100 {
-        if std::fs::read_to_string(logs.join("server.err.log")).is_ok_and(|s| !s.is_empty()) {
+        if tessera_agent::runtime::read_log(logs.join("server.err.log"))
+            .is_ok_and(|s| !s.is_empty())
+        {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(
-        std::fs::read_to_string(logs.join("server.log")).unwrap(),
+        tessera_agent::runtime::read_log(logs.join("server.log")).unwrap(),
         "model loaded\n"
     );
     assert_eq!(
-        std::fs::read_to_string(logs.join("server.err.log")).unwrap(),
+        tessera_agent::runtime::read_log(logs.join("server.err.log")).unwrap(),
         "warning: slow disk\n"
     );
 
@@ -427,7 +429,7 @@ async fn without_an_engine_an_image_is_refused_with_the_reason_in_its_log() {
     rt.converge(&[cpu_task("c1")]);
     let reports = until(&mut rt, "refused", |r| r.iter().any(|t| !t.running)).await;
     assert_eq!(reports[0].exit_code, Some(127));
-    let log = std::fs::read_to_string(state.join("tasks/c1/worker.err.log")).unwrap();
+    let log = tessera_agent::runtime::read_log(state.join("tasks/c1/worker.err.log")).unwrap();
     assert!(log.contains("container runtime"), "{log}");
 }
 
@@ -456,12 +458,12 @@ async fn a_real_engine_runs_a_task_and_stops_it() {
     assert!(rt.reports().iter().any(|t| t.running), "{:?}", rt.reports());
     let log_file = state.join("tasks/real1/worker.log");
     for _ in 0..100 {
-        if std::fs::read_to_string(&log_file).is_ok_and(|log| log == "hello\n") {
+        if tessera_agent::runtime::read_log(&log_file).is_ok_and(|log| log == "hello\n") {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let log = std::fs::read_to_string(&log_file).unwrap_or_default();
+    let log = tessera_agent::runtime::read_log(&log_file).unwrap_or_default();
     assert_eq!(log, "hello\n");
     rt.converge(&[]);
     for _ in 0..200 {

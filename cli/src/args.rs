@@ -212,6 +212,49 @@ pub enum ClientCommand {
         #[command(flatten)]
         conn: Connection,
     },
+    /// A task's logs, or a service's running tasks' interleaved (each line prefixed with
+    /// its task), read from their hosts; `-f` follows new lines.
+    Logs {
+        /// A task id, or a service's name.
+        target: String,
+        /// Keep printing new lines until the task ends (or interrupted).
+        #[arg(long, short)]
+        follow: bool,
+        /// Only the last this many lines (of each task).
+        #[arg(long)]
+        tail: Option<u32>,
+        /// Only lines since a time (RFC 3339) or a span back (90s, 10m, 2h, 1d).
+        #[arg(long)]
+        since: Option<String>,
+        /// Only this container's output.
+        #[arg(long)]
+        container: Option<String>,
+        /// Start each line with the time its host read it.
+        #[arg(long, short)]
+        timestamps: bool,
+        #[command(flatten)]
+        conn: Connection,
+    },
+    /// Run a command in a running task (where its pool allows exec): as the task's user,
+    /// in its environment and cgroup. `-i` sends standard input, `-t` gives it a terminal
+    /// (`tessera exec -it TASK -- sh`).
+    Exec {
+        task: String,
+        /// The container to run it in (the task's first by default).
+        #[arg(long)]
+        container: Option<String>,
+        /// Send standard input to the command.
+        #[arg(short, long)]
+        interactive: bool,
+        /// Give the command a terminal.
+        #[arg(short, long)]
+        tty: bool,
+        /// The command and its arguments, after `--`.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+        #[command(flatten)]
+        conn: Connection,
+    },
     /// Keep a load balancer's servers equal to a service's healthy endpoints (Tessera
     /// carries no traffic itself).
     Lb {

@@ -9,6 +9,7 @@ use std::time::Duration;
 use tessera_model::bodies::ErrorBody;
 
 /// An API client with a token.
+#[derive(Clone)]
 pub struct Client {
     pub(crate) http: reqwest::Client,
     pub(crate) base: String,

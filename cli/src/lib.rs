@@ -223,6 +223,48 @@ pub async fn run(command: ClientCommand, root: clap::Command) -> anyhow::Result<
             limit,
             conn,
         } => events(&Client::new(&conn)?, service, host, follow, limit).await,
+        ClientCommand::Logs {
+            target,
+            follow,
+            tail,
+            since,
+            container,
+            timestamps,
+            conn,
+        } => {
+            commands::streams::logs(
+                &Client::new(&conn)?,
+                commands::streams::LogsAsk {
+                    target,
+                    follow,
+                    tail,
+                    since,
+                    container,
+                    timestamps,
+                },
+            )
+            .await
+        }
+        ClientCommand::Exec {
+            task,
+            container,
+            interactive,
+            tty,
+            command,
+            conn,
+        } => {
+            commands::streams::exec(
+                &Client::new(&conn)?,
+                commands::streams::ExecAsk {
+                    task,
+                    container,
+                    command,
+                    stdin: interactive,
+                    tty,
+                },
+            )
+            .await
+        }
         ClientCommand::Lb {
             lb:
                 LbCommand::Haproxy {

@@ -26,6 +26,8 @@
 //! - [`notify`]: `Notifications`: webhooks an admin registers and the delivery of notices
 //!   (a rollback, an alarm, a host impaired or lost, a crash loop, a preemption,
 //!   autoscaling at its maximum, a provider failing) to them: signed, retried, listed.
+//! - [`streams`]: `TaskStreams`: a task's logs and commands run in it, relayed between
+//!   the client and the agent of the task's host (which opens every connection).
 //! - [`views`]: `Views`: the read models (pages, lists, the fleet read model, endpoints,
 //!   Prometheus discovery, fit).
 //!
@@ -86,6 +88,7 @@ pub mod providers;
 mod scheduler;
 pub mod sqlite;
 pub mod store;
+pub mod streams;
 #[cfg(test)]
 mod test_values;
 #[cfg(feature = "testing")]

@@ -22,6 +22,7 @@ fn pool(name: &str) -> PoolInfo {
         task_users: false,
         privileged: false,
         host_network: false,
+        exec: false,
         preemption: Default::default(),
         gpu_budget: Default::default(),
         provider: None,

@@ -53,6 +53,10 @@ pub struct PoolInput {
     /// `NET_ADMIN` (default false).
     #[serde(default)]
     pub host_network: Option<bool>,
+    /// Operators of a task's project may run commands in it (`tessera exec`; default
+    /// false).
+    #[serde(default)]
+    pub exec: Option<bool>,
     /// `automatic` (the default): preemption plans are carried out when found; `approve`:
     /// they wait for an operator's approval.
     #[serde(default)]
@@ -81,6 +85,7 @@ impl PoolInput {
             task_users: None,
             privileged: None,
             host_network: None,
+            exec: None,
             preemption: None,
             gpu_budget: None,
             provider: None,
@@ -116,6 +121,9 @@ pub struct PoolPatch {
     /// Tasks may use the host's network and add `NET_RAW` or `NET_ADMIN`.
     #[serde(default)]
     pub host_network: Option<bool>,
+    /// Operators of a task's project may run commands in it (`tessera exec`).
+    #[serde(default)]
+    pub exec: Option<bool>,
     /// `automatic` or `approve` (preemption plans wait for an operator).
     #[serde(default)]
     #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::fields::optional_preemption))]

@@ -214,6 +214,10 @@ pub struct PoolInfo {
     /// loopback and LAN traffic.
     #[serde(default)]
     pub host_network: bool,
+    /// Operators of a task's project (and admins) may run commands in it (`tessera
+    /// exec`): off by default, since a command sees the task's secrets.
+    #[serde(default)]
+    pub exec: bool,
     /// Whether preemption plans are carried out at once or wait for approval.
     #[serde(default)]
     pub preemption: PreemptionMode,

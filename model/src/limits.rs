@@ -83,6 +83,18 @@ pub mod task_definition {
     pub const MAX_SECRET_BYTES: usize = 64 * 1024;
 }
 
+/// Streams to tasks: logs and exec.
+pub mod streams {
+    /// Most lines a log read's `tail` may ask for.
+    pub const MAX_LOG_TAIL: u32 = 100_000;
+    /// Most words in an exec's command.
+    pub const MAX_EXEC_ARGS: usize = 256;
+    /// Longest word of an exec's command.
+    pub const MAX_EXEC_ARG_CHARS: usize = 4096;
+    /// Largest piece of output an agent sends in one request.
+    pub const MAX_CHUNK_BYTES: usize = 256 * 1024;
+}
+
 /// A project's quotas and weight.
 pub mod project {
     /// The most quotas one project may have (one per pool).

@@ -28,13 +28,15 @@ pub enum Scope {
     Into(Cow<'static, str>),
     /// The project a service is moved into, when this argument is given; as [`Scope::Into`].
     MovedInto(Cow<'static, str>),
+    /// The project of the service of the task this argument names; the task must exist.
+    Task(Cow<'static, str>),
 }
 
 impl Scope {
     /// The argument it reads.
     pub fn argument(&self) -> &str {
         match self {
-            Scope::Service(a) | Scope::Into(a) | Scope::MovedInto(a) => a,
+            Scope::Service(a) | Scope::Into(a) | Scope::MovedInto(a) | Scope::Task(a) => a,
         }
     }
 
@@ -50,6 +52,7 @@ impl Scope {
             Scope::Service(_) => "service",
             Scope::Into(_) => "into",
             Scope::MovedInto(_) => "moved-into",
+            Scope::Task(_) => "task",
         }
     }
 }
@@ -149,6 +152,17 @@ pub const READ_SERVICE_OUTPUT: Declaration = Declaration {
     audit: Audit::Always,
 };
 
+/// Read what task `{id}` writes (its logs, followed): an operator in its service's
+/// project, every read in the audit log, since output may hold secrets.
+pub const READ_TASK_OUTPUT: Declaration = Declaration {
+    access: Access::InProject(Role::Operator),
+    scope: Cow::Borrowed(&[Scope::Task(Cow::Borrowed("{id}"))]),
+    audit: Audit::Always,
+};
+/// Run a command in task `{id}`: an operator in its service's project (where its pool
+/// allows exec), every session in the audit log.
+pub const EXEC_IN_TASK: Declaration = READ_TASK_OUTPUT;
+
 /// As the OpenAPI document's `x-access` shows it: `{"role": "project-operator",
 /// "project": [{"service": "{name}"}], "audit": "changes"}`.
 #[derive(Serialize, Deserialize)]
@@ -199,6 +213,7 @@ impl<'de> Deserialize<'de> for Declaration {
                     "service" => Ok(Scope::Service(argument)),
                     "into" => Ok(Scope::Into(argument)),
                     "moved-into" => Ok(Scope::MovedInto(argument)),
+                    "task" => Ok(Scope::Task(argument)),
                     other => Err(D::Error::custom(format!("unknown scope {other:?}"))),
                 }
             })

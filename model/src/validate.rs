@@ -168,6 +168,7 @@ pub fn pool(input: &PoolInput) -> Result<PoolInfo, ValidationErrors> {
         admission: admission.expect("validated"),
         task_users: input.task_users.unwrap_or(false),
         privileged: input.privileged.unwrap_or(false),
+        exec: input.exec.unwrap_or(false),
         host_network: input.host_network.unwrap_or(false),
         preemption: preemption.expect("validated"),
         gpu_budget: gpu_budget.expect("validated"),
@@ -320,6 +321,7 @@ mod tests {
             task_users: None,
             privileged: None,
             host_network: None,
+            exec: None,
             preemption: Some("later".into()),
             gpu_budget: Some("ignore".into()),
             provider: Some(crate::provider::ProviderInput {

@@ -256,6 +256,17 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Counted<T> {
 #[derive(Debug, Clone)]
 pub struct AgentHost(pub tessera_model::HostId);
 
+/// An agent's stream requests in flight at once: a wait, and an output and an input for
+/// each of its host's streams.
+pub const STREAM_REQUESTS_PER_HOST: usize =
+    2 * tessera_control::streams::relay::MAX_STREAMS_PER_HOST + 2;
+
+/// Whether a request is an agent's for its streams (`/agent/v1/streams/…`): those have a
+/// share per host of their own, and never wait for a sync's slot.
+fn is_stream_route(path: &str) -> bool {
+    path.starts_with("/agent/v1/streams/")
+}
+
 /// Whether a request is a registered agent's (its sync): those have their own budget.
 /// Registration carries only a join token, so it waits with everyone else. The agent API
 /// is POST only: another method waits with everyone else too, and the router answers it
@@ -360,12 +371,25 @@ async fn agent_budget(state: AppState, mut req: Request, next: Next) -> Response
             .into_response();
         }
     };
-    let Some(_turn) = state.agent_hosts.enter(&host) else {
-        return refuse(
-            StatusCode::TOO_MANY_REQUESTS,
-            format!("host {host} has a sync in flight already; one at a time"),
-            Some("1"),
-        );
+    let streams = is_stream_route(req.uri().path());
+    let _turn = if streams {
+        let Some(turn) = state.agent_streams.enter(&host) else {
+            return refuse(
+                StatusCode::TOO_MANY_REQUESTS,
+                format!("host {host} has too many stream requests in flight"),
+                Some("1"),
+            );
+        };
+        turn
+    } else {
+        let Some(turn) = state.agent_hosts.enter(&host) else {
+            return refuse(
+                StatusCode::TOO_MANY_REQUESTS,
+                format!("host {host} has a sync in flight already; one at a time"),
+                Some("1"),
+            );
+        };
+        turn
     };
     // The whole body, within the deadline, before a shared slot is taken.
     let (parts, body) = req.into_parts();
@@ -399,6 +423,10 @@ async fn agent_budget(state: AppState, mut req: Request, next: Next) -> Response
     req = Request::from_parts(parts, axum::body::Body::from(bytes));
     // The handler acts for this host: the token is checked once per sync.
     req.extensions_mut().insert(AgentHost(host));
+    if streams {
+        // Streams wait on clients and never hold a sync's slot.
+        return next.run(req).await;
+    }
     let Ok(_slot) = state.agent_slots.clone().acquire_owned().await else {
         return StatusCode::SERVICE_UNAVAILABLE.into_response();
     };

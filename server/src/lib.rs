@@ -80,6 +80,10 @@ pub struct AppState {
     /// Hosts with a sync in flight: one each.
     #[from_ref(skip)]
     pub agent_hosts: edge::OnePerHost,
+    /// Agents' stream requests (waits, output, input) in flight per host: a host's
+    /// streams never take its sync's turn nor another host's share.
+    #[from_ref(skip)]
+    pub agent_streams: edge::Shares<tessera_model::HostId>,
     /// Addresses whose agent tokens were wrong lately.
     #[from_ref(skip)]
     pub wrong_tokens: edge::WrongTokens,
@@ -161,6 +165,7 @@ impl AppState {
             live_users: edge::Shares::new(limits.live_streams_per_user),
             live_addresses: edge::PerAddress::new(limits.live_streams_per_address),
             agent_hosts: edge::OnePerHost::default(),
+            agent_streams: edge::Shares::new(edge::STREAM_REQUESTS_PER_HOST),
             metrics: metrics::Scrapes::default(),
             wrong_tokens: edge::WrongTokens::default(),
             limits,

@@ -864,3 +864,199 @@ async fn a_consolidation_plan_runs_start_before_stop_on_real_processes() {
     assert_eq!(live_processes(&out).len(), 2);
     a.stop().await;
 }
+
+/// `GET /api/v1/tasks/{id}/logs` with an admin's token: the answer's status and body.
+async fn logs(c: &Cluster, task: &str, query: &str) -> (reqwest::StatusCode, String) {
+    let token = tessera_control::bench::api_token(&c.control, tessera_model::auth::Role::Admin)
+        .await
+        .expect("token");
+    let r = reqwest::Client::new()
+        .get(format!("{}/api/v1/tasks/{task}/logs?{query}", c.url))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("answer");
+    (r.status(), r.text().await.expect("body"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tasks_logs_come_from_its_agent_and_a_follow_gets_each_new_line() {
+    let c = cluster().await;
+    let a = two_tasks_on_a(
+        &c,
+        "i=0; while true; do echo line-$i; echo err-$i >&2; i=$((i+1)); sleep 0.1; done",
+    )
+    .await;
+    let task = tasks(&c, &[TaskState::Running]).await.remove(0);
+    wait_until("a few lines written", || async {
+        logs(&c, &task.id, "").await.1.lines().count() >= 6
+    })
+    .await;
+    let (status, body) = logs(&c, &task.id, "tail=4").await;
+    assert_eq!(status, 200, "{body}");
+    let lines: Vec<&str> = body.lines().collect();
+    assert_eq!(lines.len(), 4, "{body}");
+    assert!(
+        lines.iter().any(|l| l.starts_with("err-")) && lines.iter().any(|l| l.starts_with("line-")),
+        "standard output and error, in the order written: {body}"
+    );
+    // Stamps, and lines since a moment only.
+    let (_, stamped) = logs(&c, &task.id, "tail=1&timestamps=true").await;
+    assert!(
+        stamped.starts_with("20") && stamped.contains("Z "),
+        "{stamped}"
+    );
+    let (_, recent) = logs(&c, &task.id, "since=1s").await;
+    let (_, all) = logs(&c, &task.id, "").await;
+    assert!(recent.lines().count() < all.lines().count(), "{recent}");
+
+    // A follow gets lines written after it began, as they come.
+    let token = tessera_control::bench::api_token(&c.control, tessera_model::auth::Role::Admin)
+        .await
+        .expect("token");
+    let mut follow = reqwest::Client::new()
+        .get(format!(
+            "{}/api/v1/tasks/{}/logs?follow=true&tail=0",
+            c.url, task.id
+        ))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("follow");
+    assert_eq!(follow.status(), 200);
+    let mut got = String::new();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while got.lines().filter(|l| l.starts_with("line-")).count() < 5 {
+            let chunk = follow.chunk().await.expect("chunk").expect("more");
+            got.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("five new lines within 10 s; got {got:?}"));
+    let numbers: Vec<u32> = got
+        .lines()
+        .filter_map(|l| l.strip_prefix("line-")?.parse().ok())
+        .collect();
+    assert!(numbers.windows(2).all(|w| w[1] == w[0] + 1), "{numbers:?}");
+
+    // No such task: 404. A bad parameter: 422, naming it.
+    assert_eq!(logs(&c, "no-such-task", "").await.0, 404);
+    let (status, body) = logs(&c, &task.id, "since=yesterday").await;
+    assert_eq!(status, 422, "{body}");
+    assert!(body.contains("since"), "{body}");
+
+    // The agent gone, the host lost: the logs say so instead of waiting.
+    a.kill();
+    wait_until("host a lost", || async {
+        c.control
+            .store()
+            .get_host(&host("a"))
+            .await
+            .expect("host")
+            .status
+            == HostStatus::Lost
+    })
+    .await;
+    let (status, body) = logs(&c, &task.id, "").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("tessera: host a cannot be reached"), "{body}");
+}
+
+/// Runs `tessera exec ARGS` against the cluster with an operator's token and `stdin`;
+/// its exit code, standard output and standard error.
+async fn tessera_exec(c: &Cluster, args: &[&str], stdin: &str) -> (i32, String, String) {
+    use tokio::io::AsyncWriteExt;
+    let token = tessera_control::bench::api_token(&c.control, tessera_model::auth::Role::Admin)
+        .await
+        .expect("token");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .arg("exec")
+        .args(args)
+        .env("TESSERA_CONFIG_DIR", c.dir.path().join("no-login"))
+        .env("TESSERA_URL", &c.url)
+        .env("TESSERA_TOKEN", token)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("tessera");
+    let mut input = child.stdin.take().expect("stdin");
+    input.write_all(stdin.as_bytes()).await.expect("typed");
+    drop(input);
+    let out = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+        .await
+        .expect("exec ends within 30 s")
+        .expect("output");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_runs_in_the_task_where_its_pool_allows_it() {
+    let c = cluster().await;
+    let a = two_tasks_on_a(&c, "sleep 300").await;
+    let task = tasks(&c, &[TaskState::Running]).await.remove(0);
+    // The pool does not allow it (the default).
+    let (code, _, err) = tessera_exec(&c, &[&task.id, "--", "true"], "").await;
+    assert_ne!(code, 0);
+    assert!(err.contains("does not allow commands"), "{err}");
+    c.control
+        .deployments()
+        .update_pool(
+            &PoolName::new("gpu").expect("valid"),
+            &tessera_model::api::PoolPatch {
+                exec: Some(true),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("exec allowed");
+
+    // A command: in the task's environment, its exit code the command's.
+    let (code, out, err) = tessera_exec(
+        &c,
+        &[
+            &task.id,
+            "--",
+            "sh",
+            "-c",
+            "echo out=$OUT; echo oops >&2; exit 3",
+        ],
+        "",
+    )
+    .await;
+    assert_eq!(code, 3, "{out} {err}");
+    assert!(
+        out.contains(&format!("out={}", c.dir.path().join("out").display())),
+        "{out}"
+    );
+    assert!(out.contains("oops"), "standard error comes too: {out}");
+
+    // Interactive, on a terminal of its own.
+    let (code, out, err) = tessera_exec(
+        &c,
+        &["-it", &task.id, "--", "sh"],
+        "tty\necho typed-$((40+2))\nexit 5\n",
+    )
+    .await;
+    assert_eq!(code, 5, "{out} {err}");
+    assert!(out.contains("/dev/pts/"), "{out}");
+    assert!(out.contains("typed-42"), "{out}");
+
+    // Input piped in without a terminal.
+    let (code, out, _) = tessera_exec(&c, &["-i", &task.id, "--", "wc", "-l"], "a\nb\nc\n").await;
+    assert_eq!((code, out.trim()), (0, "3"));
+
+    // Bad input: no such task, no such container.
+    let (code, _, err) = tessera_exec(&c, &["no-such-task", "--", "true"], "").await;
+    assert_ne!(code, 0);
+    assert!(err.contains("no task"), "{err}");
+    let (code, _, err) =
+        tessera_exec(&c, &["--container", "other", &task.id, "--", "true"], "").await;
+    assert_ne!(code, 0);
+    assert!(err.contains("no container \"other\""), "{err}");
+    a.stop().await;
+}

@@ -5,6 +5,7 @@
 
 mod client;
 mod config;
+mod streams;
 mod sync;
 
 pub use config::{AgentConfig, ContainerRuntime, Isolation, primary_address};
@@ -363,7 +364,21 @@ impl Agent {
         // A health verdict that changes is told at once (endpoints follow it), not at the
         // next interval.
         let health_changed = self.runtime.health_changes();
-        loop {
+        // Streams (logs, exec) go over connections of their own, to the server synced with.
+        let (link_tx, link_rx) = tokio::sync::watch::channel(None);
+        let (live_tx, live_rx) = tokio::sync::watch::channel(self.runtime.task_ids());
+        let (exec_tx, mut exec_rx) = tokio::sync::mpsc::channel(16);
+        let channel = tokio::spawn(
+            streams::Channel {
+                http: self.http.clone(),
+                link: link_rx,
+                tasks_dir: self.runtime.tasks_dir().to_owned(),
+                live: live_rx,
+                execs: exec_tx,
+            }
+            .run(),
+        );
+        'syncs: loop {
             let wait = match &creds {
                 None => match self.register().await {
                     Ok(c) => {
@@ -394,6 +409,18 @@ impl Agent {
                         Ok(answer) => {
                             backoff = Duration::from_secs(1);
                             failures = 0;
+                            let link = streams::Link {
+                                server: self.servers[self.current]
+                                    .as_str()
+                                    .trim_end_matches('/')
+                                    .to_owned(),
+                                token: c.agent_token.clone(),
+                            };
+                            link_tx.send_if_modified(|now| {
+                                let changed = now.as_ref() != Some(&link);
+                                *now = Some(link);
+                                changed
+                            });
                             interval =
                                 Duration::from_secs(u64::from(answer.sync_interval_secs.max(1)));
                             jitter(interval)
@@ -406,6 +433,7 @@ impl Agent {
                                 "the server refused this agent's token; registering again with the join token"
                             );
                             creds = None;
+                            link_tx.send_replace(None);
                             // At once: the host is silent to the server until it rejoins.
                             Duration::ZERO
                         }
@@ -430,12 +458,27 @@ impl Agent {
                     tracing::info!(removed, "removed log directories of old tasks");
                 }
             }
-            tokio::select! {
-                _ = &mut shutdown => break,
-                _ = tokio::time::sleep(wait) => {}
-                _ = health_changed.notified(), if creds.is_some() && failures == 0 => {}
+            live_tx.send_if_modified(|live| {
+                let now = self.runtime.task_ids();
+                let changed = *live != now;
+                *live = now;
+                changed
+            });
+            let sleep = tokio::time::sleep(wait);
+            tokio::pin!(sleep);
+            loop {
+                tokio::select! {
+                    _ = &mut shutdown => break 'syncs,
+                    _ = &mut sleep => break,
+                    _ = health_changed.notified(), if creds.is_some() && failures == 0 => break,
+                    Some(ask) = exec_rx.recv() => {
+                        let started = self.runtime.exec(&ask.task_id, &ask.request);
+                        let _ = ask.reply.send(started);
+                    }
+                }
             }
         }
+        channel.abort();
         if self.config.stop_tasks_on_exit {
             self.runtime.stop_all().await;
         }

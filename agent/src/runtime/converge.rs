@@ -44,6 +44,8 @@ impl Runtime {
                     t.ports = w.bound_ports.clone();
                 }
                 t.work.clone_from(&w.work);
+                // What a command run in it starts with (its environment, its user).
+                t.spec = Some(w.clone());
             }
             if !self.tasks.contains_key(&w.task_id) && !self.ended.contains_key(&w.task_id) {
                 // A draining task is on its way out: one that is not running is not

@@ -64,6 +64,8 @@ pub(crate) struct CappedLog {
     file: Option<tokio::fs::File>,
     written: u64,
     group: Option<u32>,
+    /// The next byte starts a line, which gets its stamp first.
+    at_line_start: bool,
 }
 
 impl CappedLog {
@@ -74,6 +76,7 @@ impl CappedLog {
             file: None,
             written: 0,
             group: None,
+            at_line_start: true,
         }
     }
 
@@ -102,7 +105,33 @@ impl CappedLog {
         Ok(())
     }
 
-    pub(crate) async fn write(&mut self, mut chunk: &[u8]) -> std::io::Result<()> {
+    /// Writes `chunk`, each line that starts in it stamped with the time it was read
+    /// ([`super::log_read::stamp`]).
+    pub(crate) async fn write(&mut self, chunk: &[u8]) -> std::io::Result<()> {
+        let stamp = super::log_read::stamp(super::log_read::now());
+        let mut out = Vec::with_capacity(chunk.len() + stamp.len());
+        let mut rest = chunk;
+        while !rest.is_empty() {
+            if self.at_line_start {
+                out.extend_from_slice(stamp.as_bytes());
+                self.at_line_start = false;
+            }
+            match rest.iter().position(|b| *b == b'\n') {
+                Some(i) => {
+                    out.extend_from_slice(&rest[..=i]);
+                    rest = &rest[i + 1..];
+                    self.at_line_start = true;
+                }
+                None => {
+                    out.extend_from_slice(rest);
+                    rest = &[];
+                }
+            }
+        }
+        self.write_raw(&out).await
+    }
+
+    async fn write_raw(&mut self, mut chunk: &[u8]) -> std::io::Result<()> {
         if self.file.is_none() {
             self.open().await?;
         }
@@ -199,6 +228,10 @@ fn tail_lines(path: &Path, n: usize) -> String {
         bytes = before;
     }
     let text = String::from_utf8_lossy(&bytes);
-    let lines: Vec<&str> = text.trim_end_matches('\n').lines().collect();
+    let lines: Vec<&str> = text
+        .trim_end_matches('\n')
+        .lines()
+        .map(|l| super::log_read::unstamped(l).1)
+        .collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
 }

@@ -28,8 +28,11 @@ pub mod cgroup;
 mod confine;
 mod converge;
 pub mod docker;
+pub mod exec;
 mod health;
 mod identity;
+pub(crate) mod log_read;
+pub use log_read::{read_log, unstamped_text};
 mod logs;
 mod oom;
 mod ports;
@@ -158,6 +161,16 @@ struct Ended {
 pub const DEFAULT_PIDS_MAX: u64 = 4096;
 
 impl Runtime {
+    /// The tasks this runtime has (running, or ending while their output is copied).
+    pub fn task_ids(&self) -> BTreeSet<String> {
+        self.tasks.keys().cloned().collect()
+    }
+
+    /// Where each task's directory (and its logs) is.
+    pub fn tasks_dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// Tasks run as this user and group (the agent must be root to switch), from `/` so
     /// that they need no access to the agent's directories. `task_uids` takes precedence.
     pub fn run_as(mut self, uid: u32, gid: u32) -> Self {

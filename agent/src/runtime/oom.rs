@@ -71,7 +71,9 @@ fn gpu_line(log: &Path) -> Option<String> {
             GPU_SIGNS.iter().any(|s| l.contains(s))
         })
         .map(|l| {
-            l.trim()
+            super::log_read::unstamped(l)
+                .1
+                .trim()
                 .chars()
                 .filter(|c| !c.is_control())
                 .take(LINE_CHARS)

@@ -123,6 +123,7 @@ impl Runtime {
             ports: Vec::new(),
             checkers: Vec::new(),
             wanted: None,
+            spec: Some(w.clone()),
             waiting: Vec::new(),
             optional: w
                 .containers

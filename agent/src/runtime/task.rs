@@ -122,6 +122,9 @@ pub(super) struct Task {
     pub(super) checkers: Vec<health::Checker>,
     /// What the server asked for, while some containers wait for others (`depends_on`).
     pub(super) wanted: Option<WantedTask>,
+    /// What the server last said it runs (for commands run in it: its environment, its
+    /// containers); learnt again from every answer, so a re-adopted task has it too.
+    pub(super) spec: Option<WantedTask>,
     /// Containers not started yet, by index, waiting for their dependencies.
     pub(super) waiting: Vec<usize>,
     /// Names of its containers that are not essential: their exit does not end it.

@@ -97,7 +97,7 @@ async fn exits_are_reported_with_their_code_until_heard() {
     rt.converge(&[]);
     assert!(rt.reports().is_empty());
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let log = std::fs::read_to_string(dir.path().join("tasks/t1/main.log")).expect("log");
+    let log = super::read_log(dir.path().join("tasks/t1/main.log")).expect("log");
     assert_eq!(log, "hello\n");
 }
 
@@ -242,7 +242,7 @@ async fn secrets_reach_the_process_but_not_the_state_file() {
     rt.converge(std::slice::from_ref(&w));
     until(&mut rt, |rt| rt.running_count() == 0).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let log = std::fs::read_to_string(dir.path().join("tasks/s1/main.log")).expect("log");
+    let log = super::read_log(dir.path().join("tasks/s1/main.log")).expect("log");
     assert_eq!(log, "db=hunter2-x\n");
     let state = std::fs::read_to_string(dir.path().join("runtime.json")).expect("state");
     assert!(!state.contains("hunter2"), "{state}");
@@ -340,7 +340,7 @@ async fn a_container_image_is_not_run_as_a_process() {
     until(&mut rt, |rt| rt.running_count() == 0).await;
     assert_eq!(rt.reports()[0].exit_code, Some(127));
     assert_eq!(marked(dir.path(), "t"), 0, "no process started");
-    let log = std::fs::read_to_string(dir.path().join("tasks/t/main.err.log")).expect("log");
+    let log = super::read_log(dir.path().join("tasks/t/main.err.log")).expect("log");
     assert!(log.contains("images need a container runtime"), "{log}");
 }
 
@@ -548,6 +548,7 @@ fn remembered(pgid: i32, born: Option<u64>) -> Task {
         ports: Vec::new(),
         checkers: Vec::new(),
         wanted: None,
+        spec: None,
         waiting: Vec::new(),
         optional: BTreeSet::new(),
         resumed_health: None,
@@ -833,8 +834,7 @@ async fn attack_a_task_reads_another_tasks_environment_logs_and_files() {
     let victim_log = victim_dir.join("main.log");
     let own_file = victim_dir.join(WORK_DIR).join("own-file");
     until(&mut rt, |_| {
-        std::fs::read_to_string(&victim_log).is_ok_and(|s| s.contains("token="))
-            && own_file.exists()
+        super::read_log(&victim_log).is_ok_and(|s| s.contains("token=")) && own_file.exists()
     })
     .await;
     let victim_pid = rt.processes()[0].pids[0];
@@ -861,7 +861,7 @@ async fn attack_a_task_reads_another_tasks_environment_logs_and_files() {
     let thief_dir = dir.path().join("tasks/thief");
     let out = ["main.log", "main.err.log"]
         .iter()
-        .map(|f| std::fs::read_to_string(thief_dir.join(f)).unwrap_or_default())
+        .map(|f| super::read_log(thief_dir.join(f)).unwrap_or_default())
         .collect::<Vec<_>>()
         .join("");
     println!(
@@ -986,8 +986,7 @@ async fn attack_a_fork_bomb_and_a_memory_hog_are_held_by_their_cgroup_limits() {
             .unwrap_or_default()
             .lines()
             .count();
-        let err =
-            std::fs::read_to_string(dir.path().join("tasks/bomb/main.err.log")).unwrap_or_default();
+        let err = super::read_log(dir.path().join("tasks/bomb/main.err.log")).unwrap_or_default();
         println!(
             "tried: a shell starting 64 processes under a limit of 16; held: {count} started, then: {}",
             err.trim()
@@ -1213,12 +1212,12 @@ async fn attack_mps_tasks_share_their_gpus_uid_and_cannot_reach_another_gpus_pip
     }
     let log = dir.path().join("state/tasks/mps-a/main.log");
     for _ in 0..100 {
-        if std::fs::read_to_string(&log).is_ok_and(|l| !l.is_empty()) {
+        if super::read_log(&log).is_ok_and(|l| !l.is_empty()) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let said = std::fs::read_to_string(&log).expect("its output");
+    let said = super::read_log(&log).expect("its output");
     println!(
         "tried: a task of GPU 1 enters GPU 2's pipe directory; held: {}",
         said.trim()

@@ -108,10 +108,11 @@ fn PoolForm(
     let admission = RwSignal::new(pool.admission.as_str().to_owned());
     let preemption = RwSignal::new(pool.preemption.as_str().to_owned());
     let budget = RwSignal::new(pool.gpu_budget.as_str().to_owned());
-    let (task_users, privileged, host_network) = (
+    let (task_users, privileged, host_network, exec) = (
         RwSignal::new(pool.task_users),
         RwSignal::new(pool.privileged),
         RwSignal::new(pool.host_network),
+        RwSignal::new(pool.exec),
     );
     let local = RwSignal::new(Vec::<FieldError>::new());
     let errors = Signal::derive(move || {
@@ -169,6 +170,7 @@ fn PoolForm(
             task_users: Some(task_users.get_untracked()),
             privileged: Some(privileged.get_untracked()),
             host_network: Some(host_network.get_untracked()),
+            exec: Some(exec.get_untracked()),
             preemption: Some(preemption.get_untracked()),
             gpu_budget: Some(budget.get_untracked()),
             provider: None,
@@ -216,6 +218,7 @@ fn PoolForm(
             {flag("tasks may name their user", "task_users", task_users)}
             {flag("privileged containers", "privileged", privileged)}
             {flag("host network and NET_RAW/NET_ADMIN", "host_network", host_network)}
+            {flag("operators may run commands in tasks (exec)", "exec", exec)}
             <button type="submit" class="primary">"Save pool settings"</button>
         </form>
     }

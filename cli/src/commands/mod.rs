@@ -8,6 +8,7 @@ pub(super) mod hosts;
 pub(super) mod join_tokens;
 pub(super) mod pools;
 pub(super) mod session;
+pub(super) mod streams;
 
 use serde::Serialize;
 

@@ -17,6 +17,7 @@ use crate::projects::Projects;
 use crate::providers::Providers;
 use crate::scheduler::Scheduler;
 use crate::store::Store;
+use crate::streams::TaskStreams;
 use crate::views::Views;
 use crate::work::InterferenceModel;
 use std::sync::Arc;
@@ -51,6 +52,8 @@ pub struct Control {
     /// Webhooks and the delivery of notices to them (sent at least once, by whichever
     /// server holds the lease).
     notifications: Notifications,
+    /// Logs and exec: the relay to agents (this server's streams).
+    streams: TaskStreams,
 }
 
 impl Control {
@@ -88,6 +91,7 @@ impl Control {
         Control {
             providers,
             notifications: Notifications::new(store.clone(), core.clone()),
+            streams: TaskStreams::new(store.clone()),
             projects: Projects::new(store.clone(), core.clone(), accounts.clone(), views.clone()),
             accounts,
             agents,
@@ -136,6 +140,7 @@ impl Control {
         Control {
             providers,
             notifications: self.notifications.with_store(store.clone(), core.clone()),
+            streams: self.streams.with_store(store.clone()),
             projects: self.projects.with_store(
                 store.clone(),
                 core.clone(),
@@ -150,6 +155,11 @@ impl Control {
             store,
             core,
         }
+    }
+
+    /// Tasks' logs and commands run in them.
+    pub fn streams(&self) -> &TaskStreams {
+        &self.streams
     }
 
     /// Operators' accounts: users, API tokens, console sessions, the audit log.

@@ -73,6 +73,7 @@ impl Deployments {
             task_users: Some(patch.task_users.unwrap_or(pool.task_users)),
             privileged: Some(patch.privileged.unwrap_or(pool.privileged)),
             host_network: Some(patch.host_network.unwrap_or(pool.host_network)),
+            exec: Some(patch.exec.unwrap_or(pool.exec)),
             preemption: Some(
                 patch
                     .preemption

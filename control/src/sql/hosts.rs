@@ -9,13 +9,13 @@ use crate::store::JoinTokenUse;
 impl HostStore for This {
     async fn upsert_pool(&self, pool: &PoolInfo) -> Result<(), StoreError> {
         self.write_one(sqlx::query(
-            "INSERT INTO pools (name, policy, compute_overcommit, mps_client_limit, admission, task_users, privileged, preemption, host_network, gpu_budget, provider)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+            "INSERT INTO pools (name, policy, compute_overcommit, mps_client_limit, admission, task_users, privileged, preemption, host_network, gpu_budget, provider, exec)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
              ON CONFLICT (name) DO UPDATE SET policy = excluded.policy,
                  compute_overcommit = excluded.compute_overcommit, mps_client_limit = excluded.mps_client_limit,
                  admission = excluded.admission, task_users = excluded.task_users, privileged = excluded.privileged,
                  preemption = excluded.preemption, host_network = excluded.host_network,
-                 gpu_budget = excluded.gpu_budget, provider = excluded.provider",
+                 gpu_budget = excluded.gpu_budget, provider = excluded.provider, exec = excluded.exec",
         )
         .bind(pool.name.as_str())
         .bind(pool.policy.as_str())
@@ -28,6 +28,7 @@ impl HostStore for This {
         .bind(i64::from(pool.host_network))
         .bind(pool.gpu_budget.as_str())
         .bind(pool.provider.as_ref().map(|p| serde_json::to_string(p).expect("a provider serializes")))
+        .bind(i64::from(pool.exec))
         )
         .await?;
         Ok(())

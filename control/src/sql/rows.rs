@@ -2,7 +2,7 @@
 //! the small helpers every aggregate's queries share.
 use super::*;
 
-pub(super) const POOL_COLUMNS: &str = "name, policy, compute_overcommit, mps_client_limit, admission, task_users, privileged, preemption, host_network, gpu_budget, provider";
+pub(super) const POOL_COLUMNS: &str = "name, policy, compute_overcommit, mps_client_limit, admission, task_users, privileged, preemption, host_network, gpu_budget, provider, exec";
 
 pub(super) const HOST_COLUMNS: &str = "id, pool, status, simulated, cpu_milli, memory_mib, labels, status_reason, last_seen_at, mps_restarts, address, dynamic_ports_free, held, pending_gpus, capabilities, provider_id";
 
@@ -54,6 +54,7 @@ pub(super) fn pool_from_row(row: &DbRow) -> Result<PoolInfo, StoreError> {
         task_users: row.try_get::<i64, _>("task_users")? != 0,
         privileged: row.try_get::<i64, _>("privileged")? != 0,
         host_network: row.try_get::<i64, _>("host_network")? != 0,
+        exec: row.try_get::<i64, _>("exec")? != 0,
         preemption: parse::<tessera_model::PreemptionMode>(
             "pool preemption",
             row.try_get("preemption")?,

@@ -95,6 +95,12 @@ bundle!(
     NotifyStore: WebhookStore
 );
 
+bundle!(
+    /// What logs and exec read: tasks (their hosts and stored last lines), hosts, pools
+    /// (whether exec is allowed), services (their projects).
+    StreamsStore: TaskStore HostStore ServiceStore
+);
+
 /// Everything the control plane persists, one trait per aggregate. Callers hold an `Arc<dyn Store>`;
 /// a backend implements the parts and gets this for free.
 pub trait Store:
@@ -117,6 +123,7 @@ pub trait Store:
     + DeploymentStore
     + ProvidersStore
     + NotifyStore
+    + StreamsStore
     + CoreStore
 {
 }

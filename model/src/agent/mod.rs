@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 mod sanitize;
+pub mod streams;
 
 pub use crate::inventory::{Capability, HostCapabilities};
 

@@ -24,6 +24,7 @@ pub use crate::error::{FieldError, ValidationErrors};
 pub use ecs::to_ecs_json;
 pub use rules::FAMILY_PATTERN;
 pub(crate) use rules::kind;
+pub use rules::valid_name as valid_container_name;
 pub use security::{CAPABILITIES, ContainerSecurity, UNPRIVILEGED_CAPABILITIES};
 pub use spec::*;
 

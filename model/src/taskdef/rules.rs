@@ -138,7 +138,8 @@ pub(super) fn join(prefix: &str, key: &str) -> String {
     }
 }
 
-pub(super) fn valid_name(s: &str) -> bool {
+/// A family or container name: letters, digits, `-` and `_`, 1 to 255 of them.
+pub fn valid_name(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 255
         && s.chars()

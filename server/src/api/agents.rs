@@ -47,17 +47,27 @@ pub async fn agent_sync(
     Body(req): Body<SyncRequest>,
 ) -> Result<Json<SyncResponse>, ApiError> {
     let started = std::time::Instant::now();
-    let host = match checked {
+    let host = agent_of(&state, checked, &headers).await?;
+    let answer = state.control.agents().sync_agent(&host, &req).await?;
+    metrics::histogram!("tessera_agent_sync_seconds").record(started.elapsed().as_secs_f64());
+    Ok(Json(answer))
+}
+
+/// The host an agent's request acts for: the one the edge checked its token for, else
+/// (no edge in front) its token checked here.
+pub(super) async fn agent_of(
+    state: &AppState,
+    checked: Option<axum::Extension<crate::edge::AgentHost>>,
+    headers: &HeaderMap,
+) -> Result<tessera_model::HostId, ApiError> {
+    Ok(match checked {
         Some(axum::Extension(crate::edge::AgentHost(host))) => host,
         None => {
             state
                 .control
                 .agents()
-                .authenticate_agent(bearer(&headers)?)
+                .authenticate_agent(bearer(headers)?)
                 .await?
         }
-    };
-    let answer = state.control.agents().sync_agent(&host, &req).await?;
-    metrics::histogram!("tessera_agent_sync_seconds").record(started.elapsed().as_secs_f64());
-    Ok(Json(answer))
+    })
 }

@@ -17,6 +17,7 @@ pub mod notify;
 pub mod openapi;
 pub mod projects;
 pub mod session;
+pub mod streams;
 pub mod strict;
 pub mod workloads;
 
@@ -187,6 +188,12 @@ pub fn routes() -> Routes {
         .route(routes!(crate::api::session::list_audit))
         .route(routes!(agent_register))
         .route(routes!(agent_sync))
+        .route(routes!(streams::task_logs))
+        .route(routes!(streams::task_exec))
+        .route(routes!(streams::agent_stream_wait))
+        .route(routes!(streams::agent_stream_output))
+        .route(routes!(streams::agent_stream_end))
+        .route(routes!(streams::agent_stream_input))
 }
 
 /// Liveness plus a store round trip, so a broken database shows as unhealthy.

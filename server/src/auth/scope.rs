@@ -103,6 +103,14 @@ pub(super) async fn check(
                 let project = given.as_deref().unwrap_or(DEFAULT_PROJECT);
                 tessera_model::project::may_put_in(caller, project).map_err(ApiError::Forbidden)?;
             }
+            Scope::Task(argument) => {
+                let id = given.ok_or_else(|| {
+                    ApiError::BadRequest(format!("{argument} must name the task acted on"))
+                })?;
+                let project = control.streams().project_of_task(&id).await?;
+                tessera_model::project::may_act_in(caller, &project, needed)
+                    .map_err(ApiError::Forbidden)?;
+            }
             Scope::MovedInto(_) => {
                 if let Some(project) = given {
                     tessera_model::project::may_put_in(caller, &project)

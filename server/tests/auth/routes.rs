@@ -60,7 +60,7 @@ fn declarations_keep_the_rules_of_who_may_do_what() {
             let names_it = d.scope.iter().any(|s| match s {
                 Scope::Service(a) => a == "{name}",
                 Scope::Into(a) => path == "/api/v1/services" && a == "project",
-                Scope::MovedInto(_) => false,
+                Scope::MovedInto(_) | Scope::Task(_) => false,
             });
             assert!(
                 names_it,
@@ -446,8 +446,34 @@ async fn every_operation_in_a_project_is_checked_in_the_project_it_names() {
         .cloned()
         .collect();
     assert!(rest.len() >= 3, "services' changes are in their project");
+    // A task of r1, for the operations on a task (`{id}`: its logs, exec).
+    c.control
+        .deployments()
+        .update_service(
+            "r1",
+            &tessera_model::api::ServicePatch {
+                desired_count: Some(1),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("scaled");
+    c.control.reconcile_once().await.expect("a pass");
+    let r1_task = c
+        .control
+        .store()
+        .list_tasks(&tessera_control::store::TaskFilter {
+            service: Some("r1".into()),
+            ..Default::default()
+        })
+        .await
+        .expect("tasks")
+        .first()
+        .expect("a task of r1")
+        .id
+        .clone();
     let rest_request = |r: &tessera_server::auth::RouteRule| {
-        let uri = r.path.replace("{name}", "r1");
+        let uri = r.path.replace("{name}", "r1").replace("{id}", &r1_task);
         let mut body = serde_json::Map::new();
         for s in r.declared.scope.iter() {
             if s.path_parameter().is_none() {

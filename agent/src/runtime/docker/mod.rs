@@ -14,6 +14,7 @@
 mod boxed;
 mod launch;
 
+mod exec;
 pub use boxed::{Boxed, LogFiles};
 pub use launch::{Launch, docker_name};
 

@@ -1,0 +1,349 @@
+//! The agent's side of streams (a task's logs, commands run in it): it waits for orders
+//! on the server it syncs with, and serves each in a task of its own, sending what it
+//! reads and asking for what the client typed. Every connection is the agent's: a host
+//! behind NAT or a firewall that lets it sync is reachable for logs and exec too.
+
+use crate::runtime::exec::Exec;
+use crate::runtime::log_read::{LogReader, NO_LOGS};
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+use tessera_model::agent::streams::{
+    ExecRequest, LogRequest, StreamEnd, StreamInput, StreamKind, StreamOrder, StreamOrders,
+};
+use tessera_model::limits::streams::MAX_CHUNK_BYTES;
+use tokio::sync::{mpsc, oneshot, watch};
+
+/// How often a follow looks at its files.
+const FOLLOW_EVERY: Duration = Duration::from_millis(100);
+/// A quiet follow says it is still there this often (the server gives up on one silent
+/// for 20 s).
+const HEARTBEAT: Duration = Duration::from_secs(5);
+
+/// The server the agent syncs with and its token there.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Link {
+    pub(crate) server: String,
+    pub(crate) token: String,
+}
+
+/// A command to start in a task: the runtime (which owns the tasks) starts it and
+/// answers.
+pub(crate) struct ExecAsk {
+    pub(crate) task_id: String,
+    pub(crate) request: ExecRequest,
+    pub(crate) reply: oneshot::Sender<Result<Exec, String>>,
+}
+
+/// The stream side of an agent.
+pub(crate) struct Channel {
+    pub(crate) http: reqwest::Client,
+    pub(crate) link: watch::Receiver<Option<Link>>,
+    /// Where the tasks' directories (and their logs) are.
+    pub(crate) tasks_dir: PathBuf,
+    /// The tasks this host runs (or whose output is still being copied).
+    pub(crate) live: watch::Receiver<BTreeSet<String>>,
+    pub(crate) execs: mpsc::Sender<ExecAsk>,
+}
+
+/// Why a stream stops sending: the server said it is closed, or cannot be reached.
+struct Stop;
+
+/// One stream's way to its server.
+#[derive(Clone)]
+struct Outlet {
+    http: reqwest::Client,
+    link: Link,
+    id: String,
+}
+
+impl Outlet {
+    fn url(&self, what: &str) -> String {
+        format!("{}/agent/v1/streams/{}/{what}", self.link.server, self.id)
+    }
+
+    /// Sends `bytes` (in pieces of at most [`MAX_CHUNK_BYTES`]); empty: a heartbeat.
+    async fn send(&self, bytes: &[u8]) -> Result<(), Stop> {
+        let pieces: Vec<&[u8]> = if bytes.is_empty() {
+            vec![bytes]
+        } else {
+            bytes.chunks(MAX_CHUNK_BYTES).collect()
+        };
+        for piece in pieces {
+            let answer = self
+                .http
+                .post(self.url("output"))
+                .bearer_auth(&self.link.token)
+                .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
+                .body(piece.to_vec())
+                .timeout(Duration::from_secs(30))
+                .send()
+                .await;
+            match answer {
+                Ok(r) if r.status().is_success() => {}
+                _ => return Err(Stop),
+            }
+        }
+        Ok(())
+    }
+
+    async fn send_lines(&self, lines: Vec<String>) -> Result<(), Stop> {
+        if lines.is_empty() {
+            return Ok(());
+        }
+        self.send(lines.concat().as_bytes()).await
+    }
+
+    async fn end(&self, reason: String, exit_code: Option<i32>, failed: bool) {
+        let _ = self
+            .http
+            .post(self.url("end"))
+            .bearer_auth(&self.link.token)
+            .json(&StreamEnd {
+                reason,
+                exit_code,
+                failed,
+            })
+            .timeout(Duration::from_secs(30))
+            .send()
+            .await;
+    }
+
+    /// What the client typed since the last ask (waits up to about 20 s).
+    async fn input(&self) -> Result<StreamInput, Stop> {
+        let answer = self
+            .http
+            .post(self.url("input"))
+            .bearer_auth(&self.link.token)
+            .timeout(Duration::from_secs(40))
+            .send()
+            .await;
+        match answer {
+            Ok(r) if r.status().is_success() => r.json().await.map_err(|_| Stop),
+            Ok(r) if r.status() == reqwest::StatusCode::GONE => Err(Stop),
+            // The server is busy or restarting: ask again soon.
+            Ok(_) | Err(_) => {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                Ok(StreamInput::default())
+            }
+        }
+    }
+}
+
+/// A task id that is a plain name (it becomes a directory's).
+fn plain_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 128
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+}
+
+impl Channel {
+    /// Waits for orders and serves them, until the agent stops (the task is aborted).
+    pub(crate) async fn run(mut self) {
+        loop {
+            let Some(link) = self.link.borrow_and_update().clone() else {
+                if self.link.changed().await.is_err() {
+                    return;
+                }
+                continue;
+            };
+            let answer = self
+                .http
+                .post(format!("{}/agent/v1/streams/wait", link.server))
+                .bearer_auth(&link.token)
+                .timeout(Duration::from_secs(40))
+                .send()
+                .await;
+            let orders = match answer {
+                Ok(r) if r.status().is_success() => r.json::<StreamOrders>().await.ok(),
+                Ok(r) if r.status() == reqwest::StatusCode::NOT_FOUND => {
+                    // A server without streams (older): ask again much later.
+                    tracing::debug!("the server has no stream orders to give");
+                    tokio::time::sleep(Duration::from_secs(60)).await;
+                    None
+                }
+                _ => None,
+            };
+            let Some(orders) = orders else {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                continue;
+            };
+            for order in orders.orders {
+                let outlet = Outlet {
+                    http: self.http.clone(),
+                    link: link.clone(),
+                    id: order.id.clone(),
+                };
+                tokio::spawn(self.serve(order, outlet));
+            }
+        }
+    }
+
+    fn serve(&self, order: StreamOrder, outlet: Outlet) -> impl Future<Output = ()> + use<> {
+        let dir = self.tasks_dir.join(&order.task_id);
+        let live = self.live.clone();
+        let execs = self.execs.clone();
+        async move {
+            if !plain_id(&order.task_id) {
+                outlet
+                    .end(format!("{:?} is not a task id", order.task_id), None, true)
+                    .await;
+                return;
+            }
+            tracing::info!(stream = %order.id, task = %order.task_id, kind = ?std::mem::discriminant(&order.kind), "stream opened");
+            match order.kind {
+                StreamKind::Logs(request) => {
+                    serve_logs(outlet, order.task_id, dir, request, live).await
+                }
+                StreamKind::Exec(request) => {
+                    serve_exec(outlet, order.task_id, request, execs).await
+                }
+            }
+        }
+    }
+}
+
+/// Sends the lines `request` asks for; with `follow`, each new one until the task has
+/// ended and its output is read, or the client has gone.
+async fn serve_logs(
+    outlet: Outlet,
+    task_id: String,
+    dir: PathBuf,
+    request: LogRequest,
+    live: watch::Receiver<BTreeSet<String>>,
+) {
+    let follow = request.follow;
+    let opened = tokio::task::spawn_blocking(move || {
+        LogReader::open(&dir, &request).map(|mut r| {
+            let lines = r.history();
+            (r, lines)
+        })
+    })
+    .await;
+    let (mut reader, lines) = match opened {
+        Ok(Ok(found)) => found,
+        Ok(Err(why)) => return outlet.end(why, None, true).await,
+        Err(_) => return outlet.end(NO_LOGS.into(), None, true).await,
+    };
+    if outlet.send_lines(lines).await.is_err() {
+        return;
+    }
+    if !follow {
+        return outlet.end("the end of its logs".into(), None, false).await;
+    }
+    let mut said = Instant::now();
+    loop {
+        tokio::time::sleep(FOLLOW_EVERY).await;
+        let running = live.borrow().contains(&task_id);
+        let lines = reader.more(!running);
+        if !lines.is_empty() {
+            if outlet.send_lines(lines).await.is_err() {
+                return;
+            }
+            said = Instant::now();
+        } else if said.elapsed() >= HEARTBEAT {
+            if outlet.send(&[]).await.is_err() {
+                return;
+            }
+            said = Instant::now();
+        }
+        if !running {
+            return outlet
+                .end(format!("task {task_id} has ended"), None, false)
+                .await;
+        }
+    }
+}
+
+/// Runs a command in the task: its output to the client, the client's input to it, and
+/// its exit code at the end.
+async fn serve_exec(
+    outlet: Outlet,
+    task_id: String,
+    request: ExecRequest,
+    execs: mpsc::Sender<ExecAsk>,
+) {
+    let (reply, answer) = oneshot::channel();
+    let asked = execs
+        .send(ExecAsk {
+            task_id: task_id.clone(),
+            request: request.clone(),
+            reply,
+        })
+        .await;
+    let started = match (asked, answer.await) {
+        (Ok(()), Ok(started)) => started,
+        _ => Err("the agent is stopping".into()),
+    };
+    let mut exec = match started {
+        Ok(exec) => exec,
+        Err(why) => return outlet.end(why, None, true).await,
+    };
+    tracing::info!(stream = %outlet.id, task = %task_id, program = %request.command[0], tty = request.tty, "exec started");
+    // The client's input, asked for while the command runs.
+    let typing = {
+        let outlet = outlet.clone();
+        let input = exec.input.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok(got) = outlet.input().await else {
+                    return;
+                };
+                for piece in got.pieces {
+                    if input.send(piece).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        })
+    };
+    let mut said = Instant::now();
+    let mut gone = false;
+    loop {
+        match tokio::time::timeout(HEARTBEAT, exec.output.recv()).await {
+            Ok(Some(mut bytes)) => {
+                // What else is there already goes along.
+                while bytes.len() < MAX_CHUNK_BYTES
+                    && let Ok(more) = exec.output.try_recv()
+                {
+                    bytes.extend(more);
+                }
+                if outlet.send(&bytes).await.is_err() {
+                    gone = true;
+                    break;
+                }
+                said = Instant::now();
+            }
+            Ok(None) => break,
+            Err(_) if said.elapsed() >= HEARTBEAT => {
+                if outlet.send(&[]).await.is_err() {
+                    gone = true;
+                    break;
+                }
+                said = Instant::now();
+            }
+            Err(_) => {}
+        }
+    }
+    typing.abort();
+    // The client gone: dropping the command's handles ends it (its input closes; a
+    // process is killed when dropped).
+    drop(exec.input);
+    if gone {
+        drop(exec.done);
+        return;
+    }
+    let code = tokio::time::timeout(Duration::from_secs(5), exec.done)
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .flatten();
+    let reason = match code {
+        Some(c) => format!("the command exited with code {c}"),
+        None => "the command ended by a signal".into(),
+    };
+    tracing::info!(stream = %outlet.id, task = %task_id, ?code, "exec ended");
+    outlet.end(reason, code, false).await;
+}
