@@ -692,3 +692,96 @@ async fn with_task_uids_each_container_runs_as_its_tasks_own_uid() {
     let create = &fake.requests("POST", "/containers/create")[0].body;
     assert_eq!(create["HostConfig"]["PidsLimit"], 100);
 }
+
+/// Runs `command` in task `id` through the runtime's exec, typing `typed` then ending its
+/// input; everything it wrote and its exit code.
+async fn exec_in(
+    rt: &Runtime,
+    id: &str,
+    command: &[&str],
+    tty: bool,
+    typed: &str,
+) -> (String, Option<i32>) {
+    use tessera_model::agent::streams::{ExecRequest, InputPiece};
+    let mut exec = rt
+        .exec(
+            id,
+            &ExecRequest {
+                container: None,
+                command: command.iter().map(|w| (*w).to_owned()).collect(),
+                tty,
+            },
+        )
+        .expect("started");
+    exec.input
+        .send(InputPiece::Data(typed.as_bytes().to_vec()))
+        .await
+        .expect("typed");
+    exec.input.send(InputPiece::Eof).await.expect("ended");
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(piece) = exec.output.recv().await {
+            out.extend(piece);
+        }
+    })
+    .await
+    .expect("its output ends");
+    let code = tokio::time::timeout(Duration::from_secs(10), exec.done)
+        .await
+        .expect("it ends")
+        .expect("an answer");
+    (String::from_utf8_lossy(&out).into_owned(), code)
+}
+
+#[tokio::test]
+async fn exec_in_a_container_goes_through_the_engines_exec_with_its_input_and_exit_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake::start(dir.path()).await;
+    let mut rt = runtime(&dir.path().join("agent"), &fake).await;
+    rt.converge(&[cpu_task("c1")]);
+    until(&mut rt, "running", running("c1")).await;
+    let name = fake.requests("POST", "/containers/create")[0].query["name"].clone();
+
+    let (out, code) = exec_in(&rt, "c1", &["sh", "-c", "cat"], false, "hello\n").await;
+    assert_eq!(out, "ran: sh -c cat\nHELLO\n");
+    assert_eq!(code, Some(7), "the exit code the engine reports");
+    // What the engine was asked: an exec in the task's container, attached, no TTY.
+    let created = fake.requests("POST", &format!("/containers/{name}/exec"));
+    assert_eq!(created.len(), 1);
+    let body = &created[0].body;
+    assert_eq!(body["Cmd"], serde_json::json!(["sh", "-c", "cat"]));
+    assert_eq!(body["AttachStdin"], true);
+    assert_eq!(body["AttachStdout"], true);
+    assert_eq!(body["AttachStderr"], true);
+    assert_eq!(body["Tty"], false);
+    assert!(
+        body.get("Privileged").is_none_or(|p| p == false),
+        "never privileged: {body}"
+    );
+    let started = fake.requests("POST", "/start");
+    assert!(
+        started
+            .iter()
+            .any(|r| r.path.starts_with("/exec/") && r.body["upgrade"] == true),
+        "started attached, over the hijacked connection: {started:?}"
+    );
+
+    // With a terminal: the raw bytes, no frames.
+    let (out, _) = exec_in(&rt, "c1", &["sh"], true, "ls\n").await;
+    assert_eq!(out, "ran: sh\nLS\n");
+
+    // A task that is not here: refused, saying so.
+    let refused = rt.exec(
+        "elsewhere",
+        &tessera_model::agent::streams::ExecRequest {
+            container: None,
+            command: vec!["true".into()],
+            tty: false,
+        },
+    );
+    assert!(
+        refused
+            .err()
+            .is_some_and(|e| e.contains("not running on this host"))
+    );
+}

@@ -26,6 +26,20 @@ test("a crash-looping service: from the overview to the crash's last line in two
   await expect(last).toContainText("loading weights from /models/ocr-v3");
   await page.screenshot({ path: "screenshots/task.png", fullPage: true });
 
+  // Its logs, read from its host: every line in the order written, then how they ended;
+  // a search keeps the lines holding its words.
+  const logs = page.getByRole("region", { name: "Logs" });
+  await logs.getByRole("button", { name: "Follow its logs" }).click();
+  const lines = logs.locator("pre.log-lines");
+  await expect(lines).toContainText("loading weights from /models/ocr-v3");
+  await expect(lines).toContainText("RuntimeError: CUDA error: out of memory");
+  await expect(logs.locator(".log-status")).toContainText("has ended", { timeout: 15_000 });
+  await logs.getByLabel("Search").fill("runtimeerror");
+  await expect(lines).not.toContainText("loading weights");
+  await expect(lines).toContainText("RuntimeError");
+  await expect(logs.getByRole("link", { name: "Download" })).toHaveAttribute("href", /\/logs\?timestamps=true$/);
+  await page.screenshot({ path: "screenshots/task-logs.png", fullPage: true });
+
   // The service page links each task to its page; an unknown task is not found.
   await page.locator(".crumbs a", { hasText: "ocr-preview" }).click();
   await expect(page.locator("table.tasks tr.state-stopped a").first()).toHaveAttribute("href", /^\/tasks\//);

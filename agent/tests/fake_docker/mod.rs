@@ -1,7 +1,8 @@
 //! A fake Docker engine: the Engine API's HTTP over a unix socket, as much of it as the
 //! agent uses (ping, pull with progress, inspect an image, create, start, inspect, wait,
-//! stop, kill, remove, logs with the multiplexed stream, list by label). It records every
-//! request, so tests check exactly what the agent sent.
+//! stop, kill, remove, logs with the multiplexed stream, list by label, exec with its
+//! hijacked connection). It records every request, so tests check exactly what the agent
+//! sent.
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -51,6 +52,12 @@ pub struct Inner {
     pub pull_time: Duration,
     /// What every container prints: (stream 1 = stdout, 2 = stderr, text).
     pub output: Vec<(u8, String)>,
+    /// Execs made: their id, container and the body they were created with; an exec
+    /// answers its command's words on stdout, then echoes its stdin back upper-cased, and
+    /// exits with code 7 at its end.
+    pub execs: BTreeMap<String, (String, Value)>,
+    /// Execs whose stdin ended.
+    pub execs_done: BTreeSet<String>,
     next_id: u64,
 }
 
@@ -67,6 +74,11 @@ impl Fake {
         let inner = Arc::new(Mutex::new(Inner::default()));
         let listener = tokio::net::UnixListener::bind(&socket).expect("bind the fake socket");
         let app = axum::Router::new()
+            .route(
+                "/{version}/exec/{id}/start",
+                axum::routing::post(start_exec),
+            )
+            .route("/exec/{id}/start", axum::routing::post(start_exec))
             .fallback(handle)
             .with_state(inner.clone());
         tokio::spawn(async move {
@@ -250,6 +262,36 @@ async fn handle(
             }
         }
         ("POST", ["containers", name, "wait"]) => wait(inner, (*name).to_owned()),
+        ("POST", ["containers", name, "exec"]) => {
+            let mut g = inner.lock().unwrap();
+            match g.containers.get(*name) {
+                Some(c) if c.running => {
+                    g.next_id += 1;
+                    let id = format!("exec{}", g.next_id);
+                    g.execs.insert(id.clone(), ((*name).to_owned(), body_json));
+                    (StatusCode::CREATED, axum::Json(json!({ "Id": id }))).into_response()
+                }
+                Some(_) => error(
+                    StatusCode::CONFLICT,
+                    &format!("Container {name} is not running"),
+                ),
+                None => error(StatusCode::NOT_FOUND, "No such container"),
+            }
+        }
+        ("GET", ["exec", id, "json"]) => {
+            let g = inner.lock().unwrap();
+            match g.execs.get(*id) {
+                Some((container, _)) => {
+                    let done = g.execs_done.contains(*id);
+                    axum::Json(json!({
+                        "ID": id, "ContainerID": container, "Running": !done,
+                        "ExitCode": if done { json!(7) } else { Value::Null },
+                    }))
+                    .into_response()
+                }
+                None => error(StatusCode::NOT_FOUND, "No such exec instance"),
+            }
+        }
         ("GET", ["containers", name, "logs"]) => logs(&inner, name, &query),
         ("DELETE", ["containers", name]) => {
             let mut g = inner.lock().unwrap();
@@ -448,5 +490,85 @@ fn logs(inner: &Arc<Mutex<Inner>>, name: &str, _query: &BTreeMap<String, String>
     Response::builder()
         .header("content-type", "application/vnd.docker.multiplexed-stream")
         .body(Body::from(bytes))
+        .unwrap()
+}
+
+/// One frame of the multiplexed stream: its stream, three zero bytes, its length
+/// (big-endian), then the bytes.
+fn frame(stream: u8, bytes: &[u8]) -> Vec<u8> {
+    let mut out = vec![stream, 0, 0, 0];
+    out.extend_from_slice(&(bytes.len() as u32).to_be_bytes());
+    out.extend_from_slice(bytes);
+    out
+}
+
+/// `POST /exec/{id}/start`: the engine answers `101 UPGRADED` and the connection becomes
+/// the exec's: stdin from the client, the multiplexed stream (or a TTY's raw bytes) back.
+async fn start_exec(
+    State(inner): State<Arc<Mutex<Inner>>>,
+    axum::extract::Path(params): axum::extract::Path<BTreeMap<String, String>>,
+    mut req: axum::extract::Request,
+) -> Response {
+    let id = params["id"].clone();
+    let Some((_, created)) = inner.lock().unwrap().execs.get(&id).cloned() else {
+        return error(StatusCode::NOT_FOUND, "No such exec instance");
+    };
+    let wants_upgrade = req
+        .headers()
+        .get("upgrade")
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"tcp"));
+    inner.lock().unwrap().requests.push(Request {
+        method: "POST".into(),
+        path: format!("/exec/{id}/start"),
+        query: BTreeMap::new(),
+        body: json!({ "upgrade": wants_upgrade }),
+    });
+    if !wants_upgrade {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "this fake answers attached execs only",
+        );
+    }
+    let tty = created["Tty"].as_bool().unwrap_or(false);
+    let words: Vec<String> = created["Cmd"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|w| w.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    let on_upgrade = hyper::upgrade::on(&mut req);
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let Ok(upgraded) = on_upgrade.await else {
+            return;
+        };
+        let mut io = hyper_util::rt::TokioIo::new(upgraded);
+        let out = |bytes: &[u8]| if tty { bytes.to_vec() } else { frame(1, bytes) };
+        let _ = io
+            .write_all(&out(format!("ran: {}\n", words.join(" ")).as_bytes()))
+            .await;
+        let mut buf = vec![0u8; 4096];
+        loop {
+            match io.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    let upper = buf[..n].to_ascii_uppercase();
+                    if io.write_all(&out(&upper)).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        inner.lock().unwrap().execs_done.insert(id);
+        let _ = io.shutdown().await;
+    });
+    Response::builder()
+        .status(StatusCode::SWITCHING_PROTOCOLS)
+        .header("connection", "Upgrade")
+        .header("upgrade", "tcp")
+        .header("content-type", "application/vnd.docker.raw-stream")
+        .body(Body::empty())
         .unwrap()
 }

@@ -19,4 +19,5 @@ pub mod sign_in;
 pub mod task;
 pub mod task_definition;
 pub mod task_definitions;
+pub mod task_logs;
 pub mod users;

@@ -208,9 +208,10 @@ fn Output(t: Task, project: Option<String>, output: OutputAction) -> impl IntoVi
                     <RoleHint reason=allowed />
                 }.into_any()
             } else {
-                view! { <p class="muted">"Its last lines are kept when it stops. While it runs, its output is in its host's agent state directory."</p> }.into_any()
+                view! { <p class="muted">"Its last lines are kept when it stops; its logs are read from its host."</p> }.into_any()
             }}
             {move || output.value().get().filter(|(task, _)| *task == id).map(|(_, r)| last_output_view(r))}
+            {t.host.is_some().then(|| view! { <super::task_logs::LogsPanel task_id=t.id.clone() allowed /> })}
         </section>
     }
 }
