@@ -1060,3 +1060,47 @@ async fn exec_runs_in_the_task_where_its_pool_allows_it() {
     assert!(err.contains("no container \"other\""), "{err}");
     a.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_are_read_through_a_server_the_agent_does_not_sync_with() {
+    let c = cluster().await;
+    let (other, other_url, _other_stop) = second_server(&c).await;
+    let mut config = agent_config(&c, "a");
+    config.server = format!("{},{}", c.url, other_url);
+    let out = c.dir.path().join("out");
+    std::fs::create_dir_all(&out).expect("out");
+    register(&c, "web", "echo hello-from-the-task; exec sleep 60", &out).await;
+    let agent = start_agent(config);
+    wait_until("host a", || async {
+        c.control.views().get_host(&host("a")).await.is_ok()
+    })
+    .await;
+    create_service(&c, "web", 1).await;
+    wait_until("the task to run", || async {
+        tasks(&c, &[TaskState::Running]).await.len() == 1
+    })
+    .await;
+    let task = tasks(&c, &[TaskState::Running]).await.remove(0);
+    // The agent syncs with the first server; the client asks the other.
+    let token = tessera_control::bench::api_token(&other, tessera_model::auth::Role::Admin)
+        .await
+        .expect("token");
+    let mut said = String::new();
+    for _ in 0..50 {
+        said = reqwest::Client::new()
+            .get(format!("{other_url}/api/v1/tasks/{}/logs", task.id))
+            .bearer_auth(&token)
+            .send()
+            .await
+            .expect("answer")
+            .text()
+            .await
+            .expect("body");
+        if said.contains("hello-from-the-task") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(said.contains("hello-from-the-task"), "{said}");
+    agent.stop().await;
+}

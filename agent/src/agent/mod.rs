@@ -365,13 +365,18 @@ impl Agent {
         // next interval.
         let health_changed = self.runtime.health_changes();
         // Streams (logs, exec) go over connections of their own, to the server synced with.
-        let (link_tx, link_rx) = tokio::sync::watch::channel(None);
+        let (token_tx, token_rx) = tokio::sync::watch::channel(None);
         let (live_tx, live_rx) = tokio::sync::watch::channel(self.runtime.task_ids());
         let (exec_tx, mut exec_rx) = tokio::sync::mpsc::channel(16);
         let channel = tokio::spawn(
             streams::Channel {
                 http: self.http.clone(),
-                link: link_rx,
+                servers: self
+                    .servers
+                    .iter()
+                    .map(|s| s.as_str().trim_end_matches('/').to_owned())
+                    .collect(),
+                token: token_rx,
                 tasks_dir: self.runtime.tasks_dir().to_owned(),
                 live: live_rx,
                 execs: exec_tx,
@@ -409,16 +414,9 @@ impl Agent {
                         Ok(answer) => {
                             backoff = Duration::from_secs(1);
                             failures = 0;
-                            let link = streams::Link {
-                                server: self.servers[self.current]
-                                    .as_str()
-                                    .trim_end_matches('/')
-                                    .to_owned(),
-                                token: c.agent_token.clone(),
-                            };
-                            link_tx.send_if_modified(|now| {
-                                let changed = now.as_ref() != Some(&link);
-                                *now = Some(link);
+                            token_tx.send_if_modified(|now| {
+                                let changed = now.as_ref() != Some(&c.agent_token);
+                                *now = Some(c.agent_token.clone());
                                 changed
                             });
                             interval =
@@ -433,7 +431,7 @@ impl Agent {
                                 "the server refused this agent's token; registering again with the join token"
                             );
                             creds = None;
-                            link_tx.send_replace(None);
+                            token_tx.send_replace(None);
                             // At once: the host is silent to the server until it rejoins.
                             Duration::ZERO
                         }

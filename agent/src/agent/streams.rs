@@ -1,7 +1,9 @@
 //! The agent's side of streams (a task's logs, commands run in it): it waits for orders
-//! on the server it syncs with, and serves each in a task of its own, sending what it
-//! reads and asking for what the client typed. Every connection is the agent's: a host
-//! behind NAT or a firewall that lets it sync is reachable for logs and exec too.
+//! on every server it knows (`--server a,b`), so a client's request reaches it through
+//! whichever server the client asked, and serves each order in a task of its own through
+//! the server that gave it, sending what it reads and asking for what the client typed.
+//! Every connection is the agent's: a host behind NAT or a firewall that lets it sync is
+//! reachable for logs and exec too.
 
 use crate::runtime::exec::Exec;
 use crate::runtime::log_read::{LogReader, NO_LOGS};
@@ -38,7 +40,10 @@ pub(crate) struct ExecAsk {
 /// The stream side of an agent.
 pub(crate) struct Channel {
     pub(crate) http: reqwest::Client,
-    pub(crate) link: watch::Receiver<Option<Link>>,
+    /// Every server the agent knows.
+    pub(crate) servers: Vec<String>,
+    /// The agent's token, once it has one that a server took.
+    pub(crate) token: watch::Receiver<Option<String>>,
     /// Where the tasks' directories (and their logs) are.
     pub(crate) tasks_dir: PathBuf,
     /// The tasks this host runs (or whose output is still being copied).
@@ -48,6 +53,15 @@ pub(crate) struct Channel {
 
 /// Why a stream stops sending: the server said it is closed, or cannot be reached.
 struct Stop;
+
+/// A task aborted when this is dropped (the channel's waits, when the agent stops).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
 
 /// One stream's way to its server.
 #[derive(Clone)]
@@ -140,14 +154,32 @@ fn plain_id(id: &str) -> bool {
 }
 
 impl Channel {
-    /// Waits for orders and serves them, until the agent stops (the task is aborted).
-    pub(crate) async fn run(mut self) {
+    /// Waits for orders on every server and serves them, until the agent stops (the task
+    /// is aborted).
+    pub(crate) async fn run(self) {
+        let this = std::sync::Arc::new(self);
+        let waits: Vec<_> = this
+            .servers
+            .iter()
+            .map(|server| tokio::spawn(this.clone().wait_on(server.clone())))
+            .collect();
+        let _aborts: Vec<AbortOnDrop> = waits.into_iter().map(AbortOnDrop).collect();
+        std::future::pending::<()>().await;
+    }
+
+    /// Waits for orders on `server` and serves them.
+    async fn wait_on(self: std::sync::Arc<Self>, server: String) {
+        let mut token_rx = self.token.clone();
         loop {
-            let Some(link) = self.link.borrow_and_update().clone() else {
-                if self.link.changed().await.is_err() {
+            let Some(token) = token_rx.borrow_and_update().clone() else {
+                if token_rx.changed().await.is_err() {
                     return;
                 }
                 continue;
+            };
+            let link = Link {
+                server: server.clone(),
+                token,
             };
             let answer = self
                 .http

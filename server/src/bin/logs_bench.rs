@@ -3,7 +3,12 @@
 //!
 //! ```text
 //! logs-bench [--follows 100] [--agents 4] [--sync-hosts 1000] [--interval 5] [--seconds 15]
+//!            [--postgres URL [--via-other 1]]
 //! ```
+//!
+//! With `--postgres` (a server whose user may create databases) the store is a fresh
+//! PostgreSQL database and a second server runs on it; the agents know both (they sync
+//! with the first) and, with `--via-other 1`, the followers read through the second.
 //!
 //! A server on loopback (SQLite, the real router and loop) with `--agents` real agents
 //! (in this process, processes as tasks): service `writer` runs `--follows` tasks, each a
@@ -22,7 +27,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use tessera_agent::{Agent, AgentConfig};
-use tessera_control::bench::{admit_simulated_hosts, api_token, arg, simulated_gpus};
+use tessera_control::bench::{
+    admit_simulated_hosts, api_token, arg, arg_text, fresh_postgres_database, simulated_gpus,
+};
 use tessera_control::inputs::{PoolInput, ServiceInput};
 use tessera_control::store::TaskFilter;
 use tessera_control::{Control, ControlConfig};
@@ -206,13 +213,16 @@ async fn main() -> anyhow::Result<()> {
     let interval = Duration::from_secs(arg("--interval", 5) as u64);
     let seconds = arg("--seconds", 15) as u64;
     let dir = tempfile::tempdir()?;
-    let control = Control::new(
-        tessera_control::open(&format!("sqlite://{}/server.db", dir.path().display())).await?,
-        ControlConfig {
-            sync_interval: Duration::from_secs(2),
-            ..ControlConfig::default()
-        },
-    );
+    let postgres = arg_text("--postgres");
+    let db = match &postgres {
+        Some(server) => fresh_postgres_database(server, "tessera_logs_bench").await?,
+        None => format!("sqlite://{}/server.db", dir.path().display()),
+    };
+    let config = ControlConfig {
+        sync_interval: Duration::from_secs(2),
+        ..ControlConfig::default()
+    };
+    let control = Control::new(tessera_control::open(&db).await?, config.clone());
     control.agents().ensure_join_token(Some(JOIN)).await?;
     for pool in ["logs", "sim"] {
         control
@@ -229,9 +239,34 @@ async fn main() -> anyhow::Result<()> {
         let c = control.clone();
         tokio::spawn(async move { c.run(std::future::pending()).await });
     }
+    // A second server on the same database, which the agents know but do not sync with.
+    let other_url = match &postgres {
+        Some(_) => {
+            let other = Control::new(tessera_control::open(&db).await?, config);
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+            let addr = listener.local_addr()?;
+            tokio::spawn(run(
+                listener,
+                AppState::new(other.clone(), addr),
+                None,
+                std::future::pending(),
+            ));
+            tokio::spawn(async move { other.run(std::future::pending()).await });
+            Some(format!("http://{addr}"))
+        }
+        None => None,
+    };
+    let servers = match &other_url {
+        Some(o) => format!("{url},{o}"),
+        None => url.clone(),
+    };
+    let read_from = match (&other_url, arg("--via-other", 0)) {
+        (Some(o), 1) => o.clone(),
+        _ => url.clone(),
+    };
     let mut running_agents = Vec::new();
     for a in 0..agents {
-        let agent = Agent::new(agent_config(&url, dir.path(), &format!("agent-{a}")))?;
+        let agent = Agent::new(agent_config(&servers, dir.path(), &format!("agent-{a}")))?;
         running_agents.push(tokio::spawn(async move {
             if let Err(e) = agent.run(std::future::pending()).await {
                 eprintln!("an agent stopped: {e}");
@@ -318,9 +353,19 @@ async fn main() -> anyhow::Result<()> {
     );
     let token = api_token(&control, Role::Admin).await?;
     println!(
-        "{sync_hosts} simulated hosts sync every {} s ({:.0} syncs/s); {seconds} s per phase",
+        "{sync_hosts} simulated hosts sync every {} s ({:.0} syncs/s); {seconds} s per phase; store {}; follows read through {}",
         interval.as_secs(),
-        sync_hosts as f64 / interval.as_secs_f64()
+        sync_hosts as f64 / interval.as_secs_f64(),
+        if postgres.is_some() {
+            "PostgreSQL, two servers"
+        } else {
+            "SQLite"
+        },
+        if read_from == url {
+            "the server the agents sync with"
+        } else {
+            "the other server"
+        }
     );
     println!(
         "{:<28} {:>7} {:>9} {:>9} {:>8} {:>10} {:>10} {:>10}",
@@ -331,7 +376,7 @@ async fn main() -> anyhow::Result<()> {
     let mut all_lines = Vec::new();
     for round in 1..=2 {
         for with in [false, true] {
-            let follows_now = with.then_some((url.as_str(), token.as_str(), ids.as_slice()));
+            let follows_now = with.then_some((read_from.as_str(), token.as_str(), ids.as_slice()));
             let (syncs, lines) = phase(&state, &bodies, interval, seconds, follows_now).await;
             let name = if with {
                 format!("round {round}: {} follows", ids.len())

@@ -441,7 +441,11 @@ async fn run(
                     }
                     tokio::time::sleep_until(due.into()).await;
                     let (token, first, second) = &bodies[h];
-                    let body = if round.is_multiple_of(2) { first } else { second };
+                    let body = if round.is_multiple_of(2) {
+                        first
+                    } else {
+                        second
+                    };
                     let req = sync_request(token, body);
                     let t0 = Instant::now();
                     let router = routers[h % routers.len()].clone();
