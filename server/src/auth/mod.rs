@@ -10,8 +10,9 @@
 //! - An operation in a project ([`Access::InProject`]) is checked here against the project
 //!   its declaration's scope names ([`scope`]): a service's, or the one a service is put
 //!   into. Handlers never check a project's role.
-//! - A state-changing request that does not carry a bearer token must come from the console's
-//!   own origin (`Sec-Fetch-Site` or `Origin`), and every request must name an allowed
+//! - A state-changing request (a WebSocket's handshake included) that does not carry a
+//!   bearer token must come from the console's own origin (`Sec-Fetch-Site` or
+//!   `Origin`), and every request must name an allowed
 //!   `Host` (against DNS rebinding).
 //! - Every accepted mutation is written to the audit log: who, what, on what, from where;
 //!   so is every read an operation declares audited ([`Audit::Always`]).
@@ -465,7 +466,13 @@ pub async fn authenticate(State(state): State<AppState>, mut req: Request, next:
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
     let bearer = req.headers().contains_key(header::AUTHORIZATION);
-    if !is_safe(&method) && !bearer {
+    // A WebSocket (exec) acts, whatever its method: browsers open one to any site with
+    // that site's cookies, so it must come from the console's own origin too.
+    let websocket = req
+        .headers()
+        .get(header::UPGRADE)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"));
+    if (!is_safe(&method) || websocket) && !bearer {
         // Without a bearer token the browser may have attached the session cookie.
         let signed_in = matches!(&authn, Authn::Caller(c) if c.kind == CallerKind::Session);
         let browser = req.headers().contains_key("sec-fetch-site")

@@ -31,6 +31,24 @@ async fn cross_site_requests_with_a_session_are_refused() {
     )
     .await;
     assert_eq!(evil.status, StatusCode::FORBIDDEN, "{}", evil.body);
+    // A WebSocket opened by another site's page (exec in a task), with the admin's
+    // cookie: a GET, yet refused before anything runs.
+    let hijack = send(
+        &c,
+        Method::GET,
+        "/api/v1/tasks/some-task/exec?command=%5B%22sh%22%5D",
+        None,
+        &[
+            ("cookie", cookie.clone()),
+            ("origin", "http://evil.example".into()),
+            ("upgrade", "websocket".into()),
+            ("connection", "upgrade".into()),
+            ("sec-websocket-version", "13".into()),
+            ("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ==".into()),
+        ],
+    )
+    .await;
+    assert_eq!(hijack.status, StatusCode::FORBIDDEN, "{}", hijack.body);
     // A server function, by a browser that says the request is cross-site.
     let path = tessera_app::pages::host::SetHostDraining::PATH;
     let req = Request::post(path)
