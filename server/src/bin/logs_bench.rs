@@ -17,7 +17,8 @@
 //! sync figures. The run measures, in turn, `--seconds` with no follow open, then
 //! `--seconds` with one `GET /api/v1/tasks/{id}/logs?follow=true` per task open (what
 //! `tessera logs -f` reads), then both again. Printed: sync p50/p99 in each phase and
-//! their ratio; each line's latency from the time the task printed to the time the
+//! their ratio (after two unmeasured intervals: every simulated host's first report is a
+//! write); each line's latency from the time the task printed to the time the
 //! follower read it, p50/p99/max.
 
 use axum::body::Body;
@@ -116,6 +117,8 @@ async fn sync_load(
                 into.lock()
                     .await
                     .push(started.elapsed().as_secs_f64() * 1000.0);
+            } else {
+                eprintln!("a sync was answered {}", answer.status());
             }
         });
     }
@@ -134,7 +137,21 @@ async fn follow(
         .bearer_auth(token)
         .send()
         .await;
-    let Ok(mut response) = response else { return };
+    let mut response = match response {
+        Ok(r) if r.status().is_success() => r,
+        Ok(r) => {
+            eprintln!(
+                "a follow was answered {}: {}",
+                r.status(),
+                r.text().await.unwrap_or_default()
+            );
+            return;
+        }
+        Err(e) => {
+            eprintln!("a follow failed: {e}");
+            return;
+        }
+    };
     let mut pending = String::new();
     while !stop.load(Ordering::Relaxed) {
         let chunk = match tokio::time::timeout(Duration::from_millis(500), response.chunk()).await {
@@ -371,6 +388,8 @@ async fn main() -> anyhow::Result<()> {
         "{:<28} {:>7} {:>9} {:>9} {:>8} {:>10} {:>10} {:>10}",
         "phase", "syncs", "p50 ms", "p99 ms", "lines", "line p50", "line p99", "line max"
     );
+    // Unmeasured: every simulated host's first report (a write each), then a quiet round.
+    let _ = phase(&state, &bodies, interval, 2 * interval.as_secs(), None).await;
     let mut quiet_p99 = Vec::new();
     let mut busy_p99 = Vec::new();
     let mut all_lines = Vec::new();
