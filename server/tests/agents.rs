@@ -945,8 +945,34 @@ async fn a_tasks_logs_come_from_its_agent_and_a_follow_gets_each_new_line() {
     assert_eq!(status, 422, "{body}");
     assert!(body.contains("since"), "{body}");
 
-    // The agent gone, the host lost: the logs say so instead of waiting.
+    // The agent gone mid-follow: the follow ends, saying why.
+    let token = tessera_control::bench::api_token(&c.control, tessera_model::auth::Role::Admin)
+        .await
+        .expect("token");
+    let follow = reqwest::Client::new()
+        .get(format!(
+            "{}/api/v1/tasks/{}/logs?follow=true&tail=1",
+            c.url, task.id
+        ))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("follow");
+    tokio::time::sleep(Duration::from_millis(500)).await;
     a.kill();
+    let ended = tokio::time::timeout(Duration::from_secs(30), follow.text())
+        .await
+        .expect("the follow ends within 30 s")
+        .expect("body");
+    assert!(
+        ended
+            .trim_end()
+            .lines()
+            .last()
+            .is_some_and(|l| l.contains("stopped answering")),
+        "{ended}"
+    );
+    // The host lost: the logs say so instead of waiting.
     wait_until("host a lost", || async {
         c.control
             .store()

@@ -368,7 +368,8 @@ impl Agent {
         let (token_tx, token_rx) = tokio::sync::watch::channel(None);
         let (live_tx, live_rx) = tokio::sync::watch::channel(self.runtime.task_ids());
         let (exec_tx, mut exec_rx) = tokio::sync::mpsc::channel(16);
-        let channel = tokio::spawn(
+        // Aborted when the agent stops, however it stops (its streams end with it).
+        let channel = streams::AbortOnDrop(tokio::spawn(
             streams::Channel {
                 http: self.http.clone(),
                 servers: self
@@ -382,7 +383,7 @@ impl Agent {
                 execs: exec_tx,
             }
             .run(),
-        );
+        ));
         'syncs: loop {
             let wait = match &creds {
                 None => match self.register().await {
@@ -476,7 +477,7 @@ impl Agent {
                 }
             }
         }
-        channel.abort();
+        drop(channel);
         if self.config.stop_tasks_on_exit {
             self.runtime.stop_all().await;
         }

@@ -55,7 +55,7 @@ pub(crate) struct Channel {
 struct Stop;
 
 /// A task aborted when this is dropped (the channel's waits, when the agent stops).
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
+pub(crate) struct AbortOnDrop(pub(crate) tokio::task::JoinHandle<()>);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
@@ -170,7 +170,10 @@ impl Channel {
     /// Waits for orders on `server` and serves them.
     async fn wait_on(self: std::sync::Arc<Self>, server: String) {
         let mut token_rx = self.token.clone();
+        // The streams served: they end with the channel (the agent stopping).
+        let mut serving = tokio::task::JoinSet::new();
         loop {
+            while serving.try_join_next().is_some() {}
             let Some(token) = token_rx.borrow_and_update().clone() else {
                 if token_rx.changed().await.is_err() {
                     return;
@@ -208,7 +211,7 @@ impl Channel {
                     link: link.clone(),
                     id: order.id.clone(),
                 };
-                tokio::spawn(self.serve(order, outlet));
+                serving.spawn(self.serve(order, outlet));
             }
         }
     }

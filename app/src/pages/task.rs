@@ -331,10 +331,18 @@ fn Usage(detail: TaskDetail) -> impl IntoView {
         .measured
         .gpu_memory_peak
         .map(|m| format!("Peak {} of {} budget", measured_text(m), detail.budget_mib));
+    let work = t.measured.work.clone().map(|w| {
+        let said = match &w.unknown {
+            Some(why) => format!("not measured: {why}"),
+            None => work_figures(&w),
+        };
+        view! { <p class="task-work">{format!("Work (its application's own figures, at {}): {said}", w.at.clock())}</p> }
+    });
     view! {
         <section class="panel">
             <h2>"GPU use"</h2>
             {peak.map(|p| view! { <p>{p}</p> })}
+            {work}
             <div class="charts">
                 <Chart title="GPU memory".into() unit="MiB" series=mem marks=mem_marks from=from to=now />
                 <Chart title="SM use".into() unit="%" series=sm marks=sm_marks from=from to=now />
@@ -375,5 +383,30 @@ fn Revision(
                 </pre>
             })}
         </section>
+    }
+}
+
+/// What a task completed, as its agent last read it: rate, errors, latency.
+fn work_figures(w: &tessera_model::work::WorkNow) -> String {
+    let mut parts = Vec::new();
+    if let Some(c) = w.completed_per_sec {
+        parts.push(format!("{c:.1} completed/s"));
+    }
+    if let Some(e) = w.errors_per_sec {
+        parts.push(format!("{e:.2} errors/s"));
+    }
+    for (name, v) in [
+        ("p50", w.latency_p50_ms),
+        ("p95", w.latency_p95_ms),
+        ("p99", w.latency_p99_ms),
+    ] {
+        if let Some(ms) = v {
+            parts.push(format!("{name} {ms:.0} ms"));
+        }
+    }
+    if parts.is_empty() {
+        "nothing completed yet".into()
+    } else {
+        parts.join(", ")
     }
 }
