@@ -92,7 +92,7 @@ pub mod streams {
     /// Longest word of an exec's command.
     pub const MAX_EXEC_ARG_CHARS: usize = 4096;
     /// Largest piece of output an agent sends in one request.
-    pub const MAX_CHUNK_BYTES: usize = 256 * 1024;
+    pub const MAX_CHUNK_BYTES: usize = 64 * 1024;
 }
 
 /// A project's quotas and weight.

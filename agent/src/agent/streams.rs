@@ -16,8 +16,10 @@ use tessera_model::agent::streams::{
 use tessera_model::limits::streams::MAX_CHUNK_BYTES;
 use tokio::sync::{mpsc, oneshot, watch};
 
-/// How often a follow looks at its files.
-const FOLLOW_EVERY: Duration = Duration::from_millis(100);
+/// How often a follow looks at its files (and sends what is new, in one piece): a line
+/// waits at most this long on the host, and a busy task costs its server four requests
+/// a second.
+const FOLLOW_EVERY: Duration = Duration::from_millis(250);
 /// A quiet follow says it is still there this often (the server gives up on one silent
 /// for 20 s).
 const HEARTBEAT: Duration = Duration::from_secs(5);
@@ -269,8 +271,18 @@ async fn serve_logs(
         return outlet.end("the end of its logs".into(), None, false).await;
     }
     let mut said = Instant::now();
+    // Follows opened together (a service's tasks) look at their files at times of their
+    // own, so their pieces reach the server spread over the interval, not in bursts.
+    let offset = {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        outlet.id.hash(&mut h);
+        Duration::from_millis(h.finish() % FOLLOW_EVERY.as_millis() as u64)
+    };
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + offset, FOLLOW_EVERY);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tokio::time::sleep(FOLLOW_EVERY).await;
+        ticks.tick().await;
         let running = live.borrow().contains(&task_id);
         let lines = reader.more(!running);
         if !lines.is_empty() {

@@ -20,11 +20,12 @@ use tessera_model::agent::streams::{StreamEnd, StreamKind, StreamOrder};
 use tokio::sync::{Notify, mpsc};
 
 /// Most streams open on one host at once.
-pub const MAX_STREAMS_PER_HOST: usize = 32;
+pub const MAX_STREAMS_PER_HOST: usize = 64;
 /// Most streams open on this server at once.
 pub const MAX_STREAMS: usize = 1024;
-/// Pieces of output in flight to one client before its agent waits.
-const OUTPUT_DEPTH: usize = 32;
+/// Pieces of output in flight to one client before its agent waits (at most 1 MiB with
+/// pieces of at most `MAX_CHUNK_BYTES`).
+const OUTPUT_DEPTH: usize = 16;
 /// Pieces of input in flight to one exec before its client waits.
 const INPUT_DEPTH: usize = 64;
 /// How long an agent's piece of output waits for a client that reads slowly before the

@@ -95,6 +95,8 @@ async fn sync_load(
     stop: Arc<AtomicBool>,
     into: Arc<Mutex<Vec<f64>>>,
 ) {
+    // The router is built once (building it is far dearer than a sync).
+    let router = app(state);
     let gap = interval / bodies.len().max(1) as u32;
     let mut i = 0usize;
     let mut next = tokio::time::Instant::now();
@@ -103,7 +105,7 @@ async fn sync_load(
         tokio::time::sleep_until(next).await;
         let (token, body) = bodies[i % bodies.len()].clone();
         i += 1;
-        let (state, into) = (state.clone(), into.clone());
+        let (router, into) = (router.clone(), into.clone());
         tokio::spawn(async move {
             let req = Request::post("/agent/v1/sync")
                 .header("host", "127.0.0.1:3000")
@@ -112,7 +114,7 @@ async fn sync_load(
                 .body(Body::from(body))
                 .expect("request");
             let started = Instant::now();
-            let answer = app(state).oneshot(req).await.expect("answers");
+            let answer = router.oneshot(req).await.expect("answers");
             if answer.status().is_success() {
                 into.lock()
                     .await
@@ -250,7 +252,13 @@ async fn main() -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let url = format!("http://{addr}");
-    let state = AppState::new(control.clone(), addr);
+    // One reader's address holds 100 follows here; a server's default lets an address
+    // hold 64 requests at once.
+    let limits = tessera_server::Limits {
+        requests_per_address: 4 * follows.max(64),
+        ..tessera_server::Limits::default()
+    };
+    let state = AppState::new(control.clone(), addr).with_limits(limits);
     tokio::spawn(run(listener, state.clone(), None, std::future::pending()));
     {
         let c = control.clone();
@@ -264,7 +272,7 @@ async fn main() -> anyhow::Result<()> {
             let addr = listener.local_addr()?;
             tokio::spawn(run(
                 listener,
-                AppState::new(other.clone(), addr),
+                AppState::new(other.clone(), addr).with_limits(limits),
                 None,
                 std::future::pending(),
             ));
@@ -281,14 +289,19 @@ async fn main() -> anyhow::Result<()> {
         (Some(o), 1) => o.clone(),
         _ => url.clone(),
     };
-    let mut running_agents = Vec::new();
+    // The agents run on a runtime of their own, as their own processes would: their
+    // work never waits for the server's threads, nor the server's for theirs.
+    let agent_runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
     for a in 0..agents {
         let agent = Agent::new(agent_config(&servers, dir.path(), &format!("agent-{a}")))?;
-        running_agents.push(tokio::spawn(async move {
+        agent_runtime.spawn(async move {
             if let Err(e) = agent.run(std::future::pending()).await {
                 eprintln!("an agent stopped: {e}");
             }
-        }));
+        });
     }
     control
         .deployments()
@@ -308,7 +321,11 @@ async fn main() -> anyhow::Result<()> {
             priority: None,
             desired_count: follows as u32,
             strategy: None,
-            constraints: ServiceConstraints::default(),
+            // Spread evenly: each host serves its share of the follows.
+            constraints: ServiceConstraints {
+                max_per_host: Some(follows.div_ceil(agents.max(1)) as u32),
+                ..ServiceConstraints::default()
+            },
             deployment: Some(DeploymentConfig::default()),
             stop_timeout_secs: 2,
             deregistration_delay_secs: 0,
@@ -437,8 +454,6 @@ async fn main() -> anyhow::Result<()> {
         percentile(&all_lines, 0.99),
         all_lines.last().copied().unwrap_or(0.0)
     );
-    for a in running_agents {
-        a.abort();
-    }
+    agent_runtime.shutdown_background();
     Ok(())
 }
