@@ -83,12 +83,14 @@ pub fn TaskPage() -> impl IntoView {
         let (service, task) = (service.clone(), task.clone());
         async move { (task.clone(), read_last_output(service, task).await) }
     });
+    let logs = super::task_logs::LogsState::new();
+    on_cleanup(super::task_logs::stop);
     view! {
         <Title text=move || format!("Task {}", short_id(&id())) />
         <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>
             <ErrorBoundary fallback=|errors| view! { <ErrorList errors /> }>
                 {move || Suspend::new(async move {
-                    data.await.map(|(detail, revisions)| view! { <TaskBody detail revisions output /> })
+                    data.await.map(|(detail, revisions)| view! { <TaskBody detail revisions output logs /> })
                 })}
             </ErrorBoundary>
         </Transition>
@@ -100,6 +102,7 @@ fn TaskBody(
     detail: TaskDetail,
     revisions: Option<(String, String)>,
     output: OutputAction,
+    logs: super::task_logs::LogsState,
 ) -> impl IntoView {
     let t = detail.task.clone();
     let short = short_id(&t.id).to_owned();
@@ -144,7 +147,7 @@ fn TaskBody(
         </div>
         {crash}
         <Lifecycle t=t.clone() host_status=detail.host_status />
-        <Output t=t.clone() project=detail.project.clone() output />
+        <Output t=t.clone() project=detail.project.clone() output logs />
         <Placement t=t.clone() />
         <Usage detail=detail.clone() />
         <Revision t=t.clone() current=detail.service_revision.clone() revisions />
@@ -190,7 +193,12 @@ fn Lifecycle(t: Task, host_status: Option<HostStatus>) -> impl IntoView {
 
 /// The last lines it wrote, read on request: operators of its project.
 #[component]
-fn Output(t: Task, project: Option<String>, output: OutputAction) -> impl IntoView {
+fn Output(
+    t: Task,
+    project: Option<String>,
+    output: OutputAction,
+    logs: super::task_logs::LogsState,
+) -> impl IntoView {
     let allowed = crate::access::allowed_in::<ReadLastOutput>(Signal::stored(project));
     let stopped = t.state == TaskState::Stopped;
     let key = (t.service.clone(), t.id.clone());
@@ -211,7 +219,7 @@ fn Output(t: Task, project: Option<String>, output: OutputAction) -> impl IntoVi
                 view! { <p class="muted">"Its last lines are kept when it stops; its logs are read from its host."</p> }.into_any()
             }}
             {move || output.value().get().filter(|(task, _)| *task == id).map(|(_, r)| last_output_view(r))}
-            {t.host.is_some().then(|| view! { <super::task_logs::LogsPanel task_id=t.id.clone() allowed /> })}
+            {t.host.is_some().then(|| view! { <super::task_logs::LogsPanel task_id=t.id.clone() allowed state=logs /> })}
         </section>
     }
 }

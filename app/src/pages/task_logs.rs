@@ -17,8 +17,8 @@ thread_local! {
         const { std::cell::RefCell::new(None) };
 }
 
-/// Closes the panel's stream, if one is open.
-fn stop() {
+/// Closes the panel's stream, if one is open (when its page goes).
+pub fn stop() {
     #[cfg(feature = "hydrate")]
     SOURCE.with(|s| {
         if let Some(source) = s.borrow_mut().take() {
@@ -76,19 +76,56 @@ fn follow(url: &str, lines: RwSignal<Vec<String>>, ended: RwSignal<Option<String
     SOURCE.with(|s| *s.borrow_mut() = Some(source));
 }
 
+/// What the panel shows, held by the page: a live refresh redraws the panel, and the
+/// lines read (and the stream that brings more) stay.
+#[derive(Clone, Copy)]
+pub struct LogsState {
+    /// The task whose logs are followed.
+    task: RwSignal<Option<String>>,
+    lines: RwSignal<Vec<String>>,
+    ended: RwSignal<Option<String>>,
+    search: RwSignal<String>,
+}
+
+impl LogsState {
+    pub fn new() -> LogsState {
+        LogsState {
+            task: RwSignal::new(None),
+            lines: RwSignal::new(Vec::new()),
+            ended: RwSignal::new(None),
+            search: RwSignal::new(String::new()),
+        }
+    }
+}
+
+impl Default for LogsState {
+    fn default() -> Self {
+        LogsState::new()
+    }
+}
+
 #[component]
-pub fn LogsPanel(task_id: String, allowed: Signal<Option<String>>) -> impl IntoView {
-    let lines = RwSignal::new(Vec::<String>::new());
-    let ended = RwSignal::new(None::<String>);
-    let open = RwSignal::new(false);
-    let search = RwSignal::new(String::new());
+pub fn LogsPanel(
+    task_id: String,
+    allowed: Signal<Option<String>>,
+    state: LogsState,
+) -> impl IntoView {
+    let LogsState {
+        task,
+        lines,
+        ended,
+        search,
+    } = state;
+    let open = {
+        let task_id = task_id.clone();
+        Signal::derive(move || task.get().as_deref() == Some(task_id.as_str()))
+    };
     let url = format!("/api/v1/tasks/{task_id}/logs?follow=true&tail={TAIL}");
     let download = format!("/api/v1/tasks/{task_id}/logs?timestamps=true");
-    on_cleanup(stop);
     let start = move |_| {
         lines.set(Vec::new());
         ended.set(None);
-        open.set(true);
+        task.set(Some(task_id.clone()));
         #[cfg(feature = "hydrate")]
         follow(&url, lines, ended);
         #[cfg(not(feature = "hydrate"))]

@@ -261,7 +261,9 @@ pub async fn agent_stream_wait(
         Ok(host) => host,
         Err(e) => return e.into_response(),
     };
-    let orders = state.control.streams().relay().wait(&host, WAIT).await;
+    // Within the server's own request timeout, which would answer 503 instead.
+    let wait = WAIT.min(state.limits.request_timeout / 2);
+    let orders = state.control.streams().relay().wait(&host, wait).await;
     Json(StreamOrders { orders }).into_response()
 }
 
@@ -356,7 +358,7 @@ pub async fn agent_stream_input(
         .control
         .streams()
         .relay()
-        .input(&host, &id, INPUT_WAIT)
+        .input(&host, &id, INPUT_WAIT.min(state.limits.request_timeout / 2))
         .await
     {
         Ok(pieces) => Json(StreamInput {
