@@ -121,6 +121,27 @@ fn feed(
     tx
 }
 
+/// Waits for `child`, then for `drained` (its output read to the end), and answers its
+/// exit code; kills it when the answer is no longer wanted (its client gone).
+fn watch(
+    mut child: tokio::process::Child,
+    drained: impl Future<Output = ()> + Send + 'static,
+) -> oneshot::Receiver<Option<i32>> {
+    let (mut done_tx, done) = oneshot::channel();
+    tokio::spawn(async move {
+        let code = tokio::select! {
+            status = child.wait() => status.ok().and_then(|s| s.code()),
+            () = done_tx.closed() => {
+                let _ = child.kill().await;
+                return;
+            }
+        };
+        drained.await;
+        let _ = done_tx.send(code);
+    });
+    done
+}
+
 /// A command with its standard input, output and error as pipes (output and error go
 /// to the client together).
 fn with_pipes(mut cmd: tokio::process::Command) -> Result<Exec, String> {
@@ -138,20 +159,10 @@ fn with_pipes(mut cmd: tokio::process::Command) -> Result<Exec, String> {
     }
     let stdin = child.stdin.take().ok_or("no standard input")?;
     let input = feed(stdin, |_, _| {});
-    let (mut done_tx, done) = oneshot::channel();
-    tokio::spawn(async move {
-        // Its client gone (the answer dropped), the command goes too.
-        let code = tokio::select! {
-            status = child.wait() => status.ok().and_then(|s| s.code()),
-            () = done_tx.closed() => {
-                let _ = child.kill().await;
-                return;
-            }
-        };
+    let done = watch(child, async move {
         for p in pumps {
             let _ = p.await;
         }
-        let _ = done_tx.send(code);
     });
     Ok(Exec {
         output,
@@ -181,7 +192,7 @@ fn with_terminal(mut cmd: tokio::process::Command) -> Result<Exec, String> {
             Ok(())
         });
     }
-    let mut child = cmd.spawn().map_err(|e| e.to_string())?;
+    let child = cmd.spawn().map_err(|e| e.to_string())?;
     drop(slave);
     let master = std::fs::File::from(pty.master);
     let fd = master.as_raw_fd();
@@ -204,17 +215,8 @@ fn with_terminal(mut cmd: tokio::process::Command) -> Result<Exec, String> {
             libc::ioctl(fd, libc::TIOCSWINSZ, &size);
         }
     });
-    let (mut done_tx, done) = oneshot::channel();
-    tokio::spawn(async move {
-        let code = tokio::select! {
-            status = child.wait() => status.ok().and_then(|s| s.code()),
-            () = done_tx.closed() => {
-                let _ = child.kill().await;
-                return;
-            }
-        };
+    let done = watch(child, async move {
         let _ = tokio::time::timeout(std::time::Duration::from_secs(2), reader).await;
-        let _ = done_tx.send(code);
     });
     Ok(Exec {
         output,
