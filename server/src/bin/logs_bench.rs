@@ -13,8 +13,8 @@
 //! A server on loopback (SQLite, the real router and loop) with `--agents` real agents
 //! (in this process, processes as tasks): service `writer` runs `--follows` tasks, each a
 //! Python loop printing the time every 100 ms. Besides, `--sync-hosts` simulated hosts
-//! sync through the router once per `--interval`, spread evenly: their latencies are the
-//! sync figures. The run measures, in turn, `--seconds` with no follow open, then
+//! sync through the router once per `--interval`, spread evenly and without a pause for
+//! the whole run: their latencies are the sync figures. The run measures, in turn, `--seconds` with no follow open, then
 //! `--seconds` with one `GET /api/v1/tasks/{id}/logs?follow=true` per task open (what
 //! `tessera logs -f` reads), then both again. Printed: sync p50/p99 in each phase and
 //! their ratio (after two unmeasured intervals: every simulated host's first report is a
@@ -86,14 +86,20 @@ fn agent_config(url: &str, dir: &std::path::Path, name: &str) -> AgentConfig {
     }
 }
 
-/// Syncs of the simulated hosts, one per host per interval, spread evenly, until `stop`;
-/// each latency (ms) into `into`.
+/// Each sync: when it started, and its latency (ms).
+type Syncs = Arc<Mutex<Vec<(Instant, f64)>>>;
+
+/// The simulated hosts' syncs, each host once per `interval` (spread evenly), until
+/// `stop`, each into `into`: one load for
+/// the whole run, so that no host ever misses a sync between phases (a host silent for
+/// longer than the server's lost-after time would be declared lost, and its next sync
+/// would be a write: a phase would then measure recoveries, not follows).
 async fn sync_load(
     state: AppState,
     bodies: Arc<Vec<(String, String)>>,
     interval: Duration,
     stop: Arc<AtomicBool>,
-    into: Arc<Mutex<Vec<f64>>>,
+    into: Syncs,
 ) {
     // The router is built once (building it is far dearer than a sync).
     let router = app(state);
@@ -118,7 +124,7 @@ async fn sync_load(
             if answer.status().is_success() {
                 into.lock()
                     .await
-                    .push(started.elapsed().as_secs_f64() * 1000.0);
+                    .push((started, started.elapsed().as_secs_f64() * 1000.0));
             } else {
                 eprintln!("a sync was answered {}", answer.status());
             }
@@ -176,17 +182,14 @@ async fn follow(
     }
 }
 
-/// One phase: `seconds` of syncs, with one follow per task when `follows`; the sync and
-/// line latencies (ms), sorted.
+/// One phase: `seconds` with one follow per task when `follows`; the syncs that started
+/// in it and the line latencies (ms), sorted.
 async fn phase(
-    state: &AppState,
-    bodies: &Arc<Vec<(String, String)>>,
-    interval: Duration,
+    syncs: &Syncs,
     seconds: u64,
     follows: Option<(&str, &str, &[String])>,
 ) -> (Vec<f64>, Vec<f64>) {
     let stop = Arc::new(AtomicBool::new(false));
-    let syncs = Arc::new(Mutex::new(Vec::new()));
     let lines = Arc::new(Mutex::new(Vec::new()));
     let mut followers = Vec::new();
     if let Some((url, token, ids)) = follows {
@@ -203,21 +206,22 @@ async fn phase(
         tokio::time::sleep(Duration::from_secs(2)).await;
         lines.lock().await.clear();
     }
-    let load = tokio::spawn(sync_load(
-        state.clone(),
-        bodies.clone(),
-        interval,
-        stop.clone(),
-        syncs.clone(),
-    ));
+    let from = Instant::now();
     tokio::time::sleep(Duration::from_secs(seconds)).await;
+    let to = Instant::now();
     stop.store(true, Ordering::Relaxed);
-    let _ = load.await;
     for f in followers {
         let _ = f.await;
     }
+    // The last syncs of the phase answered.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let mut s = syncs.lock().await.clone();
+    let mut s: Vec<f64> = syncs
+        .lock()
+        .await
+        .iter()
+        .filter(|(at, _)| (from..to).contains(at))
+        .map(|(_, ms)| *ms)
+        .collect();
     let mut l = lines.lock().await.clone();
     s.sort_by(f64::total_cmp);
     l.sort_by(f64::total_cmp);
@@ -237,8 +241,11 @@ async fn main() -> anyhow::Result<()> {
         Some(server) => fresh_postgres_database(server, "tessera_logs_bench").await?,
         None => format!("sqlite://{}/server.db", dir.path().display()),
     };
+    // The real agents sync every 2 s; a simulated host, every `--interval`, is declared
+    // lost only after three of its own intervals without a sync.
     let config = ControlConfig {
         sync_interval: Duration::from_secs(2),
+        lost_after_intervals: 3 * (interval.as_secs() as u32).div_ceil(2).max(1),
         ..ControlConfig::default()
     };
     let control = Control::new(tessera_control::open(&db).await?, config.clone());
@@ -405,15 +412,24 @@ async fn main() -> anyhow::Result<()> {
         "{:<28} {:>7} {:>9} {:>9} {:>8} {:>10} {:>10} {:>10}",
         "phase", "syncs", "p50 ms", "p99 ms", "lines", "line p50", "line p99", "line max"
     );
+    let syncs: Syncs = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = tokio::spawn(sync_load(
+        state.clone(),
+        bodies.clone(),
+        interval,
+        stop.clone(),
+        syncs.clone(),
+    ));
     // Unmeasured: every simulated host's first report (a write each), then a quiet round.
-    let _ = phase(&state, &bodies, interval, 2 * interval.as_secs(), None).await;
+    let _ = phase(&syncs, 2 * interval.as_secs(), None).await;
     let mut quiet_p99 = Vec::new();
     let mut busy_p99 = Vec::new();
     let mut all_lines = Vec::new();
     for round in 1..=2 {
         for with in [false, true] {
             let follows_now = with.then_some((read_from.as_str(), token.as_str(), ids.as_slice()));
-            let (syncs, lines) = phase(&state, &bodies, interval, seconds, follows_now).await;
+            let (syncs, lines) = phase(&syncs, seconds, follows_now).await;
             let name = if with {
                 format!("round {round}: {} follows", ids.len())
             } else {
@@ -437,6 +453,8 @@ async fn main() -> anyhow::Result<()> {
             }
         }
     }
+    stop.store(true, Ordering::Relaxed);
+    let _ = load.await;
     all_lines.sort_by(f64::total_cmp);
     let (quiet, busy) = (
         quiet_p99.iter().sum::<f64>() / quiet_p99.len() as f64,
