@@ -155,6 +155,10 @@ pub struct ServeArgs {
     /// Requests one client address may have in flight (agents' syncs aside).
     #[arg(long, env = "TESSERA_REQUESTS_PER_ADDRESS", default_value_t = 64)]
     pub requests_per_address: usize,
+    /// Task log reads, follows and exec sessions one user or token may have open at once
+    /// (`tessera logs SERVICE -f` opens one per running task).
+    #[arg(long, env = "TESSERA_TASK_STREAMS_PER_USER", default_value_t = 64)]
+    pub task_streams_per_user: usize,
     /// Seconds a new connection may take to send its first request, and a request its
     /// headers (a body may not pause longer); a connection idle that long is closed
     /// quietly.
@@ -266,6 +270,7 @@ mod tests {
             audit_retention_days: 90,
             connections_per_address: 256,
             requests_per_address: 64,
+            task_streams_per_user: 64,
             header_timeout_secs: 10,
             request_timeout_secs: 30,
         };

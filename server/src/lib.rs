@@ -77,6 +77,9 @@ pub struct AppState {
     pub live_users: edge::Shares<String>,
     #[from_ref(skip)]
     pub live_addresses: edge::PerAddress,
+    /// Log and exec streams open per user.
+    #[from_ref(skip)]
+    pub task_stream_users: edge::Shares<String>,
     /// Hosts with a sync in flight: one each.
     #[from_ref(skip)]
     pub agent_hosts: edge::OnePerHost,
@@ -120,6 +123,9 @@ pub struct Limits {
     /// Event streams one user (or token) may have open at once, and one client address.
     pub live_streams_per_user: usize,
     pub live_streams_per_address: usize,
+    /// A task's log reads, follows and exec sessions one user (or token) may have open at
+    /// once (`503` past it): a leaked token cannot hold every stream of the server.
+    pub task_streams_per_user: usize,
     /// An agent's request body must arrive whole within this, before it takes a slot.
     pub agent_body_timeout: std::time::Duration,
     /// HTTP/2 streams one connection may have open at once.
@@ -139,6 +145,7 @@ impl Default for Limits {
             agent_requests_per_address: 512,
             live_streams_per_user: 8,
             live_streams_per_address: 16,
+            task_streams_per_user: 64,
             agent_body_timeout: std::time::Duration::from_secs(5),
             http2_streams: 64,
         }
@@ -164,6 +171,7 @@ impl AppState {
             agent_addresses: edge::PerAddress::new(limits.agent_requests_per_address),
             live_users: edge::Shares::new(limits.live_streams_per_user),
             live_addresses: edge::PerAddress::new(limits.live_streams_per_address),
+            task_stream_users: edge::Shares::new(limits.task_streams_per_user),
             agent_hosts: edge::OnePerHost::default(),
             agent_streams: edge::Shares::new(edge::STREAM_REQUESTS_PER_HOST),
             metrics: metrics::Scrapes::default(),
@@ -184,6 +192,7 @@ impl AppState {
             agent_addresses: edge::PerAddress::new(limits.agent_requests_per_address),
             live_users: edge::Shares::new(limits.live_streams_per_user),
             live_addresses: edge::PerAddress::new(limits.live_streams_per_address),
+            task_stream_users: edge::Shares::new(limits.task_streams_per_user),
             limits,
             ..self
         }

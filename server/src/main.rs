@@ -370,6 +370,7 @@ async fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
     .with_limits(tessera_server::Limits {
         connections_per_address: args.connections_per_address.max(1),
         requests_per_address: args.requests_per_address.max(1),
+        task_streams_per_user: args.task_streams_per_user.max(1),
         header_timeout: std::time::Duration::from_secs(args.header_timeout_secs.max(1)),
         request_timeout: std::time::Duration::from_secs(args.request_timeout_secs.max(1)),
         ..Default::default()

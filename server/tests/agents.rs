@@ -906,6 +906,11 @@ async fn a_tasks_logs_come_from_its_agent_and_a_follow_gets_each_new_line() {
         stamped.starts_with("20") && stamped.contains("Z "),
         "{stamped}"
     );
+    // (The task writes at most 20 lines a second: 30 span more than the last second.)
+    wait_until("more than a second of lines", || async {
+        logs(&c, &task.id, "").await.1.lines().count() >= 30
+    })
+    .await;
     let (_, recent) = logs(&c, &task.id, "since=1s").await;
     let (_, all) = logs(&c, &task.id, "").await;
     assert!(recent.lines().count() < all.lines().count(), "{recent}");
@@ -1085,6 +1090,95 @@ async fn exec_runs_in_the_task_where_its_pool_allows_it() {
     assert_ne!(code, 0);
     assert!(err.contains("no container \"other\""), "{err}");
     a.stop().await;
+}
+
+/// An agent's batch of output: each piece reaches its own stream's client, and the answer
+/// says piece by piece what became of it; a client that does not read holds up its own
+/// stream only, and a host reaches only its own streams.
+#[tokio::test]
+async fn a_batch_of_output_reaches_each_streams_client_and_says_what_became_of_each() {
+    use tessera_control::streams::Piece;
+    use tessera_model::agent::streams::{LogRequest, OutputAnswer, OutputBatch, StreamKind, Taken};
+    let c = cluster().await;
+    let admitted = tessera_control::bench::admit_simulated_hosts(&c.control, 2, 1, |_| {
+        PoolName::new("gpu").expect("pool")
+    })
+    .await
+    .expect("hosts");
+    let relay = c.control.streams().relay();
+    let logs = || StreamKind::Logs(LogRequest::default());
+    let (a, b) = (&admitted[0], &admitted[1]);
+    let slow = relay.open(&a.host_id, "t1", logs()).expect("open");
+    let mut quick = relay.open(&a.host_id, "t2", logs()).expect("open");
+    let foreign = relay.open(&b.host_id, "t3", logs()).expect("open");
+    let post = |token: String, body: Vec<u8>| {
+        let url = format!("{}/agent/v1/streams/output", c.url);
+        async move {
+            reqwest::Client::new()
+                .post(url)
+                .bearer_auth(token)
+                .body(body)
+                .send()
+                .await
+                .expect("answers")
+        }
+    };
+    let piece = |id: &str, bytes: &[u8]| (id.to_owned(), bytes.to_vec());
+    // The slow client's stream fills up (nothing is read), piece by piece.
+    let mut said = Vec::new();
+    for _ in 0..20 {
+        let body = OutputBatch {
+            pieces: vec![piece(slow.id(), b"slow\n")],
+        };
+        let answer: OutputAnswer = post(a.agent_token.clone(), body.encode())
+            .await
+            .json()
+            .await
+            .expect("json");
+        said.extend(answer.pieces);
+    }
+    assert!(said.starts_with(&[Taken::Taken]), "{said:?}");
+    assert_eq!(said.last(), Some(&Taken::Full), "{said:?}");
+    let body = OutputBatch {
+        pieces: vec![
+            piece(slow.id(), b"more\n"),
+            piece(quick.id(), b"quick\n"),
+            piece(foreign.id(), b"not mine\n"),
+            piece("no-such-stream", b"x"),
+            piece(slow.id(), b""),
+        ],
+    };
+    let answer = post(a.agent_token.clone(), body.encode()).await;
+    assert_eq!(answer.status(), 200);
+    let answer: OutputAnswer = answer.json().await.expect("json");
+    assert_eq!(
+        answer.pieces,
+        vec![
+            Taken::Full,
+            Taken::Taken,
+            Taken::Gone,
+            Taken::Gone,
+            Taken::Taken
+        ],
+        "full, passed on, another host's, unknown, a heartbeat"
+    );
+    match tokio::time::timeout(Duration::from_secs(5), quick.next()).await {
+        Ok(Some(Piece::Data(d))) => assert_eq!(d, b"quick\n"),
+        other => panic!("the quick client's piece: {other:?}"),
+    }
+    // A body that is not a batch: 400, saying where; an unknown token: 401.
+    let mut cut = OutputBatch {
+        pieces: vec![piece(quick.id(), b"line\n")],
+    }
+    .encode();
+    cut.pop();
+    let refused = post(a.agent_token.clone(), cut).await;
+    assert_eq!(refused.status(), 400);
+    let why = refused.text().await.expect("text");
+    assert!(why.contains("piece 0") && why.contains("cut off"), "{why}");
+    let unknown = post("not-a-token".into(), Vec::new()).await;
+    assert_eq!(unknown.status(), 401);
+    drop((slow, foreign));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -860,3 +860,80 @@ async fn a_services_project_and_production_class_are_the_admins_to_give() {
     let (_, kept) = call(&state, Method::GET, "/api/v1/services/svc", None, None).await;
     assert_eq!(kept["priority"], "production", "{kept}");
 }
+
+/// Log reads, follows and exec sessions held open are capped per user: one user (a leaked
+/// token) cannot hold every stream of the server, another is not held up, and a stream
+/// whose client leaves gives its turn back.
+#[tokio::test]
+async fn a_user_holds_at_most_its_share_of_log_and_exec_streams() {
+    let mut state = state().await;
+    state.app = state.app.clone().with_limits(tessera_server::Limits {
+        task_streams_per_user: 2,
+        ..Default::default()
+    });
+    fleet(&state).await;
+    post(
+        &state,
+        "/api/v1/task-definitions",
+        json!({"family": "web", "containers": [{"name": "m", "command": ["sleep", "1d"], "cpu_milli": 1000, "memory_mib": 1024}]}),
+    )
+    .await;
+    let (status, created) = post(
+        &state,
+        "/api/v1/services",
+        json!({"name": "web", "task_definition": "web:1", "pool": "gpu", "desired_count": 1}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    state.control.reconcile_once().await.expect("pass");
+    let (_, tasks) = get(&state, "/api/v1/tasks").await;
+    let id = tasks["tasks"][0]["id"].as_str().expect("placed").to_owned();
+    // The task's host has no agent here: each follow waits for it to pick its order up.
+    let follow = |token: String| {
+        let app = app(state.app.clone());
+        let uri = format!("/api/v1/tasks/{id}/logs?follow=true");
+        async move {
+            app.oneshot(
+                Request::get(uri)
+                    .header("host", "127.0.0.1:3000")
+                    .header("authorization", format!("Bearer {token}"))
+                    .body(Body::empty())
+                    .expect("request"),
+            )
+            .await
+            .expect("answers")
+        }
+    };
+    let first = follow(state.admin.clone()).await;
+    let second = follow(state.admin.clone()).await;
+    assert_eq!(
+        (first.status(), second.status()),
+        (StatusCode::OK, StatusCode::OK)
+    );
+    let third = follow(state.admin.clone()).await;
+    assert_eq!(third.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let why = axum::body::to_bytes(third.into_body(), 1 << 16)
+        .await
+        .expect("body");
+    let why = String::from_utf8_lossy(&why);
+    assert!(
+        why.contains("admin") && why.contains("2 log and exec streams open already"),
+        "{why}"
+    );
+    let operator = api_token(&state.control, Role::Operator)
+        .await
+        .expect("token");
+    assert_eq!(
+        follow(operator).await.status(),
+        StatusCode::OK,
+        "another user"
+    );
+    // The client of one leaves: its turn comes back.
+    drop(first);
+    tessera_control::testkit::wait_until("the turn given back", || async {
+        let again = follow(state.admin.clone()).await;
+        again.status() == StatusCode::OK
+    })
+    .await;
+    drop(second);
+}

@@ -381,6 +381,7 @@ impl Agent {
                 tasks_dir: self.runtime.tasks_dir().to_owned(),
                 live: live_rx,
                 execs: exec_tx,
+                epoch: streams::epoch(),
             }
             .run(),
         ));

@@ -11,15 +11,28 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tessera_model::agent::streams::{
-    ExecRequest, LogRequest, StreamEnd, StreamInput, StreamKind, StreamOrder, StreamOrders,
+    ExecRequest, LogRequest, OutputAnswer, OutputBatch, StreamEnd, StreamInput, StreamKind,
+    StreamOrder, StreamOrders, Taken,
 };
 use tessera_model::limits::streams::MAX_CHUNK_BYTES;
 use tokio::sync::{mpsc, oneshot, watch};
 
 /// How often a follow looks at its files (and sends what is new, in one piece): a line
-/// waits at most this long on the host, and a busy task costs its server four requests
-/// a second.
+/// waits at most this long on the host. Every follow of the agent looks at the same
+/// moments (see `Channel::epoch`), so their pieces go to the server in one batch.
 const FOLLOW_EVERY: Duration = Duration::from_millis(250);
+/// A batch waits for more pieces while they keep coming this close together (the other
+/// follows that looked at the same moment)…
+const GATHER_GAP: Duration = Duration::from_millis(2);
+/// …and for at most this long after its first.
+const GATHER_AT_MOST: Duration = Duration::from_millis(20);
+/// A batch stops gathering at this size (each piece is at most `MAX_CHUNK_BYTES`, so a
+/// batch stays well under the server's bound on an agent's body).
+const BATCH_BYTES: usize = 1024 * 1024;
+/// A piece whose client has not read what came before is sent again after this long…
+const FULL_RETRY: Duration = Duration::from_millis(100);
+/// …for at most this long; then the stream is given up.
+const SLOW_CLIENT: Duration = Duration::from_secs(10);
 /// A quiet follow says it is still there this often (the server gives up on one silent
 /// for 20 s).
 const HEARTBEAT: Duration = Duration::from_secs(5);
@@ -51,10 +64,26 @@ pub(crate) struct Channel {
     /// The tasks this host runs (or whose output is still being copied).
     pub(crate) live: watch::Receiver<BTreeSet<String>>,
     pub(crate) execs: mpsc::Sender<ExecAsk>,
+    /// Follows look at their files at whole intervals from this moment: all of this
+    /// agent's together (their pieces go in one batch), at times of the agent's own (not
+    /// every agent's at once).
+    pub(crate) epoch: tokio::time::Instant,
 }
 
 /// Why a stream stops sending: the server said it is closed, or cannot be reached.
 struct Stop;
+
+/// A moment of this agent's own to count its follows' intervals from: now, less a random
+/// part of an interval (agents started together look at different moments).
+pub(crate) fn epoch() -> tokio::time::Instant {
+    use std::hash::{BuildHasher, Hasher};
+    let random = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    let back = Duration::from_nanos(random % FOLLOW_EVERY.as_nanos() as u64);
+    let now = tokio::time::Instant::now();
+    now.checked_sub(back).unwrap_or(now)
+}
 
 /// A task aborted when this is dropped (the channel's waits, when the agent stops).
 pub(crate) struct AbortOnDrop(pub(crate) tokio::task::JoinHandle<()>);
@@ -65,11 +94,100 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// A piece of a stream's output on its way, and where to say what became of it.
+struct Pending {
+    id: String,
+    bytes: Vec<u8>,
+    told: oneshot::Sender<Taken>,
+}
+
+/// Sends the output of every stream served through one server in batches
+/// ([`OutputBatch`]): one request for what all of them have at a moment, however many
+/// are open. It stops when the last stream holding it has.
+#[derive(Clone)]
+struct Batcher {
+    pieces: mpsc::Sender<Pending>,
+}
+
+impl Batcher {
+    fn start(http: reqwest::Client, link: Link) -> Batcher {
+        // Each stream has one piece on its way at a time.
+        let (pieces, rx) = mpsc::channel(128);
+        tokio::spawn(Self::run(http, link, rx));
+        Batcher { pieces }
+    }
+
+    /// What became of `bytes` of stream `id`. A batch the server did not answer is, for
+    /// each of its pieces, to be sent again (as for a full stream): a stream ends on its
+    /// own bound, not because of one failed request.
+    async fn pass(&self, id: &str, bytes: Vec<u8>) -> Taken {
+        let (told, answer) = oneshot::channel();
+        let pending = Pending {
+            id: id.to_owned(),
+            bytes,
+            told,
+        };
+        if self.pieces.send(pending).await.is_err() {
+            return Taken::Gone;
+        }
+        answer.await.unwrap_or(Taken::Gone)
+    }
+
+    async fn run(http: reqwest::Client, link: Link, mut rx: mpsc::Receiver<Pending>) {
+        let url = format!("{}/agent/v1/streams/output", link.server);
+        while let Some(first) = rx.recv().await {
+            let mut size = OutputBatch::piece_len(&first.id, &first.bytes);
+            let mut batch = vec![first];
+            let until = tokio::time::Instant::now() + GATHER_AT_MOST;
+            while size < BATCH_BYTES && tokio::time::Instant::now() < until {
+                match tokio::time::timeout(GATHER_GAP, rx.recv()).await {
+                    Ok(Some(p)) => {
+                        size += OutputBatch::piece_len(&p.id, &p.bytes);
+                        batch.push(p);
+                    }
+                    _ => break,
+                }
+            }
+            let (told, pieces): (Vec<_>, Vec<_>) =
+                batch.into_iter().map(|p| (p.told, (p.id, p.bytes))).unzip();
+            let answer = http
+                .post(&url)
+                .bearer_auth(&link.token)
+                .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
+                .body(OutputBatch { pieces }.encode())
+                .timeout(Duration::from_secs(30))
+                .send()
+                .await;
+            let taken = match answer {
+                Ok(r) if r.status().is_success() => r
+                    .json::<OutputAnswer>()
+                    .await
+                    .ok()
+                    .map(|a| a.pieces)
+                    .filter(|p| p.len() == told.len()),
+                Ok(r) => {
+                    tracing::debug!(status = %r.status(), "a batch of stream output was refused");
+                    None
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "a batch of stream output failed");
+                    None
+                }
+            };
+            let taken = taken.unwrap_or_else(|| vec![Taken::Full; told.len()]);
+            for (t, what) in told.into_iter().zip(taken) {
+                let _ = t.send(what);
+            }
+        }
+    }
+}
+
 /// One stream's way to its server.
 #[derive(Clone)]
 struct Outlet {
     http: reqwest::Client,
     link: Link,
+    batcher: Batcher,
     id: String,
 }
 
@@ -78,7 +196,8 @@ impl Outlet {
         format!("{}/agent/v1/streams/{}/{what}", self.link.server, self.id)
     }
 
-    /// Sends `bytes` (in pieces of at most [`MAX_CHUNK_BYTES`]); empty: a heartbeat.
+    /// Sends `bytes` (in pieces of at most [`MAX_CHUNK_BYTES`]); empty: a heartbeat. A
+    /// piece its client has no room for yet is sent again, for up to [`SLOW_CLIENT`].
     async fn send(&self, bytes: &[u8]) -> Result<(), Stop> {
         let pieces: Vec<&[u8]> = if bytes.is_empty() {
             vec![bytes]
@@ -86,18 +205,14 @@ impl Outlet {
             bytes.chunks(MAX_CHUNK_BYTES).collect()
         };
         for piece in pieces {
-            let answer = self
-                .http
-                .post(self.url("output"))
-                .bearer_auth(&self.link.token)
-                .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
-                .body(piece.to_vec())
-                .timeout(Duration::from_secs(30))
-                .send()
-                .await;
-            match answer {
-                Ok(r) if r.status().is_success() => {}
-                _ => return Err(Stop),
+            let first = Instant::now();
+            loop {
+                match self.batcher.pass(&self.id, piece.to_vec()).await {
+                    Taken::Taken => break,
+                    Taken::Gone => return Err(Stop),
+                    Taken::Full if first.elapsed() >= SLOW_CLIENT => return Err(Stop),
+                    Taken::Full => tokio::time::sleep(FULL_RETRY).await,
+                }
             }
         }
         Ok(())
@@ -174,6 +289,9 @@ impl Channel {
         let mut token_rx = self.token.clone();
         // The streams served: they end with the channel (the agent stopping).
         let mut serving = tokio::task::JoinSet::new();
+        // The output of the streams served through this server (with the token they
+        // were ordered under).
+        let mut batcher: Option<(Link, Batcher)> = None;
         loop {
             while serving.try_join_next().is_some() {}
             let Some(token) = token_rx.borrow_and_update().clone() else {
@@ -208,9 +326,18 @@ impl Channel {
                 continue;
             };
             for order in orders.orders {
+                let batcher = match &batcher {
+                    Some((of, b)) if of == &link => b.clone(),
+                    _ => {
+                        let b = Batcher::start(self.http.clone(), link.clone());
+                        batcher = Some((link.clone(), b.clone()));
+                        b
+                    }
+                };
                 let outlet = Outlet {
                     http: self.http.clone(),
                     link: link.clone(),
+                    batcher,
                     id: order.id.clone(),
                 };
                 serving.spawn(self.serve(order, outlet));
@@ -222,6 +349,7 @@ impl Channel {
         let dir = self.tasks_dir.join(&order.task_id);
         let live = self.live.clone();
         let execs = self.execs.clone();
+        let epoch = self.epoch;
         async move {
             if !plain_id(&order.task_id) {
                 outlet
@@ -232,7 +360,7 @@ impl Channel {
             tracing::info!(stream = %order.id, task = %order.task_id, kind = ?std::mem::discriminant(&order.kind), "stream opened");
             match order.kind {
                 StreamKind::Logs(request) => {
-                    serve_logs(outlet, order.task_id, dir, request, live).await
+                    serve_logs(outlet, order.task_id, dir, request, live, epoch).await
                 }
                 StreamKind::Exec(request) => {
                     serve_exec(outlet, order.task_id, request, execs).await
@@ -250,6 +378,7 @@ async fn serve_logs(
     dir: PathBuf,
     request: LogRequest,
     live: watch::Receiver<BTreeSet<String>>,
+    epoch: tokio::time::Instant,
 ) {
     let follow = request.follow;
     let opened = tokio::task::spawn_blocking(move || {
@@ -271,13 +400,11 @@ async fn serve_logs(
         return outlet.end("the end of its logs".into(), None, false).await;
     }
     let mut said = Instant::now();
-    // Follows opened together (a service's tasks) look at their files at times of their
-    // own, so their pieces reach the server spread over the interval, not in bursts.
+    // The agent's next whole interval from its epoch.
     let offset = {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        outlet.id.hash(&mut h);
-        Duration::from_millis(h.finish() % FOLLOW_EVERY.as_millis() as u64)
+        let every = FOLLOW_EVERY.as_nanos();
+        let into = epoch.elapsed().as_nanos() % every;
+        Duration::from_nanos((every - into) as u64)
     };
     let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + offset, FOLLOW_EVERY);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tessera_model::HostId;
-use tessera_model::agent::streams::{StreamEnd, StreamKind, StreamOrder};
+use tessera_model::agent::streams::{StreamEnd, StreamKind, StreamOrder, Taken};
 use tokio::sync::{Notify, mpsc};
 
 /// Most streams open on one host at once.
@@ -73,14 +73,14 @@ impl Opened {
 
     /// Whether the host's agent picks the order up within `at_most`.
     pub async fn picked_within(&self, at_most: Duration) -> bool {
-        tokio::time::timeout(at_most, async {
-            while !self.is_picked() {
-                let _ =
-                    tokio::time::timeout(Duration::from_millis(200), self.picked.notified()).await;
-            }
-        })
-        .await
-        .is_ok()
+        // Listening before looking: a pick between the two is not missed.
+        let told = self.picked.notified();
+        tokio::pin!(told);
+        told.as_mut().enable();
+        if self.is_picked() {
+            return true;
+        }
+        tokio::time::timeout(at_most, told).await.is_ok()
     }
 
     /// Whether the host's agent has picked the order up.
@@ -241,7 +241,6 @@ impl Streams {
             if let Some(s) = open.get_mut(&o.id) {
                 s.picked = true;
                 s.picked_notify.notify_waiters();
-                s.picked_notify.notify_one();
             }
         }
         orders
@@ -253,6 +252,27 @@ impl Streams {
         match open.get(id) {
             Some(o) if &o.host == host => Ok((o.output.clone(), o.input.clone())),
             _ => Err(Gone(id.to_owned())),
+        }
+    }
+
+    /// A piece of output from `host`'s agent for stream `id` (empty: a heartbeat), passed
+    /// on without waiting: `Full` while the client has not read what came before, so one
+    /// slow client never holds up the other streams of an agent's batch.
+    pub fn offer(&self, host: &HostId, id: &str, data: Vec<u8>) -> Taken {
+        let Ok((tx, _)) = self.of_host(host, id) else {
+            return Taken::Gone;
+        };
+        if data.is_empty() {
+            return if tx.is_closed() {
+                Taken::Gone
+            } else {
+                Taken::Taken
+            };
+        }
+        match tx.try_send(Piece::Data(data)) {
+            Ok(()) => Taken::Taken,
+            Err(mpsc::error::TrySendError::Full(_)) => Taken::Full,
+            Err(mpsc::error::TrySendError::Closed(_)) => Taken::Gone,
         }
     }
 
@@ -364,6 +384,38 @@ mod tests {
             Err(Gone(id.clone()))
         );
         assert_eq!(s.open_count(), 0);
+    }
+
+    #[tokio::test]
+    async fn an_offer_to_a_client_that_does_not_read_is_full_and_holds_up_nothing_else() {
+        let s = Streams::default();
+        let (a, b) = (host("h-a"), host("h-b"));
+        let slow = s
+            .open(&a, "t1", StreamKind::Logs(LogRequest::default()))
+            .unwrap();
+        let mut quick = s
+            .open(&a, "t2", StreamKind::Logs(LogRequest::default()))
+            .unwrap();
+        for _ in 0..OUTPUT_DEPTH {
+            assert_eq!(s.offer(&a, slow.id(), b"x".to_vec()), Taken::Taken);
+        }
+        assert_eq!(s.offer(&a, slow.id(), b"x".to_vec()), Taken::Full);
+        assert_eq!(
+            s.offer(&a, slow.id(), Vec::new()),
+            Taken::Taken,
+            "still wanted"
+        );
+        assert_eq!(s.offer(&a, quick.id(), b"y".to_vec()), Taken::Taken);
+        assert!(matches!(quick.next().await, Some(Piece::Data(d)) if d == b"y"));
+        assert_eq!(
+            s.offer(&b, quick.id(), b"z".to_vec()),
+            Taken::Gone,
+            "not its host's"
+        );
+        let id = slow.id().to_owned();
+        drop(slow);
+        assert_eq!(s.offer(&a, &id, b"x".to_vec()), Taken::Gone);
+        assert_eq!(s.offer(&a, &id, Vec::new()), Taken::Gone);
     }
 
     #[tokio::test]

@@ -1,10 +1,10 @@
 //! Streams between a client and a task on its host, through the server: a task's logs
 //! (read and followed) and commands run in it (`exec`). The agent opens every connection:
-//! it waits for orders (`/agent/v1/streams/wait`), sends what it reads
-//! (`/agent/v1/streams/{id}/output`), asks for what the client typed
+//! it waits for orders (`/agent/v1/streams/wait`), sends what it reads, its streams'
+//! pieces together ([`OutputBatch`] to `/agent/v1/streams/output`), asks for what the client typed
 //! (`/agent/v1/streams/{id}/input`) and says how it ended (`/agent/v1/streams/{id}/end`).
 
-use crate::limits::streams::{MAX_EXEC_ARG_CHARS, MAX_EXEC_ARGS, MAX_LOG_TAIL};
+use crate::limits::streams::{MAX_CHUNK_BYTES, MAX_EXEC_ARG_CHARS, MAX_EXEC_ARGS, MAX_LOG_TAIL};
 use crate::time::Timestamp;
 use serde::{Deserialize, Serialize};
 
@@ -158,6 +158,97 @@ fn check_container(c: &str) -> Result<(), crate::error::FieldError> {
     })
 }
 
+/// Output of several of a host's streams in one request: each piece is a stream's id and
+/// its bytes (none: a heartbeat, the stream is still served). An agent sends one batch
+/// for all the streams that have something at the moment, not one request per stream:
+/// what the server does per piece of output no longer grows with the streams open.
+///
+/// The body is binary (output need not be text): for each piece, the id's length (one
+/// byte), the id, the bytes' length (four bytes, big-endian) and the bytes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OutputBatch {
+    pub pieces: Vec<(String, Vec<u8>)>,
+}
+
+/// What the server did with each piece of an [`OutputBatch`], in its order.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Taken {
+    /// Passed on to the client.
+    Taken,
+    /// The client has not read what came before: send it again shortly (a slow client
+    /// holds up its own stream, never the batch).
+    Full,
+    /// The stream is closed (its client went, or it is not this host's): stop it.
+    Gone,
+}
+
+/// The answer to an [`OutputBatch`].
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutputAnswer {
+    pub pieces: Vec<Taken>,
+}
+
+impl OutputBatch {
+    /// The size of `id` and `bytes` as one piece of the body.
+    pub fn piece_len(id: &str, bytes: &[u8]) -> usize {
+        1 + id.len() + 4 + bytes.len()
+    }
+
+    /// The body.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut body = Vec::with_capacity(
+            self.pieces
+                .iter()
+                .map(|(id, b)| Self::piece_len(id, b))
+                .sum(),
+        );
+        for (id, bytes) in &self.pieces {
+            debug_assert!(id.len() <= u8::MAX as usize, "stream ids are short");
+            body.push(id.len() as u8);
+            body.extend_from_slice(id.as_bytes());
+            body.extend_from_slice(&(bytes.len() as u32).to_be_bytes());
+            body.extend_from_slice(bytes);
+        }
+        body
+    }
+
+    /// Reads a body: an error naming what is wrong (a cut-off piece, an id that is not
+    /// text, a piece longer than [`MAX_CHUNK_BYTES`]).
+    pub fn decode(mut body: &[u8]) -> Result<OutputBatch, String> {
+        let mut pieces = Vec::new();
+        while !body.is_empty() {
+            let n = pieces.len();
+            let id_len = body[0] as usize;
+            let Some(id) = body.get(1..1 + id_len) else {
+                return Err(format!("piece {n}: its stream id is cut off"));
+            };
+            let id = std::str::from_utf8(id)
+                .map_err(|_| format!("piece {n}: its stream id is not text"))?
+                .to_owned();
+            body = &body[1 + id_len..];
+            let Some(len) = body.get(..4) else {
+                return Err(format!("piece {n}: its length is cut off"));
+            };
+            let len = u32::from_be_bytes([len[0], len[1], len[2], len[3]]) as usize;
+            if len > MAX_CHUNK_BYTES {
+                return Err(format!(
+                    "piece {n}: {len} bytes; a piece is at most {MAX_CHUNK_BYTES}"
+                ));
+            }
+            let Some(bytes) = body.get(4..4 + len) else {
+                return Err(format!("piece {n}: its {len} bytes are cut off"));
+            };
+            pieces.push((id, bytes.to_vec()));
+            body = &body[4 + len..];
+        }
+        Ok(OutputBatch { pieces })
+    }
+}
+
 /// What a client typed for an exec, as its agent asks for it.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -209,6 +300,39 @@ pub fn parse_since(text: &str, now: Timestamp) -> Result<Timestamp, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_batch_reads_back_as_written_and_a_broken_one_says_where() {
+        let batch = OutputBatch {
+            pieces: vec![
+                ("s-1".into(), b"line\n".to_vec()),
+                ("s-2".into(), Vec::new()),
+                ("s-3".into(), vec![0, 255, 10]),
+            ],
+        };
+        let body = batch.encode();
+        assert_eq!(
+            body.len(),
+            batch
+                .pieces
+                .iter()
+                .map(|(i, b)| OutputBatch::piece_len(i, b))
+                .sum::<usize>()
+        );
+        assert_eq!(OutputBatch::decode(&body).unwrap(), batch);
+        assert_eq!(OutputBatch::decode(&[]).unwrap(), OutputBatch::default());
+        let cut = OutputBatch::decode(&body[..body.len() - 1]).unwrap_err();
+        assert!(cut.contains("piece 2") && cut.contains("cut off"), "{cut}");
+        let mut long = vec![1, b'x'];
+        long.extend_from_slice(&((MAX_CHUNK_BYTES as u32) + 1).to_be_bytes());
+        let too_long = OutputBatch::decode(&long).unwrap_err();
+        assert!(too_long.contains("at most"), "{too_long}");
+        assert!(
+            OutputBatch::decode(&[2, 0xff, 0xfe, 0, 0, 0, 0])
+                .unwrap_err()
+                .contains("not text")
+        );
+    }
 
     #[test]
     fn since_is_a_time_or_a_span_back() {

@@ -191,6 +191,7 @@ pub fn routes() -> Routes {
         .route(routes!(streams::task_logs))
         .route(routes!(streams::task_exec))
         .route(routes!(streams::agent_stream_wait))
+        .route(routes!(streams::agent_stream_outputs))
         .route(routes!(streams::agent_stream_output))
         .route(routes!(streams::agent_stream_end))
         .route(routes!(streams::agent_stream_input))

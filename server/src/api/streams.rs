@@ -5,7 +5,7 @@
 use super::{Body, Params, Segment};
 use crate::AppState;
 use crate::auth::Declaration;
-use crate::edge::AgentHost;
+use crate::edge::{AgentHost, Held};
 use crate::error::ApiError;
 use axum::Json;
 use axum::extract::State;
@@ -15,8 +15,10 @@ use serde::Deserialize;
 use std::time::Duration;
 use tessera_control::streams::{Gone, LogsAnswer, Opened, Piece};
 use tessera_model::agent::streams::{
-    ExecRequest, LogRequest, StreamEnd, StreamInput, StreamOrders, parse_since,
+    ExecRequest, LogRequest, OutputAnswer, OutputBatch, StreamEnd, StreamInput, StreamOrders,
+    parse_since,
 };
+use tessera_model::auth::Caller;
 use tessera_model::operations as ops;
 use utoipa::IntoParams;
 
@@ -142,10 +144,11 @@ fn streamed(shape: Shape, rx: tokio::sync::mpsc::Receiver<Vec<u8>>) -> Response 
         (status = 200, description = "The lines, as they come", content_type = "text/plain", body = String),
         (status = 404, description = "No such task", body = crate::api::bodies::ErrorBody),
         (status = 422, description = "A parameter breaks its rule", body = crate::api::bodies::ErrorBody),
-        (status = 503, description = "Too many streams are open on the task's host", body = crate::api::bodies::ErrorBody),
+        (status = 503, description = "Too many streams are open on the task's host, or the caller's", body = crate::api::bodies::ErrorBody),
     ))]
 pub async fn task_logs(
     State(state): State<AppState>,
+    caller: Option<axum::Extension<Caller>>,
     headers: HeaderMap,
     Segment(id): Segment,
     Params(p): Params<LogParams>,
@@ -168,6 +171,7 @@ pub async fn task_logs(
     } else {
         Shape::Text
     };
+    let turn = streams_turn(&state, &caller)?;
     let streams = state.control.streams().clone();
     let (tx, rx) = tokio::sync::mpsc::channel::<Vec<u8>>(16);
     match streams.logs(&id, request).await? {
@@ -179,6 +183,7 @@ pub async fn task_logs(
                 failed: true,
             };
             tokio::spawn(async move {
+                let _turn = turn;
                 if let Some(b) = body.take() {
                     let _ = tx.send(b).await;
                 }
@@ -186,10 +191,34 @@ pub async fn task_logs(
             });
         }
         LogsAnswer::Live { opened, host } => {
-            tokio::spawn(relay_logs(streams, id, host, opened, shape, tx));
+            tokio::spawn(async move {
+                let _turn = turn;
+                relay_logs(streams, id, host, opened, shape, tx).await
+            });
         }
     }
     Ok(streamed(shape, rx))
+}
+
+/// The caller's turn for one more task stream (a log read or follow, an exec session),
+/// held while the stream is open: `503` past its share.
+fn streams_turn(
+    state: &AppState,
+    caller: &Option<axum::Extension<Caller>>,
+) -> Result<Option<Held<String>>, ApiError> {
+    let Some(axum::Extension(c)) = caller else {
+        return Ok(None);
+    };
+    state
+        .task_stream_users
+        .enter(&c.name)
+        .map(Some)
+        .ok_or_else(|| {
+            ApiError::Unavailable(format!(
+                "{} has {} log and exec streams open already; close one",
+                c.name, state.limits.task_streams_per_user
+            ))
+        })
 }
 
 /// Copies a live log stream to its client: pieces as they come; the end as its agent
@@ -203,7 +232,12 @@ async fn relay_logs(
     shape: Shape,
     tx: tokio::sync::mpsc::Sender<Vec<u8>>,
 ) {
-    let waited = opened.picked_within(PICK_UP).await;
+    let waited = tokio::select! {
+        picked = opened.picked_within(PICK_UP) => picked,
+        // The client left before the agent took the order: the stream (and the
+        // client's turn) ends now.
+        () = tx.closed() => return,
+    };
     let end = if !waited {
         StreamEnd {
             reason: format!(
@@ -275,8 +309,44 @@ fn gone(e: Gone) -> Response {
         .into_response()
 }
 
-/// Output of a stream of this host (the bytes as the body; empty: a heartbeat). `410`:
-/// the client has gone, stop
+/// Output of several of this host's streams at once (an `OutputBatch`: for each piece,
+/// the stream id's length in one byte, the id, the length of its bytes in four bytes
+/// big-endian, and the bytes; no bytes: a heartbeat). The answer says, piece by piece,
+/// whether it was passed on, whether its client has not read what came before (send it
+/// again shortly), or whether its stream is closed
+#[utoipa::path(post, path = "/agent/v1/streams/output", tag = "agents",
+    extensions(("x-access" = json!(Declaration::AGENT))),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream"),
+    responses((status = 200, description = "What became of each piece", body = OutputAnswer),
+        (status = 400, description = "The body is not a batch", body = crate::api::bodies::ErrorBody)))]
+pub async fn agent_stream_outputs(
+    State(state): State<AppState>,
+    checked: Option<axum::Extension<AgentHost>>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let host = match super::agents::agent_of(&state, checked, &headers).await {
+        Ok(host) => host,
+        Err(e) => return e.into_response(),
+    };
+    let batch = match OutputBatch::decode(&body) {
+        Ok(batch) => batch,
+        Err(e) => return ApiError::BadRequest(format!("the output batch: {e}")).into_response(),
+    };
+    let relay = state.control.streams().relay();
+    Json(OutputAnswer {
+        pieces: batch
+            .pieces
+            .into_iter()
+            .map(|(id, bytes)| relay.offer(&host, &id, bytes))
+            .collect(),
+    })
+    .into_response()
+}
+
+/// Output of one stream of this host (the bytes as the body; empty: a heartbeat), as
+/// agents before batches sent it (they now send [`agent_stream_outputs`]). `410`: the
+/// client has gone, stop
 #[utoipa::path(post, path = "/agent/v1/streams/{id}/output", tag = "agents",
     extensions(("x-access" = json!(Declaration::AGENT))),
     params(("id" = String, Path, description = "stream id")),
@@ -405,10 +475,12 @@ enum ClientSays {
         (status = 101, description = "Switched to a WebSocket"),
         (status = 404, description = "No such task", body = crate::api::bodies::ErrorBody),
         (status = 409, description = "The task's pool does not allow exec, or the task is not running", body = crate::api::bodies::ErrorBody),
+        (status = 503, description = "Too many streams are open on the task's host, or the caller's", body = crate::api::bodies::ErrorBody),
         (status = 422, description = "A parameter breaks its rule", body = crate::api::bodies::ErrorBody),
     ))]
 pub async fn task_exec(
     State(state): State<AppState>,
+    caller: Option<axum::Extension<Caller>>,
     Segment(id): Segment,
     Params(p): Params<ExecParams>,
     upgrade: axum::extract::ws::WebSocketUpgrade,
@@ -424,10 +496,14 @@ pub async fn task_exec(
         command,
         tty: p.tty,
     };
+    let turn = streams_turn(&state, &caller)?;
     let opened = state.control.streams().exec(&id, request).await?;
     Ok(upgrade
         .max_message_size(tessera_model::limits::streams::MAX_CHUNK_BYTES)
-        .on_upgrade(move |socket| relay_exec(socket, opened)))
+        .on_upgrade(move |socket| async move {
+            let _turn = turn;
+            relay_exec(socket, opened).await
+        }))
 }
 
 /// Copies an exec's input and output between its client's WebSocket and its agent, and

@@ -187,14 +187,14 @@ async fn follow(
 async fn phase(
     syncs: &Syncs,
     seconds: u64,
-    follows: Option<(&str, &str, &[String])>,
+    follows: Option<(&tokio::runtime::Handle, &str, &str, &[String])>,
 ) -> (Vec<f64>, Vec<f64>) {
     let stop = Arc::new(AtomicBool::new(false));
     let lines = Arc::new(Mutex::new(Vec::new()));
     let mut followers = Vec::new();
-    if let Some((url, token, ids)) = follows {
+    if let Some((readers, url, token, ids)) = follows {
         for id in ids {
-            followers.push(tokio::spawn(follow(
+            followers.push(readers.spawn(follow(
                 url.to_owned(),
                 token.to_owned(),
                 id.clone(),
@@ -259,10 +259,11 @@ async fn main() -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let url = format!("http://{addr}");
-    // One reader's address holds 100 follows here; a server's default lets an address
-    // hold 64 requests at once.
+    // One reader (an address, a token) holds 100 follows here; a server's defaults let an
+    // address hold 64 requests at once and a user 64 streams.
     let limits = tessera_server::Limits {
         requests_per_address: 4 * follows.max(64),
+        task_streams_per_user: follows.max(64),
         ..tessera_server::Limits::default()
     };
     let state = AppState::new(control.clone(), addr).with_limits(limits);
@@ -299,6 +300,11 @@ async fn main() -> anyhow::Result<()> {
     // The agents run on a runtime of their own, as their own processes would: their
     // work never waits for the server's threads, nor the server's for theirs.
     let agent_runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    // So do the readers, as `tessera logs -f` processes would.
+    let readers = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()?;
@@ -428,7 +434,12 @@ async fn main() -> anyhow::Result<()> {
     let mut all_lines = Vec::new();
     for round in 1..=2 {
         for with in [false, true] {
-            let follows_now = with.then_some((read_from.as_str(), token.as_str(), ids.as_slice()));
+            let follows_now = with.then_some((
+                readers.handle(),
+                read_from.as_str(),
+                token.as_str(),
+                ids.as_slice(),
+            ));
             let (syncs, lines) = phase(&syncs, seconds, follows_now).await;
             let name = if with {
                 format!("round {round}: {} follows", ids.len())
@@ -473,5 +484,6 @@ async fn main() -> anyhow::Result<()> {
         all_lines.last().copied().unwrap_or(0.0)
     );
     agent_runtime.shutdown_background();
+    readers.shutdown_background();
     Ok(())
 }
