@@ -315,6 +315,106 @@ mod tests {
         assert!(checked >= 3, "{checked} commands named");
     }
 
+    /// Every `tessera …` command the documents and the code's messages and comments name
+    /// (in backticks) is one this binary has: its subcommands exist, and so do the flags
+    /// it names. Placeholders (`NAME`, `…`) and alternatives (`drain|activate`) are read
+    /// as written in the usage lines.
+    #[test]
+    fn the_commands_documents_name_exist() {
+        use clap::CommandFactory;
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut files = vec![root.join("README.md")];
+        let mut dirs = vec![root.join("docs")];
+        for krate in ["cli", "control", "server", "agent", "app"] {
+            dirs.push(root.join(krate).join("src"));
+        }
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(&dir).expect("a source directory") {
+                let path = entry.expect("entry").path();
+                if path.is_dir() {
+                    dirs.push(path);
+                } else if path.extension().is_some_and(|e| e == "md" || e == "rs") {
+                    files.push(path);
+                }
+            }
+        }
+        let cli = Cli::command();
+        let mut checked = 0;
+        let mut wrong = Vec::new();
+        for file in &files {
+            let text = std::fs::read_to_string(file).expect("readable");
+            for (at, _) in text.match_indices("`tessera ") {
+                let named = &text[at + 1..];
+                let Some(end) = named[1..].find('`') else {
+                    continue;
+                };
+                let named = named[..end + 1].replace("\\|", "|");
+                if let Err(e) = names_a_command(&cli, &named) {
+                    let file = file.strip_prefix(&root).unwrap_or(file);
+                    wrong.push(format!("{}: `{named}`: {e}", file.display()));
+                }
+                checked += 1;
+            }
+        }
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+        assert!(checked >= 80, "{checked} commands named");
+    }
+
+    /// Whether `named` (`tessera get hosts|tasks [-o wide]`) walks `cli`'s subcommands and
+    /// names only flags they have.
+    fn names_a_command(cli: &clap::Command, named: &str) -> Result<(), String> {
+        let words: Vec<&str> = named.split_whitespace().skip(1).collect();
+        let mut at = vec![cli.clone()];
+        let mut rest = &words[..];
+        // Subcommands, as deep as the words go (each alternative of `a|b` must be one).
+        while let Some((word, more)) = rest.split_first() {
+            let here = at.last().expect("a command");
+            if here.get_subcommands().next().is_none()
+                || !word.starts_with(|c: char| c.is_ascii_lowercase())
+            {
+                break;
+            }
+            let alternatives: Vec<&str> = word.split('|').collect();
+            let found: Vec<&clap::Command> = alternatives
+                .iter()
+                .filter_map(|a| here.find_subcommand(a))
+                .collect();
+            if found.is_empty() {
+                return Err(format!("{} has no subcommand {word}", here.get_name()));
+            }
+            if found.len() != alternatives.len() {
+                return Err(format!("{word}: not every alternative is a subcommand"));
+            }
+            // Flags are checked against the first alternative's.
+            at.push(found[0].clone());
+            rest = more;
+        }
+        for word in rest {
+            let word = word.trim_matches(|c| c == '[' || c == ']' || c == '(' || c == ')');
+            let flag = word.split('=').next().unwrap_or(word);
+            let known = |c: &clap::Command| {
+                c.get_arguments().any(|a| {
+                    if let Some(long) = flag.strip_prefix("--") {
+                        a.get_long() == Some(long)
+                    } else if let Some(short) = flag.strip_prefix('-') {
+                        short
+                            .chars()
+                            .all(|s| c.get_arguments().any(|b| b.get_short() == Some(s)))
+                    } else {
+                        true
+                    }
+                })
+            };
+            if flag.len() > 1 && flag.starts_with('-') && flag != "--" && !at.iter().any(known) {
+                return Err(format!(
+                    "{} has no flag {flag}",
+                    at.last().expect("a command").get_name()
+                ));
+            }
+        }
+        Ok(())
+    }
+
     #[test]
     fn default_database_lives_in_the_data_dir() {
         let cli = Cli::try_parse_from(["tessera", "serve", "--data-dir", "/var/lib/tessera"])
