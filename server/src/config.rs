@@ -27,6 +27,15 @@ pub enum Command {
         #[command(subcommand)]
         command: UserCommand,
     },
+    /// Copy the embedded SQLite database into a new FILE while the server runs (a
+    /// consistent copy, checked; for PostgreSQL it names `pg_dump`). See
+    /// docs/operations.md, "Backup and restore".
+    Backup {
+        #[command(flatten)]
+        db: DbArgs,
+        /// The new file (never written over).
+        file: PathBuf,
+    },
     /// A small HTTP service for trying serving with processes: `/`, `/health` and
     /// `/metrics` on `$PORT`; finishes requests in flight on SIGTERM.
     ExampleServer {

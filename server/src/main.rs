@@ -51,6 +51,7 @@ async fn run_command() -> anyhow::Result<()> {
     let default_filter = match command {
         Command::Serve(_) => "info,sqlx=warn",
         Command::User { .. }
+        | Command::Backup { .. }
         | Command::Openapi
         | Command::Client(_)
         | Command::Tls { .. }
@@ -64,6 +65,18 @@ async fn run_command() -> anyhow::Result<()> {
     match command {
         Command::Serve(args) => serve(args).await,
         Command::User { db, command } => user(db, command).await,
+        Command::Backup { db, file } => {
+            let url = db.database_url();
+            let made = tessera_control::sqlite::backup::backup(&url, &file).await?;
+            println!(
+                "backed up {} to {} ({} bytes, schema version {}); to restore it, see docs/operations.md, \"Backup and restore\"",
+                redact_url(&url),
+                made.file.display(),
+                made.bytes,
+                made.schema_version
+            );
+            Ok(())
+        }
         Command::Openapi => {
             println!(
                 "{}",

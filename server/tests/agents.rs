@@ -1224,3 +1224,160 @@ async fn logs_are_read_through_a_server_the_agent_does_not_sync_with() {
     assert!(said.contains("hello-from-the-task"), "{said}");
     agent.stop().await;
 }
+
+/// The restore drill: a backup taken while the fleet runs, more started after it, then the
+/// server replaced by one on the restored copy, at the same address. The agent's tasks
+/// that the backup knows run on, never restarted; the one started after it (which the
+/// restored server never heard of) is stopped; no task runs twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restored_backup_runs_no_task_twice_and_restarts_none_it_knows() {
+    let c = cluster().await;
+    let out = c.dir.path().join("out");
+    std::fs::create_dir_all(&out).expect("out");
+    register(
+        &c,
+        "web",
+        "echo $$ > \"$OUT/$TESSERA_TASK_ID\"; exec sleep 600",
+        &out,
+    )
+    .await;
+    let agent = start_agent(agent_config(&c, "a"));
+    wait_until("host a", || async {
+        c.control.views().get_host(&host("a")).await.is_ok()
+    })
+    .await;
+    create_service(&c, "web", 2).await;
+    wait_until("two tasks running", || async {
+        live_processes(&out).len() == 2 && tasks(&c, &[TaskState::Running]).await.len() == 2
+    })
+    .await;
+    let mut known: Vec<String> = live_processes(&out);
+    known.sort();
+    let pids: Vec<String> = known
+        .iter()
+        .map(|t| std::fs::read_to_string(out.join(t)).expect("pid"))
+        .collect();
+    let url = format!("sqlite://{}/server.db", c.dir.path().display());
+    let backup = c.dir.path().join("backup.db");
+    tessera_control::sqlite::backup::backup(&url, &backup)
+        .await
+        .expect("backup");
+    println!("step 1: backed up while 2 tasks ran: {known:?}");
+
+    // After the backup: one more task.
+    c.control
+        .deployments()
+        .update_service(
+            "web",
+            &tessera_model::api::ServicePatch {
+                desired_count: Some(3),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("scale");
+    wait_until("a third task running", || async {
+        live_processes(&out).len() == 3
+    })
+    .await;
+    let later: Vec<String> = live_processes(&out)
+        .into_iter()
+        .filter(|t| !known.contains(t))
+        .collect();
+    println!("step 2: started after the backup: {later:?}");
+
+    // The server stops; the restored copy is put in place; a server starts on it at the
+    // same address.
+    let addr: std::net::SocketAddr = c
+        .url
+        .trim_start_matches("http://")
+        .parse()
+        .expect("address");
+    let _ = c._stop.send(true);
+    let restored_dir = c.dir.path().join("restored");
+    std::fs::create_dir_all(&restored_dir).expect("dir");
+    std::fs::copy(&backup, restored_dir.join("server.db")).expect("restore");
+    let restored = control_on(&restored_dir).await;
+    let listener = loop {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket.set_reuseaddr(true).expect("reuse");
+        if socket.bind(addr).is_ok() {
+            break socket.listen(128).expect("listen");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let (stop, rx) = watch::channel(false);
+    let mut s1 = rx.clone();
+    tokio::spawn(run(
+        listener,
+        AppState::new(restored.clone(), addr),
+        None,
+        async move {
+            let _ = s1.changed().await;
+        },
+    ));
+    let (r, mut s2) = (restored.clone(), rx);
+    tokio::spawn(async move {
+        r.run(async move {
+            let _ = s2.changed().await;
+        })
+        .await
+    });
+    println!("step 3: the server restarted on the restored copy at {addr}");
+
+    // The agent syncs with the restored server: what it never heard of is stopped.
+    wait_until("the task started after the backup stopped", || async {
+        let mut live = live_processes(&out);
+        live.sort();
+        live == known
+    })
+    .await;
+    for _ in 0..3 {
+        let before = restored
+            .views()
+            .get_host(&host("a"))
+            .await
+            .expect("host")
+            .last_seen;
+        wait_until("a sync with the restored server", || async {
+            restored
+                .views()
+                .get_host(&host("a"))
+                .await
+                .expect("host")
+                .last_seen
+                != before
+        })
+        .await;
+    }
+    let mut running: Vec<String> = restored
+        .views()
+        .list_tasks(&TaskFilter {
+            states: vec![TaskState::Running],
+            ..Default::default()
+        })
+        .await
+        .expect("tasks")
+        .into_iter()
+        .map(|t| t.id)
+        .collect();
+    running.sort();
+    assert_eq!(
+        running, known,
+        "the restored server runs what the backup knew"
+    );
+    let mut live = live_processes(&out);
+    live.sort();
+    assert_eq!(
+        live, known,
+        "each known task runs once; the later one is stopped"
+    );
+    let pids_now: Vec<String> = known
+        .iter()
+        .map(|t| std::fs::read_to_string(out.join(t)).expect("pid"))
+        .collect();
+    assert_eq!(pids_now, pids, "never restarted");
+    println!("step 4: running {running:?}, each once, never restarted; stopped {later:?}");
+    agent.stop().await;
+    let _ = stop.send(true);
+}

@@ -4,6 +4,8 @@
 //! module says what is SQLite's own: its types, its clock expression, and how a write
 //! transaction takes the database's one write lock.
 
+pub mod backup;
+
 // Compiled once per backend, against its own types: on purpose, not by accident.
 #[allow(clippy::duplicate_mod)]
 #[path = "../sql/mod.rs"]
