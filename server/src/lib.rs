@@ -199,6 +199,62 @@ impl AppState {
     }
 }
 
+/// Where the console's assets (`pkg/tessera.js`, its WASM and CSS) are, and whether
+/// they are there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Site {
+    pub root: PathBuf,
+    pub found: bool,
+    /// Every place looked at, in order (for the error when none holds them).
+    pub looked: Vec<PathBuf>,
+}
+
+impl Site {
+    /// What to do when the assets were not found.
+    pub fn missing(&self) -> String {
+        format!(
+            "the console's assets (pkg/tessera.js) are in none of {}: pages are served without their script and style. Build them (cargo leptos build --release) and put target/site beside the binary as site/, or in /usr/share/tessera/site, or set LEPTOS_SITE_ROOT",
+            self.looked
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    }
+}
+
+/// The console's assets: `LEPTOS_SITE_ROOT` when set; else the first of `target/site`
+/// (a checkout), `site/` beside the binary (a release tarball) and
+/// `../share/tessera/site` from the binary's directory (a package: `/usr/bin/tessera`,
+/// `/usr/share/tessera/site`) that holds them; else `target/site`, not found.
+pub fn find_site(env: Option<String>, exe: Option<&std::path::Path>) -> Site {
+    let holds = |p: &std::path::Path| p.join("pkg").join("tessera.js").is_file();
+    if let Some(root) = env.filter(|e| !e.is_empty()).map(PathBuf::from) {
+        return Site {
+            found: holds(&root),
+            looked: vec![root.clone()],
+            root,
+        };
+    }
+    let mut looked = vec![PathBuf::from("target/site")];
+    if let Some(dir) = exe.and_then(|e| e.parent()) {
+        looked.push(dir.join("site"));
+        looked.push(dir.join("../share/tessera/site"));
+    }
+    match looked.iter().find(|p| holds(p)) {
+        Some(root) => Site {
+            root: root.clone(),
+            found: true,
+            looked: looked.clone(),
+        },
+        None => Site {
+            root: looked[0].clone(),
+            found: false,
+            looked,
+        },
+    }
+}
+
 /// A certificate chain and its private key, PEM files.
 #[derive(Debug, Clone)]
 pub struct TlsFiles {
@@ -303,19 +359,66 @@ pub async fn run(
         .await
 }
 
-/// Leptos settings: from cargo-leptos's environment when it runs us, otherwise the
-/// workspace's defaults (site in `target/site`, or `LEPTOS_SITE_ROOT`).
+/// Leptos settings: from cargo-leptos's environment when it runs us, otherwise the site
+/// [`find_site`] finds.
 pub fn leptos_options(bind: std::net::SocketAddr) -> LeptosOptions {
     let from_env = std::env::var_os("LEPTOS_OUTPUT_NAME")
         .and_then(|_| get_configuration(None).ok())
         .map(|conf| conf.leptos_options);
     let mut options = from_env.unwrap_or_else(|| {
+        let site = find_site(
+            std::env::var("LEPTOS_SITE_ROOT").ok(),
+            std::env::current_exe().ok().as_deref(),
+        );
         LeptosOptions::builder()
             .output_name("tessera")
-            .site_root(std::env::var("LEPTOS_SITE_ROOT").unwrap_or_else(|_| "target/site".into()))
+            .site_root(site.root.display().to_string())
             .site_pkg_dir("pkg")
             .build()
     });
     options.site_addr = bind;
     options
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_console_is_found_beside_the_binary_or_in_its_package_and_said_missing() {
+        let dir = tempfile::tempdir().unwrap();
+        let bin = dir.path().join("usr/bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        let exe = bin.join("tessera");
+        let none = find_site(None, Some(&exe));
+        assert!(!none.found);
+        assert!(
+            none.missing().contains("LEPTOS_SITE_ROOT"),
+            "{}",
+            none.missing()
+        );
+        assert!(
+            none.missing().contains("usr/bin/site"),
+            "{}",
+            none.missing()
+        );
+        let put = |root: &std::path::Path| {
+            std::fs::create_dir_all(root.join("pkg")).unwrap();
+            std::fs::write(root.join("pkg/tessera.js"), "").unwrap();
+        };
+        // A package: /usr/bin/tessera and /usr/share/tessera/site.
+        put(&dir.path().join("usr/share/tessera/site"));
+        let packaged = find_site(None, Some(&exe));
+        assert!(packaged.found);
+        assert!(
+            packaged.root.ends_with("bin/../share/tessera/site"),
+            "{packaged:?}"
+        );
+        // A tarball: site/ beside the binary comes first.
+        put(&bin.join("site"));
+        assert_eq!(find_site(None, Some(&exe)).root, bin.join("site"));
+        // Said outright, it is the only place.
+        let said = find_site(Some("/nowhere/site".into()), Some(&exe));
+        assert_eq!((said.found, said.looked.len()), (false, 1));
+    }
 }

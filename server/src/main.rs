@@ -388,6 +388,16 @@ async fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
         request_timeout: std::time::Duration::from_secs(args.request_timeout_secs.max(1)),
         ..Default::default()
     });
+    let site = std::path::Path::new(state.leptos.site_root.as_ref());
+    if site.join("pkg").join("tessera.js").is_file() {
+        tracing::info!(site = %site.display(), "console assets");
+    } else {
+        let looked = tessera_server::find_site(
+            std::env::var("LEPTOS_SITE_ROOT").ok(),
+            std::env::current_exe().ok().as_deref(),
+        );
+        tracing::error!("{}", looked.missing());
+    }
     run(listener, state, tls, async move {
         shutdown_signal().await;
         let _ = stop_tx.send(true);
