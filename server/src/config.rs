@@ -168,6 +168,12 @@ pub struct ServeArgs {
     /// (`tessera logs SERVICE -f` opens one per running task).
     #[arg(long, env = "TESSERA_TASK_STREAMS_PER_USER", default_value_t = 64)]
     pub task_streams_per_user: usize,
+    /// The load balancers in front of the server (`10.0.0.0/8,192.0.2.7`): a request from
+    /// one of them names its client in `Forwarded` or `X-Forwarded-For`, which the
+    /// per-address limits, the sign-in limit and the audit log then count. Nobody's by
+    /// default: the peer's address is the client's.
+    #[arg(long, env = "TESSERA_TRUSTED_PROXIES", value_delimiter = ',')]
+    pub trusted_proxies: Vec<crate::forwarded::Cidr>,
     /// Seconds a new connection may take to send its first request, and a request its
     /// headers (a body may not pause longer); a connection idle that long is closed
     /// quietly.
@@ -280,6 +286,7 @@ mod tests {
             connections_per_address: 256,
             requests_per_address: 64,
             task_streams_per_user: 64,
+            trusted_proxies: Vec::new(),
             header_timeout_secs: 10,
             request_timeout_secs: 30,
         };

@@ -14,6 +14,7 @@
 //! - [`error`]: `ApiError`, how store errors become HTTP responses.
 //! - [`edge`]: what a connection and a request may hold (deadlines, sizes, per-client and
 //!   per-agent budgets), so no client starves the agents' syncs.
+//! - [`forwarded`]: the client's address behind a load balancer (`--trusted-proxies`).
 //! - [`metrics`]: Prometheus metrics at `/metrics`, the fleet's gauges streamed from the
 //!   fleet read model.
 //! - [`example`]: `tessera example-server`, the small HTTP service the demo and the
@@ -34,6 +35,7 @@ pub mod demo;
 pub mod edge;
 pub mod error;
 pub mod example;
+pub mod forwarded;
 pub mod metrics;
 pub use api::openapi;
 
@@ -77,6 +79,9 @@ pub struct AppState {
     pub live_users: edge::Shares<String>,
     #[from_ref(skip)]
     pub live_addresses: edge::PerAddress,
+    /// Proxies whose forwarding headers name the client (none by default).
+    #[from_ref(skip)]
+    pub trusted_proxies: forwarded::TrustedProxies,
     /// Log and exec streams open per user.
     #[from_ref(skip)]
     pub task_stream_users: edge::Shares<String>,
@@ -172,6 +177,7 @@ impl AppState {
             live_users: edge::Shares::new(limits.live_streams_per_user),
             live_addresses: edge::PerAddress::new(limits.live_streams_per_address),
             task_stream_users: edge::Shares::new(limits.task_streams_per_user),
+            trusted_proxies: forwarded::TrustedProxies::default(),
             agent_hosts: edge::OnePerHost::default(),
             agent_streams: edge::Shares::new(edge::STREAM_REQUESTS_PER_HOST),
             metrics: metrics::Scrapes::default(),
@@ -307,6 +313,11 @@ pub fn app_with(state: AppState, api: auth::Routes) -> Router {
         // predicate leaves the live event stream alone.
         .layer(tower_http::compression::CompressionLayer::new())
         .layer(TraceLayer::new_for_http())
+        // The client's address first, for everything after (see `forwarded`).
+        .layer(axum::middleware::from_fn_with_state(
+            state.trusted_proxies.clone(),
+            forwarded::layer,
+        ))
         .with_state(state)
 }
 

@@ -376,8 +376,14 @@ async fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
             "listening on every address, but only loopback host names are accepted: pass --allowed-hosts with the names clients use"
         );
     }
+    if !args.trusted_proxies.is_empty() {
+        tracing::info!(proxies = ?args.trusted_proxies.iter().map(ToString::to_string).collect::<Vec<_>>(), "client addresses from these proxies' forwarding headers");
+    }
     let state = AppState {
         auth: Arc::new(auth),
+        trusted_proxies: tessera_server::forwarded::TrustedProxies::new(
+            args.trusted_proxies.clone(),
+        ),
         ..AppState::new(control, args.bind)
     }
     .with_limits(tessera_server::Limits {

@@ -1381,3 +1381,39 @@ async fn a_restored_backup_runs_no_task_twice_and_restarts_none_it_knows() {
     agent.stop().await;
     let _ = stop.send(true);
 }
+
+/// A follow of a quiet task stays open past the server's silence limit (20 s): its
+/// agent's heartbeats reach the server's side, and an event stream's client hears them
+/// as comments (which keep proxies between from closing it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_tasks_follow_stays_open_and_hears_that_its_agent_is_there() {
+    let c = cluster().await;
+    let a = two_tasks_on_a(&c, "echo hello; exec sleep 600").await;
+    let task = tasks(&c, &[TaskState::Running]).await.remove(0);
+    let token = tessera_control::bench::api_token(&c.control, tessera_model::auth::Role::Admin)
+        .await
+        .expect("token");
+    let mut follow = reqwest::Client::new()
+        .get(format!(
+            "{}/api/v1/tasks/{}/logs?follow=true&tail=10",
+            c.url, task.id
+        ))
+        .header("accept", "text/event-stream")
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("follow");
+    assert_eq!(follow.status(), 200);
+    let mut got = String::new();
+    let until = tokio::time::Instant::now() + Duration::from_secs(26);
+    while let Ok(chunk) = tokio::time::timeout_at(until, follow.chunk()).await {
+        match chunk.expect("chunk") {
+            Some(c) => got.push_str(&String::from_utf8_lossy(&c)),
+            None => break,
+        }
+    }
+    assert!(got.contains("data: hello"), "{got}");
+    assert!(!got.contains("event: end"), "still open after 26 s: {got}");
+    assert!(got.matches(":\n\n").count() >= 3, "{got}");
+    a.stop().await;
+}

@@ -36,6 +36,9 @@ const SLOW_CLIENT: Duration = Duration::from_secs(10);
 #[derive(Debug)]
 pub enum Piece {
     Data(Vec<u8>),
+    /// The agent's heartbeat: it still serves the stream, with nothing new (a quiet task
+    /// or command is not a lost host).
+    Alive,
     End(StreamEnd),
 }
 
@@ -263,10 +266,10 @@ impl Streams {
             return Taken::Gone;
         };
         if data.is_empty() {
-            return if tx.is_closed() {
-                Taken::Gone
-            } else {
-                Taken::Taken
+            // Passed on when there is room: a full queue has news enough.
+            return match tx.try_send(Piece::Alive) {
+                Err(mpsc::error::TrySendError::Closed(_)) => Taken::Gone,
+                _ => Taken::Taken,
             };
         }
         match tx.try_send(Piece::Data(data)) {
@@ -282,10 +285,9 @@ impl Streams {
         let (tx, _) = self.of_host(host, id)?;
         if data.is_empty() {
             // A heartbeat: the stream is still wanted.
-            return if tx.is_closed() {
-                Err(Gone(id.to_owned()))
-            } else {
-                Ok(())
+            return match tx.try_send(Piece::Alive) {
+                Err(mpsc::error::TrySendError::Closed(_)) => Err(Gone(id.to_owned())),
+                _ => Ok(()),
             };
         }
         match tokio::time::timeout(SLOW_CLIENT, tx.send(Piece::Data(data))).await {
@@ -405,7 +407,12 @@ mod tests {
             Taken::Taken,
             "still wanted"
         );
+        assert_eq!(s.offer(&a, quick.id(), Vec::new()), Taken::Taken);
         assert_eq!(s.offer(&a, quick.id(), b"y".to_vec()), Taken::Taken);
+        assert!(
+            matches!(quick.next().await, Some(Piece::Alive)),
+            "a heartbeat reaches the client's side: a quiet stream is not a silent host"
+        );
         assert!(matches!(quick.next().await, Some(Piece::Data(d)) if d == b"y"));
         assert_eq!(
             s.offer(&b, quick.id(), b"z".to_vec()),

@@ -104,6 +104,15 @@ impl Shape {
         }
     }
 
+    /// What tells a client the stream is alive while nothing is written: an event
+    /// stream's comment; plain text has no such thing.
+    fn keep_alive(self) -> Option<Vec<u8>> {
+        match self {
+            Shape::Text => None,
+            Shape::Events => Some(b":\n\n".to_vec()),
+        }
+    }
+
     fn content_type(self) -> &'static str {
         match self {
             Shape::Text => "text/plain; charset=utf-8",
@@ -253,6 +262,15 @@ async fn relay_logs(
                 piece = tokio::time::timeout(SILENT, opened.next()) => match piece {
                     Ok(Some(Piece::Data(d))) => {
                         if tx.send(shape.lines(&d)).await.is_err() {
+                            return;
+                        }
+                    }
+                    // The agent is there: an event stream's client (and every proxy
+                    // between) hears from the server too.
+                    Ok(Some(Piece::Alive)) => {
+                        if let Some(k) = shape.keep_alive()
+                            && tx.send(k).await.is_err()
+                        {
                             return;
                         }
                     }
@@ -531,6 +549,13 @@ async fn relay_exec(mut socket: axum::extract::ws::WebSocket, mut opened: Opened
             piece = tokio::time::timeout(SILENT, opened.next()) => match piece {
                 Ok(Some(Piece::Data(d))) => {
                     if socket.send(Message::Binary(d.into())).await.is_err() {
+                        return;
+                    }
+                }
+                // A quiet command: a ping keeps the connection (and any proxy's idle
+                // timer) alive.
+                Ok(Some(Piece::Alive)) => {
+                    if socket.send(Message::Ping(Default::default())).await.is_err() {
                         return;
                     }
                 }

@@ -316,3 +316,60 @@ async fn a_login_token_has_its_users_role_and_only_its_owner_or_an_admin_deletes
     let after = send(&c, Method::GET, "/api/v1/hosts", None, &bearer(&token)).await;
     assert_eq!(after.status, StatusCode::UNAUTHORIZED);
 }
+
+/// Behind a trusted load balancer each client has its own failed sign-in limit, not the
+/// balancer's one for everyone; a peer that is not trusted cannot pick its address with a
+/// header.
+#[tokio::test]
+async fn behind_a_trusted_proxy_each_client_has_its_own_sign_in_limit() {
+    use tessera_server::forwarded::TrustedProxies;
+    let mut c = ctx().await;
+    c.app.trusted_proxies = TrustedProxies::new(vec!["10.0.0.0/8".parse().expect("network")]);
+    // Failures count per user too: each guess names a user of its own, so only the
+    // address's count can refuse the admin's right password.
+    let sign_in_from = |peer: &str, forwarded: &str, username: &str, password: &str| {
+        let mut req = Request::post("/api/v1/session")
+            .header("host", "127.0.0.1:3000")
+            .header("content-type", "application/json")
+            .header("x-forwarded-for", forwarded)
+            .body(Body::from(
+                json!({"username": username, "password": password}).to_string(),
+            ))
+            .expect("request");
+        let peer: std::net::SocketAddr = format!("{peer}:40000").parse().expect("peer");
+        req.extensions_mut()
+            .insert(axum::extract::ConnectInfo(peer));
+        let app = app(c.app.clone());
+        async move { app.oneshot(req).await.expect("answers").status() }
+    };
+    for i in 0..5 {
+        let who = format!("nobody-{i}");
+        assert_eq!(
+            sign_in_from("10.0.0.2", "203.0.113.5", &who, "guess-guess-guess").await,
+            StatusCode::UNAUTHORIZED
+        );
+    }
+    assert_eq!(
+        sign_in_from("10.0.0.2", "203.0.113.5", "admin", ADMIN_PASSWORD).await,
+        StatusCode::TOO_MANY_REQUESTS,
+        "the client that guessed waits"
+    );
+    assert!(
+        sign_in_from("10.0.0.2", "203.0.113.6", "admin", ADMIN_PASSWORD)
+            .await
+            .is_success(),
+        "another client behind the same balancer does not"
+    );
+    // Not a trusted proxy: its header is not believed, so a new one each time helps not.
+    for i in 0..5 {
+        let (forged, who) = (format!("203.0.113.{}", 10 + i), format!("ghost-{i}"));
+        assert_eq!(
+            sign_in_from("198.51.100.9", &forged, &who, "guess-guess-guess").await,
+            StatusCode::UNAUTHORIZED
+        );
+    }
+    assert_eq!(
+        sign_in_from("198.51.100.9", "203.0.113.99", "admin", ADMIN_PASSWORD).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
