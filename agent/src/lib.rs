@@ -12,6 +12,7 @@
 //!   may open its own GPUs' device nodes only ([`runtime::cgroup::devices`]); containers
 //!   with an image through the Docker Engine API ([`runtime::docker`]).
 //! - [`agent`]: registration, the sync loop with backoff, `AgentConfig` and `Isolation`.
+//! - [`check`]: `tessera-agent check`, every prerequisite of the host with a verdict.
 //!
 //! Unsafe code is denied everywhere but in two places, allowed where they are: a task's
 //! process joins its cgroup in the child between `fork` and `exec` (`runtime::confine`),
@@ -21,6 +22,7 @@
 #![deny(unsafe_code)]
 
 pub mod agent;
+pub mod check;
 pub mod mps;
 pub mod probe;
 pub mod runtime;

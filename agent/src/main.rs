@@ -16,6 +16,12 @@ use tracing_subscriber::EnvFilter;
     about = "Tessera host agent: GPUs, MPS, tasks"
 )]
 struct Cli {
+    /// `check`: check this host's prerequisites (driver and NVML, compute mode, the MPS
+    /// program, root and task uids, cgroups, Docker and its NVIDIA runtime, each server
+    /// and its certificate), print a verdict for each with what to do, and exit: 1 when
+    /// the agent cannot run as configured. It changes nothing. Takes the agent's flags.
+    #[arg(value_enum)]
+    action: Option<Action>,
     /// The control plane's URL, or the URLs of several of its servers separated by commas
     /// (one database behind them): one is used at a time, and when it does not answer the
     /// agent moves to the next at once.
@@ -185,6 +191,11 @@ fn parse_cgroup_parent(s: &str) -> Result<String, String> {
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
+enum Action {
+    Check,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
 enum RuntimeArg {
     Auto,
     Docker,
@@ -230,7 +241,7 @@ async fn main() -> anyhow::Result<()> {
         (None, None) if nix::unistd::geteuid().is_root() => Some(DEFAULT_TASK_UIDS),
         (None, _) => None,
     };
-    let agent = Agent::new(AgentConfig {
+    let config = AgentConfig {
         server: cli.server.clone().expect("required by clap"),
         ca_cert: cli.ca_cert.clone(),
         insecure_http: cli.insecure_http,
@@ -273,8 +284,22 @@ async fn main() -> anyhow::Result<()> {
                 RuntimeArg::Process => ContainerRuntime::Process,
             }
         },
-    })?
-    .isolate(Isolation {
+    };
+    if let Some(Action::Check) = cli.action {
+        let findings = tessera_agent::check::check(
+            &config,
+            &tessera_agent::check::CheckOptions {
+                task_uids,
+                cgroup_parent: cli.cgroup_parent.clone(),
+                passwd: "/etc/passwd".into(),
+            },
+        )
+        .await;
+        let (text, can_run) = tessera_agent::check::report(&findings);
+        print!("{text}");
+        std::process::exit(if can_run { 0 } else { 1 });
+    }
+    let agent = Agent::new(config)?.isolate(Isolation {
         task_uids,
         cgroup_parent: Some(cli.cgroup_parent.clone()),
         pids_max: cli.task_pids_max,

@@ -7,7 +7,7 @@ use std::time::Duration;
 /// The servers `--server` names (one URL, or several separated by commas), each checked:
 /// a plain `http://` server is refused unless it is on loopback or `--insecure-http` says
 /// so.
-pub(super) fn server_urls(config: &AgentConfig) -> Result<Vec<reqwest::Url>, AgentError> {
+pub(crate) fn server_urls(config: &AgentConfig) -> Result<Vec<reqwest::Url>, AgentError> {
     let mut urls = Vec::new();
     for raw in config
         .server
@@ -49,7 +49,7 @@ pub(super) fn server_urls(config: &AgentConfig) -> Result<Vec<reqwest::Url>, Age
 }
 
 /// The HTTPS client for the servers: rustls, the system's roots plus `--ca-cert`.
-pub(super) fn http_client(
+pub(crate) fn http_client(
     config: &AgentConfig,
     urls: &[reqwest::Url],
 ) -> Result<reqwest::Client, AgentError> {
@@ -86,7 +86,7 @@ pub(super) fn http_client(
 }
 
 /// An error with its causes (a TLS failure says why: unknown issuer, wrong name, ...).
-pub(super) fn with_causes(e: &dyn std::error::Error) -> String {
+pub(crate) fn with_causes(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {

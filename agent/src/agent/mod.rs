@@ -3,7 +3,7 @@
 //! health and its tasks with their measured use, and converges on the answer. When the
 //! server is unreachable it backs off with jitter and keeps its tasks running.
 
-mod client;
+pub(crate) mod client;
 mod config;
 mod streams;
 mod sync;

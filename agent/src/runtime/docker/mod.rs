@@ -76,6 +76,17 @@ impl Engine {
         }
     }
 
+    /// The engine's runtimes (`runc`, `nvidia`, …).
+    pub async fn runtimes(&self) -> Result<Vec<String>, String> {
+        let info = self.docker.info().await.map_err(|e| e.to_string())?;
+        let mut names: Vec<String> = info
+            .runtimes
+            .map(|r| r.into_keys().collect())
+            .unwrap_or_default();
+        names.sort();
+        Ok(names)
+    }
+
     /// This agent's containers, by task: `(task id, container name, Docker name)`. One
     /// that was created but never started (the agent stopped between the two) is removed
     /// instead: its task is started again like any other.
