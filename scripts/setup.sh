@@ -80,6 +80,15 @@ if [ "$want_test" = 1 ] && ! command -v promtool >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends prometheus
 fi
 
+# systemd-analyze (Debian's systemd package) verifies the shipped service units.
+if [ "$want_test" = 1 ] && ! command -v systemd-analyze >/dev/null 2>&1; then
+  log "installing systemd-analyze (systemd) from Debian's packages"
+  sudo_cmd=""
+  [ "$(id -u)" = 0 ] || sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends systemd
+fi
+
 # Alertmanager (Debian's package): the notifications drill posts alerts to it.
 if [ "$want_test" = 1 ] && ! command -v prometheus-alertmanager >/dev/null 2>&1; then
   log "installing prometheus-alertmanager from Debian's packages"

@@ -48,6 +48,8 @@ promtool check rules server/prometheus/tessera-rules.yml
 (cd server/prometheus && promtool test rules tessera-rules.test.yml)
 echo "== cargo test"
 cargo test --workspace --locked
+echo "== the shipped systemd units: verified against the binaries, the server's confined"
+scripts/units_check.sh "$CARGO_TARGET_DIR/debug"
 echo "== cargo test, control plane on PostgreSQL"
 scripts/with-postgres.sh env TESSERA_TEST_STORE=postgres cargo test -p tessera-control --locked
 echo "== browser tests"
