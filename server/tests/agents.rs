@@ -75,6 +75,22 @@ async fn cluster_over(https: bool) -> Cluster {
     } else {
         (format!("http://{addr}"), None)
     };
+    let stop = serve(&control, listener, addr, tls);
+    Cluster {
+        control,
+        url,
+        dir,
+        _stop: stop,
+    }
+}
+
+/// Serves `control` on `listener`, with its reconcile loop, until the sender says stop.
+fn serve(
+    control: &Control,
+    listener: tokio::net::TcpListener,
+    addr: std::net::SocketAddr,
+    tls: Option<TlsFiles>,
+) -> watch::Sender<bool> {
     let (stop, stop_rx) = watch::channel(false);
     let state = AppState::new(control.clone(), addr);
     let mut s1 = stop_rx.clone();
@@ -88,12 +104,7 @@ async fn cluster_over(https: bool) -> Cluster {
         })
         .await
     });
-    Cluster {
-        control,
-        url,
-        dir,
-        _stop: stop,
-    }
+    stop
 }
 
 fn fake_mps() -> PathBuf {
@@ -755,23 +766,35 @@ fn live_processes(out: &Path) -> Vec<String> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_consolidation_plan_runs_start_before_stop_on_real_processes() {
-    let c = cluster().await;
+/// Service `web`'s definition: each task writes its pid to `$OUT/<task id>.pid` and
+/// sleeps; host `a`'s agent started and joined. Returns the agent and `out`.
+async fn pid_writers_on_a(c: &Cluster) -> (RunningAgent, PathBuf) {
     let out = c.dir.path().join("out");
     std::fs::create_dir_all(&out).expect("out");
     register(
-        &c,
+        c,
         "web",
         "echo $$ > \"$OUT/$TESSERA_TASK_ID.pid\"; exec sleep 600",
         &out,
     )
     .await;
-    let a = start_agent(agent_config(&c, "a"));
+    let a = start_agent(agent_config(c, "a"));
     wait_until("host a", || async {
-        c.control.store().get_host(&host("a")).await.is_ok()
+        c.control.views().get_host(&host("a")).await.is_ok()
     })
     .await;
+    (a, out)
+}
+
+/// A task's pid, as it wrote it under `out`.
+fn pid_of(out: &Path, task: &str) -> String {
+    std::fs::read_to_string(out.join(format!("{task}.pid"))).expect("pid")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consolidation_plan_runs_start_before_stop_on_real_processes() {
+    let c = cluster().await;
+    let (a, out) = pid_writers_on_a(&c).await;
     // Spread over the host's two GPUs: one of them can be freed.
     c.control
         .deployments()
@@ -1232,20 +1255,7 @@ async fn logs_are_read_through_a_server_the_agent_does_not_sync_with() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restored_backup_runs_no_task_twice_and_restarts_none_it_knows() {
     let c = cluster().await;
-    let out = c.dir.path().join("out");
-    std::fs::create_dir_all(&out).expect("out");
-    register(
-        &c,
-        "web",
-        "echo $$ > \"$OUT/$TESSERA_TASK_ID\"; exec sleep 600",
-        &out,
-    )
-    .await;
-    let agent = start_agent(agent_config(&c, "a"));
-    wait_until("host a", || async {
-        c.control.views().get_host(&host("a")).await.is_ok()
-    })
-    .await;
+    let (agent, out) = pid_writers_on_a(&c).await;
     create_service(&c, "web", 2).await;
     wait_until("two tasks running", || async {
         live_processes(&out).len() == 2 && tasks(&c, &[TaskState::Running]).await.len() == 2
@@ -1253,10 +1263,7 @@ async fn a_restored_backup_runs_no_task_twice_and_restarts_none_it_knows() {
     .await;
     let mut known: Vec<String> = live_processes(&out);
     known.sort();
-    let pids: Vec<String> = known
-        .iter()
-        .map(|t| std::fs::read_to_string(out.join(t)).expect("pid"))
-        .collect();
+    let pids: Vec<String> = known.iter().map(|t| pid_of(&out, t)).collect();
     let url = format!("sqlite://{}/server.db", c.dir.path().display());
     let backup = c.dir.path().join("backup.db");
     tessera_control::sqlite::backup::backup(&url, &backup)
@@ -1306,23 +1313,7 @@ async fn a_restored_backup_runs_no_task_twice_and_restarts_none_it_knows() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    let (stop, rx) = watch::channel(false);
-    let mut s1 = rx.clone();
-    tokio::spawn(run(
-        listener,
-        AppState::new(restored.clone(), addr),
-        None,
-        async move {
-            let _ = s1.changed().await;
-        },
-    ));
-    let (r, mut s2) = (restored.clone(), rx);
-    tokio::spawn(async move {
-        r.run(async move {
-            let _ = s2.changed().await;
-        })
-        .await
-    });
+    let stop = serve(&restored, listener, addr, None);
     println!("step 3: the server restarted on the restored copy at {addr}");
 
     // The agent syncs with the restored server: what it never heard of is stopped.
@@ -1372,10 +1363,7 @@ async fn a_restored_backup_runs_no_task_twice_and_restarts_none_it_knows() {
         live, known,
         "each known task runs once; the later one is stopped"
     );
-    let pids_now: Vec<String> = known
-        .iter()
-        .map(|t| std::fs::read_to_string(out.join(t)).expect("pid"))
-        .collect();
+    let pids_now: Vec<String> = known.iter().map(|t| pid_of(&out, t)).collect();
     assert_eq!(pids_now, pids, "never restarted");
     println!("step 4: running {running:?}, each once, never restarted; stopped {later:?}");
     agent.stop().await;
