@@ -12,7 +12,7 @@ use tracing_subscriber::EnvFilter;
 #[derive(Parser)]
 #[command(
     name = "tessera-agent",
-    version,
+    version = tessera_model::version::long(),
     about = "Tessera host agent: GPUs, MPS, tasks"
 )]
 struct Cli {
@@ -299,6 +299,10 @@ async fn main() -> anyhow::Result<()> {
         print!("{text}");
         std::process::exit(if can_run { 0 } else { 1 });
     }
+    tracing::info!(
+        version = tessera_model::version::long(),
+        "tessera-agent starting"
+    );
     let agent = Agent::new(config)?.isolate(Isolation {
         task_uids,
         cgroup_parent: Some(cli.cgroup_parent.clone()),

@@ -187,7 +187,8 @@ fn MainNav(caller: Caller) -> impl IntoView {
     }
 }
 
-/// The footer of a signed-in page: how many servers share the database, and which one
+/// The footer of a signed-in page: this server's version, how many servers share the
+/// database (their versions when they differ, as in a rolling upgrade), and which one
 /// schedules since when (refreshed with the live view).
 #[component]
 fn ClusterFooter() -> impl IntoView {
@@ -212,6 +213,26 @@ fn ClusterLine(c: crate::data::ClusterView) -> impl IntoView {
     } else {
         format!("{count} servers")
     };
+    let mut versions: Vec<String> = c
+        .servers
+        .iter()
+        .map(|s| s.version.clone().unwrap_or_else(|| "before 0.2".into()))
+        .collect();
+    versions.sort();
+    versions.dedup();
+    let mixed = (versions.len() > 1).then(|| {
+        let each: Vec<String> = c
+            .servers
+            .iter()
+            .map(|s| {
+                let v = s.version.as_deref().unwrap_or("before 0.2");
+                format!("{} {v}", s.id)
+            })
+            .collect();
+        format!("mixed versions: {}", each.join(", "))
+    });
+    let build = format!("build {}", c.answered_by.build);
+    let version = format!("Tessera {}", c.answered_by.version);
     let scheduler = c.servers.into_iter().find(|s| s.scheduling);
     let scheduling = match scheduler {
         Some(s) => {
@@ -227,7 +248,16 @@ fn ClusterLine(c: crate::data::ClusterView) -> impl IntoView {
         None => "no server schedules right now".to_owned(),
     };
     view! {
+        <span class="version" title=build>{version}</span>
+        <span class="sep" aria-hidden="true">"·"</span>
         <span>{servers}</span>
+        {mixed
+            .map(|m| {
+                view! {
+                    <span class="sep" aria-hidden="true">"·"</span>
+                    <span class="mixed">{m}</span>
+                }
+            })}
         <span class="sep" aria-hidden="true">"·"</span>
         <span>{scheduling}</span>
     }

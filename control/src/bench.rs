@@ -110,6 +110,7 @@ pub async fn admit_simulated_hosts(
                     gpus: simulated_gpus(h, gpus_per_host),
                     name: Some(format!("sim-{h:04}")),
                     provider_id: None,
+                    agent_version: None,
                 },
                 &Default::default(),
             )

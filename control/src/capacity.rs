@@ -268,6 +268,7 @@ mod tests {
             .expect("pool");
         a.agents()
             .register_agent(&RegisterRequest {
+                agent_version: None,
                 address: None,
                 join_token: JOIN.into(),
                 pool: PoolName::new("gpu").expect("valid"),

@@ -23,6 +23,18 @@ pub enum StoreError {
         path: String,
         source: std::io::Error,
     },
+    /// The database holds migrations this server does not know, written by a server that
+    /// does not keep this version (the compatibility policy): nothing was written.
+    #[error(
+        "the database's schema is newer than this server: migration {newest} was applied by tessera {written_by}, which keeps servers from {keeps} on, and this is tessera {this} (migrations up to {known}); nothing was written: run tessera {written_by} or newer against it"
+    )]
+    SchemaTooNew {
+        newest: i64,
+        known: i64,
+        written_by: String,
+        keeps: String,
+        this: String,
+    },
     #[error("database migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("database error: {0}")]

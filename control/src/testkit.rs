@@ -307,6 +307,7 @@ pub fn registration(
         gpus,
         name: Some(name.into()),
         provider_id: None,
+        agent_version: Some(tessera_model::version::VERSION.into()),
     }
 }
 
@@ -383,6 +384,7 @@ pub async fn sync_with(
                     restarts: None,
                 },
                 tasks,
+                agent_version: Some(tessera_model::version::VERSION.into()),
             },
         )
         .await
@@ -402,6 +404,7 @@ pub fn report(h: &Host, tasks: Vec<TaskReport>) -> SyncRequest {
             restarts: None,
         },
         tasks,
+        agent_version: Some(tessera_model::version::VERSION.into()),
     }
 }
 

@@ -31,6 +31,14 @@ async fn one_server_schedules_another_takes_over_and_the_old_one_is_fenced_off()
     assert_eq!(tasks(&a, "infer", &[TaskState::Assigned]).await.len(), 2);
     let view = b.cluster().await.expect("cluster");
     assert_eq!(view.servers.len(), 2);
+    // Each says its version; the answer says the answering server's build.
+    let version = tessera_model::version::VERSION;
+    assert!(
+        view.servers
+            .iter()
+            .all(|s| s.version.as_deref() == Some(version))
+    );
+    assert_eq!(view.answered_by.version, version);
     let holder: Vec<&str> = view
         .servers
         .iter()

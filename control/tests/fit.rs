@@ -45,6 +45,7 @@ async fn report(c: &tessera_control::Control, h: &Host, peak: u64, sm: u32, erro
         .sync_agent(
             &h.id,
             &SyncRequest {
+                agent_version: None,
                 address: None,
                 dynamic_ports_free: None,
                 capabilities: None,
@@ -228,6 +229,7 @@ async fn the_mps_daemons_restarts_are_recorded_with_the_host() {
                         restarts: Some(restarts),
                     },
                     tasks: vec![],
+                    agent_version: None,
                 },
             )
             .await

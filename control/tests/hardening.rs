@@ -64,6 +64,7 @@ fn register_request(token: &str) -> tessera_model::agent::RegisterRequest {
         gpus: gpus("joiner", 1, 24),
         name: Some("joiner".into()),
         provider_id: None,
+        agent_version: None,
     }
 }
 
@@ -740,4 +741,77 @@ async fn successful_sign_ins_use_up_no_allowance_and_failures_do() {
         limited,
         Err(tessera_control::error::ControlError::TooManyAttempts { .. })
     ));
+}
+
+/// An agent the compatibility policy does not serve (too old, newer than the server, or
+/// saying something that is not a version) is refused at registration and at every sync,
+/// with the versions and what to upgrade, and nothing it said is taken. One it serves has
+/// its version recorded, and a change of it is an event.
+#[tokio::test]
+async fn an_agent_out_of_the_version_policy_is_refused_naming_what_to_upgrade() {
+    use tessera_model::version::VERSION;
+    let env = env(fast()).await;
+    let c = &env.control;
+    let mut old = registration(JOIN, "gpu", "old", gpus("old", 1, 24));
+    old.agent_version = Some("0.0.9".into());
+    let err = c.agents().register_agent(&old).await.expect_err("too old");
+    let said = err.to_string();
+    assert!(
+        said.contains("tessera-agent 0.0.9 is not served by this server")
+            && said.contains(&format!("(tessera {VERSION})"))
+            && said.contains("upgrade tessera-agent on this host"),
+        "{said}"
+    );
+    old.agent_version = Some("banana".into());
+    let err = c
+        .agents()
+        .register_agent(&old)
+        .await
+        .expect_err("no version");
+    assert!(err.to_string().contains("agent_version"), "{err}");
+    let hosts = c.views().list_hosts().await.expect("hosts");
+    assert!(hosts.is_empty(), "nothing registered: {hosts:?}");
+
+    let h = host(c, "a", 1, 24).await;
+    let shown = |c: &tessera_control::Control, id| {
+        let c = c.clone();
+        async move { c.views().host_view(&id).await.expect("host").0.host }
+    };
+    assert_eq!(
+        shown(c, h.id.clone()).await.agent_version.as_deref(),
+        Some(VERSION)
+    );
+
+    let newer = tessera_model::version::Version::current();
+    let newer = format!("{}.{}.0", newer.major, newer.minor + 1);
+    let mut r = report(&h, vec![]);
+    r.agent_version = Some(newer.clone());
+    r.address = Some("10.9.9.9".into());
+    let err = c.agents().sync_agent(&h.id, &r).await.expect_err("newer");
+    assert!(
+        err.to_string()
+            .contains(&format!("tessera-agent {newer} is newer than this server"))
+            && err.to_string().contains("upgrade the servers first"),
+        "{err}"
+    );
+    let host = shown(c, h.id.clone()).await;
+    assert_eq!(
+        host.agent_version.as_deref(),
+        Some(VERSION),
+        "nothing taken"
+    );
+    assert_eq!(host.address, None, "nothing taken");
+
+    // An agent before 0.2 (no version) is served while this server is 0.2.
+    let mut r = report(&h, vec![]);
+    r.agent_version = None;
+    c.agents().sync_agent(&h.id, &r).await.expect("served");
+    assert_eq!(shown(c, h.id.clone()).await.agent_version, None);
+    let (_, events) = c.views().host_view(&h.id).await.expect("host");
+    let expected = format!("host {}: agent {VERSION} -> unknown (before 0.2)", h.id);
+    assert!(
+        events.iter().any(|e| e.message == expected),
+        "{expected:?} in {:?}",
+        events.iter().map(|e| &e.message).collect::<Vec<_>>()
+    );
 }

@@ -428,6 +428,7 @@ async fn a_sync_that_changes_nothing_still_counts_and_new_use_or_gpus_are_record
     assert_eq!(first.tasks.len(), 2);
     let seen = c.views().get_host(&a.id).await.expect("host").last_seen;
     let report = |peak: u64, sm: u32| SyncRequest {
+        agent_version: None,
         address: None,
         dynamic_ports_free: None,
         capabilities: None,
@@ -521,6 +522,7 @@ async fn a_task_pulling_its_image_stays_assigned_and_says_so_and_a_refused_pull_
     assert_eq!(assigned.len(), 1);
     let id = assigned[0].id.clone();
     let report = |pulling: Option<&str>, error: Option<&str>| SyncRequest {
+        agent_version: None,
         address: None,
         dynamic_ports_free: None,
         capabilities: None,
@@ -690,6 +692,7 @@ async fn a_fresh_fleet_gets_the_default_pool_once_and_a_fleet_with_pools_none() 
             gpus: gpus("d", 1, 24),
             name: Some("first".into()),
             provider_id: None,
+            agent_version: None,
         })
         .await;
     assert!(joined.is_ok(), "{joined:?}");

@@ -296,6 +296,7 @@ async fn a_machine_rejoins_under_its_old_id_only_once_its_old_token_is_revoked()
         gpus: a.gpus.clone(),
         name: Some("a-reinstalled".into()),
         provider_id: None,
+        agent_version: None,
     };
     // Its agent is still registered: a second agent for the same GPUs is refused.
     let refused = c

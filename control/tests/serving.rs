@@ -110,6 +110,7 @@ async fn sync_serving(
                     restarts: None,
                 },
                 tasks,
+                agent_version: None,
             },
         )
         .await

@@ -57,6 +57,7 @@ fn host(id: &str, pool: &str, gpus: u32) -> HostInfo {
         dynamic_ports_free: None,
         pending_gpus: Vec::new(),
         capabilities: None,
+        agent_version: None,
         provider_id: None,
     }
 }

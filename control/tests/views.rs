@@ -34,6 +34,7 @@ async fn a_gpu_is_shown_as_the_scheduler_counts_it_with_the_pools_overcommit() {
             gpus: gpus("o", 1, 24),
             name: Some("o".into()),
             provider_id: None,
+            agent_version: None,
         })
         .await
         .expect("register");

@@ -39,6 +39,7 @@ async fn labelled_host(c: &Control, name: &str, labels: &[&str]) -> Host {
             gpus: gpus.clone(),
             name: Some(name.into()),
             provider_id: None,
+            agent_version: None,
         })
         .await
         .expect("register");
@@ -147,6 +148,7 @@ async fn sync_work(c: &Control, h: &Host, work: &impl Fn(&Task) -> (f64, f64)) {
                     restarts: None,
                 },
                 tasks: reports,
+                agent_version: None,
             },
         )
         .await

@@ -290,6 +290,10 @@ pub struct HostInfo {
     /// when it joined.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider_id: Option<String>,
+    /// Its agent's version, as its last sync said (absent: not synced since this was
+    /// recorded, or an agent before 0.2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_version: Option<String>,
 }
 
 /// What the agent can hold its tasks to on this host, as it found it at start: shown on

@@ -23,6 +23,8 @@
 //!   and read by the router, the OpenAPI document, the console and the access tests.
 //! - [`agent`]: the agent protocol (register, sync) spoken over `/agent/v1`.
 //! - [`bounds`]: the bounds of a sync report, applied item by item by agent and server.
+//! - [`version`]: this build's version and the compatibility policy between servers,
+//!   agents and schemas.
 //! - [`views`]: read models of the console's pages (hosts with GPU segments, overview).
 //! - `schema` (feature `openapi`): the JSON Schemas of the API's bodies, with the validators' rules.
 //! - [`validate`]: the rules of pool and service bodies (the server's and the browser's).
@@ -62,6 +64,7 @@ pub mod time;
 pub mod units;
 pub mod urlenc;
 pub mod validate;
+pub mod version;
 pub mod views;
 pub mod work;
 

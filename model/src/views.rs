@@ -165,11 +165,16 @@ pub struct ServerView {
     pub started_at: Timestamp,
     /// Its last announcement (every tick).
     pub last_seen: Timestamp,
+    /// Its version (absent: a server before 0.2, which did not say).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
 }
 
 /// The servers sharing the database, and which one schedules.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ClusterView {
     pub servers: Vec<ServerView>,
+    /// The version and build of the server that answered.
+    pub answered_by: crate::version::BuildInfo,
 }

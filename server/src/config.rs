@@ -8,7 +8,7 @@ use std::path::PathBuf;
 #[derive(Debug, Parser)]
 #[command(
     name = "tessera",
-    version,
+    version = tessera_model::version::long(),
     about = "GPU-sharing control plane and web console"
 )]
 pub struct Cli {

@@ -324,7 +324,10 @@ async fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
         .zip(args.tls_key.clone())
         .map(|(cert, key)| TlsFiles { cert, key });
     let scheme = if tls.is_some() { "https" } else { "http" };
-    tracing::info!("listening on {scheme}://{addr}");
+    tracing::info!(
+        version = tessera_model::version::long(),
+        "listening on {scheme}://{addr}"
+    );
     #[cfg(feature = "demo")]
     let demo_agents = match (args.demo, join_token) {
         (true, Some(token)) => {

@@ -361,6 +361,15 @@ async fn a_task_starts_with_its_gpu_and_mps_environment_and_is_measured() {
         !caps.containers.held && caps.containers.detail.contains("--runtime process"),
         "{caps:?}"
     );
+    // Its agent's version, as the binary says it in every sync.
+    let version = c
+        .control
+        .store()
+        .get_host(&host("a"))
+        .await
+        .expect("host")
+        .agent_version;
+    assert_eq!(version.as_deref(), Some(tessera_model::version::VERSION));
     a.stop().await;
 }
 

@@ -123,6 +123,8 @@ pub struct Agent {
     containers: Capability,
     /// What this agent can enforce, as found at start; sent with every sync.
     capabilities: Option<HostCapabilities>,
+    /// The server's version as its last answer said, logged when it changes.
+    server_version: Option<String>,
 }
 
 impl Agent {
@@ -209,6 +211,7 @@ impl Agent {
                 "process tasks only (--runtime process): containers with an image are refused",
             ),
             capabilities: None,
+            server_version: None,
         })
     }
 

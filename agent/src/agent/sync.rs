@@ -52,6 +52,7 @@ impl Agent {
             gpus: inventory.reports(),
             name: Some(self.config.name.clone()),
             provider_id: self.config.provider_id.clone(),
+            agent_version: Some(tessera_model::version::VERSION.to_owned()),
         };
         let resp = match self
             .http
@@ -132,6 +133,7 @@ impl Agent {
             },
             tasks,
             capabilities: self.capabilities.clone(),
+            agent_version: Some(tessera_model::version::VERSION.to_owned()),
         };
         // The server's bounds, applied here first: what a task sends through us (its
         // metrics, its checks' output) is cut or dropped with the reason, never a report
@@ -168,15 +170,26 @@ impl Agent {
             return Err(SyncFailure::Other(why));
         }
         if !resp.status().is_success() {
+            // The server's reason (a version it does not serve names what to upgrade).
+            let status = resp.status();
             return Err(SyncFailure::Other(format!(
-                "sync refused ({})",
-                resp.status()
+                "sync refused ({status}): {}",
+                resp.text().await.unwrap_or_default()
             )));
         }
         let answer: SyncResponse = resp
             .json()
             .await
             .map_err(|e| SyncFailure::Other(e.to_string()))?;
+        if answer.server_version != self.server_version {
+            tracing::info!(
+                server = %self.servers[self.current],
+                server_version = answer.server_version.as_deref().unwrap_or("before 0.2"),
+                agent_version = tessera_model::version::VERSION,
+                "the server's version"
+            );
+            self.server_version = answer.server_version.clone();
+        }
         self.runtime.converge(&answer.tasks);
         // Reported: the next sync measures a new window.
         self.windows.clear();

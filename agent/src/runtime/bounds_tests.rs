@@ -87,6 +87,7 @@ proptest! {
         let shown = shown_output(raw, std::slice::from_ref(&secret));
         prop_assert!(!shown.contains(&secret), "the secret was shown: {shown}");
         let mut req = SyncRequest {
+            agent_version: None,
             gpus: Vec::new(),
             mps: MpsReport { healthy: true, reason: None, restarts: None },
             tasks: vec![TaskReport {

@@ -141,14 +141,20 @@ pub fn HostPage() -> impl IntoView {
     }
 }
 
-/// What the host's agent can hold its tasks to, as it said at its last start: each
-/// capability held or not, with how or why not.
+/// The host's agent (its version) and what it can hold its tasks to, as it said at its
+/// last start: each capability held or not, with how or why not.
 #[component]
 fn Enforcement(view: HostView) -> impl IntoView {
+    let agent = match &view.host.agent_version {
+        Some(v) => format!("tessera-agent {v}"),
+        None => "tessera-agent before 0.2 (it does not say its version), or not synced yet".into(),
+    };
+    let agent = view! { <p class="agent-version">"Agent: " {agent}</p> };
     let Some(caps) = view.host.capabilities else {
         return view! {
             <section class="panel enforcement">
                 <h2>"Enforcement"</h2>
+                {agent}
                 <p class="muted">"Its agent has not said what it can enforce (not synced yet, or an agent older than this server)."</p>
             </section>
         }
@@ -181,6 +187,7 @@ fn Enforcement(view: HostView) -> impl IntoView {
     view! {
         <section class="panel enforcement">
             <h2>"Enforcement"</h2>
+            {agent}
             <p class="muted">{summary}</p>
             <table class="table">
                 <thead><tr><th>"Capability"</th><th>""</th><th>"How, or why not"</th></tr></thead>

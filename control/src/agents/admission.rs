@@ -354,6 +354,7 @@ impl AgentSync {
         req: &RegisterRequest,
     ) -> Result<RegisterResponse, ControlError> {
         req.validate().map_err(ControlError::Invalid)?;
+        super::served_agent(req.agent_version.as_deref())?;
         let grant = self.grant_of(&req.join_token, req.pool.as_str()).await?;
         self.admit_host(req, &grant).await
     }
@@ -601,6 +602,7 @@ fn new_host(req: &RegisterRequest, id: HostId, held: bool) -> HostInfo {
         pending_gpus: Vec::new(),
         capabilities: None,
         provider_id: req.provider_id.clone(),
+        agent_version: req.agent_version.clone(),
     }
 }
 

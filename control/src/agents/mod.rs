@@ -28,6 +28,21 @@ use tessera_model::service::{Measured, StopReason, Task, TaskState};
 use tessera_model::taskdef::{GpuRequirement, TaskDefinitionSpec};
 use tessera_model::{GpuBudget, GpuHealth, GpuInfo, HostId, MiB};
 
+/// The version an agent said (`None`: it said none, an agent before 0.2), if this server
+/// serves it: an unreadable one is invalid input, one out of the compatibility policy a
+/// conflict naming both versions and what to upgrade. Checked before anything is written.
+pub(crate) fn served_agent(
+    said: Option<&str>,
+) -> Result<Option<tessera_model::version::Version>, ControlError> {
+    use tessera_model::version::{Version, serves_agent};
+    let agent = said
+        .map(|s| s.parse::<Version>())
+        .transpose()
+        .map_err(|e| ControlError::invalid("agent_version", e))?;
+    serves_agent(Version::current(), agent).map_err(ControlError::Conflict)?;
+    Ok(agent)
+}
+
 /// SHA-256 of a token, hex; only hashes are stored.
 pub fn hash_token(token: &str) -> String {
     Sha256::digest(token.as_bytes())
@@ -226,6 +241,8 @@ impl AgentSync {
         host_id: &HostId,
         req: &SyncRequest,
     ) -> Result<SyncResponse, ControlError> {
+        // An agent this server does not serve is refused before anything is taken.
+        let agent_version = served_agent(req.agent_version.as_deref())?;
         // Judged item by item: what breaks a bound is dropped or cut and recorded on its
         // owner; the rest (the host's liveness above all) is taken.
         let mut req = req.clone();
@@ -249,6 +266,7 @@ impl AgentSync {
         let mut changed = self.take_host_report(&host, req, &mut mine).await?;
         changed |= self.take_network(&host, req).await?;
         self.take_capabilities(&host, req).await?;
+        self.take_agent_version(&host, agent_version).await?;
         changed |= self.take_status(&host, lifecycle::problem(req)).await?;
         changed |= self.take_task_reports(host_id, req, &mut mine).await?;
         if changed {
@@ -258,7 +276,33 @@ impl AgentSync {
             host_id: host_id.clone(),
             tasks: self.wanted_on(&host, &mine).await?,
             sync_interval_secs: self.core.config().sync_interval.as_secs().max(1) as u32,
+            server_version: Some(tessera_model::version::VERSION.to_owned()),
         })
+    }
+
+    /// Records the agent's version where it changed (an upgrade, a downgrade), with an
+    /// event saying from what to what.
+    async fn take_agent_version(
+        &self,
+        host: &tessera_model::HostInfo,
+        version: Option<tessera_model::version::Version>,
+    ) -> Result<(), ControlError> {
+        let said = version.map(|v| v.to_string());
+        if host.agent_version == said {
+            return Ok(());
+        }
+        self.store
+            .set_host_agent_version(&host.id, said.as_deref())
+            .await?;
+        let name = |v: &Option<String>| v.clone().unwrap_or_else(|| "unknown (before 0.2)".into());
+        let event = format!(
+            "host {}: agent {} -> {}",
+            host.id,
+            name(&host.agent_version),
+            name(&said)
+        );
+        self.core.event(None, Some(&host.id), &event).await;
+        Ok(())
     }
 
     /// Takes what a sync reports of the host itself: its GPUs, the MPS daemon's restarts

@@ -241,9 +241,13 @@ impl Control {
                     address: s.address,
                     started_at: s.started_at,
                     last_seen: s.last_seen_at,
+                    version: s.version,
                 }
             })
             .collect();
-        Ok(ClusterView { servers })
+        Ok(ClusterView {
+            servers,
+            answered_by: tessera_model::version::BuildInfo::this(),
+        })
     }
 }

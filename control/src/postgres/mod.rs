@@ -57,7 +57,7 @@ impl PgStore {
             .acquire_timeout(Duration::from_secs(10))
             .connect_with(options)
             .await?;
-        MIGRATOR.run(&db).await?;
+        sql::schema::migrate(&db, &MIGRATOR, tessera_model::version::Version::current()).await?;
         tracing::info!(
             database = %db.connect_options().get_database().unwrap_or("(default)"),
             host = %db.connect_options().get_host(),
@@ -144,6 +144,9 @@ const NOW: &str =
     r#"to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')"#;
 /// `INSTR(haystack, needle)`: the needle's position, 0 when absent.
 const INSTR: &str = "strpos";
+/// Whether the table named by `$1` exists (in the connection's schema): 1 or 0.
+const TABLE_EXISTS: &str =
+    "SELECT COUNT(*) FROM pg_tables WHERE schemaname = current_schema() AND tablename = $1";
 /// Where the fleet read model's next reading starts: the oldest transaction still running
 /// (marks are transaction ids; see `0013_fleet_marks.sql`).
 const FLEET_NEXT: &str = "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint";

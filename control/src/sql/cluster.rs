@@ -22,14 +22,17 @@ impl ClusterStore for This {
         started_at: &str,
         now: &str,
     ) -> Result<(), StoreError> {
+        // The version is this build's: a server announces only itself.
         sqlx::query(
-            "INSERT INTO servers (id, address, started_at, last_seen_at) VALUES ($1, $2, $3, $4)
-             ON CONFLICT (id) DO UPDATE SET address = excluded.address, last_seen_at = excluded.last_seen_at",
+            "INSERT INTO servers (id, address, started_at, last_seen_at, version) VALUES ($1, $2, $3, $4, $5)
+             ON CONFLICT (id) DO UPDATE SET address = excluded.address, last_seen_at = excluded.last_seen_at,
+             version = excluded.version",
         )
         .bind(id)
         .bind(address)
         .bind(started_at)
         .bind(now)
+        .bind(tessera_model::version::VERSION)
         .execute(&self.db)
         .await?;
         Ok(())
@@ -37,7 +40,7 @@ impl ClusterStore for This {
 
     async fn list_servers(&self, since: &str) -> Result<Vec<ServerRow>, StoreError> {
         let rows = sqlx::query(
-            "SELECT id, address, started_at, last_seen_at FROM servers WHERE last_seen_at >= $1 ORDER BY id",
+            "SELECT id, address, started_at, last_seen_at, version FROM servers WHERE last_seen_at >= $1 ORDER BY id",
         )
         .bind(since)
         .fetch_all(&self.db)
@@ -49,6 +52,7 @@ impl ClusterStore for This {
                     address: r.try_get("address")?,
                     started_at: r.try_get("started_at")?,
                     last_seen_at: r.try_get("last_seen_at")?,
+                    version: r.try_get("version")?,
                 })
             })
             .collect()

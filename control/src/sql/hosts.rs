@@ -216,6 +216,21 @@ impl HostStore for This {
         updated(done, "host", id)
     }
 
+    async fn set_host_agent_version(
+        &self,
+        id: &HostId,
+        version: Option<&str>,
+    ) -> Result<(), StoreError> {
+        let done = self
+            .write_one(
+                sqlx::query("UPDATE hosts SET agent_version = $1 WHERE id = $2")
+                    .bind(version)
+                    .bind(id.as_str()),
+            )
+            .await?;
+        updated(done, "host", id)
+    }
+
     async fn set_host_held(&self, id: &HostId, held: bool) -> Result<(), StoreError> {
         let done = self
             .write_one(

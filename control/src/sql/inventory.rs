@@ -125,8 +125,8 @@ impl This {
             .map_err(|e| StoreError::corrupt("host labels", e))?;
         sqlx::query(
             &format!(
-            "INSERT INTO hosts (id, pool, status, simulated, cpu_milli, memory_mib, labels, agent_token_hash, last_seen_at, address, held, provider_id)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) {}",
+            "INSERT INTO hosts (id, pool, status, simulated, cpu_milli, memory_mib, labels, agent_token_hash, last_seen_at, address, held, provider_id, agent_version)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) {}",
             // A registration writes a new row or nothing: two racing for one id must not
             // have the second overwrite the first's pool and admission.
             if token_hash.is_some() {
@@ -135,7 +135,8 @@ impl This {
                 "ON CONFLICT (id) DO UPDATE SET pool = excluded.pool, status = excluded.status,
                  simulated = excluded.simulated, cpu_milli = excluded.cpu_milli,
                  memory_mib = excluded.memory_mib, labels = excluded.labels, address = excluded.address,
-                 held = excluded.held, provider_id = excluded.provider_id"
+                 held = excluded.held, provider_id = excluded.provider_id,
+                 agent_version = excluded.agent_version"
             }
         ),
         )
@@ -151,6 +152,7 @@ impl This {
         .bind(host.address.as_deref())
         .bind(i64::from(host.held))
         .bind(host.provider_id.as_deref())
+        .bind(host.agent_version.as_deref())
         .execute(&mut *tx)
         .await
         .map_err(|e| match &e {

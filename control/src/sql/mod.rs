@@ -13,7 +13,8 @@
 //!   deployments; `projects`: projects and their quotas; `tasks`: tasks and placement commits; `events`: events and settings;
 //!   `cluster`: servers and the scheduler lease; `fleet`: the rows changed since a
 //!   reading, for the fleet read model; `usage`: measured use in buckets,
-//!   consolidation plans; `machines`: machines asked of pools' capacity providers.
+//!   consolidation plans; `machines`: machines asked of pools' capacity providers;
+//!   `schema`: migrations under the compatibility policy (a newer schema, an older server).
 //! - `rows`: row mapping and column lists shared by them.
 
 mod auth;
@@ -25,6 +26,7 @@ mod inventory;
 mod machines;
 mod projects;
 mod rows;
+pub(crate) mod schema;
 mod services;
 mod tasks;
 mod usage;
@@ -33,7 +35,9 @@ mod webhooks;
 use rows::*;
 
 pub(super) use super::Db;
-use super::{DbArguments, DbConn, DbPool, DbResult, DbRow, FLEET_NEXT, INSTR, NOW, This};
+use super::{
+    DbArguments, DbConn, DbPool, DbResult, DbRow, FLEET_NEXT, INSTR, NOW, TABLE_EXISTS, This,
+};
 use crate::error::StoreError;
 use crate::store::{
     CommitContext, EventFilter, EventStore, GpuChange, HeldCapacity, HostPage, HostPageQuery,

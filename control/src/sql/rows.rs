@@ -4,7 +4,7 @@ use super::*;
 
 pub(super) const POOL_COLUMNS: &str = "name, policy, compute_overcommit, mps_client_limit, admission, task_users, privileged, preemption, host_network, gpu_budget, provider, exec";
 
-pub(super) const HOST_COLUMNS: &str = "id, pool, status, simulated, cpu_milli, memory_mib, labels, status_reason, last_seen_at, mps_restarts, address, dynamic_ports_free, held, pending_gpus, capabilities, provider_id";
+pub(super) const HOST_COLUMNS: &str = "id, pool, status, simulated, cpu_milli, memory_mib, labels, status_reason, last_seen_at, mps_restarts, address, dynamic_ports_free, held, pending_gpus, capabilities, provider_id, agent_version";
 
 pub(super) const GPU_COLUMNS: &str =
     "uuid, host_id, idx, model, memory_mib, mps_client_limit, health, sharing_mode";
@@ -163,6 +163,7 @@ pub(super) fn host_from_row(row: &DbRow) -> Result<HostInfo, StoreError> {
             None => None,
         },
         provider_id: row.try_get("provider_id")?,
+        agent_version: row.try_get("agent_version")?,
     })
 }
 

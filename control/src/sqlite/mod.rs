@@ -85,7 +85,7 @@ impl SqliteStore {
             tracing::warn!(path = %path.display(), error = %e, "cannot make the database file owner-only (0600)");
         }
         // SQLite gives its -wal and -shm files the database file's mode.
-        MIGRATOR.run(&db).await?;
+        sql::schema::migrate(&db, &MIGRATOR, tessera_model::version::Version::current()).await?;
         tracing::info!(path = %path.display(), "store opened");
         Ok(SqliteStore { db, fence: None })
     }
@@ -131,6 +131,8 @@ type DbArguments<'q> = SqliteArguments<'q>;
 const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
 /// `INSTR(haystack, needle)`: the needle's position, 0 when absent.
 const INSTR: &str = "instr";
+/// Whether the table named by `$1` exists: 1 or 0.
+const TABLE_EXISTS: &str = "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = $1";
 /// Where the fleet read model's next reading starts: the counter, moved on (a write between
 /// two writers' transactions; see `0017_fleet_marks.sql`).
 const FLEET_NEXT: &str = "UPDATE fleet_clock SET mark = mark + 1 RETURNING mark";
@@ -163,6 +165,101 @@ mod tests {
             .iter()
             .map(|r| r.get::<String, _>(0))
             .collect()
+    }
+
+    /// The schema's rows that say what it is: migrations applied, and `schema_meta`.
+    async fn schema_rows(db: &SqlitePool) -> (i64, Vec<(String, String)>) {
+        let applied = sqlx::query_scalar("SELECT COUNT(*) FROM _sqlx_migrations")
+            .fetch_one(db)
+            .await
+            .expect("migrations");
+        let meta = sqlx::query_as("SELECT key, value FROM schema_meta ORDER BY key")
+            .fetch_all(db)
+            .await
+            .expect("meta");
+        (applied, meta)
+    }
+
+    /// A schema a newer server wrote: a server it keeps runs on it (and leaves the newer
+    /// server's words); one it does not keep is refused, naming the versions, with
+    /// nothing written.
+    #[tokio::test]
+    async fn a_newer_schema_runs_the_servers_it_keeps_and_refuses_the_rest_writing_nothing() {
+        use tessera_model::version::Version;
+        let dir = tempfile::tempdir().expect("dir");
+        let url = format!("sqlite://{}", dir.path().join("t.db").display());
+        let this = Version::current();
+        let store = SqliteStore::open(&url).await.expect("store");
+        let (_, meta) = schema_rows(&store.db).await;
+        assert_eq!(
+            meta,
+            vec![
+                ("oldest_server".into(), this.previous_minor().to_string()),
+                ("written_by".into(), this.to_string()),
+            ]
+        );
+        // A newer server's migration, and its words on which servers it keeps.
+        let newer = Version {
+            minor: this.minor + 1,
+            patch: 0,
+            ..this
+        };
+        sqlx::query(
+            "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time)
+             VALUES (99999, 'from the future', 1, x'00', 1)",
+        )
+        .execute(&store.db)
+        .await
+        .expect("a newer migration");
+        sqlx::query("UPDATE schema_meta SET value = $1 WHERE key = 'written_by'")
+            .bind(newer.to_string())
+            .execute(&store.db)
+            .await
+            .expect("written by");
+        sqlx::query("UPDATE schema_meta SET value = $1 WHERE key = 'oldest_server'")
+            .bind(this.to_string())
+            .execute(&store.db)
+            .await
+            .expect("keeps");
+        store.db.close().await;
+        let before = {
+            let s = SqliteStore::open(&url).await.expect("kept: it runs on it");
+            let rows = schema_rows(&s.db).await;
+            assert_eq!(rows.1[1], ("written_by".into(), newer.to_string()));
+            s.db.close().await;
+            rows
+        };
+
+        // Then a newer server keeps only its own minor version.
+        {
+            let s = SqliteStore::open(&url).await.expect("store");
+            sqlx::query("UPDATE schema_meta SET value = $1 WHERE key = 'oldest_server'")
+                .bind(newer.to_string())
+                .execute(&s.db)
+                .await
+                .expect("keeps no longer");
+            s.db.close().await;
+        }
+        let refused = SqliteStore::open(&url).await.expect_err("not kept");
+        let said = refused.to_string();
+        assert!(
+            matches!(refused, StoreError::SchemaTooNew { newest: 99999, .. }),
+            "{said}"
+        );
+        for part in [
+            "migration 99999".to_owned(),
+            format!("applied by tessera {newer}"),
+            format!("keeps servers from {newer} on"),
+            format!("this is tessera {this}"),
+            "nothing was written".to_owned(),
+        ] {
+            assert!(said.contains(&part), "{part:?} in {said}");
+        }
+        let db = SqlitePool::connect(&url).await.expect("read");
+        let after = schema_rows(&db).await;
+        assert_eq!(after.0, before.0, "no migration written");
+        assert_eq!(after.1[0], ("oldest_server".into(), newer.to_string()));
+        assert_eq!(after.1[1], before.1[1], "its words left as they were");
     }
 
     /// The fleet read model's change marks (`0017_fleet_marks.sql`) name their columns one

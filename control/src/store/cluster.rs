@@ -25,6 +25,8 @@ pub struct ServerRow {
     pub address: String,
     pub started_at: Timestamp,
     pub last_seen_at: Timestamp,
+    /// The version it announced (`None`: a server before 0.2).
+    pub version: Option<String>,
 }
 
 #[async_trait]

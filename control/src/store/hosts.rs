@@ -173,6 +173,12 @@ pub trait HostStore: Send + Sync + 'static {
         id: &HostId,
         capabilities: &tessera_model::agent::HostCapabilities,
     ) -> Result<(), StoreError>;
+    /// The version its agent said in its last sync (`None`: one before 0.2).
+    async fn set_host_agent_version(
+        &self,
+        id: &HostId,
+        version: Option<&str>,
+    ) -> Result<(), StoreError>;
 
     /// Stores a minted join token (its hash only).
     async fn insert_join_token(

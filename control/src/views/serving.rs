@@ -260,6 +260,7 @@ mod tests {
             dynamic_ports_free: None,
             pending_gpus: Vec::new(),
             capabilities: None,
+            agent_version: None,
             provider_id: None,
         };
         let hosts = HashMap::from([(host.id.clone(), &host)]);

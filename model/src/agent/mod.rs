@@ -73,6 +73,18 @@ pub struct RegisterRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(pattern = "^[A-Za-z0-9._:/-]{1,256}$"))]
     pub provider_id: Option<String>,
+    /// The agent's version (`tessera-agent --version`): a server refuses one its
+    /// compatibility policy does not serve, naming what to upgrade. Absent: an agent
+    /// before 0.2 (taken as 0.1.0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(
+            max_length = 64,
+            pattern = "^[0-9]{1,9}\\.[0-9]{1,9}\\.[0-9]{1,9}([-+][0-9A-Za-z.+-]*)?$"
+        )
+    )]
+    pub agent_version: Option<String>,
 }
 
 /// Whether `id` can be a provider's machine id: 1 to 256 letters, digits and `._:/-`.
@@ -211,6 +223,18 @@ pub struct SyncRequest {
     /// What the agent can enforce here (absent: an agent older than this field).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capabilities: Option<HostCapabilities>,
+    /// The agent's version (`tessera-agent --version`): a server refuses one its
+    /// compatibility policy does not serve, naming what to upgrade. Absent: an agent
+    /// before 0.2 (taken as 0.1.0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(
+            max_length = 64,
+            pattern = "^[0-9]{1,9}\\.[0-9]{1,9}\\.[0-9]{1,9}([-+][0-9A-Za-z.+-]*)?$"
+        )
+    )]
+    pub agent_version: Option<String>,
 }
 
 /// A process the agent should run for a task.
@@ -326,6 +350,9 @@ pub struct SyncResponse {
     /// Everything the host should run now; anything else it should stop.
     pub tasks: Vec<WantedTask>,
     pub sync_interval_secs: u32,
+    /// The server's version, for the agent's log (absent: a server before 0.2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_version: Option<String>,
 }
 
 /// At most [`MAX_NAME_CHARS`] characters (as JSON Schema's `maxLength` counts them), no NUL:

@@ -332,6 +332,7 @@ mod tests {
             address: None,
             dynamic_ports_free: None,
             capabilities: None,
+            agent_version: None,
         }
     }
 

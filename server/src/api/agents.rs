@@ -15,7 +15,7 @@ use tessera_model::agent::{RegisterRequest, RegisterResponse, SyncRequest, SyncR
     responses(
         (status = 201, description = "Registered: the agent's token, shown once", body = RegisterResponse),
         (status = 401, description = "Wrong join token", body = crate::api::bodies::ErrorBody),
-        (status = 409, description = "These GPUs belong to another host whose agent is still registered", body = crate::api::bodies::ErrorBody),
+        (status = 409, description = "These GPUs belong to another host whose agent is still registered, or an agent version this server does not serve", body = crate::api::bodies::ErrorBody),
     ))]
 pub async fn agent_register(
     State(state): State<AppState>,
@@ -39,7 +39,10 @@ fn bearer(headers: &HeaderMap) -> Result<&str, ApiError> {
 /// Report the host's state; the answer is every task it should run
 #[utoipa::path(post, path = "/agent/v1/sync", tag = "agents", request_body = SyncRequest,
     extensions(("x-access" = json!(Declaration::AGENT))),
-    responses((status = 200, description = "The tasks to run", body = SyncResponse)))]
+    responses(
+        (status = 200, description = "The tasks to run", body = SyncResponse),
+        (status = 409, description = "An agent version this server does not serve: the versions, and what to upgrade", body = crate::api::bodies::ErrorBody),
+    ))]
 pub async fn agent_sync(
     State(state): State<AppState>,
     headers: HeaderMap,

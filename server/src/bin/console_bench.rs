@@ -325,6 +325,7 @@ async fn measured_use(
                     restarts: None,
                 },
                 tasks: by_host.remove(&r.host_id).unwrap_or_default(),
+                agent_version: None,
             };
             (r.host_id.clone(), request)
         })

@@ -390,6 +390,7 @@ async fn main() -> anyhow::Result<()> {
                         restarts: None,
                     },
                     tasks: Vec::new(),
+                    agent_version: None,
                 };
                 (
                     r.agent_token.clone(),

@@ -285,6 +285,7 @@ async fn run(
                         restarts: None,
                     },
                     tasks: by_host.remove(&r.host_id).unwrap_or_default(),
+                    agent_version: None,
                 };
                 let first = serde_json::to_string(&body).expect("serializes");
                 for t in body.tasks.iter_mut().filter(|t| t.work.is_some()) {
