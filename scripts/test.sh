@@ -58,6 +58,8 @@ cargo leptos build --split
 data=$(mktemp -d)
 trap 'rm -rf "$data"' EXIT
 TESSERA_BIN="$CARGO_TARGET_DIR/debug/tessera" TESSERA_DATA_DIR="$data" npm --prefix end2end test
+echo "== the Debian packages: installed here, their services started from the installed files, upgraded in place"
+scripts/package_check.sh "$CARGO_TARGET_DIR/debug" target/site
 echo "== fault drills (short)"
 scripts/drills.sh --short
 echo "== fault drills on PostgreSQL, several servers (short)"

@@ -35,6 +35,9 @@ pub enum StoreError {
         keeps: String,
         this: String,
     },
+    /// `tessera migrate-store` refused or failed, with what and that nothing was copied.
+    #[error("migrate-store: {0}")]
+    Move(String),
     #[error("database migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("database error: {0}")]

@@ -42,6 +42,8 @@
 //!   a database URL), and the components' bundles of its traits.
 //! - [`sqlite`]: the embedded SQLite backend (the default), with its migrations.
 //! - [`postgres`]: the PostgreSQL backend, for several servers on one database.
+//! - [`move_store`]: `tessera migrate-store`, a fleet's SQLite database copied into a new
+//!   PostgreSQL one.
 //! - `config`: `ControlConfig`, the timings and limits.
 //! - `cache`: the one bounded cache type every cache uses.
 //! - `inventory_growth`: what of a sync's GPUs becomes capacity (bounded by what the host
@@ -79,6 +81,7 @@ pub mod inputs;
 mod interference;
 mod inventory_growth;
 mod lifecycle;
+pub mod move_store;
 pub mod notify;
 mod parts;
 mod plan;

@@ -385,3 +385,119 @@ async fn after_the_database_stalled_hosts_get_a_lost_timeout_to_sync_again() {
     c.tick().await.expect("tick");
     assert_eq!(status(c, &a).await, HostStatus::Lost);
 }
+
+/// A fleet on SQLite moved into a new PostgreSQL database (`tessera migrate-store`): the
+/// servers started on it know every host (their agents' tokens still work), every task
+/// where it runs, the accounts, and go on writing (identities past the copied rows). A
+/// second move into it is refused with nothing changed. Runs where the tests have
+/// PostgreSQL (TESSERA_TEST_STORE=postgres); the refusals that need none run always.
+#[tokio::test]
+async fn a_fleet_moves_from_sqlite_to_a_new_postgres_database_whole() {
+    use tessera_control::move_store::migrate_store;
+    let dir = tempfile::tempdir().expect("dir");
+    let from = format!("sqlite://{}/fleet.db", dir.path().display());
+    let missing = format!("sqlite://{}/none.db", dir.path().display());
+    let err = migrate_store(&missing, "postgres://nobody@127.0.0.1:1/none")
+        .await
+        .expect_err("no source");
+    assert!(err.to_string().contains("no SQLite database at"), "{err}");
+    let err = migrate_store(&from, "sqlite:///tmp/x.db")
+        .await
+        .expect_err("not postgres");
+    assert!(
+        err.to_string()
+            .contains("--to must be a PostgreSQL database"),
+        "{err}"
+    );
+
+    let target = TestDb::new().await;
+    if !target.is_postgres() {
+        eprintln!("skipped the move itself: it runs with TESSERA_TEST_STORE=postgres");
+        return;
+    }
+    let c =
+        tessera_control::Control::new(tessera_control::open(&from).await.expect("sqlite"), fast());
+    c.agents()
+        .ensure_join_token(Some(JOIN))
+        .await
+        .expect("join");
+    c.deployments()
+        .create_pool(&tessera_control::inputs::PoolInput::named("gpu"))
+        .await
+        .expect("pool");
+    let a = host(&c, "a", 2, 24).await;
+    let b = host(&c, "b", 2, 24).await;
+    deploy(&c, &[&a, &b], "web", 8, 20, 3).await;
+    c.accounts()
+        .add_user(
+            "ops",
+            "ops-long-password",
+            tessera_model::auth::Role::Operator,
+        )
+        .await
+        .expect("user");
+    let before: Vec<(String, Option<tessera_model::HostId>)> =
+        tasks(&c, "web", &[TaskState::Running])
+            .await
+            .into_iter()
+            .map(|t| (t.id, t.host))
+            .collect();
+    assert_eq!(before.len(), 3);
+    drop(c);
+
+    let moved = migrate_store(&from, &target.url).await.expect("moved");
+    let count = |t: &str| moved.tables.iter().find(|(n, _)| n == t).map(|(_, n)| *n);
+    assert_eq!(count("hosts"), Some(2));
+    assert_eq!(count("tasks"), Some(3));
+    assert_eq!(
+        count("fleet_clock"),
+        None,
+        "SQLite's own counter stays behind"
+    );
+    assert!(count("events").is_some_and(|n| n > 0));
+
+    let moved_to = tessera_control::Control::new(target.open().await, fast());
+    let after: Vec<(String, Option<tessera_model::HostId>)> =
+        tasks(&moved_to, "web", &[TaskState::Running])
+            .await
+            .into_iter()
+            .map(|t| (t.id, t.host))
+            .collect();
+    assert_eq!(after, before, "every task where it ran");
+    let id = moved_to
+        .agents()
+        .authenticate_agent(&a.token)
+        .await
+        .expect("the agent's token still works");
+    assert_eq!(id, a.id);
+    assert_eq!(
+        sync(&moved_to, &a).await.tasks.len(),
+        before
+            .iter()
+            .filter(|(_, h)| h.as_ref() == Some(&a.id))
+            .count()
+    );
+    moved_to
+        .accounts()
+        .sign_in("ops", "ops-long-password", None)
+        .await
+        .expect("the account moved with its password");
+    // It goes on writing: new rows take identities past the copied ones.
+    deploy(&moved_to, &[&a, &b], "batch", 4, 10, 1).await;
+    assert_eq!(
+        tasks(&moved_to, "batch", &[TaskState::Running]).await.len(),
+        1
+    );
+
+    let again = migrate_store(&from, &target.url)
+        .await
+        .expect_err("not new");
+    assert!(
+        again.to_string().contains("already holds a fleet"),
+        "{again}"
+    );
+    assert_eq!(
+        tasks(&moved_to, "web", &[TaskState::Running]).await.len(),
+        3
+    );
+}

@@ -36,6 +36,19 @@ pub enum Command {
         /// The new file (never written over).
         file: PathBuf,
     },
+    /// Copy a fleet's SQLite database into a new PostgreSQL database, to run several
+    /// servers on it: every table in one transaction (all or nothing), each checked by
+    /// count. Stop the server first. See docs/operations.md, "PostgreSQL and several
+    /// servers".
+    MigrateStore {
+        /// The SQLite database: sqlite:///var/lib/tessera/tessera.db.
+        #[arg(long, env = "TESSERA_MIGRATE_FROM")]
+        from: String,
+        /// The new PostgreSQL database: postgres://USER@HOST/DATABASE (its password from
+        /// the environment rather than this line: PGPASSWORD or TESSERA_MIGRATE_TO).
+        #[arg(long, env = "TESSERA_MIGRATE_TO")]
+        to: String,
+    },
     /// A small HTTP service for trying serving with processes: `/`, `/health` and
     /// `/metrics` on `$PORT`; finishes requests in flight on SIGTERM.
     ExampleServer {

@@ -52,6 +52,7 @@ async fn run_command() -> anyhow::Result<()> {
         Command::Serve(_) => "info,sqlx=warn",
         Command::User { .. }
         | Command::Backup { .. }
+        | Command::MigrateStore { .. }
         | Command::Openapi
         | Command::Client(_)
         | Command::Tls { .. }
@@ -74,6 +75,20 @@ async fn run_command() -> anyhow::Result<()> {
                 made.file.display(),
                 made.bytes,
                 made.schema_version
+            );
+            Ok(())
+        }
+        Command::MigrateStore { from, to } => {
+            let moved = tessera_control::move_store::migrate_store(&from, &to).await?;
+            for (table, rows) in &moved.tables {
+                println!("{table:<28} {rows:>9} rows");
+            }
+            println!(
+                "copied {} rows in {} tables from {} to {}; point the servers at it with --database (TESSERA_DATABASE)",
+                moved.rows(),
+                moved.tables.len(),
+                redact_url(&from),
+                redact_url(&to)
             );
             Ok(())
         }
