@@ -136,13 +136,14 @@ hosts() { curl -sf -b "$work/cookies" "$url/api/v1/hosts"; }
 
 server=$(start_unit tessera.service server)
 wait_for "the installed server's /healthz" curl -sf "$url/healthz"
-page=$(curl -sf "$url/login") || fail "no console page"
-asset=$(echo "$page" | grep -o '/pkg/tessera[^"]*\.js' | head -1)
-[ -n "$asset" ] || fail "the console page names no script"
-curl -sf -o /dev/null "$url$asset" || fail "the console's $asset is not served"
-curl -sf -o /dev/null "$url/pkg/tessera.css" || fail "the console's stylesheet is not served"
+page=$(curl -sf "$url/sign-in") || fail "no console page (/sign-in)"
+assets=$(echo "$page" | grep -o '/pkg/[^"]*' | sort -u || true)
+[ -n "$assets" ] || fail "the console page names no asset"
+for asset in $assets; do
+    curl -sf -o /dev/null "$url$asset" || fail "the console's $asset is not served"
+done
 grep -q "/usr/bin/../share/tessera/site" "$work/server.log" || fail "the server did not say it serves the console from its package"
-echo "server: /healthz, the console page and its assets ($asset) from the installed files"
+echo "server: /healthz, the console page and its $(echo "$assets" | wc -l) assets ($(echo $assets | tr ' ' ,)) from the installed files"
 
 agent=$(start_unit tessera-agent.service agent)
 signed_in || fail "cannot sign in as the configured admin"

@@ -339,9 +339,10 @@ async fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
         .zip(args.tls_key.clone())
         .map(|(cert, key)| TlsFiles { cert, key });
     let scheme = if tls.is_some() { "https" } else { "http" };
+    // The address ends the line: scripts and tests read it from there.
     tracing::info!(
-        version = tessera_model::version::long(),
-        "listening on {scheme}://{addr}"
+        "tessera {} listening on {scheme}://{addr}",
+        tessera_model::version::long()
     );
     #[cfg(feature = "demo")]
     let demo_agents = match (args.demo, join_token) {
