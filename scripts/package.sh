@@ -56,12 +56,22 @@ stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 docs=(README.md docs/operations.md docs/production.md docs/serving.md docs/architecture.md)
 
+# What a fleet's monitoring and first service start from (docs/production.md): the alert
+# rules, the Grafana dashboard and the example inference service.
+extras() {
+  install -d "$1/prometheus" "$1/grafana" "$1/examples"
+  install -m 0644 server/prometheus/tessera-rules.yml "$1/prometheus/"
+  install -m 0644 server/grafana/tessera-dashboard.json "$1/grafana/"
+  install -m 0644 examples/production/embeddings.yaml "$1/examples/"
+}
+
 # The tarball: one folder, the binaries finding their console beside them.
 name="tessera-$version"
 t="$stage/tar/$name"
 install -d "$t/bin" "$t/share/tessera" "$t/share/doc/tessera" "$t/lib/systemd/system" "$t/etc/tessera"
 install -m 0755 "$bin/tessera" "$bin/tessera-agent" "$t/bin/"
 cp -r "$site" "$t/share/tessera/site"
+extras "$t/share/tessera"
 install -m 0644 "${docs[@]}" "$t/share/doc/tessera/"
 install -m 0644 packaging/systemd/*.service "$t/lib/systemd/system/"
 install -m 0600 packaging/etc/tessera.env "$t/etc/tessera/tessera.env.example"
@@ -101,6 +111,7 @@ r="$stage/deb-tessera"
 install -d "$r/usr/bin" "$r/usr/share/tessera" "$r/usr/share/doc/tessera" "$r/lib/systemd/system" "$r/etc/tessera"
 install -m 0755 "$bin/tessera" "$r/usr/bin/"
 cp -r "$site" "$r/usr/share/tessera/site"
+extras "$r/usr/share/tessera"
 install -m 0644 "${docs[@]}" "$r/usr/share/doc/tessera/"
 install -m 0644 packaging/systemd/tessera.service "packaging/systemd/tessera-lb-haproxy@.service" "$r/lib/systemd/system/"
 install -m 0600 packaging/etc/tessera.env "$r/etc/tessera/tessera.env"

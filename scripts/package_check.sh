@@ -59,7 +59,9 @@ echo "packaged $version and $version+check2"
 # The tarball: the binary finds its console beside it.
 tar -C "$work" -xzf "$work/v1/tessera-$version-linux-$arch.tar.gz"
 for f in bin/tessera bin/tessera-agent share/tessera/site/pkg/tessera.js \
-    lib/systemd/system/tessera.service etc/tessera/tessera.env.example share/doc/tessera/production.md; do
+    lib/systemd/system/tessera.service etc/tessera/tessera.env.example share/doc/tessera/production.md \
+    share/tessera/prometheus/tessera-rules.yml share/tessera/grafana/tessera-dashboard.json \
+    share/tessera/examples/embeddings.yaml; do
     [ -e "$work/tessera-$version/$f" ] || fail "the tarball lacks $f"
 done
 
@@ -72,6 +74,10 @@ for f in /etc/tessera/tessera.env /etc/tessera/agent.env; do
 done
 [ "$(/usr/bin/tessera --version)" = "tessera $version (build $(/usr/bin/tessera --version | sed 's/.*build //; s/)//'))" ] ||
     fail "tessera --version says $(/usr/bin/tessera --version)"
+for f in /usr/share/tessera/prometheus/tessera-rules.yml /usr/share/tessera/grafana/tessera-dashboard.json \
+    /usr/share/tessera/examples/embeddings.yaml /usr/share/doc/tessera/production.md; do
+    [ -e "$f" ] || fail "the tessera package lacks $f"
+done
 echo "installed: $(/usr/bin/tessera --version), $(/usr/bin/tessera-agent --version)"
 
 # The operator's configuration.

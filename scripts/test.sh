@@ -4,7 +4,8 @@
 # PostgreSQL server, the browser tests in headless Chromium against a fresh demo server,
 # the short fault drills on the real binaries, the serving drill (HAProxy under load), the
 # work drill (autoscaling and a latency alarm on what the application reports), the
-# security drill (a compromised task and a leaked token), the capacity drill (an Auto
+# security drill (a compromised task and a leaked token), the production walkthrough
+# (docs/production.md, every step on this machine), the capacity drill (an Auto
 # Scaling group on a local AWS endpoint, grown, repaired and shrunk) and the notifications
 # drill (webhooks and Alertmanager). This is what CI runs.
 #
@@ -60,6 +61,8 @@ trap 'rm -rf "$data"' EXIT
 TESSERA_BIN="$CARGO_TARGET_DIR/debug/tessera" TESSERA_DATA_DIR="$data" npm --prefix end2end test
 echo "== the Debian packages: installed here, their services started from the installed files, upgraded in place"
 scripts/package_check.sh "$CARGO_TARGET_DIR/debug" target/site
+echo "== the production walkthrough (docs/production.md): PostgreSQL, TLS, two servers behind HAProxy, 20 hosts, a service behind HAProxy, Prometheus"
+scripts/walkthrough.sh --bin "$CARGO_TARGET_DIR/debug"
 echo "== fault drills (short)"
 scripts/drills.sh --short
 echo "== fault drills on PostgreSQL, several servers (short)"

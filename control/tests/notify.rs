@@ -187,10 +187,13 @@ async fn a_lost_host_is_posted_signed_to_the_webhooks_that_want_it_and_to_no_oth
 async fn a_receiver_down_for_thirty_seconds_loses_nothing() {
     let env = env(fast()).await;
     let c = &env.control;
-    // A port nobody listens on yet.
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    drop(listener);
+    // A port nobody listens on yet: bound and not listening, so connections are refused
+    // and no other test running beside this one is given the port meanwhile.
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind("127.0.0.1:0".parse().expect("address"))
+        .expect("bind");
+    let addr = socket.local_addr().expect("addr");
     let made = c
         .notifications()
         .create_webhook(&hook("on-call", &format!("http://{addr}/"), vec![], None))
@@ -218,7 +221,7 @@ async fn a_receiver_down_for_thirty_seconds_loses_nothing() {
     );
     assert!(d[0].last_error.is_some());
     // It comes back: the next try gets through, and nothing was lost.
-    let listener = TcpListener::bind(addr).await.expect("the same port");
+    let listener = socket.listen(64).expect("listening on the same port");
     let got = receive(listener, 204, Duration::ZERO);
     for _ in 0..40 {
         env.clock.advance(Duration::from_secs(1));

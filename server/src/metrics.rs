@@ -129,7 +129,9 @@ impl Scrapes {
                 ))
             },
         );
-        Ok(Body::from_stream(chunks))
+        // Fused: a compressing layer (Prometheus asks for gzip) polls the body once more
+        // after its end, which an unfold stream must never be.
+        Ok(Body::from_stream(futures_util::StreamExt::fuse(chunks)))
     }
 }
 

@@ -189,6 +189,43 @@ async fn metrics_parse_and_show_the_fleet_its_tasks_and_the_timings() {
             .starts_with("text/plain; version=0.0.4")
     );
     let samples = parse(&text);
+    // As Prometheus asks for it: compressed, whole, the same fleet.
+    let gzipped = common::send(
+        &state,
+        axum::http::Method::GET,
+        "/metrics",
+        None,
+        &[
+            common::bearer(&viewer),
+            ("accept-encoding", "gzip".to_owned()),
+        ],
+    )
+    .await;
+    assert_eq!(gzipped.status, StatusCode::OK);
+    assert_eq!(
+        gzipped
+            .headers
+            .get(header::CONTENT_ENCODING)
+            .map(|v| v.as_bytes()),
+        Some(&b"gzip"[..])
+    );
+    let mut unzipped = String::new();
+    std::io::Read::read_to_string(
+        &mut flate2::read::GzDecoder::new(&gzipped.bytes[..]),
+        &mut unzipped,
+    )
+    .expect("a whole gzip stream");
+    let unzipped = parse(&unzipped);
+    for family in [
+        "tessera_gpu_memory_total_mib",
+        "tessera_gpu_memory_reserved_mib",
+    ] {
+        assert_eq!(
+            sum(&unzipped, family, ""),
+            sum(&samples, family, ""),
+            "{family}"
+        );
+    }
     // 4 L4 GPUs of 24 GiB: 8 tasks of 10 GiB each reserved on them, the ninth waits.
     assert_eq!(
         sum(&samples, "tessera_gpu_memory_total_mib", "sim-l4-1"),

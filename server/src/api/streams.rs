@@ -135,7 +135,8 @@ fn streamed(shape: Shape, rx: tokio::sync::mpsc::Receiver<Vec<u8>>) -> Response 
             // Through nginx and the like: each line as it comes.
             (header::HeaderName::from_static("x-accel-buffering"), "no"),
         ],
-        axum::body::Body::from_stream(body),
+        // Fused: a compressing layer polls the body once more after its end.
+        axum::body::Body::from_stream(futures_util::StreamExt::fuse(body)),
     )
         .into_response()
 }

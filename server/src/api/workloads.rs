@@ -457,5 +457,5 @@ pub async fn live(
             Err(RecvError::Closed) => None,
         }
     });
-    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+    Ok(Sse::new(futures_util::StreamExt::fuse(stream)).keep_alive(KeepAlive::default()))
 }
