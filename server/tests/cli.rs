@@ -620,3 +620,54 @@ fn a_token_from_the_environment_needs_no_login() {
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(fleet(&v), Some(4));
 }
+
+/// `tessera backup` onto a disk that fills mid-copy (a file size limit stands in for a full
+/// disk: writes past it fail as they would with ENOSPC): an error naming the file and what
+/// failed, no backup under its name and no partial copy beside it. The same backup then
+/// succeeds where there is room.
+#[test]
+fn a_backup_that_runs_out_of_room_says_so_and_leaves_no_file() {
+    let dir = tempfile::tempdir().expect("dir");
+    let data = dir.path().join("data");
+    let password = dir.path().join("password");
+    std::fs::write(&password, "backup-test-password").expect("password file");
+    // A database with the whole schema (some hundreds of KiB).
+    let made = Command::new(bin())
+        .args(["user", "add", "ops", "--role", "viewer"])
+        .arg("--data-dir")
+        .arg(&data)
+        .arg("--password-file")
+        .arg(&password)
+        .output()
+        .expect("tessera user add");
+    assert!(made.status.success(), "{}", text(&made));
+    let to = dir.path().join("tessera-backup.db");
+    // 64 KiB at most per file; SIGXFSZ ignored, so a write past it fails with EFBIG.
+    let full = Command::new("bash")
+        .arg("-c")
+        .arg(r#"trap '' XFSZ; ulimit -f 64; exec "$0" backup "$1" --data-dir "$2""#)
+        .arg(bin())
+        .arg(&to)
+        .arg(&data)
+        .output()
+        .expect("tessera backup");
+    let said = text(&full);
+    assert!(!full.status.success(), "{said}");
+    assert!(said.contains("tessera-backup.db"), "{said}");
+    assert!(said.contains("nothing was left"), "{said}");
+    let left: Vec<String> = std::fs::read_dir(dir.path())
+        .expect("dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("tessera-backup"))
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+    let room = Command::new(bin())
+        .arg("backup")
+        .arg(&to)
+        .arg("--data-dir")
+        .arg(&data)
+        .output()
+        .expect("tessera backup");
+    assert!(room.status.success(), "{}", text(&room));
+    assert!(to.is_file());
+}
