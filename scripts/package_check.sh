@@ -37,9 +37,25 @@ user_existed=0
 getent passwd tessera >/dev/null && user_existed=1
 
 work=$(mktemp -d)
-pids=()
+# Stops processes and waits until they are gone (SIGKILL after 10 s): an agent still
+# stopping would write its state directory again after it is removed.
+stop_pids() {
+    local p
+    for p in "$@"; do kill -TERM "$p" 2>/dev/null || true; done
+    for _ in $(seq 1 100); do
+        local alive=0
+        for p in "$@"; do kill -0 "$p" 2>/dev/null && alive=1; done
+        [ "$alive" = 1 ] || return 0
+        sleep 0.1
+    done
+    for p in "$@"; do kill -KILL "$p" 2>/dev/null || true; done
+}
 cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    # Every service started (start_unit runs in a subshell: its pids are in a file).
+    if [ -f "$work/pids" ]; then
+        # shellcheck disable=SC2046
+        stop_pids $(cat "$work/pids")
+    fi
     # The simulated host's task-less agent leaves its stand-in MPS daemons.
     pkill -f "$work/fake-mps" 2>/dev/null || true
     dpkg --purge tessera tessera-agent >/dev/null 2>&1 || true
@@ -121,7 +137,7 @@ start_unit() {
         install -d -m 0700 ${user:+-o "$user"} "/var/lib/$state"
     fi
     (cd / && exec ${user:+runuser -u "$user" --} env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin RUST_LOG=info "${envs[@]}" $cmd) >"$log" 2>&1 &
-    pids+=($!)
+    echo $! >>"$work/pids"
     echo $!
 }
 wait_for() {
@@ -158,9 +174,7 @@ host_id=$(hosts | python3 -c 'import json,sys; print(json.load(sys.stdin)["hosts
 echo "agent: joined as $host_id, tessera-agent $version"
 
 # The upgrade over it, with both stopped as their units stop them.
-kill -TERM "$server" "$agent"
-wait "$server" 2>/dev/null || true
-wait "$agent" 2>/dev/null || true
+stop_pids "$server" "$agent"
 dpkg -i "$work/v2/tessera_${version}+check2_$arch.deb" "$work/v2/tessera-agent_${version}+check2_$arch.deb" >>"$work/dpkg.log" 2>&1 ||
     fail "dpkg -i over the older packages (see dpkg.log)"
 [ "$(dpkg-query -W -f '${Version}' tessera)" = "$version+check2" ] || fail "the upgrade did not take"

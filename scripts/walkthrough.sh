@@ -114,8 +114,9 @@ ls -l pki | awk 'NR>1 {print $1, $NF}'
 
 step "3. Two servers on the database"
 p1=$(free_port); p2=$(free_port)
-head -c 18 /dev/urandom | base64 | tr -d '\n' > admin-password
-chmod 0600 admin-password db-password
+(umask 077; head -c 18 /dev/urandom | base64 | tr -d '\n' > admin-password)
+(umask 077; head -c 32 /dev/urandom | base64 | tr -d '\n' > join-token)
+chmod 0600 db-password
 for i in 1 2; do
   port=$([ $i = 1 ] && echo "$p1" || echo "$p2")
   # The unit reads these from /etc/tessera/tessera.env; the database's password stays out
@@ -127,7 +128,9 @@ TESSERA_ALLOWED_HOSTS=tessera.internal,localhost
 TESSERA_TLS_CERT=$w/pki/tessera-server.pem
 TESSERA_TLS_KEY=$w/pki/tessera-server-key.pem
 TESSERA_TRUSTED_PROXIES=127.0.0.2
+TESSERA_CONNECTIONS_PER_ADDRESS=4096
 TESSERA_ADMIN_PASSWORD_FILE=$w/admin-password
+TESSERA_JOIN_TOKEN_FILE=$w/join-token
 TESSERA_DATA_DIR=$w/server-$i
 RUST_LOG=info
 EOF
@@ -171,7 +174,7 @@ backend tessera_servers
     http-check send meth GET uri /healthz ver HTTP/1.1 hdr Host localhost
     http-check expect status 200
     # the servers trust 127.0.0.2 (--trusted-proxies) to name the client
-    default-server check inter 2s ssl verify required ca-file $w/pki/tessera-ca.pem verifyhost localhost source 127.0.0.2
+    default-server check inter 2s ssl verify required ca-file $w/pki/tessera-ca.pem verifyhost tessera.internal source 127.0.0.2
     server tessera-1 127.0.0.1:$p1
     server tessera-2 127.0.0.1:$p2
 
@@ -193,22 +196,22 @@ echo "\$ echo \"show servers state tessera_servers\" | socat stdio /run/haproxy/
 hap_servers tessera_servers
 
 step "5. The admin signs in through the balancer (from 127.0.0.3: the servers see that address, not the balancer's)"
-python3 -c 'import json,sys; print(json.dumps({"username": "admin", "password": open("admin-password").read(), "name": "walkthrough admin"}))' > sign-in.json
-echo "\$ curl --interface 127.0.0.3 -X POST $url/api/v1/session/token -d @sign-in.json"
-admin_token=$(curl -sS --fail-with-body --cacert pki/tessera-ca.pem --interface 127.0.0.3 -H 'content-type: application/json' -X POST "$url/api/v1/session/token" -d @sign-in.json | json 'd["token"]')
-rm sign-in.json
-export TESSERA_URL="$url" TESSERA_TOKEN="$admin_token" TESSERA_CA_CERT="$w/pki/tessera-ca.pem"
-auth=(-sf --cacert pki/tessera-ca.pem -H "authorization: Bearer $admin_token" -H 'content-type: application/json')
-echo "\$ curl $url/api/v1/audit   # the newest entry"
-curl "${auth[@]}" "$url/api/v1/audit?limit=1" | python3 -c '
-import json,sys; d=json.load(sys.stdin); e=(d["entries"] if isinstance(d,dict) else d)[0]
-print({k: e.get(k) for k in ("actor","action","address","outcome") if k in e})'
+echo "\$ TOKEN=\$(… | curl --interface 127.0.0.3 -X POST $url/api/v1/session/token -d @- | …)"
+TOKEN=$(python3 -c 'import json,sys; print(json.dumps({"username": "admin", "password": open(sys.argv[1]).read(), "name": "setup", "expires_in_days": 1}))' admin-password |
+  curl -sS --fail-with-body --cacert pki/tessera-ca.pem --interface 127.0.0.3 -H 'content-type: application/json' \
+    -X POST "$url/api/v1/session/token" -d @- | json 'd["token"]')
+echo "\$ tessera login $url --token \"\$TOKEN\" --ca-cert $w/pki/tessera-ca.pem"
+tessera login "$url" --token "$TOKEN" --ca-cert "$w/pki/tessera-ca.pem"
+api() { curl -sS --fail-with-body --cacert "$w/pki/tessera-ca.pem" -H "authorization: Bearer $TOKEN" -H 'content-type: application/json' "$@"; }
+echo "\$ curl '$url/api/v1/audit?limit=1'"
+api "$url/api/v1/audit?limit=1"
+echo
 run tessera get hosts
 
 step "6. Pools: training (admitted at once) and inference (new hosts wait for approval)"
 for body in '{"name": "training"}' '{"name": "inference", "admission": "manual"}'; do
-  echo "\$ curl -X POST $url/api/v1/pools -d '$body'"
-  curl "${auth[@]}" -X POST "$url/api/v1/pools" -d "$body" | json 'd["name"] + ": admission " + str(d.get("admission"))'
+  echo "\$ api -X POST $url/api/v1/pools -d '$body'"
+  api -X POST "$url/api/v1/pools" -d "$body" | json '"  " + d["name"] + ": admission " + str(d.get("admission"))'
 done
 
 step "7. Join tokens, each scoped to a pool, a number of hosts and an expiry"
@@ -263,7 +266,7 @@ for i in $(seq 1 "$hosts"); do
   pids+=($!)
 done
 echo "\$ systemctl enable --now tessera-agent   # on each host; here $hosts agent processes"
-joined() { [ "$(curl "${auth[@]}" "$url/api/v1/hosts" | json 'len(d["hosts"] if isinstance(d,dict) else d)')" -ge "$hosts" ]; }
+joined() { [ "$(api "$url/api/v1/hosts" | json 'len(d["hosts"] if isinstance(d,dict) else d)')" -ge "$hosts" ]; }
 wait_for 180 "$hosts hosts" joined
 run tessera get hosts
 for i in $(seq $((training + 1)) "$hosts"); do run tessera approve "$(printf 'gpu-%02d' "$i")"; done
@@ -276,11 +279,20 @@ run tessera get endpoints embeddings
 
 step "11. The service behind HAProxy: tessera lb haproxy keeps the backend equal to its healthy endpoints"
 echo "\$ curl -X POST $url/api/v1/tokens -d '{\"name\": \"lb-embeddings\", \"role\": \"viewer\"}'"
-curl "${auth[@]}" -X POST "$url/api/v1/tokens" -d '{"name": "lb-embeddings", "role": "viewer"}' | json 'd["token"]' | tr -d '\n' > lb-token
+api -X POST "$url/api/v1/tokens" -d '{"name": "lb-embeddings", "role": "viewer"}' | json 'd["token"]' | tr -d '\n' > lb-token
 chmod 0600 lb-token
-echo "\$ tessera lb haproxy --socket /run/haproxy/admin.sock --backend embeddings --service embeddings --port-name http"
-(TESSERA_TOKEN=$(cat lb-token) exec tessera lb haproxy --socket "$w/haproxy/admin.sock" --backend embeddings \
-  --service embeddings --port-name http) > lb.log 2>&1 &
+cat > lb-embeddings.env <<EOF
+HAPROXY_SOCKET=$w/haproxy/admin.sock
+HAPROXY_BACKEND=embeddings
+HAPROXY_PORT_NAME=http
+TESSERA_URL=$url
+TESSERA_TOKEN=$(cat lb-token)
+TESSERA_CA_CERT=$w/pki/tessera-ca.pem
+EOF
+chmod 0600 lb-embeddings.env
+# What tessera-lb-haproxy@embeddings.service runs, with its environment file.
+echo "\$ env \$(cat /etc/tessera/lb-embeddings.env) tessera lb haproxy --service embeddings"
+(set -a; . ./lb-embeddings.env; set +a; exec tessera lb haproxy --service embeddings) > lb.log 2>&1 &
 pids+=($!)
 backend_up() { [ "$(hap_servers embeddings | awk '$3 == 2' | wc -l)" -ge 8 ]; }
 wait_for 60 "8 servers in HAProxy's backend" backend_up
@@ -290,7 +302,7 @@ echo "\$ for i in 1 2 3 4 5 6; do curl -s http://127.0.0.1:$svcport/; done"
 for _ in 1 2 3 4 5 6; do curl -sf "http://127.0.0.1:$svcport/"; echo; done
 
 step "12. Prometheus: both servers, every task's metrics port (discovered), the shipped alert rules"
-curl "${auth[@]}" -X POST "$url/api/v1/tokens" -d '{"name": "prometheus", "role": "viewer"}' | json 'd["token"]' | tr -d '\n' > prometheus-token
+api -X POST "$url/api/v1/tokens" -d '{"name": "prometheus", "role": "viewer"}' | json 'd["token"]' | tr -d '\n' > prometheus-token
 chmod 0600 prometheus-token
 promport=$(free_port)
 install -d prometheus

@@ -342,17 +342,17 @@ pub enum LbCommand {
     /// balancing takes servers at runtime (e.g. `balance roundrobin`).
     Haproxy {
         /// HAProxy's admin socket (`stats socket PATH ... level admin`).
-        #[arg(long)]
+        #[arg(long, env = "HAPROXY_SOCKET")]
         socket: PathBuf,
         /// The backend to fill (it must exist in HAProxy's configuration).
-        #[arg(long)]
+        #[arg(long, env = "HAPROXY_BACKEND")]
         backend: String,
         /// The service whose endpoints are the servers.
         #[arg(long)]
         service: String,
         /// Only the task port with this name (default: every TCP port of each task; pass
         /// it when tasks have several ports).
-        #[arg(long)]
+        #[arg(long, env = "HAPROXY_PORT_NAME")]
         port_name: Option<String>,
         #[command(flatten)]
         conn: Connection,

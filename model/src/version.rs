@@ -35,8 +35,14 @@ pub const UNVERSIONED_AGENT: Version = Version {
     patch: 0,
 };
 
+/// The most characters a version may have, suffix included.
+pub const VERSION_MAX: usize = 64;
+/// What a version looks like as text (the API's schema of it): `MAJOR.MINOR.PATCH`, each
+/// at most 9 digits, then an optional `-pre-release` or `+build` suffix.
+pub const VERSION_PATTERN: &str = r"^[0-9]{1,9}\.[0-9]{1,9}\.[0-9]{1,9}([-+][0-9A-Za-z.+-]*)?$";
+
 /// A `MAJOR.MINOR.PATCH` version (a pre-release or build suffix is read and ignored), at
-/// most 64 characters in all.
+/// most [`VERSION_MAX`] characters in all.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Version {
     pub major: u32,
@@ -81,7 +87,7 @@ impl std::str::FromStr for Version {
         let core = s.split(['-', '+']).next().unwrap_or_default();
         let parts: Vec<&str> = core.split('.').collect();
         let bad = || format!("{s:?} is not a version (MAJOR.MINOR.PATCH, e.g. 0.2.0)");
-        if parts.len() != 3 || s.len() > 64 {
+        if parts.len() != 3 || s.len() > VERSION_MAX {
             return Err(bad());
         }
         let n = |p: &str| {

@@ -1258,9 +1258,11 @@ async fn logs_are_read_through_a_server_the_agent_does_not_sync_with() {
 }
 
 /// The restore drill: a backup taken while the fleet runs, more started after it, then the
-/// server replaced by one on the restored copy, at the same address. The agent's tasks
-/// that the backup knows run on, never restarted; the one started after it (which the
-/// restored server never heard of) is stopped; no task runs twice.
+/// server replaced by one on the restored copy, at the same address. The copy is aged as
+/// a backup taken an hour earlier would be (its hosts last heard from an hour before): the
+/// restored server does not declare them lost before their agents sync again. The agent's
+/// tasks that the backup knows run on, never restarted; the one started after it (which
+/// the restored server never heard of) is stopped; no task runs twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restored_backup_runs_no_task_twice_and_restarts_none_it_knows() {
     let c = cluster().await;
@@ -1313,6 +1315,7 @@ async fn a_restored_backup_runs_no_task_twice_and_restarts_none_it_knows() {
     let restored_dir = c.dir.path().join("restored");
     std::fs::create_dir_all(&restored_dir).expect("dir");
     std::fs::copy(&backup, restored_dir.join("server.db")).expect("restore");
+    age_by_an_hour(&restored_dir.join("server.db")).await;
     let restored = control_on(&restored_dir).await;
     let listener = loop {
         let socket = tokio::net::TcpSocket::new_v4().expect("socket");
@@ -1374,9 +1377,32 @@ async fn a_restored_backup_runs_no_task_twice_and_restarts_none_it_knows() {
     );
     let pids_now: Vec<String> = known.iter().map(|t| pid_of(&out, t)).collect();
     assert_eq!(pids_now, pids, "never restarted");
+    let a = restored.views().get_host(&host("a")).await.expect("host");
+    assert_eq!(
+        a.status,
+        HostStatus::Active,
+        "silent an hour in the copy, never lost"
+    );
     println!("step 4: running {running:?}, each once, never restarted; stopped {later:?}");
     agent.stop().await;
     let _ = stop.send(true);
+}
+
+/// Makes a backup look an hour old: every host last heard from an hour before it was taken.
+async fn age_by_an_hour(db: &Path) {
+    use sqlx::Connection;
+    let mut c = sqlx::SqliteConnection::connect(&format!("sqlite://{}", db.display()))
+        .await
+        .expect("open the copy");
+    let aged = sqlx::query(
+        "UPDATE hosts SET last_seen_at = strftime('%Y-%m-%dT%H:%M:%fZ', last_seen_at, '-1 hour') \
+         WHERE last_seen_at IS NOT NULL",
+    )
+    .execute(&mut c)
+    .await
+    .expect("age the copy");
+    assert!(aged.rows_affected() >= 1, "no host to age");
+    c.close().await.expect("close the copy");
 }
 
 /// A follow of a quiet task stays open past the server's silence limit (20 s): its

@@ -77,13 +77,7 @@ pub struct RegisterRequest {
     /// compatibility policy does not serve, naming what to upgrade. Absent: an agent
     /// before 0.2 (taken as 0.1.0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(
-        feature = "openapi",
-        schema(
-            max_length = 64,
-            pattern = "^[0-9]{1,9}\\.[0-9]{1,9}\\.[0-9]{1,9}([-+][0-9A-Za-z.+-]*)?$"
-        )
-    )]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::fields::optional_agent_version))]
     pub agent_version: Option<String>,
 }
 
@@ -227,13 +221,7 @@ pub struct SyncRequest {
     /// compatibility policy does not serve, naming what to upgrade. Absent: an agent
     /// before 0.2 (taken as 0.1.0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(
-        feature = "openapi",
-        schema(
-            max_length = 64,
-            pattern = "^[0-9]{1,9}\\.[0-9]{1,9}\\.[0-9]{1,9}([-+][0-9A-Za-z.+-]*)?$"
-        )
-    )]
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::schema::fields::optional_agent_version))]
     pub agent_version: Option<String>,
 }
 

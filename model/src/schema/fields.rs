@@ -76,6 +76,15 @@ pub fn agent_labels() -> Schema {
         "additionalProperties": {"type": "string", "maxLength": 256, "pattern": "^[^\\u0000]*$"}}))
 }
 
+/// An agent's version (`tessera-agent --version`), absent from an agent before 0.2.
+pub fn optional_agent_version() -> Schema {
+    from_json(json!({
+        "type": ["string", "null"],
+        "maxLength": crate::version::VERSION_MAX,
+        "pattern": crate::version::VERSION_PATTERN,
+    }))
+}
+
 /// An optional placement policy given as text.
 pub fn optional_policy() -> Schema {
     // `null` is listed too: an enum admits only what it lists, whatever `type` says.
