@@ -54,6 +54,8 @@ cleanup() {
   if [ "$keep" = 1 ]; then echo "walkthrough: kept $w"; else rm -rf "$w"; fi
 }
 trap cleanup EXIT
+# Interrupted or killed: exit, so that the EXIT trap stops the fleet and removes its files.
+trap 'exit 130' INT TERM
 
 step() { printf '\n== %s\n' "$*"; }
 run() { printf '$ %s\n' "$*"; "$@"; }

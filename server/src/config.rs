@@ -316,22 +316,19 @@ mod tests {
     #[test]
     fn the_commands_documents_name_exist() {
         use clap::CommandFactory;
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let root = workspace_root();
         let mut files = vec![root.join("README.md")];
-        let mut dirs = vec![root.join("docs")];
-        for krate in ["cli", "control", "server", "agent", "app"] {
-            dirs.push(root.join(krate).join("src"));
-        }
-        while let Some(dir) = dirs.pop() {
-            for entry in std::fs::read_dir(&dir).expect("a source directory") {
-                let path = entry.expect("entry").path();
-                if path.is_dir() {
-                    dirs.push(path);
-                } else if path.extension().is_some_and(|e| e == "md" || e == "rs") {
-                    files.push(path);
-                }
-            }
-        }
+        files.extend(files_below(
+            &[
+                "docs",
+                "cli/src",
+                "control/src",
+                "server/src",
+                "agent/src",
+                "app/src",
+            ],
+            &["md", "rs"],
+        ));
         let cli = Cli::command();
         let mut checked = 0;
         let mut wrong = Vec::new();
@@ -357,53 +354,46 @@ mod tests {
     /// A command a message names without backticks (`run tessera join-token create --pool
     /// …`) parses too: in the source of every crate, each `tessera WORD` whose word is not
     /// one of the few that make it prose (`this tessera wrote`) names a subcommand and only
-    /// flags it has (placeholders such as `{owner}` end what is read). A message that once
+    /// flags it has (a value written as `{owner}` ends what is read). A message that once
     /// named join-token's words the wrong way round fails here.
     #[test]
     fn the_commands_messages_name_exist() {
         use clap::CommandFactory;
         const PROSE: [&str; 2] = ["wrote", "cannot"];
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let mut dirs: Vec<_> = ["cli", "control", "server", "agent", "app", "model"]
-            .iter()
-            .map(|k| root.join(k).join("src"))
-            .collect();
+        let root = workspace_root();
         let cli = Cli::command();
         let (mut checked, mut wrong) = (0, Vec::new());
-        while let Some(dir) = dirs.pop() {
-            for entry in std::fs::read_dir(&dir).expect("a source directory") {
-                let path = entry.expect("entry").path();
-                if path.is_dir() {
-                    dirs.push(path);
+        let sources = [
+            "cli/src",
+            "control/src",
+            "server/src",
+            "agent/src",
+            "app/src",
+            "model/src",
+        ];
+        for path in files_below(&sources, &["rs"]) {
+            let text = std::fs::read_to_string(&path).expect("readable");
+            for (at, _) in text.match_indices("tessera ") {
+                let before = text[..at].chars().next_back().unwrap_or(' ');
+                if before == '`' || before.is_alphanumeric() || "_-/.".contains(before) {
                     continue;
                 }
-                if path.extension().is_none_or(|e| e != "rs") {
+                let named = &text[at..];
+                let end = named
+                    .find(['"', '`', ')', '\n', ',', ';', ':', '\\', '{'])
+                    .unwrap_or(named.len());
+                let named = named[..end].trim_end();
+                let Some(word) = named.split_whitespace().nth(1) else {
+                    continue;
+                };
+                if PROSE.contains(&word) || !word.starts_with(|c: char| c.is_ascii_lowercase()) {
                     continue;
                 }
-                let text = std::fs::read_to_string(&path).expect("readable");
-                for (at, _) in text.match_indices("tessera ") {
-                    let before = text[..at].chars().next_back().unwrap_or(' ');
-                    if before == '`' || before.is_alphanumeric() || "_-/.".contains(before) {
-                        continue;
-                    }
-                    let named = &text[at..];
-                    let end = named
-                        .find(['"', '`', ')', '\n', ',', ';', ':', '\\', '{'])
-                        .unwrap_or(named.len());
-                    let named = named[..end].trim_end();
-                    let Some(word) = named.split_whitespace().nth(1) else {
-                        continue;
-                    };
-                    if PROSE.contains(&word) || !word.starts_with(|c: char| c.is_ascii_lowercase())
-                    {
-                        continue;
-                    }
-                    if let Err(e) = names_a_command(&cli, named) {
-                        let file = path.strip_prefix(&root).unwrap_or(&path);
-                        wrong.push(format!("{}: {named:?}: {e}", file.display()));
-                    }
-                    checked += 1;
+                if let Err(e) = names_a_command(&cli, named) {
+                    let file = path.strip_prefix(&root).unwrap_or(&path);
+                    wrong.push(format!("{}: {named:?}: {e}", file.display()));
                 }
+                checked += 1;
             }
         }
         assert!(wrong.is_empty(), "{}", wrong.join("\n"));
@@ -421,6 +411,31 @@ mod tests {
         assert!(names_a_command(&cli, "tessera join-token create --pool gpu").is_ok());
         let no_such_flag = ["tessera", "join-token", "create", "--pools", "gpu"].join(" ");
         assert!(names_a_command(&cli, &no_such_flag).is_err());
+    }
+
+    /// The workspace's root (the server crate's parent).
+    fn workspace_root() -> std::path::PathBuf {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+    }
+
+    /// Every file with one of `extensions` in the workspace's folders `dirs`, at any depth.
+    fn files_below(dirs: &[&str], extensions: &[&str]) -> Vec<std::path::PathBuf> {
+        let mut dirs: Vec<_> = dirs.iter().map(|d| workspace_root().join(d)).collect();
+        let mut files = Vec::new();
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(&dir).expect("a source directory") {
+                let path = entry.expect("entry").path();
+                if path.is_dir() {
+                    dirs.push(path);
+                } else if path
+                    .extension()
+                    .is_some_and(|e| extensions.iter().any(|x| e == *x))
+                {
+                    files.push(path);
+                }
+            }
+        }
+        files
     }
 
     /// Whether `named` (`tessera get hosts|tasks [-o wide]`) walks `cli`'s subcommands and
